@@ -1,0 +1,48 @@
+"""nbaccel: PyTorch mixed precision, profiling and memory, one magic away in Jupyter.
+
+The magics (``%load_ext nbaccel``) are thin layers over this plain Python API, which also works
+in scripts and under torchrun::
+
+    result = nbaccel.compare_amp(lambda: train_step(model, batch), dtype="bf16")
+    with nbaccel.precision("bf16"):
+        ...
+"""
+
+__version__ = "0.1.0"
+
+from .amp import AmpResult, compare_amp  # noqa: E402
+from .environment import env_report  # noqa: E402
+from .precision import precision  # noqa: E402
+
+__all__ = ["compare_amp", "AmpResult", "precision", "env_report", "load_ipython_extension",
+           "unload_ipython_extension"]
+
+_registered: dict = {}
+
+
+def load_ipython_extension(ipython):
+    """``%load_ext nbaccel``: register the magics (imported here, so ``import nbaccel`` stays light)."""
+    from .magics import MAGIC_CLASSES
+
+    for cls in MAGIC_CLASSES:
+        instance = cls(ipython)
+        ipython.register_magics(instance)
+        _registered[cls] = instance
+    for cls, instance in _registered.items():
+        hook = getattr(instance, "on_load", None)
+        if hook:
+            hook()
+
+
+def unload_ipython_extension(ipython):
+    """``%unload_ext nbaccel``: remove every magic, hook and cap the extension installed."""
+    manager = ipython.magics_manager
+    for cls, instance in list(_registered.items()):
+        hook = getattr(instance, "on_unload", None)
+        if hook:
+            hook()
+        for kind, names in instance.magics.items():
+            for name in names:
+                manager.magics[kind].pop(name, None)
+        manager.registry.pop(cls.__name__, None)
+        _registered.pop(cls)

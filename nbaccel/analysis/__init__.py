@@ -1,0 +1,53 @@
+"""GPU-trace analysis core: kernel classification, peaks, FLOPs from shapes, trace metrics.
+
+Pure Python + pandas (no torch import), so traces recorded elsewhere can be analysed on any
+machine; the live ``%%profile_gpu`` uses the same code on the trace it just exported.
+"""
+from .kernels import CATEGORIES, kernel_category, op_category, uses_tensor_cores
+from .metrics import (
+    FlopsSummary,
+    Share,
+    TensorCoreShare,
+    achieved_flops,
+    busy_time,
+    category_breakdown,
+    communication_share,
+    op_table,
+    summary,
+    tensor_core_share,
+)
+from .op_flops import FLOP_OPS, dtype_of, op_flops
+from .peaks import GpuPeaks, load_peak_table, lookup_gpu, normalize_dtype, peak_flops
+from .trace import TraceData, TraceError, load_trace
+
+#: Alias: ``nbaccel.analysis.load(path)`` reads like the brief's ``load``.
+load = load_trace
+
+__all__ = [
+    "CATEGORIES",
+    "FLOP_OPS",
+    "FlopsSummary",
+    "GpuPeaks",
+    "Share",
+    "TensorCoreShare",
+    "TraceData",
+    "TraceError",
+    "achieved_flops",
+    "busy_time",
+    "category_breakdown",
+    "communication_share",
+    "dtype_of",
+    "kernel_category",
+    "load",
+    "load_peak_table",
+    "load_trace",
+    "lookup_gpu",
+    "normalize_dtype",
+    "op_category",
+    "op_flops",
+    "op_table",
+    "peak_flops",
+    "summary",
+    "tensor_core_share",
+    "uses_tensor_cores",
+]

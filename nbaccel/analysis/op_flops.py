@@ -1,0 +1,268 @@
+"""FLOPs of one profiler op from its recorded shapes (``record_shapes=True``).
+
+Why from shapes: Kineto traces carry no ``flops`` field even when the header says
+``with_flops: 1`` (checked on all three reference traces), so FLOPs must be re-derived from
+``args["Input Dims"]`` (and ``args["Concrete Inputs"]`` for stride/padding, recorded by recent
+torch versions).  Conventions follow ``torch.utils.flop_counter``: a multiply-add is 2 FLOPs,
+``addmm``/``baddbmm`` count only the matmul, attention counts the two batched matmuls and ignores
+causal masking, convolution counts forward only.
+
+Every function returns ``None`` when the shapes do not determine the answer; a made-up number
+would end up in a FLOP/s figure.
+"""
+from __future__ import annotations
+
+import ast
+from math import prod
+from typing import Any, Sequence
+
+__all__ = ["op_flops", "dtype_of", "FLOP_OPS"]
+
+Dims = Sequence[Sequence[int]]
+
+# Input type strings as written by the profiler -> short dtype names used by peaks.py.
+_TYPE_MAP = {
+    "c10::bfloat16": "bf16",
+    "c10::half": "fp16",
+    "float": "fp32",
+    "double": "fp64",
+    "c10::float8_e4m3fn": "fp8",
+    "c10::float8_e5m2": "fp8",
+    "c10::float8_e4m3fnuz": "fp8",
+    "c10::float8_e5m2fnuz": "fp8",
+    "c10::float8_e8m0fnu": "fp8",
+    "signed char": "int8",
+    "c10::qint8": "int8",
+}
+# When an op mixes float types (fp8 matmul with fp32 scales, bf16 mats with fp32 bias), the
+# narrowest one is what the math units run at.
+_NARROWNESS = {"fp8": 0, "int8": 0, "fp16": 1, "bf16": 1, "fp32": 2, "fp64": 3}
+
+
+def dtype_of(input_types: Sequence[str] | None) -> str | None:
+    """Compute dtype of an op from its ``Input type`` list: ``"bf16"``, ``"fp16"``, ``"fp32"``...
+
+    Non-float entries (``Scalar``, ``long int``, ``""``, ``TensorList``) are ignored; among
+    float types the narrowest wins (an fp8 GEMM also takes fp32 scale tensors).
+    """
+    best = None
+    for t in input_types or ():
+        d = _TYPE_MAP.get(str(t).strip().lower())
+        if d is not None and (best is None or _NARROWNESS[d] < _NARROWNESS[best]):
+            best = d
+    return best
+
+
+def _shape(dims: Dims, i: int) -> list[int] | None:
+    if dims is None or i >= len(dims):
+        return None
+    s = dims[i]
+    if not isinstance(s, (list, tuple)) or not s:
+        return None
+    try:
+        return [int(x) for x in s]
+    except (TypeError, ValueError):
+        return None
+
+
+def _mm(a: list[int] | None, b: list[int] | None) -> int | None:
+    if a is None or b is None or len(a) != 2 or len(b) != 2:
+        return None
+    (m, k), (k2, n) = a, b
+    return 2 * m * k * n if k == k2 else None
+
+
+def _bmm(a: list[int] | None, b: list[int] | None) -> int | None:
+    if a is None or b is None or len(a) != 3 or len(b) != 3:
+        return None
+    (bs, m, k), (bs2, k2, n) = a, b
+    return 2 * bs * m * k * n if k == k2 and bs == bs2 else None
+
+
+def _broadcast(a: list[int], b: list[int]) -> list[int] | None:
+    out = []
+    for x, y in zip(reversed([1] * (len(b) - len(a)) + a), reversed([1] * (len(a) - len(b)) + b)):
+        if x != y and 1 not in (x, y):
+            return None
+        out.append(max(x, y))
+    return out[::-1]
+
+
+def _matmul(a: list[int] | None, b: list[int] | None) -> int | None:
+    """torch.matmul semantics: 1-D operands are promoted, batch dims broadcast."""
+    if a is None or b is None:
+        return None
+    if len(a) == 1 and len(b) == 1:
+        return 2 * a[0] if a == b else None
+    a2 = [1] + a if len(a) == 1 else a
+    b2 = b + [1] if len(b) == 1 else b
+    m, k = a2[-2], a2[-1]
+    k2, n = b2[-2], b2[-1]
+    if k != k2:
+        return None
+    batch = _broadcast(a2[:-2], b2[:-2])
+    return None if batch is None else 2 * prod(batch) * m * k * n
+
+
+def _linear(x: list[int] | None, w: list[int] | None) -> int | None:
+    if x is None or w is None or len(w) != 2 or x[-1] != w[1]:
+        return None
+    return 2 * prod(x[:-1]) * w[1] * w[0]
+
+
+def _parse_concrete(value: Any) -> Any:
+    """'[2, 2]' -> [2, 2], '1' -> 1, 'same' -> 'same', '' -> None."""
+    if value is None:
+        return None
+    if isinstance(value, (int, list, tuple)):
+        return value
+    text = str(value).strip()
+    if not text:
+        return None
+    try:
+        return ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+        return text.strip("'\"")
+
+
+def _expand(value: Any, n: int) -> list[int] | None:
+    if isinstance(value, int):
+        return [value] * n
+    if isinstance(value, (list, tuple)) and value and all(isinstance(v, int) for v in value):
+        return list(value) * n if len(value) == 1 else list(value)
+    return None
+
+
+# Argument positions of (stride, padding, dilation, transposed, output_padding, groups) for each
+# convolution overload; transposed=True/False means the overload fixes it.
+_CONV_ARGS = {
+    "aten::convolution": dict(stride=3, padding=4, dilation=5, transposed=6, output_padding=7, groups=8),
+    "aten::_convolution": dict(stride=3, padding=4, dilation=5, transposed=6, output_padding=7, groups=8),
+    "aten::conv1d": dict(stride=3, padding=4, dilation=5, transposed=False, groups=6),
+    "aten::conv2d": dict(stride=3, padding=4, dilation=5, transposed=False, groups=6),
+    "aten::conv3d": dict(stride=3, padding=4, dilation=5, transposed=False, groups=6),
+    "aten::conv_transpose1d": dict(stride=3, padding=4, output_padding=5, groups=6, dilation=7, transposed=True),
+    "aten::conv_transpose2d": dict(stride=3, padding=4, output_padding=5, groups=6, dilation=7, transposed=True),
+    "aten::conv_transpose3d": dict(stride=3, padding=4, output_padding=5, groups=6, dilation=7, transposed=True),
+    "aten::cudnn_convolution": dict(padding=2, stride=3, dilation=4, groups=5, transposed=False),
+    "aten::mkldnn_convolution": dict(padding=3, stride=4, dilation=5, groups=6, transposed=False),
+}
+
+
+def _conv(name: str, dims: Dims, concrete: Sequence[Any] | None, output_dims: Dims | None) -> int | None:
+    x, w = _shape(dims, 0), _shape(dims, 1)
+    if x is None or w is None or len(x) != len(w) or len(x) < 3:
+        return None
+    spec = _CONV_ARGS[name]
+    args = [_parse_concrete(c) for c in (concrete or ())]
+
+    def arg(key: str) -> Any:
+        pos = spec.get(key)
+        if isinstance(pos, bool) or pos is None:
+            return pos
+        return args[pos] if pos < len(args) else None
+
+    transposed = arg("transposed")
+    if not isinstance(transposed, bool):
+        return None
+    nsp = len(x) - 2
+    # torch.utils.flop_counter.conv_flop_count: spatial = output (forward) or input (transposed)
+    if transposed:
+        spatial = x[2:]
+    else:
+        out = _shape(output_dims, 0) if output_dims else None
+        if out is not None and len(out) == len(x):
+            spatial = out[2:]
+        else:
+            stride, padding, dilation = arg("stride"), arg("padding"), arg("dilation")
+            stride = _expand(stride, nsp)
+            dilation = _expand(dilation if dilation is not None else 1, nsp)
+            if padding == "valid":
+                padding = 0
+            if padding == "same":
+                spatial = x[2:]
+            else:
+                padding = _expand(padding, nsp)
+                if stride is None or padding is None or dilation is None:
+                    return None  # only dims recorded: output size unknown
+                if not (len(stride) == len(padding) == len(dilation) == nsp):
+                    return None
+                spatial = [
+                    (size + 2 * p - d * (k - 1) - 1) // s + 1
+                    for size, p, d, k, s in zip(x[2:], padding, dilation, w[2:], stride)
+                ]
+    if any(s <= 0 for s in spatial):
+        return None
+    c_out, c_in_per_group, *kernel = w
+    return 2 * x[0] * prod(spatial) * prod(kernel) * c_out * c_in_per_group
+
+
+def _attention(q: list[int] | None, k: list[int] | None, v: list[int] | None, heads_first: bool) -> int | None:
+    """2*B*H*Lq*Lk*D (Q K^T) + 2*B*H*Lq*Lk*Dv (P V): 4*B*H*Lq*Lk*D when D == Dv."""
+    if q is None or k is None or v is None or len(q) != 4 or len(k) != 4 or len(v) != 4:
+        return None
+    if heads_first:  # [B, H, L, D]
+        b, h, lq, d = q
+        lk, dv = k[2], v[3]
+    else:  # [B, L, H, D] (flash / efficient attention kernels' own layout)
+        b, lq, h, d = q
+        lk, dv = k[1], v[3]
+    return 2 * b * h * lq * lk * d + 2 * b * h * lq * lk * dv
+
+
+_HEADS_FIRST_ATTN = {
+    "aten::scaled_dot_product_attention",
+    "aten::_scaled_dot_product_flash_attention",
+    "aten::_scaled_dot_product_efficient_attention",
+    "aten::_scaled_dot_product_cudnn_attention",
+    "aten::_scaled_dot_product_flash_attention_for_cpu",
+    "aten::_scaled_dot_product_attention_math",
+}
+_SEQ_FIRST_ATTN = {"aten::_flash_attention_forward", "aten::_efficient_attention_forward"}
+
+#: Op names for which :func:`op_flops` knows a formula.
+FLOP_OPS = frozenset(
+    {"aten::mm", "aten::bmm", "aten::addmm", "aten::matmul", "aten::linear", "aten::baddbmm"}
+    | set(_CONV_ARGS)
+    | _HEADS_FIRST_ATTN
+    | _SEQ_FIRST_ATTN
+)
+
+
+def op_flops(
+    name: str,
+    input_dims: Dims | None,
+    input_types: Sequence[str] | None = None,
+    concrete_inputs: Sequence[Any] | None = None,
+    output_dims: Dims | None = None,
+) -> int | None:
+    """Forward FLOPs of op ``name`` with recorded ``Input Dims``, or ``None`` if unknown.
+
+    ``input_types`` is accepted for symmetry with the trace columns (FLOPs do not depend on
+    dtype). ``concrete_inputs`` are the profiler's ``Concrete Inputs`` strings (stride,
+    padding...), needed for convolution output sizes unless ``output_dims`` is known.
+    Varlen (nested/cumulative-sequence) attention returns ``None``: its 3-D packed shapes do
+    not give per-sequence lengths.
+    """
+    if name not in FLOP_OPS or not input_dims:
+        return None
+    s = lambda i: _shape(input_dims, i)  # noqa: E731 - tiny local accessor
+    if name == "aten::mm":
+        return _mm(s(0), s(1))
+    if name == "aten::addmm":
+        return _mm(s(1), s(2))
+    if name == "aten::bmm":
+        return _bmm(s(0), s(1))
+    if name == "aten::baddbmm":
+        return _bmm(s(1), s(2))
+    if name == "aten::matmul":
+        return _matmul(s(0), s(1))
+    if name == "aten::linear":
+        return _linear(s(0), s(1))
+    if name in _CONV_ARGS:
+        return _conv(name, input_dims, concrete_inputs, output_dims)
+    if name in _HEADS_FIRST_ATTN:
+        return _attention(s(0), s(1), s(2), heads_first=True)
+    if name in _SEQ_FIRST_ATTN:
+        return _attention(s(0), s(1), s(2), heads_first=False)
+    return None

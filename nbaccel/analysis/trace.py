@@ -1,0 +1,512 @@
+"""Load a torch.profiler (Kineto) Chrome trace into pandas DataFrames.
+
+Used by the live ``%%profile_gpu`` (which exports a trace and reads it back) and by
+``nbaccel.load_trace`` for traces recorded on other machines, so it must accept whatever
+Kineto versions write: ``.json`` or ``.json.gz`` (detected by magic bytes, not the suffix),
+lower-case ``cat`` values (``cpu_op``, ``kernel``) and the 2021 ones (``Operator``, ``Kernel``),
+kernels whose ``External id`` is a real op id (recent Kineto) or just a copy of the correlation
+id (the A100 reference trace), and kernels with no launching op at all (work queued before the
+profiling window opened).  Unknown event kinds are counted in ``TraceData.unknown_events`` and
+skipped; only input that is not a profiler trace at all raises :class:`TraceError`.
+
+Parsing is one pass of plain loops over the event dicts into column lists (building
+DataFrames row by row would make the 25 MB A100 trace take minutes instead of about a second).
+"""
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import re
+import zlib
+from bisect import bisect_right
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+import pandas as pd
+
+from .kernels import kernel_category, op_category, uses_tensor_cores
+from .op_flops import dtype_of, op_flops
+
+__all__ = ["TraceError", "TraceData", "load_trace"]
+
+
+class TraceError(ValueError):
+    """The input is missing, unreadable, or not a torch.profiler Chrome trace."""
+
+
+# Kineto category spellings, old and new, mapped to one canonical kind.
+_KIND = {
+    "cpu_op": "cpu_op",
+    "operator": "cpu_op",
+    "kernel": "kernel",
+    "gpu_memcpy": "memcpy",
+    "memcpy": "memcpy",
+    "gpu_memset": "memset",
+    "memset": "memset",
+    "cuda_runtime": "runtime",
+    "runtime": "runtime",
+    "cuda_driver": "runtime",
+    "user_annotation": "annotation",
+    "gpu_user_annotation": "gpu_annotation",
+}
+# Categories we recognise but do not need (host Python stack, memory events, flows, spans...).
+_KNOWN_UNUSED = {
+    "python_function", "python", "cpu_instant_event", "ac2g", "trace", "overhead", "fwdbwd",
+    "forward_backward", "async", "mtia_runtime", "mtia_ccp_events", "privateuse1_runtime",
+    "privateuse1_driver", "gpu_instant_event", "cuda_sync", "cuda_event", "memory",
+    "kineto", "external", "python_function_stack",
+}
+
+_MEMCPY_KIND = re.compile(r"Memcpy\s+(HtoD|DtoH|DtoD|HtoH|PtoP|HtoA|AtoH|AtoD|DtoA)", re.IGNORECASE)
+
+
+@dataclass
+class TraceData:
+    """A parsed trace: one DataFrame per event kind plus header information.
+
+    DataFrames (times in microseconds, as in the trace):
+
+    * ``ops``: name, pid, tid, ts_us, dur_us, self_us, external_id, input_dims, input_types,
+      concrete_inputs, category, parent (row of the enclosing op on the same thread, -1 if
+      none), dtype, flops, flops_counted, device_self_us, device_total_us, tc_device_us,
+      math_dtype.
+    * ``kernels``: name, device, stream, ts_us, dur_us, correlation, external_id, op_index,
+      op_name, link, tensor_cores, category, grid, block.
+    * ``memcpy``: same launch columns plus bytes and kind (HtoD/DtoH/DtoD/...).
+    * ``memset``: name, device, stream, ts_us, dur_us, bytes, correlation, external_id,
+      op_index, op_name, link, category.
+    * ``annotations``: record_function / ProfilerStep ranges (name, pid, tid, ts_us, dur_us,
+      on_device).
+    """
+
+    ops: pd.DataFrame
+    kernels: pd.DataFrame
+    memcpy: pd.DataFrame
+    memset: pd.DataFrame
+    annotations: pd.DataFrame
+    device_properties: list[dict]
+    metadata: dict[str, Any]
+    event_counts: Counter = field(default_factory=Counter)
+    unknown_events: Counter = field(default_factory=Counter)
+    source: str | None = None
+
+    @property
+    def rank(self) -> int | None:
+        return self.metadata.get("rank")
+
+    @property
+    def world_size(self) -> int | None:
+        return self.metadata.get("world_size")
+
+    @property
+    def has_device_activity(self) -> bool:
+        return bool(len(self.kernels) or len(self.memcpy) or len(self.memset))
+
+    def device_activities(self) -> pd.DataFrame:
+        """Kernels, memcpys and memsets in one frame (name, device, stream, ts_us, dur_us,
+        category, op_index, kind) - the input for busy time and category breakdowns."""
+        cols = ["name", "device", "stream", "ts_us", "dur_us", "category", "op_index"]
+        parts = []
+        for kind, df in (("kernel", self.kernels), ("memcpy", self.memcpy), ("memset", self.memset)):
+            if len(df):
+                part = df[cols].copy()
+                part["kind"] = kind
+                parts.append(part)
+        if not parts:
+            return pd.DataFrame({c: pd.Series(dtype=object) for c in cols + ["kind"]})
+        return pd.concat(parts, ignore_index=True)
+
+    def window(self) -> tuple[float, float] | None:
+        """(start, end) in us over ops, annotations and device activity; None if empty."""
+        starts, ends = [], []
+        for df in (self.ops, self.annotations, self.kernels, self.memcpy, self.memset):
+            if len(df):
+                starts.append(float(df["ts_us"].min()))
+                ends.append(float((df["ts_us"] + df["dur_us"]).max()))
+        return (min(starts), max(ends)) if starts else None
+
+    def device_name(self, device: int | None = None) -> str | None:
+        """GPU name from ``deviceProperties`` (first device if ``device`` is None)."""
+        for props in self.device_properties:
+            if device is None or props.get("id") == device:
+                return props.get("name")
+        return None
+
+    def device_props(self, device: int | None = None) -> dict | None:
+        for props in self.device_properties:
+            if device is None or props.get("id") == device:
+                return props
+        return None
+
+
+# --- reading -----------------------------------------------------------------------------
+
+def _read_json(path: Path) -> Any:
+    if not path.exists():
+        raise TraceError(f"{path}: no such file")
+    if path.is_dir():
+        raise TraceError(f"{path}: is a directory, expected a .json or .json.gz trace file")
+    try:
+        with open(path, "rb") as fh:
+            raw = fh.read()
+    except OSError as exc:
+        raise TraceError(f"{path}: cannot read ({exc})") from exc
+    if raw[:2] == b"\x1f\x8b":
+        try:
+            raw = gzip.decompress(raw)
+        except (EOFError, OSError, zlib.error) as exc:
+            raise TraceError(f"{path}: truncated or corrupt gzip data ({exc})") from exc
+    if not raw.strip():
+        raise TraceError(f"{path}: file is empty, expected a torch.profiler JSON trace")
+    try:
+        return json.loads(raw)
+    except UnicodeDecodeError as exc:
+        raise TraceError(f"{path}: not JSON text (binary data: {exc.reason})") from exc
+    except json.JSONDecodeError as exc:
+        raise TraceError(
+            f"{path}: not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno}); "
+            "a trace cut off while writing looks like this"
+        ) from exc
+
+
+def _events_of(doc: Any, where: str) -> tuple[list, dict]:
+    if isinstance(doc, dict):
+        events = doc.get("traceEvents")
+        if not isinstance(events, list):
+            keys = ", ".join(sorted(map(str, doc))[:8]) or "no keys"
+            raise TraceError(
+                f"{where}: JSON is not a torch.profiler trace (no 'traceEvents' list; found {keys})"
+            )
+        return events, doc
+    if isinstance(doc, list) and doc and all(isinstance(e, dict) and "ph" in e for e in doc[:50]):
+        return doc, {}  # Chrome "JSON Array Format": events only, no header
+    raise TraceError(
+        f"{where}: JSON is not a torch.profiler trace (top level is {type(doc).__name__}, "
+        "expected an object with 'traceEvents')"
+    )
+
+
+def _num(x: Any) -> float | None:
+    if isinstance(x, (int, float)) and not isinstance(x, bool):
+        return float(x)
+    try:
+        return float(x)
+    except (TypeError, ValueError):
+        return None
+
+
+def load_trace(source: str | os.PathLike | Mapping | list) -> TraceData:
+    """Parse a torch.profiler Chrome trace (path to ``.json``/``.json.gz``, or parsed JSON)."""
+    if isinstance(source, (str, os.PathLike)):
+        where = str(source)
+        doc = _read_json(Path(source))
+    elif isinstance(source, (Mapping, list)):
+        where = "<dict>"
+        doc = source
+    else:
+        raise TraceError(f"expected a path or a parsed trace dict, got {type(source).__name__}")
+    events, header = _events_of(doc, where)
+    return _build(events, header, where if isinstance(source, (str, os.PathLike)) else None)
+
+
+def _build(events: list, header: Mapping, source: str | None) -> TraceData:
+    counts: Counter = Counter()
+    unknown: Counter = Counter()
+    op_cols: dict[str, list] = {k: [] for k in (
+        "name", "pid", "tid", "ts_us", "dur_us", "external_id", "input_dims", "input_types",
+        "concrete_inputs")}
+    gpu: dict[str, list] = {k: [] for k in (
+        "kind", "name", "device", "stream", "ts_us", "dur_us", "correlation", "external_id",
+        "bytes", "grid", "block")}
+    ann: dict[str, list] = {k: [] for k in ("name", "pid", "tid", "ts_us", "dur_us", "on_device")}
+    runtime: dict[Any, tuple] = {}  # correlation -> (pid, tid, ts, external id)
+
+    for ev in events:
+        if not isinstance(ev, dict):
+            unknown["<not an object>"] += 1
+            continue
+        cat = ev.get("cat")
+        key = cat.lower() if isinstance(cat, str) else None
+        counts[cat if isinstance(cat, str) else str(cat)] += 1
+        kind = _KIND.get(key)
+        if kind is None:
+            if cat is not None and key not in _KNOWN_UNUSED:
+                unknown[str(cat)] += 1
+            continue
+        if ev.get("ph", "X") != "X":
+            continue  # kineto writes complete events; anything else under these cats is noise
+        ts, dur = _num(ev.get("ts")), _num(ev.get("dur"))
+        if ts is None or dur is None:
+            unknown[f"{cat} without ts/dur"] += 1
+            continue
+        args = ev.get("args") if isinstance(ev.get("args"), dict) else {}
+        name = str(ev.get("name", ""))
+        if kind == "cpu_op":
+            op_cols["name"].append(name)
+            op_cols["pid"].append(ev.get("pid"))
+            op_cols["tid"].append(ev.get("tid"))
+            op_cols["ts_us"].append(ts)
+            op_cols["dur_us"].append(dur)
+            op_cols["external_id"].append(args.get("External id"))
+            op_cols["input_dims"].append(args.get("Input Dims"))
+            op_cols["input_types"].append(args.get("Input type"))
+            op_cols["concrete_inputs"].append(args.get("Concrete Inputs"))
+        elif kind in ("kernel", "memcpy", "memset"):
+            gpu["kind"].append(kind)
+            gpu["name"].append(name)
+            gpu["device"].append(args.get("device", ev.get("pid")))
+            gpu["stream"].append(args.get("stream", ev.get("tid")))
+            gpu["ts_us"].append(ts)
+            gpu["dur_us"].append(dur)
+            gpu["correlation"].append(args.get("correlation"))
+            gpu["external_id"].append(args.get("External id"))
+            gpu["bytes"].append(args.get("bytes"))
+            gpu["grid"].append(args.get("grid"))
+            gpu["block"].append(args.get("block"))
+        elif kind == "runtime":
+            corr = args.get("correlation")
+            if corr is not None:
+                runtime[corr] = (ev.get("pid"), ev.get("tid"), ts, args.get("External id"))
+        else:  # annotations
+            ann["name"].append(name)
+            ann["pid"].append(ev.get("pid"))
+            ann["tid"].append(ev.get("tid"))
+            ann["ts_us"].append(ts)
+            ann["dur_us"].append(dur)
+            ann["on_device"].append(kind == "gpu_annotation")
+
+    nesting = _nest_ops(op_cols)
+    links = _link_gpu(gpu, op_cols, runtime, nesting)
+    ops = _ops_frame(op_cols, nesting, gpu, links)
+    kernels, memcpy, memset = _gpu_frames(gpu, links, op_cols["name"])
+    return TraceData(
+        ops=ops,
+        kernels=kernels,
+        memcpy=memcpy,
+        memset=memset,
+        annotations=pd.DataFrame(ann),
+        device_properties=list(header.get("deviceProperties") or []),
+        metadata=_metadata(header),
+        event_counts=counts,
+        unknown_events=unknown,
+        source=source,
+    )
+
+
+def _metadata(header: Mapping) -> dict[str, Any]:
+    meta: dict[str, Any] = {}
+    dist = header.get("distributedInfo")
+    if isinstance(dist, dict):
+        meta["rank"] = dist.get("rank")
+        meta["world_size"] = dist.get("world_size")
+        meta["backend"] = dist.get("backend")
+    for k in ("schemaVersion", "cuda_runtime_version", "cuda_driver_version", "cupti_version",
+              "record_shapes", "with_flops", "with_stack", "profile_memory", "displayTimeUnit",
+              "baseTimeNanoseconds", "trace_id", "host_name"):
+        if k in header:
+            meta[k] = header[k]
+    if isinstance(header.get("metadata"), dict):
+        meta["user_metadata"] = header["metadata"]
+    return meta
+
+
+# --- op nesting, self time, launch links ---------------------------------------------------
+
+@dataclass
+class _Nesting:
+    parent: list[int]
+    self_us: list[float]
+    # per thread: sorted op starts and row ids, for "innermost op enclosing time t" queries
+    threads: dict[tuple, tuple[list[float], list[int]]]
+
+
+def _nest_ops(op: dict[str, list]) -> _Nesting:
+    """Parent and self time of every op by interval nesting on its (pid, tid).
+
+    Ops on one thread form a tree in time (Kineto records them as RAII ranges); sorting by
+    (start, -duration) puts parents before children, and a stack sweep finds each op's
+    innermost enclosing op.  Self time = duration minus the direct children's overlap.
+    """
+    n = len(op["name"])
+    parent = [-1] * n
+    self_us = list(op["dur_us"])
+    by_thread: dict[tuple, list[int]] = {}
+    for i in range(n):
+        by_thread.setdefault((op["pid"][i], op["tid"][i]), []).append(i)
+    ts, dur = op["ts_us"], op["dur_us"]
+    threads = {}
+    for key, rows in by_thread.items():
+        rows.sort(key=lambda i: (ts[i], -dur[i]))
+        stack: list[int] = []
+        for i in rows:
+            start, end = ts[i], ts[i] + dur[i]
+            while stack and ts[stack[-1]] + dur[stack[-1]] <= start:
+                stack.pop()
+            if stack:
+                p = stack[-1]
+                parent[i] = p
+                self_us[p] -= min(end, ts[p] + dur[p]) - start
+            stack.append(i)
+        threads[key] = ([ts[i] for i in rows], rows)
+    return _Nesting(parent, [max(0.0, s) for s in self_us], threads)
+
+
+def _innermost_op(nest: _Nesting, ts: list, dur: list, key: tuple, t: float) -> int:
+    """Innermost op on thread ``key`` whose range contains time ``t``, or -1."""
+    entry = nest.threads.get(key)
+    if entry is None:
+        return -1
+    starts, rows = entry
+    j = bisect_right(starts, t) - 1
+    if j < 0:
+        return -1
+    i = rows[j]
+    # The last op starting before t may have ended; its ancestors are the other candidates.
+    while i != -1 and ts[i] + dur[i] < t:
+        i = nest.parent[i]
+    return i
+
+
+def _link_gpu(gpu: dict, op: dict, runtime: dict, nest: _Nesting) -> list[tuple[int, str | None]]:
+    """For each GPU activity: (row of launching op or -1, how it was linked).
+
+    1. ``External id`` equal to a cpu_op's ``External id`` (recent Kineto).  Old Kineto copies
+       the correlation id into ``External id``; then it names no op and is ignored.
+    2. Else the ``cuda_runtime``/``cuda_driver`` launch with the same ``correlation``: its own
+       ``External id``, or the innermost op enclosing the launch call on its thread.
+    3. Else -1: e.g. work queued before the profiler started (436 kernels of the H100 trace).
+    """
+    ext_to_op: dict[Any, int] = {}
+    for i, x in enumerate(op["external_id"]):
+        if x is not None:
+            prev = ext_to_op.get(x)
+            # duplicates would be nested ranges; the later-starting one is the inner one
+            if prev is None or op["ts_us"][i] >= op["ts_us"][prev]:
+                ext_to_op[x] = i
+    out = []
+    for ext, corr in zip(gpu["external_id"], gpu["correlation"]):
+        if ext is not None and ext != corr and ext in ext_to_op:
+            out.append((ext_to_op[ext], "external_id"))
+            continue
+        launch = runtime.get(corr) if corr is not None else None
+        if launch is None:
+            out.append((-1, None))
+            continue
+        pid, tid, t, rext = launch
+        if rext is not None and rext != corr and rext in ext_to_op:
+            out.append((ext_to_op[rext], "correlation"))
+            continue
+        i = _innermost_op(nest, op["ts_us"], op["dur_us"], (pid, tid), t)
+        out.append((i, "correlation" if i >= 0 else None))
+    return out
+
+
+def _ops_frame(op: dict, nest: _Nesting, gpu: dict, links: list) -> pd.DataFrame:
+    n = len(op["name"])
+    parent = nest.parent
+    dev_self = [0.0] * n
+    dev_total = [0.0] * n
+    tc_total = [0.0] * n
+    for (i, _), kind, name, dur in zip(links, gpu["kind"], gpu["name"], gpu["dur_us"]):
+        if i < 0:
+            continue
+        dev_self[i] += dur
+        tc = kind == "kernel" and uses_tensor_cores(name) is True
+        j = i
+        while j >= 0:
+            dev_total[j] += dur
+            if tc:
+                tc_total[j] += dur
+            j = parent[j]
+    flops = [op_flops(nm, d, t, c) for nm, d, t, c in zip(
+        op["name"], op["input_dims"], op["input_types"], op["concrete_inputs"])]
+    # Count FLOPs once: aten::linear -> aten::addmm both have a formula; only the innermost
+    # op with a formula is counted in totals (as torch.utils.flop_counter counts dispatched ops).
+    has_flop_child = [False] * n
+    for i in range(n):
+        if flops[i] is not None:
+            j = parent[i]
+            while j >= 0 and not has_flop_child[j]:
+                has_flop_child[j] = True
+                j = parent[j]
+    dtypes = [dtype_of(t) for t in op["input_types"]]
+    # fp32 matmuls that ran on tensor cores ran as TF32 (cuBLAS/cuDNN with allow_tf32).
+    math_dtype = [("tf32" if d == "fp32" and tc_total[i] > 0 else d) for i, d in enumerate(dtypes)]
+    df = pd.DataFrame({
+        "name": op["name"],
+        "pid": op["pid"],
+        "tid": op["tid"],
+        "ts_us": pd.Series(op["ts_us"], dtype="float64"),
+        "dur_us": pd.Series(op["dur_us"], dtype="float64"),
+        "self_us": pd.Series(nest.self_us, dtype="float64"),
+        "external_id": op["external_id"],
+        "input_dims": op["input_dims"],
+        "input_types": op["input_types"],
+        "concrete_inputs": op["concrete_inputs"],
+        "category": [op_category(x) for x in op["name"]],
+        "parent": pd.Series(parent, dtype="int64"),
+        "dtype": dtypes,
+        "flops": pd.Series(flops, dtype="float64"),
+        "flops_counted": [f is not None and not has_flop_child[i] for i, f in enumerate(flops)],
+        "device_self_us": pd.Series(dev_self, dtype="float64"),
+        "device_total_us": pd.Series(dev_total, dtype="float64"),
+        "tc_device_us": pd.Series(tc_total, dtype="float64"),
+        "math_dtype": math_dtype,
+    })
+    return df
+
+
+def _gpu_frames(gpu: dict, links: list, op_names: list) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+    tc_cache: dict[str, bool | None] = {}
+    cat_cache: dict[str, str] = {}
+    rows: dict[str, dict[str, list]] = {}
+    for idx, kind in enumerate(gpu["kind"]):
+        name = gpu["name"][idx]
+        op_i, link = links[idx]
+        r = rows.setdefault(kind, {k: [] for k in (
+            "name", "device", "stream", "ts_us", "dur_us", "correlation", "external_id",
+            "op_index", "op_name", "link", "category", "tensor_cores", "grid", "block",
+            "bytes", "kind")})
+        if name not in cat_cache:
+            cat_cache[name] = kernel_category(name)
+            tc_cache[name] = uses_tensor_cores(name) if kind == "kernel" else False
+        r["name"].append(name)
+        r["device"].append(gpu["device"][idx])
+        r["stream"].append(gpu["stream"][idx])
+        r["ts_us"].append(gpu["ts_us"][idx])
+        r["dur_us"].append(gpu["dur_us"][idx])
+        r["correlation"].append(gpu["correlation"][idx])
+        r["external_id"].append(gpu["external_id"][idx])
+        r["op_index"].append(op_i)
+        r["op_name"].append(op_names[op_i] if op_i >= 0 else None)
+        r["link"].append(link)
+        r["category"].append(cat_cache[name])
+        r["tensor_cores"].append(tc_cache[name])
+        r["grid"].append(gpu["grid"][idx])
+        r["block"].append(gpu["block"][idx])
+        r["bytes"].append(gpu["bytes"][idx])
+        m = _MEMCPY_KIND.search(name) if kind == "memcpy" else None
+        r["kind"].append(f"{m.group(1)[0].upper()}to{m.group(1)[-1].upper()}" if m else None)
+
+    common = ["name", "device", "stream", "ts_us", "dur_us", "correlation", "external_id",
+              "op_index", "op_name", "link", "category"]
+    layout = {
+        "kernel": common + ["tensor_cores", "grid", "block"],
+        "memcpy": common + ["bytes", "kind"],
+        "memset": common + ["bytes"],
+    }
+    frames = []
+    for kind in ("kernel", "memcpy", "memset"):
+        cols = layout[kind]
+        data = rows.get(kind, {c: [] for c in cols})
+        df = pd.DataFrame({c: data[c] for c in cols})
+        df["ts_us"] = df["ts_us"].astype("float64")
+        df["dur_us"] = df["dur_us"].astype("float64")
+        df["op_index"] = df["op_index"].astype("int64")
+        if kind == "kernel":
+            df["tensor_cores"] = df["tensor_cores"].astype(object)
+        frames.append(df)
+    return frames[0], frames[1], frames[2]

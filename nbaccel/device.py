@@ -1,0 +1,187 @@
+"""Which device runs a cell, and what it can do.
+
+Everything that depends on the hardware is decided here, once, so the capabilities
+(`amp`, `profile`, `budget`) never test ``torch.cuda.is_available()`` themselves.
+The same facts feed ``python -m nbaccel env`` and ``%nbaccel_env``.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+from dataclasses import asdict, dataclass, field
+
+import torch
+
+_DTYPES = {
+    "bf16": torch.bfloat16,
+    "bfloat16": torch.bfloat16,
+    "fp16": torch.float16,
+    "float16": torch.float16,
+    "half": torch.float16,
+}
+DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
+
+
+class DeviceError(ValueError):
+    """A device or dtype the user asked for is not usable here; the message says what to do."""
+
+
+def resolve_device(spec: str | torch.device | None = "auto") -> torch.device:
+    """Turn ``auto|cuda|cpu|cuda:N`` into a torch.device, refusing what is not present."""
+    if spec is None or str(spec) == "auto":
+        return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+    try:
+        device = torch.device(spec)
+    except (RuntimeError, TypeError) as exc:
+        raise DeviceError(f"unknown device {spec!r}; use auto, cpu or cuda[:N]") from exc
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise DeviceError(
+                f"--device {spec} was asked for, but this torch ({torch.__version__}) sees no CUDA GPU; "
+                "use --device cpu (or auto) here"
+            )
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        if index >= torch.cuda.device_count():
+            raise DeviceError(f"{spec} does not exist: this machine has {torch.cuda.device_count()} CUDA device(s)")
+        return torch.device("cuda", index)
+    if device.type != "cpu":
+        raise DeviceError(f"device type {device.type!r} is not supported yet; use cpu or cuda")
+    return device
+
+
+def cpu_flags() -> set[str]:
+    """CPU feature flags from /proc/cpuinfo (Linux); empty elsewhere."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
+
+def _cpu_feature(name: str) -> bool:
+    probe = getattr(torch.cpu, f"_is_{name}_supported", None)
+    if probe is not None:
+        try:
+            return bool(probe())
+        except RuntimeError:
+            return False
+    return name in cpu_flags()
+
+
+@dataclass(frozen=True)
+class DeviceInfo:
+    """The facts about one device that decide what a precision recipe can do on it."""
+
+    type: str
+    index: int | None
+    name: str
+    compute_capability: tuple[int, int] | None = None
+    total_memory: int | None = None
+    supports_bf16: bool = False
+    supports_fp16: bool = False
+    supports_tf32: bool = False
+    tensor_cores: bool = False
+    # CPU only: the units that make CPU autocast fast.
+    cpu_features: dict = field(default_factory=dict)
+
+    @property
+    def label(self) -> str:
+        if self.type == "cuda":
+            cc = ".".join(map(str, self.compute_capability or ()))
+            return f"{self.name} (cuda:{self.index}, sm {cc})"
+        return f"CPU: {self.name}"
+
+    @property
+    def has_bf16_units(self) -> bool:
+        """Whether bf16 arithmetic is done by dedicated units (so autocast can speed things up)."""
+        if self.type == "cuda":
+            return self.tensor_cores and self.supports_bf16
+        return bool(self.cpu_features.get("amx_bf16") or self.cpu_features.get("avx512_bf16"))
+
+    @property
+    def has_fp16_units(self) -> bool:
+        if self.type == "cuda":
+            return self.tensor_cores
+        return bool(self.cpu_features.get("amx_fp16") or self.cpu_features.get("avx512_fp16"))
+
+    def to_dict(self) -> dict:
+        data = asdict(self)
+        data["compute_capability"] = list(self.compute_capability) if self.compute_capability else None
+        return data
+
+
+def _cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def device_info(device: torch.device | str = "auto") -> DeviceInfo:
+    device = resolve_device(device) if not isinstance(device, torch.device) else device
+    if device.type == "cuda":
+        props = torch.cuda.get_device_properties(device)
+        cc = (props.major, props.minor)
+        return DeviceInfo(
+            type="cuda",
+            index=device.index,
+            name=props.name,
+            compute_capability=cc,
+            total_memory=props.total_memory,
+            supports_bf16=torch.cuda.is_bf16_supported(),
+            supports_fp16=True,
+            supports_tf32=cc >= (8, 0),  # TF32 arrived with Ampere
+            tensor_cores=cc >= (7, 0),  # Volta and later
+        )
+    flags = cpu_flags()
+    features = {
+        "amx_bf16": "amx_bf16" in flags if flags else _cpu_feature("amx_tile"),
+        "amx_fp16": _cpu_feature("amx_fp16"),
+        "avx512_bf16": _cpu_feature("avx512_bf16"),
+        "avx512_fp16": "avx512_fp16" in flags,
+        "capability": torch.backends.cpu.get_cpu_capability(),
+    }
+    return DeviceInfo(
+        type="cpu",
+        index=None,
+        name=_cpu_name(),
+        total_memory=_host_memory(),
+        supports_bf16=True,  # CPU autocast always accepts bf16 (emulated without the units)
+        supports_fp16=bool(features["amx_fp16"] or features["avx512_fp16"]),
+        cpu_features=features,
+    )
+
+
+def _host_memory() -> int | None:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def autocast_dtype(requested: str, info: DeviceInfo) -> torch.dtype:
+    """Map ``bf16|fp16|auto`` to the autocast dtype for this device, or say why not."""
+    requested = (requested or "auto").lower()
+    if requested == "auto":
+        if info.type == "cpu" or info.supports_bf16:
+            return torch.bfloat16
+        return torch.float16
+    if requested not in _DTYPES:
+        raise DeviceError(f"--dtype {requested} is not an autocast dtype; use bf16, fp16 or auto")
+    dtype = _DTYPES[requested]
+    if dtype is torch.bfloat16 and not info.supports_bf16:
+        raise DeviceError(f"{info.name} has no bf16 support (needs compute capability 8.0+); use --dtype fp16")
+    if dtype is torch.float16 and not info.supports_fp16:
+        raise DeviceError(
+            "this CPU has no fp16 arithmetic units (AMX-FP16 or AVX512-FP16), so CPU fp16 autocast would only "
+            "emulate it; use --dtype bf16 on the CPU"
+        )
+    return dtype

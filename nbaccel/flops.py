@@ -1,0 +1,126 @@
+"""What each operator of a run really computed: its dtype, its FLOPs, and its matmul shapes.
+
+Autocast decides per operator whether to cast, so "the cell ran in bf16" is never the whole
+truth. `OpAudit` is a ``TorchDispatchMode``: it sits below autocast in the dispatcher and sees
+every aten op *after* autocast cast its inputs, in forward and backward alike. For each op it
+records the output dtype and, for ops in torch's FLOP registry (the one
+``torch.utils.flop_counter.FlopCounterMode`` uses; a multiply-add counts as 2 FLOPs), the FLOPs.
+
+An audited run is slower than a plain one, so it is never the run that is timed.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+import pandas as pd
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+from torch.utils.flop_counter import flop_registry
+
+from .device import DTYPE_NAMES
+
+# Ops that dominate training time and that Tensor Cores / AMX accelerate in reduced precision.
+HEAVY_OPS = frozenset({
+    "aten.mm", "aten.addmm", "aten.bmm", "aten.baddbmm", "aten.convolution", "aten.convolution_backward",
+    "aten._convolution", "aten._scaled_dot_product_flash_attention", "aten._scaled_dot_product_efficient_attention",
+    "aten._scaled_dot_product_cudnn_attention", "aten._flash_attention_forward", "aten._efficient_attention_forward",
+    "aten._scaled_dot_product_flash_attention_for_cpu",
+})
+MATMUL_OPS = frozenset({"aten.mm", "aten.addmm", "aten.bmm", "aten.baddbmm"})
+# View and bookkeeping ops say nothing about arithmetic precision; leaving them out keeps the table readable.
+_IGNORED = frozenset({"aten.t", "aten.view", "aten.detach", "aten.expand", "aten._unsafe_view", "aten.transpose",
+                      "aten.permute", "aten.unsqueeze", "aten.squeeze", "aten.as_strided", "aten.slice",
+                      "aten.select", "aten.alias", "aten.reshape", "aten.lift_fresh"})
+
+
+def dtype_name(dtype) -> str:
+    return DTYPE_NAMES.get(dtype, str(dtype).replace("torch.", "") if dtype is not None else "none")
+
+
+@dataclass
+class _OpRecord:
+    calls: int = 0
+    flops: int = 0
+    input_dtypes: set = field(default_factory=set)
+    shapes: set = field(default_factory=set)  # matmul operand shapes, for the multiple-of-8 check
+
+
+class OpAudit(TorchDispatchMode):
+    """Records (op, output dtype) -> calls, FLOPs and matmul shapes for everything run inside it."""
+
+    def __init__(self):
+        super().__init__()
+        self.records: dict[tuple[str, str], _OpRecord] = defaultdict(_OpRecord)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        name = f"{func.namespace}.{func.overloadpacket.__name__}"
+        if name in _IGNORED:
+            return out
+        flat_out, _ = tree_flatten(out)
+        out_dtype = next((t.dtype for t in flat_out if isinstance(t, torch.Tensor) and t.is_floating_point()), None)
+        if out_dtype is None:
+            out_dtype = next((t.dtype for t in flat_out if isinstance(t, torch.Tensor)), None)
+        record = self.records[(name, dtype_name(out_dtype))]
+        record.calls += 1
+        flat_in, _ = tree_flatten((args, kwargs))
+        record.input_dtypes.update(dtype_name(t.dtype) for t in flat_in if isinstance(t, torch.Tensor))
+        counter = flop_registry.get(func.overloadpacket)
+        if counter is not None:
+            try:
+                record.flops += int(counter(*args, **kwargs, out_val=out))
+            except Exception:  # noqa: BLE001 - a FLOP formula that does not fit must not break the user's cell
+                pass
+        if name in MATMUL_OPS and len(record.shapes) < 32:
+            shapes = tuple(tuple(t.shape) for t in flat_in if isinstance(t, torch.Tensor))
+            record.shapes.add(shapes)
+        return out
+
+    def table(self) -> pd.DataFrame:
+        rows = [
+            {"op": op, "dtype": dtype, "calls": r.calls, "flops": r.flops, "heavy": op in HEAVY_OPS,
+             "input_dtypes": ",".join(sorted(r.input_dtypes))}
+            for (op, dtype), r in self.records.items()
+        ]
+        frame = pd.DataFrame(rows, columns=["op", "dtype", "calls", "flops", "heavy", "input_dtypes"])
+        return frame.sort_values(["heavy", "flops", "calls"], ascending=False, ignore_index=True)
+
+    @property
+    def total_flops(self) -> int:
+        return sum(r.flops for r in self.records.values())
+
+    def unaligned_matmuls(self, multiple: int = 8) -> list[dict]:
+        """Matmul operand dims that are not multiples of ``multiple`` (Tensor Cores want 8 for fp16/bf16)."""
+        found = []
+        for (op, _dtype), r in self.records.items():
+            for shapes in r.shapes:
+                dims = sorted({d for shape in shapes for d in shape[-2:] if d % multiple})
+                if dims:
+                    found.append({"op": op, "shapes": [list(s) for s in shapes], "unaligned": dims,
+                                  "pad_to": [pad_to_multiple(d, multiple) for d in dims]})
+        return found
+
+
+def pad_to_multiple(n: int, multiple: int = 8) -> int:
+    return -(-n // multiple) * multiple
+
+
+REDUCED = {"bf16", "fp16"}
+
+
+def precision_summary(table: pd.DataFrame) -> dict:
+    """Which ops ran in reduced precision, and which heavy ones stayed in fp32."""
+    if table.empty:
+        return {"reduced": [], "heavy_fp32": [], "reduced_flop_share": None}
+    reduced = table[table["dtype"].isin(REDUCED)]
+    heavy_fp32 = table[(table["dtype"] == "fp32") & table["heavy"]]
+    total = int(table["flops"].sum())
+    return {
+        "reduced": sorted(set(reduced["op"])),
+        "heavy_fp32": sorted(set(heavy_fp32["op"])),
+        "reduced_flop_share": (int(reduced["flops"].sum()) / total) if total else None,
+    }

@@ -1,0 +1,10 @@
+"""IPython magics: thin layers that parse a line, call the API, and display the result.
+
+Each capability has its own Magics class; `MAGIC_CLASSES` is what ``%load_ext nbaccel``
+registers and ``%unload_ext nbaccel`` removes.
+"""
+
+from .amp import AmpMagics
+from .env import EnvMagics
+
+MAGIC_CLASSES = (AmpMagics, EnvMagics)

@@ -1,0 +1,64 @@
+"""``%%amp``: the cell in fp32 and under autocast (+TF32), from the same starting state."""
+
+from __future__ import annotations
+
+from IPython.core.error import UsageError
+from IPython.core.magic import Magics, cell_magic, magics_class
+from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
+
+from ..amp import compare_amp
+from ..device import DeviceError, autocast_dtype, device_info, resolve_device
+from ..render.display import display_result
+from .common import cell_function, check_name, history_name, positive, silenced, store_result
+
+DTYPES = ("bf16", "fp16", "auto")
+
+
+@magics_class
+class AmpMagics(Magics):
+    @magic_arguments()
+    @argument("--dtype", default="auto", help="autocast dtype: bf16, fp16 or auto (bf16 where supported, else fp16)")
+    @argument("--device", default="auto", help="auto, cpu or cuda[:N] (default: cuda when present)")
+    @argument("--no-tf32", action="store_true", help="leave TF32 off for the mixed-precision run (CUDA, Ampere+)")
+    @argument("--warmup", type=int, default=1, help="untimed rounds of both variants first (default 1)")
+    @argument("--repeat", type=int, default=5, help="timed runs per variant (default 5)")
+    @argument("--no-baseline", action="store_true", help="run only the mixed-precision variant (no fp32 comparison)")
+    @argument("-r", "--result", default=None, metavar="NAME", help="store the AmpResult in this variable")
+    @argument("-q", "--quiet", action="store_true", help="do not display the result")
+    @cell_magic
+    def amp(self, line, cell):
+        """Run the cell in strict fp32 and under torch.autocast (+TF32 on CUDA), from the same state.
+
+        Shows time per variant (median, IQR), speedup, peak memory and its saving, drift of the
+        cell's last value, which ops ran in reduced precision, gradient overflow/underflow (fp16),
+        FLOP/s and advice. Before every run the namespace, tensors, modules, optimizers,
+        schedulers, GradScalers and RNG states are restored, so afterwards your variables are
+        exactly as after one run of the cell under the recipe.
+
+            %%amp --dtype bf16 --repeat 10 -r res
+            loss = train_step(model, batch)
+            loss
+        """
+        args = parse_argstring(self.amp, line)
+        if args.dtype.lower() not in DTYPES:
+            raise UsageError(f"--dtype {args.dtype} is not supported; use one of: {', '.join(DTYPES)}")
+        positive(args.repeat, "--repeat")
+        positive(args.warmup, "--warmup", minimum=0)
+        check_name(args.result)
+        if not cell.strip():
+            raise UsageError("%%amp needs code in the cell below the magic line")
+        try:
+            device = resolve_device(args.device)
+            autocast_dtype(args.dtype, device_info(device))
+        except DeviceError as exc:
+            raise UsageError(str(exc)) from None
+        run = cell_function(self.shell, cell)
+        result = compare_amp(
+            run, dtype=args.dtype.lower(), device=device, tf32=not args.no_tf32, warmup=args.warmup,
+            repeat=args.repeat, baseline=not args.no_baseline, namespace=self.shell.user_ns,
+            skip=history_name(self.shell), silence=silenced,
+        )
+        store_result(self.shell, args.result, result)
+        if not args.quiet:
+            display_result(result)
+        return result.value

@@ -1,0 +1,64 @@
+"""What every magic shares: turning a cell into a function, storing results, refusing bad input."""
+
+from __future__ import annotations
+
+import ast
+import re
+
+from IPython.core.error import UsageError
+from IPython.utils.capture import capture_output
+
+
+# IPython's own history bindings: a snapshot must neither restore nor delete them.
+_HISTORY = re.compile(r"^(_+|_i+|_i?\d+|_[oid]h|In|Out|exit|quit|get_ipython)$")
+
+
+def history_name(shell):
+    hidden = shell.user_ns_hidden
+
+    def skip(name: str) -> bool:
+        return name in hidden or name.startswith("__") or bool(_HISTORY.match(name))
+
+    return skip
+
+
+def cell_function(shell, cell: str):
+    """Compile a cell into a zero-argument function that runs it in the user namespace and
+    returns the value of its last expression (like IPython's ``%%time``), or None."""
+    source = shell.transform_cell(cell)
+    tree = shell.transform_ast(shell.compile.ast_parse(source))
+    body, last = tree.body, None
+    if body and isinstance(body[-1], ast.Expr):
+        last = ast.Expression(body[-1].value)
+        body = body[:-1]
+    module = ast.Module(body=body, type_ignores=[])
+    code = shell.compile(module, "<cell>", "exec")
+    expr = shell.compile(last, "<cell>", "eval") if last is not None else None
+    ns = shell.user_ns
+
+    def run_cell():
+        exec(code, shell.user_global_ns, ns)  # noqa: S102 - running the user's own cell is the point
+        return eval(expr, shell.user_global_ns, ns) if expr is not None else None  # noqa: S307
+
+    return run_cell
+
+
+def silenced():
+    """Hide stdout, stderr and rich displays of the measurement runs."""
+    return capture_output(stdout=True, stderr=True, display=True)
+
+
+def store_result(shell, name: str | None, result) -> None:
+    if name:
+        shell.user_ns[name] = result
+
+
+def check_name(name: str | None) -> None:
+    if name is not None and not name.isidentifier():
+        raise UsageError(f"-r/--result takes a Python variable name, got {name!r}")
+
+
+def positive(value: int, option: str, minimum: int = 1) -> int:
+    if value < minimum:
+        raise UsageError(f"{option} must be at least {minimum}, got {value}")
+    return value

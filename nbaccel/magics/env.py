@@ -1,0 +1,23 @@
+"""``%nbaccel_env``: versions, device capabilities and current precision flags."""
+
+from IPython.core.magic import Magics, line_magic, magics_class
+from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
+
+from ..environment import env_report
+from ..render.display import display_result
+from .common import check_name, store_result
+
+
+@magics_class
+class EnvMagics(Magics):
+    @magic_arguments()
+    @argument("-r", "--result", default=None, metavar="NAME", help="store the EnvReport in this variable")
+    @line_magic
+    def nbaccel_env(self, line):
+        """Show torch/CUDA/cuDNN versions, the device, bf16/fp16/TF32/Tensor Core/AMX support
+        and the global precision flags as they are now."""
+        args = parse_argstring(self.nbaccel_env, line)
+        check_name(args.result)
+        report = env_report()
+        store_result(self.shell, args.result, report)
+        display_result(report)

@@ -1,0 +1,211 @@
+"""Peak memory of one run, on the device that ran it, with the method that measured it.
+
+CUDA: the caching allocator's own counters, reset before the run. ``allocated`` is what tensors
+held at the peak; ``reserved`` is what the allocator took from the driver (what nvidia-smi and
+the out-of-memory error see).
+
+CPU: there is no allocator counter, so we read the process's resident set. On Linux,
+writing ``5`` to ``/proc/self/clear_refs`` resets the high-water mark (VmHWM) to the current
+RSS, and ``malloc_trim(0)`` first hands memory that glibc kept from earlier runs back to the OS,
+so a run that reuses freed heap pages is still charged for touching them. The peak we report is
+VmHWM after the run minus RSS before it: what the run added. Elsewhere a sampling thread reads
+RSS every millisecond, which can miss a short spike; the method string says which was used.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import ctypes.util
+import gc
+import threading
+import time
+from dataclasses import dataclass
+
+import torch
+
+_CLEAR_REFS = "/proc/self/clear_refs"
+_STATUS = "/proc/self/status"
+
+
+@dataclass
+class PeakMemory:
+    """Bytes a run added at its peak, on one device, and how that was measured."""
+
+    device: str
+    peak_bytes: int
+    method: str
+    reserved_bytes: int | None = None  # CUDA only
+
+    def to_dict(self) -> dict:
+        return {"device": self.device, "peak_bytes": self.peak_bytes, "reserved_bytes": self.reserved_bytes,
+                "method": self.method}
+
+
+def _status_kib(field: str) -> int | None:
+    try:
+        with open(_STATUS, encoding="ascii") as f:
+            for line in f:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
+
+
+def current_rss() -> int | None:
+    return _status_kib("VmRSS")
+
+
+def _malloc_trim() -> None:
+    name = ctypes.util.find_library("c")
+    if not name:
+        return
+    try:
+        libc = ctypes.CDLL(name)
+        trim = getattr(libc, "malloc_trim", None)
+        if trim is not None:
+            trim(0)
+    except OSError:
+        pass
+
+
+def _can_reset_hwm() -> bool:
+    try:
+        with open(_CLEAR_REFS, "w", encoding="ascii") as f:
+            f.write("5")
+        return _status_kib("VmHWM") is not None
+    except OSError:
+        return False
+
+
+class _RssSampler(threading.Thread):
+    """Polls RSS while a run executes, for systems where the high-water mark cannot be reset."""
+
+    def __init__(self, read, interval: float = 1e-3):
+        super().__init__(daemon=True)
+        self.read, self.interval = read, interval
+        self.peak = read() or 0
+        self._stop_event = threading.Event()
+
+    def run(self):
+        while not self._stop_event.is_set():
+            self.peak = max(self.peak, self.read() or 0)
+            time.sleep(self.interval)
+
+    def stop(self) -> int:
+        self._stop_event.set()
+        self.join()
+        return max(self.peak, self.read() or 0)
+
+
+def _rss_reader():
+    reader = current_rss
+    if reader() is None:
+        try:
+            import psutil  # optional: macOS and Windows
+        except ImportError:
+            return None
+        process = psutil.Process()
+        reader = lambda: process.memory_info().rss  # noqa: E731
+    return reader
+
+
+class PeakMeter:
+    """Context manager: ``with PeakMeter(device) as meter: run()`` then read ``meter.result``."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self.result: PeakMemory | None = None
+
+    @contextlib.contextmanager
+    def _cuda(self):
+        torch.cuda.synchronize(self.device)
+        base_alloc = torch.cuda.memory_allocated(self.device)
+        base_reserved = torch.cuda.memory_reserved(self.device)
+        torch.cuda.reset_peak_memory_stats(self.device)
+        try:
+            yield
+        finally:
+            torch.cuda.synchronize(self.device)
+            self.result = PeakMemory(
+                device=str(self.device),
+                peak_bytes=torch.cuda.max_memory_allocated(self.device) - base_alloc,
+                reserved_bytes=torch.cuda.max_memory_reserved(self.device) - base_reserved,
+                method="torch.cuda.max_memory_allocated after reset_peak_memory_stats (minus allocated before)",
+            )
+
+    @contextlib.contextmanager
+    def _cpu(self):
+        gc.collect()
+        _malloc_trim()
+        if _can_reset_hwm():
+            before = current_rss() or 0
+            try:
+                yield
+            finally:
+                peak = _status_kib("VmHWM") or 0
+                self.result = PeakMemory(
+                    "cpu", max(0, peak - before),
+                    "process peak RSS (VmHWM reset via /proc/self/clear_refs, malloc_trim first) minus RSS before",
+                )
+            return
+        reader = _rss_reader()
+        if reader is None:
+            yield
+            self.result = PeakMemory("cpu", 0, "unavailable: no /proc and no psutil; install psutil")
+            return
+        sampler = _RssSampler(reader)
+        before = sampler.peak
+        sampler.start()
+        try:
+            yield
+        finally:
+            self.result = PeakMemory("cpu", max(0, sampler.stop() - before),
+                                     "process RSS sampled every 1 ms (may miss short spikes) minus RSS before")
+
+    def __enter__(self):
+        self._cm = self._cuda() if self.device.type == "cuda" else self._cpu()
+        self._cm.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        return self._cm.__exit__(*exc)
+
+
+def measure_peak(fn, device: torch.device) -> tuple[PeakMemory, object]:
+    with PeakMeter(device) as meter:
+        value = fn()
+    return meter.result, value
+
+
+_UNITS = {"b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+          "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+
+
+def format_bytes(n: float | None) -> str:
+    if n is None:
+        return "n/a"
+    sign = "-" if n < 0 else ""
+    n = abs(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if n < 1024 or unit == "TiB":
+            return f"{sign}{n:.0f} {unit}" if unit == "B" else f"{sign}{n:.3g} {unit}"
+        n /= 1024
+    return f"{sign}{n} B"
+
+
+def parse_bytes(text: str) -> int:
+    """``'6GiB'``, ``'6 GB'``, ``'512MiB'``, ``'1e9'`` -> bytes. Raises ValueError with the accepted forms."""
+    import re
+
+    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:e[0-9]+)?)\s*([kmgt]i?b|b)?\s*", str(text), flags=re.I)
+    if not match:
+        raise ValueError(f"cannot read {text!r} as a size; write e.g. 6GiB, 6GB, 512MiB or 1e9 (bytes)")
+    value = float(match.group(1)) * _UNITS[(match.group(2) or "b").lower()]
+    if value <= 0:
+        raise ValueError(f"a size must be positive, got {text!r}")
+    return int(value)
+
+
+__all__ = ["PeakMemory", "PeakMeter", "measure_peak", "format_bytes", "parse_bytes", "current_rss"]

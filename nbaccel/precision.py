@@ -1,0 +1,192 @@
+"""Apply a mixed-precision recipe and put every global flag back afterwards.
+
+A recipe touches process-wide torch state: autocast, TF32 for matmul and cuDNN, float32 matmul
+precision and ``cudnn.benchmark``. A notebook kernel lives for hours, so a cell that raises or is
+interrupted must not leave any of it changed. `precision()` saves what it touches and restores it
+in ``finally``.
+
+torch 2.9 added a new TF32 API (``torch.backends.*.fp32_precision``) and made mixing it with the
+legacy one (``allow_tf32``, ``set_float32_matmul_precision``) an error at read time. So we set and
+restore through the new API when the user's torch has it, and through the legacy one otherwise;
+set-then-restore through one family leaves every reading, in both families, as it was.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+
+import torch
+
+from .device import DTYPE_NAMES, DeviceInfo, autocast_dtype, device_info, resolve_device
+
+NEW_TF32_API = hasattr(torch.backends.cuda.matmul, "fp32_precision")
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """What a mixed-precision run changes. ``None`` means: leave that setting alone."""
+
+    device_type: str
+    autocast_dtype: torch.dtype | None
+    tf32: bool | None = None  # True: TF32 on; False: strict IEEE fp32; None: as the user has it
+    cudnn_benchmark: bool | None = None
+
+    @property
+    def label(self) -> str:
+        parts = []
+        if self.autocast_dtype is not None:
+            parts.append(f"autocast {DTYPE_NAMES[self.autocast_dtype]} ({self.device_type})")
+        if self.tf32:
+            parts.append("TF32 matmul+cuDNN")
+        elif self.tf32 is False:
+            parts.append("strict fp32 (TF32 off)")
+        if self.cudnn_benchmark:
+            parts.append("cudnn.benchmark")
+        return " + ".join(parts) or "fp32"
+
+
+FP32 = "fp32"
+
+
+def make_recipe(dtype: str = "auto", device="auto", tf32: bool = True, cudnn_benchmark: bool | None = None) -> Recipe:
+    """Build the recipe ``%%amp`` uses: autocast at ``dtype`` plus Tensor Core settings on CUDA.
+
+    ``dtype="fp32"`` gives the baseline: no autocast and, where TF32 exists, TF32 forced off, so
+    the comparison is against strict IEEE fp32 whatever the user's flags say. TF32 only exists on
+    CUDA (Ampere+), so elsewhere ``tf32`` is left alone (None), and the result says so.
+    """
+    dev = resolve_device(device)
+    info = device_info(dev)
+    tf32_setting = bool(tf32) if info.supports_tf32 else None
+    if dtype == FP32:
+        return Recipe(dev.type, None, tf32=False if info.supports_tf32 else None)
+    return Recipe(
+        device_type=dev.type,
+        autocast_dtype=autocast_dtype(dtype, info),
+        tf32=tf32_setting,
+        cudnn_benchmark=cudnn_benchmark,
+    )
+
+
+# --- the global flags a recipe touches ---------------------------------------------------------
+
+def _tf32_knobs():
+    """(getter, setter) pairs for the TF32 switches in the user's torch's own API family."""
+    if NEW_TF32_API:
+        matmul = torch.backends.cuda.matmul
+        conv = torch.backends.cudnn.conv
+        return {
+            "cuda.matmul.fp32_precision": (lambda: matmul.fp32_precision, lambda v: setattr(matmul, "fp32_precision", v)),
+            "cudnn.conv.fp32_precision": (lambda: conv.fp32_precision, lambda v: setattr(conv, "fp32_precision", v)),
+        }
+    return {
+        "float32_matmul_precision": (torch.get_float32_matmul_precision, torch.set_float32_matmul_precision),
+        "cuda.matmul.allow_tf32": (
+            lambda: torch.backends.cuda.matmul.allow_tf32,
+            lambda v: setattr(torch.backends.cuda.matmul, "allow_tf32", v),
+        ),
+        "cudnn.allow_tf32": (lambda: torch.backends.cudnn.allow_tf32, lambda v: setattr(torch.backends.cudnn, "allow_tf32", v)),
+    }
+
+
+def _tf32_values(on: bool):
+    if NEW_TF32_API:
+        value = "tf32" if on else "ieee"
+        return {"cuda.matmul.fp32_precision": value, "cudnn.conv.fp32_precision": value}
+    return {"float32_matmul_precision": "high" if on else "highest", "cuda.matmul.allow_tf32": on, "cudnn.allow_tf32": on}
+
+
+def tf32_enabled() -> bool | None:
+    """Whether fp32 matmuls on CUDA may use TF32 right now (None if torch refuses to say)."""
+    try:
+        if NEW_TF32_API:
+            return torch.backends.cuda.matmul.fp32_precision == "tf32"
+        return bool(torch.backends.cuda.matmul.allow_tf32)
+    except RuntimeError:
+        return None
+
+
+def global_state() -> dict:
+    """Every global torch setting a recipe, a profile or a budget could change, as plain values.
+
+    Readings torch refuses (the mixed-API error) are recorded as the error text, so the state can
+    still be compared before and after.
+    """
+    readers = {
+        "autocast.cpu": lambda: (torch.is_autocast_enabled("cpu"), torch.get_autocast_dtype("cpu")),
+        "autocast.cuda": lambda: (torch.is_autocast_enabled("cuda"), torch.get_autocast_dtype("cuda")),
+        "autocast.cache": torch.is_autocast_cache_enabled,
+        "cudnn.benchmark": lambda: torch.backends.cudnn.benchmark,
+        "cudnn.deterministic": lambda: torch.backends.cudnn.deterministic,
+        "cudnn.enabled": lambda: torch.backends.cudnn.enabled,
+        "float32_matmul_precision": torch.get_float32_matmul_precision,
+        "cuda.matmul.allow_tf32": lambda: torch.backends.cuda.matmul.allow_tf32,
+        "cudnn.allow_tf32": lambda: torch.backends.cudnn.allow_tf32,
+        "grad_enabled": torch.is_grad_enabled,
+        "profiler_enabled": torch._C._autograd._profiler_enabled,
+    }
+    if NEW_TF32_API:
+        readers["fp32_precision"] = lambda: torch.backends.fp32_precision
+        readers["cuda.matmul.fp32_precision"] = lambda: torch.backends.cuda.matmul.fp32_precision
+        readers["cudnn.conv.fp32_precision"] = lambda: torch.backends.cudnn.conv.fp32_precision
+        readers["mkldnn.matmul.fp32_precision"] = lambda: torch.backends.mkldnn.matmul.fp32_precision
+    state = {}
+    for key, read in readers.items():
+        try:
+            state[key] = read()
+        except RuntimeError as exc:
+            state[key] = f"<unreadable: {str(exc)[:60]}>"
+    return state
+
+
+@contextlib.contextmanager
+def precision(dtype: str = "auto", device="auto", tf32: bool = True, cudnn_benchmark: bool | None = None,
+              recipe: Recipe | None = None):
+    """Run the body under a mixed-precision recipe; every flag it set is restored on exit.
+
+    >>> with nbaccel.precision("bf16"):
+    ...     loss = model(x).sum()
+
+    Yields the `Recipe` that was applied, so scripts can log what ran.
+    """
+    recipe = recipe or make_recipe(dtype, device, tf32, cudnn_benchmark)
+    with apply_recipe(recipe):
+        yield recipe
+
+
+@contextlib.contextmanager
+def apply_recipe(recipe: Recipe):
+    """Enter a `Recipe`: flags first, autocast innermost; unwind in reverse, whatever happens."""
+    saved_tf32 = {}
+    saved_benchmark = torch.backends.cudnn.benchmark
+    autocast = (
+        torch.autocast(recipe.device_type, dtype=recipe.autocast_dtype)
+        if recipe.autocast_dtype is not None
+        else contextlib.nullcontext()
+    )
+    try:
+        if recipe.tf32 is not None:
+            knobs = _tf32_knobs()
+            for key, value in _tf32_values(recipe.tf32).items():
+                get, put = knobs[key]
+                saved_tf32[key] = get()
+                put(value)
+        if recipe.cudnn_benchmark is not None:
+            torch.backends.cudnn.benchmark = recipe.cudnn_benchmark
+        with autocast:
+            yield recipe
+    finally:
+        knobs = _tf32_knobs()
+        # Restore in reverse order of setting: the legacy matmul precision and allow_tf32 overlap.
+        for key in reversed(list(saved_tf32)):
+            knobs[key][1](saved_tf32[key])
+        torch.backends.cudnn.benchmark = saved_benchmark
+
+
+def describe(info: DeviceInfo) -> str:
+    """One line on what autocast can do on this device, for headers and advice."""
+    if info.type == "cpu":
+        units = [k for k in ("amx_bf16", "avx512_bf16", "amx_fp16", "avx512_fp16") if info.cpu_features.get(k)]
+        return "CPU autocast (no GPU here); reduced-precision units: " + (", ".join(units) if units else "none, bf16 is emulated")
+    return f"CUDA autocast on {info.name}; Tensor Cores: {'yes' if info.tensor_cores else 'no'}"

@@ -1,0 +1,64 @@
+"""Small HTML helpers shared by the renderers: escaping, tables with bars, the stylesheet."""
+
+from __future__ import annotations
+
+import html as _html
+
+CSS = """
+<style>
+.nbaccel {font-family: var(--jp-ui-font-family, sans-serif); font-size: 13px; line-height: 1.4; max-width: 1100px}
+.nbaccel h4 {margin: 4px 0 6px 0}
+.nbaccel table {border-collapse: collapse; margin: 4px 0}
+.nbaccel th, .nbaccel td {padding: 2px 8px; text-align: right; border-bottom: 1px solid #ddd; vertical-align: top}
+.nbaccel th {cursor: default; background: rgba(127,127,127,0.08)}
+.nbaccel td.name, .nbaccel th.name {text-align: left; word-break: break-all; font-family: var(--jp-code-font-family, monospace)}
+.nbaccel .big {font-size: 22px; font-weight: 600}
+.nbaccel .muted {color: #777}
+.nbaccel .warn {color: #b35900}
+.nbaccel .bar {display: inline-block; height: 9px; background: #4a90d9; vertical-align: middle}
+.nbaccel .kpi {display: inline-block; margin-right: 28px}
+.nbaccel ul {margin: 2px 0 2px 18px; padding: 0}
+</style>
+"""
+
+
+def esc(value) -> str:
+    return _html.escape(str(value))
+
+
+def bar(fraction: float, width: int = 80) -> str:
+    fraction = 0.0 if fraction is None or fraction != fraction else max(0.0, min(1.0, fraction))
+    return f'<span class="bar" style="width:{fraction * width:.0f}px"></span>'
+
+
+def table(headers: list[str], rows: list[list], name_columns=(0,), raw_columns=()) -> str:
+    """An HTML table; cells in ``raw_columns`` are inserted as HTML, the rest escaped."""
+    head = "".join(f'<th class="{"name" if i in name_columns else ""}">{esc(h)}</th>' for i, h in enumerate(headers))
+    body = []
+    for row in rows:
+        cells = []
+        for i, cell in enumerate(row):
+            content = cell if i in raw_columns else esc(cell)
+            cells.append(f'<td class="{"name" if i in name_columns else ""}">{content}</td>')
+        body.append("<tr>" + "".join(cells) + "</tr>")
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
+
+
+def bullet_list(items) -> str:
+    return "<ul>" + "".join(f"<li>{esc(i)}</li>" for i in items) + "</ul>" if items else ""
+
+
+def wrap(inner: str) -> str:
+    return CSS + f'<div class="nbaccel">{inner}</div>'
+
+
+def text_table(headers: list[str], rows: list[list], left=(0,)) -> str:
+    """Fixed-width text table; no cell is truncated. Columns in ``left`` are left-aligned."""
+    cells = [[str(h) for h in headers]] + [[str(c) for c in row] for row in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
+    lines = []
+    for n, row in enumerate(cells):
+        lines.append("  ".join(c.ljust(w) if i in left else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths))))
+        if n == 0:
+            lines.append("  ".join("-" * w for w in widths))
+    return "\n".join(lines)

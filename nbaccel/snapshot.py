@@ -1,0 +1,228 @@
+"""Capture what running a cell would change, and put it back, so every measured run starts equal.
+
+``%%amp`` runs a training step many times. Without restoring, the fp32 baseline would train the
+model and the bf16 run would start from different weights, optimizer moments and RNG streams,
+and the user would end up with a model stepped twenty times. A `Snapshot` holds, on the host:
+
+* the namespace bindings (``x = x + 1`` rebinds; we rebind back and drop new names);
+* every tensor reachable from it -- namespace tensors, module parameters and buffers, optimizer
+  parameters -- with its ``.grad``; restored *in place*, so ``model`` and the optimizer keep
+  pointing at the same Parameter objects;
+* module ``training`` flags, optimizer / LR scheduler / GradScaler state (their ``state_dict``);
+* shallow copies of top-level lists, dicts, sets and numpy arrays (``losses.append(...)``);
+* the python, numpy, torch CPU and CUDA RNG states.
+
+Host copies keep the snapshot out of the device-memory figures. What is *not* covered (an object
+of a user class mutated in place, files written) is listed in docs/reliability.md.
+"""
+
+from __future__ import annotations
+
+import copy
+import random
+import types
+from dataclasses import dataclass, field
+
+import torch
+
+try:  # numpy is a torch dependency in practice, but not a hard one
+    import numpy as np
+except ImportError:  # pragma: no cover
+    np = None
+
+_MAX_DEPTH = 3  # how deep into lists/dicts/tuples we look for tensors and modules
+
+
+def _is_scheduler(obj) -> bool:
+    return isinstance(obj, torch.optim.lr_scheduler.LRScheduler) or type(obj).__name__ == "ReduceLROnPlateau"
+
+
+def _is_grad_scaler(obj) -> bool:
+    return isinstance(obj, torch.amp.GradScaler)
+
+
+def _host_clone(t: torch.Tensor) -> torch.Tensor:
+    return t.detach().to("cpu", copy=True)
+
+
+def _deep_host_copy(value):
+    """deepcopy that moves tensors to the host (state_dicts may hold CUDA tensors)."""
+    if isinstance(value, torch.Tensor):
+        return _host_clone(value)
+    if isinstance(value, dict):
+        out = copy.copy(value)  # keeps the dict's type, e.g. GradScaler's defaultdicts
+        out.clear()
+        out.update((k, _deep_host_copy(v)) for k, v in value.items())
+        return out
+    if isinstance(value, (list, tuple)):
+        return type(value)(_deep_host_copy(v) for v in value)
+    return copy.deepcopy(value)
+
+
+@dataclass
+class _TensorCopy:
+    tensor: torch.Tensor
+    data: torch.Tensor
+    grad: torch.Tensor | None
+    requires_grad: bool
+
+    def restore(self):
+        t = self.tensor
+        with torch.no_grad():
+            if t.shape == self.data.shape and t.dtype == self.data.dtype:
+                t.copy_(self.data)
+            else:  # the cell resized or re-typed it in place
+                t.data = self.data.to(t.device, copy=True)
+        if t.is_leaf:
+            t.requires_grad_(self.requires_grad)
+            if self.grad is None:
+                t.grad = None
+            elif t.grad is not None and t.grad.shape == self.grad.shape:
+                t.grad.copy_(self.grad)
+            else:
+                t.grad = self.grad.to(t.device, copy=True)
+
+
+@dataclass
+class Snapshot:
+    """Host-side copy of a namespace's restorable state. Build with `Snapshot.capture`."""
+
+    namespace: dict | None
+    bindings: dict = field(default_factory=dict)
+    tensors: list = field(default_factory=list)
+    modules: list = field(default_factory=list)  # (module, {submodule: training})
+    stateful: list = field(default_factory=list)  # (object, host state_dict copy)
+    containers: list = field(default_factory=list)  # (container, shallow copy)
+    rng: dict = field(default_factory=dict)
+    nbytes: int = 0
+    skip: object = None  # names (IPython's history: _, _i, Out...) that restore leaves alone
+
+    @classmethod
+    def capture(cls, namespace: dict | None = None, objects=(), skip=lambda name: False) -> "Snapshot":
+        """Snapshot ``namespace`` (a dict of bindings) and/or explicit ``objects``."""
+        snap = cls(namespace=namespace, skip=skip)
+        seen: set[int] = set()
+        if namespace is not None:
+            snap.bindings = {k: v for k, v in namespace.items() if not skip(k)}
+            for name, value in snap.bindings.items():
+                snap._visit(value, seen, 0, top_level=True)
+        for obj in objects:
+            snap._visit(obj, seen, 0, top_level=True)
+        snap.rng = _capture_rng()
+        return snap
+
+    def _add_tensor(self, t: torch.Tensor, seen: set[int]):
+        if id(t) in seen or t.is_meta:
+            return
+        seen.add(id(t))
+        grad = _host_clone(t.grad) if t.is_leaf and t.grad is not None else None
+        data = _host_clone(t)
+        self.tensors.append(_TensorCopy(t, data, grad, t.requires_grad))
+        self.nbytes += data.nbytes + (grad.nbytes if grad is not None else 0)
+
+    def _visit(self, obj, seen: set[int], depth: int, top_level: bool = False):
+        if isinstance(obj, (types.ModuleType, type, types.FunctionType, types.BuiltinFunctionType, str, bytes,
+                            int, float, bool, type(None))):
+            return
+        if isinstance(obj, torch.Tensor):
+            self._add_tensor(obj, seen)
+            return
+        if id(obj) in seen:
+            return
+        seen.add(id(obj))
+        if isinstance(obj, torch.nn.Module):
+            for t in list(obj.parameters()) + list(obj.buffers()):
+                self._add_tensor(t, seen)
+            self.modules.append((obj, {m: m.training for m in obj.modules()}))
+        elif isinstance(obj, torch.optim.Optimizer):
+            for group in obj.param_groups:
+                for p in group["params"]:
+                    self._add_tensor(p, seen)
+            self._add_state(obj, obj.state_dict())
+        elif _is_scheduler(obj) or _is_grad_scaler(obj):
+            self._add_state(obj, obj.state_dict() if not _is_grad_scaler(obj) else dict(vars(obj)))
+        elif np is not None and isinstance(obj, np.ndarray):
+            if obj.flags.writeable:
+                self.containers.append((obj, obj.copy()))
+                self.nbytes += obj.nbytes
+        elif isinstance(obj, (list, dict, set, bytearray)) and depth < _MAX_DEPTH:
+            if top_level:
+                self.containers.append((obj, copy.copy(obj)))
+            items = obj.values() if isinstance(obj, dict) else obj
+            for item in list(items)[:10_000]:
+                self._visit(item, seen, depth + 1)
+        elif isinstance(obj, tuple) and depth < _MAX_DEPTH:
+            for item in obj:
+                self._visit(item, seen, depth + 1)
+
+    def _add_state(self, obj, state: dict):
+        self.stateful.append((obj, _deep_host_copy(state)))
+
+    def restore(self):
+        """Put everything back. Safe to call many times; each call restores the same state."""
+        if self.namespace is not None:
+            for name in [k for k in self.namespace if k not in self.bindings and not self.skip(k)]:
+                del self.namespace[name]  # a name the cell created
+            self.namespace.update(self.bindings)
+        for copy_ in self.tensors:
+            copy_.restore()
+        for module, flags in self.modules:
+            for sub, training in flags.items():
+                sub.training = training
+        for obj, state in self.stateful:
+            _restore_stateful(obj, state)
+        for container, saved in self.containers:
+            _restore_container(container, saved)
+        _restore_rng(self.rng)
+
+
+def _restore_stateful(obj, state):
+    if _is_grad_scaler(obj):
+        # GradScaler.load_state_dict refuses the empty state of a scaler that has not stepped yet,
+        # and its lazily created tensors live in private attributes; restore the attributes.
+        for key, value in state.items():
+            current = getattr(obj, key, None)
+            if isinstance(value, torch.Tensor) and isinstance(current, torch.Tensor):
+                value = value.to(current.device, copy=True)
+            elif isinstance(value, torch.Tensor):
+                value = value.clone()
+            else:
+                value = copy.deepcopy(value)
+            setattr(obj, key, value)
+        for key in [k for k in vars(obj) if k not in state]:
+            delattr(obj, key)
+        return
+    obj.load_state_dict(_deep_host_copy(state) if isinstance(obj, torch.optim.Optimizer) else copy.deepcopy(state))
+
+
+def _restore_container(container, saved):
+    if np is not None and isinstance(container, np.ndarray):
+        if container.shape == saved.shape:
+            container[...] = saved
+    elif isinstance(container, (list, bytearray)):
+        container[:] = saved
+    elif isinstance(container, dict):
+        container.clear()
+        container.update(saved)
+    elif isinstance(container, set):
+        container.clear()
+        container.update(saved)
+
+
+def _capture_rng() -> dict:
+    state = {"python": random.getstate(), "torch": torch.get_rng_state()}
+    if np is not None:
+        state["numpy"] = np.random.get_state()
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def _restore_rng(state: dict) -> None:
+    random.setstate(state["python"])
+    torch.set_rng_state(state["torch"])
+    if "numpy" in state:
+        np.random.set_state(state["numpy"])
+    if "cuda" in state:
+        torch.cuda.set_rng_state_all(state["cuda"])
+

@@ -1,0 +1,56 @@
+"""Shared fixtures: a real IPython shell with nbaccel loaded, and a guard on torch's global state."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from IPython.testing.globalipapp import start_ipython
+
+from nbaccel.precision import global_state
+
+
+@pytest.fixture(autouse=True)
+def torch_state_unchanged():
+    """Every test must leave torch's global flags, autocast and profiler exactly as it found them."""
+    before = global_state()
+    yield
+    assert global_state() == before, "a test (or nbaccel) left torch's global state changed"
+
+
+@pytest.fixture(scope="session")
+def _ipython():
+    return start_ipython()
+
+
+@pytest.fixture
+def ip(_ipython):
+    """A real InteractiveShell with nbaccel loaded and a clean user namespace."""
+    shell = _ipython
+    shell.run_line_magic("load_ext", "nbaccel")
+    yield shell
+    shell.run_line_magic("unload_ext", "nbaccel")
+    shell.reset(new_session=False)
+
+
+@pytest.fixture
+def run_cell(ip):
+    """Run a cell; return (ExecutionResult, captured output) and fail loudly on unexpected errors."""
+    from IPython.utils.capture import capture_output
+
+    def run(source: str, expect_error: type[BaseException] | None = None):
+        with capture_output(display=True) as captured:
+            result = ip.run_cell(source, silent=False, store_history=True)
+        error = result.error_in_exec or result.error_before_exec
+        if expect_error is None and error is not None:
+            raise error
+        if expect_error is not None:
+            assert isinstance(error, expect_error), f"expected {expect_error.__name__}, got {error!r}"
+        return result, captured
+
+    return run
+
+
+@pytest.fixture
+def small_model():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 8))

@@ -1,0 +1,153 @@
+"""Kernel/op classification, checked against every labelled name of the shared data."""
+import csv
+from pathlib import Path
+
+import pytest
+
+from nbaccel.analysis import CATEGORIES, kernel_category, op_category, uses_tensor_cores
+
+DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+NAMES_CSV = DATA / "cuda_kernel_names.csv"
+
+
+@pytest.fixture(scope="module")
+def labelled_names():
+    if not NAMES_CSV.exists():
+        pytest.skip(f"reference data not found at {NAMES_CSV} (CI keeps a copy of shared/ at ../shared)")
+    with open(NAMES_CSV, newline="", encoding="utf-8") as fh:
+        return list(csv.DictReader(fh))
+
+
+def test_every_labelled_kernel_name_matches(labelled_names):
+    assert len(labelled_names) == 362
+    mismatches = []
+    for row in labelled_names:
+        expected = row["uses_tensor_cores"] == "yes"
+        got = uses_tensor_cores(row["kernel_name"])
+        if got is not expected:
+            mismatches.append(f"{row['uses_tensor_cores']} != {got}: {row['kernel_name'][:160]}")
+    assert not mismatches, "\n".join(mismatches)
+
+
+def test_label_counts_are_the_documented_ones(labelled_names):
+    yes = sum(uses_tensor_cores(r["kernel_name"]) is True for r in labelled_names)
+    assert yes == 119
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "triton__0d1d2d3d4d5d6d7d8d9d10d11d12d13d14",  # old Inductor: op unknown
+        "triton_tem_fused_mm_0",  # template matmul: TC only for fp16/bf16/tf32 inputs
+        "nvjet_sm90_sss_128x128_64x4_1x2_h_bz_TNT",  # fp32-only nvjet (unobserved)
+        "sm80_xmma_gemm_f32f32_f32f32_f32_tn_n_tilesize128x128x16_cublas",  # fp32 math xmma
+        "my_custom_gemm_kernel",  # GEMM-looking, no known scheme
+    ],
+)
+def test_unresolvable_names_are_none(name):
+    assert uses_tensor_cores(name) is None
+
+
+@pytest.mark.parametrize(
+    "name, expected",
+    [
+        ("void fbgemm_gpu::permute_2D_data_kernel<false, int, int>(int)", False),
+        ("void vllm::reshape_and_cache_flash_kernel<__nv_bfloat16>(int)", False),
+        ("void pytorch_flash::flash_bwd_dot_do_o_kernel<true>(Flash_bwd_params)", False),
+        ("void pytorch_flash::flash_bwd_dq_dk_dv_loop_seqk_parallel_kernel<X>(Flash_bwd_params)", True),
+        ("fmha_cutlassF_bf16_aligned_64x64_rf_sm80(PyTorchMemEffAttention::AttentionKernel)", True),
+        ("fmha_cutlassF_f32_aligned_64x64_rf_sm75(PyTorchMemEffAttention::AttentionKernel)", False),
+        ("triton_poi_fused_add_0", False),
+        ("triton_red_fused_sum_1", False),
+        ("ampere_fp16_s16816gemm_fp16_128x128_ldg8_f2f_stages_32x5_nn", True),
+        ("volta_h884gemm_64x64_ldg8_nn", True),
+        ("turing_i8816gemm_int8_128x128", True),
+        ("void GammaBetaBackwardCUDAKernel<float, float>(long)", False),  # "mma" inside "Gamma"
+    ],
+)
+def test_selected_rules(name, expected):
+    assert uses_tensor_cores(name) is expected
+
+
+@pytest.mark.parametrize(
+    "name, category",
+    [
+        ("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64_warpgroupsize1x1x1_execute_segment_k_off_kernel__5x_cublas", "matmul/conv"),
+        ("volta_sgemm_128x64_nn", "matmul/conv"),
+        ("void implicit_convolve_sgemm<float, float, 128, 5, 5, 3, 3, 3, 1, false, true, true>(int)", "matmul/conv"),
+        ("void pytorch_flash::flash_fwd_kernel<Flash_fwd_kernel_traits<64, 128, 128, 4, false, false, cutlass::bfloat16_t>>(Flash_fwd_params)", "attention"),
+        ("fmhaSm100aKernel_QkvE4m3OBfloat16H64PagedKvCausalP16VarSeqQ128Kv128PersistentContext", "attention"),
+        ("void cutlass::device_kernel<flash::FlashAttnBwdPreprocess<cute::tuple<cute::C<64>>>>(X)", "attention"),
+        ("void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<c10::BFloat16>, std::array<char*, 3ul> >(int)", "elementwise"),
+        ("void at::native::elementwise_kernel<128, 4, at::native::gpu_kernel_impl_nocast<at::native::direct_copy_kernel_cuda(at::TensorIteratorBase&)::{lambda()#3}>>(int)", "memory copy"),
+        ("void at::native::(anonymous namespace)::CatArrayBatchedCopy<float, unsigned int, 1, 128, 1>(float*)", "memory copy"),
+        ("void at::native::reduce_kernel<512, 1, at::native::ReduceOp<float, at::native::MeanOps<float, float, float, float>, unsigned int, float, 4> >(X)", "reduction"),
+        ("void at::native::(anonymous namespace)::cunn_SoftMaxForward<8, c10::BFloat16, float>(X)", "reduction"),
+        ("std::enable_if<(((8)>(0)))&&vllm::_typeConvert<c10::BFloat16>::exists, void>::type vllm::fused_add_rms_norm_kernel<c10::BFloat16, 8>(X)", "reduction"),
+        ("void cudnn::bn_fw_tr_1C11_kernel_NCHW<float, float, int, 128, true, 1, true>(cudnnTensorStruct, float const*)", "reduction"),
+        ("ncclKernel_SendRecv_RING_SIMPLE_Sum_int8_t(ncclDevComm*, unsigned long, ncclWork*)", "communication"),
+        ("void (anonymous namespace)::multimem_all_reduce_kernel<c10::BFloat16, 16>(X)", "communication"),
+        ("void multi_tensor_apply_kernel<TensorListMetadata<4>, AdamFunctor<float>, float>(int)", "optimizer"),
+        ("Memcpy HtoD (Pageable -> Device)", "data transfer"),
+        ("Memcpy DtoH (Device -> Pinned)", "data transfer"),
+        ("Memcpy DtoD (Device -> Device)", "memory copy"),
+        ("Memset (Device)", "memory copy"),
+        ("void vllm::reshape_and_cache_flash_kernel<__nv_bfloat16>(int)", "memory copy"),
+        ("void cub::DeviceRadixSortOnesweepKernel<cub::DeviceRadixSortPolicy<long, int, int>::Policy800>(int*)", "other"),
+    ],
+)
+def test_kernel_category(name, category):
+    assert kernel_category(name) == category
+
+
+def test_every_labelled_name_gets_a_valid_category(labelled_names):
+    cats = {kernel_category(r["kernel_name"]) for r in labelled_names}
+    assert cats <= set(CATEGORIES)
+    # every tensor-core kernel is a matmul/conv or an attention kernel
+    for r in labelled_names:
+        if r["uses_tensor_cores"] == "yes":
+            assert kernel_category(r["kernel_name"]) in ("matmul/conv", "attention"), r["kernel_name"][:120]
+
+
+@pytest.mark.parametrize(
+    "name, category",
+    [
+        ("aten::mm", "matmul/conv"),
+        ("aten::addmm", "matmul/conv"),
+        ("aten::bmm", "matmul/conv"),
+        ("aten::linear", "matmul/conv"),
+        ("aten::matmul", "matmul/conv"),
+        ("aten::conv2d", "matmul/conv"),
+        ("aten::convolution", "matmul/conv"),
+        ("aten::cudnn_convolution", "matmul/conv"),
+        ("aten::scaled_dot_product_attention", "attention"),
+        ("aten::_scaled_dot_product_flash_attention", "attention"),
+        ("aten::_flash_attention_forward", "attention"),
+        ("aten::_efficient_attention_forward", "attention"),
+        ("aten::softmax", "reduction"),
+        ("aten::_softmax", "reduction"),
+        ("aten::sum", "reduction"),
+        ("aten::mean", "reduction"),
+        ("aten::layer_norm", "reduction"),
+        ("aten::native_layer_norm", "reduction"),
+        ("aten::add", "elementwise"),
+        ("aten::mul", "elementwise"),
+        ("aten::relu", "elementwise"),
+        ("aten::gelu", "elementwise"),
+        ("aten::silu", "elementwise"),
+        ("aten::copy_", "memory copy"),
+        ("aten::to", "memory copy"),
+        ("aten::contiguous", "memory copy"),
+        ("aten::cat", "memory copy"),
+        ("Optimizer.step#AdamW.step", "optimizer"),
+        ("aten::_foreach_add_", "optimizer"),
+        ("aten::_fused_adam_", "optimizer"),
+        ("c10d::allreduce_", "communication"),
+        ("nccl:all_reduce", "communication"),
+        ("record_param_comms", "communication"),
+        ("aten::view", "other"),
+        ("aten::empty", "other"),
+    ],
+)
+def test_op_category(name, category):
+    assert op_category(name) == category

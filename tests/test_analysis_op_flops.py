@@ -1,0 +1,94 @@
+"""FLOPs from recorded shapes, against hand-computed values (multiply-add = 2 FLOPs)."""
+import pytest
+
+from nbaccel.analysis import dtype_of, op_flops
+
+
+def test_mm_family():
+    assert op_flops("aten::mm", [[4, 5], [5, 6]]) == 2 * 4 * 5 * 6
+    # real aten::addmm from the H100 trace (bias, mat1, mat2, beta, alpha)
+    assert op_flops("aten::addmm", [[1024], [8944, 1024], [1024, 1024], [], []]) == 18_756_927_488
+    # real aten::mm from the H100 trace (MLP up-projection): 2 * 8944 * 1024 * 2816
+    assert op_flops("aten::mm", [[8944, 1024], [1024, 2816]]) == 51_581_550_592
+    assert op_flops("aten::bmm", [[1, 32, 1], [1, 1, 559]]) == 2 * 1 * 32 * 1 * 559  # H100 trace: 35776
+    assert op_flops("aten::baddbmm", [[8, 3, 5], [8, 3, 4], [8, 4, 5], [], []]) == 2 * 8 * 3 * 4 * 5
+    assert op_flops("aten::mm", [[4, 5], [6, 7]]) is None  # inner dims disagree
+
+
+def test_linear_and_matmul():
+    # real aten::linear from the H100 trace: x [16, 559, 1024] @ W[1024, 1024]^T
+    assert op_flops("aten::linear", [[16, 559, 1024], [1024, 1024], [1024]]) == 2 * 16 * 559 * 1024 * 1024
+    assert op_flops("aten::matmul", [[16, 559, 1024], [1024, 1024]]) == 2 * 16 * 559 * 1024 * 1024
+    assert op_flops("aten::matmul", [[7], [7]]) == 14  # dot
+    assert op_flops("aten::matmul", [[3, 7], [7]]) == 2 * 3 * 7  # matrix-vector
+    assert op_flops("aten::matmul", [[2, 1, 3, 4], [5, 4, 6]]) == 2 * (2 * 5) * 3 * 4 * 6  # broadcast
+    assert op_flops("aten::matmul", [[2, 3, 4], [3, 4, 6]]) is None  # batch dims cannot broadcast
+
+
+def test_convolution_needs_stride_and_padding():
+    dims = [[2, 3, 16, 16], [8, 3, 3, 3], [8], [], [], [], []]
+    # stride 2, padding 1 -> 8x8 output: 2 * N * Cout * Hout * Wout * Cin/groups * kh * kw
+    expected = 2 * 2 * 8 * 8 * 8 * 3 * 3 * 3
+    assert op_flops("aten::conv2d", dims, concrete_inputs=["", "", "", "[2, 2]", "[1, 1]", "[1, 1]", "1"]) == expected
+    conv_dims = dims + [[], []]
+    conc = ["", "", "", "[2, 2]", "[1, 1]", "[1, 1]", "False", "[0, 0]", "1"]
+    assert op_flops("aten::convolution", conv_dims, concrete_inputs=conc) == expected
+    # only dims recorded (older torch): output size unknown ...
+    assert op_flops("aten::conv2d", dims) is None
+    # ... unless the output shape is known
+    assert op_flops("aten::conv2d", dims, output_dims=[[2, 8, 8, 8]]) == expected
+    # padding="same" keeps the spatial size (stride 1)
+    assert op_flops("aten::conv2d", dims, concrete_inputs=["", "", "", "[1, 1]", "same", "[1, 1]", "1"]) == (
+        2 * 2 * 8 * 16 * 16 * 3 * 3 * 3
+    )
+
+
+def test_grouped_and_transposed_convolution():
+    # depthwise: 32 channels, groups=32 -> weight [32, 1, 3, 3]; stride 1 pad 1 on 10x10
+    dims = [[1, 32, 10, 10], [32, 1, 3, 3], [], [], [], [], []]
+    conc = ["", "", "", "[1, 1]", "[1, 1]", "[1, 1]", "32"]
+    assert op_flops("aten::conv2d", dims, concrete_inputs=conc) == 2 * 1 * 32 * 10 * 10 * 1 * 9
+    # transposed (torch.utils.flop_counter uses the input spatial size): weight [Cin, Cout, k, k]
+    tdims = [[1, 4, 5, 5], [4, 6, 3, 3], [], [], [], [], [], [], []]
+    tconc = ["", "", "", "[2, 2]", "[0, 0]", "[1, 1]", "True", "[0, 0]", "1"]
+    assert op_flops("aten::convolution", tdims, concrete_inputs=tconc) == 2 * 1 * 5 * 5 * 9 * 4 * 6
+
+
+def test_attention():
+    # real ops from the H100 trace: B=16, H=16, L=559, D=64
+    qkv = [[16, 16, 559, 64]] * 3
+    expected = 4 * 16 * 16 * 559 * 559 * 64
+    assert op_flops("aten::scaled_dot_product_attention", qkv + [[], [], [], [], []]) == expected
+    assert op_flops("aten::_scaled_dot_product_flash_attention", qkv + [[], [], [], []]) == expected
+    # _flash_attention_forward takes [B, L, H, D]
+    assert op_flops("aten::_flash_attention_forward", [[16, 559, 16, 64]] * 3 + [[]] * 12) == expected
+    assert op_flops("aten::_efficient_attention_forward", [[16, 559, 16, 64]] * 3) == expected
+    # cross attention with Dv != D: 2*B*H*Lq*Lk*(D + Dv)
+    assert op_flops("aten::scaled_dot_product_attention", [[1, 2, 8, 4], [1, 2, 16, 4], [1, 2, 16, 6]]) == (
+        2 * 1 * 2 * 8 * 16 * 4 + 2 * 1 * 2 * 8 * 16 * 6
+    )
+
+
+def test_unknown_ops_and_bad_dims():
+    assert op_flops("aten::add", [[4, 4], [4, 4]]) is None
+    assert op_flops("aten::mm", None) is None
+    assert op_flops("aten::mm", [[], []]) is None
+    assert op_flops("aten::linear", [[4, 5], [6, 7], [6]]) is None
+
+
+@pytest.mark.parametrize(
+    "types, dtype",
+    [
+        (["c10::BFloat16", "c10::BFloat16", "c10::BFloat16", "Scalar", "Scalar"], "bf16"),
+        (["float", "float"], "fp32"),
+        (["c10::Half", "c10::Half"], "fp16"),
+        (["c10::Float8_e4m3fn", "c10::Float8_e4m3fn", "float", "float"], "fp8"),  # scales are fp32
+        (["c10::Float8_e4m3fn", "c10::BFloat16", "float"], "fp8"),
+        (["long int", "Scalar", ""], None),
+        (["double"], "fp64"),
+        ([], None),
+        (None, None),
+    ],
+)
+def test_dtype_of(types, dtype):
+    assert dtype_of(types) == dtype
