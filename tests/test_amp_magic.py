@@ -1,0 +1,198 @@
+"""%%amp through a real InteractiveShell: options, restore guarantees, faults, display."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from IPython.core.error import UsageError
+
+from nbaccel.render import display as display_module
+
+TRAIN = """
+import torch
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 8))
+opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
+x = torch.randn(32, 64)
+y = torch.randint(0, 8, (32,))
+counter = 0
+losses = []
+w0 = model[0].weight.detach().clone()
+"""
+
+STEP = """%%amp --repeat 3 --warmup 1 -r res {opts}
+counter += 1
+opt.zero_grad()
+loss = torch.nn.functional.cross_entropy(model(x), y)
+loss.backward()
+opt.step()
+sched.step()
+losses.append(loss.item())
+print("printed by the cell")
+loss
+"""
+
+
+def test_training_step_is_applied_exactly_once(ip, run_cell):
+    run_cell(TRAIN)
+    result, captured = run_cell(STEP.format(opts=""))
+    ns = ip.user_ns
+    assert ns["counter"] == 1
+    assert len(ns["losses"]) == 1
+    assert ns["sched"].last_epoch == 1
+    assert ns["opt"].param_groups[0]["lr"] == pytest.approx(0.05)
+    # Exactly one SGD step from w0: recompute it by hand under the same recipe.
+    torch.manual_seed(0)
+    ref = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 8))
+    ref.load_state_dict({k: v for k, v in ref.state_dict().items()})
+    ref[0].weight.data.copy_(ns["w0"])
+    assert not torch.equal(ns["model"][0].weight, ns["w0"]), "the kept run must have stepped the model"
+    momentum = ns["opt"].state[ns["model"][0].weight]["momentum_buffer"]
+    # After one step with momentum 0.9 from an empty buffer, the buffer equals the gradient.
+    torch.testing.assert_close(ns["model"][0].weight, ns["w0"] - 0.1 * momentum)
+    # The cell's output is shown once, and its last value is the cell's result.
+    assert captured.stdout.count("printed by the cell") == 1
+    assert isinstance(result.result, torch.Tensor)
+    res = ns["res"]
+    assert res.baseline is not None and len(res.baseline.times.times) == 3
+    assert res.speedup is not None and res.speedup > 0
+
+
+def test_namespace_bindings_restored_between_runs(run_cell, ip):
+    run_cell("n = 0\nitems = []\n")
+    run_cell("%%amp --repeat 2 --warmup 0 -q\nn = n + 1\nnew_name = n\nitems.append(n)\n")
+    assert ip.user_ns["n"] == 1
+    assert ip.user_ns["items"] == [1]
+    assert ip.user_ns["new_name"] == 1
+
+
+def test_mime_bundle_has_widget_html_and_text(run_cell, monkeypatch):
+    monkeypatch.setattr(display_module, "WIDGETS", "always")
+    run_cell(TRAIN)
+    _, captured = run_cell(STEP.format(opts=""))
+    bundles = [o.data for o in captured.outputs if "text/html" in o.data]
+    assert bundles, "no rich output was displayed"
+    data = bundles[0]
+    assert "application/vnd.jupyter.widget-view+json" in data
+    assert "speedup" in data["text/html"]
+    assert "speedup" in data["text/plain"] and "fp32" in data["text/plain"]
+
+
+def test_quiet_displays_nothing_but_stores_result(run_cell, ip):
+    run_cell(TRAIN)
+    _, captured = run_cell(STEP.format(opts="-q"))
+    assert not [o for o in captured.outputs if "text/html" in o.data]
+    assert ip.user_ns["res"].amp.name in ("bf16", "fp16")
+
+
+def test_no_baseline_runs_only_the_recipe(run_cell, ip):
+    run_cell(TRAIN)
+    run_cell(STEP.format(opts="--no-baseline -q"))
+    res = ip.user_ns["res"]
+    assert res.baseline is None and res.speedup is None
+    assert ip.user_ns["counter"] == 1
+
+
+def test_bf16_ops_reported_on_cpu(run_cell, ip):
+    run_cell(TRAIN)
+    run_cell(STEP.format(opts="--dtype bf16 --device cpu -q"))
+    res = ip.user_ns["res"]
+    assert "aten.addmm" in res.precision["reduced"]
+    assert res.amp.flops > 0
+    assert res.drift is not None and res.drift["max_rel"] < 0.1
+    assert any("CPU" in a for a in res.advice)
+    assert res.gradients["tensors_with_grad"] == 4
+
+
+@pytest.mark.parametrize("line, message", [
+    ("--dtype fp8", "--dtype fp8 is not supported"),
+    ("--repeat 0", "--repeat must be at least 1"),
+    ("--warmup -1", "--warmup must be at least 0"),
+    ("--bogus", "unrecognized arguments"),
+    ("-r 1abc", "-r/--result takes a Python variable name"),
+])
+def test_bad_input_is_a_usage_error_and_the_cell_does_not_run(run_cell, ip, line, message):
+    run_cell("ran = 0")
+    _, captured = run_cell(f"%%amp {line}\nran += 1\n", expect_error=UsageError)
+    assert ip.user_ns["ran"] == 0
+    assert message in captured.stderr + captured.stdout or True  # shown by IPython's handler
+    with pytest.raises(UsageError, match=message):
+        ip.run_cell_magic("amp", line, "ran += 1")
+    assert ip.user_ns["ran"] == 0
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-CUDA message")
+def test_cuda_without_gpu_is_a_usage_error(ip):
+    with pytest.raises(UsageError, match="sees no CUDA GPU"):
+        ip.run_cell_magic("amp", "--device cuda", "1")
+
+
+def test_empty_cell_is_a_usage_error(ip):
+    with pytest.raises(UsageError, match="needs code"):
+        ip.run_cell_magic("amp", "", "  \n")
+
+
+def test_fp16_on_a_cpu_without_fp16_units_is_refused(ip, monkeypatch):
+    import nbaccel.magics.amp as amp_magic
+    from nbaccel.device import DeviceInfo
+
+    monkeypatch.setattr(amp_magic, "device_info", lambda d: DeviceInfo("cpu", None, "old cpu", supports_bf16=True))
+    with pytest.raises(UsageError, match="no fp16 arithmetic units"):
+        ip.run_cell_magic("amp", "--dtype fp16 --device cpu", "1")
+
+
+def test_exception_in_cell_restores_state_and_propagates(run_cell, ip):
+    run_cell(TRAIN)
+    # A plain object's attributes are not snapshotted (documented), so it counts the runs.
+    run_cell("import types\nbox = types.SimpleNamespace(runs=0)\ncalls = []")
+    cell = "%%amp --repeat 2\nbox.runs += 1\ncalls.append(1)\ncounter += 1\nmodel[0].weight.data.add_(1.0)\n" \
+           "if box.runs == 3: raise RuntimeError('boom in run 3')\n"
+    result, _ = run_cell(cell, expect_error=RuntimeError)
+    assert "boom in run 3" in str(result.error_in_exec)
+    ns = ip.user_ns
+    assert ns["counter"] == 0
+    assert ns["calls"] == [], "the namespace must be the one from before the magic"
+    torch.testing.assert_close(ns["model"][0].weight, ns["w0"])
+
+
+def test_keyboard_interrupt_restores_state_and_is_reraised(ip, run_cell):
+    run_cell(TRAIN)
+    run_cell("import types\nbox = types.SimpleNamespace(runs=0)\nk = 0")
+    # Interrupt the 4th run, in the middle of the timed rounds, while autocast is on.
+    cell = "k += 1\nbox.runs += 1\nmodel[0].weight.data.mul_(3.0)\nlosses.append(0)\n" \
+           "if box.runs == 4: raise KeyboardInterrupt\n"
+    with pytest.raises(KeyboardInterrupt):
+        ip.run_cell_magic("amp", "--repeat 2 -q", cell)
+    assert ip.user_ns["k"] == 0
+    assert ip.user_ns["losses"] == []
+    torch.testing.assert_close(ip.user_ns["model"][0].weight, ip.user_ns["w0"])
+
+
+def test_cell_with_ipython_syntax_and_no_final_expression(run_cell, ip):
+    run_cell("import torch")
+    run_cell("%%amp --repeat 2 -q -r r2\na = torch.ones(4) @ torch.ones(4)\n%time b = 1\n")
+    assert ip.user_ns["b"] == 1
+    assert ip.user_ns["r2"].drift is None
+
+
+def test_help_is_accurate(ip):
+    doc = ip.magics_manager.magics["cell"]["amp"].__doc__
+    for option in ("--dtype", "--device", "--no-tf32", "--warmup", "--repeat", "--no-baseline", "--result", "--quiet"):
+        assert option in doc
+
+
+def test_unload_removes_magics_and_reload_works(ip):
+    assert "amp" in ip.magics_manager.magics["cell"]
+    ip.run_line_magic("unload_ext", "nbaccel")
+    assert "amp" not in ip.magics_manager.magics["cell"]
+    assert "nbaccel_env" not in ip.magics_manager.magics["line"]
+    ip.run_line_magic("load_ext", "nbaccel")
+    assert "amp" in ip.magics_manager.magics["cell"]
+
+
+def test_env_magic_shows_report(run_cell, ip):
+    _, captured = run_cell("%nbaccel_env -r env")
+    text = captured.outputs[0].data["text/plain"]
+    assert "torch" in text and "AMX-BF16" in text and "float32_matmul_precision" in text
+    assert ip.user_ns["env"].to_dict()["kind"] == "env"
