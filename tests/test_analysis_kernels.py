@@ -151,3 +151,12 @@ def test_every_labelled_name_gets_a_valid_category(labelled_names):
 )
 def test_op_category(name, category):
     assert op_category(name) == category
+
+
+def test_analysis_modules_do_not_import_torch():
+    # the analysis core must run where torch is absent or CPU-only (nbaccel.load_trace on a laptop)
+    pkg = Path(__file__).resolve().parents[1] / "nbaccel" / "analysis"
+    offenders = [p.name for p in pkg.glob("*.py")
+                 if any(line.strip().startswith(("import torch", "from torch"))
+                        for line in p.read_text(encoding="utf-8").splitlines())]
+    assert not offenders
