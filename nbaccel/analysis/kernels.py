@@ -133,7 +133,8 @@ def uses_tensor_cores(kernel_name: str) -> bool | None:
 # --- Categories ------------------------------------------------------------------------
 
 _COMM = re.compile(
-    r"nccl|all_?reduce|all_?gather|reduce_?scatter|alltoall|all_to_all|SendRecv|nvshmem"
+    # lookbehind: "small_reduce" is not an all-reduce
+    r"nccl|(?<![a-z])all_?(?:reduce|gather)|reduce_?scatter|alltoall|all_to_all|SendRecv|nvshmem"
     r"|cross_device_reduce|multimem|c10d::|record_param_comms|symm_mem::",
     re.IGNORECASE,
 )
@@ -154,7 +155,7 @@ _MATMUL_K = re.compile(
     re.IGNORECASE,
 )
 _REDUCTION_K = re.compile(
-    r"reduce|softmax|norm|GammaBeta|bn_fw|bn_bw|cross_entropy|nll_loss|triton_red_|triton_per_"
+    r"reduce|softmax|norm(?!al)|GammaBeta|bn_fw|bn_bw|cross_entropy|nll_loss|triton_red_|triton_per_"
     r"|argmax|argmin|topk|cumsum|DeviceReduce|sum_functor|MeanOps",
     re.IGNORECASE,
 )
