@@ -1,0 +1,225 @@
+"""compare_amp and its building blocks, without IPython."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import numpy as np
+import pytest
+import torch
+
+import nbaccel
+from nbaccel.amp import compute_drift
+from nbaccel.precision import NEW_TF32_API, Recipe, apply_recipe, global_state, make_recipe
+from nbaccel.snapshot import Snapshot
+from nbaccel.timing import Clock, Stats, speedup_is_uncertain
+
+
+class FakeClock(Clock):
+    """Deterministic clock: each run of a recipe takes a scripted time."""
+
+    def __init__(self, seconds_for):
+        super().__init__(torch.device("cpu"))
+        self.seconds_for = seconds_for
+
+    def measure(self, fn):
+        value = fn()
+        return self.seconds_for(), value
+
+
+def test_speedup_and_stats_from_an_injected_clock(small_model):
+    # Autocast is on only for the amp variant, so the clock can tell the two apart.
+    clock = FakeClock(lambda: 0.010 if torch.is_autocast_enabled("cpu") else 0.030)
+    x = torch.randn(16, 64)
+    result = nbaccel.compare_amp(lambda: small_model(x).sum(), repeat=4, warmup=0, clock=clock)
+    assert result.baseline.median == pytest.approx(0.030)
+    assert result.amp.median == pytest.approx(0.010)
+    assert result.speedup == pytest.approx(3.0)
+    assert not result.speedup_uncertain
+    assert result.noise_warnings == []
+
+
+def test_runs_interleave_and_alternate_order(small_model):
+    order = []
+    clock = FakeClock(lambda: order.append("amp" if torch.is_autocast_enabled("cpu") else "fp32") or 0.01)
+    nbaccel.compare_amp(lambda: None, repeat=4, warmup=1, clock=clock, state=[small_model])
+    # warmup (fp32, amp), then rounds alternating fp32-first / amp-first
+    assert order == ["fp32", "amp", "fp32", "amp", "amp", "fp32", "fp32", "amp", "amp", "fp32"]
+
+
+def test_noise_warning_when_spread_is_large():
+    stats = Stats([1.0, 1.0, 2.0, 3.0])
+    assert stats.noisy
+    assert speedup_is_uncertain(Stats([1.0, 1.2, 1.4]), Stats([1.1, 1.3, 1.5]))
+    assert not speedup_is_uncertain(Stats([1.0, 1.01, 1.02]), Stats([2.0, 2.01, 2.02]))
+
+
+def test_state_discovered_from_function_references(small_model):
+    opt = torch.optim.Adam(small_model.parameters(), lr=0.01)
+    x = torch.randn(8, 64)
+    before = {k: v.clone() for k, v in small_model.state_dict().items()}
+
+    def step():
+        opt.zero_grad()
+        small_model(x).pow(2).mean().backward()
+        opt.step()
+
+    result = nbaccel.compare_amp(step, repeat=3, warmup=1)
+    # Exactly one Adam step was kept: step count 1, weights moved by about lr.
+    state = opt.state[small_model[0].weight]
+    assert int(state["step"]) == 1
+    delta = (small_model[0].weight - before["0.weight"]).abs().max().item()
+    assert 0.005 < delta < 0.0101
+    assert result.snapshot_bytes > 0
+
+
+def test_rng_restored_so_both_variants_see_the_same_random_numbers():
+    draws = []
+    nbaccel.compare_amp(lambda: draws.append((random.random(), np.random.rand(), torch.rand(1).item())),
+                        repeat=2, warmup=0, state=[draws])
+    assert len(draws) == 1  # the list was restored before each run; one run kept
+    # after the magic the RNG has advanced exactly once from where it was
+    random.seed(1)
+
+
+def test_same_random_stream_each_run():
+    seen = []
+    clock = FakeClock(lambda: 0.01)
+
+    def fn():
+        value = torch.rand(3)
+        seen.append(value)
+        return value
+
+    nbaccel.compare_amp(fn, repeat=3, warmup=0, clock=clock, state=())
+    assert all(torch.equal(seen[0], s) for s in seen)
+
+
+def test_drift_of_scalars_tensors_and_containers():
+    base = {"loss": torch.tensor(2.0), "logits": torch.tensor([1.0, -2.0])}
+    amp = {"loss": torch.tensor(2.01), "logits": torch.tensor([1.0, -2.02])}
+    drift = compute_drift(base, amp)
+    assert drift["max_abs"] == pytest.approx(0.02, rel=1e-4)
+    assert drift["max_rel"] == pytest.approx(0.01, rel=1e-4)
+    assert compute_drift("a", "b") is None
+    assert compute_drift(3.0, 3.3)["max_rel"] == pytest.approx(0.1)
+
+
+def test_fp16_overflow_reported_with_gradscaler_advice():
+    # A loss scaled far beyond fp16's range makes its gradients inf under fp16 autocast.
+    w = torch.nn.Parameter(torch.ones(16, 16))
+    x = torch.full((16, 16), 300.0)
+
+    def step():
+        w.grad = None
+        (w @ x).pow(2).sum().backward()
+
+    if not nbaccel.device.device_info("cpu").supports_fp16:
+        pytest.skip("this CPU has no fp16 units, so fp16 autocast is refused")
+    result = nbaccel.compare_amp(step, dtype="fp16", device="cpu", repeat=1, warmup=0)
+    grads = result.gradients
+    assert grads["dtype"] == "fp16" and grads["overflow_tensors"] == 1
+    assert any("GradScaler" in a for a in result.advice)
+
+
+def test_result_to_dict_is_json_safe(small_model):
+    x = torch.randn(8, 64)
+    result = nbaccel.compare_amp(lambda: small_model(x), repeat=2, warmup=0)
+    data = json.loads(json.dumps(result.to_dict()))
+    assert data["kind"] == "amp" and data["schema_version"] == 1
+    assert data["amp"]["time"]["n"] == 2
+    assert "speedup" in data and data["baseline"]["memory"]["method"]
+    frame = result.to_dataframe()
+    assert list(frame["variant"]) == ["fp32", "bf16"]
+    assert "speedup" in str(result) and "speedup" in result._repr_html_()
+
+
+def test_exception_restores_and_propagates(small_model):
+    before = small_model[0].weight.detach().clone()
+    calls = {"n": 0}
+
+    def fn():
+        calls["n"] += 1
+        small_model[0].weight.data.add_(1)
+        if calls["n"] == 2:
+            raise ValueError("user bug")
+
+    with pytest.raises(ValueError, match="user bug"):
+        nbaccel.compare_amp(fn, repeat=2, warmup=0, state=[small_model])
+    torch.testing.assert_close(small_model[0].weight, before)
+
+
+def test_bad_arguments():
+    with pytest.raises(ValueError, match="repeat must be >= 1"):
+        nbaccel.compare_amp(lambda: None, repeat=0)
+    with pytest.raises(ValueError, match="bf16, fp16 or auto"):
+        nbaccel.compare_amp(lambda: None, dtype="fp8")
+
+
+def test_precision_context_restores_flags_on_error():
+    before = global_state()
+    with pytest.raises(RuntimeError):
+        with nbaccel.precision("bf16", device="cpu") as recipe:
+            assert torch.is_autocast_enabled("cpu")
+            assert recipe.autocast_dtype is torch.bfloat16
+            raise RuntimeError("x")
+    assert global_state() == before
+
+
+def test_tf32_recipe_sets_and_restores_through_one_api_family():
+    before = global_state()
+    recipe = Recipe("cuda", None, tf32=True, cudnn_benchmark=True)
+    with apply_recipe(recipe):
+        if NEW_TF32_API:
+            assert torch.backends.cuda.matmul.fp32_precision == "tf32"
+        else:
+            assert torch.backends.cuda.matmul.allow_tf32
+        assert torch.backends.cudnn.benchmark
+    assert global_state() == before
+    with apply_recipe(Recipe("cuda", None, tf32=False)):
+        if NEW_TF32_API:
+            assert torch.backends.cuda.matmul.fp32_precision == "ieee"
+    assert global_state() == before
+
+
+def test_cpu_recipe_never_touches_tf32():
+    recipe = make_recipe("bf16", "cpu")
+    assert recipe.tf32 is None and recipe.autocast_dtype is torch.bfloat16
+    assert make_recipe("fp32", "cpu").autocast_dtype is None
+
+
+def test_snapshot_restores_in_place_and_keeps_identity(small_model):
+    opt = torch.optim.SGD(small_model.parameters(), lr=0.1, momentum=0.9)
+    ns = {"model": small_model, "opt": opt, "t": torch.zeros(3), "arr": np.zeros(2), "d": {"a": 1}}
+    snap = Snapshot.capture(ns)
+    param = small_model[0].weight
+    small_model(torch.randn(2, 64)).sum().backward()
+    opt.step()
+    small_model.eval()
+    ns["t"].add_(5)
+    ns["arr"][0] = 7
+    ns["d"]["b"] = 2
+    ns["extra"] = 1
+    ns["t2"] = ns.pop("t")
+    snap.restore()
+    assert small_model[0].weight is param
+    assert param.grad is None and opt.state_dict()["state"] == {}
+    assert small_model.training
+    assert ns["t"].sum() == 0 and ns["arr"][0] == 0 and ns["d"] == {"a": 1}
+    assert "extra" not in ns and "t2" not in ns
+
+
+def test_gradscaler_state_restored():
+    scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
+    w = torch.nn.Parameter(torch.ones(2))
+    opt = torch.optim.SGD([w], lr=0.1)
+    snap = Snapshot.capture(None, objects=[scaler, opt, w])
+    scaler.scale((w * float("inf")).sum()).backward()
+    scaler.step(opt)
+    scaler.update()
+    assert scaler.get_scale() == 512.0
+    snap.restore()
+    assert getattr(scaler, "_scale", None) is None  # as before its first use
+    scaler.scale(w.sum()).backward()
+    assert scaler.get_scale() == 1024.0
