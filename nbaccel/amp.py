@@ -31,7 +31,7 @@ from .flops import OpAudit, precision_summary
 from .memory import PeakMemory, PeakMeter, format_bytes
 from .precision import FP32, Recipe, apply_recipe, describe, make_recipe
 from .results import ResultMixin
-from .snapshot import Snapshot
+from .snapshot import Snapshot, SnapshotTooLarge, available_host_memory, estimate_bytes
 from .timing import Clock, Stats, format_seconds, speedup_is_uncertain
 
 
@@ -82,6 +82,7 @@ class AmpResult(ResultMixin):
     gradients: dict | None = None
     unaligned_matmuls: list = field(default_factory=list)
     snapshot_bytes: int = 0
+    restored: bool = True  # False: --no-restore, runs continued from each other's state
     value: object = field(default=None, repr=False)  # the kept run's value (not serialized)
 
     @property
@@ -147,6 +148,7 @@ class AmpResult(ResultMixin):
             "precision": self.precision,
             "unaligned_matmuls": self.unaligned_matmuls,
             "snapshot_bytes": self.snapshot_bytes,
+            "restored": self.restored,
             "advice": self.advice,
             "noise_warnings": self.noise_warnings,
         }
@@ -316,6 +318,8 @@ def compare_amp(
     silence=None,
     show_output=None,
     clock: Clock | None = None,
+    restore: bool = True,
+    max_snapshot_fraction: float | None = 0.5,
 ) -> AmpResult:
     """Time ``fn`` in strict fp32 and under autocast (+TF32 on CUDA) from the same starting state.
 
@@ -324,6 +328,10 @@ def compare_amp(
     either, the names ``fn`` refers to (its globals and closure) are snapshotted.
     ``silence``: context-manager factory that hides the measurement runs' output;
     ``show_output``: the one for the kept run (default: output shown).
+    ``restore=False``: no snapshot; every run continues from the state the previous one left
+    (for state too large to copy -- the comparison is then between different starting states).
+    ``max_snapshot_fraction``: refuse (`SnapshotTooLarge`) when the snapshot would take more than
+    this share of the host's available memory, instead of swapping the machine to death.
     Returns an `AmpResult`; the kept run's return value is ``result.value``.
     """
     if warmup < 0:
@@ -336,7 +344,11 @@ def compare_amp(
     base_recipe = make_recipe(FP32, dev)
     if namespace is None and not state:
         state = _referenced_objects(fn)
-    snapshot = Snapshot.capture(namespace, objects=state, skip=skip)
+    if not restore:
+        snapshot = Snapshot(namespace=None, skip=skip)
+    else:
+        _check_snapshot_size(namespace, state, skip, max_snapshot_fraction)
+        snapshot = Snapshot.capture(namespace, objects=state, skip=skip)
     clock = clock or Clock(dev)
     runner = _Runner(fn, snapshot, clock, dev, silence or _redirect)
     order = [base_recipe, amp_recipe] if baseline else [amp_recipe]
@@ -380,8 +392,24 @@ def compare_amp(
         gradients=_gradient_report(base_probe, amp_probe, amp_recipe, scaler_info),
         unaligned_matmuls=amp_audit.unaligned_matmuls(),
         snapshot_bytes=snapshot.nbytes,
+        restored=restore,
         value=value,
     )
+
+
+def _check_snapshot_size(namespace, state, skip, fraction) -> None:
+    if fraction is None:
+        return
+    available = available_host_memory()
+    if available is None:
+        return
+    needed = estimate_bytes(namespace, state, skip)
+    if needed > fraction * available:
+        raise SnapshotTooLarge(
+            f"restoring the state before each run needs a {format_bytes(needed)} host copy, more than "
+            f"{fraction:.0%} of the {format_bytes(available)} of memory available; run without restoring "
+            "(--no-restore: each run continues from the previous one's state), raise the limit "
+            "(--max-snapshot 0.9), or free memory first")
 
 
 def _referenced_objects(fn) -> list:

@@ -96,11 +96,13 @@ class Snapshot:
     rng: dict = field(default_factory=dict)
     nbytes: int = 0
     skip: object = None  # names (IPython's history: _, _i, Out...) that restore leaves alone
+    dry: bool = False  # only count the bytes a capture would copy (see `estimate_bytes`)
 
     @classmethod
-    def capture(cls, namespace: dict | None = None, objects=(), skip=lambda name: False) -> "Snapshot":
+    def capture(cls, namespace: dict | None = None, objects=(), skip=lambda name: False,
+                dry: bool = False) -> "Snapshot":
         """Snapshot ``namespace`` (a dict of bindings) and/or explicit ``objects``."""
-        snap = cls(namespace=namespace, skip=skip)
+        snap = cls(namespace=namespace, skip=skip, dry=dry)
         seen: set[int] = set()
         if namespace is not None:
             snap.bindings = {k: v for k, v in namespace.items() if not skip(k)}
@@ -108,13 +110,18 @@ class Snapshot:
                 snap._visit(value, seen, 0, top_level=True)
         for obj in objects:
             snap._visit(obj, seen, 0, top_level=True)
-        snap.rng = _capture_rng()
+        if not dry:
+            snap.rng = _capture_rng()
         return snap
 
     def _add_tensor(self, t: torch.Tensor, seen: set[int]):
         if id(t) in seen or t.is_meta:
             return
         seen.add(id(t))
+        if self.dry:
+            grad = t.grad if t.is_leaf and t.grad is not None else None
+            self.nbytes += t.nbytes + (grad.nbytes if grad is not None else 0)
+            return
         grad = _host_clone(t.grad) if t.is_leaf and t.grad is not None else None
         data = _host_clone(t)
         self.tensors.append(_TensorCopy(t, data, grad, t.requires_grad))
@@ -143,8 +150,9 @@ class Snapshot:
             self._add_state(obj, obj.state_dict() if not _is_grad_scaler(obj) else dict(vars(obj)))
         elif np is not None and isinstance(obj, np.ndarray):
             if obj.flags.writeable:
-                self.containers.append((obj, obj.copy()))
                 self.nbytes += obj.nbytes
+                if not self.dry:
+                    self.containers.append((obj, obj.copy()))
         elif isinstance(obj, (list, dict, set, bytearray)) and depth < _MAX_DEPTH:
             if top_level:
                 self.containers.append((obj, copy.copy(obj)))
@@ -156,10 +164,18 @@ class Snapshot:
                 self._visit(item, seen, depth + 1)
 
     def _add_state(self, obj, state: dict):
-        self.stateful.append((obj, _deep_host_copy(state)))
+        if self.dry:
+            self.nbytes += sum(t.nbytes for t in _tensors_in(state))
+            return
+        copied = _deep_host_copy(state)
+        self.nbytes += sum(t.nbytes for t in _tensors_in(copied))
+        self.stateful.append((obj, copied))
 
     def restore(self):
-        """Put everything back. Safe to call many times; each call restores the same state."""
+        """Put everything back. Safe to call many times; each call restores the same state.
+        An empty snapshot (``Snapshot(None)``, the restore-free mode) restores nothing."""
+        if not self.rng:
+            return
         if self.namespace is not None:
             for name in [k for k in self.namespace if k not in self.bindings and not self.skip(k)]:
                 del self.namespace[name]  # a name the cell created
@@ -174,6 +190,38 @@ class Snapshot:
         for container, saved in self.containers:
             _restore_container(container, saved)
         _restore_rng(self.rng)
+
+
+def _tensors_in(value):
+    if isinstance(value, torch.Tensor):
+        yield value
+    elif isinstance(value, dict):
+        for v in value.values():
+            yield from _tensors_in(v)
+    elif isinstance(value, (list, tuple)):
+        for v in value:
+            yield from _tensors_in(v)
+
+
+def estimate_bytes(namespace: dict | None = None, objects=(), skip=lambda name: False) -> int:
+    """Bytes a `Snapshot.capture` of the same arguments would copy to the host, without copying."""
+    return Snapshot.capture(namespace, objects, skip, dry=True).nbytes
+
+
+def available_host_memory() -> int | None:
+    """MemAvailable from /proc/meminfo (Linux), else None."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
+
+
+class SnapshotTooLarge(ValueError):
+    """The state to snapshot is larger than the allowed share of free host memory."""
 
 
 def _restore_stateful(obj, state):

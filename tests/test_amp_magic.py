@@ -196,3 +196,20 @@ def test_env_magic_shows_report(run_cell, ip):
     text = captured.outputs[0].data["text/plain"]
     assert "torch" in text and "AMX-BF16" in text and "float32_matmul_precision" in text
     assert ip.user_ns["env"].to_dict()["kind"] == "env"
+
+
+def test_large_state_is_refused_with_the_alternatives(run_cell, ip):
+    run_cell(TRAIN)
+    with pytest.raises(UsageError, match="--no-restore"):
+        ip.run_cell_magic("amp", "--max-snapshot 1e-12", "counter += 1")
+    assert ip.user_ns["counter"] == 0
+    with pytest.raises(UsageError, match="fraction"):
+        ip.run_cell_magic("amp", "--max-snapshot 2", "counter += 1")
+
+
+def test_no_restore_runs_continue_from_each_other(run_cell, ip):
+    run_cell(TRAIN)
+    run_cell("%%amp --no-restore --repeat 2 --warmup 0 -q -r res\ncounter += 1\n")
+    # 2 timed + 1 memory + 1 audit run per variant, then the kept run
+    assert ip.user_ns["counter"] == 2 * 4 + 1
+    assert "NOT restored" in str(ip.user_ns["res"])

@@ -9,6 +9,7 @@ from IPython.core.magic_arguments import argument, magic_arguments, parse_argstr
 from ..amp import compare_amp
 from ..device import DeviceError, autocast_dtype, device_info, resolve_device
 from ..render.display import display_result
+from ..snapshot import SnapshotTooLarge
 from .common import cell_function, check_name, history_name, positive, silenced, store_result
 
 DTYPES = ("bf16", "fp16", "auto")
@@ -23,6 +24,11 @@ class AmpMagics(Magics):
     @argument("--warmup", type=int, default=1, help="untimed rounds of both variants first (default 1)")
     @argument("--repeat", type=int, default=5, help="timed runs per variant (default 5)")
     @argument("--no-baseline", action="store_true", help="run only the mixed-precision variant (no fp32 comparison)")
+    @argument("--no-restore", action="store_true",
+              help="do not snapshot/restore state between runs (for state too large to copy; each run "
+                   "then continues from the previous one)")
+    @argument("--max-snapshot", type=float, default=0.5, metavar="FRACTION",
+              help="refuse when the state snapshot would exceed this fraction of available host memory (default 0.5)")
     @argument("-r", "--result", default=None, metavar="NAME", help="store the AmpResult in this variable")
     @argument("-q", "--quiet", action="store_true", help="do not display the result")
     @cell_magic
@@ -45,6 +51,8 @@ class AmpMagics(Magics):
         positive(args.repeat, "--repeat")
         positive(args.warmup, "--warmup", minimum=0)
         check_name(args.result)
+        if not 0 < args.max_snapshot <= 1:
+            raise UsageError(f"--max-snapshot is a fraction of available memory in (0, 1], got {args.max_snapshot}")
         if not cell.strip():
             raise UsageError("%%amp needs code in the cell below the magic line")
         try:
@@ -53,11 +61,15 @@ class AmpMagics(Magics):
         except DeviceError as exc:
             raise UsageError(str(exc)) from None
         run = cell_function(self.shell, cell)
-        result = compare_amp(
-            run, dtype=args.dtype.lower(), device=device, tf32=not args.no_tf32, warmup=args.warmup,
-            repeat=args.repeat, baseline=not args.no_baseline, namespace=self.shell.user_ns,
-            skip=history_name(self.shell), silence=silenced,
-        )
+        try:
+            result = compare_amp(
+                run, dtype=args.dtype.lower(), device=device, tf32=not args.no_tf32, warmup=args.warmup,
+                repeat=args.repeat, baseline=not args.no_baseline, namespace=self.shell.user_ns,
+                skip=history_name(self.shell), silence=silenced, restore=not args.no_restore,
+                max_snapshot_fraction=args.max_snapshot,
+            )
+        except SnapshotTooLarge as exc:
+            raise UsageError(str(exc)) from None
         store_result(self.shell, args.result, result)
         if not args.quiet:
             display_result(result)

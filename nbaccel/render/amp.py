@@ -38,8 +38,10 @@ def headline(result) -> str:
 
 def method(result) -> str:
     mem = result.amp.memory.method if result.amp.memory else "not measured"
+    state = (f"state restored from a {format_bytes(result.snapshot_bytes)} host snapshot before each run"
+             if result.restored else "state NOT restored (--no-restore): each run continued from the previous one")
     return (f"{result.warmup} warmup + {result.repeat} timed runs per variant, interleaved; timer: {result.timer_method}; "
-            f"memory: {mem}; state restored from a {format_bytes(result.snapshot_bytes)} host snapshot before each run")
+            f"memory: {mem}; {state}")
 
 
 def _gradient_lines(result) -> list[str]:
