@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, magics_class
-from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
+from IPython.core.magic_arguments import argument, magic_arguments
 
 from ..amp import compare_amp
 from ..device import DeviceError, autocast_dtype, device_info, resolve_device
 from ..render.display import display_result
 from ..snapshot import SnapshotTooLarge
-from .common import cell_function, check_name, history_name, positive, silenced, store_result
+from .common import parse_line, cell_function, check_name, history_name, positive, silenced, store_result
 
 DTYPES = ("bf16", "fp16", "auto")
 
@@ -45,7 +45,7 @@ class AmpMagics(Magics):
             loss = train_step(model, batch)
             loss
         """
-        args = parse_argstring(self.amp, line)
+        args = parse_line(self.amp, line)
         if args.dtype.lower() not in DTYPES:
             raise UsageError(f"--dtype {args.dtype} is not supported; use one of: {', '.join(DTYPES)}")
         positive(args.repeat, "--repeat")

@@ -6,6 +6,7 @@ import ast
 import re
 
 from IPython.core.error import UsageError
+from IPython.core.magic_arguments import parse_argstring
 from IPython.utils.capture import capture_output
 
 
@@ -62,3 +63,12 @@ def positive(value: int, option: str, minimum: int = 1) -> int:
     if value < minimum:
         raise UsageError(f"{option} must be at least {minimum}, got {value}")
     return value
+
+
+def parse_line(magic, line: str):
+    """``parse_argstring`` that also turns shell-quoting mistakes (an unmatched quote) into a
+    UsageError; IPython's own parser lets shlex's ValueError escape as a traceback."""
+    try:
+        return parse_argstring(magic, line)
+    except ValueError as exc:
+        raise UsageError(f"cannot parse the options {line!r}: {exc}; check the quotes") from None

@@ -1,11 +1,11 @@
 """``%nbaccel_env``: versions, device capabilities and current precision flags."""
 
 from IPython.core.magic import Magics, line_magic, magics_class
-from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
+from IPython.core.magic_arguments import argument, magic_arguments
 
 from ..environment import env_report
 from ..render.display import display_result
-from .common import check_name, store_result
+from .common import parse_line, check_name, store_result
 
 
 @magics_class
@@ -16,7 +16,7 @@ class EnvMagics(Magics):
     def nbaccel_env(self, line):
         """Show torch/CUDA/cuDNN versions, the device, bf16/fp16/TF32/Tensor Core/AMX support
         and the global precision flags as they are now."""
-        args = parse_argstring(self.nbaccel_env, line)
+        args = parse_line(self.nbaccel_env, line)
         check_name(args.result)
         report = env_report()
         store_result(self.shell, args.result, report)
