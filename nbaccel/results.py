@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 
+import pandas as pd
+
 from . import __version__
 
 SCHEMA_VERSION = 1
@@ -43,3 +45,45 @@ class ResultMixin:
         from .render.display import display_result
 
         display_result(self)
+
+
+# Headline fields per kind, as dotted paths into ``to_dict()``; `results_frame` reads these, so a
+# saved notebook's results load the same way in later nbaccel versions.
+_HEADLINES = {
+    "amp": {"device": "device.name", "dtype": "amp.name", "speedup": "speedup", "memory_saving": "memory_saving",
+            "fp32_median_s": "baseline.time.median_s", "amp_median_s": "amp.time.median_s",
+            "drift_max_rel": "drift.max_rel"},
+}
+
+
+def _dig(data, path):
+    for key in path.split("."):
+        if not isinstance(data, dict) or key not in data:
+            return None
+        data = data[key]
+    return data
+
+
+def register_headlines(kind: str, fields: dict) -> None:
+    """Let a capability say which of its fields `results_frame` shows."""
+    _HEADLINES[kind] = fields
+
+
+def results_frame(records) -> pd.DataFrame:
+    """One row per saved result (dicts from ``to_dict()``, JSON strings, or result objects).
+
+    Records from any schema version load: unknown kinds keep their generic columns, and fields a
+    version did not have are left empty, so notebooks saved by older nbaccel still compare.
+    """
+    rows = []
+    for record in records:
+        if isinstance(record, str):
+            record = json.loads(record)
+        elif hasattr(record, "to_dict"):
+            record = record.to_dict()
+        row = {"kind": record.get("kind"), "schema_version": record.get("schema_version", 0),
+               "nbaccel_version": record.get("nbaccel_version")}
+        for column, path in _HEADLINES.get(row["kind"], {}).items():
+            row[column] = _dig(record, path)
+        rows.append(row)
+    return pd.DataFrame(rows)

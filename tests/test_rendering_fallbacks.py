@@ -1,0 +1,76 @@
+"""No frontend, broken frontends, and saved results: the measurement always survives."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+import torch
+
+import nbaccel
+from nbaccel.render import amp as amp_render
+from nbaccel.render import display as display_module
+
+
+@pytest.fixture(scope="module")
+def amp_result():
+    torch.manual_seed(0)
+    model = torch.nn.Linear(32, 32)
+    x = torch.randn(16, 32)
+    return nbaccel.compare_amp(lambda: model(x).float().sum(), repeat=2, warmup=0)
+
+
+def test_without_ipywidgets_the_bundle_is_html_and_text(amp_result, monkeypatch):
+    monkeypatch.setattr(display_module, "WIDGETS", "auto")
+    monkeypatch.setitem(sys.modules, "ipywidgets", None)  # import fails like an uninstalled package
+    bundle = display_module.mime_bundle(amp_result)
+    assert set(bundle) == {"text/plain", "text/html"}
+
+
+def test_plain_terminal_ipython_gets_no_widget(amp_result, monkeypatch):
+    monkeypatch.setattr(display_module, "WIDGETS", "auto")
+    # The test shell is a TerminalInteractiveShell: no kernel, so no widget manager.
+    assert not display_module.widgets_available()
+    assert "application/vnd.jupyter.widget-view+json" not in display_module.mime_bundle(amp_result)
+
+
+def test_widget_failure_falls_back_and_result_is_still_stored(ip, monkeypatch, run_cell):
+    monkeypatch.setattr(display_module, "WIDGETS", "always")
+
+    def broken(result):
+        raise RuntimeError("widget bug")
+
+    monkeypatch.setattr(amp_render, "widget", broken)
+    monkeypatch.setattr(amp_render, "html", broken)
+    run_cell("import torch\nm = torch.nn.Linear(4, 4)\nx = torch.randn(2, 4)")
+    _, captured = run_cell("%%amp --repeat 1 --warmup 0 -r kept\nm(x).sum()")
+    assert "kept" in ip.user_ns
+    shown = [o.data for o in captured.outputs if "text/plain" in o.data]
+    assert any("speedup" in d["text/plain"] for d in shown)
+    assert not any("text/html" in d for d in shown)
+
+
+def test_widget_as_a_user_sees_it(amp_result):
+    box = amp_render.widget(amp_result)
+    summary, tabs, footer = box.children
+    assert "speedup" in summary.value and f"{amp_result.speedup:.2f}x" in summary.value
+    assert [tabs.get_title(i) for i in range(3)] == ["Advice", "Operators", "Gradients"]
+    choose, ops = tabs.children[1].children
+    all_rows = ops.value.count("<tr>")
+    choose.value = "reduced"
+    reduced_rows = ops.value.count("<tr>")
+    assert 1 < reduced_rows < all_rows
+    assert "aten.addmm" in ops.value
+
+
+def test_to_dict_round_trips_and_loads_into_a_frame(amp_result):
+    text = amp_result.to_json()
+    data = json.loads(text)
+    assert json.loads(json.dumps(data)) == data
+    old = dict(data, schema_version=0, nbaccel_version="0.0.1")
+    del old["drift"]  # a field an older version did not write
+    frame = nbaccel.results_frame([amp_result, text, old, {"kind": "future-thing", "schema_version": 9}])
+    assert list(frame["kind"]) == ["amp", "amp", "amp", "future-thing"]
+    assert frame.loc[0, "speedup"] == pytest.approx(amp_result.speedup)
+    assert frame.loc[2, "drift_max_rel"] is None or frame.loc[2, "drift_max_rel"] != frame.loc[2, "drift_max_rel"]
