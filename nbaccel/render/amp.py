@@ -102,7 +102,7 @@ def _kpis(result) -> str:
 def summary_html(result) -> str:
     noise = "".join(f'<div class="warn">{esc(n)}</div>' for n in result.noise_warnings)
     return (f"<h4>%%amp on {esc(result.device.label)}</h4>{_kpis(result)}"
-            + table(HEADERS, _variant_rows(result), name_columns=(0,)) + noise)
+            + table(HEADERS, _variant_rows(result), name_columns=(0, 1)) + noise)
 
 
 def ops_rows(result, which="all"):
