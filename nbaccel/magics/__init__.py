@@ -6,5 +6,6 @@ registers and ``%unload_ext nbaccel`` removes.
 
 from .amp import AmpMagics
 from .env import EnvMagics
+from .profile import ProfileMagics
 
-MAGIC_CLASSES = (AmpMagics, EnvMagics)
+MAGIC_CLASSES = (AmpMagics, EnvMagics, ProfileMagics)

@@ -1,0 +1,127 @@
+"""``%%profile_gpu``: the cell under torch.profiler; where the time goes and what to change."""
+
+from __future__ import annotations
+
+import ast
+
+from IPython.core.error import UsageError
+from IPython.core.magic import Magics, cell_magic, magics_class
+from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
+
+from ..profile import DTYPES, ProfileError, ProfileOptions, profile_function, validate
+from ..profile_table import CELL_LINE, SORT_COLUMNS
+from ..render.display import display_result
+from .common import cell_function, check_name, silenced, store_result
+
+
+@magics_class
+class ProfileMagics(Magics):
+    @magic_arguments()
+    @argument("--top", type=int, default=15, help="rows of the operator table to show (default 15)")
+    @argument("--sort", default=None, choices=list(SORT_COLUMNS),
+              help="cpu (CPU total), self (self CPU), device (self device time), calls, memory, flops; "
+                   "default: device on CUDA, else self")
+    @argument("--memory", action="store_true", help="record memory allocated per op (profile_memory)")
+    @argument("--shapes", action="store_true", help="group the table by op and input shapes")
+    @argument("--stack", action="store_true", help="record Python stacks (with_stack); group by source line")
+    @argument("--warmup", type=int, default=0, help="unrecorded runs of the cell before the active steps (default 0)")
+    @argument("--steps", type=int, default=1, help="recorded runs of the cell (default 1)")
+    @argument("--trace", default=None, metavar="PATH",
+              help="write the Chrome/Perfetto trace: PATH.json (or .json.gz) is one file; any other name is a "
+                   "folder with one {host}_{pid}.{ms}.pt.trace.json per step (tensorboard_trace_handler layout)")
+    @argument("--amp", nargs="?", const="auto", default=None, metavar="DTYPE",
+              help="profile under the %%%%amp recipe: autocast bf16|fp16|auto (+TF32 on CUDA); bare --amp = auto")
+    @argument("--device", default="auto", help="auto, cpu or cuda[:N] (default: cuda when present)")
+    @argument("-r", "--result", default=None, metavar="NAME", help="store the ProfileResult in this variable")
+    @argument("-q", "--quiet", action="store_true", help="do not display the result")
+    @cell_magic
+    def profile_gpu(self, line, cell):
+        """Profile the cell with torch.profiler and show the slowest operators, time by category,
+        Tensor Core use, achieved FLOP/s, matmul shapes to pad, and advice.
+
+        Without a GPU the CPU is profiled, and the header says so. With --warmup W --steps S the
+        cell runs W+S times, like W+S iterations of a training loop: its effects on your variables
+        (model weights, counters, optimizer state) happen W+S times and are kept. Only the S
+        active steps are analysed. Output of all but the last run is hidden; the cell's last
+        expression value (of the last run) is the cell's result.
+
+            %%profile_gpu --top 10 --warmup 2 --steps 3 --trace runs/step -r prof
+            loss = train_step(model, batch)
+        """
+        args = parse_argstring(self.profile_gpu, line)
+        check_name(args.result)
+        if not cell.strip():
+            raise UsageError("%%profile_gpu needs code in the cell below the magic line")
+        if args.amp is not None and args.amp.lower() not in DTYPES:
+            raise UsageError(f"--amp {args.amp} is not supported; use one of: {', '.join(DTYPES)}")
+        options = ProfileOptions(top=args.top, sort=args.sort, memory=args.memory, shapes=args.shapes,
+                                 stack=args.stack, warmup=args.warmup, steps=args.steps, trace=args.trace,
+                                 amp=args.amp.lower() if args.amp else None, device=args.device)
+        try:
+            validate(options)  # every refusal happens here, before the cell runs
+        except ProfileError as exc:
+            raise UsageError(str(exc)) from None
+        run = annotated_cell_function(self.shell, cell) if args.stack else cell_function(self.shell, cell)
+        try:
+            result = profile_function(run, options, silence=silenced)
+        except ProfileError as exc:  # e.g. another profiler started between the check and the run
+            raise UsageError(str(exc)) from None
+        store_result(self.shell, args.result, result)
+        if not args.quiet:
+            display_result(result)
+        return result.value
+
+
+def _line_marker(label: str, node: ast.AST) -> ast.withitem:
+    # __import__('torch').profiler.record_function(label): builtins only, so nothing is added to
+    # the user's namespace.
+    torch_mod = ast.Call(func=ast.Name("__import__", ast.Load()), args=[ast.Constant("torch")], keywords=[])
+    func = ast.Attribute(ast.Attribute(torch_mod, "profiler", ast.Load()), "record_function", ast.Load())
+    item = ast.withitem(context_expr=ast.Call(func=func, args=[ast.Constant(label)], keywords=[]))
+    return item
+
+
+def annotated_cell_function(shell, cell: str):
+    """Like `cell_function`, but each top-level statement runs inside a ``record_function``
+    named after its cell line, so ``--stack`` can group ops by the line of the cell.
+
+    Why: Kineto's Python tracer records where each *function* starts (``co_firstlineno``),
+    not the executing line, so every op of a cell's top level would land on "line 0".
+    A statement wrapped in ``with`` keeps its scope and line numbers (tracebacks unchanged);
+    the cost is one ``record_function`` (about a microsecond) per executed top-level statement.
+    """
+    source = shell.transform_cell(cell)
+    tree = shell.transform_ast(shell.compile.ast_parse(source))
+    lines = source.splitlines()
+    body, last = tree.body, None
+    if body and isinstance(body[-1], ast.Expr):
+        last = body[-1]
+        body = body[:-1]
+
+    def label(node) -> str:
+        text = lines[node.lineno - 1].strip() if 0 < node.lineno <= len(lines) else ""
+        return f"{CELL_LINE}{node.lineno}: {text}"
+
+    wrapped = []
+    for stmt in body:
+        if isinstance(stmt, ast.ImportFrom) and stmt.module == "__future__":
+            wrapped.append(stmt)
+            continue
+        node = ast.With(items=[_line_marker(label(stmt), stmt)], body=[stmt])
+        wrapped.append(ast.copy_location(node, stmt))
+    module = ast.fix_missing_locations(ast.Module(body=wrapped, type_ignores=[]))
+    code = shell.compile(module, "<cell>", "exec")
+    expr = shell.compile(ast.Expression(last.value), "<cell>", "eval") if last is not None else None
+    last_label = label(last) if last is not None else None
+    ns = shell.user_ns
+
+    def run_cell():
+        import torch
+
+        exec(code, shell.user_global_ns, ns)  # noqa: S102 - running the user's own cell is the point
+        if expr is None:
+            return None
+        with torch.profiler.record_function(last_label):
+            return eval(expr, shell.user_global_ns, ns)  # noqa: S307
+
+    return run_cell

@@ -1,0 +1,379 @@
+"""Tables behind ``%%profile_gpu``, built from a parsed trace (`nbaccel.analysis.TraceData`).
+
+Pure pandas + the analysis package: no torch, no IPython. Everything here is tested on CPU with
+synthetic event lists and on the reference GPU traces, so the CUDA path of a live profile runs
+through exactly the code the tests exercise.
+
+Two things the analysis loader does not keep, and that a live profile needs, are recovered here
+from the raw Chrome events:
+
+* ``[memory]`` instant events (``profile_memory=True``): each allocation is charged to the
+  innermost op enclosing it on the same thread, as ``key_averages()`` does.
+* ``python_function`` events (``with_stack=True``): each op is charged to the innermost *user*
+  frame enclosing it (the notebook cell or the user's own files, not torch/IPython/nbaccel).
+"""
+
+from __future__ import annotations
+
+import re
+from bisect import bisect_right
+
+import numpy as np
+import pandas as pd
+
+from .analysis import CATEGORIES
+from .flops import pad_to_multiple
+
+GROUPS = ("op", "op+shape", "source")
+
+# Prefix of the record_function ranges that %%profile_gpu --stack puts around each cell statement.
+CELL_LINE = "cell line "
+
+# Columns of every grouped table, in display order. Times are microseconds, memory bytes.
+COLUMNS = ["name", "shapes", "source", "category", "calls", "cpu_self_us", "cpu_total_us", "device_self_us",
+           "device_total_us", "percent", "flops", "flops_per_s", "self_memory_bytes", "memory_bytes", "dtype"]
+
+# --sort key -> column (documented in the magic's help). "device" is the op's own device time
+# (kernels it launched itself), which sums to the device total like "self" does for the CPU.
+SORT_COLUMNS = {
+    "cpu": "cpu_total_us",
+    "self": "cpu_self_us",
+    "device": "device_self_us",
+    "calls": "calls",
+    "memory": "memory_bytes",
+    "flops": "flops",
+}
+
+
+# --- attribution of raw events to ops ------------------------------------------------------------
+
+class OpIndex:
+    """Find the innermost op enclosing a timestamp on one thread (ops nest in time per thread)."""
+
+    def __init__(self, ops: pd.DataFrame):
+        self._ts = ops["ts_us"].to_numpy(dtype=float) if len(ops) else np.zeros(0)
+        self._end = self._ts + (ops["dur_us"].to_numpy(dtype=float) if len(ops) else 0)
+        self._parent = ops["parent"].to_numpy() if len(ops) else np.zeros(0, dtype=int)
+        self._threads: dict[tuple, tuple[list[float], list[int]]] = {}
+        if len(ops):
+            order = np.lexsort((-self._end, self._ts))  # by start, parents (longer) first
+            keys = list(zip(ops["pid"].tolist(), ops["tid"].tolist()))
+            for i in order.tolist():
+                starts, rows = self._threads.setdefault(keys[i], ([], []))
+                starts.append(self._ts[i])
+                rows.append(i)
+
+    def innermost(self, pid, tid, t: float) -> int:
+        entry = self._threads.get((pid, tid))
+        if entry is None:
+            return -1
+        starts, rows = entry
+        j = bisect_right(starts, t) - 1
+        if j < 0:
+            return -1
+        i = rows[j]
+        while i >= 0 and self._end[i] < t:  # that op ended already: try its ancestors
+            i = int(self._parent[i])
+        return i
+
+
+def memory_by_op(events: list, ops: pd.DataFrame, index: OpIndex | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """(self allocated bytes, allocated bytes including child ops) per op row.
+
+    Allocated = the sum of positive ``[memory]`` events (frees are not subtracted: the column
+    answers "how much did this op allocate", which is what drives peak memory).
+    """
+    n = len(ops)
+    self_bytes = np.zeros(n)
+    if not n:
+        return self_bytes, self_bytes.copy()
+    index = index or OpIndex(ops)
+    for ev in events:
+        if not isinstance(ev, dict) or ev.get("name") != "[memory]":
+            continue
+        args = ev.get("args") or {}
+        nbytes = args.get("Bytes")
+        if not isinstance(nbytes, (int, float)) or nbytes <= 0:
+            continue
+        i = index.innermost(ev.get("pid"), ev.get("tid"), float(ev.get("ts", 0)))
+        if i >= 0:
+            self_bytes[i] += nbytes
+    total = self_bytes.copy()
+    parent = ops["parent"].to_numpy()
+    # Children start after their parents, so walking rows by start time in reverse pushes each
+    # op's total into its parent after all of its own children have been added.
+    for i in np.argsort(ops["ts_us"].to_numpy(), kind="stable")[::-1]:
+        p = parent[i]
+        if p >= 0:
+            total[p] += total[i]
+    return self_bytes, total
+
+
+_FRAME = re.compile(r"^(?P<file>.*)\((?P<line>\d+)\): (?P<func>.*)$")
+# Frames that are never "the user's line": the framework, the notebook machinery, the stdlib.
+_NOT_USER = re.compile(
+    r"(^|/)(torch|torchvision|nbaccel|IPython|ipykernel|traitlets|tornado|zmq|asyncio|concurrent|threading"
+    r"|contextlib|runpy|functools|typing)(/|\.py)|site-packages|dist-packages|/lib/python3|^<built-in|^<frozen"
+)
+
+
+def is_user_frame(name: str) -> bool:
+    """Whether a ``python_function`` event name (``file(line): func``) is the user's own code."""
+    m = _FRAME.match(name or "")
+    return bool(m) and not _NOT_USER.search(m.group("file"))
+
+
+def _is_source_event(ev) -> bool:
+    cat = ev.get("cat")
+    if cat == "python_function":
+        return is_user_frame(ev.get("name", ""))
+    return cat == "user_annotation" and str(ev.get("name", "")).startswith(CELL_LINE)
+
+
+def source_by_op(events: list, ops: pd.DataFrame) -> list[str | None]:
+    """The innermost user source enclosing each op, or None.
+
+    Sources are the user's own functions (``file(line): func``, where ``line`` is the ``def``
+    line: Kineto's Python tracer records function starts) and the ``cell line N: ...`` ranges
+    that ``%%profile_gpu --stack`` wraps around each statement of the cell.
+    """
+    frames: dict[tuple, list[tuple[float, float, str]]] = {}
+    for ev in events:
+        if isinstance(ev, dict) and _is_source_event(ev):
+            ts, dur = ev.get("ts"), ev.get("dur")
+            if isinstance(ts, (int, float)) and isinstance(dur, (int, float)):
+                frames.setdefault((ev.get("pid"), ev.get("tid")), []).append((float(ts), float(ts + dur), ev["name"]))
+    out: list[str | None] = [None] * len(ops)
+    if not frames or not len(ops):
+        return out
+    for key in frames:
+        frames[key].sort(key=lambda f: (f[0], -f[1]))
+    keys = list(zip(ops["pid"].tolist(), ops["tid"].tolist()))
+    ts_list = ops["ts_us"].tolist()
+    # Sweep each thread's ops in time order against its frames, keeping a stack of open frames.
+    by_thread: dict[tuple, list[int]] = {}
+    for i, k in enumerate(keys):
+        by_thread.setdefault(k, []).append(i)
+    for key, rows in by_thread.items():
+        fr = frames.get(key)
+        if not fr:
+            continue
+        rows.sort(key=lambda i: ts_list[i])
+        stack: list[tuple[float, float, str]] = []
+        j = 0
+        for i in rows:
+            t = ts_list[i]
+            while j < len(fr) and fr[j][0] <= t:
+                while stack and stack[-1][1] < fr[j][0]:
+                    stack.pop()
+                stack.append(fr[j])
+                j += 1
+            while stack and stack[-1][1] < t:
+                stack.pop()
+            out[i] = stack[-1][2] if stack else None
+    return out
+
+
+# --- grouped tables ------------------------------------------------------------------------------
+
+def _shape_text(dims) -> str:
+    if not isinstance(dims, (list, tuple)):
+        return ""
+    return ", ".join("x".join(map(str, d)) if isinstance(d, (list, tuple)) and d else "-" for d in dims)
+
+
+def _mode(series: pd.Series):
+    values = series.dropna()
+    return values.mode().iloc[0] if len(values) else None
+
+
+def group_ops(ops: pd.DataFrame, group: str = "op", device_total_us: float = 0.0) -> pd.DataFrame:
+    """Aggregate op rows (`TraceData.ops` plus ``source``/memory columns) into a table.
+
+    ``op``: one row per op name, like ``key_averages()``. ``op+shape``: per (name, input shapes),
+    like ``key_averages(group_by_input_shape=True)``. ``source``: per user source line; there only
+    ops whose parent is on another line count toward calls and total time, so an
+    ``aten::linear`` and the ``aten::addmm`` inside it are not counted twice.
+    ``percent`` is each row's share of all device time (GPU profile) or all self CPU time.
+    """
+    if group not in GROUPS:
+        raise ValueError(f"group must be one of {', '.join(GROUPS)}, got {group!r}")
+    if not len(ops):
+        return pd.DataFrame({c: pd.Series(dtype=object) for c in COLUMNS})
+    frame = ops
+    if "shapes" not in frame:
+        frame = frame.assign(shapes=[_shape_text(d) for d in frame["input_dims"]])
+    if "source" not in frame:
+        frame = frame.assign(source=None)
+    for col in ("self_memory_bytes", "memory_bytes"):
+        if col not in frame:
+            frame = frame.assign(**{col: np.nan})
+    if group == "source":
+        frame = frame.assign(source=frame["source"].fillna("(no user frame)"))
+        src = frame["source"].to_numpy()
+        parent = frame["parent"].to_numpy()
+        top = np.array([p < 0 or src[p] != src[i] for i, p in enumerate(parent)], dtype=bool)
+        frame = frame.assign(_top=top, _top_dur=np.where(top, frame["dur_us"], 0.0),
+                             _top_dev=np.where(top, frame["device_total_us"], 0.0),
+                             _top_mem=np.where(top, frame["memory_bytes"].fillna(0.0), 0.0),
+                             _flops=frame["flops"].where(frame["flops_counted"]))
+        g = frame.groupby("source", sort=False)
+        out = pd.DataFrame({
+            # the line's three costliest ops by self time: what the line spends its time in
+            "name": g[["name", "self_us"]].apply(
+                lambda d: ", ".join(d.groupby("name")["self_us"].sum().nlargest(3).index)),
+            "calls": g["_top"].sum(),
+            "cpu_self_us": g["self_us"].sum(),
+            "cpu_total_us": g["_top_dur"].sum(),
+            "device_self_us": g["device_self_us"].sum(),
+            "device_total_us": g["_top_dev"].sum(),
+            "flops": g["_flops"].sum(min_count=1),
+            "self_memory_bytes": g["self_memory_bytes"].sum(min_count=1),
+            "memory_bytes": g["_top_mem"].sum(),
+            "category": g["category"].agg(_mode),
+            "dtype": g["math_dtype"].agg(_mode),
+        }).reset_index()
+        out["shapes"] = ""
+        if frame["memory_bytes"].isna().all():
+            out["memory_bytes"] = np.nan
+    else:
+        keys = ["name"] if group == "op" else ["name", "shapes"]
+        g = frame.groupby(keys, sort=False)
+        out = pd.DataFrame({
+            "calls": g.size(),
+            "cpu_self_us": g["self_us"].sum(),
+            "cpu_total_us": g["dur_us"].sum(),
+            "device_self_us": g["device_self_us"].sum(),
+            "device_total_us": g["device_total_us"].sum(),
+            "flops": g["flops"].sum(min_count=1),
+            "self_memory_bytes": g["self_memory_bytes"].sum(min_count=1),
+            "memory_bytes": g["memory_bytes"].sum(min_count=1),
+            "category": g["category"].first(),
+            "dtype": g["math_dtype"].first(),
+        }).reset_index()
+        if group == "op":
+            out["shapes"] = ""
+        out["source"] = None
+    on_device = device_total_us > 0
+    time = out["device_total_us"] if on_device else out["cpu_total_us"]
+    out["flops_per_s"] = (out["flops"] / (time * 1e-6)).where(time > 0)
+    base = device_total_us if on_device else float(frame["self_us"].sum())
+    share = out["device_self_us"] if on_device else out["cpu_self_us"]
+    out["percent"] = 100.0 * share / base if base > 0 else np.nan
+    return out[COLUMNS]
+
+
+def sort_table(table: pd.DataFrame, column: str, ascending: bool = False) -> pd.DataFrame:
+    if column not in table.columns:
+        raise ValueError(f"cannot sort by {column!r}; columns: {', '.join(table.columns)}")
+    key = (lambda s: s.str.lower()) if table[column].dtype == object else None
+    return table.sort_values(column, ascending=ascending, kind="stable", na_position="last",
+                             key=key).reset_index(drop=True)
+
+
+def filter_table(table: pd.DataFrame, text: str) -> pd.DataFrame:
+    """Rows whose name (or source line) contains ``text``, case-insensitive; plain text, not a regex."""
+    text = (text or "").strip().lower()
+    if not text:
+        return table
+    hay = table["name"].astype(str).str.lower() + " " + table["source"].fillna("").astype(str).str.lower()
+    return table[hay.str.contains(text, regex=False)].reset_index(drop=True)
+
+
+# --- categories, Tensor Cores, shapes --------------------------------------------------------------
+
+def cpu_categories(ops: pd.DataFrame) -> pd.DataFrame:
+    """Self CPU time per op category (self times add up to the profiled CPU time exactly)."""
+    cols = ["category", "time_us", "count", "percent"]
+    if not len(ops):
+        return pd.DataFrame({c: pd.Series(dtype=object) for c in cols})
+    g = ops.groupby("category")["self_us"].agg(["sum", "count"])
+    total = float(g["sum"].sum())
+    out = pd.DataFrame({"category": g.index, "time_us": g["sum"].to_numpy(), "count": g["count"].to_numpy()})
+    out["percent"] = 100.0 * out["time_us"] / total if total > 0 else 0.0
+    order = {c: i for i, c in enumerate(CATEGORIES)}
+    out["_o"] = out["category"].map(order)
+    return out.sort_values(["time_us", "_o"], ascending=[False, True]).drop(columns="_o").reset_index(drop=True)
+
+
+def fp32_tensor_core_misses(ops: pd.DataFrame, min_share: float = 0.01) -> pd.DataFrame:
+    """Heavy fp32 matmul/conv ops that ran on the device without Tensor Core kernels.
+
+    They are eligible (TF32 on Ampere+, or autocast to bf16/fp16) but used SIMT kernels.
+    Only ops that launched kernels themselves are considered (``device_self_us`` > 0), so an
+    ``aten::linear`` wrapping an ``aten::addmm`` is reported once. ``min_share``: of device time.
+    """
+    cols = ["name", "shapes", "calls", "device_us", "share"]
+    if not len(ops):
+        return pd.DataFrame(columns=cols)
+    total = float(ops["device_self_us"].sum())
+    sel = ops[(ops["category"] == "matmul/conv") & (ops["math_dtype"] == "fp32") & (ops["device_self_us"] > 0)
+              & (ops["tc_device_us"] <= 0)]
+    if not len(sel) or total <= 0:
+        return pd.DataFrame(columns=cols)
+    sel = sel.assign(shapes=[_shape_text(d) for d in sel["input_dims"]])
+    g = sel.groupby(["name", "shapes"], sort=False)
+    out = pd.DataFrame({"calls": g.size(), "device_us": g["device_self_us"].sum()}).reset_index()
+    out["share"] = out["device_us"] / total
+    return out[out["share"] >= min_share].sort_values("device_us", ascending=False).reset_index(drop=True)[cols]
+
+
+def _gemm_dims(name: str, dims) -> dict | None:
+    """The (M, K, N) of a matmul op, or the channels of a convolution, from its input dims."""
+    def shape(i):
+        if not isinstance(dims, (list, tuple)) or i >= len(dims):
+            return None
+        s = dims[i]
+        return [int(x) for x in s] if isinstance(s, (list, tuple)) and s else None
+
+    base = name.split("::")[-1]
+    if base in ("mm", "bmm", "matmul"):
+        a, b = shape(0), shape(1)
+    elif base in ("addmm", "baddbmm", "addbmm"):
+        a, b = shape(1), shape(2)
+    elif base == "linear":
+        a, w = shape(0), shape(1)
+        if a is None or w is None or len(w) != 2:
+            return None
+        return {"M": int(np.prod(a[:-1])) if len(a) > 1 else 1, "K": a[-1], "N": w[0]}
+    elif "conv" in base:
+        x, w = shape(0), shape(1)
+        if x is None or w is None or len(w) < 3:
+            return None
+        # Implicit GEMM: K = C_in/groups * kernel volume, N = C_out; the channels are what to pad.
+        return {"C_in": x[1] if len(x) > 1 else None, "C_out": w[0]}
+    else:
+        return None
+    if a is None or b is None or len(a) < 2 or len(b) < 2:
+        return None
+    return {"M": a[-2], "K": a[-1], "N": b[-1]}
+
+
+def unaligned_shapes(ops: pd.DataFrame) -> list[dict]:
+    """Matmul/conv calls whose GEMM dims are not multiples of 8 (16 for int8), with padded sizes.
+
+    Tensor Cores (and CPU AMX tiles) process fixed-size tiles; a dim of 1001 runs as 1008 with
+    the tail wasted, and cuBLAS may fall back to slower kernels for odd leading dimensions.
+    Each distinct (op, shapes) is listed once, with its calls and time.
+    """
+    if not len(ops):
+        return []
+    sel = ops[(ops["category"] == "matmul/conv") & ops["flops_counted"]]
+    found: dict[tuple, dict] = {}
+    on_device = float(ops["device_self_us"].sum()) > 0
+    for row in sel.itertuples():
+        dims = _gemm_dims(row.name, row.input_dims)
+        if not dims:
+            continue
+        multiple = 16 if row.dtype == "int8" else 8
+        bad = {k: v for k, v in dims.items() if v is not None and v % multiple}
+        if not bad:
+            continue
+        key = (row.name, _shape_text(row.input_dims))
+        entry = found.setdefault(key, {
+            "op": row.name, "shapes": key[1], "dtype": row.dtype, "multiple": multiple, "dims": dims,
+            "unaligned": bad, "pad_to": {k: pad_to_multiple(v, multiple) for k, v in bad.items()},
+            "calls": 0, "time_us": 0.0})
+        entry["calls"] += 1
+        entry["time_us"] += float(row.device_total_us if on_device else row.dur_us)
+    return sorted(found.values(), key=lambda e: -e["time_us"])

@@ -1,0 +1,299 @@
+"""How a `ProfileResult` looks: text, static HTML, and the JupyterLab widget.
+
+The widget only re-renders the top-K rows of an already grouped table (grouping is cached on
+the result), so sorting, filtering and regrouping stay interactive on profiles with tens of
+thousands of op events.
+"""
+
+from __future__ import annotations
+
+import math
+
+from ..analysis import CATEGORIES
+from ..memory import format_bytes
+from ..timing import format_seconds
+from .common import bar, bullet_list, esc, table, text_table, wrap
+
+# (column of the table, header shown, kind) in display order; kind picks the formatter.
+_COLUMNS = [
+    ("source", "source line", "text"),
+    ("name", "operator", "text"),
+    ("shapes", "input shapes", "text"),
+    ("calls", "calls", "int"),
+    ("cpu_self_us", "self CPU", "time"),
+    ("cpu_total_us", "CPU total", "time"),
+    ("device_self_us", "self device", "time"),
+    ("device_total_us", "device total", "time"),
+    ("percent", "% of total", "pct"),
+    ("flops", "FLOPs", "flops"),
+    ("flops_per_s", "FLOP/s", "rate"),
+    ("self_memory_bytes", "self mem alloc", "bytes"),
+    ("memory_bytes", "mem alloc", "bytes"),
+]
+SORTABLE = [(label, col) for col, label, _ in _COLUMNS]
+
+
+def _time(us) -> str:
+    return "-" if us is None or us != us else ("0" if us == 0 else format_seconds(us * 1e-6))
+
+
+def _si(value, unit: str) -> str:
+    if value is None or value != value:
+        return "-"
+    for prefix, scale in (("P", 1e15), ("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if abs(value) >= scale:
+            return f"{value / scale:.3g} {prefix}{unit}"
+    return f"{value:.3g} {unit}"
+
+
+def _fmt(kind: str, value) -> str:
+    if kind == "text":
+        return "" if value is None or (isinstance(value, float) and math.isnan(value)) else str(value)
+    if kind == "int":
+        return f"{int(value):,}"
+    if kind == "time":
+        return _time(value)
+    if kind == "pct":
+        return "-" if value is None or value != value else f"{value:.1f}%"
+    if kind == "flops":
+        return _si(value, "FLOP") if value else "-"
+    if kind == "rate":
+        return _si(value, "FLOP/s") if value else "-"
+    if kind == "bytes":
+        return "-" if value is None or value != value else format_bytes(value)
+    return str(value)
+
+
+def visible_columns(result, group: str) -> list[tuple[str, str, str]]:
+    """Columns worth showing: no device columns on a CPU profile, memory only with --memory."""
+    cols = []
+    for col, label, kind in _COLUMNS:
+        if col == "source" and group != "source":
+            continue
+        if col == "shapes" and group != "op+shape":
+            continue
+        if col.startswith("device") and not result.on_device:
+            continue
+        if col.endswith("memory_bytes") and not result.options.memory:
+            continue
+        if col == "name" and group == "source":
+            label = "costliest ops on the line"
+        cols.append((col, label, kind))
+    return cols
+
+
+def _rows(result, frame, cols):
+    return [[_fmt(kind, getattr(r, col)) for col, _, kind in cols] for r in frame.itertuples()]
+
+
+# --- the header ------------------------------------------------------------------------------------
+
+def header_items(result) -> list[tuple[str, str]]:
+    h = result.header
+    steps = f"{h['steps']} step{'s' if h['steps'] > 1 else ''}" + (f" after {h['warmup']} warmup" if h["warmup"] else "")
+    items = [("wall time", f"{_time(h['wall_us'])} ({steps})")]
+    if result.on_device:
+        items.append(("device time", _time(h["device_time_us"])))
+        busy = h["device_busy_fraction"]
+        items.append(("device busy", "-" if busy is None else f"{busy:.0%}"))
+    else:
+        items.append(("device time", "no GPU: CPU profiled"))
+    items.append(("ops / kernels", f"{h['ops']:,} / {h['kernels']:,}"))
+    if h["flops"]:
+        items.append(("achieved", f"{_si(h['flops_per_s'], 'FLOP/s')} ({h['dominant_dtype']}, "
+                                  f"over {h['flops_per_s_basis']})"))
+    else:
+        items.append(("achieved", "no FLOP formula matched an op"))
+    if h["fraction_of_peak"] is not None:
+        items.append(("of peak", f"{h['fraction_of_peak']:.1%}"))
+    return items
+
+
+def title(result) -> str:
+    h = result.header
+    recipe = f", under {h['recipe']}" if h["recipe"] else ""
+    return f"%%profile_gpu on {h['device']} -- {h['profiled']}{recipe}"
+
+
+def method(result) -> str:
+    o = result.options
+    flags = ["record_shapes"] + (["profile_memory"] if o.memory else []) + (["with_stack"] if o.stack else [])
+    acts = "CPU+CUDA" if result.device.type == "cuda" else "CPU"
+    sched = (f"schedule(warmup={o.warmup}, active={o.steps}): the code ran {o.warmup + o.steps} times, "
+             f"{o.steps} analysed" if o.scheduled else "one run")
+    return (f"torch.profiler (Kineto), {acts} activities, {', '.join(flags)}; {sched}. Wall time = span of the "
+            "recorded events; self time = op duration minus its child ops; device busy = union of kernel and copy "
+            "intervals; FLOPs from input shapes (torch.utils.flop_counter conventions, each op counted once); "
+            "Tensor Cores judged from kernel names; categories by op/kernel name.")
+
+
+# --- sections --------------------------------------------------------------------------------------
+
+def category_rows(result):
+    cats = result.categories
+    return [] if not len(cats) else [(r.category, float(r.time_us), int(r.count), float(r.percent))
+                                      for r in cats.itertuples()]
+
+
+def categories_html(result) -> str:
+    rows = category_rows(result)
+    if not rows:
+        return "<i>no events recorded</i>"
+    basis = "device time" if result.on_device else "self CPU time"
+    top = max(r[3] for r in rows) or 1.0
+    body = [[c, bar(p / top, 240) + f" {p:.1f}%", _time(t), f"{n:,}"] for c, t, n, p in rows]
+    return (f'<div class="muted">share of {basis} per category</div>'
+            + table(["category", "share", "time", "events"], body, raw_columns=(1,)))
+
+
+def tensor_core_lines(result) -> list[str]:
+    tc = result.tensor_cores
+    if tc.value is None:
+        return [f"Tensor Core share: n/a -- {tc.reason}"]
+    lines = [f"Tensor Core share of kernel time: {tc.value:.1%} ({_time(tc.part_us)} of {_time(tc.total_us)})"]
+    if tc.unknown_us:
+        lines.append(f"{_time(tc.unknown_us)} in kernels whose name does not tell (counted as non-Tensor-Core)")
+    for r in result.fp32_misses.itertuples():
+        lines.append(f"fp32 without Tensor Cores: {r.name} [{r.shapes}] x{r.calls}: {_time(r.device_us)} ({r.share:.0%})")
+    return lines
+
+
+def unaligned_lines(result) -> list[str]:
+    out = []
+    for e in result.unaligned[:12]:
+        fixes = ", ".join(f"{k}={v} -> {e['pad_to'][k]}" for k, v in e["unaligned"].items())
+        out.append(f"{e['op']} [{e['shapes']}] x{e['calls']} ({_time(e['time_us'])}): {fixes} "
+                   f"(multiple of {e['multiple']} for {e['dtype']})")
+    return out or ["all matmul/conv dims are multiples of 8 (16 for int8)"]
+
+
+def kernel_rows(result, top=15):
+    return [[r.name, f"{r.calls:,}", _time(r.time_us), r.category,
+             {True: "yes", False: "no"}.get(r.tensor_cores, "unknown")] for r in result.kernels.head(top).itertuples()]
+
+
+# --- text ------------------------------------------------------------------------------------------
+
+def text(result) -> str:
+    out = ["nbaccel " + title(result),
+           " | ".join(f"{k}: {v}" for k, v in header_items(result)),
+           result.header["peak_note"], ""]
+    group = result.options.group
+    cols = visible_columns(result, group)
+    frame = result.table(top=result.options.top)
+    out.append(f"top {len(frame)} of {len(result.ops)} rows by {result.default_sort} (grouped by {group}):")
+    out.append(text_table([c[1] for c in cols], _rows(result, frame, cols),
+                          left=tuple(i for i, c in enumerate(cols) if c[2] == "text")))
+    out += ["", "time by category:"]
+    rows = category_rows(result)
+    top = max((r[3] for r in rows), default=1.0) or 1.0
+    width = max((len(r[0]) for r in rows), default=0)
+    out += [f"  {c.ljust(width)}  {'#' * max(1, round(30 * p / top))} {p:.1f}%  ({_time(t)})" for c, t, n, p in rows]
+    out += ["", *tensor_core_lines(result)]
+    out += ["", "shapes:", *("  " + s for s in unaligned_lines(result))]
+    if result.advice:
+        out += ["", *("advice: " + a for a in result.advice)]
+    if result.trace_files:
+        out += ["", "trace: " + ", ".join(result.trace_files) + "  (open at https://ui.perfetto.dev)"]
+    out += ["", "method: " + method(result)]
+    return "\n".join(out)
+
+
+# --- HTML ------------------------------------------------------------------------------------------
+
+def header_html(result) -> str:
+    kpis = "".join(f'<div class="kpi"><div class="muted">{esc(k)}</div><div class="big">{esc(v)}</div></div>'
+                   for k, v in header_items(result))
+    return f"<h4>{esc(title(result))}</h4>{kpis}<div class=\"muted\">{esc(result.header['peak_note'])}</div>"
+
+
+def ops_table_html(result, frame, group: str) -> str:
+    cols = visible_columns(result, group)
+    rows = _rows(result, frame, cols)
+    # Bars on the share column make the ranking readable at a glance.
+    pct_i = next((i for i, c in enumerate(cols) if c[0] == "percent"), None)
+    top = float(frame["percent"].max()) if len(frame) and frame["percent"].notna().any() else 0.0
+    if pct_i is not None:
+        for row, p in zip(rows, frame["percent"].tolist()):
+            row[pct_i] = (bar(p / top if top else 0, 60) + " " + esc(row[pct_i])) if p == p else esc(row[pct_i])
+    text_cols = tuple(i for i, c in enumerate(cols) if c[2] == "text")
+    return table([c[1] for c in cols], rows, name_columns=text_cols, raw_columns=(pct_i,) if pct_i is not None else ())
+
+
+def details_html(result) -> str:
+    parts = ["<h4>Time by category</h4>", categories_html(result),
+             "<h4>Tensor Cores</h4>", bullet_list(tensor_core_lines(result)),
+             "<h4>Matmul/conv shapes</h4>", bullet_list(unaligned_lines(result))]
+    if len(result.kernels):
+        parts += ["<h4>Top kernels</h4>", table(["kernel", "calls", "time", "category", "Tensor Cores"],
+                                                kernel_rows(result))]
+    return "".join(parts)
+
+
+def html(result) -> str:
+    group = result.options.group
+    frame = result.table(top=result.options.top)
+    advice = f"<h4>Advice</h4>{bullet_list(result.advice)}" if result.advice else ""
+    trace = (f'<div class="muted">trace: {esc(", ".join(result.trace_files))} (open at ui.perfetto.dev)</div>'
+             if result.trace_files else "")
+    return wrap(header_html(result) + advice
+                + f"<h4>Top {len(frame)} of {len(result.ops)} by {esc(result.default_sort)} (grouped by {esc(group)})</h4>"
+                + ops_table_html(result, frame, group) + details_html(result) + trace
+                + f'<div class="muted">method: {esc(method(result))}</div>')
+
+
+# --- widget ----------------------------------------------------------------------------------------
+
+def widget(result):
+    """Header, then tabs: Operators (sort / ascending / filter / top-K / group-by), Breakdown,
+    Tensor Cores & shapes, Advice. Controls re-render only the visible rows."""
+    import ipywidgets as w
+
+    from ..profile_table import SORT_COLUMNS
+
+    groups = ["op", "op+shape"] + (["source"] if result.options.stack else [])
+    default_col = SORT_COLUMNS.get(result.default_sort, result.default_sort)
+    sort_options = [(label, col) for label, col in SORTABLE
+                    if col in {c[0] for c in visible_columns(result, "source" if result.options.stack else "op+shape")}]
+    sort = w.Dropdown(options=sort_options, value=default_col, description="sort by")
+    ascending = w.Checkbox(value=False, description="ascending", indent=False)
+    name_filter = w.Text(value="", placeholder="part of an op name or source line", description="filter")
+    n_rows = max(1, len(result.grouped(result.options.group)))
+    top = w.IntSlider(value=min(result.options.top, max(n_rows, 1)), min=1, max=max(n_rows, result.options.top),
+                      description="top K", continuous_update=False)
+    group = w.ToggleButtons(options=groups, value=result.options.group, description="group by")
+    status = w.HTML()
+    ops = w.HTML()
+
+    def refresh(_=None):
+        grouped = result.grouped(group.value)
+        top.max = max(len(grouped), top.value, 1)
+        frame = result.table(group=group.value, sort=sort.value, ascending=ascending.value,
+                             filter=name_filter.value, top=None)
+        shown = frame.head(top.value)
+        status.value = wrap(f'<span class="muted">{len(shown)} of {len(frame)} rows'
+                            + (f' matching "{esc(name_filter.value)}"' if name_filter.value.strip() else "")
+                            + f" ({len(grouped)} in all)</span>")
+        ops.value = wrap(ops_table_html(result, shown, group.value))
+
+    for control in (sort, ascending, name_filter, top, group):
+        control.observe(refresh, names="value")
+    refresh()
+    controls = w.VBox([w.HBox([sort, ascending, top]), w.HBox([name_filter, group])])
+    breakdown = w.HTML(wrap(categories_html(result)
+                            + (table(["kernel", "calls", "time", "category", "Tensor Cores"], kernel_rows(result))
+                               if len(result.kernels) else "")))
+    cores = w.HTML(wrap("<h4>Tensor Cores</h4>" + bullet_list(tensor_core_lines(result))
+                        + "<h4>Matmul/conv shapes</h4>" + bullet_list(unaligned_lines(result))))
+    advice = w.HTML(wrap(bullet_list(result.advice) or "<i>nothing to report</i>"))
+    tabs = w.Tab(children=[w.VBox([controls, status, ops]), breakdown, cores, advice])
+    for i, name in enumerate(["Operators", "Breakdown", "Tensor Cores & shapes", "Advice"]):
+        tabs.set_title(i, name)
+    trace = ("trace: " + esc(", ".join(result.trace_files)) + " (open at ui.perfetto.dev)<br>") if result.trace_files else ""
+    footer = w.HTML(wrap(f'<div class="muted">{trace}method: {esc(method(result))}</div>'))
+    box = w.VBox([w.HTML(wrap(header_html(result))), tabs, footer])
+    box.add_class("nbaccel-profile")
+    return box
+
+
+__all__ = ["text", "html", "widget", "CATEGORIES"]
