@@ -11,12 +11,14 @@ in scripts and under torchrun::
 __version__ = "0.1.0"
 
 from .amp import AmpResult, compare_amp  # noqa: E402
+from .budget import MemoryBudget, memory_budget  # noqa: E402
+from .estimate import MemoryEstimate, estimate_memory  # noqa: E402
 from .environment import env_report  # noqa: E402
 from .precision import precision  # noqa: E402
 from .profile import ProfileResult, profile  # noqa: E402
 from .results import results_frame  # noqa: E402
 
-__all__ = ["compare_amp", "AmpResult", "precision", "profile", "ProfileResult", "env_report", "results_frame", "load_ipython_extension",
+__all__ = ["compare_amp", "AmpResult", "memory_budget", "MemoryBudget", "estimate_memory", "MemoryEstimate", "precision", "profile", "ProfileResult", "env_report", "results_frame", "load_ipython_extension",
            "unload_ipython_extension"]
 
 _registered: dict = {}

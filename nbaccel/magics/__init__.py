@@ -5,7 +5,8 @@ registers and ``%unload_ext nbaccel`` removes.
 """
 
 from .amp import AmpMagics
+from .budget import BudgetMagics
 from .env import EnvMagics
 from .profile import ProfileMagics
 
-MAGIC_CLASSES = (AmpMagics, EnvMagics, ProfileMagics)
+MAGIC_CLASSES = (AmpMagics, EnvMagics, ProfileMagics, BudgetMagics)

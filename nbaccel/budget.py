@@ -1,0 +1,369 @@
+"""A memory budget: measure the peak of every cell (or ``with`` block) and compare it with a limit.
+
+What is compared with the budget is the device's peak during the cell, in absolute terms (not
+what the cell added), because the budget is for the process:
+
+* CUDA: the caching allocator's peak *reserved* bytes (``max_memory_reserved`` after
+  ``reset_peak_memory_stats``): that is what ``nvidia-smi`` and the out-of-memory check see, and
+  what ``set_per_process_memory_fraction`` caps. The peak *allocated* bytes (what tensors held)
+  are recorded beside it.
+* CPU: the process's peak resident set (VmHWM, reset per cell through ``/proc/self/clear_refs``
+  after ``malloc_trim``; `memory.PeakMeter`). The CPU has no per-process allocator cap, so a CPU
+  budget is soft: it is checked after the cell, never enforced during it.
+
+``--enforce`` on CUDA calls ``torch.cuda.set_per_process_memory_fraction(budget / total)``.
+torch before 2.7 has no getter for that fraction, so nbaccel remembers what it set and puts back
+the value it read before (where the getter exists) or 1.0 (no cap, torch's default) on release.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+import warnings
+from dataclasses import dataclass, field
+
+import pandas as pd
+import torch
+
+from .device import DeviceError, device_info, resolve_device
+from .holders import Holder, namespace_holders
+from .memory import PeakMeter, current_rss, format_bytes, parse_bytes
+from .results import ResultMixin
+
+NEAR = 0.75  # a cell that used at least this share of the budget gets a gauge
+
+
+class BudgetError(ValueError):
+    """Input a budget cannot be made of; the message says what to write instead."""
+
+
+class BudgetExceeded(RuntimeError):
+    """A cell went over a strict budget (``--strict`` / ``strict=True``)."""
+
+
+class BudgetWarning(UserWarning):
+    """A block went over a soft budget (the script-side counterpart of the cell warning)."""
+
+
+def device_memory(device: torch.device) -> int | None:
+    """Total memory of a device: the GPU's capacity, or the host's physical memory for the CPU."""
+    return device_info(device).total_memory
+
+
+def parse_budget(text, device: torch.device, total: int | None = None) -> int:
+    """``"6GiB"``, ``"6GB"``, ``"512MiB"`` -> bytes; a bare number in (0, 1] is a share of the device.
+
+    Raises `BudgetError` (with the fix) for negative or zero sizes, unknown units, bare numbers
+    above 1 (a unit was forgotten) and budgets larger than the device.
+    """
+    raw = str(text).strip()
+    total = device_memory(device) if total is None else total
+    where = "the GPU" if device.type == "cuda" else "this host's physical memory"
+    if raw.startswith("-"):
+        raise BudgetError(f"a budget must be positive, got {raw!r}; write e.g. 6GiB or 0.8 (a share of {where})")
+    if re.fullmatch(r"[0-9]*\.?[0-9]+", raw):
+        share = float(raw)
+        if share <= 0:
+            raise BudgetError(f"a budget must be positive, got {raw!r}")
+        if share > 1:
+            raise BudgetError(f"{raw!r} has no unit: write {raw}GiB, {raw}GB or {raw}MiB, or a share between 0 and 1")
+        if not total:
+            raise BudgetError(f"the size of {where} is unknown here, so a share cannot be used; give a size (6GiB)")
+        return int(share * total)
+    try:
+        size = parse_bytes(raw)
+    except ValueError as exc:
+        raise BudgetError(f"cannot read {raw!r} as a budget; write e.g. 6GiB, 6GB, 512MiB, or 0.8 "
+                          f"(a share of {where})") from exc
+    if total and size > total:
+        raise BudgetError(f"a budget of {format_bytes(size)} is larger than {where} ({format_bytes(total)} on "
+                          f"{device}); use at most {format_bytes(total)}, or a share such as 0.9")
+    return size
+
+
+# --- per-cell measurement ------------------------------------------------------------------------
+
+@dataclass
+class CellRecord:
+    """One watched cell (or block): its peaks, the budget it was held to, and the verdict."""
+
+    label: str
+    budget_bytes: int
+    used_bytes: int  # compared with the budget: CUDA peak reserved / CPU peak RSS (absolute)
+    added_bytes: int  # what the cell added over the device's usage before it
+    allocated_peak_bytes: int | None  # CUDA only: peak of what tensors held
+    before_bytes: int
+    seconds: float
+    status: str  # ok | near | over | error | oom
+    error: str | None = None
+    method: str = ""
+
+    @property
+    def fraction(self) -> float:
+        return self.used_bytes / self.budget_bytes if self.budget_bytes else float("nan")
+
+    def to_dict(self) -> dict:
+        return {"cell": self.label, "used_bytes": self.used_bytes, "fraction": self.fraction,
+                "added_bytes": self.added_bytes, "allocated_peak_bytes": self.allocated_peak_bytes,
+                "before_bytes": self.before_bytes, "budget_bytes": self.budget_bytes, "status": self.status,
+                "seconds": self.seconds, "error": self.error}
+
+
+def _usage_now(device: torch.device) -> tuple[int, int | None]:
+    """(what is compared with the budget, allocated) right now."""
+    if device.type == "cuda":
+        return torch.cuda.memory_reserved(device), torch.cuda.memory_allocated(device)
+    return current_rss() or 0, None
+
+
+class Watcher:
+    """Measures consecutive cells: ``begin(label)`` before one, ``end(...)`` after it.
+
+    A cell that never ends (IPython skips ``post_run_cell`` after a syntax error) is dropped at
+    the next ``begin``, so the bookkeeping never carries a stale meter into the next cell.
+    """
+
+    def __init__(self, budget: int, device: torch.device, near: float = NEAR):
+        self.budget, self.device, self.near = budget, device, near
+        self.records: list[CellRecord] = []
+        self._meter: PeakMeter | None = None
+        self._label = ""
+        self._before = (0, None)
+        self._t0 = 0.0
+
+    @property
+    def running(self) -> bool:
+        return self._meter is not None
+
+    def begin(self, label: str) -> None:
+        self.abandon()
+        # collect=False: a full gc.collect() costs tens of ms per cell; garbage only raises the baseline.
+        meter = PeakMeter(self.device, collect=False)
+        meter.__enter__()
+        self._meter, self._label = meter, label
+        self._before = _usage_now(self.device)
+        self._t0 = time.perf_counter()
+
+    def abandon(self) -> None:
+        """Stop a pending measurement without recording it."""
+        meter, self._meter = self._meter, None
+        if meter is not None:
+            meter.__exit__(None, None, None)
+
+    def end(self, error: BaseException | None = None) -> CellRecord | None:
+        meter, self._meter = self._meter, None
+        if meter is None:
+            return None
+        seconds = time.perf_counter() - self._t0
+        meter.__exit__(None, None, None)
+        peak = meter.result
+        before, before_alloc = self._before
+        if self.device.type == "cuda":
+            # PeakMeter reports deltas over what was allocated/reserved before the cell.
+            used = before + (peak.reserved_bytes or 0)
+            allocated = (before_alloc or 0) + peak.peak_bytes
+        else:
+            used, allocated = before + peak.peak_bytes, None
+        from .oom import is_oom
+
+        if error is not None:
+            status = "oom" if is_oom(error) else "error"
+        elif used > self.budget:
+            status = "over"
+        elif used >= self.near * self.budget:
+            status = "near"
+        else:
+            status = "ok"
+        record = CellRecord(self._label, self.budget, used, peak.peak_bytes if self.device.type != "cuda" else
+                            (peak.reserved_bytes or 0), allocated, before, seconds, status,
+                            f"{type(error).__name__}: {error}"[:200] if error is not None else None, peak.method)
+        self.records.append(record)
+        return record
+
+
+# --- the CUDA cap ----------------------------------------------------------------------------------
+
+_caps: dict[int, float] = {}  # device index -> the fraction in force before nbaccel set its own
+
+
+def apply_cap(device: torch.device, budget: int) -> float:
+    """Cap the caching allocator of ``device`` at ``budget`` bytes; returns the fraction set."""
+    if device.type != "cuda":
+        raise BudgetError("--enforce needs a CUDA device: the CPU allocator has no per-process cap, so on the CPU "
+                          "only a soft budget (checked after each cell) is possible; for a hard host limit run "
+                          "the kernel under a cgroup (systemd-run -p MemoryMax=6G, docker --memory 6g)")
+    total = device_memory(device)
+    fraction = min(1.0, budget / total)
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if index not in _caps:
+        getter = getattr(torch.cuda, "get_per_process_memory_fraction", None)
+        _caps[index] = float(getter(index)) if getter else 1.0
+    torch.cuda.set_per_process_memory_fraction(fraction, index)
+    return fraction
+
+
+def release_cap(device: torch.device | None = None) -> None:
+    """Put back the fraction in force before `apply_cap` (all devices when ``device`` is None)."""
+    indices = list(_caps) if device is None else [device.index if device.index is not None else 0]
+    for index in indices:
+        previous = _caps.pop(index, None)
+        if previous is not None:
+            torch.cuda.set_per_process_memory_fraction(previous, index)
+
+
+def capped_devices() -> list[int]:
+    return sorted(_caps)
+
+
+# --- results ---------------------------------------------------------------------------------------
+
+def history_frame(records: list[CellRecord]) -> pd.DataFrame:
+    columns = ["cell", "used_bytes", "fraction", "added_bytes", "allocated_peak_bytes", "before_bytes",
+               "budget_bytes", "status", "seconds", "error"]
+    return pd.DataFrame([r.to_dict() for r in records], columns=columns)
+
+
+def usage_method(device: torch.device) -> str:
+    if device.type == "cuda":
+        return ("peak reserved bytes of the CUDA caching allocator per cell (max_memory_reserved after "
+                "reset_peak_memory_stats); peak allocated shown beside it")
+    return ("process peak RSS per cell (VmHWM reset through /proc/self/clear_refs after malloc_trim; "
+            "a 1 ms RSS sampler where that is unavailable)")
+
+
+@dataclass
+class BudgetStatus(ResultMixin):
+    """The state of a budget: its size, the cells measured so far, and what holds memory now."""
+
+    kind = "budget"
+    view = "status"
+
+    active: bool
+    device: str
+    budget_bytes: int | None
+    device_total: int | None
+    enforce: bool = False
+    strict: bool = False
+    near: float = NEAR
+    records: list[CellRecord] = field(default_factory=list)  # the watcher's own list: it keeps growing
+    holders: list[Holder] = field(default_factory=list)
+    used_now: int | None = None
+    allocated_now: int | None = None
+    note: str = ""
+
+    @property
+    def history(self) -> pd.DataFrame:
+        """One row per watched cell: peak used, share of the budget, what it added, verdict."""
+        return history_frame(self.records)
+
+    @property
+    def method(self) -> str:
+        return usage_method(torch.device(self.device))
+
+    def to_dataframe(self) -> pd.DataFrame:
+        return self.history
+
+    def _payload(self) -> dict:
+        return {"view": self.view, "active": self.active, "device": self.device, "budget_bytes": self.budget_bytes,
+                "device_total": self.device_total, "enforce": self.enforce, "strict": self.strict, "near": self.near,
+                "history": [r.to_dict() for r in self.records], "holders": [h.to_dict() for h in self.holders],
+                "used_now": self.used_now, "allocated_now": self.allocated_now, "note": self.note,
+                "method": self.method}
+
+
+@dataclass
+class CellReport(ResultMixin):
+    """What is shown after a cell that came near or went over the budget (a gauge or a warning)."""
+
+    kind = "budget"
+    view = "cell"
+
+    record: CellRecord
+    device: str
+    strict: bool = False
+
+    @property
+    def over(self) -> bool:
+        return self.record.status == "over"
+
+    def _payload(self) -> dict:
+        return {"view": self.view, "device": self.device, "strict": self.strict, **self.record.to_dict(),
+                "method": self.record.method}
+
+
+def status(watcher: Watcher | None, device: torch.device, namespace: dict | None = None, skip=lambda n: False,
+           enforce: bool = False, strict: bool = False, note: str = "") -> BudgetStatus:
+    used, allocated = _usage_now(device)
+    return BudgetStatus(
+        active=watcher is not None, device=str(device), budget_bytes=watcher.budget if watcher else None,
+        device_total=device_memory(device), enforce=enforce, strict=strict,
+        near=watcher.near if watcher else NEAR, records=watcher.records if watcher else [],
+        holders=namespace_holders(namespace or {}, skip=skip), used_now=used, allocated_now=allocated, note=note,
+    )
+
+
+# --- scripts: a context manager --------------------------------------------------------------------
+
+class MemoryBudget:
+    """``with memory_budget("6GiB") as b: train_step()``: each ``with`` block is one row of
+    ``b.history``. Over budget: a `BudgetWarning` (or `BudgetExceeded` with ``strict=True``).
+    Out of memory inside: the exception propagates with the explanation added as a note
+    (``b.last_oom`` keeps it). ``enforce=True`` caps the CUDA allocator for the block's duration."""
+
+    def __init__(self, budget, device="auto", strict: bool = False, enforce: bool = False, near: float = NEAR,
+                 namespace: dict | None = None):
+        try:
+            self.device = resolve_device(device)
+        except DeviceError as exc:
+            raise BudgetError(str(exc)) from None
+        self.budget = parse_budget(budget, self.device) if not isinstance(budget, int) else budget
+        if enforce and self.device.type != "cuda":
+            apply_cap(self.device, self.budget)  # raises the explanation of why not
+        self.strict, self.enforce, self.namespace = strict, enforce, namespace
+        self.watcher = Watcher(self.budget, self.device, near)
+        self.last_oom = None
+
+    @property
+    def history(self) -> pd.DataFrame:
+        return history_frame(self.watcher.records)
+
+    def status(self) -> BudgetStatus:
+        return status(self.watcher, self.device, self.namespace, enforce=self.enforce, strict=self.strict)
+
+    def __enter__(self):
+        if self.enforce:
+            apply_cap(self.device, self.budget)
+        self.watcher.begin(f"block {len(self.watcher.records) + 1}")
+        return self
+
+    def __exit__(self, etype, exc, tb):
+        try:
+            record = self.watcher.end(error=exc)
+        finally:
+            if self.enforce:
+                release_cap(self.device)
+        from .oom import explain_oom, is_oom
+
+        if exc is not None and is_oom(exc):
+            self.last_oom = explain_oom(exc, self.namespace, budget=self.budget, tb=tb)
+            if hasattr(exc, "add_note"):
+                exc.add_note(str(self.last_oom))
+            return False
+        if exc is None and record is not None and record.status == "over":
+            message = (f"{record.label} peaked at {format_bytes(record.used_bytes)}, over the budget of "
+                       f"{format_bytes(record.budget_bytes)} ({record.fraction:.0%})")
+            if self.strict:
+                raise BudgetExceeded(message)
+            warnings.warn(message, BudgetWarning, stacklevel=2)
+        return False
+
+
+def memory_budget(budget, device="auto", strict: bool = False, enforce: bool = False, near: float = NEAR,
+                  namespace: dict | None = None) -> MemoryBudget:
+    """A budget for scripts; see `MemoryBudget`. ``budget``: "6GiB", "6GB", "512MiB", 0.8 or bytes (int)."""
+    return MemoryBudget(budget, device, strict=strict, enforce=enforce, near=near, namespace=namespace)
+
+
+__all__ = ["memory_budget", "MemoryBudget", "BudgetStatus", "CellReport", "CellRecord", "Watcher", "parse_budget",
+           "BudgetError", "BudgetExceeded", "BudgetWarning", "apply_cap", "release_cap", "device_memory"]

@@ -1,0 +1,409 @@
+"""Predict the memory of a training step: exact model states, measured activations, sharding.
+
+* Parameters, gradients and optimizer states are exact arithmetic on the model's parameters
+  (numel x element size; Adam/AdamW keep two moments like the parameter plus a 4-byte ``step``
+  per parameter tensor, on the host unless ``fused``/``capturable``; SGD with momentum one
+  buffer; ...). The tests check these against what torch really allocates.
+* Activations are not guessed: one dry run of a training step on a copy of the model, at two
+  small batch sizes, measures them, in fp32 and under autocast. On CUDA the measurement is the
+  caching allocator's peak; elsewhere a `LiveBytes` dispatch mode adds up the storages that ops
+  create and drop (exact bytes of live tensors, no allocator overhead). The activation memory at
+  the requested batch is extrapolated *linearly* from the two probes (intercept + slope x batch),
+  which the result states.
+* A step's peak is ``params + optimizer states + max(grads + activations, grads + the optimizer
+  step's temporaries)``: the foreach/fused optimizer kernels allocate temporaries the size of the
+  parameters while the activations are already freed, which dominates for small batches.
+* Per GPU over N GPUs (the batch is the global batch, split evenly): data parallel (DDP keeps
+  gradient buckets, +1x gradients), ZeRO-1 (optimizer states / N), ZeRO-2 (+ gradients / N),
+  ZeRO-3 / FSDP (+ parameters / N, plus the largest layer gathered twice for prefetch).
+  These sharding formulas are the ZeRO paper's accounting (Rajbhandari et al., 2020); they
+  leave out the CUDA context (~0.3-0.5 GiB per process) and allocator fragmentation.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import weakref
+from dataclasses import dataclass, field
+
+import pandas as pd
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+
+from .device import DTYPE_NAMES, device_info, resolve_device
+from .memory import format_bytes
+from .results import ResultMixin
+
+GPU_COUNTS = (1, 2, 4, 8, 16, 32, 64)
+STRATEGIES = ("ddp", "zero1", "zero2", "zero3")
+STRATEGY_NAMES = {"ddp": "data parallel (DDP)", "zero1": "ZeRO-1", "zero2": "ZeRO-2", "zero3": "ZeRO-3 / FSDP"}
+
+
+class LiveBytes(TorchDispatchMode):
+    """Peak bytes of the tensor storages created by ops while the mode is active.
+
+    An op output whose storage is new (not one of the op's inputs' storages: views and in-place
+    ops allocate nothing) is counted until its storage is freed (a weakref finalizer). Tensors that
+    existed before (the parameters) are not counted.
+    """
+
+    def __init__(self):
+        super().__init__()
+        self._live: dict[int, int] = {}
+        self.current = 0
+        self.peak = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        inputs = {t.untyped_storage()._cdata for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)}
+        for t in tree_leaves(out):
+            if isinstance(t, torch.Tensor):
+                storage = t.untyped_storage()
+                key = storage._cdata
+                if key in inputs or key in self._live:
+                    continue
+                size = storage.nbytes()
+                self._live[key] = size
+                self.current += size
+                self.peak = max(self.peak, self.current)
+                weakref.finalize(storage, self._free, key)
+        return out
+
+    def _free(self, key):
+        self.current -= self._live.pop(key, 0)
+
+
+# --- exact model states ----------------------------------------------------------------------------
+
+OPTIMIZERS = ("adamw", "adam", "sgd", "sgd-momentum", "adagrad", "rmsprop", "none")
+
+
+def _optimizer_spec(optimizer) -> tuple[str, dict]:
+    """Name and hyper-parameters, from a name or an optimizer instance."""
+    if isinstance(optimizer, torch.optim.Optimizer):
+        name = type(optimizer).__name__.lower()
+        group = optimizer.param_groups[0]
+        if name == "sgd" and group.get("momentum", 0):
+            name = "sgd-momentum"
+        return name, dict(group)
+    name = (optimizer or "none").lower()
+    if name not in OPTIMIZERS:
+        raise ValueError(f"unknown optimizer {optimizer!r}; use one of: {', '.join(OPTIMIZERS)}")
+    return name, {}
+
+
+def optimizer_state_bytes(params, optimizer="adamw") -> tuple[int, int]:
+    """(bytes on the parameters' device, bytes on the host) of the optimizer's state, exactly.
+
+    ``step`` counters are 4-byte float32 tensors, one per parameter tensor, on the host unless
+    the optimizer is ``fused`` or ``capturable`` (then on the parameter's device).
+    """
+    name, hyper = _optimizer_spec(optimizer)
+    params = [p for p in params if p.requires_grad]
+    nbytes = sum(p.numel() * p.element_size() for p in params)
+    steps_on_device = bool(hyper.get("fused") or hyper.get("capturable"))
+    per_param = {"adamw": 2 + bool(hyper.get("amsgrad")), "adam": 2 + bool(hyper.get("amsgrad")),
+                 "sgd": 0, "sgd-momentum": 1, "adagrad": 1, "none": 0,
+                 "rmsprop": 1 + bool(hyper.get("momentum")) + bool(hyper.get("centered"))}[name]
+    has_step = name in ("adamw", "adam", "adagrad", "rmsprop")
+    step = 4 * len(params) if has_step else 0
+    device_bytes = per_param * nbytes + (step if steps_on_device else 0)
+    host_bytes = 0 if steps_on_device else step
+    return device_bytes, host_bytes
+
+
+def make_optimizer(optimizer, params):
+    name, hyper = _optimizer_spec(optimizer)
+    if isinstance(optimizer, torch.optim.Optimizer):
+        keep = {k: v for k, v in hyper.items() if k != "params"}
+        return type(optimizer)(params, **keep)
+    return {"adamw": lambda: torch.optim.AdamW(params), "adam": lambda: torch.optim.Adam(params),
+            "sgd": lambda: torch.optim.SGD(params, lr=0.01), "sgd-momentum": lambda: torch.optim.SGD(params, lr=0.01, momentum=0.9),
+            "adagrad": lambda: torch.optim.Adagrad(params), "rmsprop": lambda: torch.optim.RMSprop(params),
+            "none": lambda: None}[name]()
+
+
+def _largest_leaf_bytes(model: torch.nn.Module) -> int:
+    sizes = [sum(p.numel() * p.element_size() for p in m.parameters(recurse=False)) for m in model.modules()]
+    return max(sizes, default=0)
+
+
+# --- measured activations --------------------------------------------------------------------------
+
+def _example_batch(model: torch.nn.Module, example, batch: int, device: torch.device):
+    """Inputs for a batch of ``batch`` rows: rows of ``example`` repeated, or random for a Linear-first model."""
+    if example is not None:
+        tensors = example if isinstance(example, (tuple, list)) else (example,)
+        out = []
+        for t in tensors:
+            if not isinstance(t, torch.Tensor) or t.dim() == 0:
+                raise ValueError("example must be a tensor (or a tuple of tensors) whose first dimension is the batch")
+            rows = torch.arange(batch, device=t.device) % t.shape[0]
+            out.append(t[rows].to(device))
+        return tuple(out)
+    first = next((m for m in model.modules() if list(m.parameters(recurse=False))), None)
+    if isinstance(first, torch.nn.Linear):
+        return (torch.randn(batch, first.in_features, device=device, dtype=first.weight.dtype),)
+    raise ValueError(f"cannot make an input for a model whose first layer is {type(first).__name__}: pass an example "
+                     "batch (example=x, or --input x) whose first dimension is the batch")
+
+
+def _default_loss(output) -> torch.Tensor:
+    for t in tree_leaves(output if not hasattr(output, "logits") else output.logits):
+        if isinstance(t, torch.Tensor) and t.is_floating_point():
+            return t.float().sum()
+    raise ValueError("the model's output has no floating-point tensor to backpropagate from; pass loss_fn")
+
+
+class _Peak:
+    """Peak bytes created during a block: the CUDA allocator's counters, or `LiveBytes` elsewhere."""
+
+    def __init__(self, device: torch.device):
+        self.device, self.peak = device, 0
+
+    def __enter__(self):
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+            self._base = torch.cuda.memory_allocated(self.device)
+            torch.cuda.reset_peak_memory_stats(self.device)
+        else:
+            self._mode = LiveBytes()
+            self._mode.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+            self.peak = torch.cuda.max_memory_allocated(self.device) - self._base
+        else:
+            self._mode.__exit__(*exc)
+            self.peak = self._mode.peak
+        return False
+
+
+def _autocast(device: torch.device, dtype):
+    if dtype is None:
+        return torch.autocast(device.type, enabled=False)
+    return torch.autocast(device.type, dtype=dtype)
+
+
+def _probe(model, optimizer, example, batches, device, amp_dtype, loss_fn) -> dict:
+    """Dry runs of a training step on a copy of the model: activations per batch, step temporaries."""
+    replica = copy.deepcopy(model).to(device)
+    replica.train()
+    for p in replica.parameters():
+        p.grad = None
+    opt = make_optimizer(optimizer, [p for p in replica.parameters() if p.requires_grad])
+
+    def forward_backward(b):
+        inputs = _example_batch(replica, example, b, device)
+        with _autocast(device, amp_dtype):
+            loss = loss_fn(replica(*inputs))
+        loss.backward()
+
+    # First step unmeasured: the optimizer allocates its state lazily, as in real training.
+    forward_backward(batches[0])
+    if opt is not None:
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    states_measured = sum(t.untyped_storage().nbytes() for s in (opt.state.values() if opt else [])
+                          for t in s.values() if isinstance(t, torch.Tensor))
+    fb = []
+    for b in batches:
+        replica.zero_grad(set_to_none=True)
+        with _Peak(device) as peak:
+            forward_backward(b)
+        fb.append(peak.peak)
+    step = 0
+    if opt is not None:
+        with _Peak(device) as peak:
+            opt.step()
+        step = peak.peak
+    replica.zero_grad(set_to_none=True)
+    del replica, opt
+    return {"forward_backward": fb, "step": step, "states_measured": states_measured}
+
+
+@dataclass
+class ActivationFit:
+    """Activation bytes measured at small batches and the straight line through them."""
+
+    precision: str
+    batches: list[int]
+    measured: list[int]  # forward+backward peak minus gradient bytes, per probe batch
+    step_temporaries: int
+
+    @property
+    def slope(self) -> float:
+        (b1, b2), (m1, m2) = self.batches[:2], self.measured[:2]
+        return max(0.0, (m2 - m1) / (b2 - b1))
+
+    @property
+    def intercept(self) -> float:
+        return max(0.0, self.measured[0] - self.slope * self.batches[0])
+
+    def at(self, batch: int) -> int:
+        return int(self.intercept + self.slope * batch)
+
+    def to_dict(self) -> dict:
+        return {"precision": self.precision, "probe_batches": self.batches, "measured_bytes": self.measured,
+                "bytes_per_sample": self.slope, "fixed_bytes": self.intercept,
+                "step_temporaries_bytes": self.step_temporaries}
+
+
+@dataclass
+class MemoryEstimate(ResultMixin):
+    """Predicted peak memory of a training step, per precision and per GPU under sharding."""
+
+    kind = "estimate"
+
+    model_name: str
+    optimizer: str
+    batch: int
+    n_params: int
+    n_trainable: int
+    param_bytes: int
+    grad_bytes: int
+    state_bytes: int
+    state_host_bytes: int
+    largest_layer_bytes: int
+    fits: dict[str, ActivationFit]  # precision label -> measured activations
+    budget_bytes: int | None
+    budget_source: str
+    probe_device: str
+    method: str
+    states_measured: int | None = None
+    gpu_counts: tuple = GPU_COUNTS
+
+    def per_gpu(self, precision: str, strategy: str, n: int) -> dict:
+        """Bytes per GPU for one configuration, by component."""
+        fit = self.fits[precision]
+        shard = n if n > 1 else 1
+        local_batch = math.ceil(self.batch / n)
+        params = self.param_bytes / shard if strategy == "zero3" else self.param_bytes
+        grads = self.grad_bytes / shard if strategy in ("zero2", "zero3") else self.grad_bytes
+        states = self.state_bytes / shard if strategy in ("zero1", "zero2", "zero3") else self.state_bytes
+        extra = 0.0
+        if strategy == "ddp" and n > 1:
+            extra = self.grad_bytes  # gradient buckets (unless gradient_as_bucket_view=True)
+        if strategy == "zero3" and n > 1:
+            extra = 2 * self.largest_layer_bytes  # the unit being computed + the one prefetched
+        step_temp = fit.step_temporaries / (shard if strategy != "ddp" else 1)
+        activations = fit.at(local_batch)
+        total = params + states + grads + extra + max(activations, step_temp)
+        return {"precision": precision, "strategy": strategy, "gpus": n, "batch_per_gpu": local_batch,
+                "params": int(params), "grads": int(grads), "optimizer": int(states), "activations": activations,
+                "step_temporaries": int(step_temp), "overhead": int(extra), "total": int(total),
+                "fits": self.budget_bytes is not None and total <= self.budget_bytes}
+
+    def table(self) -> pd.DataFrame:
+        rows = [self.per_gpu(p, s, n) for p in self.fits for s in STRATEGIES for n in self.gpu_counts
+                if not (n == 1 and s != "ddp")]
+        return pd.DataFrame(rows)
+
+    to_dataframe = table
+
+    def single(self, precision: str) -> dict:
+        return self.per_gpu(precision, "ddp", 1)
+
+    def min_gpus(self, precision: str) -> tuple[int, str] | None:
+        """Fewest GPUs (and the simplest strategy at that count) whose per-GPU total fits the budget."""
+        if self.budget_bytes is None:
+            return None
+        for n in self.gpu_counts:
+            for s in STRATEGIES:
+                if (n > 1 or s == "ddp") and self.per_gpu(precision, s, n)["fits"]:
+                    return n, s
+        return None
+
+    @property
+    def summary(self) -> str:
+        if self.budget_bytes is None:
+            return "no budget to compare with"
+        parts = []
+        for p in self.fits:
+            found = self.min_gpus(p)
+            if found is None:
+                parts.append(f"does not fit on {self.gpu_counts[-1]} GPUs in {p}")
+            elif found[0] == 1:
+                parts.append(f"fits on 1 GPU in {p}")
+            else:
+                parts.append(f"needs {found[0]} in {p} ({STRATEGY_NAMES[found[1]]})")
+        return ", ".join(parts) + f" (budget {format_bytes(self.budget_bytes)} per GPU)"
+
+    def _payload(self) -> dict:
+        return {"model": self.model_name, "optimizer": self.optimizer, "batch": self.batch, "n_params": self.n_params,
+                "n_trainable": self.n_trainable, "param_bytes": self.param_bytes, "grad_bytes": self.grad_bytes,
+                "state_bytes": self.state_bytes, "state_host_bytes": self.state_host_bytes,
+                "states_measured": self.states_measured, "largest_layer_bytes": self.largest_layer_bytes,
+                "activations": {k: v.to_dict() for k, v in self.fits.items()},
+                "single_gpu": {k: self.single(k) for k in self.fits}, "budget_bytes": self.budget_bytes,
+                "budget_source": self.budget_source, "summary": self.summary, "probe_device": self.probe_device,
+                "method": self.method, "table": self.table().to_dict(orient="records")}
+
+
+def estimate_memory(model: torch.nn.Module, optimizer="adamw", batch: int = 32, example=None, budget=None,
+                    device="auto", probe_batches=(2, 4), amp_dtype="auto", loss_fn=None, name: str = "model",
+                    gpu_counts=GPU_COUNTS) -> MemoryEstimate:
+    """Predict a training step's peak memory for ``model`` at ``batch``, in fp32 and under autocast.
+
+    ``example``: a batch (tensor or tuple, first dimension = batch) to build probe inputs from;
+    optional for models whose first layer is ``nn.Linear``. ``budget``: bytes or "24GiB"; default
+    the device's memory. ``device``: where the dry runs execute (a copy of the model goes there).
+    ``loss_fn(output) -> scalar``: default the sum of the first floating-point output.
+    """
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    if batch < 1:
+        raise ValueError(f"batch must be at least 1, got {batch}")
+    if len(probe_batches) != 2 or probe_batches[0] >= probe_batches[1] or probe_batches[0] < 1:
+        raise ValueError("probe_batches must be two increasing batch sizes, e.g. (2, 4)")
+    dev = resolve_device(device)
+    info = device_info(dev)
+    from .budget import parse_budget
+
+    if budget is None:
+        budget_bytes, source = info.total_memory, f"{info.label} memory"
+    else:
+        budget_bytes = budget if isinstance(budget, int) else parse_budget(budget, dev)
+        source = "the budget"
+    params = list(model.parameters())
+    trainable = [p for p in params if p.requires_grad]
+    param_bytes = sum(p.numel() * p.element_size() for p in params) + sum(
+        b.numel() * b.element_size() for b in model.buffers())
+    grad_bytes = sum(p.numel() * p.element_size() for p in trainable)
+    state_device, state_host = optimizer_state_bytes(trainable, optimizer)
+    if dev.type == "cpu":
+        state_device, state_host = state_device + state_host, 0
+    opt_name = _optimizer_spec(optimizer)[0]
+    loss_fn = loss_fn or _default_loss
+    if amp_dtype == "auto":
+        amp = torch.bfloat16 if (dev.type == "cpu" or info.supports_bf16) else torch.float16
+    else:
+        amp = {"bf16": torch.bfloat16, "fp16": torch.float16}[amp_dtype]
+    probe_batches = list(probe_batches)
+    fits, states_measured = {}, None
+    for label, dtype in (("fp32", None), (f"{DTYPE_NAMES[amp]} AMP", amp)):
+        probe = _probe(model, optimizer, example, probe_batches, dev, dtype, loss_fn)
+        # forward+backward peak includes the gradients it creates; the rest is activations and temporaries.
+        measured = [max(0, fb - grad_bytes) for fb in probe["forward_backward"]]
+        fits[label] = ActivationFit(label, probe_batches, measured, probe["step"])
+        states_measured = probe["states_measured"]
+    meter = ("CUDA caching allocator peak (max_memory_allocated)" if dev.type == "cuda"
+             else "live tensor storages counted by a TorchDispatchMode (exact bytes, no allocator overhead)")
+    method = (f"params/grads/optimizer states: exact arithmetic on {len(params)} parameter tensors; activations: "
+              f"one dry training step on a copy of the model at batches {probe_batches[0]} and {probe_batches[1]} "
+              f"on {dev} (peak by {meter}), extrapolated linearly to batch {batch}; sharding: ZeRO accounting, "
+              "global batch split evenly; not included: CUDA context, allocator fragmentation")
+    return MemoryEstimate(
+        model_name=name, optimizer=opt_name, batch=batch, n_params=sum(p.numel() for p in params),
+        n_trainable=sum(p.numel() for p in trainable), param_bytes=param_bytes, grad_bytes=grad_bytes,
+        state_bytes=state_device, state_host_bytes=state_host, largest_layer_bytes=_largest_leaf_bytes(model),
+        fits=fits, budget_bytes=budget_bytes, budget_source=source, probe_device=str(dev), method=method,
+        states_measured=states_measured, gpu_counts=tuple(gpu_counts),
+    )
+
+
+__all__ = ["estimate_memory", "MemoryEstimate", "ActivationFit", "LiveBytes", "optimizer_state_bytes", "OPTIMIZERS"]

@@ -1,0 +1,146 @@
+"""What holds memory now: the largest tensors, modules and optimizers reachable by name.
+
+Sizes are the bytes of the *storages* behind the tensors, counted once per storage: a view
+(``x[:10]``, ``w.t()``) costs nothing extra, and a tensor that is also a module's parameter is
+reported as shared rather than counted twice. Containers one level deep (lists, tuples, dict
+values) are included, because ``losses.append(loss)`` without ``.item()`` is a classic leak, and so
+is IPython's output cache (``Out[n]``, ``_``), which keeps every displayed tensor alive.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .device import DTYPE_NAMES
+from .memory import format_bytes as _fmt
+
+
+@dataclass
+class Holder:
+    """One name in the namespace and the device memory reachable from it."""
+
+    name: str
+    kind: str  # tensor | module | optimizer | container
+    device: str
+    dtype: str
+    nbytes: int
+    detail: str = ""
+
+    def to_dict(self) -> dict:
+        return {"name": self.name, "kind": self.kind, "device": self.device, "dtype": self.dtype,
+                "bytes": self.nbytes, "detail": self.detail}
+
+
+def _key(t: torch.Tensor):
+    # The StorageImpl address identifies a storage while it is alive, on every device (meta included).
+    return t.untyped_storage()._cdata
+
+
+def _storages(tensors) -> dict:
+    """{storage key: (bytes, device, dtype)} for the tensors, each storage once."""
+    found = {}
+    for t in tensors:
+        if isinstance(t, torch.Tensor) and not t.is_meta:
+            found.setdefault(_key(t), (t.untyped_storage().nbytes(), str(t.device), DTYPE_NAMES.get(t.dtype, str(t.dtype).replace("torch.", ""))))
+    return found
+
+
+def _describe(storages: dict) -> tuple[str, str]:
+    devices = sorted({d for _, d, _ in storages.values()})
+    dtypes = sorted({t for _, _, t in storages.values()})
+    return (",".join(devices) or "-"), (",".join(dtypes) or "-")
+
+
+def _module_tensors(module: torch.nn.Module):
+    params = list(module.parameters())
+    grads = [p.grad for p in params if p.grad is not None]
+    return params, list(module.buffers()), grads
+
+
+def _optimizer_tensors(opt: torch.optim.Optimizer):
+    for state in opt.state.values():
+        for value in state.values():
+            if isinstance(value, torch.Tensor):
+                yield value
+
+
+def _container_tensors(value):
+    items = value.values() if isinstance(value, dict) else value
+    try:
+        return [v for v in items if isinstance(v, torch.Tensor)]
+    except TypeError:
+        return []
+
+
+def _named_values(namespace: dict, skip):
+    for name, value in list(namespace.items()):
+        if name == "Out" and isinstance(value, dict):
+            for n, v in list(value.items()):
+                yield f"Out[{n}]", v
+        elif not skip(name):
+            yield name, value
+
+
+def namespace_holders(namespace: dict, top: int = 10, skip=lambda name: False) -> list[Holder]:
+    """The ``top`` largest holders of tensor memory in ``namespace``, largest first.
+
+    Modules report parameters + buffers + gradients; optimizers their state tensors (Adam's
+    moments...); tensors and one-level containers the storages not already owned by a module or
+    optimizer listed here (those are shown in ``detail`` as shared).
+    """
+    owned: dict = {}  # storage key -> owner name, for modules and optimizers
+    rows: list[Holder] = []
+    values = list(_named_values(namespace, skip))
+    seen_objects: dict[int, str] = {}
+    for name, value in values:
+        if isinstance(value, torch.nn.Module):
+            if id(value) in seen_objects:
+                continue
+            seen_objects[id(value)] = name
+            params, buffers, grads = _module_tensors(value)
+            parts = {"params": _storages(params), "buffers": _storages(buffers), "grads": _storages(grads)}
+            total = {}
+            for part in parts.values():
+                total.update(part)
+            for key in total:
+                owned.setdefault(key, name)
+            device, dtype = _describe(parts["params"] or total)
+            detail = " + ".join(f"{label} {_fmt(sum(b for b, _, _ in part.values()))}"
+                                for label, part in parts.items() if part)
+            rows.append(Holder(name, "module", device, dtype, sum(b for b, _, _ in total.values()), detail))
+        elif isinstance(value, torch.optim.Optimizer):
+            if id(value) in seen_objects:
+                continue
+            seen_objects[id(value)] = name
+            states = _storages(_optimizer_tensors(value))
+            for key in states:
+                owned.setdefault(key, name)
+            device, dtype = _describe(states)
+            rows.append(Holder(name, "optimizer", device, dtype, sum(b for b, _, _ in states.values()),
+                               f"{type(value).__name__} state for {len(value.state)} params"))
+    for name, value in values:
+        if isinstance(value, torch.Tensor):
+            tensors, kind = [value], "tensor"
+        elif isinstance(value, (list, tuple, dict)) and not isinstance(value, str):
+            tensors, kind = _container_tensors(value), "container"
+            if not tensors:
+                continue
+        else:
+            continue
+        storages = _storages(tensors)
+        shared = {k: v for k, v in storages.items() if k in owned}
+        own = {k: v for k, v in storages.items() if k not in owned}
+        device, dtype = _describe(storages)
+        detail = f"{len(tensors)} tensors" if kind == "container" else ""
+        if shared:
+            owners = sorted({owned[k] for k in shared})
+            detail = (detail + "; " if detail else "") + f"shares {_fmt(sum(b for b, _, _ in shared.values()))} with {', '.join(owners)}"
+        if own or kind == "tensor":
+            rows.append(Holder(name, kind, device, dtype, sum(b for b, _, _ in own.values()), detail))
+    rows.sort(key=lambda h: h.nbytes, reverse=True)
+    return rows[:top]
+
+
+__all__ = ["Holder", "namespace_holders"]

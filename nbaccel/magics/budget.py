@@ -1,0 +1,265 @@
+"""``%memory_budget``: watch every cell's peak memory against a budget, explain out-of-memory errors,
+and predict whether a model fits.
+
+While a budget is set this class holds three things in the shell, and gives all three back on
+``%memory_budget off`` and on ``%unload_ext nbaccel`` (`on_unload`):
+
+* ``pre_run_cell`` / ``post_run_cell`` callbacks (the per-cell meter);
+* a custom exception handler for out-of-memory errors (``shell.set_custom_exc``); the handler
+  that was there before is kept, called for its own exception types, and put back;
+* with ``--enforce`` on CUDA, the caching allocator's per-process cap.
+"""
+
+from __future__ import annotations
+
+import re
+
+from IPython.core.error import UsageError
+from IPython.core.magic import Magics, line_magic, magics_class
+from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
+
+import torch
+
+from ..budget import (NEAR, BudgetError, BudgetExceeded, CellReport, Watcher, apply_cap, capped_devices,
+                      parse_budget, release_cap, status)
+from ..device import DeviceError, resolve_device
+from ..memory import format_bytes
+from ..oom import OOM_TYPES, explain_oom, is_oom
+from ..render.display import display_result
+from .common import check_name, history_name, store_result
+
+_NEGATIVE = re.compile(r"^-\.?[0-9]")
+CPU_ENFORCE_NOTE = ("--enforce: the CPU allocator has no per-process cap, so only a soft budget (checked after each "
+                    "cell) is possible here; for a hard limit start the kernel in a cgroup "
+                    "(systemd-run --user -p MemoryMax=6G jupyter lab, or docker --memory 6g)")
+
+
+@magics_class
+class BudgetMagics(Magics):
+    def __init__(self, shell=None, **kwargs):
+        super().__init__(shell=shell, **kwargs)
+        self.watcher: Watcher | None = None
+        self.strict = False
+        self.enforce = False
+        self._saved_exc = None  # (custom_exceptions, CustomTB) from before our handler
+        self._estimate = None  # the last MemoryEstimate: gives the OOM advice a measured bytes-per-sample
+
+    # --- the magic ------------------------------------------------------------------------------------
+
+    @magic_arguments()
+    @argument("budget", nargs="?", default=None,
+              help="6GiB, 6GB, 512MiB, or a share of the device such as 0.8 (the CPU: of physical memory); "
+                   "'off' removes the budget and every hook; nothing: show the status")
+    @argument("--device", default="auto", help="auto, cpu or cuda[:N] (default: cuda when present)")
+    @argument("--enforce", action="store_true",
+              help="CUDA: cap the allocator at the budget (set_per_process_memory_fraction), so a cell that "
+                   "would exceed it fails fast; the CPU has no such cap (only a soft budget)")
+    @argument("--strict", action="store_true", help="a cell that pushes usage over the budget (adds memory and ends over) is marked as failed")
+    @argument("--near", type=float, default=NEAR,
+              help=f"show a gauge after cells that used at least this share of the budget (default {NEAR})")
+    @argument("--model", default=None, metavar="NAME",
+              help="predict the training memory of this nn.Module (BUDGET is then the per-GPU memory to compare "
+                   "with, e.g. 80GiB, and does not start watching)")
+    @argument("--optimizer", default="adamw",
+              help="for --model: adamw, adam, sgd, sgd-momentum, adagrad, rmsprop, none, or an optimizer variable")
+    @argument("--batch", type=int, default=None, help="for --model: the global batch size")
+    @argument("--input", default=None, metavar="NAME",
+              help="for --model: an example batch (tensor or tuple, first dim = batch); needed unless the first "
+                   "layer is nn.Linear")
+    @argument("-r", "--result", default=None, metavar="NAME", help="store the result (status or estimate) here")
+    @argument("-q", "--quiet", action="store_true", help="do not display the status or estimate")
+    @line_magic
+    def memory_budget(self, line):
+        """Watch each cell's peak memory against a budget; explain out-of-memory errors; predict fits.
+
+            %memory_budget 6GiB            # from now on, every cell is measured against 6 GiB
+            %memory_budget 0.8 --strict    # 80% of the device; going over fails the cell
+            %memory_budget 20GiB --enforce # CUDA: the allocator is capped at 20 GiB
+            %memory_budget                 # status: budget, last cells' peaks, what holds memory now
+            %memory_budget off             # remove the budget, its hooks, handler and cap
+            %memory_budget 80GiB --model model --optimizer adamw --batch 32 --input x
+
+        After a cell: nothing when it stayed under --near (75%) of the budget, a gauge when above,
+        a warning when over (an error with --strict). CUDA compares the allocator's peak reserved
+        bytes, the CPU the process's peak RSS. An out-of-memory error in any cell is explained:
+        the request, the limit, what was allocated, the largest tensors/modules/optimizers in the
+        namespace, and what to try, with the expected saving. The result (-r) has ``.history``.
+        """
+        for token in line.split():
+            if _NEGATIVE.match(token):
+                raise UsageError(f"a budget must be positive, got {token}; write e.g. 6GiB, 512MiB or 0.8")
+        args = parse_argstring(self.memory_budget, line)
+        check_name(args.result)
+        if not 0 < args.near <= 1:
+            raise UsageError(f"--near is a share of the budget between 0 and 1, got {args.near}")
+        if args.model is not None:
+            return self._estimate_cmd(args)
+        if args.budget is not None and args.budget.lower() == "off":
+            recorded = len(self.watcher.records) if self.watcher else 0
+            self.stop()
+            result = status(None, torch.device("cpu"), note=f"removed; {recorded} cells had been watched")
+            return self._show(args, result)
+        if args.budget is None:
+            if args.enforce or args.strict:
+                raise UsageError("--enforce and --strict go with a budget: %memory_budget 6GiB --strict")
+            device = self.watcher.device if self.watcher and args.device == "auto" else self._device(args.device)
+            return self._show(args, self._status(device))
+        return self._start(args)
+
+    def _device(self, spec):
+        try:
+            return resolve_device(spec)
+        except DeviceError as exc:
+            raise UsageError(str(exc)) from None
+
+    def _status(self, device, note=""):
+        return status(self.watcher, device, self.shell.user_ns, skip=history_name(self.shell), enforce=self.enforce,
+                      strict=self.strict, note=note)
+
+    def _show(self, args, result):
+        store_result(self.shell, args.result, result)
+        if not args.quiet:
+            display_result(result)
+        elif result.note.startswith("--enforce"):
+            print(result.note)
+
+    def _start(self, args):
+        device = self._device(args.device)
+        try:
+            budget = parse_budget(args.budget, device)
+        except BudgetError as exc:
+            raise UsageError(str(exc)) from None
+        # Everything is validated: from here on the previous budget is replaced.
+        note = ""
+        if self.watcher is not None and (self.watcher.device != device or not args.enforce):
+            release_cap()
+        if args.enforce:
+            if device.type == "cuda":
+                fraction = apply_cap(device, budget)
+                note = f"allocator capped at {fraction:.1%} of the GPU"
+            else:
+                note = CPU_ENFORCE_NOTE
+        if self.watcher is not None and self.watcher.device == device:
+            self.watcher.budget, self.watcher.near = budget, args.near  # keep the history
+        else:
+            self.stop()
+            self.watcher = Watcher(budget, device, args.near)
+        self.strict, self.enforce = args.strict, bool(args.enforce and device.type == "cuda")
+        self._install()
+        self._show(args, self._status(device, note))
+
+    # --- prediction -------------------------------------------------------------------------------------
+
+    def _lookup(self, name, what):
+        if not name.isidentifier() or name not in self.shell.user_ns:
+            raise UsageError(f"{what} {name!r} names nothing in the namespace; define it first, or pass the "
+                             "variable's name")
+        return self.shell.user_ns[name]
+
+    def _estimate_cmd(self, args):
+        from ..estimate import OPTIMIZERS, estimate_memory
+
+        model = self._lookup(args.model, "--model")
+        if not isinstance(model, torch.nn.Module):
+            raise UsageError(f"--model {args.model} is a {type(model).__name__}, not a torch.nn.Module; pass the "
+                             "variable holding the model")
+        if args.batch is None or args.batch < 1:
+            raise UsageError("--model needs --batch N (the global batch size, at least 1)")
+        optimizer = args.optimizer
+        if optimizer.lower() not in OPTIMIZERS:
+            optimizer = self._lookup(optimizer, "--optimizer")
+            if not isinstance(optimizer, torch.optim.Optimizer):
+                raise UsageError(f"--optimizer takes one of {', '.join(OPTIMIZERS)} or an optimizer variable, "
+                                 f"got a {type(optimizer).__name__}")
+        example = self._lookup(args.input, "--input") if args.input else None
+        device = self._device(args.device)
+        budget = None
+        if args.budget is not None:
+            try:  # a per-GPU memory to compare with: it may be larger than anything in this machine
+                budget = parse_budget(args.budget, device, total=0) if not re.fullmatch(r"[0-9.]+", args.budget) \
+                    else parse_budget(args.budget, device)
+            except BudgetError as exc:
+                raise UsageError(str(exc)) from None
+        elif self.watcher is not None:
+            budget = self.watcher.budget
+        try:
+            result = estimate_memory(model, optimizer=optimizer, batch=args.batch, example=example, budget=budget,
+                                     device=device, name=args.model)
+        except (ValueError, TypeError) as exc:
+            raise UsageError(str(exc)) from None
+        self._estimate = result
+        store_result(self.shell, args.result, result)
+        if not args.quiet:
+            display_result(result)
+
+    # --- hooks ----------------------------------------------------------------------------------------------
+
+    def _install(self):
+        events = self.shell.events
+        if self._pre not in events.callbacks["pre_run_cell"]:
+            events.register("pre_run_cell", self._pre)
+            events.register("post_run_cell", self._post)
+        if self._saved_exc is None:
+            self._saved_exc = (self.shell.custom_exceptions, self.shell.CustomTB)
+            previous = tuple(self.shell.custom_exceptions or ())
+            self.shell.set_custom_exc(tuple(dict.fromkeys(previous + OOM_TYPES)), self._on_exception)
+
+    def stop(self):
+        """Remove the hooks, the exception handler and the cap; forget the budget."""
+        events = self.shell.events
+        for name, callback in (("pre_run_cell", self._pre), ("post_run_cell", self._post)):
+            if callback in events.callbacks[name]:
+                events.unregister(name, callback)
+        if self._saved_exc is not None:
+            self.shell.custom_exceptions, self.shell.CustomTB = self._saved_exc
+            self._saved_exc = None
+        if self.watcher is not None:
+            self.watcher.abandon()
+        self.watcher = None
+        self.strict = self.enforce = False
+        if capped_devices():
+            release_cap()
+
+    def on_unload(self):
+        self.stop()
+
+    def _pre(self, info=None):
+        if self.watcher is not None:
+            self.watcher.begin(f"In[{self.shell.execution_count}]")
+
+    def _post(self, result):
+        if self.watcher is None:
+            return
+        error = getattr(result, "error_in_exec", None)
+        record = self.watcher.end(error=error)
+        if record is None or record.status not in ("near", "over"):
+            return
+        report = CellReport(record, str(self.watcher.device), strict=self.strict)
+        display_result(report)
+        # Strict fails the cells that pushed usage over (added memory), not every later cell that starts
+        # over: `del x` must be able to run. 1 MiB: any Python code moves RSS by a few pages.
+        pushed = record.added_bytes >= 2**20
+        if record.status == "over" and self.strict and pushed and error is None and result.error_before_exec is None:
+            exc = BudgetExceeded(f"{record.label} peaked at {format_bytes(record.used_bytes)}, over the strict budget "
+                                 f"of {format_bytes(record.budget_bytes)} ({record.fraction:.0%})")
+            # Marking the result failed is what stops "Run All" in Jupyter (the kernel replies "error").
+            result.error_in_exec = exc
+            self.shell.showtraceback((BudgetExceeded, exc, None), exception_only=True)
+
+    def _on_exception(self, shell, etype, value, tb, tb_offset=None):
+        if not is_oom(value):
+            previous_types, previous_handler = self._saved_exc or ((), None)
+            if previous_types and isinstance(value, previous_types):
+                return previous_handler(etype, value, tb, tb_offset=tb_offset)
+            # Exactly what IPython does for an exception without a custom handler.
+            shell.showtraceback(running_compiled_code=True)
+            return None
+        estimate = self._estimate
+        per_sample = batch = None
+        if estimate is not None:
+            per_sample = int(next(iter(estimate.fits.values())).slope) or None
+            batch = estimate.batch
+        explanation = explain_oom(value, self.shell.user_ns, budget=self.watcher.budget if self.watcher else None,
+                                  tb=tb, skip=history_name(self.shell), per_sample_bytes=per_sample, batch=batch)
+        display_result(explanation)
+        return None

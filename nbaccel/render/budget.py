@@ -1,0 +1,254 @@
+"""How budget results look: the per-cell gauge, the status, the OOM explanation, the estimate.
+
+All four share ``kind`` "budget"/"estimate" (see `render.__init__`); ``view`` picks the layout.
+The gauge is an HTML bar in an element with class ``nbaccel-gauge`` (and, as a widget, a
+FloatProgress carrying the same class) so browser tests can find it.
+"""
+
+from __future__ import annotations
+
+from ..memory import format_bytes
+from .common import bullet_list, esc, table, text_table, wrap
+
+GAUGE_CSS = """
+<style>
+.nbaccel-gauge {display: inline-block; width: 220px; height: 12px; background: rgba(127,127,127,0.2);
+  vertical-align: middle; margin-right: 8px}
+.nbaccel-gauge > span {display: block; height: 12px; background: #4a90d9}
+.nbaccel-gauge.near > span {background: #d9a441}
+.nbaccel-gauge.over > span {background: #d9534f}
+</style>
+"""
+
+
+def _view(result) -> str:
+    return getattr(result, "view", "estimate")
+
+
+# --- the per-cell gauge ------------------------------------------------------------------------------
+
+def _gauge_bar(fraction: float, status: str) -> str:
+    width = max(0.0, min(1.0, fraction)) * 100
+    return f'<span class="nbaccel-gauge {esc(status)}" title="{fraction:.0%}"><span style="width:{width:.0f}%"></span></span>'
+
+
+def _text_gauge(fraction: float, width: int = 30) -> str:
+    filled = int(round(max(0.0, min(1.0, fraction)) * width))
+    return "[" + "#" * filled + "." * (width - filled) + "]"
+
+
+def _cell_line(r) -> str:
+    extra = f", allocated peak {format_bytes(r.allocated_peak_bytes)}" if r.allocated_peak_bytes is not None else ""
+    return (f"{format_bytes(r.used_bytes)} of {format_bytes(r.budget_bytes)} ({r.fraction:.0%}); the cell added "
+            f"{format_bytes(r.added_bytes)}{extra}")
+
+
+def cell_text(report) -> str:
+    r = report.record
+    head = "WARNING: over the memory budget" if report.over else "memory budget"
+    lines = [f"{head} on {report.device}: {_text_gauge(r.fraction)} {_cell_line(r)}"]
+    if report.over:
+        lines.append("  free memory (del, torch.cuda.empty_cache()) or lower the batch; `%memory_budget` shows what "
+                     "holds memory" + (" -- --strict: this cell is marked as failed" if report.strict else ""))
+    return "\n".join(lines)
+
+
+def cell_html(report) -> str:
+    r = report.record
+    label = '<b class="warn">over the memory budget</b>' if report.over else "memory budget"
+    return wrap(GAUGE_CSS + f"<div>{_gauge_bar(r.fraction, r.status)}{label} on {esc(report.device)}: "
+                f"{esc(_cell_line(r))}</div>")
+
+
+def cell_widget(report):
+    import ipywidgets as w
+
+    r = report.record
+    bar = w.FloatProgress(value=min(r.fraction, 1.0), min=0.0, max=1.0,
+                          bar_style="danger" if report.over else "warning", layout=w.Layout(width="220px"))
+    bar.add_class("nbaccel-gauge")
+    label = w.HTML(wrap(("<b class='warn'>over the memory budget</b> " if report.over else "")
+                        + esc(_cell_line(r))))
+    return w.HBox([bar, label])
+
+
+# --- status --------------------------------------------------------------------------------------------
+
+HISTORY_HEADERS = ["cell", "peak used", "of budget", "added", "allocated peak", "status", "time"]
+HOLDER_HEADERS = ["name", "kind", "device", "dtype", "bytes", "detail"]
+
+
+def _history_rows(records, last=10):
+    return [[r.label, format_bytes(r.used_bytes), f"{r.fraction:.0%}", format_bytes(r.added_bytes),
+             format_bytes(r.allocated_peak_bytes) if r.allocated_peak_bytes is not None else "-", r.status,
+             f"{r.seconds * 1e3:.0f} ms"] for r in records[-last:]]
+
+
+def _holder_rows(holders):
+    return [[h.name, h.kind, h.device, h.dtype, format_bytes(h.nbytes), h.detail] for h in holders]
+
+
+def _status_head(s) -> str:
+    if not s.active:
+        return f"memory budget: off ({s.device}){' -- ' + s.note if s.note else ''}"
+    flags = [f for f, on in (("enforced (allocator capped)", s.enforce), ("strict", s.strict)) if on]
+    total = f" of {format_bytes(s.device_total)}" if s.device_total else ""
+    return (f"memory budget {format_bytes(s.budget_bytes)}{total} on {s.device}"
+            + (f" [{', '.join(flags)}]" if flags else " [soft]") + (f" -- {s.note}" if s.note else ""))
+
+
+def _now_line(s) -> str:
+    if s.allocated_now is not None:
+        return f"now: {format_bytes(s.used_now)} reserved, {format_bytes(s.allocated_now)} allocated"
+    return f"now: process RSS {format_bytes(s.used_now)}"
+
+
+def status_text(s) -> str:
+    out = [_status_head(s), _now_line(s)]
+    if s.records:
+        out += ["", f"last cells ({len(s.records)} watched):", text_table(HISTORY_HEADERS, _history_rows(s.records))]
+    if s.holders:
+        out += ["", "what holds memory now (largest first):", text_table(HOLDER_HEADERS, _holder_rows(s.holders))]
+    out += ["", "method: " + s.method]
+    return "\n".join(out)
+
+
+def status_html(s) -> str:
+    parts = [f"<h4>{esc(_status_head(s))}</h4><div>{esc(_now_line(s))}</div>"]
+    if s.records:
+        last = s.records[-1]
+        parts.append(GAUGE_CSS + f"<div>last cell: {_gauge_bar(last.fraction, last.status)}{esc(_cell_line(last))}</div>")
+        parts.append(table(HISTORY_HEADERS, _history_rows(s.records)))
+    if s.holders:
+        parts.append("<h4>What holds memory now</h4>" + table(HOLDER_HEADERS, _holder_rows(s.holders)))
+    parts.append(f'<div class="muted">method: {esc(s.method)}</div>')
+    return wrap("".join(parts))
+
+
+# --- the out-of-memory explanation -------------------------------------------------------------------
+
+def _oom_facts(e) -> list[str]:
+    f = e.facts
+    lines = [f"requested: {format_bytes(f.requested)}" if f.requested is not None else "requested: not in the message"]
+    if e.limit_bytes is not None:
+        lines.append(f"limit: {format_bytes(e.limit_bytes)} ({e.limit_source})")
+    if e.budget_bytes is not None and e.limit_source != "the memory budget":
+        lines.append(f"memory budget: {format_bytes(e.budget_bytes)}")
+    if e.allocated_bytes is not None:
+        lines.append(f"allocated at the failure: {format_bytes(e.allocated_bytes)} ({e.allocated_method})")
+    if f.reserved_unallocated:
+        lines.append(f"reserved but unallocated (cache): {format_bytes(f.reserved_unallocated)}")
+    if f.capacity is not None:
+        lines.append(f"GPU capacity {format_bytes(f.capacity)}, free {format_bytes(f.free)}")
+    if e.needed_at_least is not None:
+        lines.append(f"the step needed at least {format_bytes(e.needed_at_least)} (allocated + requested)")
+    if e.location:
+        lines.append(f"failed at {e.location}")
+    return lines
+
+
+def _suggestion_lines(e) -> list[str]:
+    return [f"{s.action}" + (f" (saves ~{format_bytes(s.saving_bytes)})" if s.saving_bytes else "") + f": {s.detail}"
+            for s in e.suggestions]
+
+
+def oom_text(e) -> str:
+    out = [f"OUT OF MEMORY on {e.device} ({e.error_type}) -- the kernel is still alive", "  " + e.message[:300], ""]
+    out += _oom_facts(e)
+    if e.holders:
+        out += ["", "largest holders in the namespace:", text_table(HOLDER_HEADERS, _holder_rows(e.holders))]
+    if e.suggestions:
+        out += ["", "what to try:"] + ["  - " + s for s in _suggestion_lines(e)]
+    return "\n".join(out)
+
+
+def oom_html(e) -> str:
+    parts = [f'<h4 class="warn">Out of memory on {esc(e.device)} ({esc(e.error_type)}) &mdash; the kernel is still '
+             f'alive</h4><div class="muted">{esc(e.message[:300])}</div>', bullet_list(_oom_facts(e))]
+    if e.holders:
+        parts.append("<h4>Largest holders in the namespace</h4>" + table(HOLDER_HEADERS, _holder_rows(e.holders)))
+    if e.suggestions:
+        parts.append("<h4>What to try</h4>" + bullet_list(_suggestion_lines(e)))
+    return wrap('<div class="nbaccel-oom">' + "".join(parts) + "</div>")
+
+
+# --- the estimate ---------------------------------------------------------------------------------------
+
+ESTIMATE_HEADERS = ["precision", "params", "grads", "optimizer", "activations", "step temporaries", "peak (1 GPU)",
+                    "fits?", "fewest GPUs"]
+
+
+def _estimate_rows(e):
+    from ..estimate import STRATEGY_NAMES
+
+    rows = []
+    for p in e.fits:
+        one = e.single(p)
+        found = e.min_gpus(p)
+        fewest = "-" if e.budget_bytes is None else (f"{found[0]} ({STRATEGY_NAMES[found[1]]})" if found else
+                                                     f"> {e.gpu_counts[-1]}")
+        rows.append([p, format_bytes(one["params"]), format_bytes(one["grads"]), format_bytes(one["optimizer"]),
+                     format_bytes(one["activations"]), format_bytes(one["step_temporaries"]), format_bytes(one["total"]),
+                     "yes" if one["fits"] else "no", fewest])
+    return rows
+
+
+def _sharding_rows(e, counts=(2, 4, 8)):
+    from ..estimate import STRATEGIES, STRATEGY_NAMES
+
+    rows = []
+    for p in e.fits:
+        for s in STRATEGIES:
+            rows.append([p, STRATEGY_NAMES[s]] + [format_bytes(e.per_gpu(p, s, n)["total"]) + (
+                "" if e.per_gpu(p, s, n)["fits"] else " *") for n in counts if n in e.gpu_counts])
+    return rows
+
+
+def _fit_lines(e) -> list[str]:
+    return [f"{f.precision}: measured {', '.join(format_bytes(m) for m in f.measured)} at batch "
+            f"{', '.join(map(str, f.batches))} -> {format_bytes(f.slope)}/sample + {format_bytes(f.intercept)} fixed; "
+            f"at batch {e.batch}: {format_bytes(f.at(e.batch))} (linear extrapolation)" for f in e.fits.values()]
+
+
+def _estimate_head(e) -> str:
+    return (f"{e.model_name}: {e.n_params:,} parameters ({e.n_trainable:,} trainable), {e.optimizer}, batch {e.batch}"
+            f" -- {e.summary}")
+
+
+def estimate_text(e) -> str:
+    out = [_estimate_head(e), "", text_table(ESTIMATE_HEADERS, _estimate_rows(e)), "",
+           "per GPU when sharded over N GPUs (* = over the budget):",
+           text_table(["precision", "strategy", "N=2", "N=4", "N=8"], _sharding_rows(e), left=(0, 1)), ""]
+    out += ["activations: " + line for line in _fit_lines(e)]
+    out += ["", f"compared with: {e.budget_source}", "method: " + e.method]
+    return "\n".join(out)
+
+
+def estimate_html(e) -> str:
+    return wrap(f"<h4>{esc(_estimate_head(e))}</h4>" + table(ESTIMATE_HEADERS, _estimate_rows(e))
+                + "<h4>Per GPU when sharded (* = over the budget)</h4>"
+                + table(["precision", "strategy", "N=2", "N=4", "N=8"], _sharding_rows(e), name_columns=(0, 1))
+                + bullet_list(_fit_lines(e))
+                + f'<div class="muted">compared with: {esc(e.budget_source)}; method: {esc(e.method)}</div>')
+
+
+# --- dispatch ---------------------------------------------------------------------------------------------
+
+_TEXT = {"cell": cell_text, "status": status_text, "oom": oom_text, "estimate": estimate_text}
+_HTML = {"cell": cell_html, "status": status_html, "oom": oom_html, "estimate": estimate_html}
+
+
+def text(result) -> str:
+    return _TEXT[_view(result)](result)
+
+
+def html(result) -> str:
+    return _HTML[_view(result)](result)
+
+
+def widget(result):
+    import ipywidgets as w
+
+    if _view(result) == "cell":
+        return cell_widget(result)
+    return w.HTML(html(result))

@@ -1,0 +1,245 @@
+"""%memory_budget through a real InteractiveShell: hooks, measurement, gauges, strict, OOM, faults."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import torch
+from IPython.core.error import UsageError
+
+from nbaccel.memory import current_rss
+from nbaccel.render import display as display_module
+
+MB = 10**6
+
+
+def _nbaccel_callbacks(ip):
+    return [cb for name in ("pre_run_cell", "post_run_cell") for cb in ip.events.callbacks[name]
+            if "nbaccel" in getattr(cb, "__module__", "") or "nbaccel" in type(getattr(cb, "__self__", None)).__module__]
+
+
+def _texts(captured):
+    return "\n".join(o.data.get("text/plain", "") for o in captured.outputs)
+
+
+def _budget_above_now(extra_mb: int) -> str:
+    """A budget ``extra_mb`` above what this process holds now (CPU budgets are absolute RSS)."""
+    return f"{(current_rss() + extra_mb * MB) // MB}MB"
+
+
+def test_set_registers_hooks_and_off_removes_them(ip, run_cell):
+    assert not _nbaccel_callbacks(ip) and ip.custom_exceptions == ()
+    run_cell("%memory_budget 0.9 -q")
+    assert len(_nbaccel_callbacks(ip)) == 2
+    assert torch.OutOfMemoryError in ip.custom_exceptions and RuntimeError in ip.custom_exceptions
+    run_cell("%memory_budget 0.8 -q")  # replacing the budget does not register twice
+    assert len(_nbaccel_callbacks(ip)) == 2
+    run_cell("%memory_budget off -q")
+    assert not _nbaccel_callbacks(ip) and ip.custom_exceptions == ()
+
+
+def test_unload_removes_hooks_and_handler(ip, run_cell):
+    run_cell("%memory_budget 0.9 -q")
+    ip.run_line_magic("unload_ext", "nbaccel")
+    assert not _nbaccel_callbacks(ip) and ip.custom_exceptions == ()
+    assert "memory_budget" not in ip.magics_manager.magics["line"]
+    ip.run_line_magic("load_ext", "nbaccel")
+    assert "memory_budget" in ip.magics_manager.magics["line"]
+
+
+def test_a_previous_custom_handler_keeps_working_and_is_restored(ip, run_cell):
+    seen = []
+    ip.set_custom_exc((ZeroDivisionError,), lambda shell, et, ev, tb, tb_offset=None: seen.append(ev))
+    try:
+        before = (ip.custom_exceptions, ip.CustomTB)
+        run_cell("%memory_budget 0.9 -q")
+        run_cell("1/0", expect_error=ZeroDivisionError)
+        assert len(seen) == 1
+        run_cell("%memory_budget off -q")
+        assert (ip.custom_exceptions, ip.CustomTB) == before
+    finally:
+        ip.set_custom_exc((), None)
+
+
+def test_known_allocation_is_measured_within_10_percent(ip, run_cell):
+    run_cell("import torch\n%memory_budget 0.9 -q -r budget")
+    run_cell("x = torch.ones(100_000_000)  # 400 MB, every page touched")
+    history = ip.user_ns["budget"].history
+    row = history.iloc[-1]
+    assert row["status"] == "ok"
+    assert abs(row["added_bytes"] - 400 * MB) < 0.1 * 400 * MB, row
+    assert row["used_bytes"] >= row["added_bytes"] and row["budget_bytes"] == ip.user_ns["budget"].budget_bytes
+    assert list(history.columns[:3]) == ["cell", "used_bytes", "fraction"]
+
+
+def test_well_under_the_budget_shows_nothing(run_cell):
+    run_cell("%memory_budget 0.9 -q")
+    _, captured = run_cell("a = 1 + 1")
+    assert not captured.outputs and not captured.stdout
+
+
+def test_near_the_budget_shows_a_gauge(run_cell, monkeypatch):
+    monkeypatch.setattr(display_module, "WIDGETS", "always")
+    run_cell("import torch")
+    run_cell(f"%memory_budget {_budget_above_now(450)} -q")
+    _, captured = run_cell("x = torch.ones(100_000_000)\ndel x")
+    data = [o.data for o in captured.outputs]
+    assert data, "no gauge was shown"
+    assert "nbaccel-gauge" in data[0]["text/html"]
+    assert re.search(r"\[#+\.*\] .* of .*\(\d+%\)", data[0]["text/plain"])
+    assert "application/vnd.jupyter.widget-view+json" in data[0]
+    assert "WARNING" not in data[0]["text/plain"]
+
+
+def test_over_a_soft_budget_warns_and_the_cell_succeeds(ip, run_cell):
+    run_cell("import torch")
+    run_cell(f"%memory_budget {_budget_above_now(150)} -q -r b")
+    result, captured = run_cell("x = torch.ones(100_000_000)\ndone = True")
+    assert result.success and ip.user_ns["done"]
+    assert "WARNING: over the memory budget" in _texts(captured)
+    assert ip.user_ns["b"].history.iloc[-1]["status"] == "over"
+
+
+def test_over_a_strict_budget_fails_the_cell(ip, run_cell):
+    run_cell("import torch")
+    run_cell(f"%memory_budget {_budget_above_now(150)} --strict -q -r b")
+    result, captured = run_cell("x = torch.ones(100_000_000)\ndone = True", expect_error=RuntimeError)
+    assert type(result.error_in_exec).__name__ == "BudgetExceeded"
+    assert "over the strict budget" in str(result.error_in_exec)
+    assert ip.user_ns["done"], "the cell itself ran to the end; only its verdict is an error"
+    # A cell that starts over the budget but adds nothing (freeing memory) is not failed.
+    _, captured = run_cell("del x")
+    assert "WARNING: over the memory budget" in _texts(captured)
+    run_cell("pass")
+    assert list(ip.user_ns["b"].history["status"])[-3:] == ["over", "over", "ok"]
+
+
+def test_out_of_memory_is_explained_and_the_kernel_lives_on(ip, run_cell):
+    run_cell("import torch\nmodel = torch.nn.Linear(512, 512)\nopt = torch.optim.AdamW(model.parameters())\n"
+             "big = torch.zeros(2_000_000)")
+    run_cell("%memory_budget 0.9 -q -r b")
+    result, captured = run_cell("z = torch.empty(2**50, dtype=torch.uint8)", expect_error=RuntimeError)
+    text = _texts(captured)
+    assert "OUT OF MEMORY on cpu" in text and "kernel is still alive" in text
+    assert "requested: 1.02e+03 TiB" in text  # 2**50 bytes, read from the allocator's message
+    assert "allocated at the failure" in text and "limit:" in text
+    assert "z = torch.empty(2**50" in text  # the failing line
+    assert re.search(r"big\s+tensor\s+cpu\s+fp32\s+7.63 MiB", text)
+    assert re.search(r"model\s+module\s+cpu\s+fp32", text)
+    assert "check the shape" in text
+    assert "Traceback" not in captured.stdout + captured.stderr
+    run_cell("alive = 1")
+    assert ip.user_ns["alive"] == 1
+    assert list(ip.user_ns["b"].history["status"])[-2:] == ["oom", "ok"]
+
+
+def _normalise(text):
+    return re.sub(r"In\[\d+\]|ipython-input-\d+-[0-9a-f]+|line \d+", "#", text)
+
+
+@pytest.mark.parametrize("cell, error", [("raise RuntimeError('boom')", RuntimeError), ("1/0", ZeroDivisionError)])
+def test_other_exceptions_are_shown_unchanged(ip, run_cell, cell, error):
+    _, plain = run_cell(cell, expect_error=error)
+    run_cell("%memory_budget 0.9 -q -r b")
+    result, watched = run_cell(cell, expect_error=error)
+    assert _normalise(watched.stdout) == _normalise(plain.stdout) and "Traceback" in watched.stdout
+    assert not watched.outputs
+    assert ip.user_ns["b"].history.iloc[-1]["status"] == "error"
+
+
+def test_syntax_error_cell_keeps_the_bookkeeping(ip, run_cell):
+    run_cell("%memory_budget 0.9 -q -r b")
+    run_cell("x = (", expect_error=SyntaxError)
+    run_cell("y = 2")
+    statuses = list(ip.user_ns["b"].history["status"])
+    assert statuses[-1] == "ok" and len(statuses) == 2
+
+
+@pytest.mark.parametrize("line, message", [
+    ("-5GB", "must be positive"),
+    ("12 parsecs", "unrecognized arguments"),  # argparse: one positional only
+    ("12parsecs", "cannot read '12parsecs'"),
+    ("999TiB", "larger than this host's physical memory"),
+    ("--model nothing --batch 4", "names nothing"),
+    ("--model n --batch 4", "is a int, not a torch.nn.Module"),
+    ("--model model", "needs --batch"),
+    ("--near 3 1GiB", "--near is a share"),
+    ("--strict", "go with a budget"),
+])
+def test_bad_input_is_a_usage_error_and_the_previous_budget_stays(ip, run_cell, line, message):
+    run_cell("import torch\nn = 3\nmodel = torch.nn.Linear(4, 4)")
+    run_cell("%memory_budget 0.5 -q -r before")
+    budget = ip.user_ns["before"].budget_bytes
+    with pytest.raises(UsageError, match=message):
+        ip.run_line_magic("memory_budget", line)
+    run_cell("%memory_budget -q -r after")
+    assert ip.user_ns["after"].budget_bytes == budget and ip.user_ns["after"].active
+    assert len(_nbaccel_callbacks(ip)) == 2
+
+
+def test_enforce_on_the_cpu_says_only_a_soft_budget_is_possible(ip, run_cell):
+    _, captured = run_cell("%memory_budget 0.9 --enforce -r s")
+    assert "only a soft budget" in _texts(captured) and "cgroup" in _texts(captured)
+    assert ip.user_ns["s"].enforce is False
+
+
+def test_status_lists_cells_and_what_holds_memory(ip, run_cell):
+    run_cell("import torch\nmodel = torch.nn.Linear(1000, 1000)\nacts = [torch.ones(1000) for _ in range(3)]")
+    run_cell("%memory_budget 4GiB -q")
+    run_cell("t = torch.ones(10)")
+    _, captured = run_cell("%memory_budget -r s")
+    s = ip.user_ns["s"]
+    assert s.active and s.budget_bytes == 4 * 2**30
+    assert [r.label for r in s.records][-1].startswith("In[")
+    names = [h.name for h in s.holders]
+    assert names[0] == "model" and "acts" in names
+    text = _texts(captured)
+    assert "memory budget 4 GiB" in text and "what holds memory now" in text and "model" in text
+    assert s.to_dict()["kind"] == "budget" and s.to_dict()["view"] == "status"
+
+
+def test_status_without_a_budget(run_cell, ip):
+    _, captured = run_cell("%memory_budget")
+    assert "memory budget: off" in _texts(captured)
+    assert not _nbaccel_callbacks(ip)
+
+
+def test_estimate_magic(ip, run_cell):
+    run_cell("import torch\ntorch.manual_seed(0)\nmodel = torch.nn.Sequential(torch.nn.Linear(64, 128), "
+             "torch.nn.ReLU(), torch.nn.Linear(128, 8))\nopt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)")
+    _, captured = run_cell("%memory_budget 80GiB --model model --optimizer opt --batch 256 -r est")
+    est = ip.user_ns["est"]
+    n = 64 * 128 + 128 + 128 * 8 + 8
+    assert est.n_params == n and est.param_bytes == 4 * n and est.grad_bytes == 4 * n
+    assert est.optimizer == "sgd-momentum" and est.state_bytes == 4 * n  # one momentum buffer
+    assert est.budget_bytes == 80 * 2**30 and "fits on 1 GPU in fp32" in est.summary
+    assert "fits on 1 GPU" in _texts(captured) and "linear extrapolation" in _texts(captured)
+    assert not _nbaccel_callbacks(ip), "a prediction does not start watching"
+
+
+def test_script_context_manager():
+    import warnings
+
+    import nbaccel
+    from nbaccel.budget import BudgetExceeded, BudgetWarning
+
+    tight = current_rss() + 150 * MB
+    budget = nbaccel.memory_budget(tight)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with budget:
+            x = torch.ones(100_000_000)
+        del x
+    assert any(issubclass(w.category, BudgetWarning) for w in caught)
+    with pytest.raises(BudgetExceeded):
+        with nbaccel.memory_budget(current_rss() + 150 * MB, strict=True):
+            y = torch.ones(100_000_000)
+    del y
+    with pytest.raises(RuntimeError) as info:
+        with budget:
+            torch.empty(2**50, dtype=torch.uint8)
+    assert budget.last_oom is not None and "OUT OF MEMORY" in "".join(info.value.__notes__)
+    assert list(budget.history["status"]) == ["over", "oom"]
+    with pytest.raises(nbaccel.budget.BudgetError, match="only a soft budget"):
+        nbaccel.memory_budget("1GiB", enforce=True)

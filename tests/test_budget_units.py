@@ -1,0 +1,105 @@
+"""The pieces under %memory_budget, without a shell: budget parser, OOM message parser, namespace table."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from nbaccel.budget import BudgetError, parse_budget
+from nbaccel.holders import namespace_holders
+from nbaccel.oom import is_oom, parse_oom_message
+
+CPU = torch.device("cpu")
+GiB, MiB = 2**30, 2**20
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("6GiB", 6 * GiB), ("6GB", 6 * 10**9), ("512MiB", 512 * MiB), ("1.5 GiB", int(1.5 * GiB)), ("0.5", 8 * GiB),
+    ("1", 16 * GiB),
+])
+def test_units_and_shares(text, expected):
+    assert parse_budget(text, CPU, total=16 * GiB) == expected
+
+
+@pytest.mark.parametrize("text, message", [
+    ("-5GB", "must be positive"), ("12 parsecs", "cannot read '12 parsecs'"), ("0", "must be positive"),
+    ("12", "has no unit: write 12GiB"), ("17GiB", "larger than this host's physical memory"),
+])
+def test_bad_budgets_name_the_fix(text, message):
+    with pytest.raises(BudgetError, match=message):
+        parse_budget(text, CPU, total=16 * GiB)
+
+
+# Real messages, as torch 2.1+ and older versions print them (numbers from user reports).
+CUDA_NEW = ("CUDA out of memory. Tried to allocate 1.95 GiB. GPU 0 has a total capacity of 14.57 GiB of which 1.58 GiB "
+            "is free. Process 2493055 has 12.02 GiB memory in use. Including non-PyTorch memory, this process has "
+            "966.00 MiB memory in use. Of the allocated memory 734.07 MiB is allocated by PyTorch, and 33.93 MiB is "
+            "reserved by PyTorch but unallocated. If reserved but unallocated memory is large try setting "
+            "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid fragmentation.")
+CUDA_CAPPED = ("CUDA out of memory. Tried to allocate 3.00 GiB. GPU 1 has a total capacity of 139.72 GiB of which "
+               "136.10 GiB is free. Including non-PyTorch memory, this process has 2.52 GiB memory in use. 2.00 GiB "
+               "allowed; Of the allocated memory 2.00 GiB is allocated by PyTorch, and 0 bytes is reserved by "
+               "PyTorch but unallocated.")
+CUDA_OLD = ("CUDA out of memory. Tried to allocate 2.00 GiB (GPU 0; 15.78 GiB total capacity; 13.20 GiB already "
+            "allocated; 1.05 GiB free; 14.10 GiB reserved in total by PyTorch) If reserved memory is >> allocated "
+            "memory try setting max_split_size_mb to avoid fragmentation.")
+CPU_MSG = ("[enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: can't allocate memory: you tried to "
+           "allocate 1125899906842624 bytes. Error code 12 (Cannot allocate memory)")
+
+
+def test_parse_new_cuda_message():
+    f = parse_oom_message(CUDA_NEW)
+    assert f.source == "cuda" and f.gpu == 0
+    assert f.requested == int(1.95 * GiB)
+    assert f.capacity == int(14.57 * GiB) and f.free == int(1.58 * GiB)
+    assert f.allocated == int(734.07 * MiB) and f.reserved_unallocated == int(33.93 * MiB)
+    assert f.process_in_use == int(966 * MiB) and f.allowed is None
+
+
+def test_parse_capped_cuda_message():
+    f = parse_oom_message(CUDA_CAPPED)
+    assert f.gpu == 1 and f.requested == 3 * GiB and f.allowed == 2 * GiB and f.reserved_unallocated == 0
+
+
+def test_parse_old_cuda_message():
+    f = parse_oom_message(CUDA_OLD)
+    assert f.requested == 2 * GiB and f.capacity == int(15.78 * GiB) and f.free == int(1.05 * GiB)
+    assert f.allocated == int(13.2 * GiB)
+    assert f.reserved_unallocated == int(14.10 * GiB) - int(13.2 * GiB)
+
+
+def test_parse_cpu_and_numpy_messages():
+    assert parse_oom_message(CPU_MSG).requested == 2**50
+    assert parse_oom_message("Unable to allocate 8.00 EiB for an array with shape (2**60,)").requested == 8 * 2**60
+
+
+def test_is_oom():
+    assert is_oom(RuntimeError(CPU_MSG)) and is_oom(torch.OutOfMemoryError(CUDA_NEW)) and is_oom(MemoryError())
+    assert not is_oom(RuntimeError("shape mismatch")) and not is_oom(ValueError(CPU_MSG))
+
+
+def test_the_cpu_allocator_refuses_an_impossible_allocation_without_touching_memory():
+    with pytest.raises(RuntimeError, match="can't allocate memory") as info:
+        torch.empty(2**50, dtype=torch.uint8)
+    assert parse_oom_message(str(info.value)).requested == 2**50
+
+
+def test_namespace_table_counts_storages_once_and_names_owners():
+    torch.manual_seed(0)
+    model = torch.nn.Linear(100, 50)  # 5000 + 50 floats
+    model(torch.randn(3, 100)).sum().backward()
+    opt = torch.optim.Adam(model.parameters())
+    opt.step()
+    big = torch.zeros(1000, 1000)
+    ns = {"model": model, "opt": opt, "big": big, "view": big[:10], "w": model.weight,
+          "losses": [torch.ones(10) for _ in range(4)], "n": 3, "Out": {5: torch.ones(250)}}
+    rows = {h.name: h for h in namespace_holders(ns, top=20)}
+    assert rows["model"].nbytes == 2 * 5050 * 4 and "grads" in rows["model"].detail
+    assert rows["opt"].nbytes == 2 * 5050 * 4 + 2 * 4  # two moments + a 4-byte step per parameter tensor
+    assert rows["big"].nbytes == 4_000_000 and rows["big"].dtype == "fp32" and rows["big"].device == "cpu"
+    assert rows["view"].nbytes == 4_000_000  # a view reports its whole storage (what del would need to free)
+    assert rows["w"].nbytes == 0 and "shares" in rows["w"].detail and "model" in rows["w"].detail
+    assert rows["losses"].kind == "container" and rows["losses"].nbytes == 160
+    assert rows["Out[5]"].nbytes == 1000
+    assert "n" not in rows
+    assert [h.name for h in namespace_holders(ns, top=2)] == ["big", "view"]
