@@ -26,7 +26,7 @@ from typing import Callable
 import pandas as pd
 import torch
 
-from .device import DTYPE_NAMES, DeviceInfo, device_info, resolve_device
+from .device import DTYPE_NAMES, DeviceError, DeviceInfo, device_info, resolve_device
 from .flops import OpAudit, precision_summary
 from .memory import PeakMemory, PeakMeter, format_bytes
 from .precision import FP32, Recipe, apply_recipe, describe, make_recipe
@@ -323,6 +323,8 @@ def compare_amp(
 ) -> AmpResult:
     """Time ``fn`` in strict fp32 and under autocast (+TF32 on CUDA) from the same starting state.
 
+    ``dtype``: ``bf16|fp16|auto``, or ``"tf32"`` for TF32 alone (no autocast; CUDA sm80+ only).
+
     ``namespace``/``state``: what ``fn`` may change and must be restored before each run -- a
     dict of variables (the notebook's namespace) and/or objects (model, optimizer, ...). Without
     either, the names ``fn`` refers to (its globals and closure) are snapshotted.
@@ -333,6 +335,8 @@ def compare_amp(
     ``max_snapshot_fraction``: refuse (`SnapshotTooLarge`) when the snapshot would take more than
     this share of the host's available memory, instead of swapping the machine to death.
     Returns an `AmpResult`; the kept run's return value is ``result.value``.
+    Under torchrun it measures the calling rank only; `nbaccel.distributed.compare_amp` (or
+    ``gather_amp(result)``) gathers every rank's result (min/median/max, slowest rank).
     """
     if warmup < 0:
         raise ValueError(f"warmup must be >= 0, got {warmup}")
@@ -340,7 +344,12 @@ def compare_amp(
         raise ValueError(f"repeat must be >= 1, got {repeat}; use at least 3 for a spread")
     dev = resolve_device(device)
     info = device_info(dev)
-    amp_recipe = make_recipe(dtype, dev, tf32=tf32)
+    if dtype == "tf32":  # TF32 alone, no autocast: the "free" Tensor Core speedup for fp32 code (CUDA, sm80+)
+        if not info.supports_tf32:
+            raise DeviceError(f"TF32 needs a CUDA GPU of compute capability 8.0+; {info.label} has none")
+        amp_recipe = Recipe(dev.type, None, tf32=True)
+    else:
+        amp_recipe = make_recipe(dtype, dev, tf32=tf32)
     base_recipe = make_recipe(FP32, dev)
     if namespace is None and not state:
         state = _referenced_objects(fn)
@@ -377,7 +386,7 @@ def compare_amp(
         audit = audits[id(recipe)][0]
         return Variant(name, recipe, times[id(recipe)], memory[id(recipe)], audit.table(), audit.total_flops)
 
-    amp_variant = variant(DTYPE_NAMES[amp_recipe.autocast_dtype], amp_recipe)
+    amp_variant = variant(DTYPE_NAMES.get(amp_recipe.autocast_dtype, "tf32"), amp_recipe)
     base_variant = variant("fp32", base_recipe) if baseline else None
     amp_audit, amp_probe, amp_value, scaler_info = audits[id(amp_recipe)]
     base_probe = audits[id(base_recipe)][1] if baseline else None

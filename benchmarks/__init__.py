@@ -1,0 +1,1 @@
+"""nbaccel benchmarks: `python -m benchmarks` (reference suite), `python -m benchmarks.bench_amp` (issue 2)."""

@@ -1,0 +1,58 @@
+"""``python -m benchmarks``: the nbaccel reference suite.
+
+    python -m benchmarks                          # full size, on the GPU if present (< 3 min)
+    python -m benchmarks --size small             # CI smoke size (< 60 s on 2 CPU cores)
+    python -m benchmarks --out results/suite.json # JSON + PNG plot (same name, .png)
+    python -m benchmarks compare old.json new.json [--threshold 0.10]   # exit 1 on a regression
+    python -m benchmarks.bench_amp                # issue 2's %%amp-vs-Timer benchmark
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from . import suite, workloads
+
+
+def main(argv=None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["compare"]:
+        p = argparse.ArgumentParser(prog="python -m benchmarks compare",
+                                    description="Compare two suite JSON files; exit 1 on a regression.")
+        p.add_argument("old")
+        p.add_argument("new")
+        p.add_argument("--threshold", type=float, default=0.10,
+                       help="a median more than this fraction slower is a regression (default 0.10)")
+        a = p.parse_args(argv[1:])
+        text, regressions = suite.compare(suite.load(a.old), suite.load(a.new), a.threshold)
+        print(text)
+        return 1 if regressions else 0
+    p = argparse.ArgumentParser(prog="python -m benchmarks", description=suite.__doc__.split("\n\n")[0],
+                                epilog="Subcommand: python -m benchmarks compare OLD.json NEW.json")
+    p.add_argument("--size", choices=["small", "full"], default="full")
+    p.add_argument("--device", default="auto", help="auto (GPU if present), cpu or cuda[:N]")
+    p.add_argument("--workloads", default=",".join(workloads.WORKLOADS),
+                   help="comma-separated subset of " + ",".join(workloads.WORKLOADS))
+    p.add_argument("--out", default="benchmark-results/suite.json", help="JSON results path")
+    p.add_argument("--plot", default=None, help="PNG path (default: --out with .png)")
+    p.add_argument("--no-plot", action="store_true")
+    a = p.parse_args(argv)
+    names = [n for n in a.workloads.split(",") if n]
+    unknown = set(names) - set(workloads.WORKLOADS)
+    if unknown:
+        p.error(f"unknown workload(s) {sorted(unknown)}; choose from {', '.join(workloads.WORKLOADS)}")
+    result = suite.run(a.size, a.device, names, log=suite.default_log)
+    print(suite.table(result))
+    suite.save(result, a.out)
+    print(f"\nwrote {a.out}")
+    if not a.no_plot:
+        png = a.plot or os.path.splitext(a.out)[0] + ".png"
+        suite.plot(result, png)
+        print(f"wrote {png}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

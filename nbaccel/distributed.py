@@ -1,0 +1,289 @@
+"""nbaccel under ``torchrun``: every rank measures itself, rank 0 sees them all.
+
+Nothing here runs unless the user calls it; ``nbaccel.compare_amp`` itself never talks to other
+ranks (it measures the calling rank only). Under ``torch.distributed``, call the wrappers::
+
+    import nbaccel.distributed as nd
+    res = nd.compare_amp(lambda: train_step(ddp_model, batch), dtype="bf16")   # on every rank
+    if nd.rank() == 0:
+        print(res.report)            # min / median / max across ranks, slowest rank named
+
+    with nd.profile("runs/prof") as prof:     # runs/prof/nbaccel.rank{r}.pt.trace.json per rank
+        train_step(ddp_model, batch)
+    with nd.memory_budget("6GiB") as b:       # per-rank peak, gathered as b.report
+        train_step(ddp_model, batch)
+
+or `gather_amp` / `gather` on a result you already have.
+
+How it avoids hangs: results are exchanged with ``all_gather_object`` on a gloo (CPU) group --
+the default group when it is gloo, otherwise one created once with ``new_group(backend="gloo")``
+-- so NCCL is never asked to move Python objects. Before any result is exchanged, every rank
+contributes an ok/error flag (`run_all`): if the code raised on any rank, *every* rank raises
+(the failing rank its own exception, the others `RankFailure` naming the failed ranks) instead of
+the healthy ranks waiting forever in a gather the failed rank never reaches. What this cannot
+rescue: a rank that dies or is interrupted (KeyboardInterrupt is never caught) or that raises
+*inside* the user's own collectives (DDP's all-reduce) -- those are bounded by the process
+group's ``timeout`` (pass ``timeout=`` to ``init_process_group``).
+
+Traces go one file per rank, ``<dir>/<name>.rank<r>.pt.trace.json``: the file names Holistic
+Trace Analysis globs for, and each trace carries ``distributedInfo.rank`` (written by Kineto
+whenever torch.distributed is initialized), which is what HTA reads the rank from.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import statistics
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+
+__all__ = ["is_distributed", "rank", "world_size", "run_all", "gather", "gather_amp", "compare_amp", "profile",
+           "memory_budget", "RankFailure", "RankReport", "trace_path", "summarize"]
+
+_CPU_GROUPS: dict = {}
+
+
+class RankFailure(RuntimeError):
+    """Raised on the healthy ranks when the measured code raised on other ranks."""
+
+    def __init__(self, failures: dict[int, str]):
+        self.failures = dict(failures)
+        ranks = ", ".join(map(str, sorted(failures)))
+        detail = "; ".join(f"rank {r}: {msg}" for r, msg in sorted(failures.items()))
+        super().__init__(f"the measured code raised on rank(s) {ranks}, so no result was gathered ({detail})")
+
+
+def is_distributed() -> bool:
+    return dist.is_available() and dist.is_initialized()
+
+
+def rank() -> int:
+    return dist.get_rank() if is_distributed() else 0
+
+
+def world_size() -> int:
+    return dist.get_world_size() if is_distributed() else 1
+
+
+def cpu_group():
+    """A gloo process group over all ranks (the default group when it is already gloo)."""
+    if dist.get_backend() == "gloo":
+        return None
+    key = id(dist.group.WORLD)
+    if key not in _CPU_GROUPS:
+        _CPU_GROUPS[key] = dist.new_group(backend="gloo")  # collective: every rank gets here together
+    return _CPU_GROUPS[key]
+
+
+def _all_gather(obj, group=None) -> list:
+    if not is_distributed():
+        return [obj]
+    out = [None] * world_size()
+    dist.all_gather_object(out, obj, group=group if group is not None else cpu_group())
+    return out
+
+
+def run_all(fn, group=None):
+    """Run ``fn()`` on this rank, then agree with every rank on whether all succeeded.
+
+    Returns ``fn()``'s value when every rank succeeded. Otherwise raises on every rank: the rank
+    whose code raised re-raises its own exception (with a note naming the other failed ranks),
+    the others raise `RankFailure`. Only ``Exception`` is caught; KeyboardInterrupt propagates.
+    """
+    error, value = None, None
+    try:
+        value = fn()
+    except Exception as exc:  # exchanged below, then re-raised unchanged on this rank
+        error = exc
+    status = _all_gather((rank(), None if error is None else f"{type(error).__name__}: {error}"), group)
+    failures = {r: msg for r, msg in status if msg is not None}
+    if error is not None:
+        others = {r: m for r, m in failures.items() if r != rank()}
+        if others and hasattr(error, "add_note"):
+            error.add_note(f"nbaccel.distributed: also failed on rank(s) {sorted(others)}")
+        raise error
+    if failures:
+        raise RankFailure(failures)
+    return value
+
+
+# --- gathered reports ---------------------------------------------------------------------------
+
+def summarize(values: dict[int, float], higher_is_slower: bool = True) -> dict:
+    """{rank: value} -> min / median / max and the slowest rank (largest value by default)."""
+    if not values:
+        return {"min": None, "median": None, "max": None, "slowest_rank": None, "spread": None}
+    ordered = sorted(values.items(), key=lambda kv: kv[1])
+    slowest = ordered[-1][0] if higher_is_slower else ordered[0][0]
+    lo, hi = ordered[0][1], ordered[-1][1]
+    return {"min": lo, "median": statistics.median(values.values()), "max": hi, "slowest_rank": slowest,
+            "spread": (hi - lo) / lo if lo else None}
+
+
+@dataclass
+class RankReport:
+    """One metric table across ranks. ``ranks`` is one dict per rank (rank order); ``metrics``
+    names the numeric fields summarized (larger = slower / bigger)."""
+
+    kind: str
+    ranks: list[dict]
+    metrics: list[str]
+    units: dict = field(default_factory=dict)
+
+    @property
+    def world_size(self) -> int:
+        return len(self.ranks)
+
+    def stats(self, metric: str) -> dict:
+        return summarize({r["rank"]: r[metric] for r in self.ranks if r.get(metric) is not None})
+
+    @property
+    def summary(self) -> dict:
+        return {m: self.stats(m) for m in self.metrics}
+
+    def to_dict(self) -> dict:
+        return {"kind": f"{self.kind}_ranks", "world_size": self.world_size, "ranks": self.ranks,
+                "summary": self.summary, "units": self.units}
+
+    def __str__(self) -> str:
+        lines = [f"nbaccel {self.kind} across {self.world_size} rank(s):",
+                 f"  {'metric':<22} {'min':>12} {'median':>12} {'max':>12}  slowest"]
+        for m in self.metrics:
+            s = self.stats(m)
+            if s["min"] is None:
+                continue
+            fmt = _formatter(self.units.get(m))
+            lines.append(f"  {m:<22} {fmt(s['min']):>12} {fmt(s['median']):>12} {fmt(s['max']):>12}  "
+                         f"rank {s['slowest_rank']} ({self.ranks[s['slowest_rank']].get('host', '?')})")
+        return "\n".join(lines)
+
+
+def _formatter(unit):
+    from .memory import format_bytes
+    from .timing import format_seconds
+
+    if unit == "s":
+        return format_seconds
+    if unit == "bytes":
+        return format_bytes
+    if unit == "us":
+        return lambda v: format_seconds(v / 1e6)
+    return lambda v: f"{v:.3g}"
+
+
+def _ident() -> dict:
+    return {"rank": rank(), "host": socket.gethostname(), "pid": os.getpid(),
+            "local_rank": int(os.environ.get("LOCAL_RANK", rank()))}
+
+
+def gather(kind: str, local: dict, metrics: list[str], units: dict | None = None, group=None) -> RankReport:
+    """All-gather one dict per rank into a `RankReport` (available on every rank)."""
+    rows = _all_gather({**_ident(), **local}, group)
+    rows.sort(key=lambda r: r["rank"])
+    return RankReport(kind, rows, metrics, units or {})
+
+
+def amp_row(result) -> dict:
+    row = {"amp_dtype": result.amp.name, "amp_median_s": result.amp.median,
+           "amp_peak_bytes": result.amp.memory.peak_bytes if result.amp.memory else None,
+           "device": result.device.label}
+    if result.baseline is not None:
+        row.update({"fp32_median_s": result.baseline.median, "speedup": result.speedup,
+                    "fp32_peak_bytes": result.baseline.memory.peak_bytes if result.baseline.memory else None})
+    return row
+
+
+_AMP_METRICS = ["fp32_median_s", "amp_median_s", "fp32_peak_bytes", "amp_peak_bytes"]
+_AMP_UNITS = {"fp32_median_s": "s", "amp_median_s": "s", "fp32_peak_bytes": "bytes", "amp_peak_bytes": "bytes"}
+
+
+def gather_amp(result, group=None) -> RankReport:
+    """Gather an `AmpResult` from every rank (call on every rank) into a `RankReport`."""
+    return gather("compare_amp", amp_row(result), _AMP_METRICS, _AMP_UNITS, group)
+
+
+@dataclass
+class DistributedAmp:
+    local: object  # this rank's AmpResult
+    report: RankReport
+
+
+def compare_amp(fn, *args, group=None, **kwargs) -> DistributedAmp:
+    """`nbaccel.compare_amp` on every rank, errors agreed on first (`run_all`), then gathered.
+
+    Every rank must call it with the same arguments: if ``fn`` contains collectives (DDP's
+    backward), all ranks run it the same number of times, so those collectives pair up.
+    """
+    from .amp import compare_amp as _compare_amp
+
+    local = run_all(lambda: _compare_amp(fn, *args, **kwargs), group)
+    return DistributedAmp(local, gather_amp(local, group))
+
+
+def trace_path(directory: str, name: str = "nbaccel", rank_: int | None = None) -> str:
+    """``<directory>/<name>.rank<r>.pt.trace.json`` -- one file per rank, as HTA expects."""
+    r = rank() if rank_ is None else rank_
+    return os.path.join(directory, f"{name}.rank{r}.pt.trace.json")
+
+
+@contextlib.contextmanager
+def profile(directory: str, name: str = "nbaccel", group=None, **kwargs):
+    """`nbaccel.profile` on every rank, its trace written to `trace_path`; afterwards ``.report``
+    holds each rank's profiled window and device/CPU time, gathered (``.result`` is this rank's).
+
+    If the body raises on any rank, every rank raises (see `run_all`), after its profiler stopped.
+    """
+    from .profile import profile as _profile
+
+    os.makedirs(directory, exist_ok=True)
+    prof = _profile(trace=trace_path(directory, name), **kwargs)
+    error = None
+    try:
+        with prof:
+            yield prof
+    except Exception as exc:  # agreed on with the other ranks below, then re-raised
+        error = exc
+    run_all(lambda: _reraise(error), group)
+    res = prof.result
+    row = {"trace": trace_path(directory, name), "window_us": res.window_us,
+           "device_time_us": res.device_time_us if res.on_device else None, "top_op": _top_op(res.ops)}
+    prof.report = gather("profile", row, ["window_us", "device_time_us"],
+                         {"window_us": "us", "device_time_us": "us"}, group)
+
+
+def _top_op(ops) -> str | None:
+    if not len(ops):
+        return None
+    for column in ("name", "op", "key"):
+        if column in ops.columns:
+            return str(ops.iloc[0][column])
+    return str(ops.index[0])
+
+
+def _reraise(error):
+    if error is not None:
+        raise error
+
+
+@contextlib.contextmanager
+def memory_budget(budget, group=None, **kwargs):
+    """`nbaccel.memory_budget` on every rank; afterwards ``.report`` holds every rank's peak of the
+    block against the budget (min/median/max, the rank with the largest peak named)."""
+    from .budget import memory_budget as _memory_budget
+
+    mb = _memory_budget(budget, **kwargs)
+    error = None
+    try:
+        with mb:
+            yield mb
+    except Exception as exc:  # agreed on with the other ranks below, then re-raised
+        error = exc
+    run_all(lambda: _reraise(error), group)
+    rec = mb.watcher.records[-1] if mb.watcher.records else None
+    row = {"peak_bytes": rec.used_bytes if rec else None, "budget_bytes": mb.budget,
+           "status": rec.status if rec else None, "device": str(mb.device)}
+    mb.report = gather("memory_budget", row, ["peak_bytes"], {"peak_bytes": "bytes"}, group)

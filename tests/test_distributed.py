@@ -1,0 +1,124 @@
+"""nbaccel.distributed: the gathered report under a real 2-process torchrun (gloo, CPU), the
+error path that must not hang, and the summary arithmetic."""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch.distributed as dist
+
+import nbaccel.distributed as nd
+
+WORKER = Path(__file__).with_name("test_distributed_worker.py")
+ROOT = Path(__file__).resolve().parents[1]
+
+pytestmark = pytest.mark.skipif(not (dist.is_available() and dist.is_gloo_available()),
+                                reason="this torch build has no gloo backend")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _torchrun(out: Path, mode: str, timeout: float = 90) -> subprocess.CompletedProcess:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
+           "--master-port", str(_free_port()), str(WORKER), str(out), mode]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc
+
+
+def _ranks(out: Path) -> list[dict]:
+    return [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)]
+
+
+@pytest.fixture(scope="module")
+def ddp_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("ddp")
+    _torchrun(out, "ok")
+    return out, _ranks(out)
+
+
+def test_gathered_amp_report_has_both_ranks(ddp_run):
+    _, (r0, r1) = ddp_run
+    report = r0["amp"]
+    assert report["world_size"] == 2
+    assert [row["rank"] for row in report["ranks"]] == [0, 1]
+    assert len({row["pid"] for row in report["ranks"]}) == 2
+    for metric in ("fp32_median_s", "amp_median_s", "fp32_peak_bytes", "amp_peak_bytes"):
+        s = report["summary"][metric]
+        assert s["min"] <= s["median"] <= s["max"]
+        assert s["slowest_rank"] in (0, 1)
+        assert s["max"] == max(row[metric] for row in report["ranks"])
+    assert all(row["amp_dtype"] == "bf16" for row in report["ranks"])
+    assert "across 2 rank(s)" in r0["amp_text"] and "slowest" in r0["amp_text"]
+    assert r1["amp"] == report  # every rank holds the same gathered report
+
+
+def test_slowest_rank_is_named(ddp_run):
+    _, (r0, _) = ddp_run
+    local = r0["local"]
+    assert local["summary"]["amp_median_s"]["slowest_rank"] == 1
+    assert local["summary"]["fp32_median_s"]["slowest_rank"] == 1
+
+
+def test_ddp_state_after_compare_amp_is_consistent_across_ranks(ddp_run):
+    _, (r0, r1) = ddp_run
+    assert r0["ddp_params_equal"] is True and r1["ddp_params_equal"] is True
+
+
+def test_one_trace_per_rank_in_hta_layout(ddp_run):
+    out, (r0, r1) = ddp_run
+    files = sorted(glob.glob(str(out / "traces" / "*.rank*.pt.trace.json")))
+    assert [os.path.basename(f) for f in files] == ["nbaccel.rank0.pt.trace.json", "nbaccel.rank1.pt.trace.json"]
+    for r, path in enumerate(files):
+        doc = json.loads(Path(path).read_text())
+        assert doc["distributedInfo"]["rank"] == r
+        assert doc["distributedInfo"]["world_size"] == 2
+        assert any(e.get("name", "").startswith("aten::") for e in doc["traceEvents"])
+    prof = r0["profile"]
+    assert [row["trace"] for row in prof["ranks"]] == [r0["trace"], r1["trace"]]
+    assert prof["summary"]["window_us"]["max"] > 0
+
+
+def test_memory_budget_gathered(ddp_run):
+    _, (r0, _) = ddp_run
+    b = r0["budget"]
+    assert [row["rank"] for row in b["ranks"]] == [0, 1]
+    assert all(row["budget_bytes"] == 4 * 2**30 for row in b["ranks"])
+    assert all(row["peak_bytes"] is not None and row["peak_bytes"] >= 0 for row in b["ranks"])
+
+
+def test_a_rank_that_raises_does_not_hang_the_others(tmp_path):
+    _torchrun(tmp_path, "raise", timeout=60)  # both ranks must exit well within the pg timeout
+    r0, r1 = _ranks(tmp_path)
+    assert r1["error"] == "ValueError" and "boom on rank 1" in r1["message"]
+    assert r0["error"] == "RankFailure" and "rank(s) 1" in r0["message"] and "boom on rank 1" in r0["message"]
+
+
+# --- no process group: the same API degrades to one rank ------------------------------------------
+
+def test_summary_arithmetic():
+    s = nd.summarize({0: 1.0, 1: 3.0, 2: 2.0})
+    assert s == {"min": 1.0, "median": 2.0, "max": 3.0, "slowest_rank": 1, "spread": 2.0}
+    assert nd.summarize({})["slowest_rank"] is None
+
+
+def test_without_process_group_it_is_one_rank():
+    assert not nd.is_distributed() and nd.rank() == 0 and nd.world_size() == 1
+    res = nd.compare_amp(lambda: None, dtype="bf16", device="cpu", warmup=0, repeat=2, state=[None])
+    assert res.report.world_size == 1
+    assert res.report.stats("amp_median_s")["slowest_rank"] == 0
+    with pytest.raises(ZeroDivisionError):
+        nd.run_all(lambda: 1 / 0)
+    assert nd.trace_path("d", rank_=3) == os.path.join("d", "nbaccel.rank3.pt.trace.json")

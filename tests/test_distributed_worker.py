@@ -1,0 +1,67 @@
+"""Worker for tests/test_distributed.py, launched by ``torchrun --nproc-per-node 2`` (no tests here).
+
+    torchrun ... tests/test_distributed_worker.py OUT_DIR ok|raise
+"""
+
+import datetime
+import json
+import os
+import sys
+
+import torch
+import torch.distributed as dist
+
+
+def main(out: str, mode: str) -> None:
+    import nbaccel.distributed as nd
+
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=40))
+    r = dist.get_rank()
+    result = {"rank": r}
+    try:
+        if mode == "raise":
+            def local_work():
+                if r == 1:
+                    raise ValueError("boom on rank 1")
+                return torch.ones(8) @ torch.ones(8)
+            try:
+                nd.compare_amp(local_work, dtype="bf16", warmup=0, repeat=2, state=[None])
+            except Exception as exc:  # the test checks which exception each rank saw
+                result.update(error=type(exc).__name__, message=str(exc))
+        else:
+            torch.manual_seed(0)
+            model = torch.nn.parallel.DistributedDataParallel(
+                torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 4)))
+            opt = torch.optim.SGD(model.parameters(), lr=0.1)
+            x = torch.randn(32, 32)
+
+            def step():
+                opt.zero_grad()
+                loss = model(x).pow(2).mean()
+                loss.backward()
+                opt.step()
+                return loss.detach()
+
+            amp = nd.compare_amp(step, dtype="bf16", warmup=1, repeat=3, state=[model, opt, x])
+            # Rank 1 does ~500x the work of rank 0, with no collective to wait in: it must be the slowest.
+            n = 64 if r == 0 else 512
+            a = torch.randn(n, n)
+            local = nd.compare_amp(lambda: a @ a, dtype="bf16", warmup=1, repeat=3, state=[a])
+            with nd.profile(os.path.join(out, "traces")) as prof:
+                step()
+            with nd.memory_budget("4GiB") as mb:
+                step()
+            params = [p.detach().clone() for p in model.parameters()]
+            gathered = [None] * dist.get_world_size()
+            dist.all_gather_object(gathered, [p.sum().item() for p in params])
+            result.update(ddp_params_equal=gathered[0] == gathered[1], amp=amp.report.to_dict(),
+                          amp_text=str(amp.report), local=local.report.to_dict(), profile=prof.report.to_dict(),
+                          budget=mb.report.to_dict(), trace=nd.trace_path(os.path.join(out, "traces")))
+    finally:
+        with open(os.path.join(out, f"rank{r}.json"), "w", encoding="utf-8") as f:
+            json.dump(result, f, default=str)
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2])
