@@ -1,0 +1,307 @@
+"""End to end: the quickstart notebook in a real JupyterLab, in headless Chromium, as a person sees it.
+
+Starts JupyterLab on a free loopback port with a random token, in a temporary copy of
+``notebooks/``, opens ``01_quickstart.ipynb`` in Debian's Chromium (``/usr/bin/chromium``, driven
+by Playwright through ``executable_path``; no browser is ever downloaded), runs every cell from the
+Run menu and checks what is drawn: the ``%%amp`` widget with a speedup figure, a widget that talks
+back to the kernel, (once those magics exist) the profiler table and the memory gauge, and a
+browser console free of widget errors.
+
+Screenshots go to ``$NBACCEL_SCREENSHOT_DIR`` when it is set (``docs/img`` to refresh the README's
+picture), else to pytest's temporary directory, so an ordinary test run leaves the checkout clean.
+
+Skips, saying why, only when Chromium, Playwright or JupyterLab cannot be found.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+NOTEBOOKS = ROOT / "notebooks"
+QUICKSTART = "01_quickstart.ipynb"
+CHROMIUM_CANDIDATES = ("/usr/bin/chromium", "/usr/bin/chromium-browser")
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+                 "--disable-sync", "--no-first-run", "--disable-quic"]
+
+SERVER_START_S = 90     # first start of JupyterLab on 2 busy cores can take a while
+PAGE_READY_MS = 90_000  # the notebook open and its kernel idle
+RUN_ALL_MS = 150_000    # every cell of the quickstart executed
+WIDGET_ERROR = re.compile(r"widget|comm|model", re.IGNORECASE)
+
+
+def _chromium() -> str | None:
+    for path in CHROMIUM_CANDIDATES:
+        if os.access(path, os.X_OK):
+            return path
+    return shutil.which("chromium")
+
+
+def _playwright():
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        return None
+    return sync_playwright
+
+
+def _has_jupyterlab() -> bool:
+    try:
+        import jupyterlab  # noqa: F401
+        import jupyterlab_widgets  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory):
+    """A JupyterLab server on 127.0.0.1 serving a scratch copy of notebooks/; killed on teardown."""
+    if not _has_jupyterlab():
+        pytest.skip("JupyterLab / jupyterlab_widgets are not installed: pip install -e '.[test]'")
+    root = tmp_path_factory.mktemp("lab")
+    work = root / "notebooks"
+    shutil.copytree(NOTEBOOKS, work, ignore=shutil.ignore_patterns(".ipynb_checkpoints"))
+    port, token = _free_port(), secrets.token_hex(16)
+    # User settings of this throwaway Lab: every cell in the page (no virtual scrolling, so the test can
+    # count and read them all) and no news pop-up over the notebook.
+    settings = root / "settings"
+    (settings / "@jupyterlab" / "notebook-extension").mkdir(parents=True)
+    (settings / "@jupyterlab" / "notebook-extension" / "tracker.jupyterlab-settings").write_text(
+        json.dumps({"windowingMode": "none"}))
+    (settings / "@jupyterlab" / "apputils-extension").mkdir(parents=True)
+    (settings / "@jupyterlab" / "apputils-extension" / "notification.jupyterlab-settings").write_text(
+        json.dumps({"fetchNews": "false", "checkForUpdates": False}))
+    env = {**os.environ, "JUPYTER_CONFIG_DIR": str(root / "config"), "JUPYTER_RUNTIME_DIR": str(root / "runtime"),
+           "JUPYTERLAB_SETTINGS_DIR": str(settings), "JUPYTERLAB_WORKSPACES_DIR": str(root / "workspaces"),
+           "PYTHONUNBUFFERED": "1"}
+    cmd = [sys.executable, "-m", "jupyterlab", "--no-browser", "--ip=127.0.0.1", f"--port={port}",
+           "--ServerApp.port_retries=0", f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={work}",
+           f"--LabApp.workspaces_dir={root / 'workspaces'}", "--LabApp.news_url=",
+           "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate", "--ServerApp.terminals_enabled=False"]
+    if hasattr(os, "geteuid") and os.geteuid() == 0:
+        cmd.append("--allow-root")  # CI containers run as root; the server still only listens on loopback
+    log_path = root / "server.log"
+    log = open(log_path, "wb")
+    proc = subprocess.Popen(cmd, cwd=work, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + SERVER_START_S
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"JupyterLab exited with {proc.returncode}:\n{log_path.read_text()[-3000:]}")
+            try:
+                with urllib.request.urlopen(f"{base}/api/status?token={token}", timeout=5) as r:
+                    if r.status == 200:
+                        break
+            except (urllib.error.URLError, OSError):
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"JupyterLab did not answer within {SERVER_START_S}s:\n{log_path.read_text()[-3000:]}")
+            time.sleep(0.5)
+        yield {"url": base, "token": token, "root": work, "log": log_path}
+    finally:
+        # The whole process group: the server and the kernels it started.
+        try:
+            os.killpg(proc.pid, signal.SIGTERM)
+            proc.wait(timeout=20)
+        except ProcessLookupError:
+            pass
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=10)
+        log.close()
+
+
+@pytest.fixture(scope="module")
+def browser():
+    chromium = _chromium()
+    if chromium is None:
+        pytest.skip("Chromium not found at /usr/bin/chromium: apt-get install chromium (never a downloaded build)")
+    sync_playwright = _playwright()
+    if sync_playwright is None:
+        pytest.skip("Playwright for Python is not installed: pip install -e '.[test]'")
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=chromium, headless=True, args=CHROMIUM_ARGS)
+        try:
+            yield b
+        finally:
+            b.close()
+
+
+@pytest.fixture
+def screenshot_dir(tmp_path):
+    target = os.environ.get("NBACCEL_SCREENSHOT_DIR")
+    path = Path(target) if target else tmp_path / "screenshots"
+    if not path.is_absolute():
+        path = ROOT / path
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def _wait_for_idle_kernel(lab, timeout_s: float):
+    """The notebook's session has a kernel and that kernel is idle (asked from the server's REST API)."""
+    deadline = time.monotonic() + timeout_s
+    state = None
+    while time.monotonic() < deadline:
+        with urllib.request.urlopen(f"{lab['url']}/api/sessions?token={lab['token']}", timeout=10) as r:
+            sessions = json.load(r)
+        states = [s["kernel"]["execution_state"] for s in sessions if s.get("kernel") and
+                  s.get("path", "").endswith(QUICKSTART)]
+        state = states[0] if states else None
+        if state == "idle":
+            return
+        time.sleep(0.5)
+    raise AssertionError(f"the quickstart's kernel did not become idle within {timeout_s:.0f}s (last state: {state})")
+
+
+def _run_all_cells(page):
+    """Run > Run All Cells, from the menu bar, as a person would."""
+    page.locator("#jp-MainMenu").get_by_text("Run", exact=True).click()
+    page.locator(".lm-Menu-content").get_by_text("Run All Cells", exact=True).click()
+    # Should the page have lost its kernel, Lab asks which one to start: take its suggestion, as a person would.
+    dialog = page.locator(".jp-Dialog").filter(has_text="Select Kernel")
+    try:
+        dialog.wait_for(state="visible", timeout=3_000)
+    except Exception:  # noqa: BLE001 - playwright's TimeoutError: no dialog, the usual case
+        return
+    dialog.get_by_role("button", name="Select").click()
+
+
+def _wait_until_executed(page, n_code_cells: int, timeout_ms: int):
+    """Every code cell has a number in its prompt (``[*]`` means still running) and the kernel is idle."""
+    page.wait_for_function(
+        """(n) => {
+            const prompts = [...document.querySelectorAll('.jp-Notebook .jp-CodeCell .jp-InputPrompt')]
+                .map(p => p.textContent.trim());
+            const done = prompts.filter(t => /^\\[\\d+\\]:$/.test(t)).length;
+            const busy = prompts.some(t => t.includes('*'));
+            return prompts.length === n && done === n && !busy;
+        }""",
+        arg=n_code_cells, timeout=timeout_ms, polling=500,
+    )
+
+
+def test_quickstart_widgets_render_in_jupyterlab(lab, browser, screenshot_dir):
+    import nbformat
+
+    nb = nbformat.read(lab["root"] / QUICKSTART, as_version=4)
+    sources = [c.source for c in nb.cells if c.cell_type == "code"]
+    has_profile = any(s.lstrip().startswith("%%profile_gpu") for s in sources)
+    has_budget = any("%memory_budget" in s for s in sources)
+
+    console_errors: list[str] = []
+    page_errors: list[str] = []
+    context = browser.new_context(viewport={"width": 1400, "height": 1000})
+    page = context.new_page()
+    page.on("console", lambda m: console_errors.append(m.text) if m.type == "error" else None)
+    page.on("pageerror", lambda e: page_errors.append(str(e)))
+    try:
+        page.goto(f"{lab['url']}/lab/tree/{QUICKSTART}?token={lab['token']}", timeout=PAGE_READY_MS)
+        page.locator(".jp-Notebook .jp-CodeCell").first.wait_for(timeout=PAGE_READY_MS)
+        # The kernel must be up before Run All (else Lab asks which kernel to start).
+        _wait_for_idle_kernel(lab, PAGE_READY_MS / 1000)
+        page.wait_for_function(
+            "() => /Idle/.test(document.querySelector('#jp-main-statusbar')?.innerText || '')", timeout=PAGE_READY_MS)
+        page.wait_for_function("n => document.querySelectorAll('.jp-Notebook .jp-CodeCell').length === n",
+                               arg=len(sources), timeout=30_000)
+
+        started = time.monotonic()
+        _run_all_cells(page)
+        _wait_until_executed(page, len(sources), RUN_ALL_MS)
+        run_seconds = time.monotonic() - started
+
+        notebook = page.locator(".jp-Notebook")
+        errors = notebook.locator(".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stderr']")
+        tracebacks = [t for t in errors.all_inner_texts() if "Traceback" in t or "Error" in t]
+        assert not tracebacks, f"a cell raised in JupyterLab:\n{tracebacks[0][:2000]}"
+
+        # The %%amp widget: drawn by the widget manager (the class is only on the ipywidgets VBox,
+        # not on the static HTML fallback), with a speedup figure a person can read.
+        amp = notebook.locator(".nbaccel-amp")
+        amp.first.wait_for(state="visible", timeout=30_000)
+        assert amp.count() == 1
+        speedup = amp.locator(".nbaccel-speedup")
+        assert re.fullmatch(r"\d+\.\d{2}x", speedup.inner_text().strip()), speedup.inner_text()
+        amp.first.scroll_into_view_if_needed()
+        amp.first.screenshot(path=str(screenshot_dir / "amp_widget.png"))
+
+        # The widget is live, not a picture: switching the operator filter goes through the kernel
+        # (an observer there rewrites the table) and back.
+        amp.get_by_role("tab", name="Operators").click()
+        ops_table = amp.locator(".widget-tab-contents table").first
+        ops_table.wait_for(state="visible", timeout=10_000)
+        all_ops = ops_table.inner_text()
+        assert "aten." in all_ops
+        amp.get_by_role("button", name="fp32", exact=True).click()
+        page.wait_for_function(
+            """([el, before]) => el.innerText !== before""",
+            arg=[ops_table.element_handle(), all_ops], timeout=15_000)
+        filtered = amp.locator(".widget-tab-contents table").first.inner_text()
+        assert filtered != all_ops
+
+        if has_profile:
+            _check_profiler_table(page, notebook, screenshot_dir)
+        if has_budget:
+            _check_memory_gauge(notebook, screenshot_dir)
+
+        body = notebook.inner_text()
+        assert "Error displaying widget" not in body
+        assert "Loading widget..." not in body, "a widget never finished loading (is jupyterlab_widgets installed?)"
+        page.screenshot(path=str(screenshot_dir / "quickstart_lab.png"), full_page=True)
+
+        widget_errors = [e for e in console_errors + page_errors if WIDGET_ERROR.search(e)]
+        assert not widget_errors, "the browser console reported widget errors:\n" + "\n".join(widget_errors)
+        print(f"\nRun All took {run_seconds:.1f}s in JupyterLab; screenshots in {screenshot_dir}")
+    except Exception:
+        page.screenshot(path=str(screenshot_dir / "failure.png"), full_page=True)
+        print(f"failure screenshot: {screenshot_dir / 'failure.png'}; server log: {lab['log']}")
+        print("console errors:", *console_errors[-20:], sep="\n  ")
+        raise
+    finally:
+        context.close()
+
+
+def _check_profiler_table(page, notebook, screenshot_dir):
+    """The %%profile_gpu widget lists aten:: operators, and a click on a column header re-sorts them."""
+    prof = notebook.locator(".nbaccel-profile")
+    prof.first.wait_for(state="visible", timeout=30_000)
+    table = prof.locator("table").first
+    rows_before = table.locator("tbody tr").all_inner_texts()
+    assert any("aten::" in r for r in rows_before), "the profiler table lists no aten:: operators"
+    header = table.locator("th").filter(has_text=re.compile("calls|name|op", re.IGNORECASE)).first
+    header.click()
+    page.wait_for_function("""([el, before]) => el.innerText !== before""",
+                           arg=[table.element_handle(), "\n".join(rows_before)], timeout=15_000)
+    rows_after = prof.locator("table").first.locator("tbody tr").all_inner_texts()
+    assert rows_after != rows_before and sorted(rows_after) == sorted(rows_before), "sorting changed the rows"
+    prof.first.screenshot(path=str(screenshot_dir / "profile_widget.png"))
+
+
+def _check_memory_gauge(notebook, screenshot_dir):
+    """The %memory_budget gauge is drawn (an element with a size, not an empty box)."""
+    gauge = notebook.locator(".nbaccel-budget .nbaccel-gauge")
+    gauge.first.wait_for(state="visible", timeout=30_000)
+    box = gauge.first.bounding_box()
+    assert box and box["width"] > 10 and box["height"] > 2, f"the memory gauge is not drawn: {box}"
+    notebook.locator(".nbaccel-budget").first.screenshot(path=str(screenshot_dir / "memory_budget_widget.png"))
