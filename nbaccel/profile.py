@@ -317,7 +317,12 @@ def _read_json(path: str) -> dict:
         raw = fh.read()
     if raw[:2] == b"\x1f\x8b":
         raw = gzip.decompress(raw)
-    return json.loads(raw)
+    try:
+        return json.loads(raw)
+    except json.JSONDecodeError as exc:
+        # Seen with torch 2.13: Kineto does not escape '"' in record_function names.
+        raise ProfileError(f"torch.profiler wrote a trace that is not valid JSON ({exc}); a record_function "
+                           "name containing a double quote causes this -- rename it") from exc
 
 
 # --- trace files ---------------------------------------------------------------------------------
@@ -400,6 +405,7 @@ TRANSFER_SHARE = 0.10        # host<->device copies as a share of device time
 CONV_SHARE = 0.10            # conv share of device time for the cudnn.benchmark advice
 SMALL_OP_US = 20.0           # CPU: median self time of ops below which dispatch overhead dominates
 MANY_OPS = 500
+UNALIGNED_SHARE = 0.01       # unaligned matmuls below 1% of the time are listed, not advised on
 
 
 @dataclass
@@ -678,9 +684,10 @@ def advise(result: ProfileResult) -> list[str]:
         names = ", ".join(sorted(set(misses["name"])))
         notes.append(f"fp32 matmul/conv ops ran without Tensor Cores ({misses['share'].sum():.0%} of device time: "
                      f"{names}); enable TF32 (torch.backends.cuda.matmul.fp32_precision = 'tf32') or use %%amp.")
-    if result.unaligned:
+    significant = [e for e in result.unaligned if total > 0 and e["time_us"] / total >= UNALIGNED_SHARE]
+    if significant:
         pairs = {}
-        for entry in result.unaligned:
+        for entry in significant:
             for dim, size in entry["unaligned"].items():
                 pairs[size] = entry["pad_to"][dim]
         shown = sorted(pairs.items())[:6]

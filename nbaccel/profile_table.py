@@ -266,7 +266,8 @@ def group_ops(ops: pd.DataFrame, group: str = "op", device_total_us: float = 0.0
 def sort_table(table: pd.DataFrame, column: str, ascending: bool = False) -> pd.DataFrame:
     if column not in table.columns:
         raise ValueError(f"cannot sort by {column!r}; columns: {', '.join(table.columns)}")
-    key = (lambda s: s.str.lower()) if table[column].dtype == object else None
+    numeric = pd.api.types.is_numeric_dtype(table[column])
+    key = None if numeric else (lambda s: s.astype(str).str.lower().where(s.notna()))
     return table.sort_values(column, ascending=ascending, kind="stable", na_position="last",
                              key=key).reset_index(drop=True)
 
@@ -327,7 +328,7 @@ def _gemm_dims(name: str, dims) -> dict | None:
         return [int(x) for x in s] if isinstance(s, (list, tuple)) and s else None
 
     base = name.split("::")[-1]
-    if base in ("mm", "bmm", "matmul"):
+    if base in ("mm", "bmm", "matmul", "_int_mm", "_scaled_mm"):
         a, b = shape(0), shape(1)
     elif base in ("addmm", "baddbmm", "addbmm"):
         a, b = shape(1), shape(2)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import re
 
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, magics_class
@@ -100,6 +101,9 @@ def annotated_cell_function(shell, cell: str):
 
     def label(node) -> str:
         text = lines[node.lineno - 1].strip() if 0 < node.lineno <= len(lines) else ""
+        # Kineto (torch 2.13) writes names into the JSON unescaped: a '"' breaks the trace, a
+        # backslash becomes '/', and a name with a tab or non-ASCII becomes "unknown".
+        text = re.sub(r"[^\x20-\x7e]", "?", text).replace('"', "'").replace("\\", "/")
         return f"{CELL_LINE}{node.lineno}: {text}"
 
     wrapped = []

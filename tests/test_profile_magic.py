@@ -1,0 +1,416 @@
+"""%%profile_gpu through a real InteractiveShell: every option, the CPU fallback, traces, faults, widget."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+import torch
+from IPython.core.error import UsageError
+
+import nbaccel
+from nbaccel.analysis import load_trace
+from nbaccel.render import display as display_module
+from nbaccel.render import profile as render_profile
+
+SETUP = """
+import torch
+torch.manual_seed(0)
+a = torch.randn(1000, 1000)
+b = torch.randn(1000, 1001)
+m = torch.nn.Linear(64, 10)
+x = torch.randn(32, 64)
+runs = 0
+"""
+
+CELL = """%%profile_gpu {opts}
+runs += 1
+print("printed by the cell")
+y = a @ b
+z = m(x).relu().sum()
+z
+"""
+
+
+def profile_cell(run_cell, ip, opts="-q -r prof"):
+    run_cell(SETUP)
+    result, captured = run_cell(CELL.format(opts=opts))
+    return ip.user_ns.get("prof"), result, captured
+
+
+def bundle(captured):
+    rich = [o.data for o in captured.outputs if "text/html" in o.data]
+    assert rich, "no rich output was displayed"
+    return rich[0]
+
+
+# --- what it shows -------------------------------------------------------------------------------
+
+def test_default_profile_on_cpu_says_so_and_shows_full_names(run_cell, ip):
+    prof, result, captured = profile_cell(run_cell, ip, opts="-r prof")
+    data = bundle(captured)
+    text = data["text/plain"]
+    assert "CPU only (no CUDA device: CPU ops profiled)" in text
+    assert "aten::mm" in text and "aten::addmm" in text
+    assert "peak unknown" in text
+    assert "CPU only" in data["text/html"]
+    # The cell ran once, its output shown once, its last value is the cell's value.
+    assert ip.user_ns["runs"] == 1
+    assert captured.stdout.count("printed by the cell") == 1
+    assert isinstance(result.result, torch.Tensor)
+    assert prof.value is result.result
+    ops = prof.ops
+    assert len(ops) > 5 and ops["cpu_self_us"].is_monotonic_decreasing  # default sort: self CPU time
+    assert ops.iloc[0]["name"] == "aten::mm"  # the 1000x1000x1001 matmul dominates
+    assert prof.header["flops"] >= 2 * 1000 * 1000 * 1001  # FLOPs from shapes, the matmul counted once
+    assert prof.header["device_time_us"] is None and prof.tensor_cores.value is None
+
+
+def test_categories_add_up_and_matmul_dominates(run_cell, ip):
+    prof, _, _ = profile_cell(run_cell, ip)
+    cats = prof.categories
+    assert cats.iloc[0]["category"] == "matmul/conv"
+    assert cats["percent"].sum() == pytest.approx(100.0)
+    assert set(cats["category"]) <= set(nbaccel.analysis.CATEGORIES)
+    assert "time by category" in str(prof) and "matmul/conv" in str(prof)
+
+
+def test_shape_advice_pads_1001_to_1008(run_cell, ip):
+    prof, _, _ = profile_cell(run_cell, ip)
+    mm = [e for e in prof.unaligned if e["op"] == "aten::mm" and e["shapes"] == "1000x1000, 1000x1001"]
+    assert mm and mm[0]["unaligned"] == {"N": 1001} and mm[0]["pad_to"] == {"N": 1008}
+    assert any("1001 -> pad to 1008" in a for a in prof.advice)
+    assert "N=1001 -> 1008" in str(prof)
+
+
+@pytest.mark.parametrize("key, column", [("calls", "calls"), ("flops", "flops"), ("cpu", "cpu_total_us"),
+                                         ("self", "cpu_self_us")])
+def test_sort_option(run_cell, ip, key, column):
+    prof, _, _ = profile_cell(run_cell, ip, opts=f"-q -r prof --sort {key}")
+    values = prof.ops[column].fillna(-1).tolist()
+    assert values == sorted(values, reverse=True)
+    assert prof.default_sort == key
+
+
+def test_top_limits_the_displayed_rows(run_cell, ip):
+    prof, _, captured = profile_cell(run_cell, ip, opts="-r prof --top 2")
+    text = bundle(captured)["text/plain"]
+    assert "top 2 of" in text
+    table = text.split("rows by self")[1].split("time by category")[0]
+    assert len([line for line in table.splitlines() if line.startswith("aten::")]) == 2
+    assert len(prof.ops) > 2  # the result keeps every row
+
+
+def test_memory_option_records_allocations(run_cell, ip):
+    prof, _, _ = profile_cell(run_cell, ip, opts="-q -r prof --memory --sort memory")
+    mm = prof.ops.set_index("name").loc["aten::mm"]
+    assert mm["self_memory_bytes"] >= 1000 * 1001 * 4  # the fp32 result of a @ b
+    assert prof.ops["memory_bytes"].fillna(-1).is_monotonic_decreasing
+    assert "mem alloc" in str(prof)
+
+
+def test_without_memory_there_is_no_memory_column(run_cell, ip):
+    prof, _, _ = profile_cell(run_cell, ip)
+    assert prof.ops["memory_bytes"].isna().all()
+    assert "mem alloc" not in str(prof)
+
+
+def test_shapes_groups_by_input_shape(run_cell, ip):
+    prof, _, _ = profile_cell(run_cell, ip, opts="-q -r prof --shapes")
+    assert prof.options.group == "op+shape"
+    rows = prof.ops[prof.ops["name"] == "aten::mm"]
+    assert "1000x1000, 1000x1001" in set(rows["shapes"])
+    assert "input shapes" in str(prof)
+
+
+def test_stack_groups_by_cell_line(run_cell, ip):
+    prof, _, _ = profile_cell(run_cell, ip, opts="-q -r prof --stack")
+    table = prof.ops
+    assert table.iloc[0]["source"] == "cell line 3: y = a @ b"
+    assert "aten::mm" in table.iloc[0]["name"]
+    lines = set(table["source"])
+    assert "cell line 4: z = m(x).relu().sum()" in lines
+    # An op and the ops inside it are one call of the line, not several.
+    assert table.iloc[0]["calls"] == 1
+
+
+def test_stack_attributes_ops_to_user_functions(run_cell, ip):
+    run_cell(SETUP + "def helper(t):\n    return (t @ t).sum()\n")
+    run_cell("%%profile_gpu -q -r prof --stack\nhelper(a)\n")
+    sources = ip.user_ns["prof"].ops["source"].tolist()
+    assert any(s and s.endswith(": helper") for s in sources)
+
+
+def test_warmup_and_steps_run_the_cell_that_many_times(run_cell, ip):
+    prof, _, captured = profile_cell(run_cell, ip, opts="-q -r prof --warmup 2 --steps 3")
+    assert ip.user_ns["runs"] == 5  # documented: the cell runs warmup + steps times, like a loop
+    assert captured.stdout.count("printed by the cell") == 1  # only the last run's output is shown
+    assert len(prof.step_times_us) == 3  # only the active steps are in the profile
+    calls = prof.ops.set_index("name").loc["aten::mm", "calls"]
+    assert calls == 3
+
+
+def test_trace_file_is_valid_chrome_json_with_the_cells_ops(run_cell, ip, tmp_path):
+    path = tmp_path / "step.json"
+    prof, _, captured = profile_cell(run_cell, ip, opts=f"-r prof --trace {path}")
+    doc = json.loads(path.read_text())
+    names = {e.get("name") for e in doc["traceEvents"] if e.get("cat") == "cpu_op"}
+    assert {"aten::mm", "aten::addmm", "aten::relu"} <= names
+    assert prof.trace_path == str(path)
+    assert str(path) in bundle(captured)["text/plain"] and "ui.perfetto.dev" in bundle(captured)["text/plain"]
+    # export_chrome_trace writes the same trace; the analysis loader reads it back.
+    out = prof.export_chrome_trace(str(tmp_path / "again.json.gz"))
+    assert set(load_trace(out).ops["name"]) == set(load_trace(str(path)).ops["name"])
+
+
+def test_trace_gz_file(run_cell, ip, tmp_path):
+    path = tmp_path / "step.json.gz"
+    profile_cell(run_cell, ip, opts=f"-q -r prof --trace {path}")
+    assert "aten::mm" in set(load_trace(str(path)).ops["name"])
+
+
+def test_trace_folder_has_one_file_per_step_in_tensorboard_layout(run_cell, ip, tmp_path):
+    folder = tmp_path / "runs" / "profile"
+    prof, _, _ = profile_cell(run_cell, ip, opts=f"-q -r prof --warmup 1 --steps 3 --trace {folder}")
+    files = sorted(folder.iterdir())
+    assert len(files) == 3 and [str(f) for f in files] == sorted(prof.trace_files)
+    for f in files:
+        assert re.fullmatch(r".+_\d+\.\d+\.pt\.trace\.json", f.name), f.name
+        doc = json.loads(f.read_text())
+        steps = [e["name"] for e in doc["traceEvents"] if str(e.get("name", "")).startswith("ProfilerStep#")]
+        assert len(steps) == 1
+        assert "aten::mm" in {e.get("name") for e in doc["traceEvents"]}
+    assert len({f.name.split(".")[1] for f in files}) == 3  # distinct span names
+
+
+def test_amp_profiles_under_the_recipe_and_restores_it(run_cell, ip):
+    prof, _, _ = profile_cell(run_cell, ip, opts="-q -r prof --amp bf16")
+    assert "autocast bf16" in prof.header["recipe"]
+    mm = prof.op_events[prof.op_events["name"] == "aten::mm"]
+    assert set(mm["dtype"]) == {"bf16"}
+    assert not torch.is_autocast_enabled("cpu")
+    assert "autocast bf16" in str(prof)
+
+
+def test_device_cpu_and_quiet(run_cell, ip):
+    _, _, captured = profile_cell(run_cell, ip, opts="-q -r prof --device cpu")
+    assert not [o for o in captured.outputs if "text/html" in o.data]
+    assert ip.user_ns["prof"].device.type == "cpu"
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-CUDA message")
+def test_device_cuda_without_gpu_is_a_usage_error(ip):
+    with pytest.raises(UsageError, match="sees no CUDA GPU"):
+        ip.run_cell_magic("profile_gpu", "--device cuda", "1")
+
+
+def test_to_dict_is_json_safe(run_cell, ip):
+    prof, _, _ = profile_cell(run_cell, ip, opts="-q -r prof --memory --stack")
+    data = json.loads(json.dumps(prof.to_dict(), allow_nan=False))
+    assert data["kind"] == "profile" and data["schema_version"] >= 1
+    assert data["ops"] and data["categories"] and data["advice"]
+    assert data["options"]["memory"] is True
+
+
+# --- the widget, as a user drives it -------------------------------------------------------------
+
+def _walk(widget):
+    yield widget
+    for child in getattr(widget, "children", ()):
+        yield from _walk(child)
+
+
+def _control(box, cls_name, description):
+    found = [w for w in _walk(box) if type(w).__name__ == cls_name and getattr(w, "description", None) == description]
+    assert len(found) == 1, f"no single {cls_name} {description!r}"
+    return found[0]
+
+
+def _ops_html(box):
+    tab = next(w for w in _walk(box) if type(w).__name__ == "Tab")
+    return tab.children[0].children[-1].value
+
+
+def _first_column(html):
+    return re.findall(r'<tr><td class="name">([^<]*)</td>', html)
+
+
+def test_widget_controls_change_the_table(run_cell, ip, monkeypatch):
+    monkeypatch.setattr(display_module, "WIDGETS", "always")
+    prof, _, captured = profile_cell(run_cell, ip, opts="-r prof --stack")
+    assert "application/vnd.jupyter.widget-view+json" in bundle(captured)
+    box = render_profile.widget(prof)
+    group = _control(box, "ToggleButtons", "group by")
+    assert group.value == "source" and _first_column(_ops_html(box))[0] == "cell line 3: y = a @ b"
+
+    group.value = "op"
+    names = _first_column(_ops_html(box))
+    assert names[0] == "aten::mm"
+
+    sort = _control(box, "Dropdown", "sort by")
+    sort.value = "calls"
+    by_calls = _first_column(_ops_html(box))
+    assert by_calls != names
+    calls = prof.table(group="op", sort="calls")
+    assert by_calls[0] == calls.iloc[0]["name"]
+
+    _control(box, "Checkbox", "ascending").value = True
+    assert _first_column(_ops_html(box))[0] == prof.table(group="op", sort="calls", ascending=True).iloc[0]["name"]
+
+    name_filter = _control(box, "Text", "filter")
+    name_filter.value = "mm"
+    filtered = _first_column(_ops_html(box))
+    assert filtered and all("mm" in n for n in filtered)
+    status = [w for w in _walk(box) if type(w).__name__ == "HTML" and "rows matching" in w.value]
+    assert status and f"{len(filtered)} of {len(filtered)} rows" in status[0].value
+    name_filter.value = ""
+
+    top = _control(box, "IntSlider", "top K")
+    top.value = 1
+    assert len(_first_column(_ops_html(box))) == 1
+
+    group.value = "op+shape"
+    assert "input shapes" in _ops_html(box) and "1000x1000, 1000x1001" in _ops_html(box)
+
+
+def test_widget_builds_with_breakdown_and_advice_tabs(run_cell, ip):
+    prof, _, _ = profile_cell(run_cell, ip)
+    box = render_profile.widget(prof)
+    tab = next(w for w in _walk(box) if type(w).__name__ == "Tab")
+    assert [tab.get_title(i) for i in range(4)] == ["Operators", "Breakdown", "Tensor Cores & shapes", "Advice"]
+    assert "matmul/conv" in tab.children[1].value
+    assert "1008" in tab.children[2].value and "1008" in tab.children[3].value
+
+
+# --- bad input and faults ------------------------------------------------------------------------
+
+@pytest.mark.parametrize("line, message", [
+    ("--steps 0", "--steps must be at least 1"),
+    ("--top 0", "--top must be at least 1"),
+    ("--warmup -1", "--warmup must be at least 0"),
+    ("--sort bogus", "invalid choice"),
+    ("--sort device", "--sort device needs a CUDA device"),
+    ("--sort memory", "--sort memory needs --memory"),
+    ("--amp fp8", "--amp fp8 is not supported"),
+    ("--bogus", "unrecognized arguments"),
+    ("-r 1abc", "-r/--result takes a Python variable name"),
+    ("--trace /proc/version/trace.json", "does not exist"),
+    ("--trace /proc/version", "exists and is not a folder"),
+])
+def test_bad_input_is_a_usage_error_before_the_cell_runs(ip, line, message):
+    if "device" in line and torch.cuda.is_available():
+        pytest.skip("--sort device is valid on a CUDA machine")
+    ip.user_ns["ran"] = 0
+    with pytest.raises(UsageError, match=re.escape(message)):
+        ip.run_cell_magic("profile_gpu", line, "ran += 1")
+    assert ip.user_ns["ran"] == 0
+
+
+def test_unwritable_trace_folder_is_refused(ip, tmp_path, monkeypatch):
+    import nbaccel.profile as _  # noqa: F401 - the module, not the function nbaccel.profile
+    import sys
+
+    module = sys.modules["nbaccel.profile"]
+    monkeypatch.setattr(module.os, "access", lambda path, mode: False)
+    ip.user_ns["ran"] = 0
+    with pytest.raises(UsageError, match="not writable"):
+        ip.run_cell_magic("profile_gpu", f"--trace {tmp_path}/t.json", "ran += 1")
+    assert ip.user_ns["ran"] == 0
+
+
+def test_empty_cell_is_a_usage_error(ip):
+    with pytest.raises(UsageError, match="needs code"):
+        ip.run_cell_magic("profile_gpu", "", "  \n")
+
+
+def test_a_running_profiler_is_refused(ip):
+    ip.user_ns["ran"] = 0
+    with torch.profiler.profile():
+        with pytest.raises(UsageError, match="another torch profiler is already running"):
+            ip.run_cell_magic("profile_gpu", "", "ran += 1")
+    assert ip.user_ns["ran"] == 0
+
+
+def test_cell_that_raises_stops_the_profiler_and_propagates(run_cell, ip):
+    run_cell(SETUP)
+    result, captured = run_cell("%%profile_gpu --amp bf16 --warmup 1 --steps 2 -r prof\nruns += 1\ny = a @ b\n"
+                                "if runs == 2: raise ValueError('boom in run 2')\n", expect_error=ValueError)
+    assert "boom in run 2" in str(result.error_in_exec)
+    assert "partial profile discarded" in captured.stderr
+    assert "prof" not in ip.user_ns
+    assert not torch._C._autograd._profiler_enabled()
+    assert not torch.is_autocast_enabled("cpu")
+    # The next profile works.
+    run_cell("%%profile_gpu -q -r prof\ny = a @ b\n")
+    assert ip.user_ns["prof"].ops.iloc[0]["name"] == "aten::mm"
+
+
+def test_keyboard_interrupt_stops_the_profiler_and_is_reraised(ip, run_cell):
+    run_cell(SETUP)
+    with pytest.raises(KeyboardInterrupt):
+        ip.run_cell_magic("profile_gpu", "--steps 3 -q", "runs += 1\nif runs == 2: raise KeyboardInterrupt\n")
+    assert ip.user_ns["runs"] == 2
+    assert not torch._C._autograd._profiler_enabled()
+
+
+def test_kineto_start_stop_lines_do_not_leak_to_stderr(run_cell, ip, capfd):
+    run_cell(SETUP)
+    capfd.readouterr()
+    run_cell("%%profile_gpu -q --warmup 1 --steps 2\ny = a @ b\n")
+    err = capfd.readouterr().err
+    assert "profiler_start" not in err and "profiler_stop" not in err
+
+
+def test_other_stderr_lines_are_kept_by_the_filter(capfd):
+    import os
+    import sys
+
+    quiet_kineto = sys.modules["nbaccel.profile"].quiet_kineto
+    with quiet_kineto():
+        os.write(2, b"USDT:2026-11-29 23:43:40 1:1 SyncActivityProfilerHandler.cpp:52] profiler_start\n")
+        os.write(2, b"a real warning\n")
+    err = capfd.readouterr().err
+    assert "a real warning" in err and "profiler_start" not in err
+
+
+def test_help_is_accurate(ip):
+    doc = ip.magics_manager.magics["cell"]["profile_gpu"].__doc__
+    for option in ("--top", "--sort", "--memory", "--shapes", "--stack", "--warmup", "--steps", "--trace", "--amp",
+                   "--device", "--result", "--quiet", "W+S times"):
+        assert option in doc, option
+
+
+def test_unload_removes_the_magic(ip):
+    assert "profile_gpu" in ip.magics_manager.magics["cell"]
+    ip.run_line_magic("unload_ext", "nbaccel")
+    assert "profile_gpu" not in ip.magics_manager.magics["cell"]
+    ip.run_line_magic("load_ext", "nbaccel")
+    assert "profile_gpu" in ip.magics_manager.magics["cell"]
+
+
+# --- the plain API -------------------------------------------------------------------------------
+
+def test_context_manager_api_for_scripts():
+    a = torch.randn(64, 72)
+    with nbaccel.profile(top=5) as prof:
+        (a @ a.T).relu()
+    result = prof.result
+    assert isinstance(result, nbaccel.ProfileResult)
+    assert {"aten::mm", "aten::relu"} <= set(result.ops["name"])
+    assert "CPU only" in str(result) and "<table>" in result._repr_html_()
+
+
+def test_context_manager_with_steps_needs_step_calls():
+    from nbaccel.profile import ProfileError
+
+    with pytest.raises(ProfileError, match="needs 3 calls to .step"):
+        with nbaccel.profile(warmup=1, steps=2) as prof:
+            torch.ones(3) + 1
+            prof.step()
+    assert not torch._C._autograd._profiler_enabled()
+    with nbaccel.profile(warmup=1, steps=2) as prof:
+        for _ in range(3):
+            torch.ones(3) + 1
+            prof.step()
+    assert len(prof.result.step_times_us) == 2

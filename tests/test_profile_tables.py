@@ -1,0 +1,241 @@
+"""The pure parts of %%profile_gpu, without a GPU: the CUDA path on synthetic and real GPU traces.
+
+A live CUDA profile goes through `ProfileResult.from_trace` exactly like these tests do; only
+the Kineto recording itself needs the device (tests/test_profile_gpu.py).
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from nbaccel import profile_table as pt
+from nbaccel.device import DeviceInfo
+from nbaccel.profile import ProfileOptions, ProfileResult, split_by_step, write_step_traces
+from nbaccel.render import profile as render_profile
+
+TRACES = Path(__file__).resolve().parents[2] / "shared" / "data" / "traces"
+H100 = TRACES / "tracelens_h100_Qwen_Qwen1.5-0.5B-Chat__1016005.json.gz"
+
+GPU = DeviceInfo("cuda", 0, "NVIDIA H100 80GB HBM3", compute_capability=(9, 0), supports_bf16=True,
+                 supports_fp16=True, supports_tf32=True, tensor_cores=True)
+
+BF16_GEMM = "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64_warpgroupsize1x1x1_execute_segment_k_off_kernel__5x_cublas"
+FP32_GEMM = "void cutlass::Kernel2<cutlass_80_simt_sgemm_128x128_8x4_nn_align1>(cutlass_80_simt_sgemm_128x128_8x4_nn_align1::Params)"
+RELU = "void at::native::vectorized_elementwise_kernel<4, at::native::(anonymous namespace)::launch_clamp_scalar(at::TensorIteratorBase&, c10::Scalar, c10::Scalar, at::native::detail::ClampLimits)::{lambda()#1}::operator()() const::{lambda()#7}::operator()() const::{lambda(float)#1}, std::array<char*, 2ul> >(int, at::native::(anonymous namespace)::launch_clamp_scalar(at::TensorIteratorBase&, c10::Scalar, c10::Scalar, at::native::detail::ClampLimits)::{lambda()#1}::operator()() const::{lambda()#7}::operator()() const::{lambda(float)#1}, std::array<char*, 2ul>)"
+
+
+def synthetic_cuda_trace(idle_gap_us: float = 0.0) -> dict:
+    """Two steps of: H2D copy (100 us), a bf16 GEMM (Tensor Cores), an fp32 GEMM 1000x1000x1001 (SIMT), a relu."""
+    ev, t, corr = [], 0.0, 0
+    ev.append({"ph": "M", "name": "process_name", "pid": 1, "args": {"name": "python"}})
+
+    def op(name, ts, dur, ext, dims=None, types=None):
+        ev.append({"ph": "X", "cat": "cpu_op", "name": name, "pid": 1, "tid": 1, "ts": ts, "dur": dur,
+                   "args": {"External id": ext, "Input Dims": dims or [], "Input type": types or []}})
+
+    def launch(cat, name, ts, dur, ext, gpu_ts, gpu_dur):
+        nonlocal corr
+        corr += 1
+        ev.append({"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 1, "tid": 1, "ts": ts,
+                   "dur": dur, "args": {"correlation": corr, "External id": ext}})
+        ev.append({"ph": "X", "cat": cat, "name": name, "pid": 0, "tid": 7, "ts": gpu_ts, "dur": gpu_dur,
+                   "args": {"device": 0, "stream": 7, "correlation": corr, "External id": ext}})
+        ev.append({"ph": "s", "cat": "ac2g", "id": corr, "pid": 1, "tid": 1, "ts": ts, "name": "ac2g"})
+
+    ext = 0
+    for step in range(2):
+        start = t
+        ev.append({"ph": "X", "cat": "user_annotation", "name": f"ProfilerStep#{step}", "pid": 1, "tid": 1,
+                   "ts": start, "dur": 400.0 + idle_gap_us, "args": {}})
+        ext += 1
+        op("aten::copy_", t + 1, 20, ext, [[1000, 1000], [1000, 1000]], ["float", "float"])
+        launch("gpu_memcpy", "Memcpy HtoD (Pageable -> Device)", t + 2, 5, ext, t + 10, 100)
+        ext += 1
+        op("aten::mm", t + 30, 20, ext, [[1024, 1024], [1024, 1024]], ["c10::BFloat16", "c10::BFloat16"])
+        launch("kernel", BF16_GEMM, t + 32, 5, ext, t + 50, 100)
+        ext += 1
+        op("aten::mm", t + 60, 20, ext, [[1000, 1000], [1000, 1001]], ["float", "float"])
+        launch("kernel", FP32_GEMM, t + 62, 5, ext, t + 150 + idle_gap_us, 200)
+        ext += 1
+        op("aten::relu", t + 90, 10, ext, [[1000, 1001]], ["float"])
+        # Launched at the end of the step: runs after the host has started the next step.
+        launch("kernel", RELU, t + 92, 5, ext, t + 395 + idle_gap_us, 10)
+        t += 400.0 + idle_gap_us
+    return {"schemaVersion": 1, "traceEvents": ev, "baseTimeNanoseconds": 1_790_000_000_000_000_000,
+            "deviceProperties": [{"id": 0, "name": "NVIDIA H100 80GB HBM3", "computeMajor": 9, "computeMinor": 0,
+                                  "totalGlobalMem": 85_000_000_000}]}
+
+
+def cuda_result(**kw) -> ProfileResult:
+    return ProfileResult.from_trace(synthetic_cuda_trace(**kw), GPU, ProfileOptions(device="cuda"))
+
+
+def test_cuda_tables_from_a_synthetic_trace():
+    r = cuda_result()
+    assert r.on_device and r.default_sort == "device"
+    ops = r.ops
+    assert ops["device_self_us"].is_monotonic_decreasing
+    mm = ops.set_index("name").loc["aten::mm"]
+    assert mm["device_self_us"] == pytest.approx(2 * (100 + 200))
+    assert mm["calls"] == 4
+    assert r.device_time_us == pytest.approx(2 * (100 + 100 + 200 + 10))
+    assert ops["percent"].sum() == pytest.approx(100.0)
+
+
+def test_cuda_tensor_core_share_and_fp32_misses():
+    r = cuda_result()
+    assert r.tensor_cores.value == pytest.approx(200 / (200 + 400 + 20))
+    misses = r.fp32_misses
+    assert list(misses["name"]) == ["aten::mm"] and misses.iloc[0]["shapes"] == "1000x1000, 1000x1001"
+    assert misses.iloc[0]["device_us"] == pytest.approx(400)
+    assert any("without Tensor Cores" in a and "TF32" in a for a in r.advice)
+    kernels = r.kernels.set_index("name")
+    assert kernels.loc[BF16_GEMM, "tensor_cores"] is True and kernels.loc[FP32_GEMM, "tensor_cores"] is False
+
+
+def test_cuda_categories_and_transfer_advice():
+    r = cuda_result()
+    cats = r.categories.set_index("category")
+    assert cats.loc["matmul/conv", "time_us"] == pytest.approx(600)
+    assert cats.loc["data transfer", "time_us"] == pytest.approx(200)
+    assert cats.loc["elementwise", "time_us"] == pytest.approx(20)
+    share = 200 / r.device_time_us
+    assert any(f"copies take {share:.0%}" in a for a in r.advice)
+
+
+def test_cuda_idle_advice_only_when_the_device_waits():
+    busy = cuda_result()
+    idle = cuda_result(idle_gap_us=2000.0)
+    assert not any("idle" in a for a in busy.advice)
+    frac = 1 - idle.busy["busy_fraction"]
+    assert frac > 0.5
+    assert any(f"idle {frac:.0%}" in a for a in idle.advice)
+
+
+def test_cuda_header_has_fraction_of_peak_from_the_gpu_table():
+    r = cuda_result()
+    h = r.header
+    assert h["device_time_us"] == pytest.approx(820) and h["kernels"] == 6
+    assert h["peak_flops_per_s"] and 0 < h["fraction_of_peak"] < 1
+    assert "H100" in h["peak_note"]
+
+
+def test_cuda_render_shows_device_columns_and_kernels():
+    r = cuda_result()
+    text = render_profile.text(r)
+    assert "self device" in text and "Tensor Core share of kernel time: 32.3%" in text
+    html = render_profile.html(r)
+    assert "Top kernels" in html and "sm90_xmma_gemm_bf16bf16" in html
+    box = render_profile.widget(r)
+    assert box is not None
+
+
+def test_split_by_step_keeps_late_kernels_with_their_launch():
+    doc = synthetic_cuda_trace()
+    parts = split_by_step(doc)
+    assert [name for name, _, _ in parts] == ["ProfilerStep#0", "ProfilerStep#1"]
+    for _, _, part in parts:
+        kernels = [e["name"] for e in part["traceEvents"] if e.get("cat") == "kernel"]
+        assert sorted(kernels) == sorted([BF16_GEMM, FP32_GEMM, RELU])
+        assert any(e.get("ph") == "M" for e in part["traceEvents"])
+        assert part["deviceProperties"] == doc["deviceProperties"]
+
+
+def test_write_step_traces_names_files_like_tensorboard_trace_handler(tmp_path):
+    files = write_step_traces(synthetic_cuda_trace(), str(tmp_path / "out"))
+    assert len(files) == 2
+    stamps = [int(Path(f).name.split(".")[1]) for f in files]
+    assert stamps[1] > stamps[0] and stamps[0] // 1000 == 1_790_000_000  # Unix ms of the step start
+    for f in files:
+        assert json.loads(Path(f).read_text())["traceEvents"]
+
+
+def test_real_h100_trace_through_the_profile_result():
+    with gzip.open(H100, "rt") as fh:
+        doc = json.load(fh)
+    r = ProfileResult.from_trace(doc, GPU, ProfileOptions(device="cuda", shapes=True))
+    # Ground truth from shared/data/traces/README.md: 36.64 % of kernel time on Tensor Cores.
+    assert r.tensor_cores.value == pytest.approx(0.3664, abs=0.001)
+    cats = r.categories.set_index("category")
+    assert cats["percent"].sum() == pytest.approx(100.0)
+    assert cats.loc["matmul/conv", "time_us"] == pytest.approx(12_793.4, abs=1)  # the cuBLAS GEMMs (README table)
+    assert r.header["fraction_of_peak"] is not None and r.header["dominant_dtype"] == "bf16"
+    # A 3.5 us bmm with K=1 is listed under shapes but is too small to be advice.
+    assert any(e["op"] == "aten::bmm" for e in r.unaligned)
+    assert not any("pad to" in a for a in r.advice)
+    assert "aten::addmm" in set(r.ops["name"])
+    assert render_profile.text(r) and render_profile.html(r)
+
+
+# --- the pure helpers ----------------------------------------------------------------------------
+
+def _ops(rows):
+    """A TraceData.ops-like frame from (name, ts, dur, self, parent) tuples on one thread."""
+    frame = pd.DataFrame(rows, columns=["name", "ts_us", "dur_us", "self_us", "parent"])
+    n = len(frame)
+    return frame.assign(pid=1, tid=1, input_dims=[None] * n, device_self_us=0.0, device_total_us=0.0,
+                        tc_device_us=0.0, flops=float("nan"), flops_counted=False, category="other",
+                        math_dtype=None, dtype=None)
+
+
+def test_memory_is_charged_to_the_innermost_op_and_rolled_up():
+    ops = _ops([("outer", 0, 100, 50, -1), ("inner", 10, 20, 20, 0), ("later", 200, 10, 10, -1)])
+    events = [{"name": "[memory]", "pid": 1, "tid": 1, "ts": 15, "args": {"Bytes": 1000}},
+              {"name": "[memory]", "pid": 1, "tid": 1, "ts": 50, "args": {"Bytes": 24}},
+              {"name": "[memory]", "pid": 1, "tid": 1, "ts": 60, "args": {"Bytes": -1000}},  # a free
+              {"name": "[memory]", "pid": 1, "tid": 1, "ts": 150, "args": {"Bytes": 8}}]  # between ops
+    self_b, total_b = pt.memory_by_op(events, ops)
+    assert list(self_b) == [24, 1000, 0]
+    assert list(total_b) == [1024, 1000, 0]
+
+
+def test_user_frames():
+    assert pt.is_user_frame("<cell>(3): <module>")
+    assert pt.is_user_frame("/tmp/ipykernel_12/3456.py(5): train_step")
+    assert pt.is_user_frame("/home/me/project/model.py(40): forward")
+    assert not pt.is_user_frame("torch/nn/modules/module.py(1779): _call_impl")
+    assert not pt.is_user_frame("/usr/lib/python3.11/site-packages/numpy/core.py(3): f")
+    assert not pt.is_user_frame("<built-in method matmul of type object at 0x7f>")
+    assert not pt.is_user_frame("nn.Module: Linear_0")
+
+
+def test_source_grouping_counts_nested_ops_once():
+    ops = _ops([("aten::linear", 0, 100, 10, -1), ("aten::addmm", 5, 90, 90, 0), ("aten::relu", 120, 10, 10, -1)])
+    events = [{"cat": "user_annotation", "name": "cell line 1: y = m(x)", "pid": 1, "tid": 1, "ts": 0, "dur": 110},
+              {"cat": "python_function", "name": "torch/nn/functional.py(1): relu", "pid": 1, "tid": 1,
+               "ts": 115, "dur": 20},
+              {"cat": "python_function", "name": "/home/me/m.py(7): act", "pid": 1, "tid": 1, "ts": 112, "dur": 30}]
+    ops = ops.assign(source=pt.source_by_op(events, ops))
+    assert list(ops["source"]) == ["cell line 1: y = m(x)"] * 2 + ["/home/me/m.py(7): act"]
+    table = pt.group_ops(ops, "source").set_index("source")
+    line = table.loc["cell line 1: y = m(x)"]
+    assert line["calls"] == 1 and line["cpu_total_us"] == 100 and line["cpu_self_us"] == 100
+    assert line["name"].startswith("aten::addmm")
+
+
+def test_unaligned_shapes_use_16_for_int8_and_skip_aligned():
+    ops = _ops([("aten::mm", 0, 10, 10, -1), ("aten::mm", 20, 10, 10, -1), ("aten::_int_mm", 40, 10, 10, -1),
+                ("aten::convolution", 60, 10, 10, -1)])
+    ops = ops.assign(category="matmul/conv", flops_counted=True, dtype=["fp32", "fp32", "int8", "bf16"],
+                     input_dims=[[[64, 64], [64, 64]], [[1000, 1000], [1000, 1001]], [[32, 24], [24, 48]],
+                                 [[8, 3, 32, 32], [64, 3, 3, 3]]])
+    found = {e["op"]: e for e in pt.unaligned_shapes(ops)}
+    assert found["aten::mm"]["pad_to"] == {"N": 1008}
+    assert found["aten::_int_mm"]["multiple"] == 16 and found["aten::_int_mm"]["pad_to"] == {"K": 32}
+    assert found["aten::convolution"]["unaligned"] == {"C_in": 3} and found["aten::convolution"]["pad_to"] == {"C_in": 8}
+
+
+def test_filter_is_plain_text_and_sort_handles_text_columns():
+    table = pd.DataFrame({"name": ["aten::mm", "aten::add_", "Optimizer.step#SGD.step"], "source": [None, None, None],
+                          "calls": [1, 3, 2]})
+    assert list(pt.filter_table(table, "MM")["name"]) == ["aten::mm"]
+    assert list(pt.filter_table(table, "add_")["name"]) == ["aten::add_"]
+    assert list(pt.filter_table(table, "(")["name"]) == []  # not a regex: no error
+    assert list(pt.sort_table(table, "name", ascending=True)["name"])[0] == "aten::add_"
+    with pytest.raises(ValueError):
+        pt.sort_table(table, "nope")
