@@ -5,7 +5,7 @@
   per parameter tensor, on the host unless ``fused``/``capturable``; SGD with momentum one
   buffer; ...). The tests check these against what torch really allocates.
 * Activations are not guessed: one dry run of a training step on a copy of the model, at two
-  small batch sizes, measures them, in fp32 and under autocast. On CUDA the measurement is the
+  smaller batch sizes (default an eighth and a quarter of the batch), measures them, in fp32 and under autocast. On CUDA the measurement is the
   caching allocator's peak; elsewhere a `LiveBytes` dispatch mode adds up the storages that ops
   create and drop (exact bytes of live tensors, no allocator overhead). The activation memory at
   the requested batch is extrapolated *linearly* from the two probes (intercept + slope x batch),
@@ -173,13 +173,20 @@ class _Peak:
             self._mode.__enter__()
         return self
 
-    def __exit__(self, *exc):
+    def phase(self) -> int:
+        """The peak since the last phase (over the base at enter); the next phase starts from now."""
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
-            self.peak = torch.cuda.max_memory_allocated(self.device) - self._base
-        else:
+            peak = torch.cuda.max_memory_allocated(self.device) - self._base
+            torch.cuda.reset_peak_memory_stats(self.device)
+            return peak
+        peak, self._mode.peak = self._mode.peak, self._mode.current
+        return peak
+
+    def __exit__(self, *exc):
+        self.peak = self.phase()
+        if self.device.type != "cuda":
             self._mode.__exit__(*exc)
-            self.peak = self._mode.peak
         return False
 
 
@@ -197,11 +204,13 @@ def _probe(model, optimizer, example, batches, device, amp_dtype, loss_fn) -> di
         p.grad = None
     opt = make_optimizer(optimizer, [p for p in replica.parameters() if p.requires_grad])
 
-    def forward_backward(b):
+    def forward_backward(b, meter=None):
         inputs = _example_batch(replica, example, b, device)
         with _autocast(device, amp_dtype):
             loss = loss_fn(replica(*inputs))
+        forward = meter.phase() if meter else None
         loss.backward()
+        return forward
 
     # First step unmeasured: the optimizer allocates its state lazily, as in real training.
     forward_backward(batches[0])
@@ -210,12 +219,12 @@ def _probe(model, optimizer, example, batches, device, amp_dtype, loss_fn) -> di
         opt.zero_grad(set_to_none=True)
     states_measured = sum(t.untyped_storage().nbytes() for s in (opt.state.values() if opt else [])
                           for t in s.values() if isinstance(t, torch.Tensor))
-    fb = []
+    fwd, bwd = [], []
     for b in batches:
         replica.zero_grad(set_to_none=True)
         with _Peak(device) as peak:
-            forward_backward(b)
-        fb.append(peak.peak)
+            fwd.append(forward_backward(b, peak))
+        bwd.append(peak.peak)
     step = 0
     if opt is not None:
         with _Peak(device) as peak:
@@ -223,34 +232,55 @@ def _probe(model, optimizer, example, batches, device, amp_dtype, loss_fn) -> di
         step = peak.peak
     replica.zero_grad(set_to_none=True)
     del replica, opt
-    return {"forward_backward": fb, "step": step, "states_measured": states_measured}
+    return {"forward": fwd, "backward": bwd, "step": step, "states_measured": states_measured}
+
+
+def _line(batches, values) -> tuple[float, float]:
+    """(intercept, slope) of the straight line through two measurements (slope clipped at 0)."""
+    (b1, b2), (m1, m2) = batches[:2], values[:2]
+    slope = max(0.0, (m2 - m1) / (b2 - b1))
+    return max(0.0, m1 - slope * b1), slope
 
 
 @dataclass
 class ActivationFit:
-    """Activation bytes measured at small batches and the straight line through them."""
+    """Activation bytes measured at small batches and the straight lines through them.
+
+    The forward and the backward pass peak at different moments: at the end of the forward all
+    activations are alive and no gradient yet; in the backward, activations are freed while the
+    gradients appear. Each phase's peak is close to linear in the batch, their maximum is not, so
+    each is fitted on its own and the maximum is taken at the requested batch.
+    """
 
     precision: str
     batches: list[int]
-    measured: list[int]  # forward+backward peak minus gradient bytes, per probe batch
+    forward: list[int]  # peak during the forward pass, over the model states, per probe batch
+    backward: list[int]  # peak during the backward pass (activations still alive + gradients)
+    grad_bytes: int
     step_temporaries: int
 
     @property
+    def measured(self) -> list[int]:
+        """Activations (and temporaries) at each probe batch: the step's peak minus the gradients."""
+        return [max(0, max(f, b) - self.grad_bytes) for f, b in zip(self.forward, self.backward)]
+
+    @property
     def slope(self) -> float:
-        (b1, b2), (m1, m2) = self.batches[:2], self.measured[:2]
-        return max(0.0, (m2 - m1) / (b2 - b1))
+        """Bytes per sample of the phase that dominates at large batches."""
+        return max(_line(self.batches, self.forward)[1], _line(self.batches, self.backward)[1])
 
     @property
     def intercept(self) -> float:
         return max(0.0, self.measured[0] - self.slope * self.batches[0])
 
     def at(self, batch: int) -> int:
-        return int(self.intercept + self.slope * batch)
+        peaks = [a + s * batch for a, s in (_line(self.batches, self.forward), _line(self.batches, self.backward))]
+        return int(max(0.0, max(peaks) - self.grad_bytes))
 
     def to_dict(self) -> dict:
         return {"precision": self.precision, "probe_batches": self.batches, "measured_bytes": self.measured,
-                "bytes_per_sample": self.slope, "fixed_bytes": self.intercept,
-                "step_temporaries_bytes": self.step_temporaries}
+                "forward_peak_bytes": self.forward, "backward_peak_bytes": self.backward,
+                "bytes_per_sample": self.slope, "step_temporaries_bytes": self.step_temporaries}
 
 
 @dataclass
@@ -345,7 +375,7 @@ class MemoryEstimate(ResultMixin):
 
 
 def estimate_memory(model: torch.nn.Module, optimizer="adamw", batch: int = 32, example=None, budget=None,
-                    device="auto", probe_batches=(2, 4), amp_dtype="auto", loss_fn=None, name: str = "model",
+                    device="auto", probe_batches=None, amp_dtype="auto", loss_fn=None, name: str = "model",
                     gpu_counts=GPU_COUNTS) -> MemoryEstimate:
     """Predict a training step's peak memory for ``model`` at ``batch``, in fp32 and under autocast.
 
@@ -353,11 +383,16 @@ def estimate_memory(model: torch.nn.Module, optimizer="adamw", batch: int = 32, 
     optional for models whose first layer is ``nn.Linear``. ``budget``: bytes or "24GiB"; default
     the device's memory. ``device``: where the dry runs execute (a copy of the model goes there).
     ``loss_fn(output) -> scalar``: default the sum of the first floating-point output.
+    ``probe_batches``: the two dry-run batch sizes (default an eighth and a quarter of ``batch``).
     """
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     if batch < 1:
         raise ValueError(f"batch must be at least 1, got {batch}")
+    if probe_batches is None:
+        # An eighth and a quarter of the batch: CPU and GPU kernels change algorithm (and temporaries) with
+        # the batch size, so probes far below it extrapolate from another regime (tests/test_estimate.py).
+        probe_batches = (max(2, batch // 8), max(4, batch // 4))
     if len(probe_batches) != 2 or probe_batches[0] >= probe_batches[1] or probe_batches[0] < 1:
         raise ValueError("probe_batches must be two increasing batch sizes, e.g. (2, 4)")
     dev = resolve_device(device)
@@ -387,15 +422,13 @@ def estimate_memory(model: torch.nn.Module, optimizer="adamw", batch: int = 32, 
     fits, states_measured = {}, None
     for label, dtype in (("fp32", None), (f"{DTYPE_NAMES[amp]} AMP", amp)):
         probe = _probe(model, optimizer, example, probe_batches, dev, dtype, loss_fn)
-        # forward+backward peak includes the gradients it creates; the rest is activations and temporaries.
-        measured = [max(0, fb - grad_bytes) for fb in probe["forward_backward"]]
-        fits[label] = ActivationFit(label, probe_batches, measured, probe["step"])
+        fits[label] = ActivationFit(label, probe_batches, probe["forward"], probe["backward"], grad_bytes, probe["step"])
         states_measured = probe["states_measured"]
     meter = ("CUDA caching allocator peak (max_memory_allocated)" if dev.type == "cuda"
              else "live tensor storages counted by a TorchDispatchMode (exact bytes, no allocator overhead)")
     method = (f"params/grads/optimizer states: exact arithmetic on {len(params)} parameter tensors; activations: "
               f"one dry training step on a copy of the model at batches {probe_batches[0]} and {probe_batches[1]} "
-              f"on {dev} (peak by {meter}), extrapolated linearly to batch {batch}; sharding: ZeRO accounting, "
+              f"on {dev} (peak by {meter}), forward and backward peaks each extrapolated linearly to batch {batch}; sharding: ZeRO accounting, "
               "global batch split evenly; not included: CUDA context, allocator fragmentation")
     return MemoryEstimate(
         model_name=name, optimizer=opt_name, batch=batch, n_params=sum(p.numel() for p in params),

@@ -112,7 +112,8 @@ def test_over_a_strict_budget_fails_the_cell(ip, run_cell):
     _, captured = run_cell("del x")
     assert "WARNING: over the memory budget" in _texts(captured)
     run_cell("pass")
-    assert list(ip.user_ns["b"].history["status"])[-3:] == ["over", "over", "ok"]
+    statuses = list(ip.user_ns["b"].history["status"])
+    assert statuses[-3:-1] == ["over", "over"] and statuses[-1] in ("ok", "near")  # back under the budget
 
 
 def test_out_of_memory_is_explained_and_the_kernel_lives_on(ip, run_cell):

@@ -103,3 +103,23 @@ def test_namespace_table_counts_storages_once_and_names_owners():
     assert rows["Out[5]"].nbytes == 1000
     assert "n" not in rows
     assert [h.name for h in namespace_holders(ns, top=2)] == ["big", "view"]
+
+
+def test_oom_suggestions_are_sized_from_the_numbers():
+    from nbaccel.oom import explain_oom
+
+    model = torch.nn.Linear(1000, 1000)  # 4 MB of parameters
+    loose = torch.zeros(2_000_000)  # 8 MB that `del` would free
+    rss = __import__("nbaccel.memory", fromlist=["current_rss"]).current_rss()
+    request = 100 * 2**20
+    exc = RuntimeError(f"DefaultCPUAllocator: can't allocate memory: you tried to allocate {request} bytes.")
+    exp = explain_oom(exc, {"model": model, "loose": loose}, budget=rss + 50 * 2**20)
+    actions = {s.action: s for s in exp.suggestions}
+    assert exp.facts.requested == request and exp.needed_at_least >= rss + request
+    batch = actions["smaller batch"]
+    assert "of the current batch fits" in batch.detail and batch.saving_bytes > 0
+    assert actions["del loose"].saving_bytes == 8_000_000
+    assert actions["mixed precision (torch.autocast bf16/fp16)"].saving_bytes > 0
+    assert any(a.startswith("gradient checkpointing") for a in actions)
+    exp2 = explain_oom(exc, {"model": model}, budget=rss + 50 * 2**20, per_sample_bytes=2**20, batch=256)
+    assert "batch" in exp2.suggestions[0].detail and "(was 256)" in exp2.suggestions[0].detail

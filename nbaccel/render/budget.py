@@ -206,8 +206,8 @@ def _sharding_rows(e, counts=(2, 4, 8)):
 
 def _fit_lines(e) -> list[str]:
     return [f"{f.precision}: measured {', '.join(format_bytes(m) for m in f.measured)} at batch "
-            f"{', '.join(map(str, f.batches))} -> {format_bytes(f.slope)}/sample + {format_bytes(f.intercept)} fixed; "
-            f"at batch {e.batch}: {format_bytes(f.at(e.batch))} (linear extrapolation)" for f in e.fits.values()]
+            f"{', '.join(map(str, f.batches))} (forward and backward peaks fitted separately, {format_bytes(f.slope)}"
+            f"/sample); at batch {e.batch}: {format_bytes(f.at(e.batch))} (linear extrapolation)" for f in e.fits.values()]
 
 
 def _estimate_head(e) -> str:
