@@ -1,0 +1,24 @@
+"""The CUDA path of %memory_budget (runs only where CUDA exists; the GPU check script runs it)."""
+
+import pytest
+import torch
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
+
+
+def test_cuda_peak_enforce_and_oom_explanation(_ipython):
+    from nbaccel.budget_check import cuda_check
+
+    result = cuda_check(_ipython)
+    assert result["ok"] and result["enforced_error"] == "OutOfMemoryError"
+    _ipython.reset(new_session=False)
+
+
+def test_cap_is_released_on_unload(ip):
+    from nbaccel.budget import capped_devices
+
+    ip.run_line_magic("memory_budget", "1GiB --enforce --device cuda -q")
+    assert capped_devices() == [0]
+    ip.run_line_magic("unload_ext", "nbaccel")
+    assert capped_devices() == []
+    ip.run_line_magic("load_ext", "nbaccel")
