@@ -4,7 +4,8 @@
 * `timer_stats` times the same closure under the same recipe with
   ``torch.utils.benchmark.Timer``: the statement enters the recipe (``with recipe_ctx(): fn()``),
   the setup restores the same host snapshot that compare_amp restores, one run per sample
-  (``timeit(number=1)``), with the same warmup and repeat counts and all of torch's threads
+  (``timeit(number=1)``, which runs the statement twice untimed before each timed run), with the
+  same repeat count and all of torch's threads
   (Timer defaults to one thread; compare_amp uses whatever torch is set to).
 * `harness_overhead` and `snapshot_cost` measure nbaccel itself.
 """
@@ -84,8 +85,8 @@ def timer_stats(workload, recipe: Recipe, warmup: int, repeat: int, threads: int
             num_threads=threads or torch.get_num_threads(),
             label=workload.name, description=recipe.label,
         )
-        for _ in range(warmup):
-            timer.timeit(number=1)
+        # Timer.timeit(number=1) itself runs the statement twice untimed (with setup) before the
+        # timed run, so every sample is already warmed up; ``warmup`` extra calls are not needed.
         return [timer.timeit(number=1).median for _ in range(repeat)]
     finally:
         snapshot.restore()

@@ -60,6 +60,8 @@ def machine() -> dict:
         "cuda": torch.version.cuda,
         "python": platform.python_version(),
         "platform": platform.platform(),
+        # Other processes on the machine distort every CPU figure (OpenMP threads stall on a busy core).
+        "load_avg_1m_at_start": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
     }
 
 
@@ -146,6 +148,7 @@ def run(size: str = "full", device="auto", names=workloads.WORKLOADS, log=print)
     result["overheads"].update(extra)
     result["missing"] = missing
     result["elapsed_s"] = time.perf_counter() - t0
+    result["machine"]["load_avg_1m_at_end"] = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
     return result
 
 
@@ -163,7 +166,9 @@ def _flops(x):
 def table(result: dict) -> str:
     m = result["machine"]
     lines = [f"nbaccel reference suite ({result['size']}) -- {m['device_name']} ({m['device']}), torch {m['torch']}, "
-             f"{m['torch_threads']} threads, {m['date']}", ""]
+             f"{m['torch_threads']} threads, {m['date']}"
+             + (f"; load average {m['load_avg_1m_at_start']:.2f} at start, {m.get('load_avg_1m_at_end') or 0:.2f} at end "
+                f"({m['cpu_count']} CPUs)" if m.get("load_avg_1m_at_start") is not None else ""), ""]
     head = (f"{'workload':<12} {'variant':<6} {'%%amp median':>12} {'IQR':>9} {'Timer':>10} {'ratio':>6} {'agree':>5} "
             f"{'peak mem':>10} {'vs fp32':>7} {'FLOP/s':>14} {'of peak':>8}")
     lines.append(head)

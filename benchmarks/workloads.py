@@ -49,7 +49,7 @@ SIZES = {
 
 # Timing repeats per (device type, size): (warmup, repeat).
 REPEATS = {
-    ("cpu", "small"): (1, 3),
+    ("cpu", "small"): (2, 5),
     ("cpu", "full"): (1, 5),
     ("cuda", "small"): (2, 10),
     ("cuda", "full"): (3, 20),

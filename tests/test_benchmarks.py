@@ -1,0 +1,131 @@
+"""Smoke tests of the benchmarks: they run, and what they write is well-formed and honest.
+No timing assertions: benchmarks are not unit tests."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import nbaccel
+from benchmarks import __main__ as cli
+from benchmarks import bench_amp, measure, suite
+from nbaccel.device import DeviceError
+
+ROOT = Path(__file__).resolve().parents[1]
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.fixture(scope="module")
+def small_suite():
+    return suite.run("small", "cpu", ["gemm", "conv"], log=lambda msg: None)
+
+
+def test_suite_rows_are_complete(small_suite):
+    assert small_suite["schema"] == suite.SCHEMA and small_suite["size"] == "small"
+    m = small_suite["machine"]
+    assert m["device"] == "cpu" and m["torch"] == torch.__version__ and m["date"]
+    names = [w["name"] for w in small_suite["workloads"]]
+    assert names == ["gemm", "conv"]
+    for w in small_suite["workloads"]:
+        assert w["variants"][0]["variant"] == "fp32"
+        for r in w["variants"]:
+            assert r["amp_median_s"] > 0 and r["timer_median_s"] > 0
+            assert len(r["amp_times_s"]) == len(r["timer_times_s"]) == w["repeat"]
+            assert math.isclose(r["agreement_ratio"], r["amp_median_s"] / r["timer_median_s"])
+            assert r["agree"] == (abs(r["agreement_ratio"] - 1) <= 0.10)
+            assert r["peak_bytes"] is not None and r["memory_method"]
+            assert r["flops"] > 0 and r["flops_per_s"] == pytest.approx(r["flops"] / r["amp_median_s"])
+            # a CPU has no peak table: nothing invented
+            assert r["peak_flops"] is None and r["fraction_of_peak"] is None
+            assert r["peak_source"].startswith("peak unknown")
+
+
+def test_gemm_flops_are_the_textbook_count(small_suite):
+    gemm = small_suite["workloads"][0]
+    n = 512  # workloads.SIZES[("cpu", "small")]["gemm"]
+    assert all(r["flops"] == 2 * n**3 for r in gemm["variants"])
+
+
+def test_skips_and_missing_benchmarks_are_stated(small_suite):
+    conv = small_suite["workloads"][1]
+    if torch.device("cpu").type == "cpu" and "fp16" in measure.variants_for(torch.device("cpu")):
+        assert "fp16" in conv["skipped"] and "fp16" not in [r["variant"] for r in conv["variants"]]
+    text = suite.table(small_suite)
+    for key in suite.OPTIONAL:
+        assert (key in small_suite["overheads"]) != (key in small_suite["missing"])
+    for why in small_suite["missing"].values():
+        assert "not measured -- " + why in text
+    h = small_suite["overheads"]["amp_harness"]
+    assert h["overhead_s"] > 0 and set(h["ratio_to_fp32_step"]) == {"gemm", "conv"}
+    assert text.count("PASS") + text.count("FAIL") >= sum(len(w["variants"]) for w in small_suite["workloads"])
+    assert "peak unknown" in text
+
+
+def test_json_plot_and_compare(small_suite, tmp_path, capsys):
+    old = suite.save(small_suite, str(tmp_path / "old.json"))
+    assert suite.load(old)["workloads"][0]["name"] == "gemm"
+    png = suite.plot(small_suite, str(tmp_path / "suite.png"))
+    assert Path(png).read_bytes()[:8] == PNG_MAGIC
+    assert cli.main(["compare", old, old]) == 0
+    assert "0 regression(s)" in capsys.readouterr().out
+    slower = json.loads(Path(old).read_text())
+    slower["workloads"][1]["variants"][0]["amp_median_s"] *= 1.5
+    new = suite.save(slower, str(tmp_path / "new.json"))
+    assert cli.main(["compare", old, new]) == 1
+    out = capsys.readouterr().out
+    assert "REGRESSION" in out and "1 regression(s)" in out and "1.500" in out
+    assert cli.main(["compare", old, new, "--threshold", "0.6"]) == 0
+
+
+def test_compare_refuses_foreign_json(tmp_path):
+    bad = tmp_path / "x.json"
+    bad.write_text("{}")
+    with pytest.raises(SystemExit):
+        suite.load(str(bad))
+
+
+def test_cli_writes_json_and_png(tmp_path):
+    out = tmp_path / "r" / "s.json"
+    proc = subprocess.run([sys.executable, "-m", "benchmarks", "--size", "small", "--workloads", "gemm",
+                           "--out", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "gemm" in proc.stdout and "agreement" in proc.stdout
+    assert json.loads(out.read_text())["workloads"][0]["name"] == "gemm"
+    assert out.with_suffix(".png").read_bytes()[:8] == PNG_MAGIC
+    bad = subprocess.run([sys.executable, "-m", "benchmarks", "--workloads", "nope"], cwd=ROOT,
+                         capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "unknown workload" in bad.stderr
+
+
+def test_bench_amp_small():
+    res = bench_amp.run("small", "cpu", repeat=3)
+    assert [(r["workload"], r["variant"]) for r in res["rows"]] == [
+        (w, v) for w in ("gemm", "mlp", "conv") for v in ("fp32", "bf16")]
+    assert all(r["amp_median_s"] > 0 and r["timer_median_s"] > 0 for r in res["rows"])
+    assert res["harness"]["overhead_s"] > 0 and res["harness_with_state"]["state_bytes"] > 8 * 2**20
+    assert all(s["capture_ms_per_mib"] > 0 and s["restore_ms_per_mib"] > 0 for s in res["snapshot"])
+    text = bench_amp.report(res)
+    assert "Timer median" in text and "Harness overhead" in text and "restore/MiB" in text
+    assert text.count("PASS") + text.count("FAIL") >= len(res["rows"]) + 1
+
+
+def test_timer_statement_applies_the_recipe():
+    """Timer must run the closure under the same autocast recipe compare_amp uses."""
+    seen = []
+    wl = type("W", (), {"name": "probe", "state": [], "fn": staticmethod(
+        lambda: seen.append(torch.is_autocast_enabled("cpu")))})
+    measure.timer_stats(wl, measure.recipe_for("bf16", torch.device("cpu")), warmup=0, repeat=2)
+    measure.timer_stats(wl, measure.recipe_for("fp32", torch.device("cpu")), warmup=0, repeat=2)
+    # Timer.timeit(number=1) runs the statement 3 times (2 untimed warmups); 2 samples each
+    assert seen == [True] * 6 + [False] * 6
+
+
+def test_tf32_variant_needs_cuda():
+    with pytest.raises(DeviceError, match="TF32"):
+        nbaccel.compare_amp(lambda: None, dtype="tf32", device="cpu")

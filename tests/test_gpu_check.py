@@ -1,0 +1,80 @@
+"""scripts/gpu_check.py: the CPU dry run end to end (CI), and the isolation of a failing check."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+import time
+import types
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "scripts" / "gpu_check.py"
+
+
+def _load():
+    spec = importlib.util.spec_from_file_location("gpu_check", SCRIPT)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_dry_run_writes_a_report(tmp_path):
+    stem = tmp_path / "report"
+    proc = subprocess.run([sys.executable, str(SCRIPT), "--dry-run", "--out", str(stem)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=150)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    report = json.loads((stem.with_suffix(".json")).read_text())
+    env = report["environment"]
+    assert report["dry_run"] is True and report["size"] == "small" and env["date"] and env["torch"]
+    checks = report["checks"]
+    for name in ("amp_tf32", "amp_fp16_gradscaler", "profile_tensor_cores", "budget_enforce_oom"):
+        assert checks[name]["status"] == "skipped" and "--dry-run" in checks[name]["summary"]
+    assert checks["gpu_tests"]["status"] == "pass", checks["gpu_tests"]
+    assert checks["benchmark_suite"]["status"] == "pass", checks["benchmark_suite"]
+    suite = json.loads(Path(checks["benchmark_suite"]["details"]["json"]).read_text())
+    assert suite["size"] == "small" and len(suite["workloads"]) == 4
+    assert all(t["status"] == "skipped" for t in report["targets"].values())
+    md = stem.with_suffix(".md").read_text()
+    assert md.startswith("# nbaccel GPU check") and "| amp_tf32 | SKIPPED |" in md and "## Benchmark suite" in md
+    assert "no failures" in proc.stdout
+
+
+def test_a_raising_check_is_reported_not_fatal(tmp_path):
+    mod = _load()
+
+    def boom(args):
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+    mod.CHECKS["boom"] = (boom, False, 5)
+    result = tmp_path / "r.json"
+    assert mod._child(types.SimpleNamespace(run_check="boom", result_file=str(result))) == 0
+    r = json.loads(result.read_text())
+    assert r["status"] == "error" and "illegal memory access" in r["summary"] and "Traceback" in r["details"]["traceback"]
+
+
+def test_spent_budget_skips_instead_of_running(tmp_path):
+    mod = _load()
+    args = types.SimpleNamespace(dry_run=False, cuda=False, budget=1.0, outdir=str(tmp_path), size="small")
+    r = mod.run_check("benchmark_suite", args, deadline=time.monotonic() - 1)
+    assert r["status"] == "skipped" and "budget" in r["summary"]
+    r = mod.run_check("amp_tf32", args, deadline=time.monotonic() + 100)
+    assert r["status"] == "skipped" and "no CUDA" in r["summary"]
+
+
+def test_h200_targets_are_judged_only_on_an_h200(tmp_path):
+    mod = _load()
+    suite = {"workloads": [
+        {"name": "transformer", "variants": [{"variant": "fp32", "amp_median_s": 6.0},
+                                             {"variant": "bf16", "amp_median_s": 1.0}]},
+        {"name": "gemm", "variants": [{"variant": "bf16", "amp_median_s": 1.0, "fraction_of_peak": 0.5,
+                                       "peak_source": "H200 SXM dense bf16 peak"}]}]}
+    path = tmp_path / "suite.json"
+    path.write_text(json.dumps(suite))
+    h200 = mod.targets(path, {"cuda_available": True, "gpu": "NVIDIA H200"}, dry_run=False)
+    assert h200["transformer_bf16_speedup"]["status"] == "pass"
+    assert h200["gemm_bf16_fraction_of_peak"]["status"] == "fail"
+    other = mod.targets(path, {"cuda_available": True, "gpu": "NVIDIA A100-SXM4-80GB"}, dry_run=False)
+    assert all(t["status"] == "skipped" and "not judged" in t["summary"] for t in other.values())
