@@ -587,7 +587,7 @@ class ProfileResult(ResultMixin):
                             "tensor_cores": g["tensor_cores"].first()}).reset_index()
         return out.sort_values("time_us", ascending=False).reset_index(drop=True)
 
-    @property
+    @functools.cached_property
     def advice(self) -> list[str]:
         return advise(self)
 
