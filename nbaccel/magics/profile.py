@@ -7,12 +7,12 @@ import re
 
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, magics_class
-from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
+from IPython.core.magic_arguments import argument, magic_arguments
 
 from ..profile import DTYPES, ProfileError, ProfileOptions, profile_function, validate
 from ..profile_table import CELL_LINE, SORT_COLUMNS
 from ..render.display import display_result
-from .common import cell_function, check_name, silenced, store_result
+from .common import cell_function, check_name, parse_line, silenced, store_result
 
 
 @magics_class
@@ -49,7 +49,7 @@ class ProfileMagics(Magics):
             %%profile_gpu --top 10 --warmup 2 --steps 3 --trace runs/step -r prof
             loss = train_step(model, batch)
         """
-        args = parse_argstring(self.profile_gpu, line)
+        args = parse_line(self.profile_gpu, line)
         check_name(args.result)
         if not cell.strip():
             raise UsageError("%%profile_gpu needs code in the cell below the magic line")
