@@ -38,12 +38,14 @@ def main(argv=None) -> int:
     p.add_argument("--out", default="benchmark-results/suite.json", help="JSON results path")
     p.add_argument("--plot", default=None, help="PNG path (default: --out with .png)")
     p.add_argument("--no-plot", action="store_true")
+    p.add_argument("--threads", type=int, default=None,
+                   help="torch CPU threads (default: torch's default; 1 for --size small on the CPU)")
     a = p.parse_args(argv)
     names = [n for n in a.workloads.split(",") if n]
     unknown = set(names) - set(workloads.WORKLOADS)
     if unknown:
         p.error(f"unknown workload(s) {sorted(unknown)}; choose from {', '.join(workloads.WORKLOADS)}")
-    result = suite.run(a.size, a.device, names, log=suite.default_log)
+    result = suite.run(a.size, a.device, names, log=suite.default_log, threads=a.threads)
     print(suite.table(result))
     suite.save(result, a.out)
     print(f"\nwrote {a.out}")
