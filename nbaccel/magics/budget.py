@@ -16,7 +16,7 @@ import re
 
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_magic, magics_class
-from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
+from IPython.core.magic_arguments import argument, magic_arguments
 
 import torch
 
@@ -26,7 +26,7 @@ from ..device import DeviceError, resolve_device
 from ..memory import format_bytes
 from ..oom import OOM_TYPES, explain_oom, is_oom
 from ..render.display import display_result
-from .common import check_name, history_name, store_result
+from .common import check_name, history_name, parse_line, store_result
 
 _NEGATIVE = re.compile(r"^-\.?[0-9]")
 CPU_ENFORCE_NOTE = ("--enforce: the CPU allocator has no per-process cap, so only a soft budget (checked after each "
@@ -88,7 +88,7 @@ class BudgetMagics(Magics):
         for token in line.split():
             if _NEGATIVE.match(token):
                 raise UsageError(f"a budget must be positive, got {token}; write e.g. 6GiB, 512MiB or 0.8")
-        args = parse_argstring(self.memory_budget, line)
+        args = parse_line(self.memory_budget, line)
         check_name(args.result)
         if not 0 < args.near <= 1:
             raise UsageError(f"--near is a share of the budget between 0 and 1, got {args.near}")
