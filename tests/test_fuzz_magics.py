@@ -16,13 +16,16 @@ from hypothesis import strategies as st
 from IPython.core.error import UsageError
 
 import nbaccel.magics.amp as amp_magic
+import nbaccel.magics.profile as profile_magic
 
 EXAMPLES = int(os.environ.get("NBACCEL_FUZZ_EXAMPLES", "300"))
 
 OPTIONS = ["--dtype", "--device", "--no-tf32", "--warmup", "--repeat", "--no-baseline", "--no-restore",
            "--max-snapshot", "-r", "--result", "-q", "--quiet",
            # other magics' options, typed into the wrong magic
-           "--top", "--sort", "--trace", "--steps", "--enforce", "--strict", "--model", "--batch", "--amp"]
+           "--top", "--sort", "--trace", "--steps", "--enforce", "--strict", "--model", "--batch", "--amp",
+           "--memory", "--shapes", "--stack", "--near", "--optimizer", "--input", "off", "6GiB", "512MB", "0.8",
+           "-5GB", "12 parsecs", "1e40GiB"]
 VALUES = st.one_of(
     st.sampled_from(["bf16", "fp16", "auto", "fp8", "cpu", "cuda", "cuda:7", "mps", "0", "-1", "1e309", "nan",
                      "99999999999999999999", "x y", "'", '"', "\u00e9\u00e8", "\U0001f525", "", "res", "1abc"]),
@@ -72,6 +75,43 @@ def test_amp_lines_are_accepted_as_documented_or_usage_errors(ip, monkeypatch, t
         assert kwargs["device"].type in ("cpu", "cuda")
         return
     pytest.fail(f"line {line!r} neither reached the API nor raised UsageError")
+
+
+@settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(tokens=TOKENS)
+def test_profile_lines_are_accepted_as_documented_or_usage_errors(ip, monkeypatch, tokens):
+    recorder = Recorder()
+    monkeypatch.setattr(profile_magic, "profile_function", lambda fn, options, **kw: recorder(fn, options=options))
+    ip.user_ns["ran"] = 0
+    line = _line(tokens)
+    try:
+        ip.run_cell_magic("profile_gpu", line, "ran += 1")
+    except UsageError:
+        assert not recorder.calls, f"a rejected line reached the API: {line!r}"
+        assert ip.user_ns["ran"] == 0, f"a rejected line ran the cell: {line!r}"
+        return
+    except _Accepted as accepted:
+        options = accepted.args[0]["options"]
+        assert options.steps >= 1 and options.warmup >= 0 and options.top >= 1
+        assert options.amp in (None, "bf16", "fp16", "auto")
+        return
+    pytest.fail(f"line {line!r} neither reached the API nor raised UsageError")
+
+
+@settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(tokens=TOKENS)
+def test_memory_budget_lines_are_accepted_or_usage_errors(ip, tokens):
+    line = _line(tokens)
+    before = {name: list(cbs) for name, cbs in ip.events.callbacks.items()}
+    try:
+        ip.run_line_magic("memory_budget", line + " -q")
+    except UsageError:
+        # A rejected line changes nothing: no hook was added.
+        assert {name: list(cbs) for name, cbs in ip.events.callbacks.items()} == before, line
+        return
+    # Accepted: whatever it installed, "off" removes all of it.
+    ip.run_line_magic("memory_budget", "off -q")
+    assert {name: list(cbs) for name, cbs in ip.events.callbacks.items()} == before, line
 
 
 @pytest.mark.parametrize("line", ["--dtype 'bf16", '--result "a b', "-r ''", "--repeat 1e3", "--warmup=-3"])
