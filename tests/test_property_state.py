@@ -70,6 +70,36 @@ class MagicSequences(RuleBasedStateMachine):
         else:
             assert ns["counter"] == counter_before + 1, "the cell must be applied exactly once"
 
+    @rule(amp=st.sampled_from([None, "bf16"]), steps=st.integers(1, 2),
+          fail=st.sampled_from([None, "error", "interrupt"]), fail_at=st.integers(1, 3))
+    def profile(self, amp, steps, fail, fail_at):
+        raise_line = {None: "", "error": f"if box.runs == {fail_at}: raise ValueError('cell failed')\n",
+                      "interrupt": f"if box.runs == {fail_at}: raise KeyboardInterrupt\n"}[fail]
+        cell = "box.runs += 1\ny = (torch.randn(8, 8) @ torch.randn(8, 8)).sum()\n" + raise_line
+        line = f"--steps {steps} -q" + (f" --amp {amp}" if amp else "")
+        self.ip.user_ns["box"].runs = 0
+        try:
+            self.ip.run_cell_magic("profile_gpu", line, cell)
+        except (ValueError, KeyboardInterrupt):
+            assert fail is not None and fail_at <= self.ip.user_ns["box"].runs
+        assert not torch._C._autograd._profiler_enabled(), "a profiler was left running"
+
+    @rule(budget=st.sampled_from(["2GiB", "0.5", "64MiB"]), strict=st.booleans())
+    def budget_on_then_cells(self, budget, strict):
+        self.ip.run_line_magic("memory_budget", f"{budget} -q" + (" --strict" if strict else ""))
+        # While active, exactly nbaccel's two documented hooks are added, and one OOM handler.
+        added = {name: len(cbs) - len(self.callbacks.get(name, [])) for name, cbs in _callbacks(self.ip).items()}
+        assert added.get("pre_run_cell") == 1 and added.get("post_run_cell") == 1
+        assert sum(added.values()) == 2
+        self.ip.run_cell("small = torch.ones(1024)")
+        self.ip.run_line_magic("memory_budget", "off -q")
+
+    @rule()
+    def unload_and_reload(self):
+        self.ip.run_line_magic("unload_ext", "nbaccel")
+        assert "amp" not in self.ip.magics_manager.magics["cell"]
+        self.ip.run_line_magic("load_ext", "nbaccel")
+
     @invariant()
     def torch_state_is_what_the_user_set(self):
         if hasattr(self, "expected"):
