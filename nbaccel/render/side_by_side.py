@@ -1,0 +1,47 @@
+"""Several results in one output, next to each other (e.g. bf16 vs fp16, before vs after a fix)."""
+
+from __future__ import annotations
+
+from . import renderer
+from .common import wrap
+
+
+def side_by_side(*results):
+    """Return an object that displays ``results`` in columns: widgets in an HBox in JupyterLab,
+    a flex row of their HTML elsewhere, and their texts one after another in a terminal."""
+    if not results:
+        raise ValueError("side_by_side needs at least one result")
+    return _Row(results)
+
+
+class _Row:
+    def __init__(self, results):
+        self.results = results
+
+    def __str__(self) -> str:
+        return "\n\n".join(renderer(r).text(r) for r in self.results)
+
+    def _repr_pretty_(self, printer, cycle):
+        printer.text(str(self))
+
+    def _repr_html_(self) -> str:
+        columns = "".join(f'<div style="flex:1; min-width:0; overflow-x:auto">{renderer(r).html(r)}</div>'
+                          for r in self.results)
+        return wrap(f'<div style="display:flex; gap:16px; align-items:flex-start">{columns}</div>')
+
+    def widget(self):
+        import ipywidgets as w
+
+        box = w.HBox([renderer(r).widget(r) for r in self.results])
+        box.add_class("nbaccel-side-by-side")
+        return box
+
+    def _repr_mimebundle_(self, include=None, exclude=None):
+        from .display import widgets_available
+
+        bundle = {"text/plain": str(self), "text/html": self._repr_html_()}
+        if widgets_available():
+            widget_bundle = self.widget()._repr_mimebundle_()
+            widget_bundle.pop("text/plain", None)
+            bundle.update(widget_bundle)
+        return bundle
