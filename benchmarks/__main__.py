@@ -4,6 +4,7 @@
     python -m benchmarks --size small             # CI smoke size (< 60 s on 2 CPU cores)
     python -m benchmarks --out results/suite.json # JSON + PNG plot (same name, .png)
     python -m benchmarks compare old.json new.json [--threshold 0.10]   # exit 1 on a regression
+    python -m benchmarks markdown suite.json      # the tables as Markdown, for docs/benchmarks.md
     python -m benchmarks.bench_amp                # issue 2's %%amp-vs-Timer benchmark
 """
 
@@ -29,6 +30,12 @@ def main(argv=None) -> int:
         text, regressions = suite.compare(suite.load(a.old), suite.load(a.new), a.threshold)
         print(text)
         return 1 if regressions else 0
+    if argv[:1] == ["markdown"]:
+        p = argparse.ArgumentParser(prog="python -m benchmarks markdown",
+                                    description="Print a suite JSON file as Markdown tables (for docs/benchmarks.md).")
+        p.add_argument("result")
+        print(suite.markdown(suite.load(p.parse_args(argv[1:]).result)))
+        return 0
     p = argparse.ArgumentParser(prog="python -m benchmarks", description=suite.__doc__.split("\n\n")[0],
                                 epilog="Subcommand: python -m benchmarks compare OLD.json NEW.json")
     p.add_argument("--size", choices=["small", "full"], default="full")

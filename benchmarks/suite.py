@@ -262,6 +262,43 @@ def table(result: dict) -> str:
     return "\n".join(lines)
 
 
+def _num(x) -> str:
+    return "n/a" if x is None else f"{x:.2f}"
+
+
+def markdown(result: dict) -> str:
+    """The suite's table as Markdown, for docs/benchmarks.md (``python -m benchmarks markdown FILE``)."""
+    m = result["machine"]
+    out = [f"| workload | variant | %%amp median (IQR) | Timer median | ratio | within 10 % | peak memory | "
+           "speedup vs fp32 | FLOP/s | of peak |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for w in result["workloads"]:
+        base = next((r for r in w["variants"] if r["variant"] == "fp32"), None)
+        for r in w["variants"]:
+            speed = base["amp_median_s"] / r["amp_median_s"] if base else None
+            frac = f"{r['fraction_of_peak']:.1%}" if r["fraction_of_peak"] is not None else "peak unknown"
+            out.append(f"| {w['name']} | {r['variant']} | {format_seconds(r['amp_median_s'])} "
+                       f"({format_seconds(r['amp_iqr_s'])}) | {format_seconds(r['timer_median_s'])} | "
+                       f"{r['agreement_ratio']:.2f} | {'PASS' if r['agree'] else 'FAIL'} | {format_bytes(r['peak_bytes'])} | "
+                       f"{f'{speed:.2f}x' if speed else '-'} | {_flops(r['flops_per_s'])} | {frac} |")
+        for v, why in w["skipped"].items():
+            out.append(f"| {w['name']} | {v} | skipped: {why} | | | | | | | |")
+    out += ["", "| nbaccel overhead | measured |", "|---|---|"]
+    h = result["overheads"]["amp_harness"]
+    out.append(f"| %%amp harness per run | {h['overhead_s'] * 1e6:.0f} µs beyond the run "
+               f"({', '.join(f'{k} {v:.2%}' for k, v in h['ratio_to_fp32_step'].items())} of an fp32 step) |")
+    for key, value in result["overheads"].items():
+        if key != "amp_harness":
+            out.append(f"| {value['what']} | {str(value.get('summary', '')).replace('|', '/')} |")
+    for key, why in result.get("missing", {}).items():
+        out.append(f"| {key} | not measured: {why} |")
+    out.append("")
+    out.append(f"Machine: {m['device_name']} ({m['cpu_count']} CPUs, {m['torch_threads']} torch threads), torch "
+               f"{m['torch']}, CUDA {m['cuda']}, Python {m['python']}; 1-minute load average "
+               f"{_num(m.get('load_avg_1m_at_start'))} at start, {_num(m.get('load_avg_1m_at_end'))} at end; "
+               f"suite took {result['elapsed_s']:.0f} s.")
+    return "\n".join(out)
+
+
 def plot(result: dict, path: str) -> str:
     import matplotlib
 
@@ -291,7 +328,8 @@ def plot(result: dict, path: str) -> str:
     ax1.legend()
     ax2.axhspan(0.9, 1.1, color="g", alpha=0.15, label="±10 %")
     ax2.axhline(1.0, color="k", lw=0.8)
-    ax2.set_ylabel("%%amp median / Timer median")
+    ax2.set_yscale("log")
+    ax2.set_ylabel("%%amp median / Timer median (log)")
     m = result["machine"]
     fig.suptitle(f"nbaccel suite ({result['size']}): {m['device_name']}, torch {m['torch']}, {m['date']}")
     fig.tight_layout()

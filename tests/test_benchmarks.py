@@ -83,6 +83,16 @@ def test_json_plot_and_compare(small_suite, tmp_path, capsys):
     assert cli.main(["compare", old, new, "--threshold", "0.6"]) == 0
 
 
+def test_markdown_table(small_suite, tmp_path, capsys):
+    md = suite.markdown(small_suite)
+    rows = [line for line in md.splitlines() if line.startswith("| gemm |")]
+    assert len(rows) == len(small_suite["workloads"][0]["variants"])
+    assert all(line.count("|") == 11 for line in rows) and "peak unknown" in rows[0]
+    assert "| %%amp harness per run |" in md and "load average" in md
+    path = suite.save(small_suite, str(tmp_path / "s.json"))
+    assert cli.main(["markdown", path]) == 0 and capsys.readouterr().out.strip() == md.strip()
+
+
 def test_compare_refuses_foreign_json(tmp_path):
     bad = tmp_path / "x.json"
     bad.write_text("{}")
