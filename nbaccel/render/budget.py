@@ -2,7 +2,8 @@
 
 All four share ``kind`` "budget"/"estimate" (see `render.__init__`); ``view`` picks the layout.
 The gauge is an HTML bar in an element with class ``nbaccel-gauge`` (and, as a widget, a
-FloatProgress carrying the same class) so browser tests can find it.
+FloatProgress carrying the same class) so browser tests can find it. The CSS targets only the HTML
+``span`` gauge: the page-wide style must not restyle the widget (it collapsed the FloatProgress bar to 0 px).
 """
 
 from __future__ import annotations
@@ -12,11 +13,11 @@ from .common import bullet_list, esc, table, text_table, wrap
 
 GAUGE_CSS = """
 <style>
-.nbaccel-gauge {display: inline-block; width: 220px; height: 12px; background: rgba(127,127,127,0.2);
+span.nbaccel-gauge {display: inline-block; width: 220px; height: 12px; background: rgba(127,127,127,0.2);
   vertical-align: middle; margin-right: 8px}
-.nbaccel-gauge > span {display: block; height: 12px; background: #4a90d9}
-.nbaccel-gauge.near > span {background: #d9a441}
-.nbaccel-gauge.over > span {background: #d9534f}
+span.nbaccel-gauge > span {display: block; height: 12px; background: #4a90d9}
+span.nbaccel-gauge.near > span {background: #d9a441}
+span.nbaccel-gauge.over > span {background: #d9534f}
 </style>
 """
 
