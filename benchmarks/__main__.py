@@ -58,8 +58,11 @@ def main(argv=None) -> int:
     print(f"\nwrote {a.out}")
     if not a.no_plot:
         png = a.plot or os.path.splitext(a.out)[0] + ".png"
-        suite.plot(result, png)
-        print(f"wrote {png}")
+        try:
+            suite.plot(result, png)
+            print(f"wrote {png}")
+        except ImportError as exc:  # matplotlib is in the [lab] and [test] extras, not a core dependency
+            print(f"no plot: {exc} (pip install matplotlib)")
     return 0
 
 
