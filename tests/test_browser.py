@@ -280,7 +280,8 @@ def test_quickstart_widgets_render_in_jupyterlab(lab, browser, screenshot_dir):
         body = notebook.inner_text()
         assert "Error displaying widget" not in body
         assert "Loading widget..." not in body, "a widget never finished loading (is jupyterlab_widgets installed?)"
-        page.screenshot(path=str(screenshot_dir / "quickstart_lab.png"), full_page=True)
+        amp.first.scroll_into_view_if_needed()
+        page.screenshot(path=str(screenshot_dir / "quickstart_lab.png"))
 
         widget_errors = [e for e in console_errors + page_errors if WIDGET_ERROR.search(e)]
         assert not widget_errors, "the browser console reported widget errors:\n" + "\n".join(widget_errors)
