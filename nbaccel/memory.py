@@ -217,6 +217,8 @@ def parse_bytes(text: str) -> int:
     value = float(match.group(1)) * _UNITS[(match.group(2) or "b").lower()]
     if value <= 0:
         raise ValueError(f"a size must be positive, got {text!r}")
+    if value > 2**64:  # also catches 1e309 -> inf, which int() cannot take
+        raise ValueError(f"{text!r} is larger than any machine's memory; write e.g. 6GiB")
     return int(value)
 
 

@@ -114,6 +114,13 @@ def test_memory_budget_lines_are_accepted_or_usage_errors(ip, tokens):
     assert {name: list(cbs) for name, cbs in ip.events.callbacks.items()} == before, line
 
 
+@pytest.mark.parametrize("line", ["1e309", "1e309GiB", "99999999999999999999TiB"])
+def test_absurd_budgets_are_usage_errors(ip, line):
+    # Found by a long fuzz run: 1e309 overflowed to inf and int(inf) raised OverflowError.
+    with pytest.raises(UsageError):
+        ip.run_line_magic("memory_budget", line)
+
+
 @pytest.mark.parametrize("line", ["--dtype 'bf16", '--result "a b', "-r ''", "--repeat 1e3", "--warmup=-3"])
 def test_quoting_mistakes(ip, line):
     with pytest.raises(UsageError):
