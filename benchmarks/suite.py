@@ -269,7 +269,7 @@ def _num(x) -> str:
 def markdown(result: dict) -> str:
     """The suite's table as Markdown, for docs/benchmarks.md (``python -m benchmarks markdown FILE``)."""
     m = result["machine"]
-    out = [f"| workload | variant | %%amp median (IQR) | Timer median | ratio | within 10 % | peak memory | "
+    out = ["| workload | variant | %%amp median (IQR) | Timer median | ratio | within 10 % | peak memory | "
            "speedup vs fp32 | FLOP/s | of peak |", "|---|---|---|---|---|---|---|---|---|---|"]
     for w in result["workloads"]:
         base = next((r for r in w["variants"] if r["variant"] == "fp32"), None)

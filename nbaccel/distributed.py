@@ -38,7 +38,6 @@ import socket
 import statistics
 from dataclasses import dataclass, field
 
-import torch
 import torch.distributed as dist
 
 __all__ = ["is_distributed", "rank", "world_size", "run_all", "gather", "gather_amp", "compare_amp", "profile",

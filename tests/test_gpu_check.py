@@ -30,7 +30,8 @@ def test_dry_run_writes_a_report(tmp_path):
     env = report["environment"]
     assert report["dry_run"] is True and report["size"] == "small" and env["date"] and env["torch"]
     checks = report["checks"]
-    for name in ("amp_tf32", "amp_fp16_gradscaler", "profile_tensor_cores", "budget_enforce_oom"):
+    for name in ("gemm_bf16_throughput", "amp_tf32", "amp_fp16_gradscaler", "profile_tensor_cores",
+                 "budget_enforce_oom"):
         assert checks[name]["status"] == "skipped" and "--dry-run" in checks[name]["summary"]
     assert checks["gpu_tests"]["status"] == "pass", checks["gpu_tests"]
     assert checks["benchmark_suite"]["status"] == "pass", checks["benchmark_suite"]
@@ -73,8 +74,13 @@ def test_h200_targets_are_judged_only_on_an_h200(tmp_path):
                                        "peak_source": "H200 SXM dense bf16 peak"}]}]}
     path = tmp_path / "suite.json"
     path.write_text(json.dumps(suite))
-    h200 = mod.targets(path, {"cuda_available": True, "gpu": "NVIDIA H200"}, dry_run=False)
+    checks = {"gemm_bf16_throughput": {"status": "pass", "details": {"fraction_of_peak": 0.69,
+                                                                     "peak_source": "H200 SXM datasheet"}}}
+    h200 = mod.targets(path, {"cuda_available": True, "gpu": "NVIDIA H200"}, dry_run=False, checks=checks)
     assert h200["transformer_bf16_speedup"]["status"] == "pass"
-    assert h200["gemm_bf16_fraction_of_peak"]["status"] == "fail"
-    other = mod.targets(path, {"cuda_available": True, "gpu": "NVIDIA A100-SXM4-80GB"}, dry_run=False)
+    gemm = h200["gemm_bf16_fraction_of_peak"]
+    assert gemm["status"] == "fail" and "69.0%" in gemm["summary"] and "50.0%" in gemm["summary"]
+    other = mod.targets(path, {"cuda_available": True, "gpu": "NVIDIA A100-SXM4-80GB"}, dry_run=False, checks=checks)
     assert all(t["status"] == "skipped" and "not judged" in t["summary"] for t in other.values())
+    no_check = mod.targets(path, {"cuda_available": True, "gpu": "NVIDIA H200"}, dry_run=False, checks={})
+    assert no_check["gemm_bf16_fraction_of_peak"]["status"] == "skipped"
