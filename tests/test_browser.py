@@ -92,7 +92,10 @@ def lab(tmp_path_factory):
     (settings / "@jupyterlab" / "apputils-extension").mkdir(parents=True)
     (settings / "@jupyterlab" / "apputils-extension" / "notification.jupyterlab-settings").write_text(
         json.dumps({"fetchNews": "false", "checkForUpdates": False}))
+    # Private config/data/runtime dirs: a user's own settings or a "python3" kernelspec pointing at another
+    # Python must not change what this test sees (the kernel is this interpreter's ipykernel).
     env = {**os.environ, "JUPYTER_CONFIG_DIR": str(root / "config"), "JUPYTER_RUNTIME_DIR": str(root / "runtime"),
+           "JUPYTER_DATA_DIR": str(root / "data"),
            "JUPYTERLAB_SETTINGS_DIR": str(settings), "JUPYTERLAB_WORKSPACES_DIR": str(root / "workspaces"),
            "PYTHONUNBUFFERED": "1"}
     cmd = [sys.executable, "-m", "jupyterlab", "--no-browser", "--ip=127.0.0.1", f"--port={port}",
