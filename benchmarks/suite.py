@@ -76,11 +76,17 @@ def run_workload(name: str, dev: torch.device, size: str, log=print) -> dict:
         else:
             names.append(v)
     t0 = time.perf_counter()
+    # Timer's samples bracket compare_amp's in time (half before, half after), so a change in
+    # machine load during the workload weighs on both sides alike.
+    first = repeat // 2
+    timer = {v: measure.timer_stats(wl, measure.recipe_for(v, dev), warmup, first) if first else [] for v in names}
     amp = measure.amp_variants(wl, dev, names, warmup, repeat)
+    for v in names:
+        timer[v] += measure.timer_stats(wl, measure.recipe_for(v, dev), warmup, repeat - first)
     rows = []
     for v in names:
         variant = amp[v]
-        times = measure.timer_stats(wl, measure.recipe_for(v, dev), warmup, repeat)
+        times = timer[v]
         t_med = measure.median(times)
         agree = measure.agreement(variant.median, t_med)
         peak, peak_source = measure.device_peak(dev, v)
