@@ -150,7 +150,7 @@ class RankReport:
 
     def __str__(self) -> str:
         lines = [f"nbaccel {self.kind} across {self.world_size} rank(s):",
-                 f"  {'metric':<22} {'min':>12} {'median':>12} {'max':>12}  slowest"]
+                 f"  {'metric':<22} {'min':>12} {'median':>12} {'max':>12}  max at (slowest / largest)"]
         for m in self.metrics:
             s = self.stats(m)
             if s["min"] is None:
