@@ -26,7 +26,7 @@ from typing import Callable
 import pandas as pd
 import torch
 
-from .device import DTYPE_NAMES, DeviceError, DeviceInfo, device_info, resolve_device
+from .device import DTYPE_NAMES, DeviceInfo, device_info, resolve_device
 from .flops import OpAudit, precision_summary
 from .memory import PeakMemory, PeakMeter, format_bytes
 from .precision import FP32, Recipe, apply_recipe, describe, make_recipe
@@ -344,12 +344,7 @@ def compare_amp(
         raise ValueError(f"repeat must be >= 1, got {repeat}; use at least 3 for a spread")
     dev = resolve_device(device)
     info = device_info(dev)
-    if dtype == "tf32":  # TF32 alone, no autocast: the "free" Tensor Core speedup for fp32 code (CUDA, sm80+)
-        if not info.supports_tf32:
-            raise DeviceError(f"TF32 needs a CUDA GPU of compute capability 8.0+; {info.label} has none")
-        amp_recipe = Recipe(dev.type, None, tf32=True)
-    else:
-        amp_recipe = make_recipe(dtype, dev, tf32=tf32)
+    amp_recipe = make_recipe(dtype, dev, tf32=tf32)
     base_recipe = make_recipe(FP32, dev)
     if namespace is None and not state:
         state = _referenced_objects(fn)

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .device import DTYPE_NAMES, DeviceInfo, autocast_dtype, device_info, resolve_device
+from .device import DTYPE_NAMES, DeviceError, DeviceInfo, autocast_dtype, device_info, resolve_device
 
 NEW_TF32_API = hasattr(torch.backends.cuda.matmul, "fp32_precision")
 
@@ -47,6 +47,7 @@ class Recipe:
 
 
 FP32 = "fp32"
+TF32 = "tf32"
 
 
 def make_recipe(dtype: str = "auto", device="auto", tf32: bool = True, cudnn_benchmark: bool | None = None) -> Recipe:
@@ -59,6 +60,11 @@ def make_recipe(dtype: str = "auto", device="auto", tf32: bool = True, cudnn_ben
     dev = resolve_device(device)
     info = device_info(dev)
     tf32_setting = bool(tf32) if info.supports_tf32 else None
+    if dtype == TF32:  # TF32 alone, no autocast: the "free" Tensor Core speedup for fp32 code
+        if not info.supports_tf32:
+            raise DeviceError(f"TF32 needs a CUDA GPU of compute capability 8.0+; {info.label} has none. "
+                              "Use --dtype bf16 here")
+        return Recipe(dev.type, None, tf32=True)
     if dtype == FP32:
         return Recipe(dev.type, None, tf32=False if info.supports_tf32 else None)
     return Recipe(

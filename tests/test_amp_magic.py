@@ -126,6 +126,8 @@ def test_bad_input_is_a_usage_error_and_the_cell_does_not_run(run_cell, ip, line
 def test_cuda_without_gpu_is_a_usage_error(ip):
     with pytest.raises(UsageError, match="sees no CUDA GPU"):
         ip.run_cell_magic("amp", "--device cuda", "1")
+    with pytest.raises(UsageError, match="TF32 needs a CUDA GPU"):
+        ip.run_cell_magic("amp", "--dtype tf32", "1")
 
 
 def test_empty_cell_is_a_usage_error(ip):

@@ -69,7 +69,7 @@ def test_amp_lines_are_accepted_as_documented_or_usage_errors(ip, monkeypatch, t
         return
     except _Accepted as accepted:
         kwargs = accepted.args[0]
-        assert kwargs["dtype"] in ("bf16", "fp16", "auto")
+        assert kwargs["dtype"] in ("bf16", "fp16", "auto", "tf32")
         assert kwargs["repeat"] >= 1 and kwargs["warmup"] >= 0
         assert 0 < kwargs["max_snapshot_fraction"] <= 1
         assert kwargs["device"].type in ("cpu", "cuda")

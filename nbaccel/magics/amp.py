@@ -8,17 +8,20 @@ from IPython.core.magic_arguments import argument, magic_arguments
 
 from ..amp import compare_amp
 from ..device import DeviceError, autocast_dtype, device_info, resolve_device
+from ..precision import make_recipe
 from ..render.display import display_result
 from ..snapshot import SnapshotTooLarge
 from .common import parse_line, cell_function, check_name, history_name, positive, silenced, store_result
 
-DTYPES = ("bf16", "fp16", "auto")
+DTYPES = ("bf16", "fp16", "auto", "tf32")
 
 
 @magics_class
 class AmpMagics(Magics):
     @magic_arguments()
-    @argument("--dtype", default="auto", help="autocast dtype: bf16, fp16 or auto (bf16 where supported, else fp16)")
+    @argument("--dtype", default="auto",
+              help="autocast dtype: bf16, fp16 or auto (bf16 where supported, else fp16); tf32 = no autocast, "
+                   "TF32 only (CUDA sm80+)")
     @argument("--device", default="auto", help="auto, cpu or cuda[:N] (default: cuda when present)")
     @argument("--no-tf32", action="store_true", help="leave TF32 off for the mixed-precision run (CUDA, Ampere+)")
     @argument("--warmup", type=int, default=1, help="untimed rounds of both variants first (default 1)")
@@ -57,7 +60,10 @@ class AmpMagics(Magics):
             raise UsageError("%%amp needs code in the cell below the magic line")
         try:
             device = resolve_device(args.device)
-            autocast_dtype(args.dtype, device_info(device))
+            if args.dtype.lower() == "tf32":
+                make_recipe("tf32", device)
+            else:
+                autocast_dtype(args.dtype, device_info(device))
         except DeviceError as exc:
             raise UsageError(str(exc)) from None
         run = cell_function(self.shell, cell)
