@@ -50,7 +50,8 @@ import pandas as pd
 import torch
 
 from . import profile_table as pt
-from .analysis import TraceData, achieved_flops, busy_time, category_breakdown, load_trace, tensor_core_share
+from .analysis import (TraceData, achieved_flops, busy_time, category_breakdown, communication_share, load_trace,
+                       tensor_core_share)
 from .device import DeviceError, DeviceInfo, device_info, resolve_device
 from .precision import Recipe, apply_recipe, make_recipe
 from .results import ResultMixin
@@ -424,20 +425,33 @@ class ProfileResult(ResultMixin):
     trace: TraceData = field(repr=False)
     op_events: pd.DataFrame = field(repr=False)  # one row per op event: trace.ops + source + memory
     recipe_label: str | None = None
-    cudnn_benchmark: bool = False
+    cudnn_benchmark: bool | None = False  # None: unknown (a loaded trace does not record it)
     trace_path: str | None = None
     trace_files: list = field(default_factory=list)
     doc: dict = field(default=None, repr=False)  # the raw Chrome trace, for export_chrome_trace
     value: object = field(default=None, repr=False)  # last run's value (not serialized)
+    # Set for a trace recorded elsewhere (nbaccel.load_trace): file(s), GPU, rank, skipped events.
+    # None for a live profile; renderers and advice read it to say which of the two they show.
+    loaded: dict | None = None
     _grouped: dict = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
     def from_trace(cls, doc: dict, info: DeviceInfo, options: ProfileOptions, recipe: Recipe | None = None,
                    cudnn_benchmark: bool = False, trace_path: str | None = None, trace_files=()) -> "ProfileResult":
         """Analyse a parsed Chrome trace (live, or recorded elsewhere) into a result."""
-        trace = load_trace(doc)
+        return cls.from_trace_data(load_trace(doc), doc.get("traceEvents", []), info, options, recipe=recipe,
+                                   cudnn_benchmark=cudnn_benchmark, trace_path=trace_path,
+                                   trace_files=trace_files, doc=doc)
+
+    @classmethod
+    def from_trace_data(cls, trace: TraceData, events, info: DeviceInfo, options: ProfileOptions,
+                        recipe: Recipe | None = None, cudnn_benchmark: bool | None = False,
+                        trace_path: str | None = None, trace_files=(), doc: dict | None = None,
+                        loaded: dict | None = None) -> "ProfileResult":
+        """A result from an already parsed `TraceData`. ``events`` (raw Chrome events) are only
+        read for ``options.stack`` (python_function frames) and ``options.memory`` ([memory]
+        events); `nbaccel.load_trace` streams big files and passes just those events."""
         ops = trace.ops
-        events = doc.get("traceEvents", [])
         extra = {"shapes": [pt._shape_text(d) for d in ops["input_dims"]] if len(ops) else []}
         if options.stack:
             extra["source"] = pt.source_by_op(events, ops)
@@ -447,7 +461,7 @@ class ProfileResult(ResultMixin):
         op_events = ops.assign(**extra) if len(ops) else ops.assign(**{k: [] for k in extra})
         return cls(device=info, options=options, trace=trace, op_events=op_events,
                    recipe_label=recipe.label if recipe else None, cudnn_benchmark=cudnn_benchmark,
-                   trace_path=trace_path, trace_files=list(trace_files), doc=doc)
+                   trace_path=trace_path, trace_files=list(trace_files), doc=doc, loaded=loaded)
 
     # -- headline numbers --
 
@@ -508,10 +522,13 @@ class ProfileResult(ResultMixin):
             peak_note = "peak unknown: nbaccel has no peak table for CPUs, so no fraction of peak is shown"
         return {
             "device": self.device.label,
-            "profiled": "CUDA + CPU" if self.device.type == "cuda" else "CPU only (no CUDA device: CPU ops profiled)",
+            "profiled": (self.loaded["label"] if self.loaded else
+                         "CUDA + CPU" if self.device.type == "cuda" else "CPU only (no CUDA device: CPU ops profiled)"),
             "recipe": self.recipe_label,
             "wall_us": self.window_us,
-            "steps": self.options.steps,
+            # a loaded trace: the ProfilerStep ranges it holds (0 when it was recorded without a schedule)
+            "steps": len(self.step_times_us) if self.loaded else self.options.steps,
+            "unknown_events": int(sum(self.trace.unknown_events.values())),
             "warmup": self.options.warmup,
             "step_times_us": self.step_times_us,
             "device_time_us": self.device_time_us if self.on_device else None,
@@ -569,6 +586,16 @@ class ProfileResult(ResultMixin):
         return tensor_core_share(self.trace)
 
     @functools.cached_property
+    def streams(self) -> pd.DataFrame:
+        """Busy time per (device, stream): union of its kernels and copies, idle fraction of the window."""
+        return busy_time(self.trace, by="stream") if self.on_device else pd.DataFrame()
+
+    @functools.cached_property
+    def communication(self):
+        """`Share` of kernel time in communication kernels (NCCL, all-reduce); None on the CPU."""
+        return communication_share(self.trace)
+
+    @functools.cached_property
     def fp32_misses(self) -> pd.DataFrame:
         return pt.fp32_tensor_core_misses(self.op_events) if self.on_device else pd.DataFrame()
 
@@ -595,6 +622,8 @@ class ProfileResult(ResultMixin):
 
     def export_chrome_trace(self, path: str) -> str:
         """Write the Chrome/Perfetto trace (``.json``, or gzipped ``.json.gz``); open it at ui.perfetto.dev."""
+        if self.doc is None:  # a loaded trace: copy its file rather than keep the parsed document
+            return _copy_trace_file(self.trace_files, path)
         data = json.dumps(self.doc).encode()
         if str(path).endswith(".gz"):
             data = gzip.compress(data)
@@ -614,6 +643,7 @@ class ProfileResult(ResultMixin):
             "categories": clean(self.categories),
             "tensor_cores": {"share": tc.value, "tensor_core_us": tc.part_us, "kernel_us": tc.total_us,
                              "unknown_us": tc.unknown_us, "reason": tc.reason},
+            "communication_share": self.communication.value,
             "fp32_without_tensor_cores": clean(self.fp32_misses),
             "unaligned": self.unaligned,
             "kernels": clean(self.kernels),
@@ -621,7 +651,22 @@ class ProfileResult(ResultMixin):
             "cudnn_benchmark": self.cudnn_benchmark,
             "trace_path": self.trace_path,
             "trace_files": self.trace_files,
+            "loaded": _json_safe(self.loaded),
         }
+
+
+def _copy_trace_file(sources: list, path: str) -> str:
+    if len(sources) != 1:
+        raise ProfileError(f"this result was loaded from {len(sources)} files ({', '.join(map(str, sources[:3]))}"
+                           f"{', ...' if len(sources) > 3 else ''}); open those in Perfetto, one per step")
+    with open(sources[0], "rb") as fh:
+        data = fh.read()
+    if data[:2] == b"\x1f\x8b":
+        data = gzip.decompress(data)
+    if str(path).endswith(".gz"):
+        data = gzip.compress(data)
+    Path(path).expanduser().write_bytes(data)
+    return str(path)
 
 
 def _json_safe(value):
@@ -677,8 +722,9 @@ def advise(result: ProfileResult) -> list[str]:
         conv = ops[ops["name"].str.contains("conv", case=False) & (ops["device_self_us"] > 0)]
         conv_share = float(conv["device_self_us"].sum()) / result.device_time_us
         if conv_share >= CONV_SHARE and not result.cudnn_benchmark:
+            state = "is off" if result.cudnn_benchmark is False else "is not recorded in the trace"
             notes.append(f"Convolutions take {conv_share:.0%} of device time and torch.backends.cudnn.benchmark "
-                         "is off: with fixed input shapes, turn it on to let cuDNN pick the fastest algorithm.")
+                         f"{state}: with fixed input shapes, turn it on to let cuDNN pick the fastest algorithm.")
     misses = result.fp32_misses
     if len(misses):
         names = ", ".join(sorted(set(misses["name"])))
@@ -694,7 +740,7 @@ def advise(result: ProfileResult) -> list[str]:
         notes.append("Matmul/conv dims not multiples of 8 (16 for int8): "
                      + ", ".join(f"{a} -> pad to {b}" for a, b in shown)
                      + "; padded sizes fill Tensor Core / AMX tiles.")
-    if result.device.type == "cpu":
+    if result.device.type == "cpu" and result.loaded is None:
         notes.append("Profiled on the CPU (no CUDA device): times are CPU times; GPU figures need a GPU.")
     return notes
 

@@ -13,6 +13,7 @@ Tensor Core share, so callers report those kernels separately.
 """
 from __future__ import annotations
 
+import functools
 import re
 
 __all__ = [
@@ -92,6 +93,9 @@ _TRITON_NOT_TC = re.compile(r"^triton_(?:poi|red|per)_")
 _GEMM_LIKE = re.compile(r"(?<![a-z])(?:gemm|mma|matmul|conv(?:olution)?)(?![a-z])", re.IGNORECASE)
 
 
+# Cached: the trace loader asks once per kernel *event* (tens of thousands in a big trace, a few
+# hundred distinct names), and each call runs up to a dozen regexes over names of up to 1.8k chars.
+@functools.lru_cache(maxsize=16384)
 def uses_tensor_cores(kernel_name: str) -> bool | None:
     """Whether a CUDA kernel runs on Tensor Cores, judged from its name.
 
@@ -247,6 +251,7 @@ _OP_COPY = re.compile(
 )
 
 
+@functools.lru_cache(maxsize=16384)  # once per op event otherwise (100k+ in a big trace)
 def op_category(op_name: str) -> str:
     """Coarse category of a CPU-side profiler op (``aten::addmm``, ``Optimizer.step#Adam.step``...).
 

@@ -8,5 +8,6 @@ from .amp import AmpMagics
 from .budget import BudgetMagics
 from .env import EnvMagics
 from .profile import ProfileMagics
+from .trace import TraceMagics
 
-MAGIC_CLASSES = (AmpMagics, EnvMagics, ProfileMagics, BudgetMagics)
+MAGIC_CLASSES = (AmpMagics, EnvMagics, ProfileMagics, BudgetMagics, TraceMagics)

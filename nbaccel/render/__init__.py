@@ -8,7 +8,7 @@ something true. Shared pieces (escaping, tables, bars, CSS) are in `common`.
 
 import importlib
 
-_BY_KIND = {"amp": "amp", "profile": "profile", "budget": "budget", "estimate": "budget", "env": "env"}
+_BY_KIND = {"amp": "amp", "profile": "profile", "budget": "budget", "estimate": "budget", "env": "env", "multirank": "multirank"}
 
 
 def renderer(result):

@@ -8,6 +8,7 @@ thousands of op events.
 from __future__ import annotations
 
 import math
+import os
 
 from ..analysis import CATEGORIES
 from ..memory import format_bytes
@@ -91,6 +92,9 @@ def _rows(result, frame, cols):
 def header_items(result) -> list[tuple[str, str]]:
     h = result.header
     steps = f"{h['steps']} step{'s' if h['steps'] > 1 else ''}" + (f" after {h['warmup']} warmup" if h["warmup"] else "")
+    if result.loaded:
+        steps = (f"{h['steps']} ProfilerStep range{'s' if h['steps'] > 1 else ''}" if h["steps"]
+                 else "no ProfilerStep ranges")
     items = [("wall time", f"{_time(h['wall_us'])} ({steps})")]
     if result.on_device:
         items.append(("device time", _time(h["device_time_us"])))
@@ -106,17 +110,31 @@ def header_items(result) -> list[tuple[str, str]]:
         items.append(("achieved", "no FLOP formula matched an op"))
     if h["fraction_of_peak"] is not None:
         items.append(("of peak", f"{h['fraction_of_peak']:.1%}"))
+    if h.get("unknown_events"):
+        kinds = ", ".join(sorted(result.trace.unknown_events, key=result.trace.unknown_events.get, reverse=True)[:3])
+        items.append(("skipped", f"{h['unknown_events']:,} events of unknown kinds ({kinds})"))
     return items
 
 
 def title(result) -> str:
     h = result.header
+    if result.loaded:
+        where = f"recorded on {h['device']}" if result.on_device else "a CPU-only trace"
+        return f"{h['profiled']} -- {where}; analysed from the file, not a live run"
     recipe = f", under {h['recipe']}" if h["recipe"] else ""
     return f"%%profile_gpu on {h['device']} -- {h['profiled']}{recipe}"
 
 
 def method(result) -> str:
     o = result.options
+    if result.loaded:
+        return ("torch.profiler Chrome trace recorded elsewhere, streamed from "
+                + ", ".join(os.path.basename(f) for f in result.loaded["files"][:3])
+                + (f" and {len(result.loaded['files']) - 3} more" if len(result.loaded["files"]) > 3 else "")
+                + f" ({result.loaded['events']:,} events, {result.loaded['load_seconds']:.1f} s). Wall time = span of "
+                "the recorded events; device busy = union of kernel and copy intervals; FLOPs from the recorded input "
+                "shapes; peak from the trace's deviceProperties GPU; Tensor Cores judged from kernel names; events of "
+                "unknown kinds are counted and skipped.")
     flags = ["record_shapes"] + (["profile_memory"] if o.memory else []) + (["with_stack"] if o.stack else [])
     acts = "CPU+CUDA" if result.device.type == "cuda" else "CPU"
     sched = (f"schedule(warmup={o.warmup}, active={o.steps}): the code ran {o.warmup + o.steps} times, "
@@ -153,8 +171,25 @@ def tensor_core_lines(result) -> list[str]:
     lines = [f"Tensor Core share of kernel time: {tc.value:.1%} ({_time(tc.part_us)} of {_time(tc.total_us)})"]
     if tc.unknown_us:
         lines.append(f"{_time(tc.unknown_us)} in kernels whose name does not tell (counted as non-Tensor-Core)")
+    comm = result.communication
+    if comm.value:
+        lines.append(f"Communication (NCCL / all-reduce) share of kernel time: {comm.value:.1%} "
+                     f"({_time(comm.part_us)} of {_time(comm.total_us)})")
     for r in result.fp32_misses.itertuples():
         lines.append(f"fp32 without Tensor Cores: {r.name} [{r.shapes}] x{r.calls}: {_time(r.device_us)} ({r.share:.0%})")
+    return lines
+
+
+def stream_lines(result, limit: int = 8) -> list[str]:
+    """Busy time per device stream, busiest first (a trace can have dozens of NCCL/side streams)."""
+    bt = result.streams
+    if not len(bt):
+        return []
+    bt = bt.sort_values("busy_us", ascending=False)
+    lines = [f"device {r.device} stream {r.stream}: busy {_time(r.busy_us)} ({1 - r.idle_fraction:.0%} of the "
+             f"{_time(r.window_us)} window), {int(r.count):,} kernels/copies" for r in bt.head(limit).itertuples()]
+    if len(bt) > limit:
+        lines.append(f"... and {len(bt) - limit} more streams")
     return lines
 
 
@@ -189,6 +224,8 @@ def text(result) -> str:
     top = max((r[3] for r in rows), default=1.0) or 1.0
     width = max((len(r[0]) for r in rows), default=0)
     out += [f"  {c.ljust(width)}  {'#' * max(1, round(30 * p / top))} {p:.1f}%  ({_time(t)})" for c, t, n, p in rows]
+    if result.on_device:
+        out += ["", "device busy per stream:", *("  " + s for s in stream_lines(result))]
     out += ["", *tensor_core_lines(result)]
     out += ["", "shapes:", *("  " + s for s in unaligned_lines(result))]
     if result.advice:
@@ -222,6 +259,7 @@ def ops_table_html(result, frame, group: str) -> str:
 
 def details_html(result) -> str:
     parts = ["<h4>Time by category</h4>", categories_html(result),
+             *(["<h4>Device busy per stream</h4>", bullet_list(stream_lines(result))] if result.on_device else []),
              "<h4>Tensor Cores</h4>", bullet_list(tensor_core_lines(result)),
              "<h4>Matmul/conv shapes</h4>", bullet_list(unaligned_lines(result))]
     if len(result.kernels):
@@ -244,9 +282,38 @@ def html(result) -> str:
 
 # --- widget ----------------------------------------------------------------------------------------
 
+# Rows per page of a widget table. A loaded 100 MB trace can have thousands of op rows; an HTML
+# table of all of them makes the frontend stall, so a table is only ever rendered one page at a time.
+PAGE_SIZES = (10, 25, 50, 100, 200)
+
+
+def page_controls(default: int = 25):
+    """A rows-per-page dropdown and a page number box (1-based)."""
+    import ipywidgets as w
+
+    size = w.Dropdown(options=list(PAGE_SIZES), value=default, description="rows/page")
+    page = w.BoundedIntText(value=1, min=1, max=1, description="page")
+    return size, page
+
+
+def page_of(frame, size: int, page: int):
+    """(rows of page ``page``, the page actually shown, number of pages): never more than ``size`` rows."""
+    pages = max(1, math.ceil(len(frame) / size))
+    page = min(max(1, page), pages)
+    start = (page - 1) * size
+    return frame.iloc[start:start + size], page, pages
+
+
+def page_note(page: int, pages: int, size: int, total: int) -> str:
+    if pages <= 1:
+        return ""
+    start = (page - 1) * size
+    return f" -- page {page} of {pages} (rows {start + 1:,}-{min(start + size, total):,})"
+
+
 def widget(result):
-    """Header, then tabs: Operators (sort / ascending / filter / top-K / group-by), Breakdown,
-    Tensor Cores & shapes, Advice. Controls re-render only the visible rows."""
+    """Header, then tabs: Operators (sort / ascending / filter / top-K / group-by, paged), Breakdown,
+    Tensor Cores & shapes, Advice. Controls re-render only the visible page of rows."""
     import ipywidgets as w
 
     from ..profile_table import SORT_COLUMNS
@@ -262,25 +329,38 @@ def widget(result):
     top = w.IntSlider(value=min(result.options.top, max(n_rows, 1)), min=1, max=max(n_rows, result.options.top),
                       description="top K", continuous_update=False)
     group = w.ToggleButtons(options=groups, value=result.options.group, description="group by")
+    size, page = page_controls()
     status = w.HTML()
     ops = w.HTML()
+    updating = [False]  # setting page.value inside refresh must not re-enter it
 
-    def refresh(_=None):
-        grouped = result.grouped(group.value)
-        top.max = max(len(grouped), top.value, 1)
-        frame = result.table(group=group.value, sort=sort.value, ascending=ascending.value,
-                             filter=name_filter.value, top=None)
-        shown = frame.head(top.value)
-        status.value = wrap(f'<span class="muted">{len(shown)} of {len(frame)} rows'
-                            + (f' matching "{esc(name_filter.value)}"' if name_filter.value.strip() else "")
-                            + f" ({len(grouped)} in all)</span>")
-        ops.value = wrap(ops_table_html(result, shown, group.value))
+    def refresh(change=None):
+        if updating[0]:
+            return
+        updating[0] = True
+        try:
+            grouped = result.grouped(group.value)
+            top.max = max(len(grouped), top.value, 1)
+            frame = result.table(group=group.value, sort=sort.value, ascending=ascending.value,
+                                 filter=name_filter.value, top=None)
+            limited = frame.head(top.value)
+            if change is not None and change.owner is not page:
+                page.value = 1  # a new order or filter starts at its first page
+            shown, current, pages = page_of(limited, size.value, page.value)
+            page.max = pages
+            page.value = current
+            status.value = wrap(f'<span class="muted">{len(limited)} of {len(frame)} rows'
+                                + (f' matching "{esc(name_filter.value)}"' if name_filter.value.strip() else "")
+                                + f" ({len(grouped)} in all){page_note(current, pages, size.value, len(limited))}</span>")
+            ops.value = wrap(ops_table_html(result, shown, group.value))
+        finally:
+            updating[0] = False
 
-    for control in (sort, ascending, name_filter, top, group):
+    for control in (sort, ascending, name_filter, top, group, size, page):
         control.observe(refresh, names="value")
     refresh()
-    controls = w.VBox([w.HBox([sort, ascending, top]), w.HBox([name_filter, group])])
-    breakdown = w.HTML(wrap(categories_html(result)
+    controls = w.VBox([w.HBox([sort, ascending, top]), w.HBox([name_filter, group]), w.HBox([size, page])])
+    breakdown = w.HTML(wrap(categories_html(result) + bullet_list(stream_lines(result))
                             + (table(["kernel", "calls", "time", "category", "Tensor Cores"], kernel_rows(result))
                                if len(result.kernels) else "")))
     cores = w.HTML(wrap("<h4>Tensor Cores</h4>" + bullet_list(tensor_core_lines(result))

@@ -1,0 +1,297 @@
+"""Read torch.profiler Chrome traces from disk without holding the whole document in memory.
+
+``json.loads`` of a trace builds a Python dict per event before anything is analysed: about
+5-6x the file size in RSS for a 100 MB trace (measured by ``benchmarks/bench_trace.py``), on
+top of the tables built from it. Here the file is decoded in chunks and the ``traceEvents``
+array is yielded one event at a time (``json.JSONDecoder.raw_decode``, the C scanner, on a
+sliding text buffer), so only the current event and the analysis columns are alive.
+``.json`` and gzip (by magic bytes, not by suffix) are read as streams.
+
+Every failure is a `TraceError` naming the file and what was wrong: no such file, a directory,
+an empty file, binary data, invalid JSON (with the character offset), a truncated gzip stream,
+JSON that is not a trace.
+
+Folders: `trace_files` finds ``*.json``/``*.json.gz`` traces and `peek_rank` reads a file's
+``distributedInfo.rank`` cheaply (from the top of the file, where Kineto writes it; else from
+the last MiB, where some writers put their header keys), falling back to the file name
+(``rank-0.json.gz``, ``*.rank0.*``, ``rank_3``).
+"""
+
+from __future__ import annotations
+
+import gzip
+import io
+import json
+import re
+import zlib
+from pathlib import Path
+from typing import Any, Iterator
+
+from .analysis.trace import TraceError
+
+__all__ = ["TraceStream", "trace_files", "peek_rank", "rank_from_name"]
+
+_CHUNK = 1 << 20  # characters decoded per read; a Kineto event is at most a few kB
+_WS = re.compile(r"[ \t\n\r]*")
+_SEP = re.compile(r"[ \t\n\r]*,")  # the comma after an event, with nothing cut off before it
+_DECODER = json.JSONDecoder()
+
+
+class TraceStream:
+    """One trace file, decoded lazily.
+
+    ``events()`` yields the ``traceEvents`` elements in file order; once it is exhausted,
+    ``header`` holds every other top-level key (Kineto writes some before the events and some,
+    e.g. ``baseTimeNanoseconds`` or, in TraceLens files, ``deviceProperties``, after them).
+    ``peek_header()`` parses only up to the events.
+    """
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path).expanduser()
+        self.where = str(path)
+        self.header: dict[str, Any] = {}
+        self.event_count = 0
+        self._check_file()
+
+    def _check_file(self) -> None:
+        p = self.path
+        if not p.exists():
+            raise TraceError(f"{self.where}: no such file")
+        if p.is_dir():
+            raise TraceError(f"{self.where}: is a directory, expected a .json or .json.gz trace file")
+        if p.stat().st_size == 0:
+            raise TraceError(f"{self.where}: file is empty, expected a torch.profiler JSON trace")
+
+    # -- low level: a sliding window over the decoded text --
+
+    def _open(self) -> None:
+        try:
+            raw = open(self.path, "rb")  # noqa: SIM115 - closed in _close
+        except OSError as exc:
+            raise TraceError(f"{self.where}: cannot read ({exc})") from exc
+        self.gzipped = raw.read(2) == b"\x1f\x8b"
+        raw.seek(0)
+        self._raw = raw
+        binary = gzip.GzipFile(fileobj=raw, mode="rb") if self.gzipped else raw
+        self._text = io.TextIOWrapper(binary, encoding="utf-8", errors="strict")
+        self._buf, self._pos, self._eof, self._consumed = "", 0, False, 0
+
+    def _close(self) -> None:
+        try:
+            self._text.close()
+        finally:
+            self._raw.close()
+
+    def _fill(self) -> bool:
+        """Append the next chunk to the buffer (dropping what was consumed); False at EOF."""
+        if self._eof:
+            return False
+        try:
+            chunk = self._text.read(_CHUNK)
+        except (EOFError, zlib.error, gzip.BadGzipFile) as exc:
+            raise TraceError(f"{self.where}: truncated or corrupt gzip data ({exc})") from None
+        except UnicodeDecodeError as exc:
+            raise TraceError(f"{self.where}: not JSON text (binary data: {exc.reason})") from None
+        except OSError as exc:
+            raise TraceError(f"{self.where}: cannot read ({exc})") from None
+        if not chunk:
+            self._eof = True
+            return False
+        self._consumed += self._pos
+        self._buf = self._buf[self._pos:] + chunk
+        self._pos = 0
+        return True
+
+    def _peek(self) -> str:
+        """The next non-whitespace character ('' at EOF), without consuming it."""
+        while True:
+            self._pos = _WS.match(self._buf, self._pos).end()
+            if self._pos < len(self._buf):
+                return self._buf[self._pos]
+            if not self._fill():
+                return ""
+
+    def _expect(self, chars: str, context: str) -> str:
+        c = self._peek()
+        if c == "" or c not in chars:
+            self._bad(f"expected {' or '.join(repr(x) for x in chars)} {context}, found "
+                      + (repr(c) if c else "the end of the file"))
+        self._pos += 1
+        return c
+
+    def _value(self) -> Any:
+        """Decode the next JSON value. A value that reaches the end of the buffer is re-read
+        with more text, so a number or an object cut by the chunk boundary is never taken."""
+        self._peek()
+        while True:
+            try:
+                value, end = _DECODER.raw_decode(self._buf, self._pos)
+            except json.JSONDecodeError as exc:
+                if self._fill():
+                    continue
+                self._bad(exc.msg, self._consumed + exc.pos)
+            if end >= len(self._buf) and self._fill():
+                continue
+            self._pos = end
+            return value
+
+    def _bad(self, what: str, offset: int | None = None) -> None:
+        at = self._consumed + self._pos if offset is None else offset
+        cut = " (the file ends early: a trace cut off while writing looks like this)" if self._eof else ""
+        raise TraceError(f"{self.where}: not valid JSON: {what} at character {at:,}{cut}")
+
+    # -- the document --
+
+    def _top(self) -> str:
+        c = self._peek()
+        if c == "":
+            raise TraceError(f"{self.where}: file is empty, expected a torch.profiler JSON trace")
+        if c not in "{[":
+            try:
+                kind = type(self._value()).__name__
+            except TraceError:
+                raise TraceError(f"{self.where}: not JSON text (starts with {c!r})") from None
+            raise TraceError(f"{self.where}: JSON is not a torch.profiler trace (top level is {kind}, "
+                             "expected an object with 'traceEvents')")
+        self._pos += 1
+        return c
+
+    def events(self) -> Iterator[Any]:
+        """Yield every element of ``traceEvents``; fills ``header`` with the other keys."""
+        self._open()
+        try:
+            top = self._top()
+            if top == "[":  # Chrome "JSON Array Format": events only, no header
+                yield from self._array(array_format=True)
+                return
+            seen_events = False
+            if self._peek() == "}":
+                self._pos += 1
+            else:
+                while True:
+                    key = self._value()
+                    if not isinstance(key, str):
+                        self._bad("expected a string key")
+                    self._expect(":", f"after the key {key!r}")
+                    if key == "traceEvents" and self._peek() == "[":
+                        self._pos += 1
+                        seen_events = True
+                        yield from self._array()
+                    else:
+                        self.header[key] = self._value()
+                    if self._expect(",}", "between top-level keys") == "}":
+                        break
+            if not seen_events:
+                found = ", ".join(sorted(map(str, self.header))[:8]) or "no keys"
+                what = ("'traceEvents' is not a list" if "traceEvents" in self.header
+                        else f"no 'traceEvents' list; found {found}")
+                raise TraceError(f"{self.where}: JSON is not a torch.profiler trace ({what})")
+            if self._peek() != "":
+                self._bad("extra data after the top-level object")
+        finally:
+            self._close()
+
+    def _array(self, array_format: bool = False) -> Iterator[Any]:
+        if self._peek() == "]":
+            self._pos += 1
+            return
+        decode, sep = _DECODER.raw_decode, _SEP.match
+        while True:
+            # Fast path (almost every event): "<ws>{...}<ws>," decoded straight from the buffer.
+            # Anything else -- an event cut by the chunk end, the closing bracket, bad JSON --
+            # goes through the careful _value/_expect path.
+            buf, pos = self._buf, self._pos
+            try:
+                ev, end = decode(buf, _WS.match(buf, pos).end())
+                m = sep(buf, end)
+            except json.JSONDecodeError:
+                m = None
+            if m is not None:
+                self._pos = m.end()
+            else:
+                ev = self._value()
+            if array_format and self.event_count < 50 and not (isinstance(ev, dict) and "ph" in ev):
+                raise TraceError(f"{self.where}: JSON is not a torch.profiler trace (a top-level list whose "
+                                 f"element {self.event_count} is not a trace event)")
+            self.event_count += 1
+            yield ev
+            if m is None and self._expect(",]", f"after event {self.event_count:,} of traceEvents") == "]":
+                return
+
+    def peek_header(self) -> dict[str, Any]:
+        """Top-level keys written before ``traceEvents`` (stops there; the file is not read on)."""
+        self._open()
+        try:
+            if self._top() == "[" or self._peek() == "}":
+                return {}
+            while True:
+                key = self._value()
+                self._expect(":", f"after the key {key!r}")
+                if key == "traceEvents":
+                    return self.header
+                self.header[key] = self._value()
+                if self._expect(",}", "between top-level keys") == "}":
+                    return self.header
+        finally:
+            self._close()
+
+    def tail_text(self, size: int = 1 << 20) -> str:
+        """The last ``size`` characters of the decoded text (decompressing a gzip stream through)."""
+        self._open()
+        try:
+            tail = ""
+            while self._fill():
+                tail = (tail + self._buf)[-size:]
+                self._buf, self._pos = "", 0
+            return tail
+        finally:
+            self._close()
+
+
+# --- folders --------------------------------------------------------------------------------------
+
+_TRACE_NAME = re.compile(r"\.json(\.gz)?$", re.IGNORECASE)
+_RANK_NAME = re.compile(r"(?:^|[^a-z0-9])rank[-_.]?(\d+)(?:[^0-9]|$)", re.IGNORECASE)
+_DIST_INFO = re.compile(r'"distributedInfo"\s*:\s*(\{[^{}]*\})')
+
+
+def trace_files(folder: str | Path) -> list[Path]:
+    """The trace files directly in ``folder`` (``*.json``, ``*.json.gz``), sorted by name.
+
+    tensorboard_trace_handler names are ``{worker}.{unix ms}.pt.trace.json``, so name order is
+    time order within one worker; HTA's are ``rank-N.json.gz``.
+    """
+    p = Path(folder).expanduser()
+    if not p.exists():
+        raise TraceError(f"{folder}: no such file or folder")
+    files = sorted(f for f in p.iterdir() if f.is_file() and _TRACE_NAME.search(f.name))
+    if not files:
+        others = sorted(f.name for f in p.iterdir())[:5]
+        found = f" (found: {', '.join(others)})" if others else " (the folder is empty)"
+        raise TraceError(f"{folder}: no trace files (*.json, *.json.gz) in this folder{found}")
+    return files
+
+
+def rank_from_name(name: str) -> int | None:
+    m = _RANK_NAME.search(name)
+    return int(m.group(1)) if m else None
+
+
+def peek_rank(path: Path) -> tuple[int | None, int | None, str]:
+    """(rank, world size, where it came from) of one trace file, without loading its events."""
+    stream = TraceStream(path)
+    header = stream.peek_header()
+    info = header.get("distributedInfo")
+    if not isinstance(info, dict):
+        # Header keys after the events (TraceLens writes them there): look at the file's end.
+        m = _DIST_INFO.search(stream.tail_text())
+        if m:
+            try:
+                info = json.loads(m.group(1))
+            except json.JSONDecodeError:
+                info = None
+    if isinstance(info, dict) and isinstance(info.get("rank"), int):
+        ws = info.get("world_size")
+        return info["rank"], ws if isinstance(ws, int) else None, "distributedInfo"
+    rank = rank_from_name(path.name)
+    return rank, None, ("file name" if rank is not None else "unknown")

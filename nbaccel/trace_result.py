@@ -1,0 +1,371 @@
+"""``nbaccel.load_trace``: analyse torch.profiler traces recorded elsewhere (issue 8).
+
+A trace from a cluster job, a nightly run or a colleague becomes the same `ProfileResult` a
+live ``%%profile_gpu`` returns (operator table, kernels with their launching op, categories,
+device busy/idle, Tensor Core share, FLOPs from shapes against the recorded GPU's peak), and
+a folder of per-rank traces becomes a `MultiRankResult` (per-rank step time, compute /
+communication / idle split, the straggler, op tables per rank and merged).
+
+How a path is read:
+
+* **A file** (``.json`` or ``.json.gz``): one `ProfileResult`. The file is streamed
+  (`nbaccel.trace_io`) into the analysis loader, so memory stays a small multiple of the file.
+* **A folder**: every ``*.json``/``*.json.gz`` directly inside it. Each file's rank comes from
+  its ``distributedInfo.rank`` (what Kineto records under torch.distributed), else from its name
+  (``rank-0.json.gz``, ``*.rank3.*``). Files of the same rank are *steps of one run* and are
+  read as one trace (their events chained), which is exactly what ``%%profile_gpu --trace DIR``
+  splits into per-step files: loading the folder gives back the profile with all its
+  ``ProfilerStep`` ranges. Several distinct ranks give a `MultiRankResult`; ``rank=N`` picks
+  one rank's files and returns its `ProfileResult`. Files with a rank mixed with files without
+  one are refused (nbaccel cannot tell which process they belong to).
+
+Bad input is a `TraceError` naming the file and the problem; unknown event kinds are counted
+(``result.trace.unknown_events``, shown in the header) and skipped.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import statistics
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from . import profile_table as pt
+from .analysis.trace import TraceData, TraceError, _build, _metadata
+from .device import DeviceInfo
+from .profile import ProfileError, ProfileOptions, ProfileResult, _json_safe
+from .results import ResultMixin
+from .trace_io import TraceStream, peek_rank, trace_files
+
+__all__ = ["load_trace", "MultiRankResult", "TraceError"]
+
+
+def load_trace(path: str | os.PathLike, *, rank: int | None = None, top: int = 15, sort: str | None = None,
+               shapes: bool = False, stack: bool = False, memory: bool = False):
+    """Load a torch.profiler Chrome trace file, or a folder of them, for analysis.
+
+    Returns a `ProfileResult` (the type ``%%profile_gpu`` returns) for one file or one rank,
+    a `MultiRankResult` for a folder holding several ranks. ``top``/``sort``/``shapes`` set the
+    shown table like the magic's options; ``stack`` groups by recorded Python source
+    (with_stack traces) and ``memory`` charges recorded ``[memory]`` events to ops -- both keep
+    those raw events, so they are off by default. Raises `TraceError` for input that is not a
+    readable profiler trace, `ProfileError` for options that cannot apply.
+    """
+    if top < 1:
+        raise ProfileError(f"top must be at least 1, got {top}")
+    if sort is not None and sort not in pt.SORT_COLUMNS:
+        raise ProfileError(f"sort {sort!r} is not a sort key; use one of: {', '.join(pt.SORT_COLUMNS)}")
+    if sort == "memory" and not memory:
+        raise ProfileError("sort 'memory' needs memory=True (--memory): memory events are only read when asked")
+    p = Path(path).expanduser()
+    if not p.exists():
+        raise TraceError(f"{path}: no such file or folder")
+    opts = dict(top=top, sort=sort, shapes=shapes, stack=stack, memory=memory)
+    if p.is_file():
+        if rank is not None:
+            raise ProfileError(f"rank={rank} selects a rank in a folder of traces; {path} is one file")
+        return _load_rank([p], opts, source=str(path))
+    groups = _group_by_rank(p)
+    if rank is not None:
+        if rank not in groups:
+            have = ", ".join(str(r) for r in sorted(groups, key=lambda r: (r is None, r or 0)))
+            raise TraceError(f"{path}: no trace of rank {rank} in this folder (ranks found: {have})")
+        return _load_rank(groups[rank], opts, source=str(path))
+    if len(groups) == 1:
+        (files,) = groups.values()
+        return _load_rank(files, opts, source=str(path))
+    t0 = time.perf_counter()
+    results = {r: _load_rank(files, opts, source=str(path)) for r, files in sorted(groups.items())}
+    return MultiRankResult(folder=str(path), ranks=results, load_seconds=time.perf_counter() - t0)
+
+
+def _group_by_rank(folder: Path) -> dict[int | None, list[Path]]:
+    groups: dict[int | None, list[Path]] = {}
+    origin = {}
+    for f in trace_files(folder):
+        r, _ws, how = peek_rank(f)
+        groups.setdefault(r, []).append(f)
+        origin[f] = how
+    if None in groups and len(groups) > 1:
+        unknown = ", ".join(f.name for f in groups[None][:4])
+        raise TraceError(f"{folder}: cannot tell the rank of {unknown} (no distributedInfo.rank and no 'rank' in "
+                         "the name) while other files have one; move them out or load them one by one")
+    return groups
+
+
+# --- one rank: a file, or the step files of one process ------------------------------------------
+
+def _side_event(ev: dict, stack: bool, memory: bool) -> bool:
+    """Raw events the tables need beyond what the analysis loader keeps (see ProfileResult)."""
+    cat = ev.get("cat")
+    if stack and (cat == "python_function" or cat == "user_annotation"):
+        return True
+    return memory and ev.get("name") == "[memory]"
+
+
+def _load_rank(files: list[Path], opts: dict, source: str) -> ProfileResult:
+    t0 = time.perf_counter()
+    streams = [TraceStream(f) for f in files]
+    side: list = []
+    keep = opts["stack"] or opts["memory"]
+
+    def events():
+        for stream in streams:
+            for ev in stream.events():
+                if keep and isinstance(ev, dict) and _side_event(ev, opts["stack"], opts["memory"]):
+                    side.append(ev)
+                yield ev
+
+    # The analysis loader's one-pass builder consumes the event stream directly. Its header
+    # argument is read only after the events, but the streams fill theirs while being read, so
+    # device properties and rank are set from the complete header afterwards.
+    trace = _build(events(), {}, str(files[0]) if len(files) == 1 else source)
+    header = streams[0].header
+    trace.device_properties = list(header.get("deviceProperties") or [])
+    trace.metadata = _metadata(header)
+    if not len(trace.ops) and not trace.has_device_activity:
+        kinds = ", ".join(f"{k} x{n}" for k, n in trace.event_counts.most_common(6)) or "no events"
+        where = files[0] if len(files) == 1 else source
+        raise TraceError(f"{where}: JSON is not a torch.profiler trace (no cpu_op or kernel events; found {kinds})")
+    info = _device_info(trace)
+    gpu = info.name if info.type == "cuda" else None
+    rank, world = trace.rank, trace.world_size
+    where = files[0].name if len(files) == 1 else f"{Path(source).name}/ ({len(files)} step files)"
+    label = f"loaded trace {where}"
+    if rank is not None:
+        label += f", rank {rank}" + (f" of {world}" if world else "")
+    unknown = dict(trace.unknown_events)
+    loaded = {
+        "label": label,
+        "source": source,
+        "files": [str(f) for f in files],
+        "gpu": gpu,
+        "rank": rank,
+        "world_size": world,
+        "events": int(sum(trace.event_counts.values())),
+        "unknown_events": unknown,
+        "unknown_event_count": int(sum(unknown.values())),
+        "bytes": int(sum(f.stat().st_size for f in files)),
+        "load_seconds": time.perf_counter() - t0,
+    }
+    options = ProfileOptions(top=opts["top"], sort=opts["sort"], memory=opts["memory"], shapes=opts["shapes"],
+                             stack=opts["stack"], device=info.type)
+    if options.sort == "device" and info.type != "cuda":
+        raise ProfileError(f"sort 'device' needs device activity; {where} has no kernels (a CPU-only trace): "
+                           "use self or cpu")
+    result = ProfileResult.from_trace_data(trace, side, info, options, cudnn_benchmark=None,
+                                           trace_path=source, trace_files=[str(f) for f in files], loaded=loaded)
+    loaded["load_seconds"] = time.perf_counter() - t0
+    return result
+
+
+def _device_info(trace: TraceData) -> DeviceInfo:
+    """The recorded device as a `DeviceInfo`: the GPU with most kernel time, from deviceProperties."""
+    if not trace.has_device_activity:
+        return DeviceInfo(type="cpu", index=None, name="recorded on the CPU (no device activity in the trace)")
+    k = trace.kernels
+    device = k.groupby("device")["dur_us"].sum().idxmax() if len(k) else None
+    props = trace.device_props(device) or trace.device_props() or {}
+    cc = (int(props["computeMajor"]), int(props["computeMinor"])) if "computeMajor" in props else None
+    try:
+        index = int(device) if device is not None else None
+    except (TypeError, ValueError):
+        index = None
+    return DeviceInfo(type="cuda", index=index, name=props.get("name") or "GPU not named (no deviceProperties)",
+                      compute_capability=cc, total_memory=props.get("totalGlobalMem"),
+                      supports_bf16=bool(cc and cc >= (8, 0)), supports_fp16=bool(cc and cc >= (5, 3)),
+                      supports_tf32=bool(cc and cc >= (8, 0)), tensor_cores=bool(cc and cc >= (7, 0)))
+
+
+# --- several ranks ---------------------------------------------------------------------------------
+
+def _union_us(starts: np.ndarray, ends: np.ndarray) -> float:
+    """Length of the union of intervals (concurrent streams are counted once)."""
+    if not len(starts):
+        return 0.0
+    order = np.argsort(starts, kind="stable")
+    s, e = starts[order], ends[order]
+    reach = np.maximum.accumulate(e)
+    new = np.empty(len(s), dtype=bool)
+    new[0] = True
+    new[1:] = s[1:] > reach[:-1]
+    first = np.flatnonzero(new)
+    last = np.r_[first[1:] - 1, len(s) - 1]
+    return float((reach[last] - s[first]).sum())
+
+
+def time_split(result: ProfileResult) -> dict:
+    """Compute / exposed communication / idle time of one rank's device over its steps.
+
+    The span is the ``ProfilerStep`` ranges (first start to last end) when the trace has them,
+    else the whole trace window. Compute = union of every non-communication activity (kernels,
+    copies, memsets); communication = time when only NCCL / all-reduce kernels run (communication
+    hidden under compute is not a cost); idle = nothing runs. The three add up to the span.
+    """
+    trace = result.trace
+    ann = trace.annotations
+    steps = ann[ann["name"].str.startswith("ProfilerStep#") & ~ann["on_device"].astype(bool)] if len(ann) else ann
+    if len(steps):
+        lo, hi = float(steps["ts_us"].min()), float((steps["ts_us"] + steps["dur_us"]).max())
+        basis = f"{len(steps)} ProfilerStep range{'s' if len(steps) > 1 else ''}"
+    else:
+        win = trace.window() or (0.0, 0.0)
+        lo, hi, basis = win[0], win[1], "trace window (no ProfilerStep ranges)"
+    acts = trace.device_activities()
+    span = max(hi - lo, 0.0)
+    out = {"span_us": span, "basis": basis, "compute_us": 0.0, "communication_us": 0.0, "idle_us": span,
+           "communication_kernel_us": 0.0}
+    if not len(acts) or span <= 0:
+        return out
+    s = np.clip(acts["ts_us"].to_numpy(float), lo, hi)
+    e = np.clip((acts["ts_us"] + acts["dur_us"]).to_numpy(float), lo, hi)
+    comm = acts["category"].eq("communication").to_numpy()
+    busy = _union_us(s, e)
+    compute = _union_us(s[~comm], e[~comm])
+    out.update(compute_us=compute, communication_us=busy - compute, idle_us=span - busy,
+               communication_kernel_us=float((e[comm] - s[comm]).sum()))
+    return out
+
+
+@dataclass
+class MultiRankResult(ResultMixin):
+    """Per-rank traces of one distributed job, side by side.
+
+    ``ranks`` maps rank -> `ProfileResult` (each with every table of a single trace);
+    ``per_rank`` is the step time and compute / communication / idle split per rank;
+    ``straggler`` names the slowest rank and by how much; ``table(rank=None)`` is the op table
+    merged over ranks (or one rank's). Times are microseconds.
+    """
+
+    kind = "multirank"
+
+    folder: str
+    ranks: dict = field(repr=False)
+    load_seconds: float = 0.0
+    _grouped: dict = field(default_factory=dict, repr=False, compare=False)
+
+    @property
+    def options(self) -> ProfileOptions:
+        return next(iter(self.ranks.values())).options
+
+    @property
+    def world_size(self) -> int | None:
+        sizes = {r.trace.world_size for r in self.ranks.values() if r.trace.world_size}
+        return max(sizes) if sizes else None
+
+    @property
+    def gpus(self) -> list[str]:
+        return sorted({r.device.name for r in self.ranks.values()})
+
+    @functools.cached_property
+    def per_rank(self) -> pd.DataFrame:
+        """One row per rank: step time (mean ProfilerStep duration, else the trace window), the
+        device split over the steps (compute, exposed communication, idle) and counts."""
+        rows = []
+        for rank, res in self.ranks.items():
+            split = time_split(res)
+            steps = res.step_times_us
+            step = statistics.fmean(steps) if steps else res.window_us
+            span = split["span_us"] or 1.0
+            rows.append({
+                "rank": rank, "files": len(res.trace_files), "gpu": res.device.name if res.on_device else None,
+                "steps": len(steps), "step_time_us": step,
+                "step_basis": "mean ProfilerStep" if steps else "trace window",
+                "span_us": split["span_us"], "compute_us": split["compute_us"],
+                "communication_us": split["communication_us"], "idle_us": split["idle_us"],
+                "compute_pct": 100 * split["compute_us"] / span,
+                "communication_pct": 100 * split["communication_us"] / span,
+                "idle_pct": 100 * split["idle_us"] / span,
+                "communication_kernel_us": split["communication_kernel_us"],
+                "ops": res.op_count, "kernels": res.kernel_count,
+                "unknown_events": res.header["unknown_events"],
+            })
+        return pd.DataFrame(rows)
+
+    @functools.cached_property
+    def straggler(self) -> dict:
+        """The slowest rank by step time, and how much slower than the median of the others.
+
+        In a synchronous job the collectives make every rank wait for the slowest one, so the
+        straggler is usually also the rank with the most compute and the least exposed
+        communication; ``most_compute`` is named separately in case the two differ.
+        """
+        pr = self.per_rank
+        i = int(pr["step_time_us"].idxmax())
+        slow = pr.loc[i]
+        others = pr.drop(index=i)
+        median = float(others["step_time_us"].median()) if len(others) else float(slow["step_time_us"])
+        fastest = pr.loc[int(pr["step_time_us"].idxmin())]
+        busiest = pr.loc[int(pr["compute_us"].idxmax())]
+        least_comm = pr.loc[int(pr["communication_us"].idxmin())]
+        return {
+            "rank": int(slow["rank"]),
+            "step_time_us": float(slow["step_time_us"]),
+            "others_median_us": median,
+            "excess_us": float(slow["step_time_us"]) - median,
+            "excess_fraction": (float(slow["step_time_us"]) / median - 1) if median > 0 else None,
+            "fastest_rank": int(fastest["rank"]),
+            "fastest_step_time_us": float(fastest["step_time_us"]),
+            "most_compute_rank": int(busiest["rank"]),
+            "least_communication_rank": int(least_comm["rank"]),
+        }
+
+    # -- tables --
+
+    def grouped(self, group: str = "op") -> pd.DataFrame:
+        """The op table merged over every rank (sums of calls and times; FLOP/s over the summed device time)."""
+        if group not in self._grouped:
+            frames = [r.op_events.assign(rank=k) for k, r in self.ranks.items()]
+            merged = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+            device_total = sum(r.device_time_us for r in self.ranks.values() if r.on_device)
+            self._grouped[group] = pt.group_ops(merged, group, device_total)
+        return self._grouped[group]
+
+    @property
+    def on_device(self) -> bool:
+        return any(r.on_device for r in self.ranks.values())
+
+    @property
+    def default_sort(self) -> str:
+        return self.options.sort or ("device" if self.on_device else "self")
+
+    def table(self, rank: int | None = None, group: str | None = None, sort: str | None = None,
+              ascending: bool = False, filter: str = "", top: int | None = None) -> pd.DataFrame:  # noqa: A002
+        """Op table of one rank (``rank=N``) or merged over all ranks (``rank=None``)."""
+        if rank is not None:
+            if rank not in self.ranks:
+                raise KeyError(f"no rank {rank}; ranks: {', '.join(map(str, self.ranks))}")
+            return self.ranks[rank].table(group=group, sort=sort, ascending=ascending, filter=filter, top=top)
+        frame = self.grouped(group or self.options.group)
+        column = pt.SORT_COLUMNS.get(sort or self.default_sort, sort or self.default_sort)
+        frame = pt.sort_table(pt.filter_table(frame, filter), column, ascending)
+        return frame.head(top) if top else frame
+
+    @property
+    def ops(self) -> pd.DataFrame:
+        return self.table()
+
+    def to_dataframe(self) -> pd.DataFrame:
+        return self.per_rank
+
+    def _payload(self) -> dict:
+        def clean(frame):
+            import json
+
+            return json.loads(frame.to_json(orient="records")) if len(frame) else []
+
+        return {
+            "folder": self.folder,
+            "world_size": self.world_size,
+            "gpus": self.gpus,
+            "per_rank": clean(self.per_rank),
+            "straggler": _json_safe(self.straggler),
+            "ops": clean(self.table(top=self.options.top)),
+            "ranks": {str(k): _json_safe(r.header) for k, r in self.ranks.items()},
+            "files": {str(k): r.trace_files for k, r in self.ranks.items()},
+        }

@@ -1,0 +1,493 @@
+"""nbaccel.load_trace and %profile_trace: real H100/A100/B200 traces, multi-rank folders, bad input.
+
+The reference traces live in ../shared/data/traces (CI keeps shared/ at ../shared); tests that
+need them skip with the path they looked at. Multi-rank and step folders are written to tmp_path
+from a real trace (rank 1 = rank 0 with every time stretched) or from the benchmark's generator.
+"""
+
+from __future__ import annotations
+
+import csv
+import gzip
+import json
+import re
+from html import unescape
+from pathlib import Path
+
+import pytest
+from IPython.core.error import UsageError
+
+import nbaccel
+from nbaccel import trace_io
+from nbaccel.profile import ProfileResult, write_step_traces
+from nbaccel.render import display as display_module
+from nbaccel.render import multirank as render_multirank
+from nbaccel.render import profile as render_profile
+from nbaccel.trace_result import MultiRankResult, TraceError, load_trace
+
+SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+TRACES = SHARED / "traces"
+H100 = "tracelens_h100_Qwen_Qwen1.5-0.5B-Chat__1016005.json.gz"
+A100 = "hta_a100_negative_queue_length_values_check_rank0.json.gz"
+B200 = "tracelens_b200_eager_trace.json.gz"
+
+_cache: dict = {}
+
+
+def real_path(name: str) -> Path:
+    path = TRACES / name
+    if not path.exists():
+        pytest.skip(f"reference trace not found at {path} (CI keeps a copy of shared/ at ../shared)")
+    return path
+
+
+def real(name: str) -> ProfileResult:
+    if name not in _cache:
+        _cache[name] = load_trace(real_path(name))
+    return _cache[name]
+
+
+def labels() -> dict[str, bool]:
+    path = SHARED / "cuda_kernel_names.csv"
+    if not path.exists():
+        pytest.skip(f"kernel labels not found at {path}")
+    with open(path, newline="") as fh:
+        return {row["kernel_name"]: row["uses_tensor_cores"] == "yes" for row in csv.DictReader(fh)}
+
+
+# --- one real trace through the API ------------------------------------------------------------------
+
+@pytest.mark.parametrize("name, gpu, ops, kernels, rank", [
+    (H100, "NVIDIA H100 80GB HBM3", 4186, 1465, None),
+    (A100, "NVIDIA A100-SXM4-80GB", 25185, 6080, 0),
+    (B200, "NVIDIA B200", 4809, 768, 0),
+])
+def test_real_trace_is_a_profile_result_that_says_it_was_loaded(name, gpu, ops, kernels, rank):
+    r = real(name)
+    assert isinstance(r, ProfileResult) and r.kind == "profile"
+    assert r.op_count == ops and r.kernel_count == kernels
+    assert r.device.name == gpu and r.device.type == "cuda"
+    assert r.loaded["rank"] == rank and r.loaded["unknown_event_count"] == 0
+    text = str(r)
+    first = text.splitlines()[0]
+    assert f"loaded trace {name}" in first and gpu in first and "not a live run" in first
+    assert "%%profile_gpu" not in first  # a loaded trace is never presented as a live run
+    if rank is not None:
+        assert f"rank {rank} of {r.trace.world_size}" in first
+    assert "loaded trace" in r._repr_html_()
+    assert json.loads(json.dumps(r.to_dict(), allow_nan=False))["loaded"]["gpu"] == gpu
+
+
+@pytest.mark.parametrize("name", [H100, A100, B200])
+def test_tensor_core_share_matches_the_labelled_kernel_names(name):
+    r = real(name)
+    known = labels()
+    k = r.trace.kernels
+    # Ground truth straight from the CSV labels: kernel time of names labelled "yes" over all kernel time.
+    by_csv = k.loc[k["name"].map(lambda n: known.get(n) is True), "dur_us"].sum() / k["dur_us"].sum()
+    assert r.tensor_cores.value == pytest.approx(by_csv, abs=1e-9)
+    expected = {H100: 0.3664, A100: 0.2965, B200: 0.5970}[name]  # shared/data/traces/README.md
+    assert r.tensor_cores.value == pytest.approx(expected, abs=5e-5)
+    kernels = r.kernels
+    assert int(kernels["calls"].sum()) == r.kernel_count
+    labelled = kernels[kernels["name"].isin(known)]
+    assert (labelled["tensor_cores"] == labelled["name"].map(known)).all()
+
+
+def test_h100_operator_table_flops_and_peak():
+    r = load_trace(real_path(H100), shapes=True)
+    ops = r.table(group="op")
+    calls = dict(zip(ops["name"], ops["calls"]))
+    assert calls["aten::mm"] == 96 and calls["aten::addmm"] == 72 and calls["aten::_flash_attention_forward"] == 24
+    assert ops.iloc[0]["device_self_us"] == ops["device_self_us"].max()  # default sort: device time
+    t = r.table(group="op+shape")
+    row = lambda name, shapes: t[(t["name"] == name) & (t["shapes"] == shapes)].iloc[0]  # noqa: E731
+    # Hand-computed: 2*M*K*N for a GEMM; 4*B*H*S*S*D for flash attention (B, S, H, D layout).
+    cases = [
+        (row("aten::mm", "8944x1024, 1024x2816"), 48, 2 * 8944 * 1024 * 2816),
+        (row("aten::addmm", "1024, 8944x1024, 1024x1024, -, -"), 72, 2 * 8944 * 1024 * 1024),
+        (row("aten::_flash_attention_forward", "16x559x16x64, 16x559x16x64, 16x559x16x64, -, -, -, -, -, -, -, -, -, "
+                                               "-, -, -"), 24, 4 * 16 * 16 * 559 * 559 * 64),
+    ]
+    for r_, calls_, per_call in cases:
+        assert r_["calls"] == calls_
+        assert r_["flops"] == calls_ * per_call
+        assert r_["flops_per_s"] == pytest.approx(calls_ * per_call / (r_["device_total_us"] * 1e-6))
+    assert cases[0][0]["flops_per_s"] == pytest.approx(6.105e14, rel=1e-3)  # 610 TFLOP/s on 4.06 ms
+    h = r.header
+    assert h["dominant_dtype"] == "bf16" and h["peak_flops_per_s"] == pytest.approx(989.4e12)
+    assert h["fraction_of_peak"] == pytest.approx(h["flops_per_s"] / 989.4e12)
+    assert h["step_times_us"] == [pytest.approx(47151.395)] and h["steps"] == 1
+
+
+def test_a100_communication_share_and_streams():
+    r = real(A100)
+    assert r.communication.percent == pytest.approx(47.41, abs=0.01)
+    assert "Communication (NCCL / all-reduce) share of kernel time: 47.4%" in str(r)
+    streams = r.streams
+    assert len(streams) > 1 and (streams["busy_us"] <= streams["window_us"]).all()
+    assert r.header["peak_flops_per_s"] == pytest.approx(156e12)  # TF32: the fp32 GEMMs ran on Tensor Cores
+
+
+def test_kernels_keep_their_launching_op():
+    r = real(H100)
+    k = r.trace.kernels
+    gemm = k[k["name"].str.startswith("sm90_xmma_gemm")]
+    assert set(gemm["op_name"].dropna()) <= {"aten::mm", "aten::addmm", "aten::bmm"}
+    assert (k["op_index"] < 0).sum() == 436  # queued before the window (traces README)
+
+
+# --- the streaming reader ------------------------------------------------------------------------
+
+def test_streaming_gives_the_same_trace_at_every_chunk_boundary(tmp_path, monkeypatch):
+    """Events and header keys cut at every possible place by the read chunk must decode the same."""
+    events = [{"ph": "X", "cat": "cpu_op", "name": f"aten::mm{i}", "pid": 1, "tid": 1, "ts": 10.0 * i, "dur": 5.5,
+               "args": {"External id": i, "Input Dims": [[4, 8], [8, 16]], "Input type": ["float", "float"]}}
+              for i in range(6)]
+    events.append({"ph": "X", "cat": "kernel", "name": "ampere_sgemm_128x64_nn", "pid": 0, "tid": 7, "ts": 12.0,
+                   "dur": 3.25, "args": {"device": 0, "stream": 7, "correlation": 99, "External id": 2}})
+    doc = {"schemaVersion": 1, "traceEvents": events, "deviceProperties": [{"id": 0, "name": "NVIDIA A100-SXM4-80GB",
+           "computeMajor": 8, "computeMinor": 0, "totalGlobalMem": 84990623744}], "baseTimeNanoseconds": 123456789012}
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps(doc, indent=1))
+    reference = load_trace(path)
+    for chunk in (1, 2, 3, 7, 64):
+        monkeypatch.setattr(trace_io, "_CHUNK", chunk)
+        stream = trace_io.TraceStream(path)
+        assert list(stream.events()) == events
+        assert stream.header == {k: v for k, v in doc.items() if k != "traceEvents"}
+    r = load_trace(path)
+    assert r.op_count == reference.op_count == 6 and r.kernel_count == 1
+    assert r.device.name == "NVIDIA A100-SXM4-80GB"  # deviceProperties written after the events
+    assert r.trace.kernels.iloc[0]["op_name"] == "aten::mm2"
+
+
+def test_gzip_and_plain_json_load_the_same(tmp_path):
+    src = real_path(H100)
+    plain = tmp_path / "h100.json"
+    plain.write_bytes(gzip.decompress(src.read_bytes()))
+    a, b = load_trace(plain), real(H100)
+    assert a.op_count == b.op_count and a.kernel_count == b.kernel_count
+    assert a.tensor_cores.value == b.tensor_cores.value
+    # Export of a loaded trace copies its file (the parsed document is not kept in memory).
+    out = a.export_chrome_trace(str(tmp_path / "again.json.gz"))
+    assert load_trace(out).op_count == a.op_count
+
+
+def test_unknown_event_kinds_are_counted_and_shown(tmp_path):
+    events = [{"ph": "X", "cat": "cpu_op", "name": "aten::add", "pid": 1, "tid": 1, "ts": 0, "dur": 4, "args": {}},
+              {"ph": "X", "cat": "quantum_flux", "name": "x", "pid": 1, "tid": 1, "ts": 1, "dur": 1},
+              {"ph": "X", "cat": "quantum_flux", "name": "y", "pid": 1, "tid": 1, "ts": 2, "dur": 1},
+              "not an event"]
+    path = tmp_path / "odd.json"
+    path.write_text(json.dumps({"traceEvents": events}))
+    r = load_trace(path)
+    assert r.trace.unknown_events == {"quantum_flux": 2, "<not an object>": 1}
+    assert r.header["unknown_events"] == 3
+    assert "skipped: 3 events of unknown kinds (quantum_flux" in str(r)
+    assert r.device.type == "cpu" and "a CPU-only trace" in str(r)
+
+
+# --- folders: steps of one rank, several ranks -------------------------------------------------------
+
+def test_step_files_of_one_rank_load_as_one_trace_with_its_steps(tmp_path):
+    from benchmarks.bench_trace import make_trace
+
+    single = tmp_path / "whole.json"
+    make_trace(str(single), target_mb=1.5)
+    whole = load_trace(single)
+    doc = json.loads(single.read_text())
+    folder = tmp_path / "steps"
+    files = write_step_traces(doc, str(folder))  # what %%profile_gpu --trace DIR writes
+    assert len(files) == len(whole.step_times_us) >= 2
+    r = load_trace(folder)
+    assert isinstance(r, ProfileResult)
+    assert r.step_times_us == whole.step_times_us
+    assert r.kernel_count == whole.kernel_count and r.op_count == whole.op_count
+    assert r.tensor_cores.value == pytest.approx(whole.tensor_cores.value)
+    assert f"({len(files)} step files)" in str(r).splitlines()[0]
+
+
+def _stretched(doc: dict, factor: float, rank: int) -> dict:
+    """A copy of ``doc`` as another rank that is ``factor`` times slower in everything."""
+    t0 = min(e["ts"] for e in doc["traceEvents"] if "ts" in e)
+    events = []
+    for e in doc["traceEvents"]:
+        e = dict(e)
+        if "ts" in e:
+            e["ts"] = t0 + (e["ts"] - t0) * factor
+        if "dur" in e:
+            e["dur"] = e["dur"] * factor
+        events.append(e)
+    return {**doc, "traceEvents": events, "distributedInfo": {**doc.get("distributedInfo", {}), "rank": rank}}
+
+
+@pytest.fixture(scope="module")
+def two_ranks(tmp_path_factory):
+    """rank-0.json.gz = the real A100 trace; rank-1.json.gz = the same, 25 % slower."""
+    src = real_path(A100)
+    folder = tmp_path_factory.mktemp("job")
+    (folder / "rank-0.json.gz").write_bytes(src.read_bytes())
+    doc = json.loads(gzip.decompress(src.read_bytes()))
+    with gzip.open(folder / "rank-1.json.gz", "wt", compresslevel=1) as fh:
+        json.dump(_stretched(doc, 1.25, 1), fh)
+    return folder, load_trace(folder)
+
+
+def test_two_rank_folder_names_the_straggler(two_ranks):
+    folder, r = two_ranks
+    assert isinstance(r, MultiRankResult) and r.kind == "multirank"
+    assert list(r.ranks) == [0, 1] and r.world_size == 16
+    s = r.straggler
+    assert s["rank"] == 1 and s["fastest_rank"] == 0 and s["most_compute_rank"] == 1
+    assert s["excess_fraction"] == pytest.approx(0.25, abs=1e-6)
+    pr = r.per_rank.set_index("rank")
+    assert pr.loc[0, "steps"] == 5 and pr.loc[0, "step_basis"] == "mean ProfilerStep"
+    assert pr.loc[1, "step_time_us"] == pytest.approx(1.25 * pr.loc[0, "step_time_us"])
+    for rank in (0, 1):
+        row = pr.loc[rank]
+        assert row["compute_us"] + row["communication_us"] + row["idle_us"] == pytest.approx(row["span_us"])
+        assert 0 < row["communication_us"] <= row["communication_kernel_us"]
+    text = str(r)
+    assert re.search(r"slowest rank: 1 -- step time .*\+25\.0%", text)
+    assert "2 ranks of world size 16 on NVIDIA A100-SXM4-80GB" in text and "not a live run" in text
+    merged = r.table()
+    one = r.ranks[0].table()
+    calls = dict(zip(merged["name"], merged["calls"]))
+    assert calls["aten::mm"] == 2 * dict(zip(one["name"], one["calls"]))["aten::mm"]
+    assert r.table(rank=1)["device_self_us"].sum() == pytest.approx(1.25 * one["device_self_us"].sum())
+    data = json.loads(json.dumps(r.to_dict(), allow_nan=False))
+    assert data["straggler"]["rank"] == 1 and len(data["per_rank"]) == 2
+
+
+def test_rank_option_loads_one_rank(two_ranks):
+    folder, _ = two_ranks
+    r = load_trace(folder, rank=1)
+    assert isinstance(r, ProfileResult) and r.loaded["rank"] == 1
+    with pytest.raises(TraceError, match=r"no trace of rank 7 in this folder \(ranks found: 0, 1\)"):
+        load_trace(folder, rank=7)
+
+
+def test_tensorboard_names_use_distributed_info(tmp_path):
+    """tensorboard_trace_handler names carry no rank: it comes from distributedInfo, even when
+    written after the events (as TraceLens writes its header)."""
+    doc = json.loads(gzip.decompress(real_path(H100).read_bytes()))
+    for rank, factor in ((0, 1.0), (1, 1.1)):
+        d = _stretched(doc, factor, rank)
+        d["distributedInfo"]["world_size"] = 2
+        (tmp_path / f"host-a_{100 + rank}.1700000000{rank}.pt.trace.json").write_text(json.dumps(d))
+    assert trace_io.peek_rank(next(tmp_path.glob("*_101.*")))[:2] == (1, 2)
+    r = load_trace(tmp_path)
+    assert isinstance(r, MultiRankResult) and r.straggler["rank"] == 1
+    assert r.straggler["excess_fraction"] == pytest.approx(0.10, abs=1e-6)
+
+
+# --- through the magic -----------------------------------------------------------------------------
+
+def test_magic_shows_a_loaded_trace(run_cell, ip):
+    path = real_path(H100)
+    _, captured = run_cell(f"%profile_trace {path} --top 3 -r tr")
+    data = [o.data for o in captured.outputs if "text/html" in o.data][0]
+    text = data["text/plain"]
+    assert "loaded trace " + H100 in text and "NVIDIA H100 80GB HBM3" in text
+    assert "top 3 of" in text and "Tensor Core share of kernel time: 36.6%" in text
+    assert "989 TFLOP/s" in text  # the recorded GPU's bf16 peak
+    tr = ip.user_ns["tr"]
+    assert isinstance(tr, ProfileResult) and tr.options.top == 3
+
+
+def test_magic_sort_and_quiet(run_cell, ip):
+    path = real_path(B200)
+    _, captured = run_cell(f"%profile_trace {path} --sort calls -q -r tr")
+    assert not [o for o in captured.outputs if "text/html" in o.data]
+    calls = ip.user_ns["tr"].ops["calls"].tolist()
+    assert calls == sorted(calls, reverse=True)
+
+
+def test_magic_multi_rank_folder(run_cell, ip, two_ranks):
+    folder, _ = two_ranks
+    _, captured = run_cell(f"%profile_trace {folder} -r job")
+    text = [o.data for o in captured.outputs if "text/html" in o.data][0]["text/plain"]
+    assert "slowest rank: 1" in text and isinstance(ip.user_ns["job"], MultiRankResult)
+    run_cell(f"%profile_trace {folder} --rank 0 -q -r r0")
+    assert ip.user_ns["r0"].loaded["rank"] == 0
+
+
+def test_magic_help_is_accurate(ip):
+    doc = ip.magics_manager.magics["line"]["profile_trace"].__doc__
+    for option in ("PATH", "--top", "--sort", "--shapes", "--stack", "--memory", "--rank", "--result", "--quiet"):
+        assert option in doc, option
+
+
+# --- bad input ----------------------------------------------------------------------------------------
+
+def _truncated_gz(tmp_path):
+    data = gzip.compress(json.dumps({"traceEvents": [{"ph": "X", "cat": "cpu_op", "name": "aten::mm", "ts": i,
+                                                      "dur": 1, "pid": 1, "tid": 1} for i in range(2000)]}).encode())
+    path = tmp_path / "cut.json.gz"
+    path.write_bytes(data[: len(data) // 2])
+    return path
+
+
+BAD = {
+    "missing": (lambda d: d / "nope.json", r"nope\.json: no such file"),
+    "not json": (lambda d: _write(d / "notes.json", "hello, world"), r"notes\.json: not JSON text"),
+    "binary": (lambda d: _write(d / "blob.json", b"\x00\xff\xfe\x01" * 10), r"blob\.json: not JSON text \(binary"),
+    "empty": (lambda d: _write(d / "empty.json", ""), r"empty\.json: file is empty"),
+    "not a trace": (lambda d: _write(d / "config.json", '{"lr": 0.1, "epochs": 3}'),
+                    r"config\.json: JSON is not a torch.profiler trace \(no 'traceEvents' list; found epochs, lr\)"),
+    "top-level number": (lambda d: _write(d / "n.json", "42"), r"n\.json: JSON is not a torch.profiler trace \(top"),
+    "no profiler events": (lambda d: _write(d / "chrome.json", json.dumps({"traceEvents": [
+        {"ph": "X", "cat": "blink", "name": "Paint", "ts": 1, "dur": 2, "pid": 1, "tid": 1}]})),
+        r"chrome\.json: JSON is not a torch.profiler trace \(no cpu_op or kernel events; found blink x1\)"),
+    "truncated json": (lambda d: _write(d / "cut.json", '{"traceEvents": [{"ph": "X", "cat": "cpu_op", "na'),
+                       r"cut\.json: not valid JSON: .* \(the file ends early"),
+    "truncated gz": (_truncated_gz, r"cut\.json\.gz: truncated or corrupt gzip data"),
+    "empty folder": (lambda d: _mkdir(d / "runs"), r"runs: no trace files \(\*\.json, \*\.json\.gz\) in this folder "
+                                                   r"\(the folder is empty\)"),
+    "folder of other files": (lambda d: _write(_mkdir(d / "logs") / "train.log", "x").parent,
+                              r"logs: no trace files .*found: train\.log"),
+}
+
+
+def _write(path: Path, content) -> Path:
+    if isinstance(content, bytes):
+        path.write_bytes(content)
+    else:
+        path.write_text(content)
+    return path
+
+
+def _mkdir(path: Path) -> Path:
+    path.mkdir()
+    return path
+
+
+@pytest.mark.parametrize("case", list(BAD))
+def test_bad_input_is_a_trace_error_naming_the_file(tmp_path, case):
+    make, message = BAD[case]
+    path = make(tmp_path)
+    with pytest.raises(TraceError, match=message):
+        load_trace(path)
+
+
+@pytest.mark.parametrize("case", ["missing", "not a trace", "truncated gz", "empty folder"])
+def test_bad_input_is_a_usage_error_from_the_magic(ip, tmp_path, case):
+    make, message = BAD[case]
+    path = make(tmp_path)
+    with pytest.raises(UsageError, match=message):
+        ip.run_line_magic("profile_trace", str(path))
+
+
+def test_folder_mixing_ranked_and_unranked_files_is_refused(tmp_path):
+    ev = {"ph": "X", "cat": "cpu_op", "name": "aten::add", "pid": 1, "tid": 1, "ts": 0, "dur": 1}
+    _write(tmp_path / "rank-0.json", json.dumps({"traceEvents": [ev]}))
+    _write(tmp_path / "mystery.json", json.dumps({"traceEvents": [ev]}))
+    with pytest.raises(TraceError, match=r"cannot tell the rank of mystery\.json"):
+        load_trace(tmp_path)
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"top": 0}, "top must be at least 1"),
+    ({"sort": "bogus"}, "is not a sort key"),
+    ({"sort": "memory"}, "needs memory=True"),
+])
+def test_bad_options(kwargs, message):
+    from nbaccel.profile import ProfileError
+
+    with pytest.raises(ProfileError, match=message):
+        load_trace(real_path(H100), **kwargs)
+
+
+@pytest.mark.parametrize("line, message", [("", "the following arguments are required: PATH"),
+                                           ("x.json --top 0", "--top must be at least 1"),
+                                           ("x.json -r 1abc", "-r/--result takes a Python variable name"),
+                                           ("'unclosed.json", "check the quotes")])
+def test_bad_magic_lines(ip, line, message):
+    with pytest.raises(UsageError, match=re.escape(message)):
+        ip.run_line_magic("profile_trace", line)
+
+
+# --- widgets page their tables ---------------------------------------------------------------------
+
+def _walk(widget):
+    yield widget
+    for child in getattr(widget, "children", ()):
+        yield from _walk(child)
+
+
+def _control(box, cls_name, description):
+    found = [w for w in _walk(box) if type(w).__name__ == cls_name and getattr(w, "description", None) == description]
+    assert len(found) == 1, f"no single {cls_name} {description!r}"
+    return found[0]
+
+
+def _rows(html: str) -> list[str]:
+    return [unescape(n) for n in re.findall(r'<tr><td class="name">([^<]*)</td>', html)]
+
+
+def test_profile_widget_renders_one_page_at_a_time():
+    r = load_trace(real_path(A100), top=15)
+    box = render_profile.widget(r)
+    tab = next(w for w in _walk(box) if type(w).__name__ == "Tab")
+    ops = tab.children[0].children[-1]
+    top = _control(box, "IntSlider", "top K")
+    size = _control(box, "Dropdown", "rows/page")
+    page = _control(box, "BoundedIntText", "page")
+    top.value = top.max  # every one of the 143 rows is in play ...
+    assert top.value == len(r.grouped("op")) > 100
+    size.value = 25
+    first = _rows(ops.value)
+    assert len(first) == 25  # ... but only one page is rendered
+    assert page.max == -(-top.value // 25)
+    page.value = 2
+    second = _rows(ops.value)
+    assert len(second) == 25 and not set(first) & set(second)
+    assert second == r.table().iloc[25:50]["name"].tolist()
+    page.value = page.max
+    assert 0 < len(_rows(ops.value)) <= 25
+    _control(box, "Dropdown", "sort by").value = "calls"  # a new order starts at page 1
+    assert page.value == 1 and _rows(ops.value)[0] == r.table(sort="calls").iloc[0]["name"]
+
+
+def test_multirank_widget_switches_ranks_and_pages(two_ranks, monkeypatch):
+    _, r = two_ranks
+    box = render_multirank.widget(r)
+    ranks = _control(box, "Dropdown", "ranks")
+    size = _control(box, "Dropdown", "rows/page")
+    ops = [w for w in _walk(box) if type(w).__name__ == "HTML"][-2]
+    size.value = 10
+    merged = _rows(ops.value)
+    assert len(merged) == 10 and merged == r.table().head(10)["name"].tolist()
+    ranks.value = 1
+    assert _rows(ops.value) == r.table(rank=1).head(10)["name"].tolist()
+    header = [w for w in _walk(box) if type(w).__name__ == "HTML"][0].value
+    assert "slowest rank: 1" in header and "(slowest)" in header
+    monkeypatch.setattr(display_module, "WIDGETS", "always")
+    bundle = display_module.mime_bundle(r)
+    assert {"text/plain", "text/html", "application/vnd.jupyter.widget-view+json"} <= set(bundle)
+
+
+def test_load_trace_is_exported():
+    assert nbaccel.load_trace is load_trace and nbaccel.MultiRankResult is MultiRankResult
+
+
+def test_kernel_names_are_classified_once_per_name(tmp_path):
+    """A big trace repeats a few hundred kernel names tens of thousands of times; the Tensor Core
+    classifier (a dozen regexes over names up to 1.8k chars) must run once per distinct name."""
+    from nbaccel.analysis.kernels import op_category, uses_tensor_cores
+
+    events = []
+    for i in range(300):
+        events.append({"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 1, "tid": 1, "ts": 10.0 * i, "dur": 5,
+                       "args": {"External id": i}})
+        events.append({"ph": "X", "cat": "kernel", "name": f"ampere_sgemm_{i % 3}_nn", "pid": 0, "tid": 7,
+                       "ts": 10.0 * i + 1, "dur": 2, "args": {"device": 0, "stream": 7, "External id": i,
+                                                               "correlation": 10_000 + i}})
+    path = tmp_path / "repeat.json"
+    path.write_text(json.dumps({"traceEvents": events}))
+    uses_tensor_cores.cache_clear()
+    op_category.cache_clear()
+    load_trace(path)
+    assert uses_tensor_cores.cache_info().misses == 3
+    assert op_category.cache_info().misses == 1
