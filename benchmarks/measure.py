@@ -43,9 +43,8 @@ def variants_for(device: torch.device) -> list[str]:
 
 
 def recipe_for(name: str, device: torch.device) -> Recipe:
-    if name == "tf32":
-        return Recipe(device.type, None, tf32=True)
-    return make_recipe(name, device)  # "fp32" -> strict fp32 baseline
+    """The recipe compare_amp applies for a variant: "fp32" strict, "tf32" alone, or autocast."""
+    return make_recipe(name, device)
 
 
 def amp_variants(workload, device, names, warmup, repeat) -> dict:
