@@ -156,6 +156,8 @@ def test_write_step_traces_names_files_like_tensorboard_trace_handler(tmp_path):
 
 
 def test_real_h100_trace_through_the_profile_result():
+    if not H100.exists():
+        pytest.skip(f"reference trace not found at {H100} (CI keeps a copy of shared/ at ../shared)")
     with gzip.open(H100, "rt") as fh:
         doc = json.load(fh)
     r = ProfileResult.from_trace(doc, GPU, ProfileOptions(device="cuda", shapes=True))
