@@ -83,6 +83,7 @@ class AmpResult(ResultMixin):
     unaligned_matmuls: list = field(default_factory=list)
     snapshot_bytes: int = 0
     restored: bool = True  # False: --no-restore, runs continued from each other's state
+    nonfinite_result: bool = False  # the cell's value is inf/NaN under the recipe but finite in fp32
     value: object = field(default=None, repr=False)  # the kept run's value (not serialized)
 
     @property
@@ -149,6 +150,7 @@ class AmpResult(ResultMixin):
             "unaligned_matmuls": self.unaligned_matmuls,
             "snapshot_bytes": self.snapshot_bytes,
             "restored": self.restored,
+            "nonfinite_result": self.nonfinite_result,
             "advice": self.advice,
             "noise_warnings": self.noise_warnings,
         }
@@ -233,6 +235,16 @@ def _leaves(value, prefix="value"):
         yield prefix, value
 
 
+def _nonfinite(value) -> bool:
+    """Whether any float leaf of a (host) value is inf or NaN."""
+    for _, leaf in _leaves(value):
+        if isinstance(leaf, torch.Tensor) and leaf.is_floating_point() and not torch.isfinite(leaf).all():
+            return True
+        if isinstance(leaf, float) and not math.isfinite(leaf):
+            return True
+    return False
+
+
 def compute_drift(base, amp) -> dict | None:
     """Max abs / relative error between the two variants' results, per tensor or number leaf."""
     base, amp = _to_host(base), _to_host(amp)
@@ -259,7 +271,9 @@ def compute_drift(base, amp) -> dict | None:
 def _scaler_scales(snapshot: Snapshot) -> list[float]:
     scales = []
     for obj, _ in snapshot.stateful:
-        if isinstance(obj, torch.amp.GradScaler) and obj.is_enabled() and getattr(obj, "_scale", None) is not None:
+        if isinstance(obj, torch.amp.GradScaler) and obj.is_enabled():
+            # get_scale() gives the initial scale for a scaler that has not stepped yet, so a step
+            # skipped on the very first use is still seen as a drop.
             scales.append(float(obj.get_scale()))
     return scales
 
@@ -397,6 +411,7 @@ def compare_amp(
         unaligned_matmuls=amp_audit.unaligned_matmuls(),
         snapshot_bytes=snapshot.nbytes,
         restored=restore,
+        nonfinite_result=baseline and _nonfinite(amp_value) and not _nonfinite(audits[id(base_recipe)][2]),
         value=value,
     )
 
@@ -456,6 +471,13 @@ def advise(result: AmpResult) -> list[str]:
     notes = []
     info, speedup = result.device, result.speedup
     dtype = result.amp.name
+    autocast = result.amp.recipe.autocast_dtype is not None  # False for the TF32-only recipe
+    label = f"{dtype} autocast" if autocast else dtype.upper()
+    if result.nonfinite_result:
+        limit = f" (fp16's largest value is {torch.finfo(torch.float16).max:.0f})" if dtype == "fp16" else ""
+        notes.append(f"The result is inf/NaN under {dtype} but finite in fp32: the forward pass overflowed{limit}. "
+                     "GradScaler cannot fix this; use bf16, or keep the overflowing op in fp32 "
+                     "(torch.autocast(..., enabled=False)).")
     if speedup is not None:
         if speedup < 1.05:
             if info.type == "cpu" and not (info.has_bf16_units if dtype == "bf16" else info.has_fp16_units):
@@ -468,17 +490,17 @@ def advise(result: AmpResult) -> list[str]:
                 notes.append(f"No speedup ({speedup:.2f}x): the work is too small or memory-bound for {dtype} to pay "
                              "for its casts; try a larger batch.")
         elif not result.speedup_uncertain:
-            notes.append(f"{dtype} autocast is {speedup:.2f}x faster here.")
+            notes.append(f"{label} is {speedup:.2f}x faster here.")
     if result.unaligned_matmuls:
         dims = sorted({d for m in result.unaligned_matmuls for d in m["unaligned"]})[:6]
         notes.append("Matmul dims " + ", ".join(map(str, dims)) + " are not multiples of 8; pad them (e.g. to "
                      + ", ".join(str(-(-d // 8) * 8) for d in dims) + ") so Tensor Cores / AMX tiles are used fully.")
-    heavy = result.precision["heavy_fp32"]
+    heavy = result.precision["heavy_fp32"] if autocast else []
     if heavy:
         notes.append("Heavy ops still in fp32 under autocast: " + ", ".join(heavy)
                      + " (their inputs were cast back, or they ran outside the autocast region).")
     grads = result.gradients
-    if grads and grads["dtype"] == "fp16":
+    if grads and grads["dtype"] == "fp16" and not result.nonfinite_result:
         if grads["overflow_tensors"] and not grads["grad_scaler"]:
             notes.append(f"fp16 gradients overflowed (inf/NaN in {grads['overflow_tensors']} tensors): "
                          "use torch.amp.GradScaler (scaler.scale(loss).backward(); scaler.step(opt); scaler.update()).")
@@ -496,7 +518,7 @@ def advise(result: AmpResult) -> list[str]:
         if mem > 0.05:
             notes.append(f"Peak memory {mem:.0%} lower ({format_bytes(result.baseline.memory.peak_bytes)} -> "
                          f"{format_bytes(result.amp.memory.peak_bytes)}).")
-        elif mem < -0.05:
+        elif mem < -0.05 and autocast:
             notes.append(f"Peak memory {-mem:.0%} higher under {dtype}: autocast keeps casted copies of fp32 weights "
                          "for the backward pass.")
     if info.type == "cpu":

@@ -151,7 +151,9 @@ class Watcher:
         if meter is not None:
             meter.__exit__(None, None, None)
 
-    def end(self, error: BaseException | None = None) -> CellRecord | None:
+    def end(self, error: BaseException | None = None, label: str | None = None) -> CellRecord | None:
+        """Finish the pending measurement; ``label`` replaces the one given to `begin` (the cell's
+        execution count is only reliable once the cell has run)."""
         meter, self._meter = self._meter, None
         if meter is None:
             return None
@@ -175,7 +177,7 @@ class Watcher:
             status = "near"
         else:
             status = "ok"
-        record = CellRecord(self._label, self.budget, used, peak.peak_bytes if self.device.type != "cuda" else
+        record = CellRecord(label or self._label, self.budget, used, peak.peak_bytes if self.device.type != "cuda" else
                             (peak.reserved_bytes or 0), allocated, before, seconds, status,
                             f"{type(error).__name__}: {error}"[:200] if error is not None else None, peak.method)
         self.records.append(record)

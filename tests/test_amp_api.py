@@ -223,3 +223,43 @@ def test_gradscaler_state_restored():
     assert getattr(scaler, "_scale", None) is None  # as before its first use
     scaler.scale(w.sum()).backward()
     assert scaler.get_scale() == 1024.0
+
+
+def _fp16_cpu():
+    if not nbaccel.device.device_info("cpu").supports_fp16:
+        pytest.skip("this CPU has no fp16 units, so fp16 autocast is refused")
+
+
+def test_forward_overflow_advises_bf16_not_gradscaler():
+    _fp16_cpu()
+    w = torch.nn.Parameter(torch.full((8, 8), 300.0))
+    x = torch.full((8, 8), 300.0)
+
+    def step():
+        w.grad = None
+        loss = (w @ x).sum()  # 8 * 300 * 300 = 720000 > fp16 max 65504: inf in the forward pass
+        loss.backward()
+        return loss
+
+    result = nbaccel.compare_amp(step, dtype="fp16", device="cpu", repeat=1, warmup=0)
+    assert result.nonfinite_result
+    assert any("forward pass overflowed" in a and "bf16" in a for a in result.advice)
+    assert not any("use torch.amp.GradScaler" in a for a in result.advice)
+
+
+def test_fresh_gradscaler_skipped_step_is_reported():
+    _fp16_cpu()
+    w = torch.nn.Parameter(torch.ones(4, 4))
+    opt = torch.optim.SGD([w], lr=0.1)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**16)
+
+    def step():
+        opt.zero_grad()
+        loss = (w * 1e4).sum()
+        scaler.scale(loss * float("inf")).backward()  # inf gradients: GradScaler must skip this step
+        scaler.step(opt)
+        scaler.update()
+
+    result = nbaccel.compare_amp(step, dtype="fp16", device="cpu", repeat=1, warmup=0)
+    assert result.gradients["grad_scaler"]
+    assert result.gradients["scaler_skipped_step"] is True

@@ -231,7 +231,10 @@ class BudgetMagics(Magics):
         if self.watcher is None:
             return
         error = getattr(result, "error_in_exec", None)
-        record = self.watcher.end(error=error)
+        # ipykernel has already advanced execution_count when pre_run_cell fires, IPython's terminal
+        # has not; the ExecutionResult carries the number the frontend shows.
+        count = getattr(result, "execution_count", None)
+        record = self.watcher.end(error=error, label=f"In[{count}]" if count is not None else None)
         if record is None or record.status not in ("near", "over"):
             return
         report = CellReport(record, str(self.watcher.device), strict=self.strict)

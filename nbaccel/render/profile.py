@@ -247,12 +247,12 @@ def header_html(result) -> str:
 def ops_table_html(result, frame, group: str) -> str:
     cols = visible_columns(result, group)
     rows = _rows(result, frame, cols)
-    # Bars on the share column make the ranking readable at a glance.
+    # Bars on the share column make the ranking readable at a glance. They are scaled to the whole
+    # (100 %), not to the largest row shown, so a filtered or ascending view is not misleading.
     pct_i = next((i for i, c in enumerate(cols) if c[0] == "percent"), None)
-    top = float(frame["percent"].max()) if len(frame) and frame["percent"].notna().any() else 0.0
     if pct_i is not None:
         for row, p in zip(rows, frame["percent"].tolist()):
-            row[pct_i] = (bar(p / top if top else 0, 60) + " " + esc(row[pct_i])) if p == p else esc(row[pct_i])
+            row[pct_i] = (bar(p / 100.0, 100) + " " + esc(row[pct_i])) if p == p else esc(row[pct_i])
     text_cols = tuple(i for i, c in enumerate(cols) if c[2] == "text")
     return table([c[1] for c in cols], rows, name_columns=text_cols, raw_columns=(pct_i,) if pct_i is not None else ())
 
