@@ -278,7 +278,7 @@ def test_widget_builds_with_breakdown_and_advice_tabs(run_cell, ip):
     prof, _, _ = profile_cell(run_cell, ip)
     box = render_profile.widget(prof)
     tab = next(w for w in _walk(box) if type(w).__name__ == "Tab")
-    assert [tab.get_title(i) for i in range(4)] == ["Operators", "Breakdown", "Tensor Cores & shapes", "Advice"]
+    assert [tab.get_title(i) for i in range(4)] == ["Operators", "Breakdown", "Tensor Cores", "Advice"]
     assert "matmul/conv" in tab.children[1].value
     assert "1008" in tab.children[2].value and "1008" in tab.children[3].value
 

@@ -313,7 +313,7 @@ def page_note(page: int, pages: int, size: int, total: int) -> str:
 
 def widget(result):
     """Header, then tabs: Operators (sort / ascending / filter / top-K / group-by, paged), Breakdown,
-    Tensor Cores & shapes, Advice. Controls re-render only the visible page of rows."""
+    Tensor Cores (and matmul shapes), Advice. Controls re-render only the visible page of rows."""
     import ipywidgets as w
 
     from ..profile_table import SORT_COLUMNS
@@ -367,7 +367,7 @@ def widget(result):
                         + "<h4>Matmul/conv shapes</h4>" + bullet_list(unaligned_lines(result))))
     advice = w.HTML(wrap(bullet_list(result.advice) or "<i>nothing to report</i>"))
     tabs = w.Tab(children=[w.VBox([controls, status, ops]), breakdown, cores, advice])
-    for i, name in enumerate(["Operators", "Breakdown", "Tensor Cores & shapes", "Advice"]):
+    for i, name in enumerate(["Operators", "Breakdown", "Tensor Cores", "Advice"]):
         tabs.set_title(i, name)
     trace = ("trace: " + esc(", ".join(result.trace_files)) + " (open at ui.perfetto.dev)<br>") if result.trace_files else ""
     footer = w.HTML(wrap(f'<div class="muted">{trace}method: {esc(method(result))}</div>'))
