@@ -14,10 +14,12 @@ import argparse
 import os
 import sys
 
-from . import suite, workloads
+from . import allocator_note, pin_allocator, suite, workloads
 
 
 def main(argv=None) -> int:
+    if argv is None:
+        pin_allocator("benchmarks")
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["compare"]:
         p = argparse.ArgumentParser(prog="python -m benchmarks compare",
@@ -53,7 +55,9 @@ def main(argv=None) -> int:
     if unknown:
         p.error(f"unknown workload(s) {sorted(unknown)}; choose from {', '.join(workloads.WORKLOADS)}")
     result = suite.run(a.size, a.device, names, log=suite.default_log, threads=a.threads)
+    result["allocator"] = allocator_note()
     print(suite.table(result))
+    print(f"allocator: {result['allocator']}")
     suite.save(result, a.out)
     print(f"\nwrote {a.out}")
     if not a.no_plot:

@@ -21,7 +21,7 @@ import torch
 from nbaccel.device import resolve_device
 from nbaccel.timing import format_seconds
 
-from . import measure, workloads
+from . import allocator_note, measure, pin_allocator, workloads
 
 # bench_amp's own sizes: issue 2 fixes the matmul at 2048x2048 on every device.
 AMP_SIZES = {
@@ -105,7 +105,9 @@ def main(argv=None) -> int:
     p.add_argument("--json", metavar="PATH", help="also write the results as JSON")
     a = p.parse_args(argv)
     res = run("small" if a.small else "full", a.device, a.dtype, repeat=a.repeat)
+    res["allocator"] = allocator_note()
     print(report(res))
+    print(f"allocator: {res['allocator']}")
     if a.json:
         with open(a.json, "w", encoding="utf-8") as f:
             json.dump(res, f, indent=1)
@@ -113,4 +115,5 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
+    pin_allocator("benchmarks.bench_amp")
     sys.exit(main())
