@@ -36,15 +36,8 @@ def run(size: str = "full", device="auto", dtype: str = "bf16", warmup: int = 1,
         threads: int | None = None) -> dict:
     """``threads``: torch CPU threads (restored after); default as set, 1 for ``small`` on the CPU."""
     dev = resolve_device(device)
-    if threads is None and size == "small" and dev.type == "cpu":
-        threads = 1
-    saved = torch.get_num_threads()
-    if threads:
-        torch.set_num_threads(threads)
-    try:
+    with measure.torch_threads(threads, size, dev):
         return _run(size, dev, dtype, warmup, repeat)
-    finally:
-        torch.set_num_threads(saved)
 
 
 def _run(size, dev, dtype, warmup, repeat) -> dict:

@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import statistics
 import time
@@ -108,6 +109,22 @@ def device_peak(device: torch.device, variant: str) -> tuple[float | None, str]:
     if peak is None:
         return None, f"peak unknown ({gpu.gpu} has no {variant} figure)"
     return peak, f"{gpu.gpu} dense {variant} peak, {gpu.source}"
+
+
+@contextlib.contextmanager
+def torch_threads(threads: int | None, size: str, device: torch.device):
+    """Set torch's CPU threads for a run and restore them. Default: as set, except ``small`` on
+    the CPU, which uses 1 -- a smoke test, and on a shared CI machine multi-threaded OpenMP
+    kernels stall by 10-100x whenever another process holds a core."""
+    if threads is None and size == "small" and device.type == "cpu":
+        threads = 1
+    saved = torch.get_num_threads()
+    if threads:
+        torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(saved)
 
 
 def median(xs) -> float:

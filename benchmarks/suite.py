@@ -176,19 +176,10 @@ def optional_overheads(dev: torch.device, size: str, log=print) -> tuple[dict, d
 
 
 def run(size: str = "full", device="auto", names=workloads.WORKLOADS, log=print, threads: int | None = None) -> dict:
-    """Run the suite. ``threads``: torch CPU threads for the run (restored after); default: as set,
-    except ``small`` on the CPU, which uses 1 -- it is a smoke test, and on a shared CI machine
-    multi-threaded OpenMP stalls by 10-100x whenever another process holds a core."""
+    """Run the suite. ``threads``: torch CPU threads for the run (see `measure.torch_threads`)."""
     dev = resolve_device(device)
-    if threads is None and size == "small" and dev.type == "cpu":
-        threads = 1
-    saved = torch.get_num_threads()
-    if threads:
-        torch.set_num_threads(threads)
-    try:
+    with measure.torch_threads(threads, size, dev):
         return _run(size, dev, names, log)
-    finally:
-        torch.set_num_threads(saved)
 
 
 def _run(size, dev, names, log) -> dict:

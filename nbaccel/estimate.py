@@ -25,7 +25,7 @@ from __future__ import annotations
 import copy
 import math
 import weakref
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import pandas as pd
 import torch

@@ -560,10 +560,7 @@ class ProfileResult(ResultMixin):
     def table(self, group: str | None = None, sort: str | None = None, ascending: bool = False,
               filter: str = "", top: int | None = None) -> pd.DataFrame:  # noqa: A002 - the user's word
         """The operator table grouped by ``op|op+shape|source``, sorted by a --sort key or any column."""
-        frame = self.grouped(group or self.options.group)
-        column = pt.SORT_COLUMNS.get(sort or self.default_sort, sort or self.default_sort)
-        frame = pt.sort_table(pt.filter_table(frame, filter), column, ascending)
-        return frame.head(top) if top else frame
+        return pt.select(self.grouped(group or self.options.group), sort or self.default_sort, ascending, filter, top)
 
     @property
     def ops(self) -> pd.DataFrame:

@@ -281,6 +281,13 @@ def filter_table(table: pd.DataFrame, text: str) -> pd.DataFrame:
     return table[hay.str.contains(text, regex=False)].reset_index(drop=True)
 
 
+def select(frame: pd.DataFrame, sort: str, ascending: bool = False, filter: str = "",  # noqa: A002
+           top: int | None = None) -> pd.DataFrame:
+    """Filter, then sort by a --sort key (cpu, self, ...) or any column name, then keep ``top`` rows."""
+    frame = sort_table(filter_table(frame, filter), SORT_COLUMNS.get(sort, sort), ascending)
+    return frame.head(top) if top else frame
+
+
 # --- categories, Tensor Cores, shapes --------------------------------------------------------------
 
 def cpu_categories(ops: pd.DataFrame) -> pd.DataFrame:

@@ -341,10 +341,7 @@ class MultiRankResult(ResultMixin):
             if rank not in self.ranks:
                 raise KeyError(f"no rank {rank}; ranks: {', '.join(map(str, self.ranks))}")
             return self.ranks[rank].table(group=group, sort=sort, ascending=ascending, filter=filter, top=top)
-        frame = self.grouped(group or self.options.group)
-        column = pt.SORT_COLUMNS.get(sort or self.default_sort, sort or self.default_sort)
-        frame = pt.sort_table(pt.filter_table(frame, filter), column, ascending)
-        return frame.head(top) if top else frame
+        return pt.select(self.grouped(group or self.options.group), sort or self.default_sort, ascending, filter, top)
 
     @property
     def ops(self) -> pd.DataFrame:
