@@ -45,10 +45,10 @@ def _run(size, dev, dtype, warmup, repeat) -> dict:
     for name, shape in AMP_SIZES[size].items():
         wl = workloads._BUILDERS[name](dev, **shape)
         variants = measure.amp_variants(wl, dev, ["fp32", dtype], warmup, repeat)
+        timer_times = measure.timer_stats_interleaved(
+            wl, {v: measure.recipe_for(v, dev) for v in variants}, repeat)
         for vname, variant in variants.items():
-            recipe = measure.recipe_for(vname, dev)
-            times = measure.timer_stats(wl, recipe, warmup, repeat)
-            t_med = measure.median(times)
+            t_med = measure.median(timer_times[vname])
             agree = measure.agreement(variant.median, t_med)
             rows.append({"workload": name, "description": wl.description, "variant": vname,
                          "amp_median_s": variant.median, "amp_iqr_s": variant.times.iqr,

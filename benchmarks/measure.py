@@ -74,20 +74,37 @@ def _quiet():
     return contextlib.redirect_stdout(io.StringIO())
 
 
+def _timer(workload, recipe: Recipe, snapshot: Snapshot, threads: int | None) -> Timer:
+    return Timer(
+        stmt="with recipe_ctx():\n    fn()",
+        setup="snapshot.restore()",
+        globals={"fn": workload.fn, "recipe_ctx": functools.partial(apply_recipe, recipe), "snapshot": snapshot},
+        num_threads=threads or torch.get_num_threads(),
+        label=workload.name, description=recipe.label,
+    )
+
+
 def timer_stats(workload, recipe: Recipe, warmup: int, repeat: int, threads: int | None = None) -> list[float]:
     """Per-run times (s) of ``workload.fn`` under ``recipe`` from torch.utils.benchmark.Timer."""
+    return timer_stats_interleaved(workload, {"only": recipe}, repeat, threads)["only"]
+
+
+def timer_stats_interleaved(workload, recipes: dict, repeat: int, threads: int | None = None) -> dict:
+    """{name: per-run times} from torch.utils.benchmark.Timer, one sample per recipe per round,
+    the order alternating each round -- the same interleaving compare_amp uses, so both timers
+    see the same sequence of kernels (on CPUs with AMX, switching between AVX-512 fp32 and AMX
+    bf16 code has a cost that a back-to-back Timer run would not pay)."""
     snapshot = Snapshot.capture(objects=workload.state)
     try:
-        timer = Timer(
-            stmt="with recipe_ctx():\n    fn()",
-            setup="snapshot.restore()",
-            globals={"fn": workload.fn, "recipe_ctx": functools.partial(apply_recipe, recipe), "snapshot": snapshot},
-            num_threads=threads or torch.get_num_threads(),
-            label=workload.name, description=recipe.label,
-        )
-        # Timer.timeit(number=1) itself runs the statement twice untimed (with setup) before the
-        # timed run, so every sample is already warmed up; ``warmup`` extra calls are not needed.
-        return [timer.timeit(number=1).median for _ in range(repeat)]
+        timers = {name: _timer(workload, recipe, snapshot, threads) for name, recipe in recipes.items()}
+        samples = {name: [] for name in recipes}
+        names = list(recipes)
+        for i in range(repeat):
+            for name in (names if i % 2 == 0 else names[::-1]):
+                # timeit(number=1) first runs the statement twice untimed (with setup), so every
+                # sample is warmed up.
+                samples[name].append(timers[name].timeit(number=1).median)
+        return samples
     finally:
         snapshot.restore()
 

@@ -34,6 +34,14 @@ def _torchrun(out: Path, mode: str, timeout: float = 90) -> subprocess.Completed
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
            "--master-port", str(_free_port()), str(WORKER), str(out), mode]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+    if proc.returncode != 0 and "SIGABRT" in proc.stderr + proc.stdout:
+        # Seen once in a CI run on a loaded 2-core machine: a rank aborted at exit with "terminate
+        # called without an active exception" (a C++ thread torn down while joinable) after the
+        # work was done; not reproduced in 7 later runs, with or without load. One retry on a fresh
+        # port, said out loud; a second abort fails the test.
+        print("torchrun: a rank aborted (SIGABRT); retrying once:\n" + proc.stderr[-1500:])
+        cmd[cmd.index("--master-port") + 1] = str(_free_port())
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return proc
 
