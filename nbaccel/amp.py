@@ -289,18 +289,21 @@ class _Runner:
         self.fn, self.snapshot, self.clock, self.device, self.silence = fn, snapshot, clock, device, silence
 
     def timed(self, recipe: Recipe) -> float:
+        __tracebackhide__ = True  # noqa: F841 - IPython hides nbaccel's frames from the user's traceback
         self.snapshot.restore()
         with self.silence(), apply_recipe(recipe):
             seconds, _ = self.clock.measure(self.fn)
         return seconds
 
     def memory(self, recipe: Recipe) -> PeakMemory:
+        __tracebackhide__ = True  # noqa: F841 - IPython hides nbaccel's frames from the user's traceback
         self.snapshot.restore()
         with self.silence(), apply_recipe(recipe), PeakMeter(self.device) as meter:
             self.fn()
         return meter.result
 
     def audited(self, recipe: Recipe):
+        __tracebackhide__ = True  # noqa: F841 - IPython hides nbaccel's frames from the user's traceback
         self.snapshot.restore()
         probe = _GradientProbe(c.tensor for c in self.snapshot.tensors)
         audit = OpAudit()
@@ -352,6 +355,7 @@ def compare_amp(
     Under torchrun it measures the calling rank only; `nbaccel.distributed.compare_amp` (or
     ``gather_amp(result)``) gathers every rank's result (min/median/max, slowest rank).
     """
+    __tracebackhide__ = True  # noqa: F841 - IPython hides nbaccel's frames from the user's traceback
     if warmup < 0:
         raise ValueError(f"warmup must be >= 0, got {warmup}")
     if repeat < 1:
@@ -478,6 +482,10 @@ def advise(result: AmpResult) -> list[str]:
         notes.append(f"The result is inf/NaN under {dtype} but finite in fp32: the forward pass overflowed{limit}. "
                      "GradScaler cannot fix this; use bf16, or keep the overflowing op in fp32 "
                      "(torch.autocast(..., enabled=False)).")
+    if result.amp.ops.empty:
+        notes.append("The cell ran no torch operators, so autocast had nothing to change: %%amp compares "
+                     "torch code (the times are of plain Python).")
+        speedup = None  # a "speedup" of plain Python is noise; say nothing more about it
     if speedup is not None:
         if speedup < 1.05:
             if info.type == "cpu" and not (info.has_bf16_units if dtype == "bf16" else info.has_fp16_units):

@@ -65,7 +65,7 @@ def parse_budget(text, device: torch.device, total: int | None = None) -> int:
     if re.fullmatch(r"[0-9]*\.?[0-9]+", raw):
         share = float(raw)
         if share <= 0:
-            raise BudgetError(f"a budget must be positive, got {raw!r}")
+            raise BudgetError(f"a budget must be positive, got {raw!r}; write e.g. 6GiB or 0.8 (a share of {where})")
         if share > 1:
             raise BudgetError(f"{raw!r} has no unit: write {raw}GiB, {raw}GB or {raw}MiB, or a share between 0 and 1")
         if not total:

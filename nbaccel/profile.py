@@ -300,6 +300,7 @@ def profile_function(fn: Callable[[], object], options: ProfileOptions | None = 
     ``silence``: context-manager factory that hides the output of every run but the last (the
     magic passes IPython's capture); the last run's return value is ``result.value``.
     """
+    __tracebackhide__ = True  # noqa: F841 - IPython hides nbaccel's frames from the user's traceback
     options = options or ProfileOptions(**kwargs)
     runs = options.warmup + options.steps
     with profile(options=options) as prof:
@@ -688,6 +689,9 @@ def advise(result: ProfileResult) -> list[str]:
     time_col = "device_self_us" if on_device else "self_us"
     total = result.device_time_us if on_device else float(ops["self_us"].sum()) if len(ops) else 0.0
     where = "device" if on_device else "CPU"
+    if not len(ops):
+        notes.append("No torch operators were recorded: torch.profiler sees torch work only; for plain Python "
+                     "time use %prun or pyinstrument.")
     if len(ops) and total > 0:
         mm = ops[ops["category"] == "matmul/conv"]
         fp32 = float(mm.loc[mm["math_dtype"] == "fp32", time_col].sum())

@@ -38,6 +38,7 @@ class Clock:
 
     def measure(self, fn: Callable[[], object]) -> tuple[float, object]:
         """Run ``fn`` once and return (seconds, its return value)."""
+        __tracebackhide__ = True  # noqa: F841 - IPython hides nbaccel's frames from the user's traceback
         synchronize(self.device)
         if self._use_events:
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments
@@ -48,6 +50,7 @@ class AmpMagics(Magics):
             loss = train_step(model, batch)
             loss
         """
+        __tracebackhide__ = True  # noqa: F841 - IPython hides nbaccel's frames from the user's traceback
         args = parse_line(self.amp, line)
         if args.dtype.lower() not in DTYPES:
             raise UsageError(f"--dtype {args.dtype} is not supported; use one of: {', '.join(DTYPES)}")
@@ -76,6 +79,11 @@ class AmpMagics(Magics):
             )
         except SnapshotTooLarge as exc:
             raise UsageError(str(exc)) from None
+        except Exception as exc:
+            # The cell's own error, re-raised unchanged below; say what nbaccel did about it first.
+            print(f"nbaccel %%amp: the cell raised {type(exc).__name__}; the comparison was abandoned and your "
+                  "variables are as they were before the magic.", file=sys.stderr)
+            raise
         store_result(self.shell, args.result, result)
         if not args.quiet:
             display_result(result)

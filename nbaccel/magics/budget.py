@@ -85,6 +85,8 @@ class BudgetMagics(Magics):
         the request, the limit, what was allocated, the largest tensors/modules/optimizers in the
         namespace, and what to try, with the expected saving. The result (-r) has ``.history``.
         """
+        # "6 GB" is what people type; argparse would see two positional arguments.
+        line = re.sub(r"^(\s*-?[0-9]*\.?[0-9]+)\s+([kmgt]i?b)\b", r"\1\2", line, flags=re.I)
         for token in line.split():
             if _NEGATIVE.match(token):
                 raise UsageError(f"a budget must be positive, got {token}; write e.g. 6GiB, 512MiB or 0.8")
@@ -188,6 +190,10 @@ class BudgetMagics(Magics):
         except (ValueError, TypeError) as exc:
             raise UsageError(str(exc)) from None
         self._estimate = result
+        if self.watcher is not None:
+            # The estimate's dry runs are nbaccel's own work, not the user's cell: don't hold
+            # them against the budget.
+            self.watcher.abandon()
         store_result(self.shell, args.result, result)
         if not args.quiet:
             display_result(result)
@@ -237,12 +243,14 @@ class BudgetMagics(Magics):
         record = self.watcher.end(error=error, label=f"In[{count}]" if count is not None else None)
         if record is None or record.status not in ("near", "over"):
             return
-        report = CellReport(record, str(self.watcher.device), strict=self.strict)
-        display_result(report)
         # Strict fails the cells that pushed usage over (added memory), not every later cell that starts
         # over: `del x` must be able to run. 1 MiB: any Python code moves RSS by a few pages.
         pushed = record.added_bytes >= 2**20
-        if record.status == "over" and self.strict and pushed and error is None and result.error_before_exec is None:
+        failing = record.status == "over" and self.strict and pushed and error is None \
+            and result.error_before_exec is None
+        report = CellReport(record, str(self.watcher.device), strict=failing)
+        display_result(report)
+        if failing:
             exc = BudgetExceeded(f"{record.label} peaked at {format_bytes(record.used_bytes)}, over the strict budget "
                                  f"of {format_bytes(record.budget_bytes)} ({record.fraction:.0%})")
             # Marking the result failed is what stops "Run All" in Jupyter (the kernel replies "error").

@@ -26,22 +26,39 @@ def history_name(shell):
 def cell_function(shell, cell: str):
     """Compile a cell into a zero-argument function that runs it in the user namespace and
     returns the value of its last expression (like IPython's ``%%time``), or None."""
-    source = shell.transform_cell(cell)
-    tree = shell.transform_ast(shell.compile.ast_parse(source))
+    source, tree, filename = parse_cell(shell, cell)
     body, last = tree.body, None
     if body and isinstance(body[-1], ast.Expr):
         last = ast.Expression(body[-1].value)
         body = body[:-1]
     module = ast.Module(body=body, type_ignores=[])
-    code = shell.compile(module, "<cell>", "exec")
-    expr = shell.compile(last, "<cell>", "eval") if last is not None else None
+    code = shell.compile(module, filename, "exec")
+    expr = shell.compile(last, filename, "eval") if last is not None else None
     ns = shell.user_ns
 
     def run_cell():
+        __tracebackhide__ = True  # noqa: F841 - IPython hides this frame; the user's own lines remain
         exec(code, shell.user_global_ns, ns)  # noqa: S102 - running the user's own cell is the point
         return eval(expr, shell.user_global_ns, ns) if expr is not None else None  # noqa: S307
 
     return run_cell
+
+
+def parse_cell(shell, cell: str):
+    """Transform and parse a cell like IPython does: returns (source, AST, filename).
+
+    The source is registered in IPython's linecache under ``filename``, so a traceback from the
+    cell shows the user's lines (not "Could not get source"). A syntax error is a UsageError
+    that points at the line, before anything runs.
+    """
+    source = shell.transform_cell(cell)
+    try:
+        tree = shell.transform_ast(shell.compile.ast_parse(source))
+    except SyntaxError as exc:
+        where = f"line {exc.lineno}: {(exc.text or '').strip()}" if exc.lineno else "the cell"
+        raise UsageError(f"SyntaxError in the cell ({exc.msg}) at {where}; fix it and run again") from None
+    filename = shell.compile.cache(source, shell.execution_count, raw_code=cell)
+    return source, tree, filename
 
 
 def silenced():

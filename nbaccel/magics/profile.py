@@ -12,7 +12,7 @@ from IPython.core.magic_arguments import argument, magic_arguments
 from ..profile import DTYPES, ProfileError, ProfileOptions, profile_function, validate
 from ..profile_table import CELL_LINE, SORT_COLUMNS
 from ..render.display import display_result
-from .common import cell_function, check_name, parse_line, silenced, store_result
+from .common import cell_function, check_name, parse_cell, parse_line, silenced, store_result
 
 
 @magics_class
@@ -49,6 +49,7 @@ class ProfileMagics(Magics):
             %%profile_gpu --top 10 --warmup 2 --steps 3 --trace runs/step -r prof
             loss = train_step(model, batch)
         """
+        __tracebackhide__ = True  # noqa: F841 - IPython hides nbaccel's frames from the user's traceback
         args = parse_line(self.profile_gpu, line)
         check_name(args.result)
         if not cell.strip():
@@ -91,8 +92,7 @@ def annotated_cell_function(shell, cell: str):
     A statement wrapped in ``with`` keeps its scope and line numbers (tracebacks unchanged);
     the cost is one ``record_function`` (about a microsecond) per executed top-level statement.
     """
-    source = shell.transform_cell(cell)
-    tree = shell.transform_ast(shell.compile.ast_parse(source))
+    source, tree, filename = parse_cell(shell, cell)
     lines = source.splitlines()
     body, last = tree.body, None
     if body and isinstance(body[-1], ast.Expr):
@@ -114,14 +114,15 @@ def annotated_cell_function(shell, cell: str):
         node = ast.With(items=[_line_marker(label(stmt), stmt)], body=[stmt])
         wrapped.append(ast.copy_location(node, stmt))
     module = ast.fix_missing_locations(ast.Module(body=wrapped, type_ignores=[]))
-    code = shell.compile(module, "<cell>", "exec")
-    expr = shell.compile(ast.Expression(last.value), "<cell>", "eval") if last is not None else None
+    code = shell.compile(module, filename, "exec")
+    expr = shell.compile(ast.Expression(last.value), filename, "eval") if last is not None else None
     last_label = label(last) if last is not None else None
     ns = shell.user_ns
 
     def run_cell():
         import torch
 
+        __tracebackhide__ = True  # noqa: F841 - IPython hides this frame
         exec(code, shell.user_global_ns, ns)  # noqa: S102 - running the user's own cell is the point
         if expr is None:
             return None

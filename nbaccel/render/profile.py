@@ -199,7 +199,12 @@ def unaligned_lines(result) -> list[str]:
         fixes = ", ".join(f"{k}={v} -> {e['pad_to'][k]}" for k, v in e["unaligned"].items())
         out.append(f"{e['op']} [{e['shapes']}] x{e['calls']} ({_time(e['time_us'])}): {fixes} "
                    f"(multiple of {e['multiple']} for {e['dtype']})")
-    return out or ["all matmul/conv dims are multiples of 8 (16 for int8)"]
+    if out:
+        return out
+    ops = result.trace.ops
+    if not len(ops) or not (ops["category"] == "matmul/conv").any():
+        return ["no matmul/conv ops were recorded, so there are no shapes to pad"]
+    return ["all matmul/conv dims are multiples of 8 (16 for int8)"]
 
 
 def kernel_rows(result, top=15):

@@ -1,0 +1,77 @@
+"""What a hurried first user ran into (a new-user trial before release), held by tests."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from IPython.core.error import UsageError
+
+import nbaccel
+
+
+def test_syntax_error_in_a_magic_cell_is_a_usage_error_naming_the_line(ip):
+    for magic in ("amp", "profile_gpu"):
+        with pytest.raises(UsageError, match=r"SyntaxError in the cell .* line 2: loss = train_step\("):
+            ip.run_cell_magic(magic, "", "x = 1\nloss = train_step(\n")
+
+
+def test_traceback_shows_the_users_line_not_nbaccel_internals(run_cell):
+    run_cell("import torch\nx = torch.ones(3)")
+    for magic in ("%%amp --repeat 1", "%%profile_gpu"):
+        _, captured = run_cell(f"{magic}\ny = x * 2\nz = undefined_var + 1\n", expect_error=NameError)
+        shown = captured.stdout + captured.stderr
+        assert "z = undefined_var + 1" in shown, shown
+        assert "Could not get source" not in shown
+        assert "nbaccel/amp.py" not in shown and "nbaccel/timing.py" not in shown
+
+
+def test_budget_with_a_space_before_the_unit(ip):
+    ip.run_line_magic("memory_budget", "6 GB -q -r b")
+    try:
+        assert ip.user_ns["b"].to_dict()["budget_bytes"] == 6 * 10**9
+    finally:
+        ip.run_line_magic("memory_budget", "off -q")
+
+
+def test_strict_says_failed_only_for_cells_that_fail(run_cell, ip):
+    run_cell("import torch")
+    run_cell("%memory_budget 1MiB --strict -q")  # the process is already far over 1 MiB
+    try:
+        _, captured = run_cell("y = 1")  # adds nothing: warned, not failed
+        text = "".join(o.data.get("text/plain", "") for o in captured.outputs)
+        assert "over the memory budget" in text
+        assert "marked as failed" not in text
+    finally:
+        run_cell("%memory_budget off -q")
+
+
+def test_estimate_dry_run_is_not_held_against_the_budget(run_cell, ip):
+    run_cell("import torch\nmodel = torch.nn.Sequential(torch.nn.Linear(256, 2048), torch.nn.Linear(2048, 8))")
+    run_cell("%memory_budget 1MiB --strict -q")
+    try:
+        result, _ = run_cell("%memory_budget 8GiB --model model --batch 64 -q -r est")
+        assert result.error_in_exec is None  # not a BudgetExceeded from nbaccel's own dry runs
+        assert ip.user_ns["est"].to_dict()["kind"] == "estimate"
+    finally:
+        run_cell("%memory_budget off -q")
+
+
+def test_plain_python_cells_get_honest_advice():
+    result = nbaccel.compare_amp(lambda: sum(range(1000)), repeat=2, warmup=0, state=[None])
+    assert result.amp.ops.empty
+    assert any("no torch operators" in a for a in result.advice)
+    assert not any("speedup" in a.lower() for a in result.advice)
+    with nbaccel.profile() as prof:
+        sum(range(1000))
+    text = str(prof.result)
+    assert "No torch operators were recorded" in text
+    assert "no matmul/conv ops were recorded" in text
+
+
+def test_matrix_vector_products_are_not_told_to_pad():
+    w, v = torch.randn(1000, 1000), torch.randn(1, 1000)
+    with nbaccel.profile() as prof:
+        v @ w
+    assert not any(1 in e["unaligned"].values() for e in prof.result.unaligned)
+    res = nbaccel.compare_amp(lambda: v @ w, repeat=1, warmup=0, state=[w, v])
+    assert not any(1 in m["unaligned"] for m in res.unaligned_matmuls)
