@@ -344,7 +344,9 @@ def compare_amp(
 
     ``namespace``/``state``: what ``fn`` may change and must be restored before each run -- a
     dict of variables (the notebook's namespace) and/or objects (model, optimizer, ...). Without
-    either, the names ``fn`` refers to (its globals and closure) are snapshotted.
+    either, the *objects* ``fn`` can reach by name (its closure, and the globals named in its code
+    and in the functions it calls) are snapshotted and restored in place; a global that the code
+    *rebinds* (``count += 1`` inside a function) is not -- pass ``namespace=globals()`` for that.
     ``silence``: context-manager factory that hides the measurement runs' output;
     ``show_output``: the one for the kept run (default: output shown).
     ``restore=False``: no snapshot; every run continues from the state the previous one left
