@@ -206,9 +206,16 @@ def _sharding_rows(e, counts=(2, 4, 8)):
 
 
 def _fit_lines(e) -> list[str]:
+    from ..estimate import _line
+
+    def per_sample(f):
+        # Both lines, since the larger of the two at the target batch need not be the steeper one.
+        fwd, bwd = _line(f.batches, f.forward)[1], _line(f.batches, f.backward)[1]
+        return f"forward {format_bytes(fwd)}/sample, backward {format_bytes(bwd)}/sample"
+
     return [f"{f.precision}: measured {', '.join(format_bytes(m) for m in f.measured)} at batch "
-            f"{', '.join(map(str, f.batches))} (forward and backward peaks fitted separately, {format_bytes(f.slope)}"
-            f"/sample); at batch {e.batch}: {format_bytes(f.at(e.batch))} (linear extrapolation)" for f in e.fits.values()]
+            f"{', '.join(map(str, f.batches))} (forward and backward peaks fitted separately: {per_sample(f)}); "
+            f"at batch {e.batch}: {format_bytes(f.at(e.batch))} (linear extrapolation)" for f in e.fits.values()]
 
 
 def _estimate_head(e) -> str:
