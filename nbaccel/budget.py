@@ -110,7 +110,7 @@ class CellRecord:
                 "seconds": self.seconds, "error": self.error}
 
 
-def _usage_now(device: torch.device) -> tuple[int, int | None]:
+def usage_now(device: torch.device) -> tuple[int, int | None]:
     """(what is compared with the budget, allocated) right now."""
     if device.type == "cuda":
         return torch.cuda.memory_reserved(device), torch.cuda.memory_allocated(device)
@@ -142,7 +142,7 @@ class Watcher:
         meter = PeakMeter(self.device, collect=False)
         meter.__enter__()
         self._meter, self._label = meter, label
-        self._before = _usage_now(self.device)
+        self._before = usage_now(self.device)
         self._t0 = time.perf_counter()
 
     def abandon(self) -> None:
@@ -296,7 +296,7 @@ class CellReport(ResultMixin):
 
 def status(watcher: Watcher | None, device: torch.device, namespace: dict | None = None, skip=lambda n: False,
            enforce: bool = False, strict: bool = False, note: str = "") -> BudgetStatus:
-    used, allocated = _usage_now(device)
+    used, allocated = usage_now(device)
     return BudgetStatus(
         active=watcher is not None, device=str(device), budget_bytes=watcher.budget if watcher else None,
         device_total=device_memory(device), enforce=enforce, strict=strict,

@@ -75,3 +75,11 @@ def test_matrix_vector_products_are_not_told_to_pad():
     assert not any(1 in e["unaligned"].values() for e in prof.result.unaligned)
     res = nbaccel.compare_amp(lambda: v @ w, repeat=1, warmup=0, state=[w, v])
     assert not any(1 in m["unaligned"] for m in res.unaligned_matmuls)
+
+
+def test_a_budget_below_current_usage_says_so(ip):
+    ip.run_line_magic("memory_budget", "1MiB -q -r s")
+    try:
+        assert "already over" in ip.user_ns["s"].note
+    finally:
+        ip.run_line_magic("memory_budget", "off -q")

@@ -20,7 +20,7 @@ from IPython.core.magic_arguments import argument, magic_arguments
 
 import torch
 
-from ..budget import (NEAR, BudgetError, BudgetExceeded, CellReport, Watcher, apply_cap, capped_devices,
+from ..budget import (NEAR, usage_now, BudgetError, BudgetExceeded, CellReport, Watcher, apply_cap, capped_devices,
                       parse_budget, release_cap, status)
 from ..device import DeviceError, resolve_device
 from ..memory import format_bytes
@@ -148,6 +148,11 @@ class BudgetMagics(Magics):
             self.watcher = Watcher(budget, device, args.near)
         self.strict, self.enforce = args.strict, bool(args.enforce and device.type == "cuda")
         self._install()
+        used = usage_now(device)[0]
+        if used > budget:
+            note = "; ".join(filter(None, [note, (
+                f"already over: {format_bytes(used)} in use now, more than the {format_bytes(budget)} budget, "
+                "so every cell will be reported over until memory is freed or the budget raised")]))
         self._show(args, self._status(device, note))
 
     # --- prediction -------------------------------------------------------------------------------------
