@@ -137,7 +137,10 @@ class TraceStream:
 
     def _bad(self, what: str, offset: int | None = None) -> None:
         at = self._consumed + self._pos if offset is None else offset
-        cut = " (the file ends early: a trace cut off while writing looks like this)" if self._eof else ""
+        # Only an error at the very end of the data means the file was cut off; `{not json` is just bad.
+        at_end = self._eof and (at >= self._consumed + len(self._buf.rstrip()) - 1
+                                or what.startswith("Unterminated string"))
+        cut = " (the file ends early: a trace cut off while writing looks like this)" if at_end else ""
         raise TraceError(f"{self.where}: not valid JSON: {what} at character {at:,}{cut}")
 
     # -- the document --

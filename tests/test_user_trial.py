@@ -83,3 +83,11 @@ def test_a_budget_below_current_usage_says_so(ip):
         assert "already over" in ip.user_ns["s"].note
     finally:
         ip.run_line_magic("memory_budget", "off -q")
+
+
+def test_short_malformed_trace_is_not_called_truncated(tmp_path):
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    with pytest.raises(nbaccel.TraceError) as err:
+        nbaccel.load_trace(bad)
+    assert "not valid JSON" in str(err.value) and "ends early" not in str(err.value)
