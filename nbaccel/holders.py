@@ -119,7 +119,8 @@ def namespace_holders(namespace: dict, top: int = 10, skip=lambda name: False) -
                 owned.setdefault(key, name)
             device, dtype = _describe(states)
             rows.append(Holder(name, "optimizer", device, dtype, sum(b for b, _, _ in states.values()),
-                               f"{type(value).__name__} state for {len(value.state)} params"))
+                               (f"{type(value).__name__} state for {len(value.state)} params" if value.state
+                                else f"{type(value).__name__}: no state yet (it is created at the first step)")))
     for name, value in values:
         if isinstance(value, torch.Tensor):
             tensors, kind = [value], "tensor"

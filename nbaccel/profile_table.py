@@ -40,7 +40,7 @@ SORT_COLUMNS = {
     "self": "cpu_self_us",
     "device": "device_self_us",
     "calls": "calls",
-    "memory": "memory_bytes",
+    "memory": "self_memory_bytes",  # like key_averages' self memory: a wrapper op's children don't count
     "flops": "flops",
 }
 

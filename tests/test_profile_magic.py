@@ -106,7 +106,7 @@ def test_memory_option_records_allocations(run_cell, ip):
     prof, _, _ = profile_cell(run_cell, ip, opts="-q -r prof --memory --sort memory")
     mm = prof.ops.set_index("name").loc["aten::mm"]
     assert mm["self_memory_bytes"] >= 1000 * 1001 * 4  # the fp32 result of a @ b
-    assert prof.ops["memory_bytes"].fillna(-1).is_monotonic_decreasing
+    assert prof.ops["self_memory_bytes"].fillna(-1).is_monotonic_decreasing  # --sort memory: self bytes
     assert "mem alloc" in str(prof)
 
 

@@ -20,7 +20,7 @@ class ProfileMagics(Magics):
     @magic_arguments()
     @argument("--top", type=int, default=15, help="rows of the operator table to show (default 15)")
     @argument("--sort", default=None, choices=list(SORT_COLUMNS),
-              help="cpu (CPU total), self (self CPU), device (self device time), calls, memory, flops; "
+              help="cpu (CPU total), self (self CPU), device (self device time), calls, memory (self bytes), flops; "
                    "default: device on CUDA, else self")
     @argument("--memory", action="store_true", help="record memory allocated per op (profile_memory)")
     @argument("--shapes", action="store_true", help="group the table by op and input shapes")
