@@ -16,12 +16,12 @@ from the raw Chrome events:
 from __future__ import annotations
 
 import re
-from bisect import bisect_right
 
 import numpy as np
 import pandas as pd
 
 from .analysis import CATEGORIES
+from .analysis.trace import innermost_op
 from .flops import pad_to_multiple
 
 GROUPS = ("op", "op+shape", "source")
@@ -64,17 +64,7 @@ class OpIndex:
                 rows.append(i)
 
     def innermost(self, pid, tid, t: float) -> int:
-        entry = self._threads.get((pid, tid))
-        if entry is None:
-            return -1
-        starts, rows = entry
-        j = bisect_right(starts, t) - 1
-        if j < 0:
-            return -1
-        i = rows[j]
-        while i >= 0 and self._end[i] < t:  # that op ended already: try its ancestors
-            i = int(self._parent[i])
-        return i
+        return innermost_op(self._threads, self._parent, self._end.__getitem__, (pid, tid), t)
 
 
 def memory_by_op(events: list, ops: pd.DataFrame, index: OpIndex | None = None) -> tuple[np.ndarray, np.ndarray]:

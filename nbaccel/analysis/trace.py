@@ -354,20 +354,29 @@ def _nest_ops(op: dict[str, list]) -> _Nesting:
     return _Nesting(parent, [max(0.0, s) for s in self_us], threads)
 
 
-def _innermost_op(nest: _Nesting, ts: list, dur: list, key: tuple, t: float) -> int:
-    """Innermost op on thread ``key`` whose range contains time ``t``, or -1."""
-    entry = nest.threads.get(key)
+def innermost_op(threads: Mapping, parent, end, key: tuple, t: float) -> int:
+    """Innermost op on thread ``key`` whose range contains time ``t``, or -1.
+
+    ``threads``: per thread, (op starts sorted, parents first; their row ids); ``parent[i]`` the
+    enclosing op of row ``i`` (-1 at the top); ``end(i)`` when row ``i`` ends. Shared by the
+    loader (kernel launches -> ops) and the profile tables (memory events -> ops).
+    """
+    entry = threads.get(key)
     if entry is None:
         return -1
     starts, rows = entry
     j = bisect_right(starts, t) - 1
     if j < 0:
         return -1
-    i = rows[j]
+    i = int(rows[j])
     # The last op starting before t may have ended; its ancestors are the other candidates.
-    while i != -1 and ts[i] + dur[i] < t:
-        i = nest.parent[i]
+    while i >= 0 and end(i) < t:
+        i = int(parent[i])
     return i
+
+
+def _innermost_op(nest: _Nesting, ts: list, dur: list, key: tuple, t: float) -> int:
+    return innermost_op(nest.threads, nest.parent, lambda i: ts[i] + dur[i], key, t)
 
 
 def _link_gpu(gpu: dict, op: dict, runtime: dict, nest: _Nesting) -> list[tuple[int, str | None]]:
