@@ -240,13 +240,8 @@ def profile(directory: str, name: str = "nbaccel", group=None, **kwargs):
 
     os.makedirs(directory, exist_ok=True)
     prof = _profile(trace=trace_path(directory, name), **kwargs)
-    error = None
-    try:
-        with prof:
-            yield prof
-    except Exception as exc:  # agreed on with the other ranks below, then re-raised
-        error = exc
-    run_all(lambda: _reraise(error), group)
+    with _ranks_agree(group), prof:
+        yield prof
     res = prof.result
     row = {"trace": trace_path(directory, name), "window_us": res.window_us,
            "device_time_us": res.device_time_us if res.on_device else None, "top_op": _top_op(res.ops)}
@@ -255,17 +250,24 @@ def profile(directory: str, name: str = "nbaccel", group=None, **kwargs):
 
 
 def _top_op(ops) -> str | None:
-    if not len(ops):
-        return None
-    for column in ("name", "op", "key"):
-        if column in ops.columns:
-            return str(ops.iloc[0][column])
-    return str(ops.index[0])
+    return str(ops.iloc[0]["name"]) if len(ops) else None
 
 
 def _reraise(error):
     if error is not None:
         raise error
+
+
+@contextlib.contextmanager
+def _ranks_agree(group):
+    """Run the body; then every rank learns whether any rank's body raised, and all raise together
+    (the body's own error where it had one), so no rank waits in a later collective forever."""
+    error = None
+    try:
+        yield
+    except Exception as exc:  # agreed on with the other ranks below, then re-raised
+        error = exc
+    run_all(lambda: _reraise(error), group)
 
 
 @contextlib.contextmanager
@@ -275,13 +277,8 @@ def memory_budget(budget, group=None, **kwargs):
     from .budget import memory_budget as _memory_budget
 
     mb = _memory_budget(budget, **kwargs)
-    error = None
-    try:
-        with mb:
-            yield mb
-    except Exception as exc:  # agreed on with the other ranks below, then re-raised
-        error = exc
-    run_all(lambda: _reraise(error), group)
+    with _ranks_agree(group), mb:
+        yield mb
     rec = mb.watcher.records[-1] if mb.watcher.records else None
     row = {"peak_bytes": rec.used_bytes if rec else None, "budget_bytes": mb.budget,
            "status": rec.status if rec else None, "device": str(mb.device)}
