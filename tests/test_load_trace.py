@@ -24,6 +24,7 @@ from nbaccel.render import display as display_module
 from nbaccel.render import multirank as render_multirank
 from nbaccel.render import profile as render_profile
 from nbaccel.trace_result import MultiRankResult, TraceError, load_trace
+from widget_helpers import control, walk
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 TRACES = SHARED / "traces"
@@ -410,18 +411,6 @@ def test_bad_magic_lines(ip, line, message):
 
 # --- widgets page their tables ---------------------------------------------------------------------
 
-def _walk(widget):
-    yield widget
-    for child in getattr(widget, "children", ()):
-        yield from _walk(child)
-
-
-def _control(box, cls_name, description):
-    found = [w for w in _walk(box) if type(w).__name__ == cls_name and getattr(w, "description", None) == description]
-    assert len(found) == 1, f"no single {cls_name} {description!r}"
-    return found[0]
-
-
 def _rows(html: str) -> list[str]:
     return [unescape(n) for n in re.findall(r'<tr><td class="name">([^<]*)</td>', html)]
 
@@ -429,11 +418,11 @@ def _rows(html: str) -> list[str]:
 def test_profile_widget_renders_one_page_at_a_time():
     r = load_trace(real_path(A100), top=15)
     box = render_profile.widget(r)
-    tab = next(w for w in _walk(box) if type(w).__name__ == "Tab")
+    tab = next(w for w in walk(box) if type(w).__name__ == "Tab")
     ops = tab.children[0].children[-1]
-    top = _control(box, "IntSlider", "top K")
-    size = _control(box, "Dropdown", "rows/page")
-    page = _control(box, "BoundedIntText", "page")
+    top = control(box, "IntSlider", "top K")
+    size = control(box, "Dropdown", "rows/page")
+    page = control(box, "BoundedIntText", "page")
     top.value = top.max  # every one of the 143 rows is in play ...
     assert top.value == len(r.grouped("op")) > 100
     size.value = 25
@@ -446,22 +435,22 @@ def test_profile_widget_renders_one_page_at_a_time():
     assert second == r.table().iloc[25:50]["name"].tolist()
     page.value = page.max
     assert 0 < len(_rows(ops.value)) <= 25
-    _control(box, "Dropdown", "sort by").value = "calls"  # a new order starts at page 1
+    control(box, "Dropdown", "sort by").value = "calls"  # a new order starts at page 1
     assert page.value == 1 and _rows(ops.value)[0] == r.table(sort="calls").iloc[0]["name"]
 
 
 def test_multirank_widget_switches_ranks_and_pages(two_ranks, monkeypatch):
     _, r = two_ranks
     box = render_multirank.widget(r)
-    ranks = _control(box, "Dropdown", "ranks")
-    size = _control(box, "Dropdown", "rows/page")
-    ops = [w for w in _walk(box) if type(w).__name__ == "HTML"][-2]
+    ranks = control(box, "Dropdown", "ranks")
+    size = control(box, "Dropdown", "rows/page")
+    ops = [w for w in walk(box) if type(w).__name__ == "HTML"][-2]
     size.value = 10
     merged = _rows(ops.value)
     assert len(merged) == 10 and merged == r.table().head(10)["name"].tolist()
     ranks.value = 1
     assert _rows(ops.value) == r.table(rank=1).head(10)["name"].tolist()
-    header = [w for w in _walk(box) if type(w).__name__ == "HTML"][0].value
+    header = [w for w in walk(box) if type(w).__name__ == "HTML"][0].value
     assert "slowest rank: 1" in header and "(slowest)" in header
     monkeypatch.setattr(display_module, "WIDGETS", "always")
     bundle = display_module.mime_bundle(r)

@@ -13,6 +13,7 @@ import nbaccel
 from nbaccel.analysis import load_trace
 from nbaccel.render import display as display_module
 from nbaccel.render import profile as render_profile
+from widget_helpers import control, walk
 
 SETUP = """
 import torch
@@ -215,20 +216,8 @@ def test_to_dict_is_json_safe(run_cell, ip):
 
 # --- the widget, as a user drives it -------------------------------------------------------------
 
-def _walk(widget):
-    yield widget
-    for child in getattr(widget, "children", ()):
-        yield from _walk(child)
-
-
-def _control(box, cls_name, description):
-    found = [w for w in _walk(box) if type(w).__name__ == cls_name and getattr(w, "description", None) == description]
-    assert len(found) == 1, f"no single {cls_name} {description!r}"
-    return found[0]
-
-
 def _ops_html(box):
-    tab = next(w for w in _walk(box) if type(w).__name__ == "Tab")
+    tab = next(w for w in walk(box) if type(w).__name__ == "Tab")
     return tab.children[0].children[-1].value
 
 
@@ -241,32 +230,32 @@ def test_widget_controls_change_the_table(run_cell, ip, monkeypatch):
     prof, _, captured = profile_cell(run_cell, ip, opts="-r prof --stack")
     assert "application/vnd.jupyter.widget-view+json" in bundle(captured)
     box = render_profile.widget(prof)
-    group = _control(box, "ToggleButtons", "group by")
+    group = control(box, "ToggleButtons", "group by")
     assert group.value == "source" and _first_column(_ops_html(box))[0] == "cell line 3: y = a @ b"
 
     group.value = "op"
     names = _first_column(_ops_html(box))
     assert names[0] == "aten::mm"
 
-    sort = _control(box, "Dropdown", "sort by")
+    sort = control(box, "Dropdown", "sort by")
     sort.value = "calls"
     by_calls = _first_column(_ops_html(box))
     assert by_calls != names
     calls = prof.table(group="op", sort="calls")
     assert by_calls[0] == calls.iloc[0]["name"]
 
-    _control(box, "Checkbox", "ascending").value = True
+    control(box, "Checkbox", "ascending").value = True
     assert _first_column(_ops_html(box))[0] == prof.table(group="op", sort="calls", ascending=True).iloc[0]["name"]
 
-    name_filter = _control(box, "Text", "filter")
+    name_filter = control(box, "Text", "filter")
     name_filter.value = "mm"
     filtered = _first_column(_ops_html(box))
     assert filtered and all("mm" in n for n in filtered)
-    status = [w for w in _walk(box) if type(w).__name__ == "HTML" and "rows matching" in w.value]
+    status = [w for w in walk(box) if type(w).__name__ == "HTML" and "rows matching" in w.value]
     assert status and f"{len(filtered)} of {len(filtered)} rows" in status[0].value
     name_filter.value = ""
 
-    top = _control(box, "IntSlider", "top K")
+    top = control(box, "IntSlider", "top K")
     top.value = 1
     assert len(_first_column(_ops_html(box))) == 1
 
@@ -277,7 +266,7 @@ def test_widget_controls_change_the_table(run_cell, ip, monkeypatch):
 def test_widget_builds_with_breakdown_and_advice_tabs(run_cell, ip):
     prof, _, _ = profile_cell(run_cell, ip)
     box = render_profile.widget(prof)
-    tab = next(w for w in _walk(box) if type(w).__name__ == "Tab")
+    tab = next(w for w in walk(box) if type(w).__name__ == "Tab")
     assert [tab.get_title(i) for i in range(4)] == ["Operators", "Breakdown", "Tensor Cores", "Advice"]
     assert "matmul/conv" in tab.children[1].value
     assert "1008" in tab.children[2].value and "1008" in tab.children[3].value
