@@ -150,12 +150,6 @@ def median(xs) -> float:
 
 # --- nbaccel's own costs ----------------------------------------------------------------------
 
-def _wall(fn) -> float:
-    t0 = time.perf_counter()
-    fn()
-    return time.perf_counter() - t0
-
-
 class _TapClock(Clock):
     """compare_amp's own clock, plus the wall-clock instant each timed run's measurement began."""
 

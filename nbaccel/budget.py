@@ -132,10 +132,6 @@ class Watcher:
         self._before = (0, None)
         self._t0 = 0.0
 
-    @property
-    def running(self) -> bool:
-        return self._meter is not None
-
     def begin(self, label: str) -> None:
         self.abandon()
         # collect=False: a full gc.collect() costs tens of ms per cell; garbage only raises the baseline.

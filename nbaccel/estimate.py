@@ -269,10 +269,6 @@ class ActivationFit:
         """Bytes per sample of the phase that dominates at large batches."""
         return max(_line(self.batches, self.forward)[1], _line(self.batches, self.backward)[1])
 
-    @property
-    def intercept(self) -> float:
-        return max(0.0, self.measured[0] - self.slope * self.batches[0])
-
     def at(self, batch: int) -> int:
         peaks = [a + s * batch for a, s in (_line(self.batches, self.forward), _line(self.batches, self.backward))]
         return int(max(0.0, max(peaks) - self.grad_bytes))

@@ -103,16 +103,6 @@ def _tf32_values(on: bool):
     return {"float32_matmul_precision": "high" if on else "highest", "cuda.matmul.allow_tf32": on, "cudnn.allow_tf32": on}
 
 
-def tf32_enabled() -> bool | None:
-    """Whether fp32 matmuls on CUDA may use TF32 right now (None if torch refuses to say)."""
-    try:
-        if NEW_TF32_API:
-            return torch.backends.cuda.matmul.fp32_precision == "tf32"
-        return bool(torch.backends.cuda.matmul.allow_tf32)
-    except RuntimeError:
-        return None
-
-
 def global_state() -> dict:
     """Every global torch setting a recipe, a profile or a budget could change, as plain values.
 

@@ -53,6 +53,10 @@ _HEADLINES = {
     "amp": {"device": "device.name", "dtype": "amp.name", "speedup": "speedup", "memory_saving": "memory_saving",
             "fp32_median_s": "baseline.time.median_s", "amp_median_s": "amp.time.median_s",
             "drift_max_rel": "drift.max_rel"},
+    "profile": {"device": "header.device", "wall_us": "header.wall_us", "device_time_us": "header.device_time_us",
+                "flops_per_s": "header.flops_per_s", "fraction_of_peak": "header.fraction_of_peak",
+                "tensor_core_share": "tensor_cores.share"},
+    "budget": {"device": "device", "budget_bytes": "budget_bytes", "used_now": "used_now"},
 }
 
 
@@ -62,11 +66,6 @@ def _dig(data, path):
             return None
         data = data[key]
     return data
-
-
-def register_headlines(kind: str, fields: dict) -> None:
-    """Let a capability say which of its fields `results_frame` shows."""
-    _HEADLINES[kind] = fields
 
 
 def results_frame(records) -> pd.DataFrame:

@@ -74,3 +74,14 @@ def test_to_dict_round_trips_and_loads_into_a_frame(amp_result):
     assert list(frame["kind"]) == ["amp", "amp", "amp", "future-thing"]
     assert frame.loc[0, "speedup"] == pytest.approx(amp_result.speedup)
     assert frame.loc[2, "drift_max_rel"] is None or frame.loc[2, "drift_max_rel"] != frame.loc[2, "drift_max_rel"]
+
+
+def test_results_frame_reads_profile_and_budget_results():
+    with nbaccel.profile() as prof:
+        torch.randn(32, 32) @ torch.randn(32, 32)
+    with nbaccel.memory_budget("8GiB") as mb:
+        torch.ones(8)
+    frame = nbaccel.results_frame([prof.result, mb.status()])
+    assert list(frame["kind"]) == ["profile", "budget"]
+    assert frame.loc[0, "wall_us"] > 0
+    assert frame.loc[1, "budget_bytes"] == 8 * 2**30
