@@ -265,6 +265,11 @@ class ActivationFit:
         return [max(0, max(f, b) - self.grad_bytes) for f, b in zip(self.forward, self.backward)]
 
     @property
+    def slopes(self) -> tuple[float, float]:
+        """Bytes per sample of the forward and of the backward peak (the two fitted lines)."""
+        return _line(self.batches, self.forward)[1], _line(self.batches, self.backward)[1]
+
+    @property
     def slope(self) -> float:
         """Bytes per sample of the phase that dominates at large batches."""
         return max(_line(self.batches, self.forward)[1], _line(self.batches, self.backward)[1])

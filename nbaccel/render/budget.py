@@ -206,11 +206,9 @@ def _sharding_rows(e, counts=(2, 4, 8)):
 
 
 def _fit_lines(e) -> list[str]:
-    from ..estimate import _line
-
     def per_sample(f):
         # Both lines, since the larger of the two at the target batch need not be the steeper one.
-        fwd, bwd = _line(f.batches, f.forward)[1], _line(f.batches, f.backward)[1]
+        fwd, bwd = f.slopes
         return f"forward {format_bytes(fwd)}/sample, backward {format_bytes(bwd)}/sample"
 
     return [f"{f.precision}: measured {', '.join(format_bytes(m) for m in f.measured)} at batch "
