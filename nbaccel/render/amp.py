@@ -4,12 +4,11 @@ from __future__ import annotations
 
 from ..memory import format_bytes
 from ..timing import format_seconds
-from .common import bullet_list, esc, table, text_table, wrap
+from .common import bullet_list, esc, si, table, text_table, wrap
 
 
 def _flops(v) -> str:
-    rate = v.flops_per_second
-    return f"{rate / 1e9:.3g} GFLOP/s" if rate else "n/a"
+    return si(v.flops_per_second, "FLOP/s") if v.flops_per_second else "n/a"
 
 
 def _variant_rows(result):

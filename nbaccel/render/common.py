@@ -62,3 +62,13 @@ def text_table(headers: list[str], rows: list[list], left=(0,)) -> str:
         if n == 0:
             lines.append("  ".join("-" * w for w in widths))
     return "\n".join(lines)
+
+
+def si(value, unit: str) -> str:
+    """``1.31e12, "FLOP/s"`` -> ``"1.31 TFLOP/s"``; ``-`` for a missing value."""
+    if value is None or value != value:
+        return "-"
+    for prefix, scale in (("P", 1e15), ("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if abs(value) >= scale:
+            return f"{value / scale:.3g} {prefix}{unit}"
+    return f"{value:.3g} {unit}"

@@ -13,7 +13,7 @@ import os
 from ..analysis import CATEGORIES
 from ..memory import format_bytes
 from ..timing import format_seconds
-from .common import bar, bullet_list, esc, table, text_table, wrap
+from .common import bar, bullet_list, esc, si, table, text_table, wrap
 
 # (column of the table, header shown, kind) in display order; kind picks the formatter.
 _COLUMNS = [
@@ -38,13 +38,6 @@ def _time(us) -> str:
     return "-" if us is None or us != us else ("0" if us == 0 else format_seconds(us * 1e-6))
 
 
-def _si(value, unit: str) -> str:
-    if value is None or value != value:
-        return "-"
-    for prefix, scale in (("P", 1e15), ("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
-        if abs(value) >= scale:
-            return f"{value / scale:.3g} {prefix}{unit}"
-    return f"{value:.3g} {unit}"
 
 
 def _fmt(kind: str, value) -> str:
@@ -57,9 +50,9 @@ def _fmt(kind: str, value) -> str:
     if kind == "pct":
         return "-" if value is None or value != value else f"{value:.1f}%"
     if kind == "flops":
-        return _si(value, "FLOP") if value else "-"
+        return si(value, "FLOP") if value else "-"
     if kind == "rate":
-        return _si(value, "FLOP/s") if value else "-"
+        return si(value, "FLOP/s") if value else "-"
     if kind == "bytes":
         return "-" if value is None or value != value else format_bytes(value)
     return str(value)
@@ -104,7 +97,7 @@ def header_items(result) -> list[tuple[str, str]]:
         items.append(("device time", "no GPU: CPU profiled"))
     items.append(("ops / kernels", f"{h['ops']:,} / {h['kernels']:,}"))
     if h["flops"]:
-        items.append(("achieved", f"{_si(h['flops_per_s'], 'FLOP/s')} ({h['dominant_dtype']}, "
+        items.append(("achieved", f"{si(h['flops_per_s'], 'FLOP/s')} ({h['dominant_dtype']}, "
                                   f"over {h['flops_per_s_basis']})"))
     else:
         items.append(("achieved", "no FLOP formula matched an op"))
