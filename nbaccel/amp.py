@@ -278,8 +278,34 @@ def _scaler_scales(snapshot: Snapshot) -> list[float]:
     return scales
 
 
-def _grad_scalers(snapshot: Snapshot) -> list:
-    return [obj for obj, _ in snapshot.stateful if isinstance(obj, torch.amp.GradScaler)]
+class _ScalerUse:
+    """Counts ``GradScaler.scale`` calls of enabled scalers during one run.
+
+    A scaler merely present in the namespace (say, from an earlier cell) says nothing about the
+    step being measured: only a loss actually scaled in this run means the gradients were
+    protected from fp16 underflow. The class attribute is patched for the run only and always put
+    back, like every other global nbaccel touches.
+    """
+
+    def __init__(self):
+        self.calls = 0
+
+    def __enter__(self):
+        cls = torch.amp.GradScaler
+        self._original = original = cls.__dict__["scale"]
+
+        def scale(scaler, outputs, *args, **kwargs):
+            if scaler.is_enabled():
+                self.calls += 1
+            return original(scaler, outputs, *args, **kwargs)
+
+        scale.__wrapped__ = original
+        cls.scale = scale
+        return self
+
+    def __exit__(self, *exc):
+        torch.amp.GradScaler.scale = self._original
+        return False
 
 
 class _Runner:
@@ -308,13 +334,12 @@ class _Runner:
         probe = _GradientProbe(c.tensor for c in self.snapshot.tensors)
         audit = OpAudit()
         scales_before = _scaler_scales(self.snapshot)
-        with self.silence(), apply_recipe(recipe), probe, audit:
+        with self.silence(), apply_recipe(recipe), probe, audit, _ScalerUse() as scaler_use:
             value = self.fn()
         value = _to_host(value)
-        scalers = _grad_scalers(self.snapshot)
         scales_after = _scaler_scales(self.snapshot)
         scaler_info = {
-            "grad_scaler": any(s.is_enabled() and getattr(s, "_scale", None) is not None for s in scalers),
+            "grad_scaler": scaler_use.calls > 0,
             # GradScaler halves its scale when it finds inf/NaN gradients and skips that optimizer step.
             "scaler_skipped_step": any(a < b for a, b in zip(scales_after, scales_before)) if scales_before else None,
         }

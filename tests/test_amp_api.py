@@ -263,3 +263,32 @@ def test_fresh_gradscaler_skipped_step_is_reported():
     result = nbaccel.compare_amp(step, dtype="fp16", device="cpu", repeat=1, warmup=0)
     assert result.gradients["grad_scaler"]
     assert result.gradients["scaler_skipped_step"] is True
+
+
+def test_unused_gradscaler_in_scope_is_not_counted_as_scaling():
+    # Seen on an H200: a scaler left from an earlier cell hid the "use GradScaler" advice for a plain
+    # fp16 step with underflowing gradients. Only a loss scaled during the run counts.
+    _fp16_cpu()
+    w = torch.nn.Parameter(torch.full((8, 8), 1e-3))
+    opt = torch.optim.SGD([w], lr=0.1)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10)
+    scaler.scale((w * 1.0).sum())  # used once before: its _scale now exists
+    original = torch.amp.GradScaler.__dict__["scale"]
+
+    def plain_step():
+        opt.zero_grad()
+        (w * 1e-8).sum().backward()  # gradients of 1e-8 underflow to zero in fp16
+
+    result = nbaccel.compare_amp(plain_step, dtype="fp16", device="cpu", repeat=1, warmup=0, state=[scaler, w, opt])
+    assert result.gradients["grad_scaler"] is False
+    assert torch.amp.GradScaler.__dict__["scale"] is original  # the counting patch is gone
+
+    def scaled_step():
+        opt.zero_grad()
+        scaler.scale((w * 1e-8).sum()).backward()
+
+    with pytest.raises(ZeroDivisionError):
+        nbaccel.compare_amp(lambda: 1 / 0, dtype="fp16", device="cpu", repeat=1, warmup=0, baseline=False)
+    assert torch.amp.GradScaler.__dict__["scale"] is original  # also after a raising cell
+    result = nbaccel.compare_amp(scaled_step, dtype="fp16", device="cpu", repeat=1, warmup=0, state=[scaler, w, opt])
+    assert result.gradients["grad_scaler"] is True
