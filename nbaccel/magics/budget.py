@@ -131,21 +131,22 @@ class BudgetMagics(Magics):
             budget = parse_budget(args.budget, device)
         except BudgetError as exc:
             raise UsageError(str(exc)) from None
-        # Everything is validated: from here on the previous budget is replaced.
+        # Everything is validated: from here on the previous budget is replaced. The watcher comes
+        # first: stop() releases every cap, so a cap applied before it would be undone at once
+        # (a first `--enforce` once left the GPU uncapped that way).
         note = ""
-        if self.watcher is not None and (self.watcher.device != device or not args.enforce):
-            release_cap()
-        if args.enforce:
-            if device.type == "cuda":
-                fraction = apply_cap(device, budget)
-                note = f"allocator capped at {fraction:.1%} of the GPU"
-            else:
-                note = CPU_ENFORCE_NOTE
         if self.watcher is not None and self.watcher.device == device:
             self.watcher.budget, self.watcher.near = budget, args.near  # keep the history
         else:
             self.stop()
             self.watcher = Watcher(budget, device, args.near)
+        if not args.enforce:
+            release_cap()
+        elif device.type == "cuda":
+            fraction = apply_cap(device, budget)
+            note = f"allocator capped at {fraction:.1%} of the GPU"
+        else:
+            note = CPU_ENFORCE_NOTE
         self.strict, self.enforce = args.strict, bool(args.enforce and device.type == "cuda")
         self._install()
         used = usage_now(device)[0]
