@@ -32,6 +32,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import gzip
+import inspect
 import json
 import os
 import re
@@ -185,6 +186,11 @@ def quiet_kineto():
 
 # --- the profile ---------------------------------------------------------------------------------
 
+# nbaccel's schedule has one cycle (repeat=1), so accumulating events across cycles changes nothing;
+# saying so stops torch (2.11+) warning "Profiler clears events at the end of each cycle" at the user.
+_ONE_CYCLE = {"acc_events": True} if "acc_events" in inspect.signature(torch.profiler.profile).parameters else {}
+
+
 class profile:  # noqa: N801 - a context manager used like a function: `with nbaccel.profile():`
     """Profile the body of a ``with`` block; the analysis is ``.result`` afterwards.
 
@@ -223,7 +229,7 @@ class profile:  # noqa: N801 - a context manager used like a function: `with nba
                 schedule = torch.profiler.schedule(wait=0, warmup=opts.warmup, active=opts.steps, repeat=1)
         self._cudnn_benchmark = bool(torch.backends.cudnn.benchmark)
         self._prof = torch.profiler.profile(activities=activities, schedule=schedule, record_shapes=True,
-                                            profile_memory=opts.memory, with_stack=opts.stack)
+                                            profile_memory=opts.memory, with_stack=opts.stack, **_ONE_CYCLE)
         with quiet_kineto():
             self._prof.start()
         self._stack = contextlib.ExitStack()
