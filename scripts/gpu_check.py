@@ -83,7 +83,7 @@ def check_amp_tf32(args) -> dict:
     d = {"bf16+tf32_recipe": on.amp.recipe.label, "bf16_no_tf32_recipe": off.amp.recipe.label,
          "speedup_bf16_tf32": on.speedup, "speedup_bf16_no_tf32": off.speedup,
          "tf32_only_speedup_vs_strict_fp32": tf32.speedup, "flags_restored": restored}
-    ok = "TF32" in on.amp.recipe.label and "TF32" not in off.amp.recipe.label and restored and tf32.speedup > 1.0
+    ok = on.amp.recipe.tf32 is True and off.amp.recipe.tf32 is False and restored and tf32.speedup > 1.0
     return {"status": PASS if ok else FAIL, "details": d,
             "summary": f"TF32-only GEMM {tf32.speedup:.2f}x vs strict fp32; bf16 {on.speedup:.2f}x (TF32 on) / "
                        f"{off.speedup:.2f}x (--no-tf32); global flags restored: {restored}"}
