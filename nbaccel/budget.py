@@ -28,7 +28,7 @@ import torch
 
 from .device import DeviceError, device_info, resolve_device
 from .holders import Holder, namespace_holders
-from .memory import PeakMeter, current_rss, format_bytes, parse_bytes
+from .memory import PeakMeter, cuda_counters, current_rss, format_bytes, parse_bytes
 from .results import ResultMixin
 
 NEAR = 0.75  # a cell that used at least this share of the budget gets a gauge
@@ -113,7 +113,8 @@ class CellRecord:
 def usage_now(device: torch.device) -> tuple[int, int | None]:
     """(what is compared with the budget, allocated) right now."""
     if device.type == "cuda":
-        return torch.cuda.memory_reserved(device), torch.cuda.memory_allocated(device)
+        counters = cuda_counters(device)
+        return counters.reserved, counters.allocated
     return current_rss() or 0, None
 
 
@@ -138,7 +139,9 @@ class Watcher:
         meter = PeakMeter(self.device, collect=False)
         meter.__enter__()
         self._meter, self._label = meter, label
-        self._before = usage_now(self.device)
+        # On CUDA the meter has just read the counters: reuse them rather than read twice per cell.
+        before = meter.before
+        self._before = (before.reserved, before.allocated) if before is not None else usage_now(self.device)
         self._t0 = time.perf_counter()
 
     def abandon(self) -> None:

@@ -22,3 +22,15 @@ def test_cap_is_released_on_unload(ip):
     ip.run_line_magic("unload_ext", "nbaccel")
     assert capped_devices() == []
     ip.run_line_magic("load_ext", "nbaccel")
+
+
+def test_cuda_counters_match_torch_getters():
+    from nbaccel.memory import cuda_counters
+
+    dev = torch.device("cuda", torch.cuda.current_device())
+    x = torch.empty(64 * 2**20, dtype=torch.uint8, device=dev)
+    c = cuda_counters(dev)
+    assert (c.allocated, c.reserved) == (torch.cuda.memory_allocated(dev), torch.cuda.memory_reserved(dev))
+    assert (c.peak_allocated, c.peak_reserved) == (torch.cuda.max_memory_allocated(dev),
+                                                   torch.cuda.max_memory_reserved(dev))
+    del x
