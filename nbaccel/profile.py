@@ -32,7 +32,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import gzip
-import inspect
 import json
 import os
 import re
@@ -163,7 +162,30 @@ _KINETO_NOISE = re.compile(r"^(?:USDT|STAGE):\S+ \S+ \d+:\d+ \S+\] ")
 
 @contextlib.contextmanager
 def quiet_kineto():
-    """Drop Kineto's start/stop marker lines from fd 2 during our own profiler calls; keep the rest."""
+    """Drop Kineto's start/stop marker lines from fd 2 during our own profiler calls; keep the rest.
+
+    Also hides torch's once-per-process "Profiler clears events at the end of each cycle" warning
+    (2.11+): nbaccel's schedule has one cycle, so it is untrue here. (``acc_events=True`` would
+    silence it too, but makes ``stop()`` parse every event into FunctionEvents eagerly -- tens of
+    ms with record_shapes -- while nbaccel reads the exported trace instead.)
+    """
+    shown = getattr(torch.profiler.profiler, "_WARNINGS_SHOWN", None)
+    shown_before = set(shown) if isinstance(shown, set) else None
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=_CYCLE_WARNING)
+            with _kineto_markers_dropped():
+                yield
+    finally:
+        if shown_before is not None:  # a hidden warning must still reach the user's own profilers
+            shown.difference_update({m for m in shown - shown_before if re.match(_CYCLE_WARNING, m)})
+
+
+_CYCLE_WARNING = r"Warning: Profiler clears events"
+
+
+@contextlib.contextmanager
+def _kineto_markers_dropped():
     try:
         sys.stderr.flush()
         saved = os.dup(2)
@@ -185,11 +207,6 @@ def quiet_kineto():
 
 
 # --- the profile ---------------------------------------------------------------------------------
-
-# nbaccel's schedule has one cycle (repeat=1), so accumulating events across cycles changes nothing;
-# saying so stops torch (2.11+) warning "Profiler clears events at the end of each cycle" at the user.
-_ONE_CYCLE = {"acc_events": True} if "acc_events" in inspect.signature(torch.profiler.profile).parameters else {}
-
 
 class profile:  # noqa: N801 - a context manager used like a function: `with nbaccel.profile():`
     """Profile the body of a ``with`` block; the analysis is ``.result`` afterwards.
@@ -229,7 +246,7 @@ class profile:  # noqa: N801 - a context manager used like a function: `with nba
                 schedule = torch.profiler.schedule(wait=0, warmup=opts.warmup, active=opts.steps, repeat=1)
         self._cudnn_benchmark = bool(torch.backends.cudnn.benchmark)
         self._prof = torch.profiler.profile(activities=activities, schedule=schedule, record_shapes=True,
-                                            profile_memory=opts.memory, with_stack=opts.stack, **_ONE_CYCLE)
+                                            profile_memory=opts.memory, with_stack=opts.stack)
         with quiet_kineto():
             self._prof.start()
         self._stack = contextlib.ExitStack()

@@ -403,3 +403,25 @@ def test_context_manager_with_steps_needs_step_calls():
             torch.ones(3) + 1
             prof.step()
     assert len(prof.result.step_times_us) == 2
+
+
+def test_torch_cycle_warning_hidden_during_our_calls_only():
+    # torch 2.11 on an H200 warned "Profiler clears events at the end of each cycle" through
+    # %%profile_gpu, whose schedule has one cycle. Hidden inside nbaccel's calls, and not marked as
+    # shown, so the user's own multi-cycle profiler still gets it.
+    import warnings
+
+    from torch.profiler import profiler as torch_profiler
+
+    from nbaccel.profile import quiet_kineto
+
+    message = "Warning: Profiler clears events at the end of each cycle. (test)"
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        with quiet_kineto():
+            torch_profiler._warn_once(message)
+        assert not seen
+        assert message not in torch_profiler._WARNINGS_SHOWN
+        torch_profiler._warn_once(message)
+        assert [str(w.message) for w in seen] == [message]
+    torch_profiler._WARNINGS_SHOWN.discard(message)
