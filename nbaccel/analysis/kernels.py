@@ -197,8 +197,12 @@ def kernel_category(kernel_name: str) -> str:
         return "optimizer"
     if re.search(r"reshape_and_cache", name):
         return "memory copy"
-    if _ATTENTION_K.search(name):
-        return "attention"  # incl. FA backward pre/post-processing: part of attention, not TC
+    if _ATTENTION_K.search(name) or "cudnn::fusion::" in name:
+        # incl. FA backward pre/post-processing and cuDNN SDPA's helpers (compute_dot_do_o,
+        # convert_dq_to_16bits: seen on an H200, cuDNN 9.19): part of attention, not TC
+        return "attention"
+    if "philox::unpack" in name:
+        return "other"  # RNG seed unpacking for dropout (unpack_cudnn), not a cuDNN matmul
     if re.search(r"fbgemm|split_embedding", name):
         return "other"  # embedding lookups/bucketize: neither GEMM nor plain copy
     if re.search(r"bn_fw|bn_bw|batch_norm|BatchNorm", name):

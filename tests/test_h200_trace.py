@@ -1,0 +1,52 @@
+"""A trace nbaccel recorded on an H200 (tests/data/README.md): Hopper kernel names as cuBLAS 13 and
+cuDNN 9.19 spell them today (nvjet_sm90_*, sdpa_sm90_flash_*_wgmma), through the same loader and
+classifier as a live %%profile_gpu. The figures are what nbaccel reported on that machine."""
+
+from pathlib import Path
+
+import pytest
+
+import nbaccel
+from nbaccel.analysis.kernels import kernel_category, uses_tensor_cores
+
+TRACE = Path(__file__).parent / "data" / "h200_bf16_transformer_step.json.gz"
+
+
+@pytest.fixture(scope="module")
+def h200():
+    return nbaccel.load_trace(TRACE, shapes=True)
+
+
+def test_counts_device_and_peak(h200):
+    assert (h200.op_count, h200.kernel_count) == (1098, 140)
+    assert h200.device.name == "NVIDIA H200"
+    h = h200.header
+    assert h["steps"] == 2 and h["dominant_dtype"] == "bf16"
+    assert h["peak_flops_per_s"] == 989e12  # H200 SXM dense bf16, nbaccel/data/gpu_peaks.csv
+    assert h["fraction_of_peak"] == pytest.approx(h["flops_per_s"] / 989e12)
+
+
+def test_tensor_core_share_as_reported_on_the_machine(h200):
+    assert h200.tensor_cores.value == pytest.approx(0.4527, abs=5e-5)
+    k = h200.kernels
+    nvjet = k[k["name"].str.startswith("nvjet_sm90_")]
+    assert len(nvjet) == 6 and nvjet["tensor_cores"].all()  # every cuBLAS GEMM of a bf16 step
+    sdpa = k[k["name"].str.contains("sdpa_sm90_flash")]
+    assert len(sdpa) == 2 and sdpa["tensor_cores"].all()  # cuDNN flash attention, fprop + bprop (wgmma)
+    assert not k[k["name"].str.contains("at::native::")]["tensor_cores"].any()
+
+
+def test_cudnn_attention_helpers_are_attention_not_matmul():
+    assert kernel_category("void cudnn::fusion::compute_dot_do_o_specialized<true, 64>(void const*, void const*, "
+                           "void*, void*, unsigned int)") == "attention"
+    assert kernel_category("void cudnn::fusion::convert_dq_to_16bits<true>(void const*, void*, unsigned int)") \
+        == "attention"
+    assert kernel_category("at::cuda::philox::unpack_cudnn(at::PhiloxCudaState, long*, long*)") == "other"
+    assert uses_tensor_cores("at::cuda::philox::unpack_cudnn(at::PhiloxCudaState, long*, long*)") is not True
+
+
+def test_gemm_flops_by_hand(h200):
+    t = h200.table(group="op+shape")
+    row = t[(t["name"] == "aten::addmm") & (t["shapes"] == "4096, 8192x1024, 1024x4096, -, -")].iloc[0]
+    # linear1 of the layer: 16*512 = 8192 tokens, 1024 -> 4096; 2 active steps
+    assert row["calls"] == 2 and row["flops"] == 2 * 2 * 8192 * 1024 * 4096
