@@ -5,7 +5,10 @@ Why from shapes: Kineto traces carry no ``flops`` field even when the header say
 ``args["Input Dims"]`` (and ``args["Concrete Inputs"]`` for stride/padding, recorded by recent
 torch versions).  Conventions follow ``torch.utils.flop_counter``: a multiply-add is 2 FLOPs,
 ``addmm``/``baddbmm`` count only the matmul, attention counts the two batched matmuls and ignores
-causal masking, convolution counts forward only.
+causal masking. Backward ops are counted too, as ``flop_counter`` does, so a training step's
+FLOP/s includes them: attention backward is the five batched matmuls of the recompute and the
+gradients; ``convolution_backward`` is one forward's worth per gradient it computes (input,
+weight; from ``output_mask``). Backward matmuls show up as plain ``aten::mm`` already.
 
 Every function returns ``None`` when the shapes do not determine the answer; a made-up number
 would end up in a FLOP/s figure.
@@ -197,8 +200,13 @@ def _conv(name: str, dims: Dims, concrete: Sequence[Any] | None, output_dims: Di
     return 2 * x[0] * prod(spatial) * prod(kernel) * c_out * c_in_per_group
 
 
-def _attention(q: list[int] | None, k: list[int] | None, v: list[int] | None, heads_first: bool) -> int | None:
-    """2*B*H*Lq*Lk*D (Q K^T) + 2*B*H*Lq*Lk*Dv (P V): 4*B*H*Lq*Lk*D when D == Dv."""
+def _attention(q: list[int] | None, k: list[int] | None, v: list[int] | None, heads_first: bool,
+               backward: bool = False) -> int | None:
+    """Forward: 2*B*H*Lq*Lk*D (Q K^T) + 2*B*H*Lq*Lk*Dv (P V): 4*B*H*Lq*Lk*D when D == Dv.
+
+    Backward (``flop_counter.sdpa_backward_flop_count``): the scores are recomputed (Q K^T), then
+    dP = dO V^T, dV = P^T dO, dQ = dS K, dK = dS^T Q: 2*B*H*Lq*Lk*(3*D + 2*Dv).
+    """
     if q is None or k is None or v is None or len(q) != 4 or len(k) != 4 or len(v) != 4:
         return None
     if heads_first:  # [B, H, L, D]
@@ -207,7 +215,27 @@ def _attention(q: list[int] | None, k: list[int] | None, v: list[int] | None, he
     else:  # [B, L, H, D] (flash / efficient attention kernels' own layout)
         b, lq, h, d = q
         lk, dv = k[1], v[3]
+    if backward:
+        return 2 * b * h * lq * lk * (3 * d + 2 * dv)
     return 2 * b * h * lq * lk * d + 2 * b * h * lq * lk * dv
+
+
+def _conv_backward(dims: Dims, concrete: Sequence[Any] | None) -> int | None:
+    """``convolution_backward(grad_output, input, weight, bias_sizes, stride, padding, dilation,
+    transposed, output_padding, groups, output_mask)``: each of grad_input and grad_weight costs
+    one forward convolution, 2 * N * prod(weight) * prod(spatial), where spatial is the forward
+    output's (= grad_output's) for a convolution and the input's for a transposed one."""
+    grad_out, x, w = _shape(dims, 0), _shape(dims, 1), _shape(dims, 2)
+    if grad_out is None or x is None or w is None or not (len(grad_out) == len(x) == len(w) >= 3):
+        return None
+    args = [_parse_concrete(c) for c in (concrete or ())]
+    transposed = args[7] if len(args) > 7 else None
+    mask = args[10] if len(args) > 10 else None
+    if not isinstance(transposed, bool) or not (isinstance(mask, (list, tuple)) and len(mask) >= 2):
+        return None  # without output_mask we cannot tell which gradients were computed
+    spatial = x[2:] if transposed else grad_out[2:]
+    forward = 2 * x[0] * prod(w) * prod(spatial)
+    return forward * sum(bool(m) for m in mask[:2])
 
 
 _HEADS_FIRST_ATTN = {
@@ -219,6 +247,14 @@ _HEADS_FIRST_ATTN = {
     "aten::_scaled_dot_product_attention_math",
 }
 _SEQ_FIRST_ATTN = {"aten::_flash_attention_forward", "aten::_efficient_attention_forward"}
+# Backward ops take (grad_out, query, key, value, ...): the shapes start one position later.
+_HEADS_FIRST_ATTN_BWD = {
+    "aten::_scaled_dot_product_flash_attention_backward",
+    "aten::_scaled_dot_product_efficient_attention_backward",
+    "aten::_scaled_dot_product_cudnn_attention_backward",
+    "aten::_scaled_dot_product_flash_attention_for_cpu_backward",
+}
+_SEQ_FIRST_ATTN_BWD = {"aten::_flash_attention_backward", "aten::_efficient_attention_backward"}
 
 #: Op names for which :func:`op_flops` knows a formula.
 FLOP_OPS = frozenset(
@@ -226,6 +262,9 @@ FLOP_OPS = frozenset(
     | set(_CONV_ARGS)
     | _HEADS_FIRST_ATTN
     | _SEQ_FIRST_ATTN
+    | _HEADS_FIRST_ATTN_BWD
+    | _SEQ_FIRST_ATTN_BWD
+    | {"aten::convolution_backward"}
 )
 
 
@@ -236,7 +275,7 @@ def op_flops(
     concrete_inputs: Sequence[Any] | None = None,
     output_dims: Dims | None = None,
 ) -> int | None:
-    """Forward FLOPs of op ``name`` with recorded ``Input Dims``, or ``None`` if unknown.
+    """FLOPs of op ``name`` (forward or backward) from its recorded ``Input Dims``, or ``None`` if unknown.
 
     ``input_types`` is accepted for symmetry with the trace columns (FLOPs do not depend on
     dtype). ``concrete_inputs`` are the profiler's ``Concrete Inputs`` strings (stride,
@@ -265,4 +304,10 @@ def op_flops(
         return _attention(s(0), s(1), s(2), heads_first=True)
     if name in _SEQ_FIRST_ATTN:
         return _attention(s(0), s(1), s(2), heads_first=False)
+    if name in _HEADS_FIRST_ATTN_BWD:
+        return _attention(s(1), s(2), s(3), heads_first=True, backward=True)
+    if name in _SEQ_FIRST_ATTN_BWD:
+        return _attention(s(1), s(2), s(3), heads_first=False, backward=True)
+    if name == "aten::convolution_backward":
+        return _conv_backward(input_dims, concrete_inputs)
     return None
