@@ -18,10 +18,10 @@ from .precision import precision  # noqa: E402
 from .profile import ProfileResult, profile  # noqa: E402
 from .render.side_by_side import side_by_side  # noqa: E402
 from .results import results_frame  # noqa: E402
-from .trace_result import MultiRankResult, TraceError, load_trace  # noqa: E402
+from .trace_result import MultiRankResult, TraceError, TraceWarning, load_trace  # noqa: E402
 
 __all__ = ["compare_amp", "AmpResult", "memory_budget", "MemoryBudget", "estimate_memory", "MemoryEstimate", "precision", "profile", "ProfileResult", "env_report", "results_frame", "side_by_side", "load_trace", "MultiRankResult",
-           "TraceError", "load_ipython_extension",
+           "TraceError", "TraceWarning", "load_ipython_extension",
            "unload_ipython_extension"]
 
 _registered: dict = {}

@@ -30,11 +30,15 @@ import pandas as pd
 from .kernels import kernel_category, op_category, uses_tensor_cores
 from .op_flops import dtype_of, op_flops
 
-__all__ = ["TraceError", "TraceData", "load_trace"]
+__all__ = ["TraceError", "TraceWarning", "TraceData", "load_trace"]
 
 
 class TraceError(ValueError):
     """The input is missing, unreadable, or not a torch.profiler Chrome trace."""
+
+
+class TraceWarning(UserWarning):
+    """A file in a folder of traces could not be read and was skipped; the others were loaded."""
 
 
 # Kineto category spellings, old and new, mapped to one canonical kind.

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import sys
+import warnings
+
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments
@@ -9,7 +12,7 @@ from IPython.core.magic_arguments import argument, magic_arguments
 from ..profile import ProfileError
 from ..profile_table import SORT_COLUMNS
 from ..render.display import display_result
-from ..trace_result import TraceError, load_trace
+from ..trace_result import TraceError, TraceWarning, load_trace
 from .common import check_name, parse_line, positive, store_result
 
 
@@ -46,10 +49,20 @@ class TraceMagics(Magics):
         check_name(args.result)
         positive(args.top, "--top")
         try:
-            result = load_trace(args.path, rank=args.rank, top=args.top, sort=args.sort, shapes=args.shapes,
-                                stack=args.stack, memory=args.memory)
+            with warnings.catch_warnings(record=True) as caught:
+                # Every skipped file is said every time (a warning shown once per session would
+                # hide it on the next run of the cell), as a plain line rather than a source location.
+                warnings.simplefilter("always", TraceWarning)
+                result = load_trace(args.path, rank=args.rank, top=args.top, sort=args.sort, shapes=args.shapes,
+                                    stack=args.stack, memory=args.memory)
         except (TraceError, ProfileError) as exc:
             raise UsageError(str(exc)) from None
+        finally:
+            for w in caught:
+                if issubclass(w.category, TraceWarning):
+                    print(f"Warning: {w.message}", file=sys.stderr)
+                else:  # anything else goes through the user's warning filters as usual
+                    warnings.warn_explicit(w.message, w.category, w.filename, w.lineno, source=w.source)
         store_result(self.shell, args.result, result)
         if not args.quiet:
             display_result(result)
