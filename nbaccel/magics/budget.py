@@ -26,7 +26,7 @@ from ..device import DeviceError, resolve_device
 from ..memory import format_bytes
 from ..oom import OOM_TYPES, explain_oom, is_oom
 from ..render.display import display_result
-from .common import check_name, history_name, parse_line, store_result
+from .common import check_name, help_option, history_name, parse_line, store_result
 
 _NEGATIVE = re.compile(r"^-\.?[0-9]")
 CPU_ENFORCE_NOTE = ("--enforce: the CPU allocator has no per-process cap, so only a soft budget (checked after each "
@@ -47,6 +47,7 @@ class BudgetMagics(Magics):
     # --- the magic ------------------------------------------------------------------------------------
 
     @magic_arguments()
+    @help_option
     @argument("budget", nargs="?", default=None,
               help="6GiB, 6GB, 512MiB, or a share of the device such as 0.8 (the CPU: of physical memory); "
                    "'off' removes the budget and every hook; nothing: show the status")
@@ -91,6 +92,8 @@ class BudgetMagics(Magics):
             if _NEGATIVE.match(token):
                 raise UsageError(f"a budget must be positive, got {token}; write e.g. 6GiB, 512MiB or 0.8")
         args = parse_line(self.memory_budget, line)
+        if args is None:  # -h/--help: the help was printed
+            return None
         check_name(args.result)
         if not 0 < args.near <= 1:
             raise UsageError(f"--near is a share of the budget between 0 and 1, got {args.near}")

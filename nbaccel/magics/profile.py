@@ -12,12 +12,13 @@ from IPython.core.magic_arguments import argument, magic_arguments
 from ..profile import DTYPES, ProfileError, ProfileOptions, profile_function, validate
 from ..profile_table import CELL_LINE, SORT_COLUMNS
 from ..render.display import display_result
-from .common import cell_function, check_name, parse_cell, parse_line, silenced, store_result
+from .common import cell_function, check_name, help_option, parse_cell, parse_line, silenced, store_result
 
 
 @magics_class
 class ProfileMagics(Magics):
     @magic_arguments()
+    @help_option
     @argument("--top", type=int, default=15, help="rows of the operator table to show (default 15)")
     @argument("--sort", default=None, choices=list(SORT_COLUMNS),
               help="cpu (CPU total), self (self CPU), device (self device time), calls, memory (self bytes), flops; "
@@ -51,6 +52,8 @@ class ProfileMagics(Magics):
         """
         __tracebackhide__ = True  # noqa: F841 - IPython hides nbaccel's frames from the user's traceback
         args = parse_line(self.profile_gpu, line)
+        if args is None:  # -h/--help: the help was printed
+            return None
         check_name(args.result)
         if not cell.strip():
             raise UsageError("%%profile_gpu needs code in the cell below the magic line")

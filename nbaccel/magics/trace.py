@@ -13,12 +13,13 @@ from ..profile import ProfileError
 from ..profile_table import SORT_COLUMNS
 from ..render.display import display_result
 from ..trace_result import TraceError, TraceWarning, load_trace
-from .common import check_name, parse_line, positive, store_result
+from .common import check_name, help_option, parse_line, positive, store_result
 
 
 @magics_class
 class TraceMagics(Magics):
     @magic_arguments()
+    @help_option
     @argument("path", metavar="PATH",
               help="a .json / .json.gz trace file, or a folder of them (one rank per distributedInfo.rank or "
                    "'rank-N' in the name; several files of one rank are its steps)")
@@ -46,6 +47,8 @@ class TraceMagics(Magics):
             %profile_trace runs/job42/            # one file per rank
         """
         args = parse_line(self.profile_trace, line)
+        if args is None:  # -h/--help: the help was printed
+            return None
         check_name(args.result)
         positive(args.top, "--top")
         try:
