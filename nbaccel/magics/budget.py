@@ -8,6 +8,10 @@ While a budget is set this class holds three things in the shell, and gives all 
 * a custom exception handler for out-of-memory errors (``shell.set_custom_exc``); the handler
   that was there before is kept, called for its own exception types, and put back;
 * with ``--enforce`` on CUDA, the caching allocator's per-process cap.
+
+``%reload_ext nbaccel`` unloads (all three are removed) and loads again: `on_unload` returns the
+budget's settings and history, and the new instance's `on_load` re-arms them (hooks, handler and
+cap installed afresh, so nothing is doubled).
 """
 
 from __future__ import annotations
@@ -234,8 +238,27 @@ class BudgetMagics(Magics):
         if capped_devices():
             release_cap()
 
-    def on_unload(self):
+    def on_unload(self) -> dict | None:
+        """Remove everything; return what ``%reload_ext`` re-arms (None when no budget is set)."""
+        kept = None
+        if self.watcher is not None:
+            w = self.watcher
+            kept = {"budget": w.budget, "device": w.device, "near": w.near, "records": w.records,
+                    "strict": self.strict, "enforce": self.enforce, "estimate": self._estimate}
         self.stop()
+        return kept
+
+    def on_load(self, kept: dict | None = None) -> None:
+        """After ``%reload_ext``: the budget that was active, with the same settings and history."""
+        if not kept:
+            return
+        self.watcher = Watcher(kept["budget"], kept["device"], kept["near"])
+        self.watcher.records = kept["records"]
+        self.strict, self._estimate = kept["strict"], kept["estimate"]
+        if kept["enforce"]:
+            apply_cap(kept["device"], kept["budget"])
+            self.enforce = True
+        self._install()
 
     def _pre(self, info=None):
         if self.watcher is not None:
