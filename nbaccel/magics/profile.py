@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import ast
+import contextlib
+import os
 import re
+import sys
+import threading
 
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, magics_class
@@ -68,13 +72,77 @@ class ProfileMagics(Magics):
             raise UsageError(str(exc)) from None
         run = annotated_cell_function(self.shell, cell) if args.stack else cell_function(self.shell, cell)
         try:
-            result = profile_function(run, options, silence=silenced)
+            with drop_unknown_block_warning(enabled=options.memory):
+                result = profile_function(run, options, silence=silenced)
         except ProfileError as exc:  # e.g. another profiler started between the check and the run
             raise UsageError(str(exc)) from None
         store_result(self.shell, args.result, result)
         if not args.quiet:
             display_result(result)
         return result.value
+
+
+_UNKNOWN_BLOCK = b"Memory block of unknown size was allocated before the profiling started"
+
+
+@contextlib.contextmanager
+def drop_unknown_block_warning(enabled: bool = True):
+    """While ``--memory`` profiles the cell, drop torch's "Memory block of unknown size was
+    allocated before the profiling started" line from fd 2; pass everything else on as it comes.
+
+    torch's CPU allocator logs that line (a C++ ``LOG(WARNING)`` written straight to fd 2, so no
+    Python warning filter sees it) the first time, then every 1000th time, that a tensor allocated
+    before the profiler started is freed while it records memory -- which is what ``x = ...`` in
+    the profiled cell does to the old ``x``. The memory columns simply do not count such frees;
+    the line only alarms. fd 2 goes through a pipe that a thread filters, so other output still
+    shows live; a process started in the cell that keeps the pipe keeps being forwarded.
+    """
+    if not enabled:
+        yield
+        return
+    try:
+        sys.stderr.flush()
+        target = os.dup(2)
+    except (OSError, ValueError, AttributeError):
+        yield  # no real fd 2 (embedded interpreter): nothing to filter
+        return
+    try:
+        read_end, write_end = os.pipe()
+    except OSError:
+        os.close(target)
+        yield
+        return
+
+    def write_all(data: bytes) -> None:
+        while data:
+            data = data[os.write(target, data):]
+
+    def forward() -> None:
+        pending = b""
+        try:
+            while chunk := os.read(read_end, 1 << 16):
+                *lines, pending = re.split(rb"(?<=[\n\r])", pending + chunk)
+                write_all(b"".join(line for line in lines if _UNKNOWN_BLOCK not in line))
+            if _UNKNOWN_BLOCK not in pending:
+                write_all(pending)
+        except OSError:
+            pass
+        finally:
+            os.close(read_end)
+            os.close(target)
+
+    saved = os.dup(2)
+    thread = threading.Thread(target=forward, name="nbaccel-stderr-filter", daemon=True)
+    thread.start()
+    os.dup2(write_end, 2)
+    os.close(write_end)
+    try:
+        yield
+    finally:
+        sys.stderr.flush()
+        os.dup2(saved, 2)  # the pipe's last write end (unless a child kept one): the thread ends
+        os.close(saved)
+        thread.join(timeout=1.0)
 
 
 def _line_marker(label: str, node: ast.AST) -> ast.withitem:
