@@ -33,9 +33,9 @@ import time
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-import pandas as pd
 
 from . import profile_table as pt
 from .analysis.trace import TraceData, TraceError, TraceWarning, _build, _metadata
@@ -43,6 +43,9 @@ from .device import DeviceInfo
 from .profile import ProfileError, ProfileOptions, ProfileResult, _json_safe
 from .results import ResultMixin
 from .trace_io import TraceStream, peek_rank, trace_files
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 __all__ = ["load_trace", "MultiRankResult", "TraceError", "TraceWarning"]
 
@@ -329,6 +332,7 @@ class MultiRankResult(ResultMixin):
     def per_rank(self) -> pd.DataFrame:
         """One row per rank: step time (mean ProfilerStep duration, else the trace window), the
         device split over the steps (compute, exposed communication, idle) and counts."""
+        import pandas as pd
         rows = []
         for rank, res in self.ranks.items():
             split = time_split(res)
@@ -382,6 +386,7 @@ class MultiRankResult(ResultMixin):
 
     def grouped(self, group: str = "op") -> pd.DataFrame:
         """The op table merged over every rank (sums of calls and times; FLOP/s over the summed device time)."""
+        import pandas as pd
         if group not in self._grouped:
             frames = [r.op_events.assign(rank=k) for k, r in self.ranks.items()]
             merged = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
