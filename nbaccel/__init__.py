@@ -18,19 +18,33 @@ from .precision import precision  # noqa: E402
 from .profile import ProfileResult, profile  # noqa: E402
 from .render.side_by_side import side_by_side  # noqa: E402
 from .results import results_frame  # noqa: E402
-from .trace_result import MultiRankResult, TraceError, load_trace  # noqa: E402
+from .trace_result import MultiRankResult, TraceError, TraceWarning, load_trace  # noqa: E402
 
 __all__ = ["compare_amp", "AmpResult", "memory_budget", "MemoryBudget", "estimate_memory", "MemoryEstimate", "precision", "profile", "ProfileResult", "env_report", "results_frame", "side_by_side", "load_trace", "MultiRankResult",
-           "TraceError", "load_ipython_extension",
+           "TraceError", "TraceWarning", "load_ipython_extension",
            "unload_ipython_extension"]
 
 _registered: dict = {}
 
+# ``%reload_ext nbaccel`` is unload, ``importlib.reload(nbaccel)``, load. The reload runs this file
+# again in the same module namespace, so what `unload_ipython_extension` left there is still
+# present: taking it here (and only here) is how a reload hands the magics' state (an active
+# ``%memory_budget``) to the new load. A plain ``%unload_ext`` leaves it pending; the next
+# ``%load_ext`` without a reload discards it.
+_handed_over: dict = globals().pop("_unloaded_state", None) or {}
+
 
 def load_ipython_extension(ipython):
-    """``%load_ext nbaccel``: register the magics (imported here, so ``import nbaccel`` stays light)."""
+    """``%load_ext nbaccel``: register the magics (imported here, so ``import nbaccel`` stays light).
+
+    After ``%reload_ext`` each magic's ``on_load`` gets the state its ``on_unload`` returned
+    (an active memory budget is re-armed with the same settings); otherwise None.
+    """
+    global _handed_over
     from .magics import MAGIC_CLASSES
 
+    handed_over, _handed_over = _handed_over, {}
+    globals().pop("_unloaded_state", None)
     for cls in MAGIC_CLASSES:
         instance = cls(ipython)
         ipython.register_magics(instance)
@@ -38,18 +52,22 @@ def load_ipython_extension(ipython):
     for cls, instance in _registered.items():
         hook = getattr(instance, "on_load", None)
         if hook:
-            hook()
+            hook(handed_over.get(cls.__name__))
 
 
 def unload_ipython_extension(ipython):
     """``%unload_ext nbaccel``: remove every magic, hook and cap the extension installed."""
     manager = ipython.magics_manager
+    state = {}
     for cls, instance in list(_registered.items()):
         hook = getattr(instance, "on_unload", None)
         if hook:
-            hook()
+            kept = hook()
+            if kept is not None:
+                state[cls.__name__] = kept
         for kind, names in instance.magics.items():
             for name in names:
                 manager.magics[kind].pop(name, None)
         manager.registry.pop(cls.__name__, None)
         _registered.pop(cls)
+    globals()["_unloaded_state"] = state  # settings only: every hook, handler and cap is gone

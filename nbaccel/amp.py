@@ -21,9 +21,8 @@ import contextlib
 import io
 import math
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
-import pandas as pd
 import torch
 
 from .device import DTYPE_NAMES, DeviceInfo, device_info, resolve_device
@@ -34,6 +33,15 @@ from .results import ResultMixin
 from .snapshot import Snapshot, SnapshotTooLarge, available_host_memory, estimate_bytes
 from .timing import Clock, Stats, format_seconds, speedup_is_uncertain
 
+if TYPE_CHECKING:
+    import pandas as pd
+
+
+def _empty_frame() -> pd.DataFrame:
+    import pandas as pd  # only when a result is made: `import nbaccel` stays free of pandas
+
+    return pd.DataFrame()
+
 
 @dataclass
 class Variant:
@@ -43,7 +51,7 @@ class Variant:
     recipe: Recipe
     times: Stats
     memory: PeakMemory | None = None
-    ops: pd.DataFrame = field(default_factory=pd.DataFrame)
+    ops: pd.DataFrame = field(default_factory=_empty_frame)
     flops: int = 0
 
     @property
@@ -126,6 +134,7 @@ class AmpResult(ResultMixin):
 
     def to_dataframe(self) -> pd.DataFrame:
         """One row per variant: time, spread, peak memory, FLOP/s."""
+        import pandas as pd
         rows = []
         for v in filter(None, (self.baseline, self.amp)):
             rows.append({"variant": v.name, "recipe": v.recipe.label, "median_s": v.median, "iqr_s": v.times.iqr,

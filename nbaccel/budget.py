@@ -22,14 +22,17 @@ import re
 import time
 import warnings
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-import pandas as pd
 import torch
 
 from .device import DeviceError, device_info, resolve_device
 from .holders import Holder, namespace_holders
 from .memory import PeakMeter, cuda_counters, current_rss, format_bytes, parse_bytes
 from .results import ResultMixin
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 NEAR = 0.75  # a cell that used at least this share of the budget gets a gauge
 
@@ -220,6 +223,7 @@ def capped_devices() -> list[int]:
 # --- results ---------------------------------------------------------------------------------------
 
 def history_frame(records: list[CellRecord]) -> pd.DataFrame:
+    import pandas as pd
     columns = ["cell", "used_bytes", "fraction", "added_bytes", "allocated_peak_bytes", "before_bytes",
                "budget_bytes", "status", "seconds", "error"]
     return pd.DataFrame([r.to_dict() for r in records], columns=columns)

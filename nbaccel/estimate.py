@@ -26,8 +26,8 @@ import copy
 import math
 import weakref
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import pandas as pd
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
@@ -35,6 +35,9 @@ from torch.utils._pytree import tree_leaves
 from .device import DTYPE_NAMES, device_info, resolve_device
 from .memory import format_bytes
 from .results import ResultMixin
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 GPU_COUNTS = (1, 2, 4, 8, 16, 32, 64)
 STRATEGIES = ("ddp", "zero1", "zero2", "zero3")
@@ -330,6 +333,7 @@ class MemoryEstimate(ResultMixin):
                 "fits": self.budget_bytes is not None and total <= self.budget_bytes}
 
     def table(self) -> pd.DataFrame:
+        import pandas as pd
         rows = [self.per_gpu(p, s, n) for p in self.fits for s in STRATEGIES for n in self.gpu_counts
                 if not (n == 1 and s != "ddp")]
         return pd.DataFrame(rows)

@@ -13,14 +13,17 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-import pandas as pd
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 from torch.utils.flop_counter import flop_registry
 
 from .device import DTYPE_NAMES
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 # Ops that dominate training time and that Tensor Cores / AMX accelerate in reduced precision.
 HEAVY_OPS = frozenset({
@@ -81,6 +84,7 @@ class OpAudit(TorchDispatchMode):
         return out
 
     def table(self) -> pd.DataFrame:
+        import pandas as pd
         rows = [
             {"op": op, "dtype": dtype, "calls": r.calls, "flops": r.flops, "heavy": op in HEAVY_OPS,
              "input_dtypes": ",".join(sorted(r.input_dtypes))}

@@ -43,10 +43,9 @@ import warnings
 from bisect import bisect_right
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import numpy as np
-import pandas as pd
 import torch
 
 from . import profile_table as pt
@@ -55,6 +54,9 @@ from .analysis import (TraceData, achieved_flops, busy_time, category_breakdown,
 from .device import DeviceError, DeviceInfo, device_info, resolve_device
 from .precision import Recipe, apply_recipe, make_recipe
 from .results import ResultMixin
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 DTYPES = ("bf16", "fp16", "auto")
 
@@ -609,6 +611,7 @@ class ProfileResult(ResultMixin):
     @functools.cached_property
     def streams(self) -> pd.DataFrame:
         """Busy time per (device, stream): union of its kernels and copies, idle fraction of the window."""
+        import pandas as pd
         return busy_time(self.trace, by="stream") if self.on_device else pd.DataFrame()
 
     @functools.cached_property
@@ -618,6 +621,7 @@ class ProfileResult(ResultMixin):
 
     @functools.cached_property
     def fp32_misses(self) -> pd.DataFrame:
+        import pandas as pd
         return pt.fp32_tensor_core_misses(self.op_events) if self.on_device else pd.DataFrame()
 
     @functools.cached_property
@@ -627,6 +631,7 @@ class ProfileResult(ResultMixin):
     @functools.cached_property
     def kernels(self) -> pd.DataFrame:
         """Device kernels aggregated by name: calls, time, category, Tensor Cores."""
+        import pandas as pd
         k = self.trace.kernels
         if not len(k):
             return pd.DataFrame(columns=["name", "calls", "time_us", "category", "tensor_cores"])

@@ -16,13 +16,16 @@ from the raw Chrome events:
 from __future__ import annotations
 
 import re
+from typing import TYPE_CHECKING
 
 import numpy as np
-import pandas as pd
 
 from .analysis import CATEGORIES
 from .analysis.trace import innermost_op
 from .flops import pad_to_multiple
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 GROUPS = ("op", "op+shape", "source")
 
@@ -186,6 +189,7 @@ def group_ops(ops: pd.DataFrame, group: str = "op", device_total_us: float = 0.0
     ``aten::linear`` and the ``aten::addmm`` inside it are not counted twice.
     ``percent`` is each row's share of all device time (GPU profile) or all self CPU time.
     """
+    import pandas as pd
     if group not in GROUPS:
         raise ValueError(f"group must be one of {', '.join(GROUPS)}, got {group!r}")
     if not len(ops):
@@ -254,6 +258,7 @@ def group_ops(ops: pd.DataFrame, group: str = "op", device_total_us: float = 0.0
 
 
 def sort_table(table: pd.DataFrame, column: str, ascending: bool = False) -> pd.DataFrame:
+    import pandas as pd
     if column not in table.columns:
         raise ValueError(f"cannot sort by {column!r}; columns: {', '.join(table.columns)}")
     numeric = pd.api.types.is_numeric_dtype(table[column])
@@ -282,6 +287,7 @@ def select(frame: pd.DataFrame, sort: str, ascending: bool = False, filter: str 
 
 def cpu_categories(ops: pd.DataFrame) -> pd.DataFrame:
     """Self CPU time per op category (self times add up to the profiled CPU time exactly)."""
+    import pandas as pd
     cols = ["category", "time_us", "count", "percent"]
     if not len(ops):
         return pd.DataFrame({c: pd.Series(dtype=object) for c in cols})
@@ -301,6 +307,7 @@ def fp32_tensor_core_misses(ops: pd.DataFrame, min_share: float = 0.01) -> pd.Da
     Only ops that launched kernels themselves are considered (``device_self_us`` > 0), so an
     ``aten::linear`` wrapping an ``aten::addmm`` is reported once. ``min_share``: of device time.
     """
+    import pandas as pd
     cols = ["name", "shapes", "calls", "device_us", "share"]
     if not len(ops):
         return pd.DataFrame(columns=cols)

@@ -8,10 +8,12 @@ script or under torchrun with no frontend at all.
 from __future__ import annotations
 
 import json
-
-import pandas as pd
+from typing import TYPE_CHECKING
 
 from . import __version__
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 SCHEMA_VERSION = 1
 
@@ -74,6 +76,7 @@ def results_frame(records) -> pd.DataFrame:
     Records from any schema version load: unknown kinds keep their generic columns, and fields a
     version did not have are left empty, so notebooks saved by older nbaccel still compare.
     """
+    import pandas as pd
     rows = []
     for record in records:
         if isinstance(record, str):

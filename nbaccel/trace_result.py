@@ -19,8 +19,9 @@ How a path is read:
   one rank's files and returns its `ProfileResult`. Files with a rank mixed with files without
   one are refused (nbaccel cannot tell which process they belong to).
 
-Bad input is a `TraceError` naming the file and the problem; unknown event kinds are counted
-(``result.trace.unknown_events``, shown in the header) and skipped.
+Bad input is a `TraceError` naming the file and the problem; in a folder, an unreadable file is
+skipped instead (a `TraceWarning` naming it, ``skipped`` in the result) and the others load.
+Unknown event kinds are counted (``result.trace.unknown_events``, shown in the header) and skipped.
 """
 
 from __future__ import annotations
@@ -29,20 +30,24 @@ import functools
 import os
 import statistics
 import time
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-import pandas as pd
 
 from . import profile_table as pt
-from .analysis.trace import TraceData, TraceError, _build, _metadata
+from .analysis.trace import TraceData, TraceError, TraceWarning, _build, _metadata
 from .device import DeviceInfo
 from .profile import ProfileError, ProfileOptions, ProfileResult, _json_safe
 from .results import ResultMixin
 from .trace_io import TraceStream, peek_rank, trace_files
 
-__all__ = ["load_trace", "MultiRankResult", "TraceError"]
+if TYPE_CHECKING:
+    import pandas as pd
+
+__all__ = ["load_trace", "MultiRankResult", "TraceError", "TraceWarning"]
 
 
 def load_trace(path: str | os.PathLike, *, rank: int | None = None, top: int = 15, sort: str | None = None,
@@ -70,27 +75,87 @@ def load_trace(path: str | os.PathLike, *, rank: int | None = None, top: int = 1
         if rank is not None:
             raise ProfileError(f"rank={rank} selects a rank in a folder of traces; {path} is one file")
         return _load_rank([p], opts, source=str(path))
-    groups = _group_by_rank(p)
+    skipped: dict[Path, TraceError] = {}
+    groups = _group_by_rank(p, skipped)
+    t0 = time.perf_counter()
     if rank is not None:
         if rank not in groups:
             have = ", ".join(str(r) for r in sorted(groups, key=lambda r: (r is None, r or 0)))
             raise TraceError(f"{path}: no trace of rank {rank} in this folder (ranks found: {have})")
-        return _load_rank(groups[rank], opts, source=str(path))
-    if len(groups) == 1:
-        (files,) = groups.values()
-        return _load_rank(files, opts, source=str(path))
-    t0 = time.perf_counter()
-    results = {r: _load_rank(files, opts, source=str(path)) for r, files in sorted(groups.items())}
-    return MultiRankResult(folder=str(path), ranks=results, load_seconds=time.perf_counter() - t0)
+        groups = {rank: groups[rank]}
+    results = {}
+    for r, files in sorted(groups.items(), key=lambda item: (item[0] is None, item[0] or 0)):
+        loaded = _load_skipping(files, opts, str(path), skipped)
+        if loaded is not None:
+            results[r] = loaded
+    if not results:
+        errors = [exc for _, exc in sorted(skipped.items())]
+        if len(errors) == 1:
+            raise errors[0]
+        raise TraceError(f"{path}: none of its {len(errors)} trace files could be loaded: "
+                         + "; ".join(dict.fromkeys(map(str, errors))))
+    for f, exc in sorted(skipped.items()):
+        warnings.warn(f"skipped {f}: {_reason(f, exc)}; the folder's other trace files were loaded",
+                      TraceWarning, stacklevel=2)
+    reasons = {f.name: _reason(f, exc) for f, exc in sorted(skipped.items())}
+    if len(results) == 1:
+        (result,) = results.values()
+        result.loaded["skipped"] = reasons
+        return result
+    return MultiRankResult(folder=str(path), ranks=results, load_seconds=time.perf_counter() - t0, skipped=reasons)
 
 
-def _group_by_rank(folder: Path) -> dict[int | None, list[Path]]:
+def _reason(f: Path, exc: TraceError) -> str:
+    text = str(exc)
+    return text[len(str(f)) + 2:] if text.startswith(f"{f}: ") else text
+
+
+def _readable(files: list[Path], skipped: dict) -> list[Path]:
+    """The files whose JSON streams through as a trace; the others go to ``skipped`` (file -> error).
+    A full read of each file: only called once something in a folder has already failed."""
+    good = []
+    for f in files:
+        try:
+            for _ in TraceStream(f).events():
+                pass
+        except TraceError as exc:
+            skipped[f] = exc
+        else:
+            good.append(f)
+    return good
+
+
+def _load_skipping(files: list[Path], opts: dict, source: str, skipped: dict) -> ProfileResult | None:
+    """`_load_rank`, leaving out the files that cannot be read (into ``skipped``); None if none can."""
+    try:
+        return _load_rank(files, opts, source=source)
+    except TraceError as exc:
+        if len(files) == 1:
+            skipped[files[0]] = exc
+            return None
+        good = _readable(files, skipped)
+        if len(good) == len(files):  # every file reads on its own: the error is about them together
+            skipped.update(dict.fromkeys(files, exc))
+            return None
+    return _load_skipping(good, opts, source, skipped) if good else None
+
+
+def _group_by_rank(folder: Path, skipped: dict) -> dict[int | None, list[Path]]:
+    """Trace files by rank; a file whose start cannot be read goes to ``skipped`` (file -> error)."""
     groups: dict[int | None, list[Path]] = {}
-    origin = {}
     for f in trace_files(folder):
-        r, _ws, how = peek_rank(f)
+        try:
+            r, _ws, _how = peek_rank(f)
+        except TraceError as exc:
+            skipped[f] = exc
+            continue
         groups.setdefault(r, []).append(f)
-        origin[f] = how
+    if None in groups and len(groups) > 1:
+        # Unranked JSON next to ranked traces is often not a trace at all (a config, a metrics
+        # dump): those are skipped like unreadable files; real traces without a rank are refused.
+        unranked = _readable(groups.pop(None), skipped)
+        if unranked:
+            groups[None] = unranked
     if None in groups and len(groups) > 1:
         unknown = ", ".join(f.name for f in groups[None][:4])
         raise TraceError(f"{folder}: cannot tell the rank of {unknown} (no distributedInfo.rank and no 'rank' in "
@@ -247,6 +312,7 @@ class MultiRankResult(ResultMixin):
     folder: str
     ranks: dict = field(repr=False)
     load_seconds: float = 0.0
+    skipped: dict = field(default_factory=dict)  # file name -> why it was not loaded
     _grouped: dict = field(default_factory=dict, repr=False, compare=False)
 
     @property
@@ -266,6 +332,7 @@ class MultiRankResult(ResultMixin):
     def per_rank(self) -> pd.DataFrame:
         """One row per rank: step time (mean ProfilerStep duration, else the trace window), the
         device split over the steps (compute, exposed communication, idle) and counts."""
+        import pandas as pd
         rows = []
         for rank, res in self.ranks.items():
             split = time_split(res)
@@ -319,6 +386,7 @@ class MultiRankResult(ResultMixin):
 
     def grouped(self, group: str = "op") -> pd.DataFrame:
         """The op table merged over every rank (sums of calls and times; FLOP/s over the summed device time)."""
+        import pandas as pd
         if group not in self._grouped:
             frames = [r.op_events.assign(rank=k) for k, r in self.ranks.items()]
             merged = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
@@ -365,4 +433,5 @@ class MultiRankResult(ResultMixin):
             "ops": clean(self.table(top=self.options.top)),
             "ranks": {str(k): _json_safe(r.header) for k, r in self.ranks.items()},
             "files": {str(k): r.trace_files for k, r in self.ranks.items()},
+            "skipped": dict(self.skipped),
         }

@@ -34,3 +34,20 @@ def test_cuda_counters_match_torch_getters():
     assert (c.peak_allocated, c.peak_reserved) == (torch.cuda.max_memory_allocated(dev),
                                                    torch.cuda.max_memory_reserved(dev))
     del x
+
+
+def test_enforced_cap_is_re_armed_by_reload(ip):
+    from nbaccel.budget import capped_devices
+
+    ip.run_line_magic("memory_budget", "1GiB --enforce --device cuda -q")
+    ip.run_line_magic("reload_ext", "nbaccel")
+    assert capped_devices() == [0]
+    getter = getattr(torch.cuda, "get_per_process_memory_fraction", None)
+    if getter:
+        assert getter(0) == pytest.approx(2**30 / torch.cuda.get_device_properties(0).total_memory)
+    ip.run_line_magic("memory_budget", "-q -r after")
+    after = ip.user_ns["after"]
+    assert after.active and after.enforce and after.budget_bytes == 2**30 and after.device.startswith("cuda")
+    ip.run_line_magic("unload_ext", "nbaccel")
+    assert capped_devices() == []
+    ip.run_line_magic("load_ext", "nbaccel")

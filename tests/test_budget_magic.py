@@ -48,6 +48,74 @@ def test_unload_removes_hooks_and_handler(ip, run_cell):
     assert "memory_budget" in ip.magics_manager.magics["line"]
 
 
+def _budget_magics(ip):
+    return ip.magics_manager.registry["BudgetMagics"]
+
+
+def test_reload_keeps_the_budget_its_settings_and_history(ip, run_cell):
+    run_cell(f"%memory_budget {_budget_above_now(4000)} --strict --near 0.6 -q -r before")
+    run_cell("x = 1")
+    before = ip.user_ns["before"]
+    assert len(before.records) == 1
+    old = _budget_magics(ip)
+    run_cell("%reload_ext nbaccel")
+    new = _budget_magics(ip)
+    assert new is not old and old.watcher is None and old._saved_exc is None
+    # The hooks are the new instance's, once each; the old instance's are gone.
+    callbacks = _nbaccel_callbacks(ip)
+    assert len(callbacks) == 2 and all(cb.__self__ is new for cb in callbacks)
+    assert len(ip.custom_exceptions) == len(set(ip.custom_exceptions))
+    assert torch.OutOfMemoryError in ip.custom_exceptions
+    run_cell("y = 2")
+    run_cell("%memory_budget -q -r after")
+    after = ip.user_ns["after"]
+    assert after.active and after.budget_bytes == before.budget_bytes
+    assert after.strict and after.near == 0.6 and after.device == before.device
+    # x = 1, then y = 2 and this status cell (a live list: it has grown since); the reload cell itself
+    # is not measured (its meter was stopped with the old hooks).
+    assert after.records[0].label == before.records[0].label and len(after.records) == 3
+    assert after.records is before.records  # a status kept in a variable goes on growing, as without a reload
+    # A second reload is the same: still one set of hooks.
+    run_cell("%reload_ext nbaccel")
+    assert len(_nbaccel_callbacks(ip)) == 2
+
+
+def test_unload_then_load_forgets_the_budget(ip, run_cell):
+    run_cell("%memory_budget 0.9 -q")
+    run_cell("%unload_ext nbaccel")
+    assert not _nbaccel_callbacks(ip) and ip.custom_exceptions == ()
+    run_cell("%load_ext nbaccel")
+    assert not _nbaccel_callbacks(ip) and ip.custom_exceptions == ()
+    run_cell("%memory_budget -q -r st")
+    assert not ip.user_ns["st"].active
+    # ... and a reload after that has nothing to re-arm either.
+    run_cell("%reload_ext nbaccel")
+    assert not _nbaccel_callbacks(ip) and ip.custom_exceptions == ()
+
+
+def test_reload_without_a_budget_installs_nothing(ip, run_cell):
+    run_cell("%reload_ext nbaccel")
+    assert not _nbaccel_callbacks(ip) and ip.custom_exceptions == ()
+    assert "memory_budget" in ip.magics_manager.magics["line"]
+
+
+def test_reload_keeps_a_previous_custom_handler_chained_once(ip, run_cell):
+    seen = []
+    ip.set_custom_exc((ZeroDivisionError,), lambda shell, et, ev, tb, tb_offset=None: seen.append(ev))
+    try:
+        before = (ip.custom_exceptions, ip.CustomTB)
+        run_cell("%memory_budget 0.9 -q")
+        run_cell("%reload_ext nbaccel")
+        run_cell("%reload_ext nbaccel")
+        assert ip.custom_exceptions.count(ZeroDivisionError) == 1
+        run_cell("1/0", expect_error=ZeroDivisionError)
+        assert len(seen) == 1
+        run_cell("%memory_budget off -q")
+        assert (ip.custom_exceptions, ip.CustomTB) == before
+    finally:
+        ip.set_custom_exc((), None)
+
+
 def test_a_previous_custom_handler_keeps_working_and_is_restored(ip, run_cell):
     seen = []
     ip.set_custom_exc((ZeroDivisionError,), lambda shell, et, ev, tb, tb_offset=None: seen.append(ev))

@@ -1,4 +1,4 @@
-"""Fuzz the magics' argument lines: every line is accepted as documented or a UsageError.
+"""Fuzz the magics' argument lines: every line is accepted as documented, a UsageError, or -h/--help.
 
 The measurement itself is replaced by a recorder, so thousands of lines run in seconds and
 "accepted" means: the magic reached the API with valid, documented values. A rejected line must
@@ -14,6 +14,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from IPython.core.error import UsageError
+from IPython.utils.capture import capture_output
 
 import nbaccel.magics.amp as amp_magic
 import nbaccel.magics.profile as profile_magic
@@ -25,7 +26,7 @@ OPTIONS = ["--dtype", "--device", "--no-tf32", "--warmup", "--repeat", "--no-bas
            # other magics' options, typed into the wrong magic
            "--top", "--sort", "--trace", "--steps", "--enforce", "--strict", "--model", "--batch", "--amp",
            "--memory", "--shapes", "--stack", "--near", "--optimizer", "--input", "off", "6GiB", "512MB", "0.8",
-           "-5GB", "12 parsecs", "1e40GiB"]
+           "-5GB", "12 parsecs", "1e40GiB", "-h", "--help"]
 VALUES = st.one_of(
     st.sampled_from(["bf16", "fp16", "auto", "fp8", "cpu", "cuda", "cuda:7", "mps", "0", "-1", "1e309", "nan",
                      "99999999999999999999", "x y", "'", '"', "\u00e9\u00e8", "\U0001f525", "", "res", "1abc"]),
@@ -62,7 +63,8 @@ def test_amp_lines_are_accepted_as_documented_or_usage_errors(ip, monkeypatch, t
     ip.user_ns["ran"] = 0
     line = _line(tokens)
     try:
-        ip.run_cell_magic("amp", line, "ran += 1")
+        with capture_output() as out:
+            ip.run_cell_magic("amp", line, "ran += 1")
     except UsageError:
         assert not recorder.calls, f"a rejected line reached the API: {line!r}"
         assert ip.user_ns["ran"] == 0, f"a rejected line ran the cell: {line!r}"
@@ -74,7 +76,9 @@ def test_amp_lines_are_accepted_as_documented_or_usage_errors(ip, monkeypatch, t
         assert 0 < kwargs["max_snapshot_fraction"] <= 1
         assert kwargs["device"].type in ("cpu", "cuda")
         return
-    pytest.fail(f"line {line!r} neither reached the API nor raised UsageError")
+    # -h/--help: the help was printed instead, and nothing ran
+    assert out.stdout.startswith("::") and "--help" in out.stdout, line
+    assert not recorder.calls and ip.user_ns["ran"] == 0, line
 
 
 @settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -85,7 +89,8 @@ def test_profile_lines_are_accepted_as_documented_or_usage_errors(ip, monkeypatc
     ip.user_ns["ran"] = 0
     line = _line(tokens)
     try:
-        ip.run_cell_magic("profile_gpu", line, "ran += 1")
+        with capture_output() as out:
+            ip.run_cell_magic("profile_gpu", line, "ran += 1")
     except UsageError:
         assert not recorder.calls, f"a rejected line reached the API: {line!r}"
         assert ip.user_ns["ran"] == 0, f"a rejected line ran the cell: {line!r}"
@@ -95,7 +100,9 @@ def test_profile_lines_are_accepted_as_documented_or_usage_errors(ip, monkeypatc
         assert options.steps >= 1 and options.warmup >= 0 and options.top >= 1
         assert options.amp in (None, "bf16", "fp16", "auto")
         return
-    pytest.fail(f"line {line!r} neither reached the API nor raised UsageError")
+    # -h/--help: the help was printed instead, and nothing ran
+    assert out.stdout.startswith("::") and "--help" in out.stdout, line
+    assert not recorder.calls and ip.user_ns["ran"] == 0, line
 
 
 @settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

@@ -388,6 +388,111 @@ def test_folder_mixing_ranked_and_unranked_files_is_refused(tmp_path):
         load_trace(tmp_path)
 
 
+# --- a folder with some bad files: the good ones load, each bad one is a warning naming it -----------
+
+def _op_trace(name: str, **header) -> str:
+    ev = {"ph": "X", "cat": "cpu_op", "name": name, "pid": 1, "tid": 1, "ts": 0, "dur": 1}
+    return json.dumps({**header, "traceEvents": [ev]})
+
+
+def _job_with_bad_files(folder: Path) -> Path:
+    """rank-0 and rank-1 are good; notes.json is not JSON, config.json is JSON but not a trace,
+    rank-2.json has a good start (its rank is known) but is cut off."""
+    folder.mkdir()
+    _write(folder / "rank-0.json", _op_trace("aten::add"))
+    _write(folder / "rank-1.json", _op_trace("aten::mm"))
+    _write(folder / "notes.json", "hello, world")
+    _write(folder / "config.json", '{"lr": 0.1, "epochs": 3}')
+    _write(folder / "rank-2.json", '{"traceEvents": [{"ph": "X", "cat": "cpu_op", "na')
+    return folder
+
+
+BAD_IN_JOB = {
+    "config.json": "JSON is not a torch.profiler trace (no 'traceEvents' list; found epochs, lr)",
+    "notes.json": "not JSON text (starts with 'h')",
+    "rank-2.json": "not valid JSON: ",
+}
+
+
+def test_folder_skips_bad_files_with_a_warning_naming_each(tmp_path):
+    folder = _job_with_bad_files(tmp_path / "job")
+    with pytest.warns(nbaccel.trace_result.TraceWarning) as caught:
+        r = load_trace(folder)
+    assert isinstance(r, MultiRankResult) and sorted(r.ranks) == [0, 1]
+    messages = sorted(str(w.message) for w in caught)
+    assert len(messages) == 3
+    for message, (name, why) in zip(messages, sorted(BAD_IN_JOB.items())):
+        assert message.startswith(f"skipped {folder / name}: {why}"), message
+        assert message.endswith("the folder's other trace files were loaded")
+    assert sorted(r.skipped) == sorted(BAD_IN_JOB)
+    assert r.skipped["rank-2.json"].endswith("(the file ends early: a trace cut off while writing looks like this)")
+    assert r.to_dict()["skipped"] == r.skipped
+
+
+def test_step_folder_skips_a_bad_step_file(tmp_path):
+    # Files without a rank are steps of one run: a broken one is left out of the chain.
+    _write(tmp_path / "w.1.pt.trace.json", _op_trace("aten::add"))
+    _write(tmp_path / "w.2.pt.trace.json", '{"traceEvents": [{"ph": "X", "cat": "cpu_op", "na')
+    _write(tmp_path / "w.3.pt.trace.json", _op_trace("aten::mm"))
+    with pytest.warns(nbaccel.trace_result.TraceWarning, match=r"skipped .*w\.2\.pt\.trace\.json: not valid JSON"):
+        r = load_trace(tmp_path)
+    assert isinstance(r, ProfileResult)
+    assert [Path(f).name for f in r.loaded["files"]] == ["w.1.pt.trace.json", "w.3.pt.trace.json"]
+    assert sorted(r.ops["name"]) == ["aten::add", "aten::mm"]
+    assert list(r.loaded["skipped"]) == ["w.2.pt.trace.json"]
+
+
+def test_folder_of_good_files_warns_nothing(tmp_path):
+    _write(tmp_path / "rank-0.json", _op_trace("aten::add"))
+    _write(tmp_path / "rank-1.json", _op_trace("aten::mm"))
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        r = load_trace(tmp_path)
+    assert r.skipped == {}
+
+
+def test_folder_with_no_loadable_file_is_an_error_listing_each(tmp_path):
+    _write(tmp_path / "notes.json", "hello, world")
+    _write(tmp_path / "rank-0.json", '{"traceEvents": [{"ph": "X", "cat": "cpu_op", "na')
+    with pytest.raises(TraceError, match=r"none of its 2 trace files could be loaded: .*notes\.json: not JSON text"
+                                         r".*; .*rank-0\.json: not valid JSON"):
+        load_trace(tmp_path)
+    # One file that cannot be read: its own error, as for a single file.
+    (tmp_path / "notes.json").unlink()
+    with pytest.raises(TraceError, match=r"rank-0\.json: not valid JSON"):
+        load_trace(tmp_path)
+
+
+def test_rank_option_skips_a_bad_file_of_other_ranks(tmp_path):
+    folder = _job_with_bad_files(tmp_path / "job")
+    with pytest.warns(nbaccel.trace_result.TraceWarning):
+        r = load_trace(folder, rank=1)
+    assert isinstance(r, ProfileResult) and r.loaded["files"] == [str(folder / "rank-1.json")]
+    with pytest.raises(TraceError, match=r"rank-2\.json: not valid JSON"):
+        load_trace(folder, rank=2)
+
+
+def test_magic_loads_the_good_files_and_says_which_were_skipped(run_cell, ip, tmp_path):
+    folder = _job_with_bad_files(tmp_path / "job")
+    for _ in range(2):  # said on every run, not once per session like a plain warning
+        _, captured = run_cell(f"%profile_trace {folder} -r job")
+        lines = [line for line in captured.stderr.splitlines() if line.startswith("Warning: skipped")]
+        assert len(lines) == 3, captured.stderr
+        for line, (name, why) in zip(sorted(lines), sorted(BAD_IN_JOB.items())):
+            assert line.startswith(f"Warning: skipped {folder / name}: {why}"), line
+        assert isinstance(ip.user_ns["job"], MultiRankResult) and sorted(ip.user_ns["job"].ranks) == [0, 1]
+        assert [o for o in captured.outputs if "text/html" in o.data]
+
+
+def test_magic_folder_with_no_loadable_file_is_a_usage_error(ip, tmp_path):
+    _write(tmp_path / "notes.json", "hello, world")
+    _write(tmp_path / "config.json", '{"lr": 0.1}')
+    with pytest.raises(UsageError, match=r"none of its 2 trace files could be loaded"):
+        ip.run_line_magic("profile_trace", str(tmp_path))
+
+
 @pytest.mark.parametrize("kwargs, message", [
     ({"top": 0}, "top must be at least 1"),
     ({"sort": "bogus"}, "is not a sort key"),

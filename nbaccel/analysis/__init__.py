@@ -18,7 +18,7 @@ from .metrics import (
 )
 from .op_flops import FLOP_OPS, dtype_of, op_flops
 from .peaks import GpuPeaks, load_peak_table, lookup_gpu, normalize_dtype, peak_flops
-from .trace import TraceData, TraceError, load_trace
+from .trace import TraceData, TraceError, TraceWarning, load_trace
 
 #: Alias: ``nbaccel.analysis.load(path)`` reads like the brief's ``load``.
 load = load_trace
@@ -32,6 +32,7 @@ __all__ = [
     "TensorCoreShare",
     "TraceData",
     "TraceError",
+    "TraceWarning",
     "achieved_flops",
     "busy_time",
     "category_breakdown",

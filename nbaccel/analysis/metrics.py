@@ -12,13 +12,14 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any
-
-import pandas as pd
+from typing import TYPE_CHECKING, Any
 
 from .kernels import CATEGORIES
 from .peaks import GpuPeaks, lookup_gpu, peak_flops
 from .trace import TraceData
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 __all__ = [
     "Share",
@@ -83,6 +84,7 @@ def busy_time(trace: TraceData, by: str = "device") -> pd.DataFrame:
     twice.  Columns: device[, stream], busy_us, activity_us (plain sum of durations), count,
     window_us (the whole trace window), idle_fraction (1 - busy/window).
     """
+    import pandas as pd
     if by not in ("device", "stream"):
         raise ValueError("by must be 'device' or 'stream'")
     keys = ["device"] if by == "device" else ["device", "stream"]
@@ -135,6 +137,7 @@ def category_breakdown(trace: TraceData, include_memory: bool = True) -> pd.Data
     With ``include_memory`` memcpys/memsets are included (as "data transfer"/"memory copy");
     ``percent`` is of the summed durations of everything included.
     """
+    import pandas as pd
     acts = trace.device_activities() if include_memory else trace.kernels
     cols = ["category", "time_us", "count", "percent"]
     if not len(acts):
@@ -166,6 +169,7 @@ def op_table(trace: TraceData, sort_by: str = "device_self_us", top: int | None 
     flops_per_s (flops / device_total_us; over cpu_total_us in a CPU-only trace),
     device_self_pct (of all device activity time), cpu_self_pct (of all op self time).
     """
+    import pandas as pd
     ops = trace.ops
     cols = ["name", "category", "calls", "cpu_total_us", "cpu_self_us", "device_self_us",
             "device_total_us", "tc_device_us", "dtype", "flops", "flops_per_s",

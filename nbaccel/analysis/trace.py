@@ -23,18 +23,23 @@ from bisect import bisect_right
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
-
-import pandas as pd
+from typing import TYPE_CHECKING, Any, Mapping
 
 from .kernels import kernel_category, op_category, uses_tensor_cores
 from .op_flops import dtype_of, op_flops
 
-__all__ = ["TraceError", "TraceData", "load_trace"]
+if TYPE_CHECKING:
+    import pandas as pd
+
+__all__ = ["TraceError", "TraceWarning", "TraceData", "load_trace"]
 
 
 class TraceError(ValueError):
     """The input is missing, unreadable, or not a torch.profiler Chrome trace."""
+
+
+class TraceWarning(UserWarning):
+    """A file in a folder of traces could not be read and was skipped; the others were loaded."""
 
 
 # Kineto category spellings, old and new, mapped to one canonical kind.
@@ -108,6 +113,7 @@ class TraceData:
     def device_activities(self) -> pd.DataFrame:
         """Kernels, memcpys and memsets in one frame (name, device, stream, ts_us, dur_us,
         category, op_index, kind) - the input for busy time and category breakdowns."""
+        import pandas as pd
         cols = ["name", "device", "stream", "ts_us", "dur_us", "category", "op_index"]
         parts = []
         for kind, df in (("kernel", self.kernels), ("memcpy", self.memcpy), ("memset", self.memset)):
@@ -213,6 +219,7 @@ def load_trace(source: str | os.PathLike | Mapping | list) -> TraceData:
 
 
 def _build(events: list, header: Mapping, source: str | None) -> TraceData:
+    import pandas as pd
     counts: Counter = Counter()
     unknown: Counter = Counter()
     op_cols: dict[str, list] = {k: [] for k in (
@@ -414,6 +421,7 @@ def _link_gpu(gpu: dict, op: dict, runtime: dict, nest: _Nesting) -> list[tuple[
 
 
 def _ops_frame(op: dict, nest: _Nesting, gpu: dict, links: list) -> pd.DataFrame:
+    import pandas as pd
     n = len(op["name"])
     parent = nest.parent
     dev_self = [0.0] * n
@@ -469,6 +477,7 @@ def _ops_frame(op: dict, nest: _Nesting, gpu: dict, links: list) -> pd.DataFrame
 
 
 def _gpu_frames(gpu: dict, links: list, op_names: list) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+    import pandas as pd
     tc_cache: dict[str, bool | None] = {}
     cat_cache: dict[str, str] = {}
     rows: dict[str, dict[str, list]] = {}

@@ -13,7 +13,7 @@ from ..device import DeviceError, autocast_dtype, device_info, resolve_device
 from ..precision import make_recipe
 from ..render.display import display_result
 from ..snapshot import SnapshotTooLarge
-from .common import parse_line, cell_function, check_name, history_name, positive, silenced, store_result
+from .common import cell_function, check_name, help_option, history_name, parse_line, positive, silenced, store_result
 
 DTYPES = ("bf16", "fp16", "auto", "tf32")
 
@@ -21,6 +21,7 @@ DTYPES = ("bf16", "fp16", "auto", "tf32")
 @magics_class
 class AmpMagics(Magics):
     @magic_arguments()
+    @help_option
     @argument("--dtype", default="auto",
               help="autocast dtype: bf16, fp16 or auto (bf16 where supported, else fp16); tf32 = no autocast, "
                    "TF32 only (CUDA sm80+)")
@@ -52,6 +53,8 @@ class AmpMagics(Magics):
         """
         __tracebackhide__ = True  # noqa: F841 - IPython hides nbaccel's frames from the user's traceback
         args = parse_line(self.amp, line)
+        if args is None:  # -h/--help: the help was printed
+            return None
         if args.dtype.lower() not in DTYPES:
             raise UsageError(f"--dtype {args.dtype} is not supported; use one of: {', '.join(DTYPES)}")
         positive(args.repeat, "--repeat")

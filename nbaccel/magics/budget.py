@@ -8,6 +8,10 @@ While a budget is set this class holds three things in the shell, and gives all 
 * a custom exception handler for out-of-memory errors (``shell.set_custom_exc``); the handler
   that was there before is kept, called for its own exception types, and put back;
 * with ``--enforce`` on CUDA, the caching allocator's per-process cap.
+
+``%reload_ext nbaccel`` unloads (all three are removed) and loads again: `on_unload` returns the
+budget's settings and history, and the new instance's `on_load` re-arms them (hooks, handler and
+cap installed afresh, so nothing is doubled).
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ from ..device import DeviceError, resolve_device
 from ..memory import format_bytes
 from ..oom import OOM_TYPES, explain_oom, is_oom
 from ..render.display import display_result
-from .common import check_name, history_name, parse_line, store_result
+from .common import check_name, help_option, history_name, parse_line, store_result
 
 _NEGATIVE = re.compile(r"^-\.?[0-9]")
 CPU_ENFORCE_NOTE = ("--enforce: the CPU allocator has no per-process cap, so only a soft budget (checked after each "
@@ -47,6 +51,7 @@ class BudgetMagics(Magics):
     # --- the magic ------------------------------------------------------------------------------------
 
     @magic_arguments()
+    @help_option
     @argument("budget", nargs="?", default=None,
               help="6GiB, 6GB, 512MiB, or a share of the device such as 0.8 (the CPU: of physical memory); "
                    "'off' removes the budget and every hook; nothing: show the status")
@@ -91,6 +96,8 @@ class BudgetMagics(Magics):
             if _NEGATIVE.match(token):
                 raise UsageError(f"a budget must be positive, got {token}; write e.g. 6GiB, 512MiB or 0.8")
         args = parse_line(self.memory_budget, line)
+        if args is None:  # -h/--help: the help was printed
+            return None
         check_name(args.result)
         if not 0 < args.near <= 1:
             raise UsageError(f"--near is a share of the budget between 0 and 1, got {args.near}")
@@ -232,8 +239,27 @@ class BudgetMagics(Magics):
         if capped_devices():
             release_cap()
 
-    def on_unload(self):
+    def on_unload(self) -> dict | None:
+        """Remove everything; return what ``%reload_ext`` re-arms (None when no budget is set)."""
+        kept = None
+        if self.watcher is not None:
+            w = self.watcher
+            kept = {"budget": w.budget, "device": w.device, "near": w.near, "records": w.records,
+                    "strict": self.strict, "enforce": self.enforce, "estimate": self._estimate}
         self.stop()
+        return kept
+
+    def on_load(self, kept: dict | None = None) -> None:
+        """After ``%reload_ext``: the budget that was active, with the same settings and history."""
+        if not kept:
+            return
+        self.watcher = Watcher(kept["budget"], kept["device"], kept["near"])
+        self.watcher.records = kept["records"]
+        self.strict, self._estimate = kept["strict"], kept["estimate"]
+        if kept["enforce"]:
+            apply_cap(kept["device"], kept["budget"])
+            self.enforce = True
+        self._install()
 
     def _pre(self, info=None):
         if self.watcher is not None:

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import argparse
 import ast
+import difflib
 import re
 
 from IPython.core.error import UsageError
-from IPython.core.magic_arguments import parse_argstring
+from IPython.core.magic_arguments import argument, parse_argstring, real_name
 from IPython.utils.capture import capture_output
 
 
@@ -82,10 +84,57 @@ def positive(value: int, option: str, minimum: int = 1) -> int:
     return value
 
 
+class _HelpRequested(Exception):
+    pass
+
+
+class _HelpAction(argparse.Action):
+    """``-h/--help``: argparse's own help action prints and then calls ``sys.exit``, which a magic
+    must not do; this one stops the parse and lets `parse_line` print the help."""
+
+    def __init__(self, option_strings, dest=argparse.SUPPRESS, default=argparse.SUPPRESS, help=None):  # noqa: A002
+        super().__init__(option_strings=option_strings, dest=dest, default=default, nargs=0, help=help)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        raise _HelpRequested
+
+
+#: The first ``@argument`` of every nbaccel magic (IPython's magic parsers have no ``-h``).
+help_option = argument("-h", "--help", action=_HelpAction, help="show this help and do nothing else")
+
+
+def magic_name(magic) -> str:
+    """``%name`` or ``%%name``, as the user types it."""
+    name = real_name(magic)
+    owner = getattr(magic, "__self__", None)
+    is_cell = owner is not None and name in getattr(owner, "magics", {}).get("cell", {})
+    return ("%%" if is_cell else "%") + name
+
+
 def parse_line(magic, line: str):
-    """``parse_argstring`` that also turns shell-quoting mistakes (an unmatched quote) into a
-    UsageError; IPython's own parser lets shlex's ValueError escape as a traceback."""
+    """``parse_argstring`` with ``-h/--help`` and clearer mistakes.
+
+    ``-h``/``--help`` prints the magic's help (what ``%name?`` shows) and returns None: the
+    caller returns at once and a cell magic does not run its cell. A wrong option is a
+    UsageError that names the closest real option and points to ``--help``; a shell-quoting
+    mistake (an unmatched quote) is a UsageError too, where IPython's own parser lets shlex's
+    ValueError escape as a traceback.
+    """
     try:
         return parse_argstring(magic, line)
+    except _HelpRequested:
+        print(magic.parser.format_help().rstrip())
+        return None
     except ValueError as exc:
         raise UsageError(f"cannot parse the options {line!r}: {exc}; check the quotes") from None
+    except UsageError as exc:
+        message = str(exc)
+        prefix = "unrecognized arguments: "
+        if message.startswith(prefix):
+            options = [o for action in magic.parser._actions for o in action.option_strings]
+            for token in message[len(prefix):].split():
+                close = difflib.get_close_matches(token.split("=")[0], options, n=1) if token.startswith("-") else []
+                if close:
+                    message += f" (did you mean {close[0]}?)"
+                    break
+        raise UsageError(f"{message}; see {magic_name(magic)} --help for the options") from None

@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import ast
+import contextlib
+import os
 import re
+import sys
+import threading
 
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, magics_class
@@ -12,12 +16,13 @@ from IPython.core.magic_arguments import argument, magic_arguments
 from ..profile import DTYPES, ProfileError, ProfileOptions, profile_function, validate
 from ..profile_table import CELL_LINE, SORT_COLUMNS
 from ..render.display import display_result
-from .common import cell_function, check_name, parse_cell, parse_line, silenced, store_result
+from .common import cell_function, check_name, help_option, parse_cell, parse_line, silenced, store_result
 
 
 @magics_class
 class ProfileMagics(Magics):
     @magic_arguments()
+    @help_option
     @argument("--top", type=int, default=15, help="rows of the operator table to show (default 15)")
     @argument("--sort", default=None, choices=list(SORT_COLUMNS),
               help="cpu (CPU total), self (self CPU), device (self device time), calls, memory (self bytes), flops; "
@@ -51,6 +56,8 @@ class ProfileMagics(Magics):
         """
         __tracebackhide__ = True  # noqa: F841 - IPython hides nbaccel's frames from the user's traceback
         args = parse_line(self.profile_gpu, line)
+        if args is None:  # -h/--help: the help was printed
+            return None
         check_name(args.result)
         if not cell.strip():
             raise UsageError("%%profile_gpu needs code in the cell below the magic line")
@@ -65,13 +72,77 @@ class ProfileMagics(Magics):
             raise UsageError(str(exc)) from None
         run = annotated_cell_function(self.shell, cell) if args.stack else cell_function(self.shell, cell)
         try:
-            result = profile_function(run, options, silence=silenced)
+            with drop_unknown_block_warning(enabled=options.memory):
+                result = profile_function(run, options, silence=silenced)
         except ProfileError as exc:  # e.g. another profiler started between the check and the run
             raise UsageError(str(exc)) from None
         store_result(self.shell, args.result, result)
         if not args.quiet:
             display_result(result)
         return result.value
+
+
+_UNKNOWN_BLOCK = b"Memory block of unknown size was allocated before the profiling started"
+
+
+@contextlib.contextmanager
+def drop_unknown_block_warning(enabled: bool = True):
+    """While ``--memory`` profiles the cell, drop torch's "Memory block of unknown size was
+    allocated before the profiling started" line from fd 2; pass everything else on as it comes.
+
+    torch's CPU allocator logs that line (a C++ ``LOG(WARNING)`` written straight to fd 2, so no
+    Python warning filter sees it) the first time, then every 1000th time, that a tensor allocated
+    before the profiler started is freed while it records memory -- which is what ``x = ...`` in
+    the profiled cell does to the old ``x``. The memory columns simply do not count such frees;
+    the line only alarms. fd 2 goes through a pipe that a thread filters, so other output still
+    shows live; a process started in the cell that keeps the pipe keeps being forwarded.
+    """
+    if not enabled:
+        yield
+        return
+    try:
+        sys.stderr.flush()
+        target = os.dup(2)
+    except (OSError, ValueError, AttributeError):
+        yield  # no real fd 2 (embedded interpreter): nothing to filter
+        return
+    try:
+        read_end, write_end = os.pipe()
+    except OSError:
+        os.close(target)
+        yield
+        return
+
+    def write_all(data: bytes) -> None:
+        while data:
+            data = data[os.write(target, data):]
+
+    def forward() -> None:
+        pending = b""
+        try:
+            while chunk := os.read(read_end, 1 << 16):
+                *lines, pending = re.split(rb"(?<=[\n\r])", pending + chunk)
+                write_all(b"".join(line for line in lines if _UNKNOWN_BLOCK not in line))
+            if _UNKNOWN_BLOCK not in pending:
+                write_all(pending)
+        except OSError:
+            pass
+        finally:
+            os.close(read_end)
+            os.close(target)
+
+    saved = os.dup(2)
+    thread = threading.Thread(target=forward, name="nbaccel-stderr-filter", daemon=True)
+    thread.start()
+    os.dup2(write_end, 2)
+    os.close(write_end)
+    try:
+        yield
+    finally:
+        sys.stderr.flush()
+        os.dup2(saved, 2)  # the pipe's last write end (unless a child kept one): the thread ends
+        os.close(saved)
+        thread.join(timeout=1.0)
 
 
 def _line_marker(label: str, node: ast.AST) -> ast.withitem:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import sys
+import warnings
+
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments
@@ -9,13 +12,14 @@ from IPython.core.magic_arguments import argument, magic_arguments
 from ..profile import ProfileError
 from ..profile_table import SORT_COLUMNS
 from ..render.display import display_result
-from ..trace_result import TraceError, load_trace
-from .common import check_name, parse_line, positive, store_result
+from ..trace_result import TraceError, TraceWarning, load_trace
+from .common import check_name, help_option, parse_line, positive, store_result
 
 
 @magics_class
 class TraceMagics(Magics):
     @magic_arguments()
+    @help_option
     @argument("path", metavar="PATH",
               help="a .json / .json.gz trace file, or a folder of them (one rank per distributedInfo.rank or "
                    "'rank-N' in the name; several files of one rank are its steps)")
@@ -43,13 +47,25 @@ class TraceMagics(Magics):
             %profile_trace runs/job42/            # one file per rank
         """
         args = parse_line(self.profile_trace, line)
+        if args is None:  # -h/--help: the help was printed
+            return None
         check_name(args.result)
         positive(args.top, "--top")
         try:
-            result = load_trace(args.path, rank=args.rank, top=args.top, sort=args.sort, shapes=args.shapes,
-                                stack=args.stack, memory=args.memory)
+            with warnings.catch_warnings(record=True) as caught:
+                # Every skipped file is said every time (a warning shown once per session would
+                # hide it on the next run of the cell), as a plain line rather than a source location.
+                warnings.simplefilter("always", TraceWarning)
+                result = load_trace(args.path, rank=args.rank, top=args.top, sort=args.sort, shapes=args.shapes,
+                                    stack=args.stack, memory=args.memory)
         except (TraceError, ProfileError) as exc:
             raise UsageError(str(exc)) from None
+        finally:
+            for w in caught:
+                if issubclass(w.category, TraceWarning):
+                    print(f"Warning: {w.message}", file=sys.stderr)
+                else:  # anything else goes through the user's warning filters as usual
+                    warnings.warn_explicit(w.message, w.category, w.filename, w.lineno, source=w.source)
         store_result(self.shell, args.result, result)
         if not args.quiet:
             display_result(result)

@@ -1,0 +1,33 @@
+"""``import nbaccel`` costs torch and little else: pandas is imported only when a result table is made."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+SCRIPT = """
+import sys
+import nbaccel
+import torch
+
+assert "pandas" not in sys.modules, "import nbaccel imported pandas"
+with nbaccel.precision("bf16", device="cpu"):
+    (torch.ones(4, 4) @ torch.ones(4, 4)).sum()
+assert "pandas" not in sys.modules, "nbaccel.precision imported pandas"
+for heavy in ("IPython", "ipywidgets", "matplotlib", "scipy"):
+    assert heavy not in sys.modules, heavy + " was imported by import nbaccel"
+
+# A result table still works: pandas comes in then.
+frame = nbaccel.results_frame([])
+assert "pandas" in sys.modules and len(frame) == 0
+print("ok")
+"""
+
+
+def test_import_nbaccel_does_not_import_pandas():
+    # A fresh interpreter: the test process itself has pandas loaded long ago.
+    proc = subprocess.run([sys.executable, "-c", SCRIPT], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr

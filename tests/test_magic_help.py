@@ -1,0 +1,64 @@
+"""``-h/--help`` on every magic prints its help and does nothing else; a wrong option says the fix."""
+
+from __future__ import annotations
+
+import pytest
+from IPython.core.error import UsageError
+
+# magic as typed, a cell for cell magics (None for line magics), options its help must list
+MAGICS = {
+    "%nbaccel_env": (None, ["--result"]),
+    "%memory_budget": (None, ["--enforce", "--strict", "--near", "--model", "--result", "--quiet", "budget"]),
+    "%profile_trace": (None, ["PATH", "--top", "--sort", "--rank", "--result", "--quiet"]),
+    "%%amp": ("ran += 1", ["--dtype", "--device", "--no-tf32", "--warmup", "--repeat", "--result", "--quiet"]),
+    "%%profile_gpu": ("ran += 1", ["--top", "--sort", "--memory", "--steps", "--trace", "--result", "--quiet"]),
+}
+
+
+def _source(magic: str, line: str) -> str:
+    cell, _ = MAGICS[magic]
+    return f"{magic} {line}" + (f"\n{cell}\n" if cell else "")
+
+
+@pytest.mark.parametrize("flag", ["--help", "-h"])
+@pytest.mark.parametrize("magic", list(MAGICS))
+def test_help_prints_the_usage_and_runs_nothing(run_cell, ip, magic, flag):
+    ip.user_ns["ran"] = 0
+    result, captured = run_cell(_source(magic, flag))
+    name = magic.lstrip("%")
+    assert f"%{name} [-h]" in captured.stdout  # IPython's usage line, as `%name?` shows it
+    assert "-h, --help" in captured.stdout and "show this help and do nothing else" in captured.stdout
+    for option in MAGICS[magic][1]:
+        assert option in captured.stdout, option
+    assert captured.stdout.strip() == ip.magics_manager.magics["cell" if magic.startswith("%%") else "line"][
+        name].__doc__.strip()
+    assert result.result is None and not captured.outputs
+    assert ip.user_ns["ran"] == 0, "the cell ran"
+
+
+def test_help_wins_over_other_options_and_a_missing_path(run_cell):
+    _, captured = run_cell("%profile_trace --top 3 --help")
+    assert "%profile_trace [-h]" in captured.stdout
+    _, captured = run_cell("%memory_budget 6GiB --strict -h")
+    assert "%memory_budget [-h]" in captured.stdout
+
+
+def test_nbaccel_env_help_does_not_store_a_result(run_cell, ip):
+    run_cell("%nbaccel_env -r env --help")
+    assert "env" not in ip.user_ns
+
+
+@pytest.mark.parametrize("magic, line, message", [
+    ("%nbaccel_env", "--bogus", "unrecognized arguments: --bogus; see %nbaccel_env --help for the options"),
+    ("%nbaccel_env", "--reslt x", "unrecognized arguments: --reslt x (did you mean --result?); "
+                                  "see %nbaccel_env --help for the options"),
+    ("%%profile_gpu", "--tpo 3", "unrecognized arguments: --tpo 3 (did you mean --top?); "
+                                 "see %%profile_gpu --help for the options"),
+    ("%%amp", "--dtpye bf16", "(did you mean --dtype?); see %%amp --help"),
+    ("%profile_trace", "", "the following arguments are required: PATH; see %profile_trace --help"),
+])
+def test_a_wrong_option_is_a_usage_error_with_the_fix(run_cell, ip, magic, line, message):
+    ip.user_ns["ran"] = 0
+    _, captured = run_cell(_source(magic, line), expect_error=UsageError)
+    assert message in captured.stderr
+    assert ip.user_ns["ran"] == 0
