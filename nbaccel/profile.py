@@ -50,8 +50,8 @@ import pandas as pd
 import torch
 
 from . import profile_table as pt
-from .analysis import (TraceData, achieved_flops, busy_time, category_breakdown, communication_share, load_trace,
-                       tensor_core_share)
+from .analysis import (FlopsSummary, TraceData, achieved_flops, busy_time, category_breakdown, communication_share,
+                       load_trace, tensor_core_share)
 from .device import DeviceError, DeviceInfo, device_info, resolve_device
 from .precision import Recipe, apply_recipe, make_recipe
 from .results import ResultMixin
@@ -408,6 +408,7 @@ CONV_SHARE = 0.10            # conv share of device time for the cudnn.benchmark
 SMALL_OP_US = 20.0           # CPU: median self time of ops below which dispatch overhead dominates
 MANY_OPS = 500
 UNALIGNED_SHARE = 0.01       # unaligned matmuls below 1% of the time are listed, not advised on
+_CONV = re.compile("conv", re.IGNORECASE)
 
 
 @dataclass
@@ -417,6 +418,12 @@ class ProfileResult(ResultMixin):
     ``ops`` (DataFrame, grouped as the options asked), ``table(...)`` for any grouping/sort/filter,
     ``categories``, ``tensor_cores``, ``unaligned``, ``advice``, ``header``, ``trace_path``,
     ``export_chrome_trace(path)``, ``to_dict()``. Times are microseconds in the DataFrames.
+
+    Everything is computed on first access and cached. What a display needs (``header``,
+    ``top_rows()``, ``category_rows``, ``unaligned``, ``advice``) is computed with plain Python
+    over the trace's column lists (`op_columns`); the DataFrames (``ops``, ``op_events``,
+    ``categories``, ``table()``) are built with pandas when first asked for. Both give the same
+    numbers (see `nbaccel.profile_table`).
     """
 
     kind = "profile"
@@ -424,7 +431,8 @@ class ProfileResult(ResultMixin):
     device: DeviceInfo
     options: ProfileOptions
     trace: TraceData = field(repr=False)
-    op_events: pd.DataFrame = field(repr=False)  # one row per op event: trace.ops + source + memory
+    # Per-op columns beyond trace.ops (``source`` with --stack, memory with --memory), row-aligned.
+    op_extra: dict = field(default_factory=dict, repr=False)
     recipe_label: str | None = None
     cudnn_benchmark: bool | None = False  # None: unknown (a loaded trace does not record it)
     trace_path: str | None = None
@@ -452,17 +460,33 @@ class ProfileResult(ResultMixin):
         """A result from an already parsed `TraceData`. ``events`` (raw Chrome events) are only
         read for ``options.stack`` (python_function frames) and ``options.memory`` ([memory]
         events); `nbaccel.load_trace` streams big files and passes just those events."""
-        ops = trace.ops
-        extra = {"shapes": [pt._shape_text(d) for d in ops["input_dims"]] if len(ops) else []}
+        extra = {}
         if options.stack:
-            extra["source"] = pt.source_by_op(events, ops)
+            extra["source"] = pt.source_by_op(events, trace.ops)
         if options.memory:
-            self_mem, total_mem = pt.memory_by_op(events, ops)
+            self_mem, total_mem = pt.memory_by_op(events, trace.ops)
             extra["self_memory_bytes"], extra["memory_bytes"] = self_mem, total_mem
-        op_events = ops.assign(**extra) if len(ops) else ops.assign(**{k: [] for k in extra})
-        return cls(device=info, options=options, trace=trace, op_events=op_events,
+        return cls(device=info, options=options, trace=trace, op_extra=extra,
                    recipe_label=recipe.label if recipe else None, cudnn_benchmark=cudnn_benchmark,
                    trace_path=trace_path, trace_files=list(trace_files), doc=doc, loaded=loaded)
+
+    # -- per-op rows --
+
+    @functools.cached_property
+    def op_columns(self) -> dict[str, list]:
+        """Every op event as column lists: `TraceData.op_columns` + shapes (+ source, memory)."""
+        cols = dict(self.trace.op_columns)
+        cols["shapes"] = [pt._shape_text(d) for d in cols["input_dims"]]
+        for key, values in self.op_extra.items():
+            cols[key] = values.tolist() if isinstance(values, np.ndarray) else list(values)
+        return cols
+
+    @functools.cached_property
+    def op_events(self) -> pd.DataFrame:
+        """One row per op event: ``trace.ops`` + shapes (+ source, memory); a DataFrame."""
+        ops = self.trace.ops
+        extra = {"shapes": self.op_columns["shapes"], **self.op_extra}
+        return ops.assign(**extra) if len(ops) else ops.assign(**{k: [] for k in extra})
 
     # -- headline numbers --
 
@@ -477,14 +501,16 @@ class ProfileResult(ResultMixin):
 
     @functools.cached_property
     def step_times_us(self) -> list[float]:
-        ann = self.trace.annotations
-        if not len(ann):
-            return []
-        steps = ann[ann["name"].str.startswith("ProfilerStep#") & ~ann["on_device"].astype(bool)]
-        return steps.sort_values("ts_us")["dur_us"].tolist()
+        t = self.trace
+        steps = [(ts, dur) for name, ts, dur, dev in zip(*(t.column("annotations", c) for c in
+                                                             ("name", "ts_us", "dur_us", "on_device")))
+                 if str(name).startswith("ProfilerStep#") and not dev]
+        return [float(dur) for _, dur in sorted(steps, key=lambda s: s[0])]
 
     @functools.cached_property
     def device_time_us(self) -> float:
+        if not self.on_device:
+            return 0.0
         acts = self.trace.device_activities()
         return float(acts["dur_us"].sum()) if len(acts) else 0.0
 
@@ -499,16 +525,18 @@ class ProfileResult(ResultMixin):
                 "busy_fraction": busy / self.window_us if self.window_us > 0 else None}
 
     @functools.cached_property
-    def flops(self):
-        return achieved_flops(self.trace)
+    def flops(self) -> FlopsSummary:
+        if self.on_device:
+            return achieved_flops(self.trace)
+        return pt.cpu_flops(self.op_columns)
 
     @property
     def kernel_count(self) -> int:
-        return int(len(self.trace.kernels))
+        return self.trace.count("kernels")
 
     @property
     def op_count(self) -> int:
-        return int(len(self.op_events))
+        return self.trace.count("ops")
 
     @functools.cached_property
     def header(self) -> dict:
@@ -552,6 +580,25 @@ class ProfileResult(ResultMixin):
     def default_sort(self) -> str:
         return self.options.sort or ("device" if self.device.type == "cuda" else "self")
 
+    def grouped_rows(self, group: str | None = None) -> list[dict]:
+        """`grouped` as row dicts, in first-appearance order (plain Python for op / op+shape)."""
+        group = group or self.options.group
+        key = ("rows", group)
+        if key not in self._grouped:
+            if group == "source":
+                self._grouped[key] = self.grouped(group).to_dict("records")
+            else:
+                self._grouped[key] = pt.group_rows(self.op_columns, group,
+                                                   self.device_time_us if self.on_device else 0.0)
+        return self._grouped[key]
+
+    def top_rows(self, top: int | None = None) -> list[dict]:
+        """The displayed table: rows of the options' grouping in the default sort, first ``top``.
+
+        The same rows, in the same order, as ``table(top=top)``, without pandas."""
+        rows = pt.sort_rows(self.grouped_rows(), pt.SORT_COLUMNS.get(self.default_sort, self.default_sort))
+        return rows[:top] if top else rows
+
     def grouped(self, group: str) -> pd.DataFrame:
         """The unsorted table for one grouping, computed once (the widget regroups often)."""
         if group not in self._grouped:
@@ -579,6 +626,14 @@ class ProfileResult(ResultMixin):
         return pt.cpu_categories(self.op_events)
 
     @functools.cached_property
+    def category_rows(self) -> list[tuple[str, float, int, float]]:
+        """``categories`` as (category, time_us, count, percent) tuples, largest first."""
+        if self.on_device:
+            cats = self.categories
+            return [(r.category, float(r.time_us), int(r.count), float(r.percent)) for r in cats.itertuples()]
+        return [(c, float(t), int(n), float(p)) for c, t, n, p in pt.cpu_category_rows(self.op_columns)]
+
+    @functools.cached_property
     def tensor_cores(self):
         """`TensorCoreShare` of device kernel time; ``value`` is None (with a reason) on the CPU."""
         return tensor_core_share(self.trace)
@@ -599,14 +654,14 @@ class ProfileResult(ResultMixin):
 
     @functools.cached_property
     def unaligned(self) -> list[dict]:
-        return pt.unaligned_shapes(self.op_events)
+        return pt.unaligned_shapes(self.op_columns)
 
     @functools.cached_property
     def kernels(self) -> pd.DataFrame:
         """Device kernels aggregated by name: calls, time, category, Tensor Cores."""
-        k = self.trace.kernels
-        if not len(k):
+        if not self.kernel_count:
             return pd.DataFrame(columns=["name", "calls", "time_us", "category", "tensor_cores"])
+        k = self.trace.kernels
         g = k.groupby("name", sort=False)
         out = pd.DataFrame({"calls": g.size(), "time_us": g["dur_us"].sum(), "category": g["category"].first(),
                             "tensor_cores": g["tensor_cores"].first()}).reset_index()
@@ -684,17 +739,18 @@ def _json_safe(value):
 def advise(result: ProfileResult) -> list[str]:
     """One line per finding, each quoting the number that triggered it."""
     notes = []
-    ops = result.op_events
+    ops = result.op_columns  # plain lists: a few hundred rows are summed faster than pandas sets up
+    n_ops = len(ops["name"])
     on_device = result.on_device
     time_col = "device_self_us" if on_device else "self_us"
-    total = result.device_time_us if on_device else float(ops["self_us"].sum()) if len(ops) else 0.0
+    total = result.device_time_us if on_device else pt.pairwise_sum(ops["self_us"]) if n_ops else 0.0
     where = "device" if on_device else "CPU"
-    if not len(ops):
+    if not n_ops:
         notes.append("No torch operators were recorded: torch.profiler sees torch work only; for plain Python "
                      "time use %prun or pyinstrument.")
-    if len(ops) and total > 0:
-        mm = ops[ops["category"] == "matmul/conv"]
-        fp32 = float(mm.loc[mm["math_dtype"] == "fp32", time_col].sum())
+    if n_ops and total > 0:
+        fp32 = pt.pairwise_sum(t for t, c, d in zip(ops[time_col], ops["category"], ops["math_dtype"])
+                               if c == "matmul/conv" and d == "fp32")
         if fp32 / total >= FP32_MATMUL_SHARE:
             hint = ("bf16/fp16 run on Tensor Cores" if on_device else
                     "bf16 helps on CPUs with AMX/AVX512-BF16 units; on others it only adds casts")
@@ -705,14 +761,16 @@ def advise(result: ProfileResult) -> list[str]:
         notes.append(f"The GPU is idle {1 - busy['busy_fraction']:.0%} of the profiled time: the input pipeline "
                      "(DataLoader workers, pin_memory) or host syncs (.item(), .cpu(), print of tensors) are "
                      "the bottleneck, not the GPU.")
-    k = result.trace.kernels
-    if len(k) >= MANY_KERNELS and float(k["dur_us"].median()) < SMALL_KERNEL_US:
-        notes.append(f"{len(k)} kernels with a median of {k['dur_us'].median():.1f} µs each: launch overhead "
+    n_kernels = result.kernel_count
+    kernel_median = float(np.median(result.trace.column("kernels", "dur_us"))) if n_kernels >= MANY_KERNELS else None
+    if n_kernels >= MANY_KERNELS and kernel_median < SMALL_KERNEL_US:
+        notes.append(f"{n_kernels} kernels with a median of {kernel_median:.1f} µs each: launch overhead "
                      "dominates; try torch.compile (fuses elementwise ops) or a larger batch.")
-    elif not on_device and len(ops) >= MANY_OPS:
-        leaf = ops[ops["name"].str.startswith("aten::")]
-        if len(leaf) and float(leaf["self_us"].median()) < SMALL_OP_US:
-            notes.append(f"{len(leaf)} aten ops with a median self time of {leaf['self_us'].median():.1f} µs: "
+    elif not on_device and n_ops >= MANY_OPS:
+        leaf = [t for name, t in zip(ops["name"], ops["self_us"]) if name.startswith("aten::")]
+        median = float(np.median(leaf)) if leaf else None
+        if leaf and median < SMALL_OP_US:
+            notes.append(f"{len(leaf)} aten ops with a median self time of {median:.1f} µs: "
                          "per-op dispatch overhead dominates; try torch.compile or larger tensors per op.")
     if on_device and result.device_time_us > 0:
         cats = result.categories
@@ -720,8 +778,8 @@ def advise(result: ProfileResult) -> list[str]:
         if transfer / result.device_time_us >= TRANSFER_SHARE:
             notes.append(f"Host<->device copies take {transfer / result.device_time_us:.0%} of device time: keep "
                          "tensors on the GPU, use pin_memory=True and .to(device, non_blocking=True).")
-        conv = ops[ops["name"].str.contains("conv", case=False) & (ops["device_self_us"] > 0)]
-        conv_share = float(conv["device_self_us"].sum()) / result.device_time_us
+        conv_share = pt.pairwise_sum(t for name, t in zip(ops["name"], ops["device_self_us"])
+                                     if t > 0 and _CONV.search(name)) / result.device_time_us
         if conv_share >= CONV_SHARE and not result.cudnn_benchmark:
             state = "is off" if result.cudnn_benchmark is False else "is not recorded in the trace"
             notes.append(f"Convolutions take {conv_share:.0%} of device time and torch.backends.cudnn.benchmark "
