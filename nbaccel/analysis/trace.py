@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
+import numpy as np
 import pandas as pd
 
 from .kernels import kernel_category, op_category, uses_tensor_cores
@@ -96,6 +97,7 @@ class TraceData:
                  unknown_events: Counter | None = None, source: str | None = None,
                  columns: dict[str, dict[str, list]] | None = None):
         self._frames: dict[str, pd.DataFrame] = {}
+        self._window: tuple[float, float] | None | bool = False  # not computed yet
         for kind, frame in zip(self._KINDS, (ops, kernels, memcpy, memset, annotations)):
             if frame is not None:
                 self._frames[kind] = frame
@@ -175,13 +177,16 @@ class TraceData:
 
     def window(self) -> tuple[float, float] | None:
         """(start, end) in us over ops, annotations and device activity; None if empty."""
-        starts, ends = [], []
-        for kind in ("ops", "annotations", "kernels", "memcpy", "memset"):
-            if self.count(kind):
-                ts, dur = self.column(kind, "ts_us"), self.column(kind, "dur_us")
-                starts.append(float(min(ts)))
-                ends.append(float(max(t + d for t, d in zip(ts, dur))))
-        return (min(starts), max(ends)) if starts else None
+        if self._window is False:
+            starts, ends = [], []
+            for kind in ("ops", "annotations", "kernels", "memcpy", "memset"):
+                if self.count(kind):
+                    ts = np.asarray(self.column(kind, "ts_us"), dtype=float)
+                    dur = np.asarray(self.column(kind, "dur_us"), dtype=float)
+                    starts.append(float(ts.min()))
+                    ends.append(float((ts + dur).max()))
+            self._window = (min(starts), max(ends)) if starts else None
+        return self._window
 
     def device_name(self, device: int | None = None) -> str | None:
         """GPU name from ``deviceProperties`` (first device if ``device`` is None)."""
