@@ -408,6 +408,11 @@ CONV_SHARE = 0.10            # conv share of device time for the cudnn.benchmark
 SMALL_OP_US = 20.0           # CPU: median self time of ops below which dispatch overhead dominates
 MANY_OPS = 500
 UNALIGNED_SHARE = 0.01       # unaligned matmuls below 1% of the time are listed, not advised on
+
+# Up to this many op events the displayed tables are built in plain Python (pandas' fixed cost per
+# groupby/sort is most of the time on a few hundred rows); above it, with pandas (its vectorized
+# groupby is faster per row). Both give the same numbers: tests/test_profile_rows.py.
+PYTHON_TABLE_OPS = 5000
 _CONV = re.compile("conv", re.IGNORECASE)
 
 
@@ -474,18 +479,32 @@ class ProfileResult(ResultMixin):
 
     @functools.cached_property
     def op_columns(self) -> dict[str, list]:
-        """Every op event as column lists: `TraceData.op_columns` + shapes (+ source, memory)."""
+        """Every op event as column lists: `TraceData.op_columns` (+ source, memory; ``shapes``
+        is added by `op_shapes` only when a table groups by shape)."""
         cols = dict(self.trace.op_columns)
-        cols["shapes"] = [pt._shape_text(d) for d in cols["input_dims"]]
         for key, values in self.op_extra.items():
             cols[key] = values.tolist() if isinstance(values, np.ndarray) else list(values)
         return cols
 
     @functools.cached_property
+    def op_shapes(self) -> list[str]:
+        """Input shapes of every op as text ("64x1001, 300x1001"); the op+shape grouping key."""
+        shapes = self.op_columns.get("shapes")
+        if shapes is None:
+            shapes = self.op_columns["shapes"] = [pt._shape_text(d) for d in self.op_columns["input_dims"]]
+        return shapes
+
+    @property
+    def python_tables(self) -> bool:
+        """Whether the display's tables are computed in plain Python (the usual live profile) or
+        with pandas (above `PYTHON_TABLE_OPS` op events, where pandas' vectorized groupby wins)."""
+        return self.op_count <= PYTHON_TABLE_OPS
+
+    @functools.cached_property
     def op_events(self) -> pd.DataFrame:
         """One row per op event: ``trace.ops`` + shapes (+ source, memory); a DataFrame."""
         ops = self.trace.ops
-        extra = {"shapes": self.op_columns["shapes"], **self.op_extra}
+        extra = {"shapes": self.op_shapes, **self.op_extra}
         return ops.assign(**extra) if len(ops) else ops.assign(**{k: [] for k in extra})
 
     # -- headline numbers --
@@ -526,7 +545,7 @@ class ProfileResult(ResultMixin):
 
     @functools.cached_property
     def flops(self) -> FlopsSummary:
-        if self.on_device:
+        if self.on_device or not self.python_tables:
             return achieved_flops(self.trace)
         return pt.cpu_flops(self.op_columns)
 
@@ -585,9 +604,11 @@ class ProfileResult(ResultMixin):
         group = group or self.options.group
         key = ("rows", group)
         if key not in self._grouped:
-            if group == "source":
+            if group == "source" or not self.python_tables:
                 self._grouped[key] = self.grouped(group).to_dict("records")
             else:
+                if group == "op+shape":
+                    self.op_shapes  # noqa: B018 - adds the shapes column
                 self._grouped[key] = pt.group_rows(self.op_columns, group,
                                                    self.device_time_us if self.on_device else 0.0)
         return self._grouped[key]
@@ -628,7 +649,7 @@ class ProfileResult(ResultMixin):
     @functools.cached_property
     def category_rows(self) -> list[tuple[str, float, int, float]]:
         """``categories`` as (category, time_us, count, percent) tuples, largest first."""
-        if self.on_device:
+        if self.on_device or not self.python_tables:
             cats = self.categories
             return [(r.category, float(r.time_us), int(r.count), float(r.percent)) for r in cats.itertuples()]
         return [(c, float(t), int(n), float(p)) for c, t, n, p in pt.cpu_category_rows(self.op_columns)]
@@ -784,7 +805,7 @@ def advise(result: ProfileResult) -> list[str]:
             state = "is off" if result.cudnn_benchmark is False else "is not recorded in the trace"
             notes.append(f"Convolutions take {conv_share:.0%} of device time and torch.backends.cudnn.benchmark "
                          f"{state}: with fixed input shapes, turn it on to let cuDNN pick the fastest algorithm.")
-    misses = result.fp32_misses
+    misses = result.fp32_misses if on_device else ()
     if len(misses):
         names = ", ".join(sorted(set(misses["name"])))
         notes.append(f"fp32 matmul/conv ops ran without Tensor Cores ({misses['share'].sum():.0%} of device time: "

@@ -416,7 +416,9 @@ def kahan_sum(values) -> float:
 
 def pairwise_sum(values) -> float:
     """numpy's (pairwise) sum, which is what ``Series.sum()`` returns; NaN/None count as 0, as there."""
-    return float(np.fromiter((0.0 if _isnan(v) else v for v in values), dtype=float).sum())
+    arr = np.array(values if isinstance(values, list) else list(values), dtype=float)  # None -> NaN
+    arr[np.isnan(arr)] = 0.0
+    return float(arr.sum())
 
 
 def group_rows(cols: dict, group: str = "op", device_total_us: float = 0.0) -> list[dict]:

@@ -9,8 +9,10 @@ values, bit for bit, on live CPU profiles and on the reference H100/A100/B200 tr
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import random
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -186,3 +188,14 @@ def test_the_display_of_a_cpu_profile_builds_no_dataframe():
     assert "op_events" not in result.__dict__ and "ops" not in result._grouped
     # ... and the DataFrames are still there when asked for
     assert "aten::addmm" in set(result.ops["name"]) and len(result.categories)
+
+
+def test_text_and_html_are_the_same_from_python_or_pandas_tables(result, monkeypatch):
+    profile_module = sys.modules["nbaccel.profile"]  # nbaccel.profile is also the name of the class
+    shown = {}
+    for limit in (10**9, 0):  # every profile through the Python tables, then every one through pandas
+        monkeypatch.setattr(profile_module, "PYTHON_TABLE_OPS", limit)
+        fresh = dataclasses.replace(result, _grouped={})
+        assert fresh.python_tables is (limit > 0)
+        shown[limit] = (render_profile.text(fresh), render_profile.html(fresh), fresh.header, fresh.advice)
+    assert shown[10**9] == shown[0]
