@@ -199,3 +199,31 @@ def test_text_and_html_are_the_same_from_python_or_pandas_tables(result, monkeyp
         assert fresh.python_tables is (limit > 0)
         shown[limit] = (render_profile.text(fresh), render_profile.html(fresh), fresh.header, fresh.advice)
     assert shown[10**9] == shown[0]
+
+
+def test_the_garbage_collector_is_paused_only_while_a_trace_is_read(tmp_path):
+    import gc
+
+    from nbaccel.analysis.trace import TraceError, paused_gc
+
+    seen = []
+    with paused_gc():
+        seen.append(gc.isenabled())
+    assert seen == [False] and gc.isenabled()
+    with pytest.raises(TraceError), paused_gc():
+        raise TraceError("a bad trace")
+    assert gc.isenabled()  # switched back on after an error too
+    _live(_mlp)
+    assert gc.isenabled()
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"traceEvents": [')
+    with pytest.raises(TraceError):
+        nbaccel.load_trace(bad)
+    assert gc.isenabled()
+    gc.disable()
+    try:  # a user who switched it off keeps it off
+        _live(_mlp)
+        load_trace({"traceEvents": []})
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
