@@ -32,7 +32,7 @@ REFERENCE = ["tracelens_h100_Qwen_Qwen1.5-0.5B-Chat__1016005.json.gz",
 
 
 def _same(a, b) -> bool:
-    missing = (a is None or (isinstance(a, float) and math.isnan(a)), b is None or (isinstance(b, float) and math.isnan(b)))
+    missing = [v is None or (isinstance(v, float) and math.isnan(v)) for v in (a, b)]
     if any(missing):
         return all(missing)
     if isinstance(a, (np.generic,)):

@@ -275,8 +275,9 @@ def html(result) -> str:
     advice = f"<h4>Advice</h4>{bullet_list(result.advice)}" if result.advice else ""
     trace = (f'<div class="muted">trace: {esc(", ".join(result.trace_files))} (open at ui.perfetto.dev)</div>'
              if result.trace_files else "")
+    rows = len(result.grouped_rows())
     return wrap(header_html(result) + advice
-                + f"<h4>Top {len(frame)} of {len(result.grouped_rows())} by {esc(result.default_sort)} (grouped by {esc(group)})</h4>"
+                + f"<h4>Top {len(frame)} of {rows} by {esc(result.default_sort)} (grouped by {esc(group)})</h4>"
                 + ops_table_html(result, frame, group) + details_html(result) + trace
                 + f'<div class="muted">method: {esc(method(result))}</div>')
 
