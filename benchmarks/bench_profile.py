@@ -4,20 +4,29 @@
    bare ``torch.profiler.profile`` + ``key_averages()`` (what a user would otherwise do), and
    ``nbaccel.profile`` + analysis + rendering (text and HTML, what the magic displays).
    Each variant is timed end to end with time.perf_counter, alternating the two, REPEAT times
-   after one warm-up of each; the ratio of medians is reported (target <= 1.15x).
+   after one warm-up of each; the ratio of medians is reported (target <= 1.15x), with the
+   spread: each variant's interquartile range, and the quartiles of the per-pair ratios (repeat
+   i of nbaccel over repeat i of bare, run back to back).
 2. The time to build the widget from a profile of about 10,000 op events (target < 0.5 s):
    the ProfileResult is built once from a real profile, then ``render.profile.widget`` is timed
-   (median of REPEAT builds); the analysis time of that profile is printed beside it.
+   on a copy with nothing computed yet (median of REPEAT builds: the tables, header and figures
+   it shows are computed inside the timing, as on a first display). Beside it: recording that
+   profile plus its text and HTML display, end to end.
 
 Run: python benchmarks/bench_profile.py  [NBACCEL_BENCH_REPEAT=N]
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import statistics
 import sys
 import time
+from pathlib import Path
+
+if not __package__:  # run as a script: measure this checkout's nbaccel, not a copy installed elsewhere
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch
 
@@ -80,8 +89,15 @@ def overhead(label, step):
     step()
     cell = time.perf_counter() - t0
     b, o = statistics.median(times[bare]), statistics.median(times[ours])
-    print(f"{label:<34} cell alone {cell * 1e3:8.1f} ms | bare profiler + key_averages {b * 1e3:8.1f} ms | "
-          f"nbaccel profile + analysis + render {o * 1e3:8.1f} ms | ratio {o / b:.2f}x")
+    pairs = [x / y for x, y in zip(times[ours], times[bare])]
+
+    def iqr(values, scale=1e3, digits=1):
+        q = statistics.quantiles(values, n=4) if len(values) > 1 else [values[0]] * 3
+        return f"{q[0] * scale:.{digits}f}-{q[2] * scale:.{digits}f}"
+
+    print(f"{label:<34} cell alone {cell * 1e3:8.1f} ms | bare profiler + key_averages {b * 1e3:8.1f} ms "
+          f"(IQR {iqr(times[bare])}) | nbaccel profile + analysis + render {o * 1e3:8.1f} ms "
+          f"(IQR {iqr(times[ours])}) | ratio {o / b:.2f}x (pair ratios IQR {iqr(pairs, 1, 2)})")
     return o / b
 
 
@@ -97,23 +113,24 @@ def widget_build():
     t0 = time.perf_counter()
     with profile(options=ProfileOptions(device="cpu")) as again:
         many_ops()
+    render_profile.text(again.result)
+    render_profile.html(again.result)
     analysed = time.perf_counter() - t0
     times = []
     for _ in range(REPEAT):
-        fresh = type(result)(**{**result.__dict__, "_grouped": {}})  # no cached tables: a first display
-        for key in [k for k in list(fresh.__dict__) if k in ("header", "categories", "tensor_cores", "unaligned",
-                                                               "fp32_misses", "kernels", "flops", "busy", "advice")]:
-            fresh.__dict__.pop(key, None)
+        # The same profile with nothing computed yet (no cached table, header or figure): a first display.
+        fresh = dataclasses.replace(result, _grouped={})
         t0 = time.perf_counter()
         render_profile.widget(fresh)
         times.append(time.perf_counter() - t0)
     print(f"widget from a profile of {result.op_count:,} op events: median {statistics.median(times) * 1e3:.0f} ms "
           f"(min {min(times) * 1e3:.0f}, max {max(times) * 1e3:.0f}) over {REPEAT} builds; "
-          f"recording + analysing that profile took {analysed * 1e3:.0f} ms")
+          f"recording that profile + analysis + text and HTML took {analysed * 1e3:.0f} ms")
     return statistics.median(times), result.op_count
 
 
 def main():
+    print(f"nbaccel from {Path(nbaccel.__file__).parent}")
     print(f"torch {torch.__version__}, device {DEVICE}, {os.cpu_count()} CPUs, {REPEAT} alternating repeats, medians")
     ratios = {}
     ratios["mlp 1024 wide, batch 256"] = overhead("MLP step, 1024 wide, batch 256", make_step(1024, 256))

@@ -16,6 +16,11 @@ How a profile is made (the method, spelled out because every number depends on i
    traces from other machines. The live CUDA path therefore runs through code that is tested
    on real H100/A100/B200 traces. ``key_averages()`` is never called (it re-parses every event
    in Python; the trace loader is what gives kernels, links and categories).
+   Nothing more is computed until it is read: what a display shows (header, top-K table,
+   categories, shapes, advice) is computed from the loader's column lists in plain Python, and
+   the DataFrames (``result.ops``, ``categories``, ``op_events``) are built on first access. On
+   a ~100-op CPU profile, loading the parsed trace + analysis + text + HTML takes about 1.2 ms
+   instead of about 19 ms when everything was built with pandas (docs/benchmarks.md).
 4. If the code raises (or is interrupted), the profiler is stopped, the partial profile is
    discarded with a message, and the exception propagates. Autocast, TF32 and every other
    flag the ``--amp`` recipe set are restored in ``finally``.
@@ -49,8 +54,9 @@ import numpy as np
 import torch
 
 from . import profile_table as pt
-from .analysis import (TraceData, achieved_flops, busy_time, category_breakdown, communication_share, load_trace,
-                       tensor_core_share)
+from .analysis import (FlopsSummary, TraceData, achieved_flops, busy_time, category_breakdown, communication_share,
+                       load_trace, tensor_core_share)
+from .analysis.trace import paused_gc
 from .device import DeviceError, DeviceInfo, device_info, resolve_device
 from .precision import Recipe, apply_recipe, make_recipe
 from .results import ResultMixin
@@ -303,19 +309,20 @@ class profile:  # noqa: N801 - a context manager used like a function: `with nba
         if target is None:
             fd, tmp = tempfile.mkstemp(suffix=".json", prefix="nbaccel_profile_")
             os.close(fd)
-        try:
-            path = target or tmp
-            self._prof.export_chrome_trace(path)
-            doc = _read_json(path)
-        finally:
-            if target is None:
-                os.unlink(tmp)
-        files = []
-        if opts.trace and target is None:
-            files = write_step_traces(doc, opts.trace)
-        return ProfileResult.from_trace(doc, self.info, opts, recipe=self.recipe,
-                                        cudnn_benchmark=self._cudnn_benchmark,
-                                        trace_path=opts.trace, trace_files=files or ([opts.trace] if opts.trace else []))
+        with paused_gc():  # the parsed trace is thousands of small containers: see paused_gc
+            try:
+                path = target or tmp
+                self._prof.export_chrome_trace(path)
+                doc = _read_json(path)
+            finally:
+                if target is None:
+                    os.unlink(tmp)
+            files = []
+            if opts.trace and target is None:
+                files = write_step_traces(doc, opts.trace)
+            return ProfileResult.from_trace(doc, self.info, opts, recipe=self.recipe,
+                                            cudnn_benchmark=self._cudnn_benchmark, trace_path=opts.trace,
+                                            trace_files=files or ([opts.trace] if opts.trace else []))
 
 
 def profile_function(fn: Callable[[], object], options: ProfileOptions | None = None, silence=None,
@@ -434,6 +441,12 @@ SMALL_OP_US = 20.0           # CPU: median self time of ops below which dispatch
 MANY_OPS = 500
 UNALIGNED_SHARE = 0.01       # unaligned matmuls below 1% of the time are listed, not advised on
 
+# Up to this many op events the displayed tables are built in plain Python (pandas' fixed cost per
+# groupby/sort is most of the time on a few hundred rows); above it, with pandas (its vectorized
+# groupby is faster per row). Both give the same numbers: tests/test_profile_rows.py.
+PYTHON_TABLE_OPS = 5000
+_CONV = re.compile("conv", re.IGNORECASE)
+
 
 @dataclass
 class ProfileResult(ResultMixin):
@@ -442,6 +455,12 @@ class ProfileResult(ResultMixin):
     ``ops`` (DataFrame, grouped as the options asked), ``table(...)`` for any grouping/sort/filter,
     ``categories``, ``tensor_cores``, ``unaligned``, ``advice``, ``header``, ``trace_path``,
     ``export_chrome_trace(path)``, ``to_dict()``. Times are microseconds in the DataFrames.
+
+    Everything is computed on first access and cached. What a display needs (``header``,
+    ``top_rows()``, ``category_rows``, ``unaligned``, ``advice``) is computed with plain Python
+    over the trace's column lists (`op_columns`); the DataFrames (``ops``, ``op_events``,
+    ``categories``, ``table()``) are built with pandas when first asked for. Both give the same
+    numbers (see `nbaccel.profile_table`).
     """
 
     kind = "profile"
@@ -449,7 +468,8 @@ class ProfileResult(ResultMixin):
     device: DeviceInfo
     options: ProfileOptions
     trace: TraceData = field(repr=False)
-    op_events: pd.DataFrame = field(repr=False)  # one row per op event: trace.ops + source + memory
+    # Per-op columns beyond trace.ops (``source`` with --stack, memory with --memory), row-aligned.
+    op_extra: dict = field(default_factory=dict, repr=False)
     recipe_label: str | None = None
     cudnn_benchmark: bool | None = False  # None: unknown (a loaded trace does not record it)
     trace_path: str | None = None
@@ -477,17 +497,47 @@ class ProfileResult(ResultMixin):
         """A result from an already parsed `TraceData`. ``events`` (raw Chrome events) are only
         read for ``options.stack`` (python_function frames) and ``options.memory`` ([memory]
         events); `nbaccel.load_trace` streams big files and passes just those events."""
-        ops = trace.ops
-        extra = {"shapes": [pt._shape_text(d) for d in ops["input_dims"]] if len(ops) else []}
+        extra = {}
         if options.stack:
-            extra["source"] = pt.source_by_op(events, ops)
+            extra["source"] = pt.source_by_op(events, trace.ops)
         if options.memory:
-            self_mem, total_mem = pt.memory_by_op(events, ops)
+            self_mem, total_mem = pt.memory_by_op(events, trace.ops)
             extra["self_memory_bytes"], extra["memory_bytes"] = self_mem, total_mem
-        op_events = ops.assign(**extra) if len(ops) else ops.assign(**{k: [] for k in extra})
-        return cls(device=info, options=options, trace=trace, op_events=op_events,
+        return cls(device=info, options=options, trace=trace, op_extra=extra,
                    recipe_label=recipe.label if recipe else None, cudnn_benchmark=cudnn_benchmark,
                    trace_path=trace_path, trace_files=list(trace_files), doc=doc, loaded=loaded)
+
+    # -- per-op rows --
+
+    @functools.cached_property
+    def op_columns(self) -> dict[str, list]:
+        """Every op event as column lists: `TraceData.op_columns` (+ source, memory; ``shapes``
+        is added by `op_shapes` only when a table groups by shape)."""
+        cols = dict(self.trace.op_columns)
+        for key, values in self.op_extra.items():
+            cols[key] = values.tolist() if isinstance(values, np.ndarray) else list(values)
+        return cols
+
+    @functools.cached_property
+    def op_shapes(self) -> list[str]:
+        """Input shapes of every op as text ("64x1001, 300x1001"); the op+shape grouping key."""
+        shapes = self.op_columns.get("shapes")
+        if shapes is None:
+            shapes = self.op_columns["shapes"] = [pt._shape_text(d) for d in self.op_columns["input_dims"]]
+        return shapes
+
+    @property
+    def python_tables(self) -> bool:
+        """Whether the display's tables are computed in plain Python (the usual live profile) or
+        with pandas (above `PYTHON_TABLE_OPS` op events, where pandas' vectorized groupby wins)."""
+        return self.op_count <= PYTHON_TABLE_OPS
+
+    @functools.cached_property
+    def op_events(self) -> pd.DataFrame:
+        """One row per op event: ``trace.ops`` + shapes (+ source, memory); a DataFrame."""
+        ops = self.trace.ops
+        extra = {"shapes": self.op_shapes, **self.op_extra}
+        return ops.assign(**extra) if len(ops) else ops.assign(**{k: [] for k in extra})
 
     # -- headline numbers --
 
@@ -502,14 +552,16 @@ class ProfileResult(ResultMixin):
 
     @functools.cached_property
     def step_times_us(self) -> list[float]:
-        ann = self.trace.annotations
-        if not len(ann):
-            return []
-        steps = ann[ann["name"].str.startswith("ProfilerStep#") & ~ann["on_device"].astype(bool)]
-        return steps.sort_values("ts_us")["dur_us"].tolist()
+        t = self.trace
+        steps = [(ts, dur) for name, ts, dur, dev in zip(*(t.column("annotations", c) for c in
+                                                             ("name", "ts_us", "dur_us", "on_device")))
+                 if str(name).startswith("ProfilerStep#") and not dev]
+        return [float(dur) for _, dur in sorted(steps, key=lambda s: s[0])]
 
     @functools.cached_property
     def device_time_us(self) -> float:
+        if not self.on_device:
+            return 0.0
         acts = self.trace.device_activities()
         return float(acts["dur_us"].sum()) if len(acts) else 0.0
 
@@ -524,16 +576,18 @@ class ProfileResult(ResultMixin):
                 "busy_fraction": busy / self.window_us if self.window_us > 0 else None}
 
     @functools.cached_property
-    def flops(self):
-        return achieved_flops(self.trace)
+    def flops(self) -> FlopsSummary:
+        if self.on_device or not self.python_tables:
+            return achieved_flops(self.trace)
+        return pt.cpu_flops(self.op_columns)
 
     @property
     def kernel_count(self) -> int:
-        return int(len(self.trace.kernels))
+        return self.trace.count("kernels")
 
     @property
     def op_count(self) -> int:
-        return int(len(self.op_events))
+        return self.trace.count("ops")
 
     @functools.cached_property
     def header(self) -> dict:
@@ -577,6 +631,27 @@ class ProfileResult(ResultMixin):
     def default_sort(self) -> str:
         return self.options.sort or ("device" if self.device.type == "cuda" else "self")
 
+    def grouped_rows(self, group: str | None = None) -> list[dict]:
+        """`grouped` as row dicts, in first-appearance order (plain Python for op / op+shape)."""
+        group = group or self.options.group
+        key = ("rows", group)
+        if key not in self._grouped:
+            if group == "source" or not self.python_tables:
+                self._grouped[key] = self.grouped(group).to_dict("records")
+            else:
+                if group == "op+shape":
+                    self.op_shapes  # noqa: B018 - adds the shapes column
+                self._grouped[key] = pt.group_rows(self.op_columns, group,
+                                                   self.device_time_us if self.on_device else 0.0)
+        return self._grouped[key]
+
+    def top_rows(self, top: int | None = None) -> list[dict]:
+        """The displayed table: rows of the options' grouping in the default sort, first ``top``.
+
+        The same rows, in the same order, as ``table(top=top)``, without pandas."""
+        rows = pt.sort_rows(self.grouped_rows(), pt.SORT_COLUMNS.get(self.default_sort, self.default_sort))
+        return rows[:top] if top else rows
+
     def grouped(self, group: str) -> pd.DataFrame:
         """The unsorted table for one grouping, computed once (the widget regroups often)."""
         if group not in self._grouped:
@@ -604,6 +679,14 @@ class ProfileResult(ResultMixin):
         return pt.cpu_categories(self.op_events)
 
     @functools.cached_property
+    def category_rows(self) -> list[tuple[str, float, int, float]]:
+        """``categories`` as (category, time_us, count, percent) tuples, largest first."""
+        if self.on_device or not self.python_tables:
+            cats = self.categories
+            return [(r.category, float(r.time_us), int(r.count), float(r.percent)) for r in cats.itertuples()]
+        return [(c, float(t), int(n), float(p)) for c, t, n, p in pt.cpu_category_rows(self.op_columns)]
+
+    @functools.cached_property
     def tensor_cores(self):
         """`TensorCoreShare` of device kernel time; ``value`` is None (with a reason) on the CPU."""
         return tensor_core_share(self.trace)
@@ -626,15 +709,16 @@ class ProfileResult(ResultMixin):
 
     @functools.cached_property
     def unaligned(self) -> list[dict]:
-        return pt.unaligned_shapes(self.op_events)
+        return pt.unaligned_shapes(self.op_columns)
 
     @functools.cached_property
     def kernels(self) -> pd.DataFrame:
         """Device kernels aggregated by name: calls, time, category, Tensor Cores."""
         import pandas as pd
-        k = self.trace.kernels
-        if not len(k):
+
+        if not self.kernel_count:
             return pd.DataFrame(columns=["name", "calls", "time_us", "category", "tensor_cores"])
+        k = self.trace.kernels
         g = k.groupby("name", sort=False)
         out = pd.DataFrame({"calls": g.size(), "time_us": g["dur_us"].sum(), "category": g["category"].first(),
                             "tensor_cores": g["tensor_cores"].first()}).reset_index()
@@ -712,17 +796,18 @@ def _json_safe(value):
 def advise(result: ProfileResult) -> list[str]:
     """One line per finding, each quoting the number that triggered it."""
     notes = []
-    ops = result.op_events
+    ops = result.op_columns  # plain lists: a few hundred rows are summed faster than pandas sets up
+    n_ops = len(ops["name"])
     on_device = result.on_device
     time_col = "device_self_us" if on_device else "self_us"
-    total = result.device_time_us if on_device else float(ops["self_us"].sum()) if len(ops) else 0.0
+    total = result.device_time_us if on_device else pt.pairwise_sum(ops["self_us"]) if n_ops else 0.0
     where = "device" if on_device else "CPU"
-    if not len(ops):
+    if not n_ops:
         notes.append("No torch operators were recorded: torch.profiler sees torch work only; for plain Python "
                      "time use %prun or pyinstrument.")
-    if len(ops) and total > 0:
-        mm = ops[ops["category"] == "matmul/conv"]
-        fp32 = float(mm.loc[mm["math_dtype"] == "fp32", time_col].sum())
+    if n_ops and total > 0:
+        fp32 = pt.pairwise_sum(t for t, c, d in zip(ops[time_col], ops["category"], ops["math_dtype"])
+                               if c == "matmul/conv" and d == "fp32")
         if fp32 / total >= FP32_MATMUL_SHARE:
             hint = ("bf16/fp16 run on Tensor Cores" if on_device else
                     "bf16 helps on CPUs with AMX/AVX512-BF16 units; on others it only adds casts")
@@ -733,14 +818,16 @@ def advise(result: ProfileResult) -> list[str]:
         notes.append(f"The GPU is idle {1 - busy['busy_fraction']:.0%} of the profiled time: the input pipeline "
                      "(DataLoader workers, pin_memory) or host syncs (.item(), .cpu(), print of tensors) are "
                      "the bottleneck, not the GPU.")
-    k = result.trace.kernels
-    if len(k) >= MANY_KERNELS and float(k["dur_us"].median()) < SMALL_KERNEL_US:
-        notes.append(f"{len(k)} kernels with a median of {k['dur_us'].median():.1f} µs each: launch overhead "
+    n_kernels = result.kernel_count
+    kernel_median = float(np.median(result.trace.column("kernels", "dur_us"))) if n_kernels >= MANY_KERNELS else None
+    if n_kernels >= MANY_KERNELS and kernel_median < SMALL_KERNEL_US:
+        notes.append(f"{n_kernels} kernels with a median of {kernel_median:.1f} µs each: launch overhead "
                      "dominates; try torch.compile (fuses elementwise ops) or a larger batch.")
-    elif not on_device and len(ops) >= MANY_OPS:
-        leaf = ops[ops["name"].str.startswith("aten::")]
-        if len(leaf) and float(leaf["self_us"].median()) < SMALL_OP_US:
-            notes.append(f"{len(leaf)} aten ops with a median self time of {leaf['self_us'].median():.1f} µs: "
+    elif not on_device and n_ops >= MANY_OPS:
+        leaf = [t for name, t in zip(ops["name"], ops["self_us"]) if name.startswith("aten::")]
+        median = float(np.median(leaf)) if leaf else None
+        if leaf and median < SMALL_OP_US:
+            notes.append(f"{len(leaf)} aten ops with a median self time of {median:.1f} µs: "
                          "per-op dispatch overhead dominates; try torch.compile or larger tensors per op.")
     if on_device and result.device_time_us > 0:
         cats = result.categories
@@ -748,13 +835,13 @@ def advise(result: ProfileResult) -> list[str]:
         if transfer / result.device_time_us >= TRANSFER_SHARE:
             notes.append(f"Host<->device copies take {transfer / result.device_time_us:.0%} of device time: keep "
                          "tensors on the GPU, use pin_memory=True and .to(device, non_blocking=True).")
-        conv = ops[ops["name"].str.contains("conv", case=False) & (ops["device_self_us"] > 0)]
-        conv_share = float(conv["device_self_us"].sum()) / result.device_time_us
+        conv_share = pt.pairwise_sum(t for name, t in zip(ops["name"], ops["device_self_us"])
+                                     if t > 0 and _CONV.search(name)) / result.device_time_us
         if conv_share >= CONV_SHARE and not result.cudnn_benchmark:
             state = "is off" if result.cudnn_benchmark is False else "is not recorded in the trace"
             notes.append(f"Convolutions take {conv_share:.0%} of device time and torch.backends.cudnn.benchmark "
                          f"{state}: with fixed input shapes, turn it on to let cuDNN pick the fastest algorithm.")
-    misses = result.fp32_misses
+    misses = result.fp32_misses if on_device else ()
     if len(misses):
         names = ", ".join(sorted(set(misses["name"])))
         notes.append(f"fp32 matmul/conv ops ran without Tensor Cores ({misses['share'].sum():.0%} of device time: "

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from .analysis import CATEGORIES
+from .analysis import CATEGORIES, FlopsSummary
 from .analysis.trace import innermost_op
 from .flops import pad_to_multiple
 
@@ -354,32 +354,179 @@ def _gemm_dims(name: str, dims) -> dict | None:
     return {"M": a[-2], "K": a[-1], "N": b[-1]}
 
 
-def unaligned_shapes(ops: pd.DataFrame) -> list[dict]:
+def unaligned_shapes(ops) -> list[dict]:
     """Matmul/conv calls whose GEMM dims are not multiples of 8 (16 for int8), with padded sizes.
 
     Tensor Cores (and CPU AMX tiles) process fixed-size tiles; a dim of 1001 runs as 1008 with
     the tail wasted, and cuBLAS may fall back to slower kernels for odd leading dimensions.
-    Each distinct (op, shapes) is listed once, with its calls and time.
+    Each distinct (op, shapes) is listed once, with its calls and time. ``ops``: the op rows as
+    a DataFrame or as column lists (`TraceData.op_columns`).
     """
-    if not len(ops):
+    if not len(ops["name"]):
         return []
-    sel = ops[(ops["category"] == "matmul/conv") & ops["flops_counted"]]
+    col = (lambda c: ops[c].tolist()) if isinstance(ops, pd.DataFrame) else ops.__getitem__
+    names, dims_col, dtypes = col("name"), col("input_dims"), col("dtype")
+    dev_total, dur = col("device_total_us"), col("dur_us")
     found: dict[tuple, dict] = {}
-    on_device = float(ops["device_self_us"].sum()) > 0
-    for row in sel.itertuples():
-        dims = _gemm_dims(row.name, row.input_dims)
+    on_device = any(v > 0 for v in col("device_self_us"))
+    for i, (cat, counted) in enumerate(zip(col("category"), col("flops_counted"))):
+        if cat != "matmul/conv" or not counted:
+            continue
+        name, input_dims, dtype = names[i], dims_col[i], dtypes[i]
+        dims = _gemm_dims(name, input_dims)
         if not dims:
             continue
-        multiple = 16 if row.dtype == "int8" else 8
+        multiple = 16 if dtype == "int8" else 8
         # A dim of 1 is a matrix-vector product: no tile to fill, padding would only add work.
         bad = {k: v for k, v in dims.items() if v is not None and v > 1 and v % multiple}
         if not bad:
             continue
-        key = (row.name, _shape_text(row.input_dims))
+        key = (name, _shape_text(input_dims))
         entry = found.setdefault(key, {
-            "op": row.name, "shapes": key[1], "dtype": row.dtype, "multiple": multiple, "dims": dims,
+            "op": name, "shapes": key[1], "dtype": dtype, "multiple": multiple, "dims": dims,
             "unaligned": bad, "pad_to": {k: pad_to_multiple(v, multiple) for k, v in bad.items()},
             "calls": 0, "time_us": 0.0})
         entry["calls"] += 1
-        entry["time_us"] += float(row.device_total_us if on_device else row.dur_us)
+        entry["time_us"] += float(dev_total[i] if on_device else dur[i])
     return sorted(found.values(), key=lambda e: -e["time_us"])
+
+
+# --- the same tables from plain column lists -------------------------------------------------------
+#
+# A live %%profile_gpu shows a top-K table, categories and advice computed from a few hundred op
+# rows. pandas spends ~0.1 ms per groupby/sort/assign whatever the size, which added up to ~10 ms
+# per profile, so the display path computes them with plain Python over `TraceData.op_columns`.
+# The results are the same numbers as the DataFrame functions above, to the last bit: group sums
+# use pandas' Kahan-compensated summation, totals numpy's pairwise sum, sorts are stable with NaN
+# last like ``sort_values(kind="stable")`` (tests/test_profile_rows.py compares both on real
+# profiles and reference traces). The DataFrames (`group_ops`, `cpu_categories`) remain what
+# ``result.ops`` / ``result.categories`` return, built on first access.
+
+def _isnan(value) -> bool:
+    return value is None or value != value
+
+
+def kahan_sum(values) -> float:
+    """Sum skipping NaN/None, compensated exactly like pandas' groupby ``sum``."""
+    total = comp = 0.0
+    for v in values:
+        if v is None or v != v:
+            continue
+        y = v - comp
+        t = total + y
+        comp = t - total - y
+        if comp != comp:
+            comp = 0.0
+        total = t
+    return total
+
+
+def pairwise_sum(values) -> float:
+    """numpy's (pairwise) sum, which is what ``Series.sum()`` returns; NaN/None count as 0, as there."""
+    arr = np.array(values if isinstance(values, list) else list(values), dtype=float)  # None -> NaN
+    arr[np.isnan(arr)] = 0.0
+    return float(arr.sum())
+
+
+def group_rows(cols: dict, group: str = "op", device_total_us: float = 0.0) -> list[dict]:
+    """`group_ops` for ``op`` and ``op+shape`` over column lists: one dict per row, COLUMNS keys.
+
+    ``cols`` holds `TraceData.op_columns` plus ``shapes`` (and ``self_memory_bytes`` /
+    ``memory_bytes`` when recorded). Rows come in order of first appearance, like
+    ``groupby(sort=False)``.
+    """
+    if group not in ("op", "op+shape"):
+        raise ValueError(f"group_rows handles op and op+shape, not {group!r} (use group_ops)")
+    names = cols["name"]
+    n = len(names)
+    if not n:
+        return []
+    keys = names if group == "op" else list(zip(names, cols["shapes"]))
+    members: dict = {}
+    for i, k in enumerate(keys):
+        members.setdefault(k, []).append(i)
+    nan = float("nan")
+    self_us, dur, dev_self, dev_total = cols["self_us"], cols["dur_us"], cols["device_self_us"], cols["device_total_us"]
+    flops, category, math_dtype = cols["flops"], cols["category"], cols["math_dtype"]
+    self_mem, mem = cols.get("self_memory_bytes"), cols.get("memory_bytes")
+    on_device = device_total_us > 0
+    base = device_total_us if on_device else pairwise_sum(self_us)
+
+    def total(column, rows, min_count=False):
+        if column is None:
+            return nan
+        if min_count and all(_isnan(column[i]) for i in rows):
+            return nan
+        return kahan_sum(column[i] for i in rows)
+
+    def first(column, rows):
+        return next((column[i] for i in rows if not _isnan(column[i])), None)
+
+    out = []
+    for key, rows in members.items():
+        row = {
+            "name": key if group == "op" else key[0],
+            "shapes": "" if group == "op" else key[1],
+            "source": None,
+            "category": first(category, rows),
+            "calls": len(rows),
+            "cpu_self_us": total(self_us, rows),
+            "cpu_total_us": total(dur, rows),
+            "device_self_us": total(dev_self, rows),
+            "device_total_us": total(dev_total, rows),
+            "flops": total(flops, rows, min_count=True),
+            "self_memory_bytes": total(self_mem, rows, min_count=True),
+            "memory_bytes": total(mem, rows, min_count=True),
+            "dtype": first(math_dtype, rows),
+        }
+        time = row["device_total_us"] if on_device else row["cpu_total_us"]
+        row["flops_per_s"] = row["flops"] / (time * 1e-6) if time > 0 else nan
+        share = row["device_self_us"] if on_device else row["cpu_self_us"]
+        row["percent"] = 100.0 * share / base if base > 0 else nan
+        out.append({c: row[c] for c in COLUMNS})
+    return out
+
+
+def sort_rows(rows: list[dict], column: str, ascending: bool = False) -> list[dict]:
+    """`sort_table` for a numeric column over row dicts: stable, NaN last, either direction."""
+    present = [r for r in rows if not _isnan(r[column])]
+    missing = [r for r in rows if _isnan(r[column])]
+    return sorted(present, key=lambda r: r[column], reverse=not ascending) + missing
+
+
+def cpu_category_rows(cols: dict) -> list[tuple[str, float, int, float]]:
+    """`cpu_categories` as (category, time_us, count, percent) tuples, largest first."""
+    members: dict[str, list[float]] = {}
+    for cat, t in zip(cols["category"], cols["self_us"]):
+        members.setdefault(cat, []).append(t)
+    if not members:
+        return []
+    cats = sorted(members)  # groupby sorts its keys
+    sums = [kahan_sum(members[c]) for c in cats]
+    grand = pairwise_sum(sums)
+    order = {c: i for i, c in enumerate(CATEGORIES)}
+    rows = [(c, s, len(members[c]), 100.0 * s / grand if grand > 0 else 0.0) for c, s in zip(cats, sums)]
+    return sorted(rows, key=lambda r: (-r[1], order.get(r[0], len(order))))
+
+
+def cpu_flops(cols: dict) -> FlopsSummary:
+    """`nbaccel.analysis.achieved_flops` of a trace with no device activity, over column lists."""
+    counted = [i for i, c in enumerate(cols["flops_counted"]) if c]
+    flops_col, dur = cols["flops"], cols["dur_us"]
+    flops = pairwise_sum(flops_col[i] for i in counted) if counted else 0.0
+    members: dict[str, list] = {}
+    for i in counted:
+        d = cols["math_dtype"][i]
+        members.setdefault("unknown" if _isnan(d) else str(d), []).append(flops_col[i])
+    by_dtype = {d: float(kahan_sum(members[d])) for d in sorted(members)}
+    dominant = max(by_dtype, key=by_dtype.get) if by_dtype else None
+    reasons = []
+    if not flops:
+        reasons.append("no op with a FLOP formula and recorded shapes (record_shapes=True?)")
+    reasons.append("no GPU activity in the trace: FLOP/s over device time is undefined")
+    matmul_us = pairwise_sum(dur[i] for i in counted) if counted else 0.0
+    mm_rate = flops / (matmul_us * 1e-6) if matmul_us > 0 and flops else None
+    return FlopsSummary(flops=flops, flops_by_dtype=by_dtype, dominant_dtype=dominant, busy_us=0.0,
+                        flops_per_s=None, matmul_time_us=matmul_us, matmul_flops_per_s=mm_rate, gpu=None,
+                        peak_flops_per_s=None, fraction_of_peak=None, matmul_fraction_of_peak=None,
+                        reason="; ".join(reasons), time_base="cpu")

@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from . import profile_table as pt
-from .analysis.trace import TraceData, TraceError, TraceWarning, _build, _metadata
+from .analysis.trace import TraceData, TraceError, TraceWarning, _build, _metadata, paused_gc
 from .device import DeviceInfo
 from .profile import ProfileError, ProfileOptions, ProfileResult, _json_safe
 from .results import ResultMixin
@@ -189,7 +189,8 @@ def _load_rank(files: list[Path], opts: dict, source: str) -> ProfileResult:
     # The analysis loader's one-pass builder consumes the event stream directly. Its header
     # argument is read only after the events, but the streams fill theirs while being read, so
     # device properties and rank are set from the complete header afterwards.
-    trace = _build(events(), {}, str(files[0]) if len(files) == 1 else source)
+    with paused_gc():  # one container per event and argument: see paused_gc
+        trace = _build(events(), {}, str(files[0]) if len(files) == 1 else source)
     header = streams[0].header
     trace.device_properties = list(header.get("deviceProperties") or [])
     trace.metadata = _metadata(header)

@@ -107,9 +107,9 @@ def busy_time(trace: TraceData, by: str = "device") -> pd.DataFrame:
 
 def tensor_core_share(trace: TraceData) -> TensorCoreShare:
     """Share of summed kernel time spent in kernels that use Tensor Cores (by name)."""
-    k = trace.kernels
-    total = float(k["dur_us"].sum()) if len(k) else 0.0
-    if not len(k) or total <= 0:
+    k = trace.kernels if trace.count("kernels") else None  # a CPU-only trace never builds the frame
+    total = float(k["dur_us"].sum()) if k is not None else 0.0
+    if k is None or total <= 0:
         return TensorCoreShare(None, 0.0, 0.0, reason="the trace has no GPU kernels (CPU-only profile)")
     tc = float(k.loc[k["tensor_cores"].eq(True), "dur_us"].sum())
     unk = k[k["tensor_cores"].isna()]
@@ -123,9 +123,9 @@ def tensor_core_share(trace: TraceData) -> TensorCoreShare:
 
 def communication_share(trace: TraceData) -> Share:
     """Share of summed kernel time in communication kernels (NCCL, symmetric-memory all-reduce)."""
-    k = trace.kernels
-    total = float(k["dur_us"].sum()) if len(k) else 0.0
-    if not len(k) or total <= 0:
+    k = trace.kernels if trace.count("kernels") else None
+    total = float(k["dur_us"].sum()) if k is not None else 0.0
+    if k is None or total <= 0:
         return Share(None, 0.0, 0.0, reason="the trace has no GPU kernels (CPU-only profile)")
     comm = float(k.loc[k["category"].eq("communication"), "dur_us"].sum())
     return Share(comm / total, comm, total)

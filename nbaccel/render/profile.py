@@ -76,8 +76,13 @@ def visible_columns(result, group: str) -> list[tuple[str, str, str]]:
     return cols
 
 
+def records(frame) -> list[dict]:
+    """Table rows as dicts: `ProfileResult.top_rows` already are; a DataFrame is converted."""
+    return frame if isinstance(frame, list) else frame.to_dict("records")
+
+
 def _rows(result, frame, cols):
-    return [[_fmt(kind, getattr(r, col)) for col, _, kind in cols] for r in frame.itertuples()]
+    return [[_fmt(kind, r[col]) for col, _, kind in cols] for r in records(frame)]
 
 
 # --- the header ------------------------------------------------------------------------------------
@@ -141,9 +146,7 @@ def method(result) -> str:
 # --- sections --------------------------------------------------------------------------------------
 
 def category_rows(result):
-    cats = result.categories
-    return [] if not len(cats) else [(r.category, float(r.time_us), int(r.count), float(r.percent))
-                                      for r in cats.itertuples()]
+    return result.category_rows
 
 
 def categories_html(result) -> str:
@@ -168,7 +171,7 @@ def tensor_core_lines(result) -> list[str]:
     if comm.value:
         lines.append(f"Communication (NCCL / all-reduce) share of kernel time: {comm.value:.1%} "
                      f"({_time(comm.part_us)} of {_time(comm.total_us)})")
-    for r in result.fp32_misses.itertuples():
+    for r in (result.fp32_misses.itertuples() if result.on_device else ()):
         lines.append(f"fp32 without Tensor Cores: {r.name} [{r.shapes}] x{r.calls}: {_time(r.device_us)} ({r.share:.0%})")
     return lines
 
@@ -194,8 +197,7 @@ def unaligned_lines(result) -> list[str]:
                    f"(multiple of {e['multiple']} for {e['dtype']})")
     if out:
         return out
-    ops = result.trace.ops
-    if not len(ops) or not (ops["category"] == "matmul/conv").any():
+    if "matmul/conv" not in result.op_columns["category"]:
         return ["no matmul/conv ops were recorded, so there are no shapes to pad"]
     return ["all matmul/conv dims are multiples of 8 (16 for int8)"]
 
@@ -213,8 +215,8 @@ def text(result) -> str:
            result.header["peak_note"], ""]
     group = result.options.group
     cols = visible_columns(result, group)
-    frame = result.table(top=result.options.top)
-    out.append(f"top {len(frame)} of {len(result.ops)} rows by {result.default_sort} (grouped by {group}):")
+    frame = result.top_rows(result.options.top)
+    out.append(f"top {len(frame)} of {len(result.grouped_rows())} rows by {result.default_sort} (grouped by {group}):")
     out.append(text_table([c[1] for c in cols], _rows(result, frame, cols),
                           left=tuple(i for i, c in enumerate(cols) if c[2] == "text")))
     out += ["", "time by category:"]
@@ -244,12 +246,13 @@ def header_html(result) -> str:
 
 def ops_table_html(result, frame, group: str) -> str:
     cols = visible_columns(result, group)
+    frame = records(frame)
     rows = _rows(result, frame, cols)
     # Bars on the share column make the ranking readable at a glance. They are scaled to the whole
     # (100 %), not to the largest row shown, so a filtered or ascending view is not misleading.
     pct_i = next((i for i, c in enumerate(cols) if c[0] == "percent"), None)
     if pct_i is not None:
-        for row, p in zip(rows, frame["percent"].tolist()):
+        for row, p in zip(rows, [r["percent"] for r in frame]):
             row[pct_i] = (bar(p / 100.0, 100) + " " + esc(row[pct_i])) if p == p else esc(row[pct_i])
     text_cols = tuple(i for i, c in enumerate(cols) if c[2] == "text")
     return table([c[1] for c in cols], rows, name_columns=text_cols, raw_columns=(pct_i,) if pct_i is not None else ())
@@ -260,7 +263,7 @@ def details_html(result) -> str:
              *(["<h4>Device busy per stream</h4>", bullet_list(stream_lines(result))] if result.on_device else []),
              "<h4>Tensor Cores</h4>", bullet_list(tensor_core_lines(result)),
              "<h4>Matmul/conv shapes</h4>", bullet_list(unaligned_lines(result))]
-    if len(result.kernels):
+    if result.kernel_count:
         parts += ["<h4>Top kernels</h4>", table(["kernel", "calls", "time", "category", "Tensor Cores"],
                                                 kernel_rows(result))]
     return "".join(parts)
@@ -268,12 +271,13 @@ def details_html(result) -> str:
 
 def html(result) -> str:
     group = result.options.group
-    frame = result.table(top=result.options.top)
+    frame = result.top_rows(result.options.top)
     advice = f"<h4>Advice</h4>{bullet_list(result.advice)}" if result.advice else ""
     trace = (f'<div class="muted">trace: {esc(", ".join(result.trace_files))} (open at ui.perfetto.dev)</div>'
              if result.trace_files else "")
+    rows = len(result.grouped_rows())
     return wrap(header_html(result) + advice
-                + f"<h4>Top {len(frame)} of {len(result.ops)} by {esc(result.default_sort)} (grouped by {esc(group)})</h4>"
+                + f"<h4>Top {len(frame)} of {rows} by {esc(result.default_sort)} (grouped by {esc(group)})</h4>"
                 + ops_table_html(result, frame, group) + details_html(result) + trace
                 + f'<div class="muted">method: {esc(method(result))}</div>')
 
@@ -360,7 +364,7 @@ def widget(result):
     controls = w.VBox([w.HBox([sort, ascending, top]), w.HBox([name_filter, group]), w.HBox([size, page])])
     breakdown = w.HTML(wrap(categories_html(result) + bullet_list(stream_lines(result))
                             + (table(["kernel", "calls", "time", "category", "Tensor Cores"], kernel_rows(result))
-                               if len(result.kernels) else "")))
+                               if result.kernel_count else "")))
     cores = w.HTML(wrap("<h4>Tensor Cores</h4>" + bullet_list(tensor_core_lines(result))
                         + "<h4>Matmul/conv shapes</h4>" + bullet_list(unaligned_lines(result))))
     advice = w.HTML(wrap(bullet_list(result.advice) or "<i>nothing to report</i>"))
