@@ -364,7 +364,7 @@ def unaligned_shapes(ops) -> list[dict]:
     """
     if not len(ops["name"]):
         return []
-    col = (lambda c: ops[c].tolist()) if isinstance(ops, pd.DataFrame) else ops.__getitem__
+    col = ops.__getitem__ if isinstance(ops, dict) else (lambda c: ops[c].tolist())  # lists or a DataFrame
     names, dims_col, dtypes = col("name"), col("input_dims"), col("dtype")
     dev_total, dur = col("device_total_us"), col("dur_us")
     found: dict[tuple, dict] = {}
