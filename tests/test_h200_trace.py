@@ -50,3 +50,23 @@ def test_gemm_flops_by_hand(h200):
     row = t[(t["name"] == "aten::addmm") & (t["shapes"] == "4096, 8192x1024, 1024x4096, -, -")].iloc[0]
     # linear1 of the layer: 16*512 = 8192 tokens, 1024 -> 4096; 2 active steps
     assert row["calls"] == 2 and row["flops"] == 2 * 2 * 8192 * 1024 * 4096
+
+
+@pytest.mark.parametrize("source", ["h200", "h100"])
+def test_device_activities_equal_the_concat_of_kernels_copies_and_sets(h200, source):
+    import pandas as pd
+
+    if source == "h100":
+        shared = Path(__file__).resolve().parents[2] / "shared" / "data" / "traces"
+        files = sorted(shared.glob("*h100*")) if shared.exists() else []
+        if not files:
+            pytest.skip("../shared/data/traces is not beside this checkout")
+        trace = nbaccel.load_trace(files[0]).trace
+    else:
+        trace = h200.trace
+    cols = ["name", "device", "stream", "ts_us", "dur_us", "category", "op_index"]
+    parts = [df[cols].assign(kind=kind) for kind, df in
+             (("kernel", trace.kernels), ("memcpy", trace.memcpy), ("memset", trace.memset)) if len(df)]
+    expected = pd.concat(parts, ignore_index=True)
+    pd.testing.assert_frame_equal(trace.device_activities(), expected)
+    assert trace.device_activities() is trace.device_activities()  # built once
