@@ -101,6 +101,54 @@ def overhead(label, step):
     return o / b
 
 
+def stages(step):
+    """Where each side's time goes, for the next round of work (medians of REPEAT, after the
+    warm-ups above): profiler start, the cell, stop (incl. the device synchronize), then bare's
+    key_averages table against nbaccel's trace export + parse + analysis, text and HTML."""
+    bare_t, ours_t = [], []
+    activities = [torch.profiler.ProfilerActivity.CPU] + (
+        [torch.profiler.ProfilerActivity.CUDA] if DEVICE == "cuda" else [])
+    for _ in range(REPEAT):
+        t = [time.perf_counter()]
+        with quiet_kineto():
+            prof = torch.profiler.profile(activities=activities)
+            prof.start()
+        t.append(time.perf_counter())
+        step()
+        t.append(time.perf_counter())
+        if DEVICE == "cuda":
+            torch.cuda.synchronize()
+        with quiet_kineto():
+            prof.stop()
+        t.append(time.perf_counter())
+        prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=15)
+        t.append(time.perf_counter())
+        bare_t.append([b - a for a, b in zip(t, t[1:])])
+
+        t = [time.perf_counter()]
+        ctx = profile(device=DEVICE)
+        ctx.__enter__()
+        t.append(time.perf_counter())
+        step()
+        t.append(time.perf_counter())
+        ctx._stop()
+        t.append(time.perf_counter())
+        result = ctx._build()
+        t.append(time.perf_counter())
+        render_profile.text(result)
+        t.append(time.perf_counter())
+        render_profile.html(result)
+        t.append(time.perf_counter())
+        ours_t.append([b - a for a, b in zip(t, t[1:])])
+
+    def fmt(names, rows):
+        return " | ".join(f"{n} {statistics.median(col) * 1e3:.1f}" for n, col in zip(names, zip(*rows)))
+
+    print("  stages, bare (ms):    " + fmt(["start", "cell", "stop", "key_averages+table"], bare_t))
+    print("  stages, nbaccel (ms): " + fmt(["start", "cell", "stop", "export+parse+analysis", "text", "html"],
+                                           ours_t))
+
+
 def widget_build():
     def many_ops():
         t = torch.ones(8)
@@ -133,7 +181,9 @@ def main():
     print(f"nbaccel from {Path(nbaccel.__file__).parent}")
     print(f"torch {torch.__version__}, device {DEVICE}, {os.cpu_count()} CPUs, {REPEAT} alternating repeats, medians")
     ratios = {}
-    ratios["mlp 1024 wide, batch 256"] = overhead("MLP step, 1024 wide, batch 256", make_step(1024, 256))
+    step = make_step(1024, 256)
+    ratios["mlp 1024 wide, batch 256"] = overhead("MLP step, 1024 wide, batch 256", step)
+    stages(step)
     ratios["mlp 256 wide, batch 64"] = overhead("MLP step, 256 wide, batch 64 (tiny)", make_step(256, 64))
     # nbaccel's cost is mostly fixed (trace export and parse, tables, rendering): a larger step shows
     # where the ratio is heading for real training steps.

@@ -16,7 +16,10 @@ stays under 5 minutes):
    GEMM and the Tensor Core share of a profiled bf16 GEMM vs an fp32 GEMM with TF32 off;
    ``%memory_budget --enforce`` turning an over-budget cell into a caught out-of-memory error
    (``nbaccel.budget_check.cuda_check`` when this version has it);
-3. the GPU-marked tests (``pytest -m gpu``).
+   ``record_trace`` keeps a gzipped trace of a bf16 transformer-layer step as a classifier fixture;
+3. the GPU-marked tests (``pytest -m gpu``);
+4. nbaccel's own overheads on CUDA (``benchmarks/bench_profile.py`` with its per-stage breakdown,
+   ``benchmarks.bench_budget``), last: the time budget skips it first.
 
 A check whose API is missing from this version of nbaccel is reported as "not available in this
 version", never faked. Exit status: 0 when no check failed or errored (skips are fine), else 1.
@@ -247,6 +250,23 @@ def _budget_enforce_via_magic(args) -> dict:
                        f"cap released after '%memory_budget off': {survived}"}
 
 
+def check_overheads(args) -> dict:
+    """nbaccel's own costs on this machine: %%profile_gpu against bare torch.profiler (target <= 1.15x,
+    with the per-stage breakdown) and the %memory_budget watcher per cell (target < 1 ms)."""
+    import os
+
+    lines, ok = [], True
+    env = {**os.environ, "NBACCEL_BENCH_REPEAT": "7"}
+    for cmd in ([sys.executable, "benchmarks/bench_profile.py"], [sys.executable, "-m", "benchmarks.bench_budget"]):
+        proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=args.check_timeout / 2, env=env)
+        out = [line for line in proc.stdout.splitlines() if line.strip()]
+        lines += out
+        ok = ok and proc.returncode == 0 and not any("NOT met" in line for line in out)
+    picked = [line for line in lines if "ratio" in line or "per-cell overhead" in line or "targets:" in line]
+    return {"status": PASS if ok else FAIL, "details": {"output": "\n".join(lines)},
+            "summary": " ; ".join(picked)[:600] or "no output"}
+
+
 def check_gpu_tests(args) -> dict:
     # Only the files that hold GPU-marked tests, and without the project's addopts (--nbval-lax):
     # a GPU machine may lack nbval, playwright and the notebook stack that the other test files need.
@@ -325,6 +345,7 @@ CHECKS = {
     "budget_enforce_oom": (check_budget_enforce, True, 60),
     "record_trace": (check_record_trace, True, 60),
     "gpu_tests": (check_gpu_tests, False, 120),
+    "overheads": (check_overheads, True, 150),
 }
 
 
