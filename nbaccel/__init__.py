@@ -43,6 +43,8 @@ def load_ipython_extension(ipython):
     global _handed_over
     from .magics import MAGIC_CLASSES
 
+    _import_for_display()
+
     handed_over, _handed_over = _handed_over, {}
     globals().pop("_unloaded_state", None)
     for cls in MAGIC_CLASSES:
@@ -53,6 +55,20 @@ def load_ipython_extension(ipython):
         hook = getattr(instance, "on_load", None)
         if hook:
             hook(handed_over.get(cls.__name__))
+
+
+def _import_for_display() -> None:
+    """In a notebook every result is shown as a pandas-backed widget: import pandas and ipywidgets
+    now, with the extension, so the first result does not pause ~0.4 s for them (measured: first
+    widget of a 10,000-op profile 460-590 ms without, 60 ms with). Scripts that only
+    ``import nbaccel`` never pay for this."""
+    import importlib
+
+    for name in ("pandas", "ipywidgets"):
+        try:
+            importlib.import_module(name)
+        except ImportError:  # ipywidgets is optional: results fall back to HTML and text
+            pass
 
 
 def unload_ipython_extension(ipython):
