@@ -227,7 +227,7 @@ def test_syntax_error_cell_keeps_the_bookkeeping(ip, run_cell):
 
 @pytest.mark.parametrize("line, message", [
     ("-5GB", "must be positive"),
-    ("12 parsecs", "unrecognized arguments"),  # argparse: one positional only
+    ("12 parsecs", "cannot read '12parsecs'"),  # a number and a word are read as one size, like "6 GB"
     ("12parsecs", "cannot read '12parsecs'"),
     ("999TiB", "larger than this host's physical memory"),
     ("--model nothing --batch 4", "names nothing"),

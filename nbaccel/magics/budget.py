@@ -90,8 +90,9 @@ class BudgetMagics(Magics):
         the request, the limit, what was allocated, the largest tensors/modules/optimizers in the
         namespace, and what to try, with the expected saving. The result (-r) has ``.history``.
         """
-        # "6 GB" is what people type; argparse would see two positional arguments.
-        line = re.sub(r"^(\s*-?[0-9]*\.?[0-9]+)\s+([kmgt]i?b)\b", r"\1\2", line, flags=re.I)
+        # "6 GB" is what people type (and "12 parsecs" deserves the size error, not argparse's): a number
+        # and the word after it are one size; argparse would see two positional arguments.
+        line = re.sub(r"^(\s*-?[0-9]*\.?[0-9]+)\s+([a-z]+)\b", r"\1\2", line, flags=re.I)
         for token in line.split():
             if _NEGATIVE.match(token):
                 raise UsageError(f"a budget must be positive, got {token}; write e.g. 6GiB, 512MiB or 0.8")
