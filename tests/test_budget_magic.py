@@ -312,3 +312,31 @@ def test_script_context_manager():
     assert list(budget.history["status"]) == ["over", "oom"]
     with pytest.raises(nbaccel.budget.BudgetError, match="only a soft budget"):
         nbaccel.memory_budget("1GiB", enforce=True)
+
+
+def test_enforce_cap_bookkeeping_with_a_stand_in_gpu(ip, monkeypatch):
+    """The order of cap and watcher in `%memory_budget --enforce`, on a CPU machine: torch.cuda's
+    cap calls are recorded instead of made. An H200 run found that a first `--enforce` left the GPU
+    uncapped (the cap was applied, then released by the stop() that made the new watcher)."""
+    import nbaccel.budget as budget
+    import nbaccel.magics.budget as magic
+
+    total = 80 * 2**30
+    fractions = []
+    monkeypatch.setattr(magic, "resolve_device", lambda spec: torch.device("cuda", 0) if "cuda" in str(spec)
+                        else torch.device("cpu"))
+    monkeypatch.setattr(budget, "device_memory", lambda device: total)
+    monkeypatch.setattr(budget, "usage_now", lambda device: (0, 0))
+    monkeypatch.setattr(magic, "usage_now", lambda device: (0, 0))
+    monkeypatch.setattr(torch.cuda, "set_per_process_memory_fraction", lambda f, i=None: fractions.append((f, i)))
+    monkeypatch.setattr(torch.cuda, "get_per_process_memory_fraction", lambda i=None: 1.0, raising=False)
+
+    ip.run_line_magic("memory_budget", "1GiB --enforce --device cuda -q")
+    assert budget.capped_devices() == [0] and fractions[-1] == (2**30 / total, 0)
+    ip.run_line_magic("memory_budget", "2GiB --enforce --device cuda -q")  # a new size re-caps
+    assert budget.capped_devices() == [0] and fractions[-1] == (2 * 2**30 / total, 0)
+    ip.run_line_magic("memory_budget", "2GiB --device cuda -q")  # the same budget, soft: cap released
+    assert budget.capped_devices() == [] and fractions[-1] == (1.0, 0)
+    ip.run_line_magic("memory_budget", "1GiB --enforce --device cuda -q")
+    ip.run_line_magic("memory_budget", "off -q")
+    assert budget.capped_devices() == [] and fractions[-1] == (1.0, 0)
