@@ -123,3 +123,39 @@ def test_oom_suggestions_are_sized_from_the_numbers():
     assert any(a.startswith("gradient checkpointing") for a in actions)
     exp2 = explain_oom(exc, {"model": model}, budget=rss + 50 * 2**20, per_sample_bytes=2**20, batch=256)
     assert "batch" in exp2.suggestions[0].detail and "(was 256)" in exp2.suggestions[0].detail
+
+
+def test_cuda_watcher_reads_the_allocator_once_per_point(monkeypatch):
+    """On CUDA each torch getter (memory_allocated, max_memory_reserved, ...) flattens the whole
+    statistics dict; an H200 measured 1.2 ms per watched cell with six of them. The watcher now reads
+    the nested dict once before and once after a cell. A stand-in allocator checks the reads and
+    the arithmetic on a CPU machine."""
+    from nbaccel.budget import Watcher
+
+    MiB = 2**20
+    state = {"allocated": 100 * MiB, "reserved": 200 * MiB, "peak_a": 100 * MiB, "peak_r": 200 * MiB}
+    reads = []
+
+    def stats(device=None):
+        reads.append(device)
+        return {"allocated_bytes": {"all": {"current": state["allocated"], "peak": state["peak_a"]}},
+                "reserved_bytes": {"all": {"current": state["reserved"], "peak": state["peak_r"]}}}
+
+    def reset(device=None):
+        state["peak_a"], state["peak_r"] = state["allocated"], state["reserved"]
+
+    monkeypatch.setattr(torch.cuda, "memory_stats_as_nested_dict", stats)
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", reset)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
+    for name in ("memory_stats", "memory_allocated", "memory_reserved", "max_memory_allocated",
+                 "max_memory_reserved"):
+        monkeypatch.setattr(torch.cuda, name, lambda *a, **k: pytest.fail("a flattening getter was called"))
+
+    w = Watcher(1024 * MiB, torch.device("cuda", 0))
+    w.begin("In[1]")
+    state["peak_a"], state["peak_r"] = 612 * MiB, 712 * MiB  # the cell allocated 512 MiB, then freed it
+    record = w.end()
+    assert len(reads) == 2
+    assert record.before_bytes == 200 * MiB and record.used_bytes == 712 * MiB  # reserved: compared with the budget
+    assert record.added_bytes == 512 * MiB and record.allocated_peak_bytes == 612 * MiB
+    assert record.status == "ok"
