@@ -54,8 +54,9 @@ import numpy as np
 import torch
 
 from . import profile_table as pt
-from .analysis import (FlopsSummary, TraceData, achieved_flops, busy_time, category_breakdown, communication_share,
-                       load_trace, tensor_core_share)
+from .analysis import (FlopsSummary, TraceData, achieved_flops, category_breakdown, communication_share, load_trace,
+                       tensor_core_share)
+from .analysis.metrics import activity_columns, busy_rows, category_rows, kernel_rows
 from .analysis.trace import paused_gc
 from .device import DeviceError, DeviceInfo, device_info, resolve_device
 from .precision import Recipe, apply_recipe, make_recipe
@@ -562,24 +563,20 @@ class ProfileResult(ResultMixin):
     def device_time_us(self) -> float:
         if not self.on_device:
             return 0.0
-        acts = self.trace.device_activities()
-        return float(acts["dur_us"].sum()) if len(acts) else 0.0
+        return pt.pairwise_sum(activity_columns(self.trace, ("dur_us",))["dur_us"])
 
     @functools.cached_property
     def busy(self) -> dict | None:
         """Device busy time (union of kernels and copies) against the profile's window, or None on CPU."""
         if not self.on_device:
             return None
-        bt = busy_time(self.trace)
-        busy = float(bt["busy_us"].sum())
+        busy = pt.pairwise_sum([r[1] for r in busy_rows(self.trace)])
         return {"busy_us": busy, "window_us": self.window_us,
                 "busy_fraction": busy / self.window_us if self.window_us > 0 else None}
 
     @functools.cached_property
     def flops(self) -> FlopsSummary:
-        if self.on_device or not self.python_tables:
-            return achieved_flops(self.trace)
-        return pt.cpu_flops(self.op_columns)
+        return achieved_flops(self.trace)
 
     @property
     def kernel_count(self) -> int:
@@ -675,13 +672,15 @@ class ProfileResult(ResultMixin):
     def categories(self) -> pd.DataFrame:
         """Time per category (device time on CUDA, self CPU time on the CPU), largest first."""
         if self.on_device:
-            return category_breakdown(self.trace)
+            return category_breakdown(self.trace)  # built from category_rows' few rows
         return pt.cpu_categories(self.op_events)
 
     @functools.cached_property
     def category_rows(self) -> list[tuple[str, float, int, float]]:
         """``categories`` as (category, time_us, count, percent) tuples, largest first."""
-        if self.on_device or not self.python_tables:
+        if self.on_device:
+            return category_rows(self.trace)
+        if not self.python_tables:
             cats = self.categories
             return [(r.category, float(r.time_us), int(r.count), float(r.percent)) for r in cats.itertuples()]
         return [(c, float(t), int(n), float(p)) for c, t, n, p in pt.cpu_category_rows(self.op_columns)]
@@ -695,7 +694,15 @@ class ProfileResult(ResultMixin):
     def streams(self) -> pd.DataFrame:
         """Busy time per (device, stream): union of its kernels and copies, idle fraction of the window."""
         import pandas as pd
-        return busy_time(self.trace, by="stream") if self.on_device else pd.DataFrame()
+        if not self.on_device:
+            return pd.DataFrame()
+        return pd.DataFrame(self.stream_rows, columns=["device", "stream", "busy_us", "activity_us", "count",
+                                                       "window_us", "idle_fraction"])
+
+    @functools.cached_property
+    def stream_rows(self) -> list[list]:
+        """`streams` as row lists (device, stream, busy_us, activity_us, count, window_us, idle_fraction)."""
+        return busy_rows(self.trace, by="stream") if self.on_device else []
 
     @functools.cached_property
     def communication(self):
@@ -705,7 +712,12 @@ class ProfileResult(ResultMixin):
     @functools.cached_property
     def fp32_misses(self) -> pd.DataFrame:
         import pandas as pd
-        return pt.fp32_tensor_core_misses(self.op_events) if self.on_device else pd.DataFrame()
+        return pt.fp32_tensor_core_misses(self.op_columns) if self.on_device else pd.DataFrame()
+
+    @functools.cached_property
+    def fp32_miss_rows(self) -> list[tuple[str, str, int, float, float]]:
+        """`fp32_misses` as (name, shapes, calls, device_us, share) tuples (empty on the CPU)."""
+        return pt.fp32_miss_rows(self.op_columns) if self.on_device else []
 
     @functools.cached_property
     def unaligned(self) -> list[dict]:
@@ -716,13 +728,18 @@ class ProfileResult(ResultMixin):
         """Device kernels aggregated by name: calls, time, category, Tensor Cores."""
         import pandas as pd
 
-        if not self.kernel_count:
+        rows = self.kernel_rows
+        if not rows:
             return pd.DataFrame(columns=["name", "calls", "time_us", "category", "tensor_cores"])
-        k = self.trace.kernels
-        g = k.groupby("name", sort=False)
-        out = pd.DataFrame({"calls": g.size(), "time_us": g["dur_us"].sum(), "category": g["category"].first(),
-                            "tensor_cores": g["tensor_cores"].first()}).reset_index()
-        return out.sort_values("time_us", ascending=False).reset_index(drop=True)
+        return pd.DataFrame({"name": [r[0] for r in rows], "calls": pd.Series([r[1] for r in rows], dtype="int64"),
+                             "time_us": pd.Series([r[2] for r in rows], dtype="float64"),
+                             "category": [r[3] for r in rows],
+                             "tensor_cores": pd.Series([r[4] for r in rows], dtype=object)})
+
+    @functools.cached_property
+    def kernel_rows(self) -> list[tuple[str, int, float, str, bool | None]]:
+        """`kernels` as (name, calls, time_us, category, tensor_cores) tuples, most time first."""
+        return kernel_rows(self.trace)
 
     @functools.cached_property
     def advice(self) -> list[str]:
@@ -830,8 +847,7 @@ def advise(result: ProfileResult) -> list[str]:
             notes.append(f"{len(leaf)} aten ops with a median self time of {median:.1f} µs: "
                          "per-op dispatch overhead dominates; try torch.compile or larger tensors per op.")
     if on_device and result.device_time_us > 0:
-        cats = result.categories
-        transfer = float(cats.loc[cats["category"] == "data transfer", "time_us"].sum()) if len(cats) else 0.0
+        transfer = pt.pairwise_sum([t for c, t, _, _ in result.category_rows if c == "data transfer"])
         if transfer / result.device_time_us >= TRANSFER_SHARE:
             notes.append(f"Host<->device copies take {transfer / result.device_time_us:.0%} of device time: keep "
                          "tensors on the GPU, use pin_memory=True and .to(device, non_blocking=True).")
@@ -841,10 +857,11 @@ def advise(result: ProfileResult) -> list[str]:
             state = "is off" if result.cudnn_benchmark is False else "is not recorded in the trace"
             notes.append(f"Convolutions take {conv_share:.0%} of device time and torch.backends.cudnn.benchmark "
                          f"{state}: with fixed input shapes, turn it on to let cuDNN pick the fastest algorithm.")
-    misses = result.fp32_misses if on_device else ()
-    if len(misses):
-        names = ", ".join(sorted(set(misses["name"])))
-        notes.append(f"fp32 matmul/conv ops ran without Tensor Cores ({misses['share'].sum():.0%} of device time: "
+    misses = result.fp32_miss_rows if on_device else ()
+    if misses:
+        names = ", ".join(sorted({m[0] for m in misses}))
+        notes.append(f"fp32 matmul/conv ops ran without Tensor Cores ({pt.pairwise_sum([m[4] for m in misses]):.0%} "
+                     "of device time: "
                      f"{names}); enable TF32 (torch.backends.cuda.matmul.fp32_precision = 'tf32') or use %%amp.")
     significant = [e for e in result.unaligned if total > 0 and e["time_us"] / total >= UNALIGNED_SHARE]
     if significant:

@@ -20,7 +20,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from .analysis import CATEGORIES, FlopsSummary
+from .analysis import CATEGORIES
+from .analysis.sums import desc_order, kahan_sum, pairwise_sum  # noqa: F401 - used here and re-exported
 from .analysis.trace import innermost_op
 from .flops import pad_to_multiple
 
@@ -300,27 +301,57 @@ def cpu_categories(ops: pd.DataFrame) -> pd.DataFrame:
     return out.sort_values(["time_us", "_o"], ascending=[False, True]).drop(columns="_o").reset_index(drop=True)
 
 
-def fp32_tensor_core_misses(ops: pd.DataFrame, min_share: float = 0.01) -> pd.DataFrame:
-    """Heavy fp32 matmul/conv ops that ran on the device without Tensor Core kernels.
+def fp32_miss_rows(ops, min_share: float = 0.01) -> list[tuple[str, str, int, float, float]]:
+    """Heavy fp32 matmul/conv ops that ran on the device without Tensor Core kernels, as
+    (name, shapes, calls, device_us, share) tuples, most device time first.
 
     They are eligible (TF32 on Ampere+, or autocast to bf16/fp16) but used SIMT kernels.
     Only ops that launched kernels themselves are considered (``device_self_us`` > 0), so an
     ``aten::linear`` wrapping an ``aten::addmm`` is reported once. ``min_share``: of device time.
+    ``ops``: column lists (`TraceData.op_columns`) or a DataFrame of the op rows.
     """
+    return _fp32_misses(ops, min_share)[0]
+
+
+def _fp32_misses(ops, min_share: float) -> tuple[list, bool]:
+    """(`fp32_miss_rows`, whether any op was a candidate before the ``min_share`` cut)."""
+    if not len(ops["name"]):
+        return [], False
+    col = ops.__getitem__ if isinstance(ops, dict) else (lambda c: ops[c].tolist())  # lists or a DataFrame
+    dev_self, tc = col("device_self_us"), col("tc_device_us")
+    total = pairwise_sum(dev_self)
+    sel = [i for i, (cat, dt) in enumerate(zip(col("category"), col("math_dtype")))
+           if cat == "matmul/conv" and dt == "fp32" and dev_self[i] > 0 and tc[i] <= 0]
+    if not sel or total <= 0:
+        return [], False
+    names, dims = col("name"), col("input_dims")
+    groups: dict[tuple, list[float]] = {}  # first appearance order, like groupby(sort=False)
+    for i in sel:
+        groups.setdefault((names[i], _shape_text(dims[i])), []).append(dev_self[i])
+    rows = []
+    for (name, shapes), times in groups.items():
+        device_us = kahan_sum(times)
+        if device_us / total >= min_share:
+            rows.append((name, shapes, len(times), device_us, device_us / total))
+    return [rows[i] for i in desc_order([r[3] for r in rows])], True
+
+
+FP32_MISS_COLUMNS = ["name", "shapes", "calls", "device_us", "share"]
+
+
+def fp32_tensor_core_misses(ops, min_share: float = 0.01) -> pd.DataFrame:
+    """`fp32_miss_rows` as a DataFrame (columns name, shapes, calls, device_us, share)."""
     import pandas as pd
-    cols = ["name", "shapes", "calls", "device_us", "share"]
-    if not len(ops):
-        return pd.DataFrame(columns=cols)
-    total = float(ops["device_self_us"].sum())
-    sel = ops[(ops["category"] == "matmul/conv") & (ops["math_dtype"] == "fp32") & (ops["device_self_us"] > 0)
-              & (ops["tc_device_us"] <= 0)]
-    if not len(sel) or total <= 0:
-        return pd.DataFrame(columns=cols)
-    sel = sel.assign(shapes=[_shape_text(d) for d in sel["input_dims"]])
-    g = sel.groupby(["name", "shapes"], sort=False)
-    out = pd.DataFrame({"calls": g.size(), "device_us": g["device_self_us"].sum()}).reset_index()
-    out["share"] = out["device_us"] / total
-    return out[out["share"] >= min_share].sort_values("device_us", ascending=False).reset_index(drop=True)[cols]
+    rows, candidates = _fp32_misses(ops, min_share)
+    if not candidates:
+        return pd.DataFrame(columns=FP32_MISS_COLUMNS)
+    return pd.DataFrame({  # typed even when min_share left no row, as the groupby's frame was
+        "name": pd.Series([r[0] for r in rows], dtype="str"),
+        "shapes": pd.Series([r[1] for r in rows], dtype="str"),
+        "calls": pd.Series([r[2] for r in rows], dtype="int64"),
+        "device_us": pd.Series([r[3] for r in rows], dtype="float64"),
+        "share": pd.Series([r[4] for r in rows], dtype="float64"),
+    })
 
 
 def _gemm_dims(name: str, dims) -> dict | None:
@@ -406,28 +437,6 @@ def _isnan(value) -> bool:
     return value is None or value != value
 
 
-def kahan_sum(values) -> float:
-    """Sum skipping NaN/None, compensated exactly like pandas' groupby ``sum``."""
-    total = comp = 0.0
-    for v in values:
-        if v is None or v != v:
-            continue
-        y = v - comp
-        t = total + y
-        comp = t - total - y
-        if comp != comp:
-            comp = 0.0
-        total = t
-    return total
-
-
-def pairwise_sum(values) -> float:
-    """numpy's (pairwise) sum, which is what ``Series.sum()`` returns; NaN/None count as 0, as there."""
-    arr = np.array(values if isinstance(values, list) else list(values), dtype=float)  # None -> NaN
-    arr[np.isnan(arr)] = 0.0
-    return float(arr.sum())
-
-
 def group_rows(cols: dict, group: str = "op", device_total_us: float = 0.0) -> list[dict]:
     """`group_ops` for ``op`` and ``op+shape`` over column lists: one dict per row, COLUMNS keys.
 
@@ -507,26 +516,3 @@ def cpu_category_rows(cols: dict) -> list[tuple[str, float, int, float]]:
     order = {c: i for i, c in enumerate(CATEGORIES)}
     rows = [(c, s, len(members[c]), 100.0 * s / grand if grand > 0 else 0.0) for c, s in zip(cats, sums)]
     return sorted(rows, key=lambda r: (-r[1], order.get(r[0], len(order))))
-
-
-def cpu_flops(cols: dict) -> FlopsSummary:
-    """`nbaccel.analysis.achieved_flops` of a trace with no device activity, over column lists."""
-    counted = [i for i, c in enumerate(cols["flops_counted"]) if c]
-    flops_col, dur = cols["flops"], cols["dur_us"]
-    flops = pairwise_sum(flops_col[i] for i in counted) if counted else 0.0
-    members: dict[str, list] = {}
-    for i in counted:
-        d = cols["math_dtype"][i]
-        members.setdefault("unknown" if _isnan(d) else str(d), []).append(flops_col[i])
-    by_dtype = {d: float(kahan_sum(members[d])) for d in sorted(members)}
-    dominant = max(by_dtype, key=by_dtype.get) if by_dtype else None
-    reasons = []
-    if not flops:
-        reasons.append("no op with a FLOP formula and recorded shapes (record_shapes=True?)")
-    reasons.append("no GPU activity in the trace: FLOP/s over device time is undefined")
-    matmul_us = pairwise_sum(dur[i] for i in counted) if counted else 0.0
-    mm_rate = flops / (matmul_us * 1e-6) if matmul_us > 0 and flops else None
-    return FlopsSummary(flops=flops, flops_by_dtype=by_dtype, dominant_dtype=dominant, busy_us=0.0,
-                        flops_per_s=None, matmul_time_us=matmul_us, matmul_flops_per_s=mm_rate, gpu=None,
-                        peak_flops_per_s=None, fraction_of_peak=None, matmul_fraction_of_peak=None,
-                        reason="; ".join(reasons), time_base="cpu")

@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from . import profile_table as pt
+from .analysis.metrics import busiest_device
 from .analysis.trace import TraceData, TraceError, TraceWarning, _build, _metadata, paused_gc
 from .device import DeviceInfo
 from .profile import ProfileError, ProfileOptions, ProfileResult, _json_safe
@@ -194,7 +195,7 @@ def _load_rank(files: list[Path], opts: dict, source: str) -> ProfileResult:
     header = streams[0].header
     trace.device_properties = list(header.get("deviceProperties") or [])
     trace.metadata = _metadata(header)
-    if not len(trace.ops) and not trace.has_device_activity:
+    if not trace.count("ops") and not trace.has_device_activity:
         kinds = ", ".join(f"{k} x{n}" for k, n in trace.event_counts.most_common(6)) or "no events"
         where = files[0] if len(files) == 1 else source
         raise TraceError(f"{where}: JSON is not a torch.profiler trace (no cpu_op or kernel events; found {kinds})")
@@ -234,8 +235,7 @@ def _device_info(trace: TraceData) -> DeviceInfo:
     """The recorded device as a `DeviceInfo`: the GPU with most kernel time, from deviceProperties."""
     if not trace.has_device_activity:
         return DeviceInfo(type="cpu", index=None, name="recorded on the CPU (no device activity in the trace)")
-    k = trace.kernels
-    device = k.groupby("device")["dur_us"].sum().idxmax() if len(k) else None
+    device = busiest_device(trace)
     props = trace.device_props(device) or trace.device_props() or {}
     cc = (int(props["computeMajor"]), int(props["computeMinor"])) if "computeMajor" in props else None
     try:

@@ -7,6 +7,12 @@ Conventions, chosen so numbers can be checked against the reference traces' READ
   which is computed separately as a union of intervals.
 * A figure that cannot be computed is ``None`` with a ``reason`` string, never 0: a CPU-only
   trace has no Tensor Core share, it does not have a 0 % one.
+* Every figure is computed from the trace's column lists (`TraceData.column`), not its
+  DataFrames: pandas' fixed cost per groupby was most of a CUDA profile's analysis time (~0.1 ms
+  a call on a few hundred rows). The numbers are pandas' to the last bit (`.sums`: group totals
+  Kahan-compensated like groupby ``sum``, column totals numpy's pairwise sum, descending sorts
+  pandas' ``nargsort``), held to the former pandas code by tests/test_metrics_columns.py.
+  Functions returning a DataFrame build it from their few result rows at the end.
 """
 from __future__ import annotations
 
@@ -14,8 +20,11 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from .kernels import CATEGORIES
 from .peaks import GpuPeaks, lookup_gpu, peak_flops
+from .sums import desc_order, kahan_sum, pairwise_sum
 from .trace import TraceData
 
 if TYPE_CHECKING:
@@ -29,6 +38,11 @@ __all__ = [
     "tensor_core_share",
     "communication_share",
     "category_breakdown",
+    "busy_rows",
+    "category_rows",
+    "kernel_rows",
+    "activity_columns",
+    "busiest_device",
     "op_table",
     "achieved_flops",
     "summary",
@@ -77,6 +91,56 @@ def _intervals_union(starts: list[float], ends: list[float]) -> float:
     return total
 
 
+_DEVICE_KINDS = ("kernels", "memcpy", "memset")
+
+
+def activity_columns(trace: TraceData, names: tuple[str, ...], kinds: tuple[str, ...] = _DEVICE_KINDS) -> dict[str, list]:
+    """Columns of kernels, memcpys and memsets (in that order, like `TraceData.device_activities`)
+    concatenated into lists, without building a DataFrame."""
+    out: dict[str, list] = {c: [] for c in names}
+    for kind in kinds:
+        if trace.count(kind):
+            for c in names:
+                out[c].extend(trace.column(kind, c))
+    return out
+
+
+def _groupby_keys(values: list) -> list:
+    """A key column as pandas' groupby sees it: ints with a None become floats (None dropped later)."""
+    if any(v is None for v in values) and all(isinstance(v, (int, float)) for v in values if v is not None):
+        return [None if v is None else float(v) for v in values]
+    return values
+
+
+def busy_rows(trace: TraceData, by: str = "device") -> list[list]:
+    """`busy_time` as row lists ([device[, stream], busy_us, activity_us, count, window_us,
+    idle_fraction]), in key order."""
+    if by not in ("device", "stream"):
+        raise ValueError("by must be 'device' or 'stream'")
+    keys = ["device"] if by == "device" else ["device", "stream"]
+    cols = activity_columns(trace, (*keys, "ts_us", "dur_us"))
+    ts, dur = cols["ts_us"], cols["dur_us"]
+    if not ts:
+        return []
+    win = trace.window()
+    window_us = (win[1] - win[0]) if win else 0.0
+    key_cols = [_groupby_keys(cols[k]) for k in keys]
+    groups: dict[tuple, list[int]] = {}
+    for i, key in enumerate(zip(*key_cols)):
+        if any(v is None or v != v for v in key):
+            continue  # groupby drops missing keys
+        groups.setdefault(key, []).append(i)
+    rows = []
+    for key in sorted(groups):
+        members = groups[key]
+        starts = [float(ts[i]) for i in members]
+        durs = [float(dur[i]) for i in members]
+        busy = _intervals_union(starts, [s + d for s, d in zip(starts, durs)])
+        rows.append(list(key) + [busy, pairwise_sum(durs), len(members), window_us,
+                                 (1 - busy / window_us) if window_us > 0 else None])
+    return rows
+
+
 def busy_time(trace: TraceData, by: str = "device") -> pd.DataFrame:
     """Busy time per device (``by="device"``) or per (device, stream) (``by="stream"``).
 
@@ -85,50 +149,69 @@ def busy_time(trace: TraceData, by: str = "device") -> pd.DataFrame:
     window_us (the whole trace window), idle_fraction (1 - busy/window).
     """
     import pandas as pd
-    if by not in ("device", "stream"):
-        raise ValueError("by must be 'device' or 'stream'")
+    rows = busy_rows(trace, by)
     keys = ["device"] if by == "device" else ["device", "stream"]
-    acts = trace.device_activities()
     cols = keys + ["busy_us", "activity_us", "count", "window_us", "idle_fraction"]
-    if not len(acts):
+    if not trace.has_device_activity:
         return pd.DataFrame({c: pd.Series(dtype=object) for c in cols})
-    win = trace.window()
-    window_us = (win[1] - win[0]) if win else 0.0
-    rows = []
-    for key, grp in acts.groupby(keys, sort=True):
-        key = key if isinstance(key, tuple) else (key,)
-        starts = grp["ts_us"].tolist()
-        ends = (grp["ts_us"] + grp["dur_us"]).tolist()
-        busy = _intervals_union(starts, ends)
-        rows.append(list(key) + [busy, float(grp["dur_us"].sum()), len(grp), window_us,
-                                 (1 - busy / window_us) if window_us > 0 else None])
     return pd.DataFrame(rows, columns=cols)
+
+
+def _kernel_time(trace: TraceData):
+    """(dur_us array, total) of the trace's kernels; total is what ``Series.sum()`` gives."""
+    dur = np.asarray(trace.column("kernels", "dur_us"), dtype=float)
+    return dur, float(dur.sum())
 
 
 def tensor_core_share(trace: TraceData) -> TensorCoreShare:
     """Share of summed kernel time spent in kernels that use Tensor Cores (by name)."""
-    k = trace.kernels if trace.count("kernels") else None  # a CPU-only trace never builds the frame
-    total = float(k["dur_us"].sum()) if k is not None else 0.0
-    if k is None or total <= 0:
+    n = trace.count("kernels")
+    dur, total = _kernel_time(trace) if n else (None, 0.0)
+    if not n or total <= 0:
         return TensorCoreShare(None, 0.0, 0.0, reason="the trace has no GPU kernels (CPU-only profile)")
-    tc = float(k.loc[k["tensor_cores"].eq(True), "dur_us"].sum())
-    unk = k[k["tensor_cores"].isna()]
-    unknown = unk.groupby("name")["dur_us"].sum().sort_values(ascending=False)
+    flags = trace.column("kernels", "tensor_cores")
+    tc = float(dur[np.fromiter((f is True for f in flags), bool, n)].sum())
+    unk_mask = np.fromiter((f is None or f != f for f in flags), bool, n)
+    by_name: dict[str, list[float]] = {}
+    for name, d, unk in zip(trace.column("kernels", "name"), dur.tolist(), unk_mask.tolist()):
+        if unk:
+            by_name.setdefault(name, []).append(d)
+    names = sorted(by_name)  # groupby sorts its keys, then sort_values orders by time
+    sums = [kahan_sum(by_name[nm]) for nm in names]
     return TensorCoreShare(
         tc / total, tc, total, None,
-        unknown_us=float(unk["dur_us"].sum()),
-        unknown_kernels={str(n): float(v) for n, v in unknown.items()},
+        unknown_us=float(dur[unk_mask].sum()),
+        unknown_kernels={str(names[i]): float(sums[i]) for i in desc_order(sums)},
     )
 
 
 def communication_share(trace: TraceData) -> Share:
     """Share of summed kernel time in communication kernels (NCCL, symmetric-memory all-reduce)."""
-    k = trace.kernels if trace.count("kernels") else None
-    total = float(k["dur_us"].sum()) if k is not None else 0.0
-    if k is None or total <= 0:
+    n = trace.count("kernels")
+    dur, total = _kernel_time(trace) if n else (None, 0.0)
+    if not n or total <= 0:
         return Share(None, 0.0, 0.0, reason="the trace has no GPU kernels (CPU-only profile)")
-    comm = float(k.loc[k["category"].eq("communication"), "dur_us"].sum())
+    mask = np.fromiter((c == "communication" for c in trace.column("kernels", "category")), bool, n)
+    comm = float(dur[mask].sum())
     return Share(comm / total, comm, total)
+
+
+def category_rows(trace: TraceData, include_memory: bool = True) -> list[tuple[str, float, int, float]]:
+    """`category_breakdown` as (category, time_us, count, percent) tuples, largest first."""
+    kinds = _DEVICE_KINDS if include_memory else ("kernels",)
+    cols = activity_columns(trace, ("category", "dur_us"), kinds)
+    members: dict[str, list[float]] = {}
+    for cat, d in zip(cols["category"], cols["dur_us"]):
+        if cat is not None:
+            members.setdefault(cat, []).append(float(d))
+    if not members:
+        return []
+    cats = sorted(members)  # groupby sorts its keys
+    sums = [kahan_sum(members[c]) for c in cats]
+    total = pairwise_sum(sums)
+    order = {c: i for i, c in enumerate(CATEGORIES)}
+    rows = [(c, s, len(members[c]), 100.0 * s / total if total > 0 else 0.0) for c, s in zip(cats, sums)]
+    return sorted(rows, key=lambda r: (-r[1], order.get(r[0], len(order))))  # stable, like lexsort
 
 
 def category_breakdown(trace: TraceData, include_memory: bool = True) -> pd.DataFrame:
@@ -138,21 +221,35 @@ def category_breakdown(trace: TraceData, include_memory: bool = True) -> pd.Data
     ``percent`` is of the summed durations of everything included.
     """
     import pandas as pd
-    acts = trace.device_activities() if include_memory else trace.kernels
+    rows = category_rows(trace, include_memory)
     cols = ["category", "time_us", "count", "percent"]
-    if not len(acts):
+    if not rows:
         return pd.DataFrame({c: pd.Series(dtype=object) for c in cols})
-    g = acts.groupby("category")["dur_us"].agg(["sum", "count"])
-    total = float(g["sum"].sum())
-    out = pd.DataFrame({
-        "category": g.index,
-        "time_us": g["sum"].values,
-        "count": g["count"].values,
-        "percent": (100.0 * g["sum"] / total).values if total > 0 else 0.0,
+    return pd.DataFrame({
+        "category": [r[0] for r in rows],
+        "time_us": pd.Series([r[1] for r in rows], dtype="float64"),
+        "count": pd.Series([r[2] for r in rows], dtype="int64"),
+        "percent": pd.Series([r[3] for r in rows], dtype="float64"),
     })
-    order = {c: i for i, c in enumerate(CATEGORIES)}
-    out["_o"] = out["category"].map(order)
-    return out.sort_values(["time_us", "_o"], ascending=[False, True]).drop(columns="_o").reset_index(drop=True)
+
+
+def kernel_rows(trace: TraceData) -> list[tuple[str, int, float, str, bool | None]]:
+    """Kernels aggregated by name: (name, calls, time_us, category, tensor_cores), most time
+    first -- the rows of ``ProfileResult.kernels``."""
+    n = trace.count("kernels")
+    if not n:
+        return []
+    groups: dict[str, list[int]] = {}
+    for i, name in enumerate(trace.column("kernels", "name")):
+        groups.setdefault(name, []).append(i)
+    dur, cat, tcs = (trace.column("kernels", c) for c in ("dur_us", "category", "tensor_cores"))
+
+    def first(col, rows):  # groupby first(): the first value that is not missing
+        return next((col[i] for i in rows if not (col[i] is None or col[i] != col[i])), None)
+
+    rows = [(name, len(m), kahan_sum(float(dur[i]) for i in m), first(cat, m), first(tcs, m))
+            for name, m in groups.items()]
+    return [rows[i] for i in desc_order([r[2] for r in rows])]
 
 
 def _mode(values) -> Any:
@@ -232,37 +329,50 @@ class FlopsSummary:
         return self.gpu.source if self.gpu else None
 
 
+def busiest_device(trace: TraceData):
+    """The device with most summed kernel time (``groupby("device").sum().idxmax()``), or None."""
+    per_device: dict = {}
+    if trace.count("kernels"):
+        for d, t in zip(_groupby_keys(trace.column("kernels", "device")), trace.column("kernels", "dur_us")):
+            if d is not None and d == d:
+                per_device.setdefault(d, []).append(float(t))
+    if not per_device:
+        return None
+    keys = sorted(per_device)
+    sums = [kahan_sum(per_device[d]) for d in keys]
+    return keys[sums.index(max(sums))]  # idxmax: the first largest
+
+
 def achieved_flops(trace: TraceData, device: int | None = None) -> FlopsSummary:
     """FLOPs from shapes, achieved FLOP/s, and the fraction of the GPU's dense peak.
 
     The device defaults to the one with most kernel time; its ``deviceProperties`` name is
     looked up in the peak table.  fp32 ops whose kernels used Tensor Cores count as tf32.
     """
-    ops = trace.ops
-    counted = ops[ops["flops_counted"]] if len(ops) else ops
-    flops = float(counted["flops"].sum()) if len(counted) else 0.0
-    by_dtype: dict[str, float] = {}
-    if len(counted):
-        for d, v in counted.groupby(counted["math_dtype"].fillna("unknown"))["flops"].sum().items():
-            by_dtype[str(d)] = float(v)
+    col = trace.op_columns  # lists, row-aligned with trace.ops
+    counted = [i for i, c in enumerate(col["flops_counted"]) if c]
+    flops_col = col["flops"]
+    flops = pairwise_sum([flops_col[i] for i in counted]) if counted else 0.0
+    members: dict[str, list] = {}
+    for i in counted:
+        d = col["math_dtype"][i]
+        members.setdefault("unknown" if d is None or d != d else str(d), []).append(flops_col[i])
+    by_dtype = {d: float(kahan_sum(members[d])) for d in sorted(members)}
     dominant = max(by_dtype, key=by_dtype.get) if by_dtype else None
     reasons = []
     if not flops:
         reasons.append("no op with a FLOP formula and recorded shapes (record_shapes=True?)")
 
-    k = trace.kernels
-    if device is None and len(k):
-        device = k.groupby("device")["dur_us"].sum().idxmax()
+    if device is None:
+        device = busiest_device(trace)
     busy = 0.0
     if trace.has_device_activity:
-        bt = busy_time(trace, by="device")
-        sel = bt[bt["device"] == device] if device is not None else bt
-        busy = float(sel["busy_us"].sum())
+        busy = pairwise_sum([r[1] for r in busy_rows(trace, by="device") if device is None or r[0] == device])
     else:
         reasons.append("no GPU activity in the trace: FLOP/s over device time is undefined")
     time_base = "device" if trace.has_device_activity else "cpu"
-    time_col = "device_total_us" if time_base == "device" else "dur_us"
-    matmul_us = float(counted[time_col].sum()) if len(counted) else 0.0
+    time_col = col["device_total_us" if time_base == "device" else "dur_us"]
+    matmul_us = pairwise_sum([time_col[i] for i in counted]) if counted else 0.0
     rate = flops / (busy * 1e-6) if busy > 0 and flops else None
     mm_rate = flops / (matmul_us * 1e-6) if matmul_us > 0 and flops else None
 
@@ -305,8 +415,8 @@ def summary(trace: TraceData) -> dict[str, Any]:
         "device": trace.device_name(),
         "rank": trace.rank,
         "world_size": trace.world_size,
-        "ops": int(len(trace.ops)),
-        "kernels": int(len(trace.kernels)),
+        "ops": trace.count("ops"),
+        "kernels": trace.count("kernels"),
         "kernel_time_us": tc.total_us,
         "tensor_core_share": tc.value,
         "tensor_core_unknown_share": tc.unknown_share,

@@ -11,6 +11,7 @@ import math
 import os
 
 from ..analysis import CATEGORIES
+from ..analysis.sums import desc_order
 from ..memory import format_bytes
 from ..timing import format_seconds
 from .common import bar, bullet_list, esc, si, table, text_table, wrap
@@ -171,21 +172,22 @@ def tensor_core_lines(result) -> list[str]:
     if comm.value:
         lines.append(f"Communication (NCCL / all-reduce) share of kernel time: {comm.value:.1%} "
                      f"({_time(comm.part_us)} of {_time(comm.total_us)})")
-    for r in (result.fp32_misses.itertuples() if result.on_device else ()):
-        lines.append(f"fp32 without Tensor Cores: {r.name} [{r.shapes}] x{r.calls}: {_time(r.device_us)} ({r.share:.0%})")
+    for name, shapes, calls, device_us, share in (result.fp32_miss_rows if result.on_device else ()):
+        lines.append(f"fp32 without Tensor Cores: {name} [{shapes}] x{calls}: {_time(device_us)} ({share:.0%})")
     return lines
 
 
 def stream_lines(result, limit: int = 8) -> list[str]:
     """Busy time per device stream, busiest first (a trace can have dozens of NCCL/side streams)."""
-    bt = result.streams
-    if not len(bt):
+    rows = result.stream_rows if result.on_device else []
+    if not rows:
         return []
-    bt = bt.sort_values("busy_us", ascending=False)
-    lines = [f"device {r.device} stream {r.stream}: busy {_time(r.busy_us)} ({1 - r.idle_fraction:.0%} of the "
-             f"{_time(r.window_us)} window), {int(r.count):,} kernels/copies" for r in bt.head(limit).itertuples()]
-    if len(bt) > limit:
-        lines.append(f"... and {len(bt) - limit} more streams")
+    rows = [rows[i] for i in desc_order([r[2] for r in rows])]  # sort_values("busy_us", ascending=False)
+    lines = [f"device {device} stream {stream}: busy {_time(busy)} ({1 - (math.nan if idle is None else idle):.0%} of the "
+             f"{_time(window)} window), {int(count):,} kernels/copies"
+             for device, stream, busy, _, count, window, idle in rows[:limit]]
+    if len(rows) > limit:
+        lines.append(f"... and {len(rows) - limit} more streams")
     return lines
 
 
@@ -203,8 +205,8 @@ def unaligned_lines(result) -> list[str]:
 
 
 def kernel_rows(result, top=15):
-    return [[r.name, f"{r.calls:,}", _time(r.time_us), r.category,
-             {True: "yes", False: "no"}.get(r.tensor_cores, "unknown")] for r in result.kernels.head(top).itertuples()]
+    return [[name, f"{calls:,}", _time(time_us), category, {True: "yes", False: "no"}.get(tc, "unknown")]
+            for name, calls, time_us, category, tc in result.kernel_rows[:top]]
 
 
 # --- text ------------------------------------------------------------------------------------------
