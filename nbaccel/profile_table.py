@@ -22,6 +22,7 @@ import numpy as np
 
 from .analysis import CATEGORIES
 from .analysis.sums import desc_order, kahan_sum, pairwise_sum  # noqa: F401 - used here and re-exported
+from .analysis.metrics import category_totals
 from .analysis.trace import innermost_op
 from .flops import pad_to_multiple
 
@@ -505,14 +506,4 @@ def sort_rows(rows: list[dict], column: str, ascending: bool = False) -> list[di
 
 def cpu_category_rows(cols: dict) -> list[tuple[str, float, int, float]]:
     """`cpu_categories` as (category, time_us, count, percent) tuples, largest first."""
-    members: dict[str, list[float]] = {}
-    for cat, t in zip(cols["category"], cols["self_us"]):
-        members.setdefault(cat, []).append(t)
-    if not members:
-        return []
-    cats = sorted(members)  # groupby sorts its keys
-    sums = [kahan_sum(members[c]) for c in cats]
-    grand = pairwise_sum(sums)
-    order = {c: i for i, c in enumerate(CATEGORIES)}
-    rows = [(c, s, len(members[c]), 100.0 * s / grand if grand > 0 else 0.0) for c, s in zip(cats, sums)]
-    return sorted(rows, key=lambda r: (-r[1], order.get(r[0], len(order))))
+    return category_totals(cols["category"], cols["self_us"])

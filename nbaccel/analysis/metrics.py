@@ -200,10 +200,17 @@ def category_rows(trace: TraceData, include_memory: bool = True) -> list[tuple[s
     """`category_breakdown` as (category, time_us, count, percent) tuples, largest first."""
     kinds = _DEVICE_KINDS if include_memory else ("kernels",)
     cols = activity_columns(trace, ("category", "dur_us"), kinds)
+    return category_totals(cols["category"], cols["dur_us"])
+
+
+def category_totals(categories, times) -> list[tuple[str, float, int, float]]:
+    """(category, total time, count, percent of all) per category, largest first; the device
+    breakdown (kernel time) and the CPU one (self time) alike. Sums as pandas' groupby makes them
+    (compensated per group, pairwise over groups), so the numbers equal the DataFrame API's."""
     members: dict[str, list[float]] = {}
-    for cat, d in zip(cols["category"], cols["dur_us"]):
+    for cat, t in zip(categories, times):
         if cat is not None:
-            members.setdefault(cat, []).append(float(d))
+            members.setdefault(cat, []).append(float(t))
     if not members:
         return []
     cats = sorted(members)  # groupby sorts its keys
