@@ -427,6 +427,9 @@ def test_folder_skips_bad_files_with_a_warning_naming_each(tmp_path):
     assert sorted(r.skipped) == sorted(BAD_IN_JOB)
     assert r.skipped["rank-2.json"].endswith("(the file ends early: a trace cut off while writing looks like this)")
     assert r.to_dict()["skipped"] == r.skipped
+    # the result says so too, not only the once-per-session warning
+    assert "3 unreadable files in the folder: config.json (JSON is not a torch.profiler trace" in str(r)
+    assert "3 unreadable files in the folder" in r._repr_html_()
 
 
 def test_step_folder_skips_a_bad_step_file(tmp_path):
@@ -440,6 +443,7 @@ def test_step_folder_skips_a_bad_step_file(tmp_path):
     assert [Path(f).name for f in r.loaded["files"]] == ["w.1.pt.trace.json", "w.3.pt.trace.json"]
     assert sorted(r.ops["name"]) == ["aten::add", "aten::mm"]
     assert list(r.loaded["skipped"]) == ["w.2.pt.trace.json"]
+    assert "not loaded: 1 unreadable file in the folder: w.2.pt.trace.json (not valid JSON" in str(r)
 
 
 def test_folder_of_good_files_warns_nothing(tmp_path):

@@ -41,6 +41,8 @@ def straggler_lines(result) -> list[str]:
     unknown = int(result.per_rank["unknown_events"].sum())
     if unknown:
         lines.append(f"{unknown:,} events of unknown kinds were counted and skipped")
+    if result.skipped:
+        lines.append(single.skipped_files_text(result.skipped))
     return lines
 
 

@@ -112,7 +112,16 @@ def header_items(result) -> list[tuple[str, str]]:
     if h.get("unknown_events"):
         kinds = ", ".join(sorted(result.trace.unknown_events, key=result.trace.unknown_events.get, reverse=True)[:3])
         items.append(("skipped", f"{h['unknown_events']:,} events of unknown kinds ({kinds})"))
+    if result.loaded and result.loaded.get("skipped"):
+        items.append(("not loaded", skipped_files_text(result.loaded["skipped"])))
     return items
+
+
+def skipped_files_text(skipped: dict) -> str:
+    """The trace files a folder load left out, with why (a warning says it once; the result keeps it)."""
+    shown = [f"{name} ({why})" for name, why in list(skipped.items())[:3]]
+    more = f" and {len(skipped) - 3} more" if len(skipped) > 3 else ""
+    return f"{len(skipped)} unreadable file{'s' if len(skipped) > 1 else ''} in the folder: " + "; ".join(shown) + more
 
 
 def title(result) -> str:
