@@ -40,6 +40,7 @@ import gzip
 import json
 import os
 import re
+import shutil
 import socket
 import sys
 import tempfile
@@ -306,24 +307,46 @@ class profile:  # noqa: N801 - a context manager used like a function: `with nba
 
     def _build(self) -> "ProfileResult":
         opts = self.options
-        target = opts.trace if opts.trace and trace_is_file(opts.trace) else None
-        if target is None:
-            fd, tmp = tempfile.mkstemp(suffix=".json", prefix="nbaccel_profile_")
-            os.close(fd)
+        # Kineto exports to a temporary file that we parse; the user's --trace is written from it
+        # afterwards, so a path that fails at write time (checked writable, yet refused: /sys, a
+        # full disk) costs the trace file, never the profile.
+        fd, tmp = tempfile.mkstemp(suffix=".json", prefix="nbaccel_profile_")
+        os.close(fd)
         with paused_gc():  # the parsed trace is thousands of small containers: see paused_gc
             try:
-                path = target or tmp
-                self._prof.export_chrome_trace(path)
-                doc = _read_json(path)
+                self._prof.export_chrome_trace(tmp)
+                doc = _read_json(tmp)
+                files = _save_trace(tmp, doc, opts.trace) if opts.trace else []
             finally:
-                if target is None:
-                    os.unlink(tmp)
-            files = []
-            if opts.trace and target is None:
-                files = write_step_traces(doc, opts.trace)
+                os.unlink(tmp)
             return ProfileResult.from_trace(doc, self.info, opts, recipe=self.recipe,
-                                            cudnn_benchmark=self._cudnn_benchmark, trace_path=opts.trace,
-                                            trace_files=files or ([opts.trace] if opts.trace else []))
+                                            cudnn_benchmark=self._cudnn_benchmark,
+                                            trace_path=opts.trace if files else None, trace_files=files)
+
+
+def _save_trace(exported: str, doc: dict, target: str) -> list[str]:
+    """Write --trace (one file, or one file per step in a folder); the files written. A failure
+    is reported as a warning with the way out, and the profile is kept."""
+    try:
+        if not trace_is_file(target):
+            return write_step_traces(doc, target)
+        path = Path(target).expanduser()
+        if str(path).endswith(".gz"):
+            path.write_bytes(gzip.compress(Path(exported).read_bytes()))
+        else:
+            shutil.copyfile(exported, path)
+        return [target]
+    except OSError as exc:
+        with warnings.catch_warnings():
+            warnings.simplefilter("always", TraceSaveWarning)  # every time: a lost file is never old news
+            warnings.warn(f"nbaccel could not write the trace to {target} ({exc.strerror or exc}); the profile "
+                          "is shown without it: save it with result.export_chrome_trace('another/path.json')",
+                          TraceSaveWarning, stacklevel=4)
+        return []
+
+
+class TraceSaveWarning(UserWarning):
+    """The profile was made, but its --trace file could not be written."""
 
 
 def profile_function(fn: Callable[[], object], options: ProfileOptions | None = None, silence=None,
@@ -908,5 +931,5 @@ def tensor_core_check(n: int = 4096, repeat: int = 5, device="cuda") -> dict:
     return out
 
 
-__all__ = ["profile", "profile_function", "ProfileResult", "ProfileOptions", "ProfileError", "advise",
+__all__ = ["profile", "profile_function", "ProfileResult", "ProfileOptions", "ProfileError", "TraceSaveWarning", "advise",
            "tensor_core_check", "split_by_step", "write_step_traces", "quiet_kineto"]

@@ -308,6 +308,31 @@ def test_unwritable_trace_folder_is_refused(ip, tmp_path, monkeypatch):
     assert ip.user_ns["ran"] == 0
 
 
+@pytest.mark.parametrize("name", ["t.json", "t.json.gz", "steps"])
+def test_a_trace_that_fails_to_write_keeps_the_profile(run_cell, ip, tmp_path, monkeypatch, name):
+    # A new user's `--trace /sys/run.json` (writable by the check, refused by the kernel at write
+    # time) lost the profile behind a traceback. Now only the file is lost, with a warning that says so.
+    import nbaccel.profile as _  # noqa: F401 - the module, not the function nbaccel.profile
+    import sys
+
+    module = sys.modules["nbaccel.profile"]
+
+    def refuse(*args, **kwargs):
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(module.shutil, "copyfile", refuse)
+    monkeypatch.setattr(module.Path, "write_bytes", refuse)
+    monkeypatch.setattr(module, "write_step_traces", refuse)
+    target = tmp_path / name
+    ip.user_ns["torch"] = torch
+    for attempt in range(2):  # said every time, not once per session
+        with pytest.warns(module.TraceSaveWarning, match=f"could not write the trace to {target} .Permission denied"):
+            run_cell(f"%%profile_gpu -q -r prof --trace {target}\nx = torch.ones(64, 64) @ torch.ones(64, 64)")
+    prof = ip.user_ns["prof"]
+    assert prof.op_count > 0 and prof.trace_path is None and prof.trace_files == []
+    assert not target.exists()
+
+
 def test_empty_cell_is_a_usage_error(ip):
     with pytest.raises(UsageError, match="needs code"):
         ip.run_cell_magic("profile_gpu", "", "  \n")
