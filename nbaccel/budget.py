@@ -63,6 +63,11 @@ def parse_budget(text, device: torch.device, total: int | None = None) -> int:
     raw = str(text).strip()
     total = device_memory(device) if total is None else total
     where = "the GPU" if device.type == "cuda" else "this host's physical memory"
+    if isinstance(text, int) and not isinstance(text, bool):  # the API's plain byte count
+        if text <= 0:
+            raise BudgetError(f"a budget must be positive, got {text} bytes; write e.g. 6 * 2**30, '6GiB' or 0.8 "
+                              f"(a share of {where})")
+        raw = f"{text}B"
     if raw.startswith("-"):
         raise BudgetError(f"a budget must be positive, got {raw!r}; write e.g. 6GiB or 0.8 (a share of {where})")
     if re.fullmatch(r"[0-9]*\.?[0-9]+", raw):
@@ -322,7 +327,7 @@ class MemoryBudget:
             self.device = resolve_device(device)
         except DeviceError as exc:
             raise BudgetError(str(exc)) from None
-        self.budget = parse_budget(budget, self.device) if not isinstance(budget, int) else budget
+        self.budget = parse_budget(budget, self.device)
         if enforce and self.device.type != "cuda":
             apply_cap(self.device, self.budget)  # raises the explanation of why not
         self.strict, self.enforce, self.namespace = strict, enforce, namespace

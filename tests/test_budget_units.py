@@ -159,3 +159,23 @@ def test_cuda_watcher_reads_the_allocator_once_per_point(monkeypatch):
     assert record.before_bytes == 200 * MiB and record.used_bytes == 712 * MiB  # reserved: compared with the budget
     assert record.added_bytes == 512 * MiB and record.allocated_peak_bytes == 612 * MiB
     assert record.status == "ok"
+
+
+@pytest.mark.parametrize("budget", [0, -1, -(2**30)])
+def test_api_refuses_a_non_positive_byte_count(budget):
+    # A new user's nbaccel.memory_budget(0) was accepted and warned "over the budget of 0 B (nan%)".
+    import nbaccel
+    from nbaccel.budget import BudgetError
+
+    with pytest.raises(BudgetError, match="must be positive"):
+        nbaccel.memory_budget(budget, device="cpu")
+
+
+def test_api_byte_count_is_bytes_and_checked_against_the_device():
+    import nbaccel
+    from nbaccel.budget import BudgetError
+
+    assert nbaccel.memory_budget(2**30, device="cpu").budget == 2**30
+    assert nbaccel.memory_budget(1, device="cpu").budget == 1  # an int is bytes, never a share
+    with pytest.raises(BudgetError, match="larger than this host's physical memory"):
+        nbaccel.memory_budget(10**18, device="cpu")
