@@ -167,9 +167,27 @@ def _host_memory() -> int | None:
         return None
 
 
+def dtype_name(requested) -> str:
+    """``bf16|fp16|auto|tf32|fp32`` from what people pass: those names in any case, their long
+    spellings (bfloat16, float16, half, float32) or a torch dtype (torch.bfloat16, torch.float16)."""
+    if isinstance(requested, torch.dtype):
+        names = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
+        if requested not in names:
+            raise DeviceError(f"dtype {requested} is not an autocast dtype; use torch.bfloat16, torch.float16, "
+                              "'bf16', 'fp16' or 'auto'")
+        return names[requested]
+    if requested is None:
+        return "auto"
+    if not isinstance(requested, str):
+        raise DeviceError(f"dtype must be 'bf16', 'fp16', 'auto' or 'tf32' (or a torch dtype), got {requested!r}")
+    name = requested.strip().lower()
+    aliases = {"bfloat16": "bf16", "float16": "fp16", "half": "fp16", "float32": "fp32", "float": "fp32"}
+    return aliases.get(name, name)
+
+
 def autocast_dtype(requested: str, info: DeviceInfo) -> torch.dtype:
     """Map ``bf16|fp16|auto`` to the autocast dtype for this device, or say why not."""
-    requested = (requested or "auto").lower()
+    requested = dtype_name(requested)
     if requested == "auto":
         if info.type == "cpu" or info.supports_bf16:
             return torch.bfloat16

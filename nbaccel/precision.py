@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .device import DTYPE_NAMES, DeviceError, DeviceInfo, autocast_dtype, device_info, resolve_device
+from .device import DTYPE_NAMES, DeviceError, DeviceInfo, autocast_dtype, device_info, dtype_name, resolve_device
 
 NEW_TF32_API = hasattr(torch.backends.cuda.matmul, "fp32_precision")
 
@@ -59,6 +59,7 @@ def make_recipe(dtype: str = "auto", device="auto", tf32: bool = True, cudnn_ben
     """
     dev = resolve_device(device)
     info = device_info(dev)
+    dtype = dtype_name(dtype)
     tf32_setting = bool(tf32) if info.supports_tf32 else None
     if dtype == TF32:  # TF32 alone, no autocast: the "free" Tensor Core speedup for fp32 code
         if not info.supports_tf32:

@@ -292,3 +292,18 @@ def test_unused_gradscaler_in_scope_is_not_counted_as_scaling():
     assert torch.amp.GradScaler.__dict__["scale"] is original  # also after a raising cell
     result = nbaccel.compare_amp(scaled_step, dtype="fp16", device="cpu", repeat=1, warmup=0, state=[scaler, w, opt])
     assert result.gradients["grad_scaler"] is True
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, "bfloat16", "BF16", " bf16 "])
+def test_dtype_as_people_write_it(dtype):
+    # A new user's compare_amp(fn, dtype=torch.bfloat16) crashed with "'torch.dtype' has no attribute 'lower'".
+    x = torch.randn(32, 32)
+    result = nbaccel.compare_amp(lambda: x @ x, dtype=dtype, device="cpu", repeat=1, warmup=0)
+    assert result.amp.recipe.autocast_dtype is torch.bfloat16
+
+
+def test_a_dtype_that_is_not_an_autocast_dtype_is_refused_clearly():
+    with pytest.raises(nbaccel.device.DeviceError, match="torch.float64 is not an autocast dtype"):
+        nbaccel.compare_amp(lambda: 1, dtype=torch.float64, device="cpu", repeat=1, warmup=0)
+    with pytest.raises(nbaccel.device.DeviceError, match="dtype must be"):
+        nbaccel.compare_amp(lambda: 1, dtype=16, device="cpu", repeat=1, warmup=0)

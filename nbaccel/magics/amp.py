@@ -9,7 +9,7 @@ from IPython.core.magic import Magics, cell_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments
 
 from ..amp import compare_amp
-from ..device import DeviceError, autocast_dtype, device_info, resolve_device
+from ..device import DeviceError, autocast_dtype, device_info, dtype_name, resolve_device
 from ..precision import make_recipe
 from ..render.display import display_result
 from ..snapshot import SnapshotTooLarge
@@ -55,7 +55,8 @@ class AmpMagics(Magics):
         args = parse_line(self.amp, line)
         if args is None:  # -h/--help: the help was printed
             return None
-        if args.dtype.lower() not in DTYPES:
+        args.dtype = dtype_name(args.dtype)  # bfloat16, float16, half: the long names work too
+        if args.dtype not in DTYPES:
             raise UsageError(f"--dtype {args.dtype} is not supported; use one of: {', '.join(DTYPES)}")
         positive(args.repeat, "--repeat")
         positive(args.warmup, "--warmup", minimum=0)
@@ -66,7 +67,7 @@ class AmpMagics(Magics):
             raise UsageError("%%amp needs code in the cell below the magic line")
         try:
             device = resolve_device(args.device)
-            if args.dtype.lower() == "tf32":
+            if args.dtype == "tf32":
                 make_recipe("tf32", device)
             else:
                 autocast_dtype(args.dtype, device_info(device))
@@ -75,7 +76,7 @@ class AmpMagics(Magics):
         run = cell_function(self.shell, cell)
         try:
             result = compare_amp(
-                run, dtype=args.dtype.lower(), device=device, tf32=not args.no_tf32, warmup=args.warmup,
+                run, dtype=args.dtype, device=device, tf32=not args.no_tf32, warmup=args.warmup,
                 repeat=args.repeat, baseline=not args.no_baseline, namespace=self.shell.user_ns,
                 skip=history_name(self.shell), silence=silenced, restore=not args.no_restore,
                 max_snapshot_fraction=args.max_snapshot,
