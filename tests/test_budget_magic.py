@@ -166,6 +166,7 @@ def test_over_a_soft_budget_warns_and_the_cell_succeeds(ip, run_cell):
     result, captured = run_cell("x = torch.ones(100_000_000)\ndone = True")
     assert result.success and ip.user_ns["done"]
     assert "WARNING: over the memory budget" in _texts(captured)
+    assert "the CPU has no cache to empty" in _texts(captured) and "cuda" not in _texts(captured)
     assert ip.user_ns["b"].history.iloc[-1]["status"] == "over"
 
 

@@ -62,3 +62,18 @@ def test_a_wrong_option_is_a_usage_error_with_the_fix(run_cell, ip, magic, line,
     _, captured = run_cell(_source(magic, line), expect_error=UsageError)
     assert message in captured.stderr
     assert ip.user_ns["ran"] == 0
+
+
+@pytest.mark.parametrize("magic, line, suggestion", [
+    ("%%profile_gpu", "--step 3", "--steps"),  # argparse would have run it as --steps 3
+    ("%%amp", "--rep 3", "--repeat"),
+    ("%memory_budget", "1GiB --str", "--strict"),
+])
+def test_an_abbreviated_option_is_not_guessed(run_cell, ip, magic, line, suggestion):
+    ip.user_ns["ran"] = 0
+    result, captured = run_cell(_source(magic, line), expect_error=UsageError)
+    message = str(result.error_in_exec or result.error_before_exec)
+    assert "unrecognized arguments" in message and f"did you mean {suggestion}?" in message
+    assert ip.user_ns["ran"] == 0
+    if magic == "%memory_budget":
+        run_cell("%memory_budget off -q")

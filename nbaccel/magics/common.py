@@ -120,6 +120,9 @@ def parse_line(magic, line: str):
     mistake (an unmatched quote) is a UsageError too, where IPython's own parser lets shlex's
     ValueError escape as a traceback.
     """
+    # argparse would take "--step 3" as "--steps 3"; a magic that silently guesses is worse than one
+    # that says "did you mean --steps?" (below).
+    magic.parser.allow_abbrev = False
     try:
         return parse_argstring(magic, line)
     except _HelpRequested:

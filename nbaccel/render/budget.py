@@ -44,13 +44,19 @@ def _cell_line(r) -> str:
             f"{format_bytes(r.added_bytes)}{extra}")
 
 
+def free_memory_hint(device: str) -> str:
+    if device.startswith("cuda"):
+        return "free memory (del, then torch.cuda.empty_cache() to hand cached blocks back) or lower the batch"
+    return "free memory (del the large tensors; the CPU has no cache to empty) or lower the batch"
+
+
 def cell_text(report) -> str:
     r = report.record
     head = "WARNING: over the memory budget" if report.over else "memory budget"
     lines = [f"{head} on {report.device}: {_text_gauge(r.fraction)} {_cell_line(r)}"]
     if report.over:
-        lines.append("  free memory (del, torch.cuda.empty_cache()) or lower the batch; `%memory_budget` shows what "
-                     "holds memory" + (" -- --strict: this cell is marked as failed" if report.strict else ""))
+        lines.append(f"  {free_memory_hint(report.device)}; `%memory_budget` shows what holds memory"
+                     + (" -- --strict: this cell is marked as failed" if report.strict else ""))
     return "\n".join(lines)
 
 
