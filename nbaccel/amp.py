@@ -522,6 +522,8 @@ def advise(result: AmpResult) -> list[str]:
         notes.append("The cell ran no torch operators, so autocast had nothing to change: %%amp compares "
                      "torch code (the times are of plain Python).")
         speedup = None  # a "speedup" of plain Python is noise; say nothing more about it
+    if result.nonfinite_result:
+        speedup = None  # a wrong answer faster is not a finding: the overflow note above is the advice
     if speedup is not None:
         if speedup < 1.05:
             if info.type == "cpu" and not (info.has_bf16_units if dtype == "bf16" else info.has_fp16_units):
