@@ -276,9 +276,12 @@ class BudgetMagics(Magics):
         record = self.watcher.end(error=error, label=f"In[{count}]" if count is not None else None)
         if record is None or record.status not in ("near", "over"):
             return
-        # Strict fails the cells that pushed usage over (added memory), not every later cell that starts
-        # over: `del x` must be able to run. 1 MiB: any Python code moves RSS by a few pages.
+        # Only the cells that pushed usage up (added memory) get a gauge, a warning or a --strict failure,
+        # not every later cell that starts near or over: `del x` must run without being told it is over,
+        # and the history still records every cell. 1 MiB: any Python code moves RSS by a few pages.
         pushed = record.added_bytes >= 2**20
+        if not pushed and error is None:
+            return
         failing = record.status == "over" and self.strict and pushed and error is None \
             and result.error_before_exec is None
         report = CellReport(record, str(self.watcher.device), strict=failing)
