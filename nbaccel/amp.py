@@ -392,6 +392,10 @@ def compare_amp(
     ``gather_amp(result)``) gathers every rank's result (min/median/max, slowest rank).
     """
     __tracebackhide__ = True  # noqa: F841 - IPython hides nbaccel's frames from the user's traceback
+    if not callable(fn):
+        raise TypeError(f"compare_amp runs a function several times; got a {type(fn).__name__} (the result of "
+                        "calling it?): pass the function itself, e.g. compare_amp(train_step) or "
+                        "compare_amp(lambda: train_step(batch))")
     if warmup < 0:
         raise ValueError(f"warmup must be >= 0, got {warmup}")
     if repeat < 1:

@@ -81,6 +81,9 @@ def load_trace(path: str | os.PathLike, *, rank: int | None = None, top: int = 1
     t0 = time.perf_counter()
     if rank is not None:
         if rank not in groups:
+            if set(groups) == {None}:
+                raise TraceError(f"{path}: its traces carry no rank (one process's run), so there is no rank "
+                                 f"{rank}; load it without --rank")
             have = ", ".join(str(r) for r in sorted(groups, key=lambda r: (r is None, r or 0)))
             raise TraceError(f"{path}: no trace of rank {rank} in this folder (ranks found: {have})")
         groups = {rank: groups[rank]}

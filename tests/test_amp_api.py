@@ -308,3 +308,8 @@ def test_a_dtype_that_is_not_an_autocast_dtype_is_refused_clearly():
         nbaccel.compare_amp(lambda: 1, dtype=torch.float64, device="cpu", repeat=1, warmup=0)
     with pytest.raises(nbaccel.device.DeviceError, match="dtype must be"):
         nbaccel.compare_amp(lambda: 1, dtype=16, device="cpu", repeat=1, warmup=0)
+
+
+def test_passing_a_result_instead_of_a_function_says_what_to_pass():
+    with pytest.raises(TypeError, match=r"got a Tensor .*compare_amp\(lambda: train_step\(batch\)\)"):
+        nbaccel.compare_amp(torch.ones(2), device="cpu")

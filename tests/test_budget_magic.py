@@ -235,6 +235,7 @@ def test_syntax_error_cell_keeps_the_bookkeeping(ip, run_cell):
     ("--model nothing --batch 4", "names nothing"),
     ("--model n --batch 4", "is a int, not a torch.nn.Module"),
     ("--model model", "needs --batch"),
+    ("--model model --batch 4 --optimizer adam2", r"neither one of adamw, .* \(did you mean adam\?\)"),
     ("--near 3 1GiB", "--near is a share"),
     ("--strict", "go with a budget"),
 ])

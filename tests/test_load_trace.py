@@ -269,6 +269,12 @@ def test_rank_option_loads_one_rank(two_ranks):
         load_trace(folder, rank=7)
 
 
+def test_rank_option_on_a_folder_without_ranks_says_so(tmp_path):
+    _write(tmp_path / "w.1.pt.trace.json", _op_trace("aten::add"))
+    with pytest.raises(TraceError, match="its traces carry no rank .*load it without --rank"):
+        load_trace(tmp_path, rank=5)
+
+
 def test_tensorboard_names_use_distributed_info(tmp_path):
     """tensorboard_trace_handler names carry no rank: it comes from distributedInfo, even when
     written after the events (as TraceLens writes its header)."""

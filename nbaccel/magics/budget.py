@@ -16,6 +16,7 @@ cap installed afresh, so nothing is doubled).
 
 from __future__ import annotations
 
+import difflib
 import re
 
 from IPython.core.error import UsageError
@@ -183,6 +184,11 @@ class BudgetMagics(Magics):
             raise UsageError("--model needs --batch N (the global batch size, at least 1)")
         optimizer = args.optimizer
         if optimizer.lower() not in OPTIMIZERS:
+            if optimizer not in self.shell.user_ns:  # most likely a misspelt name: list the names
+                close = difflib.get_close_matches(optimizer.lower(), OPTIMIZERS, n=1)
+                hint = f" (did you mean {close[0]}?)" if close else ""
+                raise UsageError(f"--optimizer {optimizer!r} is neither one of {', '.join(OPTIMIZERS)}{hint} nor a "
+                                 "variable in the namespace")
             optimizer = self._lookup(optimizer, "--optimizer")
             if not isinstance(optimizer, torch.optim.Optimizer):
                 raise UsageError(f"--optimizer takes one of {', '.join(OPTIMIZERS)} or an optimizer variable, "
