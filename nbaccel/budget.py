@@ -341,6 +341,11 @@ class MemoryBudget:
     def status(self) -> BudgetStatus:
         return status(self.watcher, self.device, self.namespace, enforce=self.enforce, strict=self.strict)
 
+    def __repr__(self) -> str:
+        mode = "enforced" if self.enforce else "strict" if self.strict else "soft"
+        return (f"<nbaccel memory_budget {format_bytes(self.budget)} on {self.device} ({mode}), "
+                f"{len(self.watcher.records)} blocks measured; .history has them>")
+
     def __enter__(self):
         if self.enforce:
             apply_cap(self.device, self.budget)

@@ -343,3 +343,9 @@ def test_enforce_cap_bookkeeping_with_a_stand_in_gpu(ip, monkeypatch):
     ip.run_line_magic("memory_budget", "1GiB --enforce --device cuda -q")
     ip.run_line_magic("memory_budget", "off -q")
     assert budget.capped_devices() == [] and fractions[-1] == (1.0, 0)
+
+
+def test_off_without_a_budget_says_there_was_none(ip, run_cell):
+    result, captured = run_cell("%memory_budget off")
+    text = "".join(o.data.get("text/plain", "") for o in captured.outputs)
+    assert "no budget was set: nothing to remove" in text and "removed" not in text

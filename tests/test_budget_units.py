@@ -179,3 +179,12 @@ def test_api_byte_count_is_bytes_and_checked_against_the_device():
     assert nbaccel.memory_budget(1, device="cpu").budget == 1  # an int is bytes, never a share
     with pytest.raises(BudgetError, match="larger than this host's physical memory"):
         nbaccel.memory_budget(10**18, device="cpu")
+
+
+def test_the_context_manager_says_what_it_is():
+    import nbaccel
+
+    b = nbaccel.memory_budget("1GiB", device="cpu")
+    with b:
+        pass
+    assert repr(b) == "<nbaccel memory_budget 1 GiB on cpu (soft), 1 blocks measured; .history has them>"

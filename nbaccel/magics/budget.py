@@ -106,9 +106,11 @@ class BudgetMagics(Magics):
         if args.model is not None:
             return self._estimate_cmd(args)
         if args.budget is not None and args.budget.lower() == "off":
-            recorded = len(self.watcher.records) if self.watcher else 0
+            had_budget = self.watcher is not None
+            recorded = len(self.watcher.records) if had_budget else 0
             self.stop()
-            result = status(None, torch.device("cpu"), note=f"removed; {recorded} cells had been watched")
+            note = f"removed; {recorded} cells had been watched" if had_budget else "no budget was set: nothing to remove"
+            result = status(None, torch.device("cpu"), note=note)
             return self._show(args, result)
         if args.budget is None:
             if args.enforce or args.strict:
