@@ -62,6 +62,7 @@ from .analysis.trace import paused_gc
 from .device import DeviceError, DeviceInfo, device_info, resolve_device
 from .precision import Recipe, apply_recipe, make_recipe
 from .results import ResultMixin
+from .stderr_filter import dropped_stderr_lines
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -167,7 +168,7 @@ def validate(options: ProfileOptions) -> tuple[torch.device, DeviceInfo, Recipe 
 
 # --- Kineto's fd-2 chatter -----------------------------------------------------------------------
 
-_KINETO_NOISE = re.compile(r"^(?:USDT|STAGE):\S+ \S+ \d+:\d+ \S+\] ")
+_KINETO_NOISE = re.compile(rb"^(?:USDT|STAGE):\S+ \S+ \d+:\d+ \S+\] ")
 
 
 @contextlib.contextmanager
@@ -184,7 +185,7 @@ def quiet_kineto():
     try:
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=_CYCLE_WARNING)
-            with _kineto_markers_dropped():
+            with dropped_stderr_lines(_KINETO_NOISE.match):
                 yield
     finally:
         if shown_before is not None:  # a hidden warning must still reach the user's own profilers
@@ -192,28 +193,6 @@ def quiet_kineto():
 
 
 _CYCLE_WARNING = r"Warning: Profiler clears events"
-
-
-@contextlib.contextmanager
-def _kineto_markers_dropped():
-    try:
-        sys.stderr.flush()
-        saved = os.dup(2)
-    except (OSError, ValueError, AttributeError):
-        yield  # no real fd 2 (embedded interpreter): nothing to filter
-        return
-    with tempfile.TemporaryFile() as sink:
-        os.dup2(sink.fileno(), 2)
-        try:
-            yield
-        finally:
-            os.dup2(saved, 2)
-            os.close(saved)
-            sink.seek(0)
-            text = sink.read().decode("utf-8", "replace")
-            kept = [line for line in text.splitlines(True) if not _KINETO_NOISE.match(line)]
-            if kept:
-                sys.stderr.write("".join(kept))
 
 
 # --- the profile ---------------------------------------------------------------------------------

@@ -4,10 +4,7 @@ from __future__ import annotations
 
 import ast
 import contextlib
-import os
 import re
-import sys
-import threading
 
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, magics_class
@@ -16,6 +13,7 @@ from IPython.core.magic_arguments import argument, magic_arguments
 from ..profile import DTYPES, ProfileError, ProfileOptions, profile_function, validate
 from ..profile_table import CELL_LINE, SORT_COLUMNS
 from ..render.display import display_result
+from ..stderr_filter import dropped_stderr_lines
 from .common import cell_function, check_name, help_option, parse_cell, parse_line, silenced, store_result
 
 
@@ -85,7 +83,6 @@ class ProfileMagics(Magics):
 _UNKNOWN_BLOCK = b"Memory block of unknown size was allocated before the profiling started"
 
 
-@contextlib.contextmanager
 def drop_unknown_block_warning(enabled: bool = True):
     """While ``--memory`` profiles the cell, drop torch's "Memory block of unknown size was
     allocated before the profiling started" line from fd 2; pass everything else on as it comes.
@@ -94,55 +91,11 @@ def drop_unknown_block_warning(enabled: bool = True):
     Python warning filter sees it) the first time, then every 1000th time, that a tensor allocated
     before the profiler started is freed while it records memory -- which is what ``x = ...`` in
     the profiled cell does to the old ``x``. The memory columns simply do not count such frees;
-    the line only alarms. fd 2 goes through a pipe that a thread filters, so other output still
-    shows live; a process started in the cell that keeps the pipe keeps being forwarded.
+    the line only alarms.
     """
     if not enabled:
-        yield
-        return
-    try:
-        sys.stderr.flush()
-        target = os.dup(2)
-    except (OSError, ValueError, AttributeError):
-        yield  # no real fd 2 (embedded interpreter): nothing to filter
-        return
-    try:
-        read_end, write_end = os.pipe()
-    except OSError:
-        os.close(target)
-        yield
-        return
-
-    def write_all(data: bytes) -> None:
-        while data:
-            data = data[os.write(target, data):]
-
-    def forward() -> None:
-        pending = b""
-        try:
-            while chunk := os.read(read_end, 1 << 16):
-                *lines, pending = re.split(rb"(?<=[\n\r])", pending + chunk)
-                write_all(b"".join(line for line in lines if _UNKNOWN_BLOCK not in line))
-            if _UNKNOWN_BLOCK not in pending:
-                write_all(pending)
-        except OSError:
-            pass
-        finally:
-            os.close(read_end)
-            os.close(target)
-
-    saved = os.dup(2)
-    thread = threading.Thread(target=forward, name="nbaccel-stderr-filter", daemon=True)
-    thread.start()
-    os.dup2(write_end, 2)
-    os.close(write_end)
-    try:
-        yield
-    finally:
-        sys.stderr.flush()
-        os.dup2(saved, 2)  # the pipe's last write end (unless a child kept one): the thread ends
-        os.close(saved)
-        thread.join(timeout=1.0)
+        return contextlib.nullcontext()
+    return dropped_stderr_lines(lambda line: _UNKNOWN_BLOCK in line)
 
 
 def _line_marker(label: str, node: ast.AST) -> ast.withitem:
