@@ -33,7 +33,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 from .device import DTYPE_NAMES, device_info, resolve_device
-from .memory import format_bytes
+from .memory import cuda_counters, format_bytes
 from .results import ResultMixin
 
 if TYPE_CHECKING:
@@ -169,7 +169,7 @@ class _Peak:
     def __enter__(self):
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
-            self._base = torch.cuda.memory_allocated(self.device)
+            self._base = cuda_counters(self.device).allocated
             torch.cuda.reset_peak_memory_stats(self.device)
         else:
             self._mode = LiveBytes()
@@ -180,7 +180,7 @@ class _Peak:
         """The peak since the last phase (over the base at enter); the next phase starts from now."""
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
-            peak = torch.cuda.max_memory_allocated(self.device) - self._base
+            peak = cuda_counters(self.device).peak_allocated - self._base
             torch.cuda.reset_peak_memory_stats(self.device)
             return peak
         peak, self._mode.peak = self._mode.peak, self._mode.current
