@@ -114,9 +114,17 @@ def _groupby_keys(values: list) -> list:
 
 def busy_rows(trace: TraceData, by: str = "device") -> list[list]:
     """`busy_time` as row lists ([device[, stream], busy_us, activity_us, count, window_us,
-    idle_fraction]), in key order."""
+    idle_fraction]), in key order. Computed once per trace and ``by`` (the header's busy fraction
+    and the FLOP/s both need the per-device rows); callers only read them."""
     if by not in ("device", "stream"):
         raise ValueError("by must be 'device' or 'stream'")
+    rows = trace.derived.get(("busy_rows", by))
+    if rows is None:
+        rows = trace.derived[("busy_rows", by)] = _busy_rows(trace, by)
+    return rows
+
+
+def _busy_rows(trace: TraceData, by: str) -> list[list]:
     keys = ["device"] if by == "device" else ["device", "stream"]
     cols = activity_columns(trace, (*keys, "ts_us", "dur_us"))
     ts, dur = cols["ts_us"], cols["dur_us"]

@@ -110,6 +110,7 @@ class TraceData:
         self._frames: dict[str, pd.DataFrame] = {}
         self._window: tuple[float, float] | None | bool = False  # not computed yet
         self._activities: pd.DataFrame | None = None
+        self.derived: dict = {}  # figures computed once from the (immutable) columns, e.g. busy rows
         for kind, frame in zip(self._KINDS, (ops, kernels, memcpy, memset, annotations)):
             if frame is not None:
                 self._frames[kind] = frame
