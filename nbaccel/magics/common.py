@@ -59,8 +59,20 @@ def parse_cell(shell, cell: str):
     except SyntaxError as exc:
         where = f"line {exc.lineno}: {(exc.text or '').strip()}" if exc.lineno else "the cell"
         raise UsageError(f"SyntaxError in the cell ({exc.msg}) at {where}; fix it and run again") from None
-    filename = shell.compile.cache(source, shell.execution_count, raw_code=cell)
+    filename = shell.compile.cache(source, cell_number(shell), raw_code=cell)
     return source, tree, filename
+
+
+def cell_number(shell) -> int:
+    """The number of the cell being run, as its prompt shows it (``In [n]``).
+
+    IPython 9 advances ``execution_count`` before running a cell (IPython 8 after), so the
+    count alone labels the user's lines one cell ahead in a traceback; the running cell's
+    ExecutionResult carries the number the frontend shows.
+    """
+    running = getattr(shell.displayhook, "exec_result", None)
+    number = getattr(running, "execution_count", None)
+    return number if number is not None else shell.execution_count
 
 
 def silenced():
