@@ -85,3 +85,15 @@ def test_results_frame_reads_profile_and_budget_results():
     assert list(frame["kind"]) == ["profile", "budget"]
     assert frame.loc[0, "wall_us"] > 0
     assert frame.loc[1, "budget_bytes"] == 8 * 2**30
+
+
+@pytest.mark.parametrize("saving, label, value", [(0.3, "memory saved", "30%"), (0.0, "memory saved", "0%"),
+                                                  (-7.0, "memory used", "+700% vs fp32")])
+def test_memory_change_never_reads_as_a_negative_saving(saving, label, value):
+    assert amp_render.memory_change(saving) == (label, value)
+
+
+def test_recipe_that_took_more_memory_is_shown_as_more(amp_result, monkeypatch):
+    monkeypatch.setattr(type(amp_result), "memory_saving", property(lambda self: -7.0))
+    shown = amp_render.text(amp_result) + amp_render.html(amp_result) + amp_render.widget(amp_result).children[0].value
+    assert "+700% vs fp32" in shown and "-700%" not in shown and "saved -" not in shown

@@ -29,10 +29,19 @@ def headline(result) -> str:
     if result.speedup is not None:
         parts.append(f"speedup {result.speedup:.2f}x" + (" (uncertain)" if result.speedup_uncertain else ""))
     if result.memory_saving is not None:
-        parts.append(f"memory saved {result.memory_saving:.0%}")
+        label, value = memory_change(result.memory_saving)
+        parts.append(f"{label} {value}")
     if result.drift:
         parts.append(f"drift max rel {result.drift['max_rel']:.2e}")
     return ", ".join(parts) or f"{result.amp.name} only (no baseline)"
+
+
+def memory_change(saving: float) -> tuple[str, str]:
+    """("memory saved", "30%"), or ("memory used", "+700% vs fp32") when the recipe took more:
+    a "saving" of -700% reads as a typo."""
+    if saving >= 0:
+        return "memory saved", f"{saving:.0%}"
+    return "memory used", f"+{-saving:.0%} vs fp32"
 
 
 def method(result) -> str:
@@ -90,8 +99,8 @@ def _kpis(result) -> str:
         kpis.append(f'<div class="kpi"><div class="muted">speedup</div><div class="{cls} nbaccel-speedup">'
                     f'{result.speedup:.2f}x</div></div>')
     if result.memory_saving is not None:
-        kpis.append(f'<div class="kpi"><div class="muted">peak memory saved</div><div class="big">'
-                    f'{result.memory_saving:.0%}</div></div>')
+        label, value = memory_change(result.memory_saving)
+        kpis.append(f'<div class="kpi"><div class="muted">peak {label}</div><div class="big">{value}</div></div>')
     if result.drift:
         kpis.append(f'<div class="kpi"><div class="muted">drift (max rel)</div><div class="big">'
                     f'{result.drift["max_rel"]:.1e}</div></div>')
