@@ -29,6 +29,7 @@ import torch
 from .device import DeviceError, device_info, resolve_device
 from .holders import Holder, namespace_holders
 from .memory import PeakMeter, cuda_counters, current_rss, format_bytes, parse_bytes
+from .options import option
 from .results import ResultMixin
 
 if TYPE_CHECKING:
@@ -199,7 +200,7 @@ _caps: dict[int, float] = {}  # device index -> the fraction in force before nba
 def apply_cap(device: torch.device, budget: int) -> float:
     """Cap the caching allocator of ``device`` at ``budget`` bytes; returns the fraction set."""
     if device.type != "cuda":
-        raise BudgetError("--enforce needs a CUDA device: the CPU allocator has no per-process cap, so on the CPU "
+        raise BudgetError(f"{option('enforce', True)} needs a CUDA device: the CPU allocator has no per-process cap, so on the CPU "
                           "only a soft budget (checked after each cell) is possible; for a hard host limit run "
                           "the kernel under a cgroup (systemd-run -p MemoryMax=6G, docker --memory 6g)")
     total = device_memory(device)

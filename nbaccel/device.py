@@ -13,6 +13,8 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
+from .options import option
+
 _DTYPES = {
     "bf16": torch.bfloat16,
     "bfloat16": torch.bfloat16,
@@ -38,8 +40,8 @@ def resolve_device(spec: str | torch.device | None = "auto") -> torch.device:
     if device.type == "cuda":
         if not torch.cuda.is_available():
             raise DeviceError(
-                f"--device {spec} was asked for, but this torch ({torch.__version__}) sees no CUDA GPU; "
-                "use --device cpu (or auto) here"
+                f"{option('device', str(spec))} was asked for, but this torch ({torch.__version__}) sees no "
+                f"CUDA GPU; use {option('device', 'cpu')} (or auto) here"
             )
         index = device.index if device.index is not None else torch.cuda.current_device()
         if index >= torch.cuda.device_count():
@@ -185,21 +187,23 @@ def dtype_name(requested) -> str:
     return aliases.get(name, name)
 
 
-def autocast_dtype(requested: str, info: DeviceInfo) -> torch.dtype:
-    """Map ``bf16|fp16|auto`` to the autocast dtype for this device, or say why not."""
+def autocast_dtype(requested: str, info: DeviceInfo, name: str = "dtype") -> torch.dtype:
+    """Map ``bf16|fp16|auto`` to the autocast dtype for this device, or say why not (``name``: the
+    option the user set, ``dtype`` of %%amp or ``amp`` of %%profile_gpu)."""
     requested = dtype_name(requested)
     if requested == "auto":
         if info.type == "cpu" or info.supports_bf16:
             return torch.bfloat16
         return torch.float16
     if requested not in _DTYPES:
-        raise DeviceError(f"--dtype {requested} is not an autocast dtype; use bf16, fp16 or auto")
+        raise DeviceError(f"{option(name, requested)} is not an autocast dtype; use bf16, fp16 or auto")
     dtype = _DTYPES[requested]
     if dtype is torch.bfloat16 and not info.supports_bf16:
-        raise DeviceError(f"{info.name} has no bf16 support (needs compute capability 8.0+); use --dtype fp16")
+        raise DeviceError(f"{info.name} has no bf16 support (needs compute capability 8.0+); "
+                          f"use {option(name, 'fp16')}")
     if dtype is torch.float16 and not info.supports_fp16:
         raise DeviceError(
             "this CPU has no fp16 arithmetic units (AMX-FP16 or AVX512-FP16), so CPU fp16 autocast would only "
-            "emulate it; use --dtype bf16 on the CPU"
+            f"emulate it; use {option(name, 'bf16')} on the CPU"
         )
     return dtype

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import torch
 
 from .device import DTYPE_NAMES, DeviceError, DeviceInfo, autocast_dtype, device_info, dtype_name, resolve_device
+from .options import option
 
 NEW_TF32_API = hasattr(torch.backends.cuda.matmul, "fp32_precision")
 
@@ -50,12 +51,14 @@ FP32 = "fp32"
 TF32 = "tf32"
 
 
-def make_recipe(dtype: str = "auto", device="auto", tf32: bool = True, cudnn_benchmark: bool | None = None) -> Recipe:
+def make_recipe(dtype: str = "auto", device="auto", tf32: bool = True, cudnn_benchmark: bool | None = None,
+                name: str = "dtype") -> Recipe:
     """Build the recipe ``%%amp`` uses: autocast at ``dtype`` plus Tensor Core settings on CUDA.
 
     ``dtype="fp32"`` gives the baseline: no autocast and, where TF32 exists, TF32 forced off, so
     the comparison is against strict IEEE fp32 whatever the user's flags say. TF32 only exists on
     CUDA (Ampere+), so elsewhere ``tf32`` is left alone (None), and the result says so.
+    ``name`` is the option an error names (``dtype``, or ``amp`` for the profiler).
     """
     dev = resolve_device(device)
     info = device_info(dev)
@@ -64,13 +67,13 @@ def make_recipe(dtype: str = "auto", device="auto", tf32: bool = True, cudnn_ben
     if dtype == TF32:  # TF32 alone, no autocast: the "free" Tensor Core speedup for fp32 code
         if not info.supports_tf32:
             raise DeviceError(f"TF32 needs a CUDA GPU of compute capability 8.0+; {info.label} has none. "
-                              "Use --dtype bf16 here")
+                              f"Use {option(name, 'bf16')} here")
         return Recipe(dev.type, None, tf32=True)
     if dtype == FP32:
         return Recipe(dev.type, None, tf32=False if info.supports_tf32 else None)
     return Recipe(
         device_type=dev.type,
-        autocast_dtype=autocast_dtype(dtype, info),
+        autocast_dtype=autocast_dtype(dtype, info, name),
         tf32=tf32_setting,
         cudnn_benchmark=cudnn_benchmark,
     )

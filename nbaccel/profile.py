@@ -60,6 +60,7 @@ from .analysis import (FlopsSummary, TraceData, achieved_flops, category_breakdo
 from .analysis.metrics import activity_columns, busy_rows, category_rows, kernel_rows
 from .analysis.trace import paused_gc
 from .device import DeviceError, DeviceInfo, device_info, resolve_device
+from .options import option
 from .precision import Recipe, apply_recipe, make_recipe
 from .results import ResultMixin
 from .stderr_filter import dropped_stderr_lines
@@ -113,22 +114,22 @@ def check_trace_path(path: str) -> None:
     p = Path(path).expanduser()
     if trace_is_file(path):
         if p.is_dir():
-            raise ProfileError(f"--trace {path} is a folder; give a file name ending in .json, or a folder name "
+            raise ProfileError(f"{option('trace', path)} is a folder; give a file name ending in .json, or a folder name "
                                "without .json for one file per step")
         parent = p.parent
         if not parent.is_dir():
-            raise ProfileError(f"--trace {path}: the folder {parent} does not exist; create it first")
+            raise ProfileError(f"{option('trace', path)}: the folder {parent} does not exist; create it first")
         if not os.access(parent, os.W_OK) or (p.exists() and not os.access(p, os.W_OK)):
-            raise ProfileError(f"--trace {path}: not writable; choose another path")
+            raise ProfileError(f"{option('trace', path)}: not writable; choose another path")
         return
     if p.exists() and not p.is_dir():
-        raise ProfileError(f"--trace {path} exists and is not a folder; a name without .json is a folder "
+        raise ProfileError(f"{option('trace', path)} exists and is not a folder; a name without .json is a folder "
                            "(one trace file per step), a name ending in .json is one file")
     ancestor = p
     while not ancestor.exists():
         ancestor = ancestor.parent
     if not ancestor.is_dir() or not os.access(ancestor, os.W_OK):
-        raise ProfileError(f"--trace {path}: cannot create a folder under {ancestor}; choose another path")
+        raise ProfileError(f"{option('trace', path)}: cannot create a folder under {ancestor}; choose another path")
 
 
 def profiler_running() -> bool:
@@ -138,25 +139,27 @@ def profiler_running() -> bool:
 def validate(options: ProfileOptions) -> tuple[torch.device, DeviceInfo, Recipe | None]:
     """Check every option against this machine; raise `ProfileError` naming the fix."""
     if options.top < 1:
-        raise ProfileError(f"--top must be at least 1, got {options.top}")
+        raise ProfileError(f"{option('top')} must be at least 1, got {options.top}")
     if options.steps < 1:
-        raise ProfileError(f"--steps must be at least 1, got {options.steps}: the profile needs an active step")
+        raise ProfileError(f"{option('steps')} must be at least 1, got {options.steps}: the profile needs an active step")
     if options.warmup < 0:
-        raise ProfileError(f"--warmup must be at least 0, got {options.warmup}")
+        raise ProfileError(f"{option('warmup')} must be at least 0, got {options.warmup}")
     if options.sort is not None and options.sort not in pt.SORT_COLUMNS:
-        raise ProfileError(f"--sort {options.sort} is not a sort key; use one of: {', '.join(pt.SORT_COLUMNS)}")
+        raise ProfileError(f"{option('sort', options.sort)} is not a sort key; use one of: {', '.join(pt.SORT_COLUMNS)}")
     try:
         dev = resolve_device(options.device)
         info = device_info(dev)
-        recipe = make_recipe(options.amp, dev) if options.amp else None
+        recipe = make_recipe(options.amp, dev, name="amp") if options.amp else None
     except DeviceError as exc:
         raise ProfileError(str(exc)) from None
     if options.sort == "device" and dev.type != "cuda":
-        raise ProfileError("--sort device needs a CUDA device; this profile runs on the CPU: use --sort self or cpu")
+        raise ProfileError(f"{option('sort', 'device')} needs a CUDA device; this profile runs on the CPU: use "
+                           f"{option('sort', 'self')} or {option('sort', 'cpu')}")
     if options.sort == "memory" and not options.memory:
-        raise ProfileError("--sort memory needs --memory (memory is only recorded with profile_memory)")
+        raise ProfileError(f"{option('sort', 'memory')} needs {option('memory', True)} (memory is only recorded "
+                           "with profile_memory)")
     if options.amp and options.amp not in DTYPES:
-        raise ProfileError(f"--amp {options.amp} is not supported; use one of: {', '.join(DTYPES)}")
+        raise ProfileError(f"{option('amp', options.amp)} is not supported; use one of: {', '.join(DTYPES)}")
     if options.trace:
         check_trace_path(options.trace)
     if profiler_running():

@@ -41,6 +41,7 @@ from . import profile_table as pt
 from .analysis.metrics import busiest_device
 from .analysis.trace import TraceData, TraceError, TraceWarning, _build, _metadata, paused_gc
 from .device import DeviceInfo
+from .options import option
 from .profile import ProfileError, ProfileOptions, ProfileResult, _json_safe
 from .results import ResultMixin
 from .trace_io import TraceStream, peek_rank, trace_files
@@ -74,7 +75,7 @@ def load_trace(path: str | os.PathLike, *, rank: int | None = None, top: int = 1
     opts = dict(top=top, sort=sort, shapes=shapes, stack=stack, memory=memory)
     if p.is_file():
         if rank is not None:
-            raise ProfileError(f"rank={rank} selects a rank in a folder of traces; {path} is one file")
+            raise ProfileError(f"{option('rank', rank)} selects a rank in a folder of traces; {path} is one file")
         return _load_rank([p], opts, source=str(path))
     skipped: dict[Path, TraceError] = {}
     groups = _group_by_rank(p, skipped)
@@ -83,7 +84,7 @@ def load_trace(path: str | os.PathLike, *, rank: int | None = None, top: int = 1
         if rank not in groups:
             if set(groups) == {None}:
                 raise TraceError(f"{path}: its traces carry no rank (one process's run), so there is no rank "
-                                 f"{rank}; load it without --rank")
+                                 f"{rank}; load it without {option('rank')}")
             have = ", ".join(str(r) for r in sorted(groups, key=lambda r: (r is None, r or 0)))
             raise TraceError(f"{path}: no trace of rank {rank} in this folder (ranks found: {have})")
         groups = {rank: groups[rank]}

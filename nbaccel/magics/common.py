@@ -11,6 +11,8 @@ from IPython.core.error import UsageError
 from IPython.core.magic_arguments import argument, parse_argstring, real_name
 from IPython.utils.capture import capture_output
 
+from ..options import magic_spelling
+
 
 # IPython's own history bindings: a snapshot must neither restore nor delete them.
 _HISTORY = re.compile(r"^(_+|_i+|_i?\d+|_[oid]h|In|Out|exit|quit|get_ipython)$")
@@ -40,8 +42,9 @@ def cell_function(shell, cell: str):
 
     def run_cell():
         __tracebackhide__ = True  # noqa: F841 - IPython hides this frame; the user's own lines remain
-        exec(code, shell.user_global_ns, ns)  # noqa: S102 - running the user's own cell is the point
-        return eval(expr, shell.user_global_ns, ns) if expr is not None else None  # noqa: S307
+        with magic_spelling(False):  # nbaccel's API called in the cell is Python: errors say top=, not --top
+            exec(code, shell.user_global_ns, ns)  # noqa: S102 - running the user's own cell is the point
+            return eval(expr, shell.user_global_ns, ns) if expr is not None else None  # noqa: S307
 
     return run_cell
 

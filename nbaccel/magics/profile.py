@@ -10,6 +10,7 @@ from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments
 
+from ..options import magic_spelling
 from ..profile import DTYPES, ProfileError, ProfileOptions, profile_function, validate
 from ..profile_table import CELL_LINE, SORT_COLUMNS
 from ..render.display import display_result
@@ -39,6 +40,7 @@ class ProfileMagics(Magics):
     @argument("-r", "--result", default=None, metavar="NAME", help="store the ProfileResult in this variable")
     @argument("-q", "--quiet", action="store_true", help="do not display the result")
     @cell_magic
+    @magic_spelling()  # errors name options as typed: --top, not top=
     def profile_gpu(self, line, cell):
         """Profile the cell with torch.profiler and show the slowest operators, time by category,
         Tensor Core use, achieved FLOP/s, matmul shapes to pad, and advice.
@@ -147,10 +149,11 @@ def annotated_cell_function(shell, cell: str):
         import torch
 
         __tracebackhide__ = True  # noqa: F841 - IPython hides this frame
-        exec(code, shell.user_global_ns, ns)  # noqa: S102 - running the user's own cell is the point
-        if expr is None:
-            return None
-        with torch.profiler.record_function(last_label):
-            return eval(expr, shell.user_global_ns, ns)  # noqa: S307
+        with magic_spelling(False):  # the cell's own API calls are Python (see cell_function)
+            exec(code, shell.user_global_ns, ns)  # noqa: S102 - running the user's own cell is the point
+            if expr is None:
+                return None
+            with torch.profiler.record_function(last_label):
+                return eval(expr, shell.user_global_ns, ns)  # noqa: S307
 
     return run_cell

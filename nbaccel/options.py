@@ -1,0 +1,35 @@
+"""How an error names an option: ``--sort x`` under a magic, ``sort='x'`` from Python.
+
+The magics are thin layers over the API, so the API's own checks serve both. A check names the
+option with `option`; a magic runs inside `magic_spelling()` (the user's cell inside
+`magic_spelling(False)`: an API call in the cell is Python), and the message then reads the way
+the user typed the option (``%%profile_gpu --top 0`` -> "--top must be ...",
+``nbaccel.profile(top=0)`` -> "top must be ...").
+"""
+
+from __future__ import annotations
+
+import contextlib
+from contextvars import ContextVar
+
+_IN_MAGIC: ContextVar[bool] = ContextVar("nbaccel_magic_spelling", default=False)
+_NAME_ONLY = object()
+
+
+def option(name: str, value=_NAME_ONLY) -> str:
+    """``--name value`` (``--name`` for a flag set to True) inside a magic, ``name=value`` outside."""
+    if _IN_MAGIC.get():
+        flag = "--" + name.replace("_", "-")
+        return flag if value is _NAME_ONLY or value is True else f"{flag} {value}"
+    return name if value is _NAME_ONLY else f"{name}={value!r}"
+
+
+@contextlib.contextmanager
+def magic_spelling(active: bool = True):
+    """Within this block (or decorated function), `option` spells options as a magic's command
+    line does; ``active=False`` switches back to Python's spelling."""
+    token = _IN_MAGIC.set(active)
+    try:
+        yield
+    finally:
+        _IN_MAGIC.reset(token)

@@ -1,0 +1,67 @@
+"""Errors name an option the way the user wrote it: ``--top`` under a magic, ``top=`` in Python."""
+
+from __future__ import annotations
+
+import gzip
+
+import pytest
+from IPython.core.error import UsageError
+
+import nbaccel
+from nbaccel.device import DeviceError
+from nbaccel.options import magic_spelling, option
+from nbaccel.profile import ProfileError
+
+
+def test_option_spelling_inside_and_outside_a_magic():
+    assert (option("sort", "x"), option("memory", True), option("top")) == ("sort='x'", "memory=True", "top")
+    with magic_spelling():
+        assert (option("sort", "x"), option("memory", True), option("max_snapshot")) == \
+            ("--sort x", "--memory", "--max-snapshot")
+        with magic_spelling(False):
+            assert option("top", 0) == "top=0"
+    assert option("top", 0) == "top=0"  # the block put the spelling back
+
+
+@pytest.mark.parametrize("kwargs, said", [
+    ({"sort": "x"}, "sort='x' is not a sort key"),
+    ({"sort": "memory"}, "sort='memory' needs memory=True"),
+    ({"top": 0}, "top must be at least 1"),
+    ({"amp": "fp8"}, "amp='fp8' is not an autocast dtype"),
+    ({"trace": "/nonexistent-nbaccel/x.json"}, "trace='/nonexistent-nbaccel/x.json': the folder"),
+])
+def test_python_api_errors_use_keyword_arguments(kwargs, said):
+    with pytest.raises(ProfileError) as info:
+        with nbaccel.profile(**kwargs):
+            pass
+    assert said in str(info.value) and "--" not in str(info.value)
+
+
+def test_compare_amp_names_its_dtype_argument():
+    with pytest.raises(DeviceError, match=r"dtype='fp8' is not an autocast dtype"):
+        nbaccel.compare_amp(lambda: None, dtype="fp8")
+
+
+@pytest.mark.parametrize("cell, said", [
+    ("%%profile_gpu --sort memory\n1", "--sort memory needs --memory"),
+    ("%%profile_gpu --top 0\n1", "--top must be at least 1"),
+    ("%%profile_gpu --trace /nonexistent-nbaccel/x.json\n1", "--trace /nonexistent-nbaccel/x.json: the folder"),
+])
+def test_magic_errors_use_the_command_line_options(run_cell, cell, said):
+    result, _ = run_cell(cell, expect_error=UsageError)
+    assert said in str(result.error_before_exec or result.error_in_exec)
+
+
+def test_api_called_inside_a_magics_cell_speaks_python(run_cell, ip):
+    run_cell("%%amp --repeat 1 --warmup 0 -q\nimport nbaccel\ntry:\n    nbaccel.profile(top=0).__enter__()\n"
+             "except Exception as exc:\n    said = str(exc)")
+    assert ip.user_ns["said"].startswith("top must be at least 1")
+
+
+def test_profile_trace_magic_names_its_rank_option(run_cell, tmp_path):
+    one_file = "tests/data/h200_bf16_transformer_step.json.gz"
+    result, _ = run_cell(f"%profile_trace {one_file} --rank 5 -q", expect_error=UsageError)
+    assert str(result.error_in_exec).startswith("--rank 5 selects a rank in a folder")
+    (tmp_path / "w.pt.trace.json").write_bytes(gzip.decompress(open(one_file, "rb").read()))
+    result, _ = run_cell(f"%profile_trace {tmp_path} --rank 5 -q", expect_error=UsageError)
+    assert str(result.error_in_exec).endswith("load it without --rank")
