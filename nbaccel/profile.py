@@ -197,6 +197,23 @@ def quiet_kineto():
 
 _CYCLE_WARNING = r"Warning: Profiler clears events"
 
+_UNKNOWN_BLOCK = b"Memory block of unknown size was allocated before the profiling started"
+
+
+def drop_unknown_block_warning(enabled: bool = True):
+    """While ``memory=True`` (``--memory``) profiles the code, drop torch's "Memory block of unknown
+    size was allocated before the profiling started" line from fd 2; pass everything else on.
+
+    torch's CPU allocator logs that line (a C++ ``LOG(WARNING)`` written straight to fd 2, so no
+    Python warning filter sees it) the first time, then every 1000th time, that a tensor allocated
+    before the profiler started is freed while it records memory -- which is what ``x = ...`` in
+    the profiled code does to the old ``x``. The memory columns simply do not count such frees;
+    the line only alarms.
+    """
+    if not enabled:
+        return contextlib.nullcontext()
+    return dropped_stderr_lines(lambda line: _UNKNOWN_BLOCK in line)
+
 
 # --- the profile ---------------------------------------------------------------------------------
 
@@ -239,8 +256,15 @@ class profile:  # noqa: N801 - a context manager used like a function: `with nba
         self._cudnn_benchmark = bool(torch.backends.cudnn.benchmark)
         self._prof = torch.profiler.profile(activities=activities, schedule=schedule, record_shapes=True,
                                             profile_memory=opts.memory, with_stack=opts.stack)
-        with quiet_kineto():
-            self._prof.start()
+        # Entered first, left last (in _stop, after the profiler stopped): the line comes from frees.
+        self._unknown_block_filter = drop_unknown_block_warning(enabled=opts.memory)
+        self._unknown_block_filter.__enter__()
+        try:
+            with quiet_kineto():
+                self._prof.start()
+        except BaseException:
+            self._unknown_block_filter.__exit__(None, None, None)
+            raise
         self._stack = contextlib.ExitStack()
         try:
             if self.recipe is not None:
@@ -266,8 +290,11 @@ class profile:  # noqa: N801 - a context manager used like a function: `with nba
             self._stack = None
             if self.device.type == "cuda":
                 torch.cuda.synchronize(self.device)  # every queued kernel belongs to this profile
-            with quiet_kineto():
-                self._prof.stop()
+            try:
+                with quiet_kineto():
+                    self._prof.stop()
+            finally:
+                self._unknown_block_filter.__exit__(None, None, None)
 
     def __exit__(self, exc_type, exc, tb) -> bool:
         try:

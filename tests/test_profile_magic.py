@@ -469,11 +469,19 @@ result = ip.run_cell("%%profile_gpu --memory -q -r p\nos.write(2, b'the cell wro
                      "os.write(2, b'the cell ends\\n')\nlen(keep)\n")
 assert result.success and result.result == 0, result
 assert ip.user_ns["p"].options.memory
+os.write(2, b"=== api\n")
+import nbaccel
+keep = [torch.ones(16) for _ in range(2500)]
+with nbaccel.profile(memory=True) as prof:
+    os.write(2, b"the block wrote this\n")
+    keep.clear()
+assert prof.result.options.memory
 os.write(2, b"=== done\n")
 """
 
 
 def test_memory_profile_drops_torchs_unknown_block_line_and_nothing_else(tmp_path):
+    # The magic and the API (nbaccel.profile(memory=True)) both filter it.
     # A fresh process: torch logs the line only every 1000th time per process.
     import subprocess
     import sys
@@ -486,8 +494,10 @@ def test_memory_profile_drops_torchs_unknown_block_line_and_nothing_else(tmp_pat
                           env={**__import__("os").environ, "PYTHONPATH": str(root)})
     assert proc.returncode == 0, proc.stderr
     control, rest = proc.stderr.split("=== magic\n")
-    magic, _ = rest.split("=== done\n")
+    magic, rest = rest.split("=== api\n")
+    api, _ = rest.split("=== done\n")
     line = "Memory block of unknown size was allocated before the profiling started"
     assert line in control, proc.stderr  # this torch does log it (else the check below proves nothing)
     assert line not in magic, magic
     assert "the cell wrote this\nthe cell ends\n" in magic
+    assert line not in api and "the block wrote this\n" in api, api

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import ast
-import contextlib
 import re
 
 from IPython.core.error import UsageError
@@ -14,7 +13,6 @@ from ..options import magic_spelling
 from ..profile import DTYPES, ProfileError, ProfileOptions, profile_function, validate
 from ..profile_table import CELL_LINE, SORT_COLUMNS
 from ..render.display import display_result
-from ..stderr_filter import dropped_stderr_lines
 from .common import cell_function, check_name, help_option, parse_cell, parse_line, silenced, store_result
 
 
@@ -72,8 +70,7 @@ class ProfileMagics(Magics):
             raise UsageError(str(exc)) from None
         run = annotated_cell_function(self.shell, cell) if args.stack else cell_function(self.shell, cell)
         try:
-            with drop_unknown_block_warning(enabled=options.memory):
-                result = profile_function(run, options, silence=silenced)
+            result = profile_function(run, options, silence=silenced)
         except ProfileError as exc:  # e.g. another profiler started between the check and the run
             raise UsageError(str(exc)) from None
         store_result(self.shell, args.result, result)
@@ -82,22 +79,6 @@ class ProfileMagics(Magics):
         return result.value
 
 
-_UNKNOWN_BLOCK = b"Memory block of unknown size was allocated before the profiling started"
-
-
-def drop_unknown_block_warning(enabled: bool = True):
-    """While ``--memory`` profiles the cell, drop torch's "Memory block of unknown size was
-    allocated before the profiling started" line from fd 2; pass everything else on as it comes.
-
-    torch's CPU allocator logs that line (a C++ ``LOG(WARNING)`` written straight to fd 2, so no
-    Python warning filter sees it) the first time, then every 1000th time, that a tensor allocated
-    before the profiler started is freed while it records memory -- which is what ``x = ...`` in
-    the profiled cell does to the old ``x``. The memory columns simply do not count such frees;
-    the line only alarms.
-    """
-    if not enabled:
-        return contextlib.nullcontext()
-    return dropped_stderr_lines(lambda line: _UNKNOWN_BLOCK in line)
 
 
 def _line_marker(label: str, node: ast.AST) -> ast.withitem:
