@@ -165,8 +165,20 @@ def source_by_op(events: list, ops: pd.DataFrame) -> list[str | None]:
                 j += 1
             while stack and stack[-1][1] < t:
                 stack.pop()
-            out[i] = stack[-1][2] if stack else None
+            out[i] = _innermost_source(stack)
     return out
+
+
+def _innermost_source(stack: list[tuple[float, float, str]]) -> str | None:
+    """The innermost open source, except a module-level frame inside a ``cell line`` range: the
+    magic evaluates the cell's last expression inside its range, so the expression's own
+    ``<module>`` frame opens after it and would hide the line it belongs to."""
+    for k in range(len(stack) - 1, -1, -1):
+        name = stack[k][2]
+        if name.endswith("<module>") and any(frame[2].startswith(CELL_LINE) for frame in stack[:k]):
+            continue
+        return name
+    return None
 
 
 # --- grouped tables ------------------------------------------------------------------------------

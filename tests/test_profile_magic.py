@@ -136,6 +136,15 @@ def test_stack_groups_by_cell_line(run_cell, ip):
     assert table.iloc[0]["calls"] == 1
 
 
+def test_stack_attributes_a_last_expression_to_its_cell_line(run_cell, ip):
+    # The cell's last expression is evaluated apart (its value is the cell's result); its own
+    # module-level frame once hid the line: the table said "<ipython-input-..>(0): <module>".
+    run_cell(SETUP)
+    run_cell("%%profile_gpu -q -r prof --stack\ncount = 1\n(a @ b).sum()\n")
+    sources = set(ip.user_ns["prof"].ops["source"])
+    assert sources == {"cell line 2: (a @ b).sum()"}, sources
+
+
 def test_stack_attributes_ops_to_user_functions(run_cell, ip):
     run_cell(SETUP + "def helper(t):\n    return (t @ t).sum()\n")
     run_cell("%%profile_gpu -q -r prof --stack\nhelper(a)\n")
