@@ -117,6 +117,8 @@ def test_bf16_ops_reported_on_cpu(run_cell, ip):
     ("--warmup -1", "--warmup must be at least 0"),
     ("--bogus", "unrecognized arguments"),
     ("-r 1abc", "-r/--result takes a Python variable name"),
+    ("-r class", "-r/--result takes a Python variable name, got 'class'"),
+    ("-r __builtins__", "would replace one of Python's own names"),
 ])
 def test_bad_input_is_a_usage_error_and_the_cell_does_not_run(run_cell, ip, line, message):
     run_cell("ran = 0")

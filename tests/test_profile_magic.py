@@ -293,6 +293,8 @@ def test_widget_builds_with_breakdown_and_advice_tabs(run_cell, ip):
     ("--amp fp8", "--amp fp8 is not supported"),
     ("--bogus", "unrecognized arguments"),
     ("-r 1abc", "-r/--result takes a Python variable name"),
+    ("-r for", "-r/--result takes a Python variable name, got 'for'"),
+    ("-r __builtins__", "would replace one of Python's own names"),
     ("--trace /proc/version/trace.json", "does not exist"),
     ("--trace /proc/version", "exists and is not a folder"),
 ])

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import ast
 import difflib
+import keyword
 import re
 
 from IPython.core.error import UsageError
@@ -89,8 +90,14 @@ def store_result(shell, name: str | None, result) -> None:
 
 
 def check_name(name: str | None) -> None:
-    if name is not None and not name.isidentifier():
+    """-r NAME must be a variable the user can then type: not a keyword (``for`` could only be
+    reached through globals()), not a dunder (``__builtins__`` replaced breaks the kernel)."""
+    if name is None:
+        return
+    if not name.isidentifier() or keyword.iskeyword(name):
         raise UsageError(f"-r/--result takes a Python variable name, got {name!r}")
+    if name.startswith("__") and name.endswith("__"):
+        raise UsageError(f"-r/--result {name} would replace one of Python's own names; choose another, e.g. -r res")
 
 
 def positive(value: int, option: str, minimum: int = 1) -> int:
