@@ -10,6 +10,7 @@ the user typed the option (``%%profile_gpu --top 0`` -> "--top must be ...",
 from __future__ import annotations
 
 import contextlib
+import numbers
 from contextvars import ContextVar
 
 _IN_MAGIC: ContextVar[bool] = ContextVar("nbaccel_magic_spelling", default=False)
@@ -22,6 +23,19 @@ def option(name: str, value=_NAME_ONLY) -> str:
         flag = "--" + name.replace("_", "-")
         return flag if value is _NAME_ONLY or value is True else f"{flag} {value}"
     return name if value is _NAME_ONLY else f"{name}={value!r}"
+
+
+def whole_number(name: str, value, minimum: int, error: type[Exception] = ValueError, why: str = "") -> int:
+    """``value`` if it is an int of at least ``minimum``; else ``error`` naming the option.
+
+    A magic's parser has already made an int; from Python, ``top="5"`` or ``steps=1.5`` would
+    otherwise fail deep inside (a comparison of str and int, a schedule of 1.5 steps).
+    """
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise error(f"{option(name)} takes a whole number, got {value!r}")
+    if value < minimum:
+        raise error(f"{option(name)} must be at least {minimum}, got {value}{why}")
+    return int(value)
 
 
 @contextlib.contextmanager

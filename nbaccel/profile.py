@@ -60,7 +60,7 @@ from .analysis import (FlopsSummary, TraceData, achieved_flops, category_breakdo
 from .analysis.metrics import activity_columns, busy_rows, category_rows, kernel_rows
 from .analysis.trace import paused_gc
 from .device import DeviceError, DeviceInfo, device_info, resolve_device
-from .options import option
+from .options import option, whole_number
 from .precision import Recipe, apply_recipe, make_recipe
 from .results import ResultMixin
 from .stderr_filter import dropped_stderr_lines
@@ -138,12 +138,11 @@ def profiler_running() -> bool:
 
 def validate(options: ProfileOptions) -> tuple[torch.device, DeviceInfo, Recipe | None]:
     """Check every option against this machine; raise `ProfileError` naming the fix."""
-    if options.top < 1:
-        raise ProfileError(f"{option('top')} must be at least 1, got {options.top}")
-    if options.steps < 1:
-        raise ProfileError(f"{option('steps')} must be at least 1, got {options.steps}: the profile needs an active step")
-    if options.warmup < 0:
-        raise ProfileError(f"{option('warmup')} must be at least 0, got {options.warmup}")
+    whole_number("top", options.top, 1, ProfileError)
+    whole_number("steps", options.steps, 1, ProfileError, why=": the profile needs an active step")
+    whole_number("warmup", options.warmup, 0, ProfileError)
+    if options.trace is not None and not isinstance(options.trace, (str, os.PathLike)):
+        raise ProfileError(f"{option('trace')} takes a file or folder path, got {options.trace!r}")
     if options.sort is not None and options.sort not in pt.SORT_COLUMNS:
         raise ProfileError(f"{option('sort', options.sort)} is not a sort key; use one of: {', '.join(pt.SORT_COLUMNS)}")
     try:
@@ -690,6 +689,10 @@ class ProfileResult(ResultMixin):
     def table(self, group: str | None = None, sort: str | None = None, ascending: bool = False,
               filter: str = "", top: int | None = None) -> pd.DataFrame:  # noqa: A002 - the user's word
         """The operator table grouped by ``op|op+shape|source``, sorted by a --sort key or any column."""
+        if top is not None:
+            whole_number("top", top, 1, ProfileError)
+        if not isinstance(filter, str):
+            raise ProfileError(f"filter takes the text to look for in the names, got {filter!r}")
         return pt.select(self.grouped(group or self.options.group), sort or self.default_sort, ascending, filter, top)
 
     @property

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import gzip
+import re
 
 import pytest
+import torch
 from IPython.core.error import UsageError
 
 import nbaccel
@@ -65,3 +67,28 @@ def test_profile_trace_magic_names_its_rank_option(run_cell, tmp_path):
     (tmp_path / "w.pt.trace.json").write_bytes(gzip.decompress(open(one_file, "rb").read()))
     result, _ = run_cell(f"%profile_trace {tmp_path} --rank 5 -q", expect_error=UsageError)
     assert str(result.error_in_exec).endswith("load it without --rank")
+
+
+@pytest.mark.parametrize("kwargs, said", [
+    ({"top": "5"}, "top takes a whole number, got '5'"),
+    ({"steps": 1.5}, "steps takes a whole number, got 1.5"),
+    ({"warmup": True}, "warmup takes a whole number, got True"),
+    ({"trace": 3}, "trace takes a file or folder path, got 3"),
+])
+def test_wrong_types_in_the_profile_api_say_what_the_argument_takes(kwargs, said):
+    with pytest.raises(ProfileError, match=re.escape(said)):
+        with nbaccel.profile(**kwargs):
+            pass
+
+
+@pytest.mark.parametrize("kwargs, said", [
+    ({"top": -1}, "top must be at least 1, got -1"),  # pandas' head(-1) once dropped the last row instead
+    ({"top": "3"}, "top takes a whole number"),
+    ({"filter": 3}, "filter takes the text to look for"),
+])
+def test_result_table_refuses_what_it_cannot_mean(kwargs, said):
+    with nbaccel.profile() as prof:
+        torch.ones(4, 4) @ torch.ones(4, 4)
+    assert len(prof.result.table(top=1)) == 1
+    with pytest.raises(ProfileError, match=re.escape(said)):
+        prof.result.table(**kwargs)
