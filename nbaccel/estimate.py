@@ -10,11 +10,11 @@
   create and drop (exact bytes of live tensors, no allocator overhead). The activation memory at
   the requested batch is extrapolated *linearly* from the two probes (intercept + slope x batch),
   which the result states.
-* On the host the prediction is the step's *tensor* peak. The process's RSS is what a heap that
-  returns freed blocks would show (glibc with a fixed ``MALLOC_MMAP_THRESHOLD_``: measured within
-  0.2 %), but glibc's default heap keeps freed tensors resident and reuses them only in part, so
-  the measured RSS is higher by an amount that depends on where blocks land (the same step, five
-  times: up to about twice the tensor peak's step part). What it cannot exceed is the sum of every tensor the
+* On the host the prediction is the step's *tensor* peak. The process's RSS shows that when the
+  heap returns freed blocks (glibc with a fixed ``MALLOC_MMAP_THRESHOLD_``: within 0.4 % on the
+  benchmark's MLPs); glibc's default heap keeps freed tensors resident and reuses them only in
+  part, so its RSS is higher by an amount that depends on where blocks land (the same step, five
+  times: 1.5 to 2.2 times the predicted step part). It cannot exceed the sum of every tensor the
   step allocates (``total_no_reuse``, also fitted linearly); docs/memory.md has the measurements.
 * A step's peak is ``params + optimizer states + max(grads + activations, grads + the optimizer
   step's temporaries)``: the foreach/fused optimizer kernels allocate temporaries the size of the
