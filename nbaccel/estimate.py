@@ -10,6 +10,12 @@
   create and drop (exact bytes of live tensors, no allocator overhead). The activation memory at
   the requested batch is extrapolated *linearly* from the two probes (intercept + slope x batch),
   which the result states.
+* On the host the prediction is the step's *tensor* peak. The process's RSS shows that when the
+  heap returns freed blocks (glibc with a fixed ``MALLOC_MMAP_THRESHOLD_``: within 0.4 % on the
+  benchmark's MLPs); glibc's default heap keeps freed tensors resident and reuses them only in
+  part, so its RSS is higher by an amount that depends on where blocks land (the same step, five
+  times: 1.5 to 2.2 times the predicted step part). It cannot exceed the sum of every tensor the
+  step allocates (``total_no_reuse``, also fitted linearly); docs/memory.md has the measurements.
 * A step's peak is ``params + optimizer states + max(grads + activations, grads + the optimizer
   step's temporaries)``: the foreach/fused optimizer kernels allocate temporaries the size of the
   parameters while the activations are already freed, which dominates for small batches.
@@ -49,7 +55,8 @@ class LiveBytes(TorchDispatchMode):
 
     An op output whose storage is new (not one of the op's inputs' storages: views and in-place
     ops allocate nothing) is counted until its storage is freed (a weakref finalizer). Tensors that
-    existed before (the parameters) are not counted.
+    existed before (the parameters) are not counted. ``allocated`` is the sum of every new storage,
+    freed or not: the bytes the block would touch if no freed block were ever reused.
     """
 
     def __init__(self):
@@ -57,6 +64,7 @@ class LiveBytes(TorchDispatchMode):
         self._live: dict[int, int] = {}
         self.current = 0
         self.peak = 0
+        self.allocated = 0
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
@@ -70,6 +78,7 @@ class LiveBytes(TorchDispatchMode):
                 size = storage.nbytes()
                 self._live[key] = size
                 self.current += size
+                self.allocated += size
                 self.peak = max(self.peak, self.current)
                 weakref.finalize(storage, self._free, key)
         return out
@@ -161,10 +170,13 @@ def _default_loss(output) -> torch.Tensor:
 
 
 class _Peak:
-    """Peak bytes created during a block: the CUDA allocator's counters, or `LiveBytes` elsewhere."""
+    """Peak bytes created during a block: the CUDA allocator's counters, or `LiveBytes` elsewhere.
+
+    Off CUDA, ``allocated`` is also set: all bytes the block's ops allocated (`LiveBytes.allocated`).
+    """
 
     def __init__(self, device: torch.device):
-        self.device, self.peak = device, 0
+        self.device, self.peak, self.allocated = device, 0, None
 
     def __enter__(self):
         if self.device.type == "cuda":
@@ -189,6 +201,7 @@ class _Peak:
     def __exit__(self, *exc):
         self.peak = self.phase()
         if self.device.type != "cuda":
+            self.allocated = self._mode.allocated
             self._mode.__exit__(*exc)
         return False
 
@@ -222,20 +235,22 @@ def _probe(model, optimizer, example, batches, device, amp_dtype, loss_fn) -> di
         opt.zero_grad(set_to_none=True)
     states_measured = sum(t.untyped_storage().nbytes() for s in (opt.state.values() if opt else [])
                           for t in s.values() if isinstance(t, torch.Tensor))
-    fwd, bwd = [], []
+    fwd, bwd, allocated = [], [], []
     for b in batches:
         replica.zero_grad(set_to_none=True)
         with _Peak(device) as peak:
             fwd.append(forward_backward(b, peak))
         bwd.append(peak.peak)
-    step = 0
+        allocated.append(peak.allocated)
+    step, step_allocated = 0, 0
     if opt is not None:
         with _Peak(device) as peak:
             opt.step()
-        step = peak.peak
+        step, step_allocated = peak.peak, peak.allocated
     replica.zero_grad(set_to_none=True)
     del replica, opt
-    return {"forward": fwd, "backward": bwd, "step": step, "states_measured": states_measured}
+    return {"forward": fwd, "backward": bwd, "step": step, "states_measured": states_measured,
+            "allocated": allocated, "step_allocated": step_allocated}
 
 
 def _line(batches, values) -> tuple[float, float]:
@@ -261,6 +276,10 @@ class ActivationFit:
     backward: list[int]  # peak during the backward pass (activations still alive + gradients)
     grad_bytes: int
     step_temporaries: int
+    # Off CUDA: every byte the forward+backward allocated per probe batch, and the optimizer step's,
+    # freed or not (`LiveBytes.allocated`). None where the probes ran on CUDA.
+    allocated: list[int] | None = None
+    step_allocated: int | None = None
 
     @property
     def measured(self) -> list[int]:
@@ -281,10 +300,24 @@ class ActivationFit:
         peaks = [a + s * batch for a, s in (_line(self.batches, self.forward), _line(self.batches, self.backward))]
         return int(max(0.0, max(peaks) - self.grad_bytes))
 
+    def allocated_at(self, batch: int) -> int | None:
+        """Bytes a whole step allocates at ``batch`` (forward + backward, line through the probes, plus the
+        optimizer step's), as if no freed block were reused; None for CUDA probes.
+
+        What a step can add to the process's RSS at most: every page it touches belongs to a tensor it
+        allocated. glibc's heap keeps freed blocks resident and reuses them only partly, so the
+        measured RSS lands between the live-tensor peak and this bound (docs/memory.md).
+        """
+        if self.allocated is None:
+            return None
+        intercept, slope = _line(self.batches, self.allocated)
+        return int(intercept + slope * batch + (self.step_allocated or 0))
+
     def to_dict(self) -> dict:
         return {"precision": self.precision, "probe_batches": self.batches, "measured_bytes": self.measured,
                 "forward_peak_bytes": self.forward, "backward_peak_bytes": self.backward,
-                "bytes_per_sample": self.slope, "step_temporaries_bytes": self.step_temporaries}
+                "bytes_per_sample": self.slope, "step_temporaries_bytes": self.step_temporaries,
+                "allocated_bytes": self.allocated, "step_allocated_bytes": self.step_allocated}
 
 
 @dataclass
@@ -327,9 +360,12 @@ class MemoryEstimate(ResultMixin):
         step_temp = fit.step_temporaries / (shard if strategy != "ddp" else 1)
         activations = fit.at(local_batch)
         total = params + states + grads + extra + max(activations, step_temp)
+        # Host probes only, one process: the RSS the step can reach if glibc reuses no freed block.
+        allocated = fit.allocated_at(local_batch) if n == 1 else None
         return {"precision": precision, "strategy": strategy, "gpus": n, "batch_per_gpu": local_batch,
                 "params": int(params), "grads": int(grads), "optimizer": int(states), "activations": activations,
                 "step_temporaries": int(step_temp), "overhead": int(extra), "total": int(total),
+                "total_no_reuse": None if allocated is None else int(params + states + allocated),
                 "fits": self.budget_bytes is not None and total <= self.budget_bytes}
 
     def table(self) -> pd.DataFrame:
@@ -389,6 +425,10 @@ def estimate_memory(model: torch.nn.Module, optimizer="adamw", batch: int = 32, 
     the device's memory. ``device``: where the dry runs execute (a copy of the model goes there).
     ``loss_fn(output) -> scalar``: default the sum of the first floating-point output.
     ``probe_batches``: the two dry-run batch sizes (default an eighth and a quarter of ``batch``).
+
+    Off CUDA the predicted ``total`` counts tensor bytes; ``single(p)["total_no_reuse"]`` is the
+    most the step can make the process's RSS reach (no freed block reused). glibc's default heap
+    lands between the two (module docstring).
     """
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
@@ -427,10 +467,14 @@ def estimate_memory(model: torch.nn.Module, optimizer="adamw", batch: int = 32, 
     fits, states_measured = {}, None
     for label, dtype in (("fp32", None), (f"{DTYPE_NAMES[amp]} AMP", amp)):
         probe = _probe(model, optimizer, example, probe_batches, dev, dtype, loss_fn)
-        fits[label] = ActivationFit(label, probe_batches, probe["forward"], probe["backward"], grad_bytes, probe["step"])
+        allocated = None if dev.type == "cuda" else probe["allocated"]
+        fits[label] = ActivationFit(label, probe_batches, probe["forward"], probe["backward"], grad_bytes, probe["step"],
+                                    allocated, None if allocated is None else probe["step_allocated"])
         states_measured = probe["states_measured"]
     meter = ("CUDA caching allocator peak (max_memory_allocated)" if dev.type == "cuda"
-             else "live tensor storages counted by a TorchDispatchMode (exact bytes, no allocator overhead)")
+             else "live tensor storages counted by a TorchDispatchMode (exact tensor bytes; the process's RSS "
+                  "under glibc's default heap is higher by a placement-dependent amount, at most total_no_reuse: "
+                  "every byte the step allocates, also fitted linearly)")
     method = (f"params/grads/optimizer states: exact arithmetic on {len(params)} parameter tensors; activations: "
               f"one dry training step on a copy of the model at batches {probe_batches[0]} and {probe_batches[1]} "
               f"on {dev} (peak by {meter}), forward and backward peaks each extrapolated linearly to batch {batch}; sharding: ZeRO accounting, "

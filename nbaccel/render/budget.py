@@ -222,6 +222,15 @@ def _fit_lines(e) -> list[str]:
             f"at batch {e.batch}: {format_bytes(f.at(e.batch))} (linear extrapolation)" for f in e.fits.values()]
 
 
+def _rss_line(e) -> list[str]:
+    """Host probes: the RSS bound, since glibc's heap can hold more than the tensors do."""
+    bounds = {p: e.single(p)["total_no_reuse"] for p in e.fits}
+    if any(b is None for b in bounds.values()):
+        return []
+    return [f"process RSS can reach up to {', '.join(f'{format_bytes(b)} ({p})' for p, b in bounds.items())} "
+            "if the heap reuses no freed block; glibc's default heap lands between the peak above and this"]
+
+
 def _estimate_head(e) -> str:
     return (f"{e.model_name}: {e.n_params:,} parameters ({e.n_trainable:,} trainable), {e.optimizer}, batch {e.batch}"
             f" -- {e.summary}")
@@ -232,6 +241,7 @@ def estimate_text(e) -> str:
            "per GPU when sharded over N GPUs (* = over the budget):",
            text_table(["precision", "strategy", "N=2", "N=4", "N=8"], _sharding_rows(e), left=(0, 1)), ""]
     out += ["activations: " + line for line in _fit_lines(e)]
+    out += _rss_line(e)
     out += ["", f"compared with: {e.budget_source}", "method: " + e.method]
     return "\n".join(out)
 
@@ -240,7 +250,7 @@ def estimate_html(e) -> str:
     return wrap(f"<h4>{esc(_estimate_head(e))}</h4>" + table(ESTIMATE_HEADERS, _estimate_rows(e))
                 + "<h4>Per GPU when sharded (* = over the budget)</h4>"
                 + table(["precision", "strategy", "N=2", "N=4", "N=8"], _sharding_rows(e), name_columns=(0, 1))
-                + bullet_list(_fit_lines(e))
+                + bullet_list(_fit_lines(e) + _rss_line(e))
                 + f'<div class="muted">compared with: {esc(e.budget_source)}; method: {esc(e.method)}</div>')
 
 
