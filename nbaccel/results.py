@@ -34,6 +34,13 @@ class ResultMixin:
 
         return render_text(self)
 
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        # IPython's pretty printer walks the MRO and stops at the first class that defines
+        # __repr__ or _repr_pretty_: a result dataclass's generated __repr__ would win over the
+        # mixin's, and `res` at a terminal prompt would print a field dump instead of the report.
+        cls._repr_pretty_ = ResultMixin._repr_pretty_
+
     def _repr_pretty_(self, printer, cycle):
         printer.text("<...>" if cycle else str(self))
 

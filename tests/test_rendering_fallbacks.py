@@ -97,3 +97,15 @@ def test_recipe_that_took_more_memory_is_shown_as_more(amp_result, monkeypatch):
     monkeypatch.setattr(type(amp_result), "memory_saving", property(lambda self: -7.0))
     shown = amp_render.text(amp_result) + amp_render.html(amp_result) + amp_render.widget(amp_result).children[0].value
     assert "+700% vs fp32" in shown and "-700%" not in shown and "saved -" not in shown
+
+
+def test_a_result_at_a_terminal_prompt_prints_the_report(amp_result):
+    # IPython's pretty printer (what `res` at a terminal prompt shows) once found the dataclass's
+    # generated __repr__ before the mixin's _repr_pretty_ and printed a dump of every field.
+    from IPython.lib.pretty import pretty
+
+    with nbaccel.profile() as prof:
+        torch.ones(4, 4) @ torch.ones(4, 4)
+    for result in (amp_result, prof.result, nbaccel.estimate_memory(torch.nn.Linear(8, 8), batch=4)):
+        assert pretty(result) == str(result)
+        assert f"{type(result).__name__}(" not in pretty(result)  # not the dataclass field dump
