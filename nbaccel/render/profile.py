@@ -94,7 +94,10 @@ def header_items(result) -> list[tuple[str, str]]:
     if result.loaded:
         steps = (f"{h['steps']} ProfilerStep range{'s' if h['steps'] > 1 else ''}" if h["steps"]
                  else "no ProfilerStep ranges")
-    items = [("wall time", f"{_time(h['wall_us'])} ({steps})")]
+    # Wall time is the span of the recorded events: with none (a cell of plain Python) there is no
+    # span to show, and "0" would read as a measurement.
+    wall = _time(h["wall_us"]) if h["ops"] or h["kernels"] else "none recorded"
+    items = [("wall time", f"{wall} ({steps})")]
     if result.on_device:
         items.append(("device time", _time(h["device_time_us"])))
         busy = h["device_busy_fraction"]
