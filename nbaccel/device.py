@@ -30,7 +30,10 @@ class DeviceError(ValueError):
 
 
 def resolve_device(spec: str | torch.device | None = "auto") -> torch.device:
-    """Turn ``auto|cuda|cpu|cuda:N`` into a torch.device, refusing what is not present."""
+    """Turn ``auto|cuda|cpu|cuda:N`` (any case: ``--device CPU`` like ``--dtype BF16``) into a
+    torch.device, refusing what is not present."""
+    if isinstance(spec, str):
+        spec = spec.strip().lower()
     if spec is None or str(spec) == "auto":
         return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
     try:

@@ -92,3 +92,18 @@ def test_result_table_refuses_what_it_cannot_mean(kwargs, said):
     assert len(prof.result.table(top=1)) == 1
     with pytest.raises(ProfileError, match=re.escape(said)):
         prof.result.table(**kwargs)
+
+
+@pytest.mark.parametrize("spec", ["CPU", " cpu ", "Auto"])
+def test_device_names_are_read_in_any_case_like_dtypes(spec):
+    from nbaccel.device import resolve_device
+
+    expected = "cpu" if "cpu" in spec.lower() or not torch.cuda.is_available() else "cuda"
+    assert resolve_device(spec).type == expected
+
+
+def test_an_unknown_device_names_the_choices():
+    from nbaccel.device import resolve_device
+
+    with pytest.raises(DeviceError, match="unknown device 'tpu'; use auto, cpu or cuda"):
+        resolve_device("TPU")
