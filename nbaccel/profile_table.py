@@ -166,7 +166,30 @@ def source_by_op(events: list, ops: pd.DataFrame) -> list[str | None]:
             while stack and stack[-1][1] < t:
                 stack.pop()
             out[i] = _innermost_source(stack)
+    cells = notebook_cells()
+    if cells:
+        names = {name: cell_frame_name(name, cells) for name in set(out) if name}
+        out = [names.get(name, name) for name in out]
     return out
+
+
+def notebook_cells() -> dict[str, int]:
+    """IPython's map from the code name of each cell run so far (``<ipython-input-3-..>``,
+    ipykernel's ``/tmp/ipykernel_123/456.py``) to its number; empty outside IPython."""
+    import sys
+
+    ipython = sys.modules.get("IPython")  # never imported for a script that did not already
+    shell = ipython.get_ipython() if ipython is not None else None
+    return dict(getattr(getattr(shell, "compile", None), "_filename_map", None) or {})
+
+
+def cell_frame_name(name: str, cells: dict[str, int]) -> str:
+    """``/tmp/ipykernel_1/456.py(4): f`` -> ``Cell In[3], line 4: f`` (IPython's traceback
+    words) for a function defined in a notebook cell; other names unchanged."""
+    m = _FRAME.match(name)
+    if not m or m.group("file") not in cells:
+        return name
+    return f"Cell In[{cells[m.group('file')]}], line {m.group('line')}: {m.group('func')}"
 
 
 def _innermost_source(stack: list[tuple[float, float, str]]) -> str | None:
