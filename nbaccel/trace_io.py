@@ -269,6 +269,14 @@ def trace_files(folder: str | Path) -> list[Path]:
         raise TraceError(f"{folder}: no such file or folder")
     files = sorted(f for f in p.iterdir() if f.is_file() and _TRACE_NAME.search(f.name))
     if not files:
+        # A TensorBoard log folder keeps one subfolder per run: name the runs rather than merge them.
+        runs = sorted(d.name for d in p.iterdir() if d.is_dir() and any(
+            f.is_file() and _TRACE_NAME.search(f.name) for f in d.iterdir()))
+        if runs:
+            shown = ", ".join(runs[:5]) + (f" and {len(runs) - 5} more" if len(runs) > 5 else "")
+            raise TraceError(f"{folder}: no trace files directly in this folder, but its subfolders {shown} hold "
+                             f"some (one run each, as TensorBoard's profiler writes them): load one, e.g. "
+                             f"{Path(folder) / runs[0]}")
         others = sorted(f.name for f in p.iterdir())[:5]
         found = f" (found: {', '.join(others)})" if others else " (the folder is empty)"
         raise TraceError(f"{folder}: no trace files (*.json, *.json.gz) in this folder{found}")

@@ -354,6 +354,10 @@ BAD = {
                                                    r"\(the folder is empty\)"),
     "folder of other files": (lambda d: _write(_mkdir(d / "logs") / "train.log", "x").parent,
                               r"logs: no trace files .*found: train\.log"),
+    "tensorboard log folder": (lambda d: _write(_mkdir(_mkdir(d / "log") / "resnet18") / "w.1.pt.trace.json",
+                                                _op_trace("aten::add")).parent.parent,
+                               r"log: no trace files directly in this folder, but its subfolders resnet18 hold some "
+                               r".*load one, e\.g\. .*log/resnet18$"),
 }
 
 
