@@ -8,6 +8,7 @@ FloatProgress carrying the same class) so browser tests can find it. The CSS tar
 
 from __future__ import annotations
 
+from ..budget import plural, share_text
 from ..memory import format_bytes
 from .common import bullet_list, esc, table, text_table, wrap
 
@@ -28,19 +29,20 @@ def _view(result) -> str:
 
 # --- the per-cell gauge ------------------------------------------------------------------------------
 
-def _gauge_bar(fraction: float, status: str) -> str:
-    width = max(0.0, min(1.0, fraction)) * 100
-    return f'<span class="nbaccel-gauge {esc(status)}" title="{fraction:.0%}"><span style="width:{width:.0f}%"></span></span>'
+def _gauge_bar(fraction: float | None, status: str) -> str:
+    width = max(0.0, min(1.0, fraction or 0.0)) * 100
+    return (f'<span class="nbaccel-gauge {esc(status)}" title="{share_text(fraction)}"><span style="width:{width:.0f}%">'
+            '</span></span>')
 
 
-def _text_gauge(fraction: float, width: int = 30) -> str:
-    filled = int(round(max(0.0, min(1.0, fraction)) * width))
+def _text_gauge(fraction: float | None, width: int = 30) -> str:
+    filled = int(round(max(0.0, min(1.0, fraction or 0.0)) * width))
     return "[" + "#" * filled + "." * (width - filled) + "]"
 
 
 def _cell_line(r) -> str:
     extra = f", allocated peak {format_bytes(r.allocated_peak_bytes)}" if r.allocated_peak_bytes is not None else ""
-    return (f"{format_bytes(r.used_bytes)} of {format_bytes(r.budget_bytes)} ({r.fraction:.0%}); the cell added "
+    return (f"{format_bytes(r.used_bytes)} of {format_bytes(r.budget_bytes)} ({share_text(r.fraction)}); the cell added "
             f"{format_bytes(r.added_bytes)}{extra}")
 
 
@@ -71,7 +73,7 @@ def cell_widget(report):
     import ipywidgets as w
 
     r = report.record
-    bar = w.FloatProgress(value=min(r.fraction, 1.0), min=0.0, max=1.0,
+    bar = w.FloatProgress(value=min(r.fraction or 0.0, 1.0), min=0.0, max=1.0,
                           bar_style="danger" if report.over else "warning", layout=w.Layout(width="220px"))
     bar.add_class("nbaccel-gauge")
     label = w.HTML(wrap(("<b class='warn'>over the memory budget</b> " if report.over else "")
@@ -86,9 +88,13 @@ HOLDER_HEADERS = ["name", "kind", "device", "dtype", "bytes", "detail"]
 
 
 def _history_rows(records, last=10):
-    return [[r.label, format_bytes(r.used_bytes), f"{r.fraction:.0%}", format_bytes(r.added_bytes),
+    return [[r.label, format_bytes(r.used_bytes), share_text(r.fraction), format_bytes(r.added_bytes),
              format_bytes(r.allocated_peak_bytes) if r.allocated_peak_bytes is not None else "-", r.status,
              f"{r.seconds * 1e3:.0f} ms"] for r in records[-last:]]
+
+
+def _history_title(records, last=10) -> str:
+    return plural(len(records), "cell") + " watched" + (f", the last {last}" if len(records) > last else "")
 
 
 def _holder_rows(holders):
@@ -113,7 +119,7 @@ def _now_line(s) -> str:
 def status_text(s) -> str:
     out = [_status_head(s), _now_line(s)]
     if s.records:
-        out += ["", f"last cells ({len(s.records)} watched):", text_table(HISTORY_HEADERS, _history_rows(s.records))]
+        out += ["", _history_title(s.records) + ":", text_table(HISTORY_HEADERS, _history_rows(s.records))]
     if s.holders:
         out += ["", "what holds memory now (largest first):", text_table(HOLDER_HEADERS, _holder_rows(s.holders))]
     out += ["", "method: " + s.method]
