@@ -23,6 +23,7 @@
 from __future__ import annotations
 
 import copy
+import inspect
 import math
 import weakref
 from dataclasses import dataclass
@@ -120,8 +121,15 @@ def optimizer_state_bytes(params, optimizer="adamw") -> tuple[int, int]:
 def make_optimizer(optimizer, params):
     name, hyper = _optimizer_spec(optimizer)
     if isinstance(optimizer, torch.optim.Optimizer):
-        keep = {k: v for k, v in hyper.items() if k != "params"}
-        return type(optimizer)(params, **keep)
+        # param_groups hold keys the constructor does not take (AdamW's 'decoupled_weight_decay',
+        # a scheduler's 'initial_lr'): pass only what it accepts. What decides memory (foreach, fused,
+        # capturable, amsgrad, momentum, centered) are constructor arguments, so they are kept.
+        cls = type(optimizer)
+        accepted = inspect.signature(cls.__init__).parameters
+        if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in accepted.values()):
+            hyper = {k: v for k, v in hyper.items() if k in accepted}
+        keep = {k: v for k, v in hyper.items() if k not in ("self", "params")}
+        return cls(params, **keep)
     return {"adamw": lambda: torch.optim.AdamW(params), "adam": lambda: torch.optim.Adam(params),
             "sgd": lambda: torch.optim.SGD(params, lr=0.01), "sgd-momentum": lambda: torch.optim.SGD(params, lr=0.01, momentum=0.9),
             "adagrad": lambda: torch.optim.Adagrad(params), "rmsprop": lambda: torch.optim.RMSprop(params),

@@ -112,3 +112,25 @@ def test_conv_model_needs_an_example_batch():
 def test_not_a_module_is_refused():
     with pytest.raises(TypeError, match="torch.nn.Module"):
         estimate_memory("model", batch=4)
+
+
+@pytest.mark.parametrize("make", [
+    lambda p: torch.optim.Adam(p), lambda p: torch.optim.AdamW(p, amsgrad=True),
+    lambda p: torch.optim.AdamW(p, foreach=False), lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9),
+    lambda p: torch.optim.RMSprop(p, momentum=0.5, centered=True), lambda p: torch.optim.Adagrad(p),
+], ids=["adam", "adamw-amsgrad", "adamw-no-foreach", "sgd-momentum", "rmsprop", "adagrad"])
+def test_an_optimizer_object_is_rebuilt_for_the_dry_run(make):
+    # A real AdamW's param_groups carry 'decoupled_weight_decay', which AdamW() does not take: the
+    # estimate failed with a TypeError for AdamW objects.
+    from nbaccel.estimate import make_optimizer
+
+    model = _mlp()
+    opt = make(model.parameters())
+    scheduler = torch.optim.lr_scheduler.StepLR(opt, 10)  # adds 'initial_lr' to the param_groups
+    copy = make_optimizer(opt, list(_mlp().parameters()))
+    assert type(copy) is type(opt)
+    mem_keys = ("foreach", "fused", "capturable", "amsgrad", "momentum", "centered")
+    assert {k: copy.defaults.get(k) for k in mem_keys} == {k: opt.defaults.get(k) for k in mem_keys}
+    est = estimate_memory(model, optimizer=opt, batch=32, example=torch.randn(8, 64), device="cpu")
+    assert est.states_measured == est.state_bytes
+    del scheduler
