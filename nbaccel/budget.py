@@ -411,7 +411,7 @@ class MemoryBudget:
         if namespace is not None and not isinstance(namespace, dict):
             raise TypeError(f"{option('namespace')} takes a dict (e.g. globals()) or None, got "
                             f"{type(namespace).__name__}")
-        if not isinstance(device, (str, torch.device)):
+        if isinstance(device, bool) or not isinstance(device, (str, int, torch.device)):
             raise TypeError(f"{option('device')} takes 'auto', 'cpu', 'cuda', 'cuda:N' or a torch.device, got "
                             f"{type(device).__name__} {device!r}")
         try:

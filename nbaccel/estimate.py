@@ -35,6 +35,7 @@ from torch.utils._pytree import tree_leaves
 
 from .device import DTYPE_NAMES, device_info, resolve_device
 from .memory import cuda_counters, format_bytes
+from .options import option
 from .results import ResultMixin
 
 if TYPE_CHECKING:
@@ -81,17 +82,31 @@ class LiveBytes(TorchDispatchMode):
 
 # --- exact model states ----------------------------------------------------------------------------
 
+class EstimateError(ValueError):
+    """Input the estimator cannot work with; the message says what to pass."""
+
+
 OPTIMIZERS = ("adamw", "adam", "sgd", "sgd-momentum", "adagrad", "rmsprop", "none")
+# Subclasses first (AdamW is an Adam): a subclass of these keeps the same state.
+_KNOWN = ((torch.optim.AdamW, "adamw"), (torch.optim.Adam, "adam"), (torch.optim.SGD, "sgd"),
+          (torch.optim.Adagrad, "adagrad"), (torch.optim.RMSprop, "rmsprop"))
 
 
 def _optimizer_spec(optimizer) -> tuple[str, dict]:
     """Name and hyper-parameters, from a name or an optimizer instance."""
     if isinstance(optimizer, torch.optim.Optimizer):
-        name = type(optimizer).__name__.lower()
+        name = next((n for cls, n in _KNOWN if isinstance(optimizer, cls)), None)
+        if name is None:
+            raise ValueError(f"the state size of {type(optimizer).__name__} is not known here (Adam, AdamW, SGD, "
+                             f"Adagrad and RMSprop are); pass {option('optimizer')} with the closest of "
+                             f"{', '.join(OPTIMIZERS)} (e.g. adam for an optimizer with two moments)")
         group = optimizer.param_groups[0]
         if name == "sgd" and group.get("momentum", 0):
             name = "sgd-momentum"
         return name, dict(group)
+    if optimizer is not None and not isinstance(optimizer, str):
+        raise TypeError(f"{option('optimizer')} takes one of {', '.join(OPTIMIZERS)} or a torch.optim.Optimizer, "
+                        f"got {type(optimizer).__name__}")
     name = (optimizer or "none").lower()
     if name not in OPTIMIZERS:
         raise ValueError(f"unknown optimizer {optimizer!r}; use one of: {', '.join(OPTIMIZERS)}")
@@ -150,22 +165,23 @@ def _example_batch(model: torch.nn.Module, example, batch: int, device: torch.de
         out = []
         for t in tensors:
             if not isinstance(t, torch.Tensor) or t.dim() == 0:
-                raise ValueError("example must be a tensor (or a tuple of tensors) whose first dimension is the batch")
+                raise EstimateError(f"{_example_option()} must be a tensor (or a tuple of tensors) whose first "
+                                    "dimension is the batch")
             rows = torch.arange(batch, device=t.device) % t.shape[0]
             out.append(t[rows].to(device))
         return tuple(out)
     first = next((m for m in model.modules() if list(m.parameters(recurse=False))), None)
     if isinstance(first, torch.nn.Linear):
         return (torch.randn(batch, first.in_features, device=device, dtype=first.weight.dtype),)
-    raise ValueError(f"cannot make an input for a model whose first layer is {type(first).__name__}: pass an example "
-                     "batch (example=x, or --input x) whose first dimension is the batch")
+    raise EstimateError(f"cannot make an input for a model whose first layer is {type(first).__name__}: pass an "
+                        "example batch (example=x, or --input x) whose first dimension is the batch")
 
 
 def _default_loss(output) -> torch.Tensor:
     for t in tree_leaves(output if not hasattr(output, "logits") else output.logits):
         if isinstance(t, torch.Tensor) and t.is_floating_point():
             return t.float().sum()
-    raise ValueError("the model's output has no floating-point tensor to backpropagate from; pass loss_fn")
+    raise EstimateError("the model's output has no floating-point tensor to backpropagate from; pass loss_fn")
 
 
 class _Peak:
@@ -387,6 +403,66 @@ class MemoryEstimate(ResultMixin):
                 "method": self.method, "table": self.table().to_dict(orient="records")}
 
 
+def _check_arguments(batch, example, probe_batches, amp_dtype, loss_fn, name, gpu_counts) -> None:
+    """Wrong types named by argument (``batch='32'`` failed deep inside with "'<' not supported")."""
+    def whole(value):
+        return isinstance(value, int) and not isinstance(value, bool)
+
+    if not whole(batch):
+        raise TypeError(f"{option('batch')} takes the global batch size as a whole number such as 32, got "
+                        f"{type(batch).__name__} {batch!r}")
+    if batch < 1:
+        raise ValueError(f"{option('batch')} must be at least 1, got {batch}")
+    tensors = example if isinstance(example, (tuple, list)) else (example,)
+    if example is not None and not all(isinstance(t, torch.Tensor) for t in tensors):
+        raise TypeError(f"{_example_option()} takes a tensor (or a tuple of tensors) whose first dimension is the "
+                        f"batch, got {type(example).__name__}")
+    if probe_batches is not None and (isinstance(probe_batches, (str, bytes)) or not all(
+            whole(b) for b in probe_batches)):
+        raise TypeError(f"{option('probe_batches')} takes two increasing batch sizes such as (2, 4), got "
+                        f"{probe_batches!r}")
+    if amp_dtype not in ("auto", "bf16", "fp16"):
+        raise ValueError(f"{option('amp_dtype')} takes 'auto', 'bf16' or 'fp16', got {amp_dtype!r}")
+    if loss_fn is not None and not callable(loss_fn):
+        raise TypeError(f"{option('loss_fn')} takes a function output -> scalar loss, got {type(loss_fn).__name__}")
+    if not isinstance(name, str):
+        raise TypeError(f"{option('name')} takes the model's name as a string, got {type(name).__name__}")
+    if isinstance(gpu_counts, (str, bytes)) or not gpu_counts or not all(whole(n) and n >= 1 for n in gpu_counts):
+        raise TypeError(f"{option('gpu_counts')} takes GPU counts such as (1, 2, 4, 8), got {gpu_counts!r}")
+
+
+def _example_option() -> str:
+    """How the example batch is passed: ``--input x`` under the magic, ``example=`` from Python."""
+    return "--input" if option("example").startswith("--") else "example"
+
+
+def _dry_run(model, optimizer, example, batches, device, amp_dtype, loss_fn, name):
+    """`_probe`, with a failure of the model on the probe input said as such: the user's error (e.g. a
+    shape mismatch) shows the probe batch, not the batch they asked for, which is confusing alone."""
+    try:
+        return _probe(model, optimizer, example, batches, device, amp_dtype, loss_fn)
+    except (RuntimeError, ValueError, TypeError, IndexError, KeyError, AssertionError) as exc:
+        from .oom import is_oom
+
+        if is_oom(exc) or isinstance(exc, EstimateError):
+            raise
+        if example is None:
+            first = next((m for m in model.modules() if list(m.parameters(recurse=False))), None)
+            width = getattr(first, "in_features", "?")
+            feed = f"a random input of shape ({batches[0]}, {width}) made for its first layer (nn.Linear)"
+        else:
+            tensors = example if isinstance(example, (tuple, list)) else (example,)
+            shapes = ", ".join(str(tuple(t.shape)) for t in tensors)
+            how = "cut" if all(t.dim() and t.shape[0] >= batches[0] for t in tensors) else "repeated"
+            feed = f"the example (shape {shapes}) {how} to the probe batch of {batches[0]} rows"
+        precision = "fp32" if amp_dtype is None else f"autocast {DTYPE_NAMES.get(amp_dtype, amp_dtype)}"
+        raise ValueError(
+            f"the dry run of {name} on {feed} failed ({precision}): {type(exc).__name__}: {exc}\n"
+            + (f"pass --input a batch that {name} accepts (first dimension = batch)" if option("x").startswith("--")
+               else f"pass example= a batch that {name} accepts (first dimension = batch), and loss_fn= if its "
+                    "output needs one")) from exc
+
+
 def estimate_memory(model: torch.nn.Module, optimizer="adamw", batch: int = 32, example=None, budget=None,
                     device="auto", probe_batches=None, amp_dtype="auto", loss_fn=None, name: str = "model",
                     gpu_counts=GPU_COUNTS) -> MemoryEstimate:
@@ -400,22 +476,23 @@ def estimate_memory(model: torch.nn.Module, optimizer="adamw", batch: int = 32, 
     """
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
-    if batch < 1:
-        raise ValueError(f"batch must be at least 1, got {batch}")
+    _check_arguments(batch, example, probe_batches, amp_dtype, loss_fn, name, gpu_counts)
     if probe_batches is None:
         # An eighth and a quarter of the batch: CPU and GPU kernels change algorithm (and temporaries) with
         # the batch size, so probes far below it extrapolate from another regime (tests/test_estimate.py).
         probe_batches = (max(2, batch // 8), max(4, batch // 4))
     if len(probe_batches) != 2 or probe_batches[0] >= probe_batches[1] or probe_batches[0] < 1:
-        raise ValueError("probe_batches must be two increasing batch sizes, e.g. (2, 4)")
+        raise ValueError(f"{option('probe_batches')} must be two increasing batch sizes, e.g. (2, 4), got "
+                         f"{tuple(probe_batches)}")
     dev = resolve_device(device)
     info = device_info(dev)
     from .budget import parse_budget
 
     if budget is None:
-        budget_bytes, source = info.total_memory, f"{info.label} memory"
-    else:
-        budget_bytes = budget if isinstance(budget, int) else parse_budget(budget, dev)
+        budget_bytes, source = info.total_memory, (f"{info.label} memory" if dev.type == "cuda"
+                                                   else "this host's physical memory")
+    else:  # read like memory_budget's; a per-GPU budget may be larger than anything on this machine
+        budget_bytes = parse_budget(budget, dev, limit=False)
         source = "the budget"
     params = list(model.parameters())
     trainable = [p for p in params if p.requires_grad]
@@ -434,7 +511,7 @@ def estimate_memory(model: torch.nn.Module, optimizer="adamw", batch: int = 32, 
     probe_batches = list(probe_batches)
     fits, states_measured = {}, None
     for label, dtype in (("fp32", None), (f"{DTYPE_NAMES[amp]} AMP", amp)):
-        probe = _probe(model, optimizer, example, probe_batches, dev, dtype, loss_fn)
+        probe = _dry_run(model, optimizer, example, probe_batches, dev, dtype, loss_fn, name)
         fits[label] = ActivationFit(label, probe_batches, probe["forward"], probe["backward"], grad_bytes, probe["step"])
         states_measured = probe["states_measured"]
     meter = ("CUDA caching allocator peak (max_memory_allocated)" if dev.type == "cuda"

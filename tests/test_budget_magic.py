@@ -400,3 +400,16 @@ def test_counts_are_singular_or_plural(ip, run_cell):
     run_cell("x = 1")
     _, captured = run_cell("%memory_budget off")
     assert "removed; 1 cell had been watched" in _texts(captured)
+
+
+def test_estimate_magic_with_an_adamw_object_and_a_bad_input(ip, run_cell):
+    # AdamW objects failed with "unexpected keyword argument 'decoupled_weight_decay'"; a wrong --input
+    # showed torch's shape error with the internal probe batch and no word about the dry run.
+    run_cell("import torch\nmodel = torch.nn.Sequential(torch.nn.Linear(64, 64))\n"
+             "opt = torch.optim.AdamW(model.parameters())\nx = torch.randn(32, 64)\nbad = torch.randn(32, 3)")
+    run_cell("%memory_budget 4GiB --model model --optimizer opt --batch 32 --input x -q -r est")
+    est = ip.user_ns["est"]
+    assert est.optimizer == "adamw" and est.budget_bytes == 4 * 2**30
+    with pytest.raises(UsageError, match=r"^the dry run of model on the example \(shape \(32, 3\)\) cut to the probe "
+                                         r"batch of 4 rows failed.*\npass --input a batch that model accepts"):
+        ip.run_line_magic("memory_budget", "4GiB --model model --batch 32 --input bad")

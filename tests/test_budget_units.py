@@ -217,7 +217,7 @@ def test_unitless_and_tiny_budgets_are_refused_with_a_fix_that_makes_sense(text,
     ({"budget": True}, "budget takes a size"),
     ({"budget": "1GiB", "strict": "yes"}, r"strict takes True or False, got str 'yes'"),
     ({"budget": "1GiB", "near": "0.5"}, r"near takes a share of the budget between 0 and 1 such as 0.75, got str"),
-    ({"budget": "1GiB", "device": 0}, r"device takes 'auto', 'cpu'"),
+    ({"budget": "1GiB", "device": ["cpu"]}, r"device takes 'auto', 'cpu'"),
     ({"budget": "1GiB", "namespace": [1]}, r"namespace takes a dict"),
 ])
 def test_api_wrong_types_name_the_argument(kwargs, message):

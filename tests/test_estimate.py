@@ -134,3 +134,42 @@ def test_an_optimizer_object_is_rebuilt_for_the_dry_run(make):
     est = estimate_memory(model, optimizer=opt, batch=32, example=torch.randn(8, 64), device="cpu")
     assert est.states_measured == est.state_bytes
     del scheduler
+
+
+def test_a_model_that_fails_on_the_example_says_the_dry_run_failed():
+    # Was: "mat1 and mat2 shapes cannot be multiplied (4x3 and 64x128)": 4 is the probe batch, not the user's.
+    with pytest.raises(ValueError, match=r"^the dry run of model on the example \(shape \(32, 3\)\) cut to the probe "
+                                         r"batch of 4 rows failed \(fp32\): RuntimeError: mat1 and mat2 shapes cannot "
+                                         r"be multiplied.*\npass example= a batch that model accepts") as info:
+        estimate_memory(_mlp(), example=torch.randn(32, 3), device="cpu")
+    assert isinstance(info.value.__cause__, RuntimeError)  # the original error is kept
+
+
+@pytest.mark.parametrize("kwargs, error, message", [
+    ({"batch": "32"}, TypeError, r"^batch takes the global batch size as a whole number such as 32, got str '32'"),
+    ({"batch": 32.0}, TypeError, r"^batch takes"),
+    ({"batch": 0}, ValueError, r"^batch must be at least 1, got 0"),
+    ({"example": [1, 2]}, TypeError, r"^example takes a tensor"),
+    ({"probe_batches": "24"}, TypeError, r"^probe_batches takes two increasing batch sizes"),
+    ({"probe_batches": (4, 2)}, ValueError, r"^probe_batches must be two increasing"),
+    ({"amp_dtype": "int8"}, ValueError, r"^amp_dtype takes 'auto', 'bf16' or 'fp16'"),
+    ({"loss_fn": "mse"}, TypeError, r"^loss_fn takes a function"),
+    ({"optimizer": 3}, TypeError, r"^optimizer takes one of adamw"),
+    ({"budget": [1]}, TypeError, r"^budget takes a size"),
+    ({"budget": 2e9}, ValueError, r"^2000000000 has no unit: write '2GB'"),
+])
+def test_wrong_arguments_are_named(kwargs, error, message):
+    with pytest.raises(error, match=message):
+        estimate_memory(_mlp(), device="cpu", **{"batch": 8, **kwargs})
+
+
+def test_an_unknown_optimizer_class_is_named():
+    model = _mlp()
+    with pytest.raises(ValueError, match=r"the state size of NAdam is not known here.*pass optimizer with the "
+                                         r"closest"):
+        estimate_memory(model, optimizer=torch.optim.NAdam(model.parameters()), batch=8, device="cpu")
+
+
+def test_an_api_budget_larger_than_this_host_is_a_per_gpu_budget():
+    est = estimate_memory(_mlp(), batch=8, device="cpu", budget="80GiB")
+    assert est.budget_bytes == 80 * 2**30

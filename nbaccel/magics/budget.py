@@ -206,14 +206,11 @@ class BudgetMagics(Magics):
                                  f"got a {type(optimizer).__name__}")
         example = self._lookup(args.input, "--input") if args.input else None
         device = self._device(args.device)
-        budget = None
-        if args.budget is not None:
-            try:  # a per-GPU memory to compare with: it may be larger than anything in this machine
-                budget = parse_budget(args.budget, device, limit=False)
-            except BudgetError as exc:
-                raise UsageError(str(exc)) from None
-        elif self.watcher is not None:
-            budget = self.watcher.budget
+        # A per-GPU memory to compare with (it may be larger than anything in this machine): estimate_memory
+        # reads it like the API does; without one, the active budget.
+        budget = args.budget
+        if budget is None and self.watcher is not None:
+            budget = f"{self.watcher.budget}B"
         try:
             result = estimate_memory(model, optimizer=optimizer, batch=args.batch, example=example, budget=budget,
                                      device=device, name=args.model)
