@@ -378,9 +378,16 @@ class MemoryEstimate(ResultMixin):
         return None
 
     @property
+    def on_gpu(self) -> bool:
+        """Whether the dry runs ran on a GPU (then the single-device figures are for one GPU)."""
+        return self.probe_device.startswith("cuda")
+
+    @property
     def summary(self) -> str:
         if self.budget_bytes is None:
             return "no budget to compare with"
+        if not self.on_gpu:
+            return self._host_summary()
         parts = []
         for p in self.fits:
             found = self.min_gpus(p)
@@ -391,6 +398,21 @@ class MemoryEstimate(ResultMixin):
             else:
                 parts.append(f"needs {found[0]} in {p} ({STRATEGY_NAMES[found[1]]})")
         return ", ".join(parts) + f" (budget {format_bytes(self.budget_bytes)} per GPU)"
+
+    def _host_summary(self) -> str:
+        """Measured on the CPU: whether one step fits the budget here, not "fits on 1 GPU" from host memory.
+        Where it does not fit, the GPU count that would (with this budget per GPU) is a prediction."""
+        parts, gpus = [], []
+        for p in self.fits:
+            one = self.single(p)
+            parts.append(f"{'fits' if one['fits'] else 'does not fit'} in {p} (peak {format_bytes(one['total'])})")
+            if not one["fits"]:
+                found = self.min_gpus(p)
+                gpus.append(f"{p} needs {found[0]} ({STRATEGY_NAMES[found[1]]})" if found else
+                            f"{p} does not fit on {self.gpu_counts[-1]}")
+        budget = format_bytes(self.budget_bytes)
+        text = ", ".join(parts) + f" -- budget {budget} ({self.budget_source}), measured on {self.probe_device}"
+        return text + (f"; on GPUs with {budget} each: {', '.join(gpus)}" if gpus else "")
 
     def _payload(self) -> dict:
         return {"model": self.model_name, "optimizer": self.optimizer, "batch": self.batch, "n_params": self.n_params,

@@ -285,8 +285,9 @@ def test_estimate_magic(ip, run_cell):
     n = 64 * 128 + 128 + 128 * 8 + 8
     assert est.n_params == n and est.param_bytes == 4 * n and est.grad_bytes == 4 * n
     assert est.optimizer == "sgd-momentum" and est.state_bytes == 4 * n  # one momentum buffer
-    assert est.budget_bytes == 80 * 2**30 and "fits on 1 GPU in fp32" in est.summary
-    assert "fits on 1 GPU" in _texts(captured) and "linear extrapolation" in _texts(captured)
+    assert est.budget_bytes == 80 * 2**30 and est.summary.startswith("fits in fp32") and "GPU" not in est.summary
+    assert "budget 80 GiB (the budget), measured on cpu" in _texts(captured)
+    assert "prediction for GPUs" in _texts(captured) and "linear extrapolation" in _texts(captured)
     assert not _nbaccel_callbacks(ip), "a prediction does not start watching"
 
 

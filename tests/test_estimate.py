@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
+
+from nbaccel.memory import format_bytes
 
 from nbaccel.estimate import LiveBytes, _probe, estimate_memory, optimizer_state_bytes
 
@@ -53,7 +57,8 @@ def test_estimate_of_a_small_model_is_exact_for_states():
     one = est.single("fp32")
     assert one["total"] == est.param_bytes + est.grad_bytes + est.state_bytes + max(one["activations"], one["step_temporaries"])
     assert est.fits["fp32"].slope > 0
-    assert "linearly" in est.method and est.summary.startswith("fits on 1 GPU in fp32")
+    assert "linearly" in est.method and est.summary.startswith("fits in fp32 (peak ")
+    assert "GPU" not in est.summary  # measured on the CPU against a budget: no "fits on 1 GPU"
 
 
 def test_probes_far_below_the_batch_can_miss_a_kernel_regime_change():
@@ -98,7 +103,10 @@ def test_sharding_arithmetic_and_fewest_gpus():
     est.budget_bytes = (one + two) // 2
     n, strategy = est.min_gpus("fp32")
     assert n == 2 and est.per_gpu("fp32", strategy, 2)["fits"]
-    assert "needs 2 in fp32" in est.summary
+    assert f"does not fit in fp32 (peak {format_bytes(one)})" in est.summary
+    assert f"on GPUs with {format_bytes(est.budget_bytes)} each: fp32 needs 2" in est.summary
+    on_gpu = dataclasses.replace(est, probe_device="cuda:0")
+    assert on_gpu.summary.startswith("needs 2 in fp32") and "per GPU" in on_gpu.summary
 
 
 def test_conv_model_needs_an_example_batch():
@@ -173,3 +181,15 @@ def test_an_unknown_optimizer_class_is_named():
 def test_an_api_budget_larger_than_this_host_is_a_per_gpu_budget():
     est = estimate_memory(_mlp(), batch=8, device="cpu", budget="80GiB")
     assert est.budget_bytes == 80 * 2**30
+
+
+def test_on_the_cpu_the_estimate_speaks_of_this_host_and_labels_the_gpu_table_a_prediction():
+    # Was: "fits on 1 GPU in fp32 ... (budget 23.5 GiB per GPU)" with the host's memory as the budget.
+    est = estimate_memory(_mlp(), batch=64, device="cpu")
+    assert est.summary.startswith("fits in fp32 (peak ") and "GPU" not in est.summary
+    assert "budget" in est.summary and "(this host's physical memory), measured on cpu" in est.summary
+    text = str(est)
+    assert "peak (cpu)" in text and "peak (1 GPU)" not in text
+    assert "prediction for GPUs with activations measured on cpu: per GPU when sharded" in text
+    assert "1 (data parallel (DDP))" not in text  # fits here: no GPU count claimed
+    assert "Prediction for GPUs" in est._repr_html_()

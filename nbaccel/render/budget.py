@@ -191,6 +191,28 @@ ESTIMATE_HEADERS = ["precision", "params", "grads", "optimizer", "activations", 
                     "fits?", "fewest GPUs"]
 
 
+def _estimate_headers(e) -> list[str]:
+    # The single-device figures are for the device the dry runs ran on: one GPU, or this host.
+    if e.on_gpu:
+        return ESTIMATE_HEADERS
+    return [{"peak (1 GPU)": f"peak ({e.probe_device})", "fewest GPUs": "GPUs if over"}.get(h, h)
+            for h in ESTIMATE_HEADERS]
+
+
+def _compared_with(e) -> str:
+    if e.on_gpu:
+        return e.budget_source
+    return (f"{e.budget_source} (the training step's tensors; the process itself and other programs need memory "
+            "too)")
+
+
+def _sharding_title(e) -> str:
+    if e.on_gpu:
+        return "per GPU when sharded over N GPUs (* = over the budget)"
+    return (f"prediction for GPUs with activations measured on {e.probe_device}: per GPU when sharded over N GPUs "
+            "(* = over the budget)")
+
+
 def _estimate_rows(e):
     from ..estimate import STRATEGY_NAMES
 
@@ -198,8 +220,8 @@ def _estimate_rows(e):
     for p in e.fits:
         one = e.single(p)
         found = e.min_gpus(p)
-        fewest = "-" if e.budget_bytes is None else (f"{found[0]} ({STRATEGY_NAMES[found[1]]})" if found else
-                                                     f"> {e.gpu_counts[-1]}")
+        fewest = "-" if e.budget_bytes is None or (one["fits"] and not e.on_gpu) else (
+            f"{found[0]} ({STRATEGY_NAMES[found[1]]})" if found else f"> {e.gpu_counts[-1]}")
         rows.append([p, format_bytes(one["params"]), format_bytes(one["grads"]), format_bytes(one["optimizer"]),
                      format_bytes(one["activations"]), format_bytes(one["step_temporaries"]), format_bytes(one["total"]),
                      "yes" if one["fits"] else "no", fewest])
@@ -234,20 +256,21 @@ def _estimate_head(e) -> str:
 
 
 def estimate_text(e) -> str:
-    out = [_estimate_head(e), "", text_table(ESTIMATE_HEADERS, _estimate_rows(e)), "",
-           "per GPU when sharded over N GPUs (* = over the budget):",
+    out = [_estimate_head(e), "", text_table(_estimate_headers(e), _estimate_rows(e)), "",
+           _sharding_title(e) + ":",
            text_table(["precision", "strategy", "N=2", "N=4", "N=8"], _sharding_rows(e), left=(0, 1)), ""]
     out += ["activations: " + line for line in _fit_lines(e)]
-    out += ["", f"compared with: {e.budget_source}", "method: " + e.method]
+    out += ["", f"compared with: {_compared_with(e)}", "method: " + e.method]
     return "\n".join(out)
 
 
 def estimate_html(e) -> str:
-    return wrap(f"<h4>{esc(_estimate_head(e))}</h4>" + table(ESTIMATE_HEADERS, _estimate_rows(e))
-                + "<h4>Per GPU when sharded (* = over the budget)</h4>"
+    title = _sharding_title(e)
+    return wrap(f"<h4>{esc(_estimate_head(e))}</h4>" + table(_estimate_headers(e), _estimate_rows(e))
+                + f"<h4>{esc(title[0].upper() + title[1:])}</h4>"
                 + table(["precision", "strategy", "N=2", "N=4", "N=8"], _sharding_rows(e), name_columns=(0, 1))
                 + bullet_list(_fit_lines(e))
-                + f'<div class="muted">compared with: {esc(e.budget_source)}; method: {esc(e.method)}</div>')
+                + f'<div class="muted">compared with: {esc(_compared_with(e))}; method: {esc(e.method)}</div>')
 
 
 # --- dispatch ---------------------------------------------------------------------------------------------
