@@ -491,7 +491,8 @@ def estimate_memory(model: torch.nn.Module, optimizer="adamw", batch: int = 32, 
     """Predict a training step's peak memory for ``model`` at ``batch``, in fp32 and under autocast.
 
     ``example``: a batch (tensor or tuple, first dimension = batch) to build probe inputs from;
-    optional for models whose first layer is ``nn.Linear``. ``budget``: bytes or "24GiB"; default
+    optional for models whose first layer is ``nn.Linear``. ``budget``: "24GiB" or a share such as 0.9 (read like
+    ``memory_budget``'s; it may exceed this machine: a per-GPU memory); default
     the device's memory. ``device``: where the dry runs execute (a copy of the model goes there).
     ``loss_fn(output) -> scalar``: default the sum of the first floating-point output.
     ``probe_batches``: the two dry-run batch sizes (default an eighth and a quarter of ``batch``).
