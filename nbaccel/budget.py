@@ -95,9 +95,9 @@ def _unitless_fix(raw: str, value: float, where: str) -> str:
 def parse_budget(text, device: torch.device, total: int | None = None, limit: bool = True) -> int:
     """``"6GiB"``, ``"6GB"``, ``"512MiB"`` -> bytes; a number without a unit is a share of the device.
 
-    The same rules for the magic's text and the API's values: ``0.8``, ``8e-1``, ``.8`` (and the
-    floats/ints 0.8, 1) are shares in (0, 1]; a number without a unit above 1 (``2000000000``,
-    ``2e9``, ``12``) is refused with the sizes it could have meant, never guessed as bytes.
+    ``0.8``, ``8e-1``, ``.8`` (and the numbers 0.8, 1) are shares in (0, 1]. Text without a unit
+    above 1 (``2000000000``, ``2e9``, ``12``: the magic's line) is refused with the sizes it could
+    have meant; a Python number above 1 is bytes (``6 * 2**30``, ``2e9``), like torch's APIs.
     Raises `BudgetError` (with the fix) for negative or zero sizes, unknown units, budgets under
     1 MiB (``1B`` for ``1GB``) and, with ``limit``, budgets larger than the device.
     """
@@ -105,10 +105,19 @@ def parse_budget(text, device: torch.device, total: int | None = None, limit: bo
     if isinstance(text, bool) or not isinstance(text, (str, int, float)):
         raise TypeError(f"{option('budget')} takes a size such as '6GiB' or a share such as 0.8, got "
                           f"{type(text).__name__} {text!r}")
-    raw = text.strip() if isinstance(text, str) else repr(text)
-    if raw.endswith(".0") and isinstance(text, float) and abs(text) >= 1:
-        raw = raw[:-2]  # 2e9 -> '2000000000', as it would be typed
     total = device_memory(device) if total is None else total
+    if isinstance(text, (int, float)) and text > 1:
+        # From Python a number above 1 is bytes, as in torch's own memory APIs (6 * 2**30, 2e9);
+        # only text (the magic's line) without a unit is ambiguous, and refused below.
+        size = int(text)
+        if size < MIN_BUDGET:
+            raise BudgetError(f"{option('budget', text)} is {format_bytes(size)}: a budget under 1 MiB cannot hold a "
+                              f"Python process; a number is bytes (6 * 2**30) -- did you mean '{text}GiB'?")
+        if limit and total and size > total:
+            raise BudgetError(f"a budget of {format_bytes(size)} is larger than {where} ({format_bytes(total)} on "
+                              f"{device}); use at most {format_bytes(total)}, or a share such as 0.9")
+        return size
+    raw = text.strip() if isinstance(text, str) else repr(text)
     if raw.startswith("-") or raw in ("0", "0.0"):
         raise BudgetError(f"a budget must be positive, got {raw}; write e.g. {_quote('6GiB')}, {_quote('512MiB')} "
                           f"or 0.8 (a share of {where})")

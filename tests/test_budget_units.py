@@ -171,23 +171,24 @@ def test_api_refuses_a_non_positive_byte_count(budget):
         nbaccel.memory_budget(budget, device="cpu")
 
 
-def test_api_numbers_read_like_the_magic_text():
-    # An int or float is read as the same text would be under %memory_budget: a share up to 1, never bytes
-    # (nbaccel.memory_budget(2e9) used to say "'2000000000.0' has no unit", while 1 was a 1-byte budget).
+def test_api_numbers_are_shares_up_to_1_and_bytes_above():
+    # From Python a number above 1 is bytes, as in torch's memory APIs (nbaccel.memory_budget(2e9) used
+    # to say "'2000000000.0' has no unit"); only the magic's text without a unit is ambiguous.
     import nbaccel
     from nbaccel.budget import BudgetError, device_memory
 
     total = device_memory(CPU)
     assert nbaccel.memory_budget(1, device="cpu").budget == total
     assert nbaccel.memory_budget(0.5, device="cpu").budget == int(0.5 * total)
-    with pytest.raises(BudgetError, match=r"^2000000000 has no unit: write '2GB' \(= 2,000,000,000 bytes\) or "
-                                          r"'1.86GiB'"):
-        nbaccel.memory_budget(2e9, device="cpu")
-    with pytest.raises(BudgetError, match=r"^1073741824 has no unit: write '1GiB' \(= 1,073,741,824 bytes\)"):
-        nbaccel.memory_budget(2**30, device="cpu")
+    assert nbaccel.memory_budget(2e9, device="cpu").budget == 2_000_000_000
+    assert nbaccel.memory_budget(2**30, device="cpu").budget == 2**30
+    with pytest.raises(BudgetError, match=r"^budget=1000 is 1000 B: a budget under 1 MiB .* did you mean '1000GiB'\?"):
+        nbaccel.memory_budget(1000, device="cpu")
     assert nbaccel.memory_budget(f"{2**30}B", device="cpu").budget == 2**30
     with pytest.raises(BudgetError, match="larger than this host's physical memory"):
         nbaccel.memory_budget("999TiB", device="cpu")
+    with pytest.raises(BudgetError, match="larger than this host's physical memory"):
+        nbaccel.memory_budget(2**60, device="cpu")
 
 
 @pytest.mark.parametrize("text, expected", [
@@ -201,7 +202,7 @@ def test_a_number_up_to_1_is_a_share_in_any_notation(text, expected):
     ("2e9", r"^2e9 has no unit: write '2GB' \(= 2,000,000,000 bytes\) or '1.86GiB'; a number without a unit is a "
             r"share of this host's physical memory \(at most 1"),
     ("2000000000", r"^2000000000 has no unit: write '2GB' \(= 2,000,000,000 bytes\) or '1.86GiB'"),
-    (2e9, r"^2000000000 has no unit: write '2GB'"),
+    (1000, r"^budget=1000 is 1000 B: .*did you mean '1000GiB'"),  # from Python a number above 1 is bytes
     ("0.5B", r"^0.5B is 0 B: a budget under 1 MiB cannot hold a Python process .*did you mean '0.5GB'\?"),
     ("1B", r"did you mean '1GB'\?"), ("512KiB", r"did you mean '512MiB'\?"),
     ("1e-7", "a share of 1e-7 is .* a budget under 1 MiB"),
