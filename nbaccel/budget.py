@@ -28,8 +28,8 @@ import torch
 
 from .device import DeviceError, device_info, resolve_device
 from .holders import Holder, namespace_holders
-from .memory import PeakMeter, cuda_counters, current_rss, format_bytes, parse_bytes
-from .options import option
+from .memory import _UNITS, PeakMeter, cuda_counters, current_rss, format_bytes, parse_bytes
+from .options import in_magic, option
 from .results import ResultMixin
 
 if TYPE_CHECKING:
@@ -55,40 +55,124 @@ def device_memory(device: torch.device) -> int | None:
     return device_info(device).total_memory
 
 
-def parse_budget(text, device: torch.device, total: int | None = None) -> int:
-    """``"6GiB"``, ``"6GB"``, ``"512MiB"`` -> bytes; a bare number in (0, 1] is a share of the device.
+MIN_BUDGET = 2**20  # below this no Python process fits: a unit was mistyped (1B for 1GB)
+_NUMBER = r"(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:e[+-]?[0-9]+)?"
 
-    Raises `BudgetError` (with the fix) for negative or zero sizes, unknown units, bare numbers
-    above 1 (a unit was forgotten) and budgets larger than the device.
+
+def _size_text(value: float, units) -> str:
+    """``2e9`` -> ``2GB`` (3 significant digits) in the largest of ``units`` that gives at least 1."""
+    for unit, size in units:
+        if value >= size or unit == units[-1][0]:
+            n = value / size
+            return (f"{n:.3g}" if n < 1000 else f"{n:.0f}") + unit
+    raise AssertionError
+
+
+_DECIMAL = (("TB", 10**12), ("GB", 10**9), ("MB", 10**6), ("KB", 10**3))
+_BINARY = (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10))
+
+
+def _quote(text: str) -> str:
+    return text if in_magic() else repr(text)
+
+
+def _unitless_fix(raw: str, value: float, where: str) -> str:
+    """The message for a bare number above 1: a share is at most 1, so a unit was left out."""
+    share = f"a number without a unit is a share of {where} (at most 1, e.g. 0.8)"
+    if value >= MIN_BUDGET:  # a byte count: say it in units
+        decimal, binary = _size_text(value, _DECIMAL), _size_text(value, _BINARY)
+        first, second = (binary, decimal) if float(binary[:-3]) * dict(_BINARY)[binary[-3:]] == value else \
+            (decimal, binary)
+        return f"{raw} has no unit: write {_quote(first)} (= {value:,.0f} bytes) or {_quote(second)}; {share}"
+    return (f"{raw} has no unit: write {_quote(raw + 'GiB')}, {_quote(raw + 'GB')} or {_quote(raw + 'MiB')}; "
+            f"{share}")
+
+
+def parse_budget(text, device: torch.device, total: int | None = None, limit: bool = True) -> int:
+    """``"6GiB"``, ``"6GB"``, ``"512MiB"`` -> bytes; a number without a unit is a share of the device.
+
+    ``0.8``, ``8e-1``, ``.8`` (and the numbers 0.8, 1) are shares in (0, 1]. Text without a unit
+    above 1 (``2000000000``, ``2e9``, ``12``: the magic's line) is refused with the sizes it could
+    have meant; a Python number above 1 is bytes (``6 * 2**30``, ``2e9``), like torch's APIs.
+    Raises `BudgetError` (with the fix) for negative or zero sizes, unknown units, budgets under
+    1 MiB (``1B`` for ``1GB``) and, with ``limit``, budgets larger than the device.
     """
-    raw = str(text).strip()
-    total = device_memory(device) if total is None else total
     where = "the GPU" if device.type == "cuda" else "this host's physical memory"
-    if isinstance(text, int) and not isinstance(text, bool):  # the API's plain byte count
-        if text <= 0:
-            raise BudgetError(f"a budget must be positive, got {text} bytes; write e.g. 6 * 2**30, '6GiB' or 0.8 "
-                              f"(a share of {where})")
-        raw = f"{text}B"
-    if raw.startswith("-"):
-        raise BudgetError(f"a budget must be positive, got {raw!r}; write e.g. 6GiB or 0.8 (a share of {where})")
-    if re.fullmatch(r"[0-9]*\.?[0-9]+", raw):
+    if isinstance(text, bool) or not isinstance(text, (str, int, float)):
+        raise TypeError(f"{option('budget')} takes a size such as '6GiB' or a share such as 0.8, got "
+                          f"{type(text).__name__} {text!r}")
+    total = device_memory(device) if total is None else total
+    if isinstance(text, (int, float)) and text > 1:
+        # From Python a number above 1 is bytes, as in torch's own memory APIs (6 * 2**30, 2e9);
+        # only text (the magic's line) without a unit is ambiguous, and refused below.
+        size = int(text)
+        if size < MIN_BUDGET:
+            raise BudgetError(f"{option('budget', text)} is {format_bytes(size)}: a budget under 1 MiB cannot hold a "
+                              f"Python process; a number is bytes (6 * 2**30) -- did you mean '{text}GiB'?")
+        if limit and total and size > total:
+            raise BudgetError(f"a budget of {format_bytes(size)} is larger than {where} ({format_bytes(total)} on "
+                              f"{device}); use at most {format_bytes(total)}, or a share such as 0.9")
+        return size
+    raw = text.strip() if isinstance(text, str) else repr(text)
+    if raw.startswith("-") or raw in ("0", "0.0"):
+        raise BudgetError(f"a budget must be positive, got {raw}; write e.g. {_quote('6GiB')}, {_quote('512MiB')} "
+                          f"or 0.8 (a share of {where})")
+    if re.fullmatch(_NUMBER, raw, flags=re.I):
         share = float(raw)
         if share <= 0:
-            raise BudgetError(f"a budget must be positive, got {raw!r}; write e.g. 6GiB or 0.8 (a share of {where})")
+            raise BudgetError(f"a budget must be positive, got {raw}; write e.g. {_quote('6GiB')} or 0.8 "
+                              f"(a share of {where})")
         if share > 1:
-            raise BudgetError(f"{raw!r} has no unit: write {raw}GiB, {raw}GB or {raw}MiB, or a share between 0 and 1")
+            raise BudgetError(_unitless_fix(raw, share, where))
         if not total:
-            raise BudgetError(f"the size of {where} is unknown here, so a share cannot be used; give a size (6GiB)")
-        return int(share * total)
-    try:
-        size = parse_bytes(raw)
-    except ValueError as exc:
-        raise BudgetError(f"cannot read {raw!r} as a budget; write e.g. 6GiB, 6GB, 512MiB, or 0.8 "
-                          f"(a share of {where})") from exc
-    if total and size > total:
+            raise BudgetError(f"the size of {where} is unknown here, so a share cannot be used; give a size "
+                              f"({_quote('6GiB')})")
+        size = int(share * total)
+        if size < MIN_BUDGET:
+            raise BudgetError(f"a share of {raw} is {format_bytes(size)} of {where}: a budget under 1 MiB cannot "
+                              "hold a Python process; use a share such as 0.8")
+    else:
+        sized = re.fullmatch(rf"({_NUMBER})\s*([kmgt]i?b|b)", raw, flags=re.I)
+        if sized and float(sized[1]) * _UNITS[sized[2].lower()] < MIN_BUDGET:  # 1B, 0.5B, 512KiB
+            number, unit = sized.groups()
+            bigger = {"b": "GB", "kb": "MB", "kib": "MiB", "mb": "GB", "mib": "GiB"}.get(unit.lower(), "GiB")
+            rss = current_rss()
+            raise BudgetError(f"{raw} is {format_bytes(int(float(number) * _UNITS[unit.lower()]))}: a budget under "
+                              "1 MiB cannot hold a Python process"
+                              + (f" (this one uses {format_bytes(rss)} now)" if rss else "")
+                              + f"; did you mean {_quote(number + bigger)}?")
+        try:
+            size = parse_bytes(raw)
+        except ValueError as exc:
+            raise BudgetError(f"cannot read {raw!r} as a budget; write e.g. {_quote('6GiB')}, {_quote('6GB')}, "
+                              f"{_quote('512MiB')}, or 0.8 (a share of {where})") from exc
+    if limit and total and size > total:
         raise BudgetError(f"a budget of {format_bytes(size)} is larger than {where} ({format_bytes(total)} on "
                           f"{device}); use at most {format_bytes(total)}, or a share such as 0.9")
     return size
+
+
+def check_near(near) -> float:
+    """``near`` (``--near``): the share of the budget from which a cell gets a gauge, in (0, 1]."""
+    if isinstance(near, bool) or not isinstance(near, (int, float)):
+        raise TypeError(f"{option('near')} takes a share of the budget between 0 and 1 such as 0.75, got "
+                        f"{type(near).__name__} {near!r}")
+    if not 0 < near <= 1:  # also refuses NaN
+        raise BudgetError(f"{option('near')} is a share of the budget between 0 and 1, got {near}")
+    return near
+
+
+def plural(n: int, word: str, words: str | None = None) -> str:
+    """``1 cell``, ``2 cells``."""
+    return f"{n} {word if n == 1 else (words or word + 's')}"
+
+
+def share_text(fraction: float | None) -> str:
+    """``0.93`` -> ``93%``; ``n/a`` without a budget; ``12x`` from ten times the budget on, where a
+    percentage would be a long number that reads as a glitch."""
+    if fraction is None or fraction != fraction:
+        return "n/a"
+    return f"{fraction:.0%}" if fraction < 10 else f"{fraction:,.0f}x"
 
 
 # --- per-cell measurement ------------------------------------------------------------------------
@@ -109,8 +193,9 @@ class CellRecord:
     method: str = ""
 
     @property
-    def fraction(self) -> float:
-        return self.used_bytes / self.budget_bytes if self.budget_bytes else float("nan")
+    def fraction(self) -> float | None:
+        """Used / budget; None without a budget (never NaN: it would show as "nan%")."""
+        return self.used_bytes / self.budget_bytes if self.budget_bytes else None
 
     def to_dict(self) -> dict:
         return {"cell": self.label, "used_bytes": self.used_bytes, "fraction": self.fraction,
@@ -324,6 +409,16 @@ class MemoryBudget:
 
     def __init__(self, budget, device="auto", strict: bool = False, enforce: bool = False, near: float = NEAR,
                  namespace: dict | None = None):
+        for name, value in (("strict", strict), ("enforce", enforce)):
+            if not isinstance(value, bool):
+                raise TypeError(f"{option(name)} takes True or False, got {type(value).__name__} {value!r}")
+        check_near(near)
+        if namespace is not None and not isinstance(namespace, dict):
+            raise TypeError(f"{option('namespace')} takes a dict (e.g. globals()) or None, got "
+                            f"{type(namespace).__name__}")
+        if isinstance(device, bool) or not isinstance(device, (str, int, torch.device)):
+            raise TypeError(f"{option('device')} takes 'auto', 'cpu', 'cuda', 'cuda:N' or a torch.device, got "
+                            f"{type(device).__name__} {device!r}")
         try:
             self.device = resolve_device(device)
         except DeviceError as exc:
@@ -345,7 +440,7 @@ class MemoryBudget:
     def __repr__(self) -> str:
         mode = "enforced" if self.enforce else "strict" if self.strict else "soft"
         return (f"<nbaccel memory_budget {format_bytes(self.budget)} on {self.device} ({mode}), "
-                f"{len(self.watcher.records)} blocks measured; .history has them>")
+                f"{plural(len(self.watcher.records), 'block')} measured; .history has them>")
 
     def __enter__(self):
         if self.enforce:
@@ -368,7 +463,7 @@ class MemoryBudget:
             return False
         if exc is None and record is not None and record.status == "over":
             message = (f"{record.label} peaked at {format_bytes(record.used_bytes)}, over the budget of "
-                       f"{format_bytes(record.budget_bytes)} ({record.fraction:.0%})")
+                       f"{format_bytes(record.budget_bytes)} ({share_text(record.fraction)})")
             if self.strict:
                 raise BudgetExceeded(message)
             warnings.warn(message, BudgetWarning, stacklevel=2)
@@ -377,9 +472,11 @@ class MemoryBudget:
 
 def memory_budget(budget, device="auto", strict: bool = False, enforce: bool = False, near: float = NEAR,
                   namespace: dict | None = None) -> MemoryBudget:
-    """A budget for scripts; see `MemoryBudget`. ``budget``: "6GiB", "6GB", "512MiB", 0.8 or bytes (int)."""
+    """A budget for scripts; see `MemoryBudget`. ``budget``: "6GiB", "6GB", "512MiB", or a share of the device
+    such as 0.8 (a number without a unit, int or float, reads as it does in the magic: at most 1)."""
     return MemoryBudget(budget, device, strict=strict, enforce=enforce, near=near, namespace=namespace)
 
 
 __all__ = ["memory_budget", "MemoryBudget", "BudgetStatus", "CellReport", "CellRecord", "Watcher", "parse_budget",
-           "BudgetError", "BudgetExceeded", "BudgetWarning", "apply_cap", "release_cap", "device_memory"]
+           "BudgetError", "BudgetExceeded", "BudgetWarning", "apply_cap", "release_cap", "device_memory", "plural",
+           "share_text", "check_near", "MIN_BUDGET"]

@@ -29,6 +29,7 @@
 from __future__ import annotations
 
 import copy
+import inspect
 import math
 import weakref
 from dataclasses import dataclass
@@ -40,6 +41,7 @@ from torch.utils._pytree import tree_leaves
 
 from .device import DTYPE_NAMES, device_info, resolve_device
 from .memory import cuda_counters, format_bytes
+from .options import in_magic, option
 from .results import ResultMixin
 
 if TYPE_CHECKING:
@@ -89,17 +91,31 @@ class LiveBytes(TorchDispatchMode):
 
 # --- exact model states ----------------------------------------------------------------------------
 
+class EstimateError(ValueError):
+    """Input the estimator cannot work with; the message says what to pass."""
+
+
 OPTIMIZERS = ("adamw", "adam", "sgd", "sgd-momentum", "adagrad", "rmsprop", "none")
+# Subclasses first (AdamW is an Adam): a subclass of these keeps the same state.
+_KNOWN = ((torch.optim.AdamW, "adamw"), (torch.optim.Adam, "adam"), (torch.optim.SGD, "sgd"),
+          (torch.optim.Adagrad, "adagrad"), (torch.optim.RMSprop, "rmsprop"))
 
 
 def _optimizer_spec(optimizer) -> tuple[str, dict]:
     """Name and hyper-parameters, from a name or an optimizer instance."""
     if isinstance(optimizer, torch.optim.Optimizer):
-        name = type(optimizer).__name__.lower()
+        name = next((n for cls, n in _KNOWN if isinstance(optimizer, cls)), None)
+        if name is None:
+            raise ValueError(f"the state size of {type(optimizer).__name__} is not known here (Adam, AdamW, SGD, "
+                             f"Adagrad and RMSprop are); pass {option('optimizer')} with the closest of "
+                             f"{', '.join(OPTIMIZERS)} (e.g. adam for an optimizer with two moments)")
         group = optimizer.param_groups[0]
         if name == "sgd" and group.get("momentum", 0):
             name = "sgd-momentum"
         return name, dict(group)
+    if optimizer is not None and not isinstance(optimizer, str):
+        raise TypeError(f"{option('optimizer')} takes one of {', '.join(OPTIMIZERS)} or a torch.optim.Optimizer, "
+                        f"got {type(optimizer).__name__}")
     name = (optimizer or "none").lower()
     if name not in OPTIMIZERS:
         raise ValueError(f"unknown optimizer {optimizer!r}; use one of: {', '.join(OPTIMIZERS)}")
@@ -129,8 +145,15 @@ def optimizer_state_bytes(params, optimizer="adamw") -> tuple[int, int]:
 def make_optimizer(optimizer, params):
     name, hyper = _optimizer_spec(optimizer)
     if isinstance(optimizer, torch.optim.Optimizer):
-        keep = {k: v for k, v in hyper.items() if k != "params"}
-        return type(optimizer)(params, **keep)
+        # param_groups hold keys the constructor does not take (AdamW's 'decoupled_weight_decay',
+        # a scheduler's 'initial_lr'): pass only what it accepts. What decides memory (foreach, fused,
+        # capturable, amsgrad, momentum, centered) are constructor arguments, so they are kept.
+        cls = type(optimizer)
+        accepted = inspect.signature(cls.__init__).parameters
+        if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in accepted.values()):
+            hyper = {k: v for k, v in hyper.items() if k in accepted}
+        keep = {k: v for k, v in hyper.items() if k not in ("self", "params")}
+        return cls(params, **keep)
     return {"adamw": lambda: torch.optim.AdamW(params), "adam": lambda: torch.optim.Adam(params),
             "sgd": lambda: torch.optim.SGD(params, lr=0.01), "sgd-momentum": lambda: torch.optim.SGD(params, lr=0.01, momentum=0.9),
             "adagrad": lambda: torch.optim.Adagrad(params), "rmsprop": lambda: torch.optim.RMSprop(params),
@@ -151,22 +174,23 @@ def _example_batch(model: torch.nn.Module, example, batch: int, device: torch.de
         out = []
         for t in tensors:
             if not isinstance(t, torch.Tensor) or t.dim() == 0:
-                raise ValueError("example must be a tensor (or a tuple of tensors) whose first dimension is the batch")
+                raise EstimateError(f"{_example_option()} must be a tensor (or a tuple of tensors) whose first "
+                                    "dimension is the batch")
             rows = torch.arange(batch, device=t.device) % t.shape[0]
             out.append(t[rows].to(device))
         return tuple(out)
     first = next((m for m in model.modules() if list(m.parameters(recurse=False))), None)
     if isinstance(first, torch.nn.Linear):
         return (torch.randn(batch, first.in_features, device=device, dtype=first.weight.dtype),)
-    raise ValueError(f"cannot make an input for a model whose first layer is {type(first).__name__}: pass an example "
-                     "batch (example=x, or --input x) whose first dimension is the batch")
+    raise EstimateError(f"cannot make an input for a model whose first layer is {type(first).__name__}: pass an "
+                        "example batch (example=x, or --input x) whose first dimension is the batch")
 
 
 def _default_loss(output) -> torch.Tensor:
     for t in tree_leaves(output if not hasattr(output, "logits") else output.logits):
         if isinstance(t, torch.Tensor) and t.is_floating_point():
             return t.float().sum()
-    raise ValueError("the model's output has no floating-point tensor to backpropagate from; pass loss_fn")
+    raise EstimateError("the model's output has no floating-point tensor to backpropagate from; pass loss_fn")
 
 
 class _Peak:
@@ -390,9 +414,16 @@ class MemoryEstimate(ResultMixin):
         return None
 
     @property
+    def on_gpu(self) -> bool:
+        """Whether the dry runs ran on a GPU (then the single-device figures are for one GPU)."""
+        return self.probe_device.startswith("cuda")
+
+    @property
     def summary(self) -> str:
         if self.budget_bytes is None:
             return "no budget to compare with"
+        if not self.on_gpu:
+            return self._host_summary()
         parts = []
         for p in self.fits:
             found = self.min_gpus(p)
@@ -403,6 +434,21 @@ class MemoryEstimate(ResultMixin):
             else:
                 parts.append(f"needs {found[0]} in {p} ({STRATEGY_NAMES[found[1]]})")
         return ", ".join(parts) + f" (budget {format_bytes(self.budget_bytes)} per GPU)"
+
+    def _host_summary(self) -> str:
+        """Measured on the CPU: whether one step fits the budget here, not "fits on 1 GPU" from host memory.
+        Where it does not fit, the GPU count that would (with this budget per GPU) is a prediction."""
+        parts, gpus = [], []
+        for p in self.fits:
+            one = self.single(p)
+            parts.append(f"{'fits' if one['fits'] else 'does not fit'} in {p} (peak {format_bytes(one['total'])})")
+            if not one["fits"]:
+                found = self.min_gpus(p)
+                gpus.append(f"{p} needs {found[0]} ({STRATEGY_NAMES[found[1]]})" if found else
+                            f"{p} does not fit on {self.gpu_counts[-1]}")
+        budget = format_bytes(self.budget_bytes)
+        text = ", ".join(parts) + f" -- budget {budget} ({self.budget_source}), measured on {self.probe_device}"
+        return text + (f"; on GPUs with {budget} each: {', '.join(gpus)}" if gpus else "")
 
     def _payload(self) -> dict:
         return {"model": self.model_name, "optimizer": self.optimizer, "batch": self.batch, "n_params": self.n_params,
@@ -415,13 +461,74 @@ class MemoryEstimate(ResultMixin):
                 "method": self.method, "table": self.table().to_dict(orient="records")}
 
 
+def _check_arguments(batch, example, probe_batches, amp_dtype, loss_fn, name, gpu_counts) -> None:
+    """Wrong types named by argument (``batch='32'`` failed deep inside with "'<' not supported")."""
+    def whole(value):
+        return isinstance(value, int) and not isinstance(value, bool)
+
+    if not whole(batch):
+        raise TypeError(f"{option('batch')} takes the global batch size as a whole number such as 32, got "
+                        f"{type(batch).__name__} {batch!r}")
+    if batch < 1:
+        raise ValueError(f"{option('batch')} must be at least 1, got {batch}")
+    tensors = example if isinstance(example, (tuple, list)) else (example,)
+    if example is not None and not all(isinstance(t, torch.Tensor) for t in tensors):
+        raise TypeError(f"{_example_option()} takes a tensor (or a tuple of tensors) whose first dimension is the "
+                        f"batch, got {type(example).__name__}")
+    if probe_batches is not None and (isinstance(probe_batches, (str, bytes)) or not all(
+            whole(b) for b in probe_batches)):
+        raise TypeError(f"{option('probe_batches')} takes two increasing batch sizes such as (2, 4), got "
+                        f"{probe_batches!r}")
+    if amp_dtype not in ("auto", "bf16", "fp16"):
+        raise ValueError(f"{option('amp_dtype')} takes 'auto', 'bf16' or 'fp16', got {amp_dtype!r}")
+    if loss_fn is not None and not callable(loss_fn):
+        raise TypeError(f"{option('loss_fn')} takes a function output -> scalar loss, got {type(loss_fn).__name__}")
+    if not isinstance(name, str):
+        raise TypeError(f"{option('name')} takes the model's name as a string, got {type(name).__name__}")
+    if isinstance(gpu_counts, (str, bytes)) or not gpu_counts or not all(whole(n) and n >= 1 for n in gpu_counts):
+        raise TypeError(f"{option('gpu_counts')} takes GPU counts such as (1, 2, 4, 8), got {gpu_counts!r}")
+
+
+def _example_option() -> str:
+    """How the example batch is passed: ``--input x`` under the magic, ``example=`` from Python."""
+    return "--input" if option("example").startswith("--") else "example"
+
+
+def _dry_run(model, optimizer, example, batches, device, amp_dtype, loss_fn, name):
+    """`_probe`, with a failure of the model on the probe input said as such: the user's error (e.g. a
+    shape mismatch) shows the probe batch, not the batch they asked for, which is confusing alone."""
+    try:
+        return _probe(model, optimizer, example, batches, device, amp_dtype, loss_fn)
+    except (RuntimeError, ValueError, TypeError, IndexError, KeyError, AssertionError) as exc:
+        from .oom import is_oom
+
+        if is_oom(exc) or isinstance(exc, EstimateError):
+            raise
+        if example is None:
+            first = next((m for m in model.modules() if list(m.parameters(recurse=False))), None)
+            width = getattr(first, "in_features", "?")
+            feed = f"a random input of shape ({batches[0]}, {width}) made for its first layer (nn.Linear)"
+        else:
+            tensors = example if isinstance(example, (tuple, list)) else (example,)
+            shapes = ", ".join(str(tuple(t.shape)) for t in tensors)
+            how = "cut" if all(t.dim() and t.shape[0] >= batches[0] for t in tensors) else "repeated"
+            feed = f"the example (shape {shapes}) {how} to the probe batch of {batches[0]} rows"
+        precision = "fp32" if amp_dtype is None else f"autocast {DTYPE_NAMES.get(amp_dtype, amp_dtype)}"
+        raise ValueError(
+            f"the dry run of {name} on {feed} failed ({precision}): {type(exc).__name__}: {exc}\n"
+            + (f"pass --input a batch that {name} accepts (first dimension = batch)" if in_magic()
+               else f"pass example= a batch that {name} accepts (first dimension = batch), and loss_fn= if its "
+                    "output needs one")) from exc
+
+
 def estimate_memory(model: torch.nn.Module, optimizer="adamw", batch: int = 32, example=None, budget=None,
                     device="auto", probe_batches=None, amp_dtype="auto", loss_fn=None, name: str = "model",
                     gpu_counts=GPU_COUNTS) -> MemoryEstimate:
     """Predict a training step's peak memory for ``model`` at ``batch``, in fp32 and under autocast.
 
     ``example``: a batch (tensor or tuple, first dimension = batch) to build probe inputs from;
-    optional for models whose first layer is ``nn.Linear``. ``budget``: bytes or "24GiB"; default
+    optional for models whose first layer is ``nn.Linear``. ``budget``: "24GiB" or a share such as 0.9 (read like
+    ``memory_budget``'s; it may exceed this machine: a per-GPU memory); default
     the device's memory. ``device``: where the dry runs execute (a copy of the model goes there).
     ``loss_fn(output) -> scalar``: default the sum of the first floating-point output.
     ``probe_batches``: the two dry-run batch sizes (default an eighth and a quarter of ``batch``).
@@ -432,22 +539,23 @@ def estimate_memory(model: torch.nn.Module, optimizer="adamw", batch: int = 32, 
     """
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
-    if batch < 1:
-        raise ValueError(f"batch must be at least 1, got {batch}")
+    _check_arguments(batch, example, probe_batches, amp_dtype, loss_fn, name, gpu_counts)
     if probe_batches is None:
         # An eighth and a quarter of the batch: CPU and GPU kernels change algorithm (and temporaries) with
         # the batch size, so probes far below it extrapolate from another regime (tests/test_estimate.py).
         probe_batches = (max(2, batch // 8), max(4, batch // 4))
     if len(probe_batches) != 2 or probe_batches[0] >= probe_batches[1] or probe_batches[0] < 1:
-        raise ValueError("probe_batches must be two increasing batch sizes, e.g. (2, 4)")
+        raise ValueError(f"{option('probe_batches')} must be two increasing batch sizes, e.g. (2, 4), got "
+                         f"{tuple(probe_batches)}")
     dev = resolve_device(device)
     info = device_info(dev)
     from .budget import parse_budget
 
     if budget is None:
-        budget_bytes, source = info.total_memory, f"{info.label} memory"
-    else:
-        budget_bytes = budget if isinstance(budget, int) else parse_budget(budget, dev)
+        budget_bytes, source = info.total_memory, (f"{info.label} memory" if dev.type == "cuda"
+                                                   else "this host's physical memory")
+    else:  # read like memory_budget's; a per-GPU budget may be larger than anything on this machine
+        budget_bytes = parse_budget(budget, dev, limit=False)
         source = "the budget"
     params = list(model.parameters())
     trainable = [p for p in params if p.requires_grad]
@@ -466,7 +574,7 @@ def estimate_memory(model: torch.nn.Module, optimizer="adamw", batch: int = 32, 
     probe_batches = list(probe_batches)
     fits, states_measured = {}, None
     for label, dtype in (("fp32", None), (f"{DTYPE_NAMES[amp]} AMP", amp)):
-        probe = _probe(model, optimizer, example, probe_batches, dev, dtype, loss_fn)
+        probe = _dry_run(model, optimizer, example, probe_batches, dev, dtype, loss_fn, name)
         allocated = None if dev.type == "cuda" else probe["allocated"]
         fits[label] = ActivationFit(label, probe_batches, probe["forward"], probe["backward"], grad_bytes, probe["step"],
                                     allocated, None if allocated is None else probe["step_allocated"])

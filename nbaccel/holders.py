@@ -66,6 +66,25 @@ def _optimizer_tensors(opt: torch.optim.Optimizer):
                 yield value
 
 
+def _stateless(opt: torch.optim.Optimizer) -> str | None:
+    """Why an optimizer never keeps state (plain SGD), or None."""
+    if isinstance(opt, torch.optim.SGD) and not any(g.get("momentum", 0) for g in opt.param_groups):
+        return "SGD without momentum keeps no state"
+    return None
+
+
+def _optimizer_detail(opt: torch.optim.Optimizer, states: dict) -> str:
+    name = type(opt).__name__
+    stateless = _stateless(opt)
+    if stateless:
+        return stateless
+    # torch's state is a defaultdict: a step can leave empty entries behind, so count params with tensors.
+    held = sum(1 for s in opt.state.values() if any(isinstance(v, torch.Tensor) for v in s.values()))
+    if held:
+        return f"{name} state for {held} param{'s' if held != 1 else ''}"
+    return f"{name}: no state yet (it is created at the first step)"
+
+
 def _container_tensors(value):
     items = value.values() if isinstance(value, dict) else value
     try:
@@ -119,8 +138,7 @@ def namespace_holders(namespace: dict, top: int = 10, skip=lambda name: False) -
                 owned.setdefault(key, name)
             device, dtype = _describe(states)
             rows.append(Holder(name, "optimizer", device, dtype, sum(b for b, _, _ in states.values()),
-                               (f"{type(value).__name__} state for {len(value.state)} params" if value.state
-                                else f"{type(value).__name__}: no state yet (it is created at the first step)")))
+                               _optimizer_detail(value, states)))
     for name, value in values:
         if isinstance(value, torch.Tensor):
             tensors, kind = [value], "tensor"

@@ -236,7 +236,7 @@ def parse_bytes(text: str) -> int:
     """``'6GiB'``, ``'6 GB'``, ``'512MiB'``, ``'1e9'`` -> bytes. Raises ValueError with the accepted forms."""
     import re
 
-    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:e[0-9]+)?)\s*([kmgt]i?b|b)?\s*", str(text), flags=re.I)
+    match = re.fullmatch(r"\s*((?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:e[+-]?[0-9]+)?)\s*([kmgt]i?b|b)?\s*", str(text), flags=re.I)
     if not match:
         raise ValueError(f"cannot read {text!r} as a size; write e.g. 6GiB, 6GB, 512MiB or 1e9 (bytes)")
     value = float(match.group(1)) * _UNITS[(match.group(2) or "b").lower()]
@@ -244,6 +244,8 @@ def parse_bytes(text: str) -> int:
         raise ValueError(f"a size must be positive, got {text!r}")
     if value > 2**64:  # also catches 1e309 -> inf, which int() cannot take
         raise ValueError(f"{text!r} is larger than any machine's memory; write e.g. 6GiB")
+    if int(value) == 0:  # 0.5B
+        raise ValueError(f"{text!r} is less than one byte; write e.g. 6GiB")
     return int(value)
 
 

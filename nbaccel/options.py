@@ -17,6 +17,11 @@ _IN_MAGIC: ContextVar[bool] = ContextVar("nbaccel_magic_spelling", default=False
 _NAME_ONLY = object()
 
 
+def in_magic() -> bool:
+    """Whether the code runs under a magic's spelling (for a hint that differs as a whole)."""
+    return _IN_MAGIC.get()
+
+
 def option(name: str, value=_NAME_ONLY) -> str:
     """``--name value`` (``--name`` for a flag set to True) inside a magic, ``name=value`` outside."""
     if _IN_MAGIC.get():

@@ -285,8 +285,9 @@ def test_estimate_magic(ip, run_cell):
     n = 64 * 128 + 128 + 128 * 8 + 8
     assert est.n_params == n and est.param_bytes == 4 * n and est.grad_bytes == 4 * n
     assert est.optimizer == "sgd-momentum" and est.state_bytes == 4 * n  # one momentum buffer
-    assert est.budget_bytes == 80 * 2**30 and "fits on 1 GPU in fp32" in est.summary
-    assert "fits on 1 GPU" in _texts(captured) and "linear extrapolation" in _texts(captured)
+    assert est.budget_bytes == 80 * 2**30 and est.summary.startswith("fits in fp32") and "GPU" not in est.summary
+    assert "budget 80 GiB (the budget), measured on cpu" in _texts(captured)
+    assert "prediction for GPUs" in _texts(captured) and "linear extrapolation" in _texts(captured)
     assert not _nbaccel_callbacks(ip), "a prediction does not start watching"
 
 
@@ -297,7 +298,7 @@ def test_script_context_manager():
     from nbaccel.budget import BudgetExceeded, BudgetWarning
 
     tight = current_rss() + 150 * MB
-    budget = nbaccel.memory_budget(tight)
+    budget = nbaccel.memory_budget(f"{tight}B")
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         with budget:
@@ -305,7 +306,7 @@ def test_script_context_manager():
         del x
     assert any(issubclass(w.category, BudgetWarning) for w in caught)
     with pytest.raises(BudgetExceeded):
-        with nbaccel.memory_budget(current_rss() + 150 * MB, strict=True):
+        with nbaccel.memory_budget(f"{current_rss() + 150 * MB}B", strict=True):
             y = torch.ones(100_000_000)
     del y
     with pytest.raises(RuntimeError) as info:
@@ -349,3 +350,67 @@ def test_off_without_a_budget_says_there_was_none(ip, run_cell):
     result, captured = run_cell("%memory_budget off")
     text = "".join(o.data.get("text/plain", "") for o in captured.outputs)
     assert "no budget was set: nothing to remove" in text and "removed" not in text
+
+
+@pytest.mark.parametrize("line, message", [
+    # A number without a unit reads the same in any notation: at most 1 is a share, above 1 is refused
+    # with the sizes it could mean (2e9 was taken as bytes, 2000000000 offered "2000000000GiB").
+    ("2e9", r"^2e9 has no unit: write 2GB \(= 2,000,000,000 bytes\) or 1.86GiB; a number without a unit is a "
+            r"share of this host's physical memory"),
+    ("2000000000", r"^2000000000 has no unit: write 2GB \(= 2,000,000,000 bytes\) or 1.86GiB"),
+    ("12", r"^12 has no unit: write 12GiB, 12GB or 12MiB"),
+    ("0.5B", r"a budget under 1 MiB cannot hold a Python process .*did you mean 0.5GB\?"),
+    ("1B", r"did you mean 1GB\?"),
+    ("2GiB --near -0.5", r"^--near is a share of the budget between 0 and 1, got -0.5"),
+    ("--near -.5 2GiB", r"^--near is a share"),
+    ("-5GB", "a budget must be positive, got -5GB"),
+    ("--strict -0.5", "a budget must be positive, got -0.5"),
+    ("2GiB --device -1", "device"),
+    ("2GiB -r -1", "-r/--result takes a Python variable name"),
+])
+def test_budget_text_is_read_consistently_and_errors_blame_the_right_option(ip, run_cell, line, message):
+    with pytest.raises(UsageError, match=message):
+        ip.run_line_magic("memory_budget", line)
+    assert not _nbaccel_callbacks(ip)
+
+
+@pytest.mark.parametrize("line", ["0.8", "8e-1", ".8", "80e-2"])
+def test_a_share_in_any_notation(ip, run_cell, line):
+    from nbaccel.budget import device_memory
+
+    run_cell(f"%memory_budget {line} -q -r s")
+    assert ip.user_ns["s"].budget_bytes == int(0.8 * device_memory(torch.device("cpu")))
+
+
+def test_batch_below_one_names_batch(ip, run_cell):
+    run_cell("import torch\nmodel = torch.nn.Linear(4, 4)")
+    with pytest.raises(UsageError, match=r"--batch"):
+        ip.run_line_magic("memory_budget", "--model model --batch -3")
+
+
+def test_counts_are_singular_or_plural(ip, run_cell):
+    run_cell("%memory_budget 0.9 -q")
+    run_cell("x = 1")
+    _, captured = run_cell("%memory_budget -r s")
+    assert "1 cell watched:" in _texts(captured)  # the `x = 1` cell (the status cell is still running)
+    _, captured = run_cell("%memory_budget")
+    assert "2 cells watched:" in _texts(captured)
+    _, captured = run_cell("%memory_budget off")
+    assert "removed; 3 cells had been watched" in _texts(captured)
+    run_cell("%memory_budget 0.9 -q")
+    run_cell("x = 1")
+    _, captured = run_cell("%memory_budget off")
+    assert "removed; 1 cell had been watched" in _texts(captured)
+
+
+def test_estimate_magic_with_an_adamw_object_and_a_bad_input(ip, run_cell):
+    # AdamW objects failed with "unexpected keyword argument 'decoupled_weight_decay'"; a wrong --input
+    # showed torch's shape error with the internal probe batch and no word about the dry run.
+    run_cell("import torch\nmodel = torch.nn.Sequential(torch.nn.Linear(64, 64))\n"
+             "opt = torch.optim.AdamW(model.parameters())\nx = torch.randn(32, 64)\nbad = torch.randn(32, 3)")
+    run_cell("%memory_budget 4GiB --model model --optimizer opt --batch 32 --input x -q -r est")
+    est = ip.user_ns["est"]
+    assert est.optimizer == "adamw" and est.budget_bytes == 4 * 2**30
+    with pytest.raises(UsageError, match=r"^the dry run of model on the example \(shape \(32, 3\)\) cut to the probe "
+                                         r"batch of 4 rows failed.*\npass --input a batch that model accepts"):
+        ip.run_line_magic("memory_budget", "4GiB --model model --batch 32 --input bad")

@@ -23,7 +23,7 @@ def test_units_and_shares(text, expected):
 
 @pytest.mark.parametrize("text, message", [
     ("-5GB", "must be positive"), ("12 parsecs", "cannot read '12 parsecs'"), ("0", "must be positive"),
-    ("12", "has no unit: write 12GiB"), ("17GiB", "larger than this host's physical memory"),
+    ("12", "12 has no unit: write '12GiB'"), ("17GiB", "larger than this host's physical memory"),
 ])
 def test_bad_budgets_name_the_fix(text, message):
     with pytest.raises(BudgetError, match=message):
@@ -171,14 +171,78 @@ def test_api_refuses_a_non_positive_byte_count(budget):
         nbaccel.memory_budget(budget, device="cpu")
 
 
-def test_api_byte_count_is_bytes_and_checked_against_the_device():
+def test_api_numbers_are_shares_up_to_1_and_bytes_above():
+    # From Python a number above 1 is bytes, as in torch's memory APIs (nbaccel.memory_budget(2e9) used
+    # to say "'2000000000.0' has no unit"); only the magic's text without a unit is ambiguous.
     import nbaccel
-    from nbaccel.budget import BudgetError
+    from nbaccel.budget import BudgetError, device_memory
 
+    total = device_memory(CPU)
+    assert nbaccel.memory_budget(1, device="cpu").budget == total
+    assert nbaccel.memory_budget(0.5, device="cpu").budget == int(0.5 * total)
+    assert nbaccel.memory_budget(2e9, device="cpu").budget == 2_000_000_000
     assert nbaccel.memory_budget(2**30, device="cpu").budget == 2**30
-    assert nbaccel.memory_budget(1, device="cpu").budget == 1  # an int is bytes, never a share
+    with pytest.raises(BudgetError, match=r"^budget=1000 is 1000 B: a budget under 1 MiB .* did you mean '1000GiB'\?"):
+        nbaccel.memory_budget(1000, device="cpu")
+    assert nbaccel.memory_budget(f"{2**30}B", device="cpu").budget == 2**30
     with pytest.raises(BudgetError, match="larger than this host's physical memory"):
-        nbaccel.memory_budget(10**18, device="cpu")
+        nbaccel.memory_budget("999TiB", device="cpu")
+    with pytest.raises(BudgetError, match="larger than this host's physical memory"):
+        nbaccel.memory_budget(2**60, device="cpu")
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("0.8", 0.8), ("8e-1", 0.8), (".8", 0.8), ("1e0", 1.0), ("1.", 1.0), (0.8, 0.8), (1, 1.0), (8e-1, 0.8),
+])
+def test_a_number_up_to_1_is_a_share_in_any_notation(text, expected):
+    assert parse_budget(text, CPU, total=16 * GiB) == int(expected * 16 * GiB)
+
+
+@pytest.mark.parametrize("text, message", [
+    ("2e9", r"^2e9 has no unit: write '2GB' \(= 2,000,000,000 bytes\) or '1.86GiB'; a number without a unit is a "
+            r"share of this host's physical memory \(at most 1"),
+    ("2000000000", r"^2000000000 has no unit: write '2GB' \(= 2,000,000,000 bytes\) or '1.86GiB'"),
+    (1000, r"^budget=1000 is 1000 B: .*did you mean '1000GiB'"),  # from Python a number above 1 is bytes
+    ("0.5B", r"^0.5B is 0 B: a budget under 1 MiB cannot hold a Python process .*did you mean '0.5GB'\?"),
+    ("1B", r"did you mean '1GB'\?"), ("512KiB", r"did you mean '512MiB'\?"),
+    ("1e-7", "a share of 1e-7 is .* a budget under 1 MiB"),
+    ("-0.5", "must be positive"), (-0.5, "must be positive"), ("nan", "cannot read 'nan'"),
+])
+def test_unitless_and_tiny_budgets_are_refused_with_a_fix_that_makes_sense(text, message):
+    with pytest.raises(BudgetError, match=message):
+        parse_budget(text, CPU, total=16 * GiB)
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"budget": None}, r"budget takes a size such as '6GiB' or a share such as 0.8, got NoneType"),
+    ({"budget": True}, "budget takes a size"),
+    ({"budget": "1GiB", "strict": "yes"}, r"strict takes True or False, got str 'yes'"),
+    ({"budget": "1GiB", "near": "0.5"}, r"near takes a share of the budget between 0 and 1 such as 0.75, got str"),
+    ({"budget": "1GiB", "device": ["cpu"]}, r"device takes 'auto', 'cpu'"),
+    ({"budget": "1GiB", "namespace": [1]}, r"namespace takes a dict"),
+])
+def test_api_wrong_types_name_the_argument(kwargs, message):
+    import nbaccel
+
+    with pytest.raises(TypeError, match=message):
+        nbaccel.memory_budget(**kwargs)
+
+
+def test_api_near_out_of_range():
+    import nbaccel
+
+    with pytest.raises(BudgetError, match=r"near is a share of the budget between 0 and 1, got 1.5"):
+        nbaccel.memory_budget("1GiB", near=1.5)
+
+
+def test_no_nan_or_absurd_share_is_shown():
+    from nbaccel.budget import CellRecord, CellReport, share_text
+
+    record = CellRecord("In[1]", 0, 300 * MiB, 0, None, 0, 0.1, "over")
+    assert record.fraction is None and record.to_dict()["fraction"] is None
+    text = str(CellReport(record, "cpu"))
+    assert "nan" not in text and "(n/a)" in text
+    assert share_text(0.93) == "93%" and share_text(250.4) == "250x" and share_text(float("nan")) == "n/a"
 
 
 def test_the_context_manager_says_what_it_is():
@@ -187,4 +251,20 @@ def test_the_context_manager_says_what_it_is():
     b = nbaccel.memory_budget("1GiB", device="cpu")
     with b:
         pass
-    assert repr(b) == "<nbaccel memory_budget 1 GiB on cpu (soft), 1 blocks measured; .history has them>"
+    assert repr(b) == "<nbaccel memory_budget 1 GiB on cpu (soft), 1 block measured; .history has them>"
+
+
+def test_plain_sgd_says_it_keeps_no_state():
+    # A new user saw "SGD: no state yet (it is created at the first step)" after many steps.
+    model = torch.nn.Linear(10, 10)
+    plain, momentum = torch.optim.SGD(model.parameters(), lr=0.1), torch.optim.SGD(model.parameters(), lr=0.1,
+                                                                                 momentum=0.9)
+    fresh = torch.optim.Adam(model.parameters())
+    for _ in range(3):
+        model(torch.randn(4, 10)).sum().backward()
+        plain.step()
+        momentum.step()
+    rows = {h.name: h for h in namespace_holders({"plain": plain, "momentum": momentum, "fresh": fresh})}
+    assert rows["plain"].detail == "SGD without momentum keeps no state" and rows["plain"].nbytes == 0
+    assert rows["momentum"].detail == "SGD state for 2 params" and rows["momentum"].nbytes == 110 * 4
+    assert rows["fresh"].detail == "Adam: no state yet (it is created at the first step)"

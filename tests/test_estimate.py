@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
+
+from nbaccel.memory import format_bytes
 
 from nbaccel.estimate import LiveBytes, _probe, estimate_memory, optimizer_state_bytes
 
@@ -53,7 +57,8 @@ def test_estimate_of_a_small_model_is_exact_for_states():
     one = est.single("fp32")
     assert one["total"] == est.param_bytes + est.grad_bytes + est.state_bytes + max(one["activations"], one["step_temporaries"])
     assert est.fits["fp32"].slope > 0
-    assert "linearly" in est.method and est.summary.startswith("fits on 1 GPU in fp32")
+    assert "linearly" in est.method and est.summary.startswith("fits in fp32 (peak ")
+    assert "GPU" not in est.summary  # measured on the CPU against a budget: no "fits on 1 GPU"
 
 
 def test_probes_far_below_the_batch_can_miss_a_kernel_regime_change():
@@ -98,7 +103,10 @@ def test_sharding_arithmetic_and_fewest_gpus():
     est.budget_bytes = (one + two) // 2
     n, strategy = est.min_gpus("fp32")
     assert n == 2 and est.per_gpu("fp32", strategy, 2)["fits"]
-    assert "needs 2 in fp32" in est.summary
+    assert f"does not fit in fp32 (peak {format_bytes(one)})" in est.summary
+    assert f"on GPUs with {format_bytes(est.budget_bytes)} each: fp32 needs 2" in est.summary
+    on_gpu = dataclasses.replace(est, probe_device="cuda:0")
+    assert on_gpu.summary.startswith("needs 2 in fp32") and "per GPU" in on_gpu.summary
 
 
 def test_conv_model_needs_an_example_batch():
@@ -180,3 +188,76 @@ def test_default_heap_rss_stays_under_the_no_reuse_bound():
     for peak in r["peaks"]:
         # Lower side loose: pages glibc keeps resident across malloc_trim can make the step add less.
         assert 0.8 * r["predicted"] <= peak <= r["bound"]
+
+
+@pytest.mark.parametrize("make", [
+    lambda p: torch.optim.Adam(p), lambda p: torch.optim.AdamW(p, amsgrad=True),
+    lambda p: torch.optim.AdamW(p, foreach=False), lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9),
+    lambda p: torch.optim.RMSprop(p, momentum=0.5, centered=True), lambda p: torch.optim.Adagrad(p),
+], ids=["adam", "adamw-amsgrad", "adamw-no-foreach", "sgd-momentum", "rmsprop", "adagrad"])
+def test_an_optimizer_object_is_rebuilt_for_the_dry_run(make):
+    # A real AdamW's param_groups carry 'decoupled_weight_decay', which AdamW() does not take: the
+    # estimate failed with a TypeError for AdamW objects.
+    from nbaccel.estimate import make_optimizer
+
+    model = _mlp()
+    opt = make(model.parameters())
+    scheduler = torch.optim.lr_scheduler.StepLR(opt, 10)  # adds 'initial_lr' to the param_groups
+    copy = make_optimizer(opt, list(_mlp().parameters()))
+    assert type(copy) is type(opt)
+    mem_keys = ("foreach", "fused", "capturable", "amsgrad", "momentum", "centered")
+    assert {k: copy.defaults.get(k) for k in mem_keys} == {k: opt.defaults.get(k) for k in mem_keys}
+    est = estimate_memory(model, optimizer=opt, batch=32, example=torch.randn(8, 64), device="cpu")
+    assert est.states_measured == est.state_bytes
+    del scheduler
+
+
+def test_a_model_that_fails_on_the_example_says_the_dry_run_failed():
+    # Was: "mat1 and mat2 shapes cannot be multiplied (4x3 and 64x128)": 4 is the probe batch, not the user's.
+    with pytest.raises(ValueError, match=r"^the dry run of model on the example \(shape \(32, 3\)\) cut to the probe "
+                                         r"batch of 4 rows failed \(fp32\): RuntimeError: mat1 and mat2 shapes cannot "
+                                         r"be multiplied.*\npass example= a batch that model accepts") as info:
+        estimate_memory(_mlp(), example=torch.randn(32, 3), device="cpu")
+    assert isinstance(info.value.__cause__, RuntimeError)  # the original error is kept
+
+
+@pytest.mark.parametrize("kwargs, error, message", [
+    ({"batch": "32"}, TypeError, r"^batch takes the global batch size as a whole number such as 32, got str '32'"),
+    ({"batch": 32.0}, TypeError, r"^batch takes"),
+    ({"batch": 0}, ValueError, r"^batch must be at least 1, got 0"),
+    ({"example": [1, 2]}, TypeError, r"^example takes a tensor"),
+    ({"probe_batches": "24"}, TypeError, r"^probe_batches takes two increasing batch sizes"),
+    ({"probe_batches": (4, 2)}, ValueError, r"^probe_batches must be two increasing"),
+    ({"amp_dtype": "int8"}, ValueError, r"^amp_dtype takes 'auto', 'bf16' or 'fp16'"),
+    ({"loss_fn": "mse"}, TypeError, r"^loss_fn takes a function"),
+    ({"optimizer": 3}, TypeError, r"^optimizer takes one of adamw"),
+    ({"budget": [1]}, TypeError, r"^budget takes a size"),
+    ({"budget": 1000}, ValueError, r"^budget=1000 is 1000 B: a budget under 1 MiB"),
+])
+def test_wrong_arguments_are_named(kwargs, error, message):
+    with pytest.raises(error, match=message):
+        estimate_memory(_mlp(), device="cpu", **{"batch": 8, **kwargs})
+
+
+def test_an_unknown_optimizer_class_is_named():
+    model = _mlp()
+    with pytest.raises(ValueError, match=r"the state size of NAdam is not known here.*pass optimizer with the "
+                                         r"closest"):
+        estimate_memory(model, optimizer=torch.optim.NAdam(model.parameters()), batch=8, device="cpu")
+
+
+def test_an_api_budget_larger_than_this_host_is_a_per_gpu_budget():
+    est = estimate_memory(_mlp(), batch=8, device="cpu", budget="80GiB")
+    assert est.budget_bytes == 80 * 2**30
+
+
+def test_on_the_cpu_the_estimate_speaks_of_this_host_and_labels_the_gpu_table_a_prediction():
+    # Was: "fits on 1 GPU in fp32 ... (budget 23.5 GiB per GPU)" with the host's memory as the budget.
+    est = estimate_memory(_mlp(), batch=64, device="cpu")
+    assert est.summary.startswith("fits in fp32 (peak ") and "GPU" not in est.summary
+    assert "budget" in est.summary and "(this host's physical memory), measured on cpu" in est.summary
+    text = str(est)
+    assert "peak (cpu)" in text and "peak (1 GPU)" not in text
+    assert "prediction for GPUs with activations measured on cpu: per GPU when sharded" in text
+    assert "1 (data parallel (DDP))" not in text  # fits here: no GPU count claimed
+    assert "Prediction for GPUs" in est._repr_html_()

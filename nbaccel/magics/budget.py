@@ -26,7 +26,7 @@ from IPython.core.magic_arguments import argument, magic_arguments
 import torch
 
 from ..budget import (NEAR, usage_now, BudgetError, BudgetExceeded, CellReport, Watcher, apply_cap, capped_devices,
-                      parse_budget, release_cap, status)
+                      parse_budget, plural, release_cap, share_text, status)
 from ..device import DeviceError, resolve_device
 from ..memory import format_bytes
 from ..oom import OOM_TYPES, explain_oom, is_oom
@@ -35,6 +35,9 @@ from ..render.display import display_result
 from .common import check_name, help_option, history_name, parse_line, store_result
 
 _NEGATIVE = re.compile(r"^-\.?[0-9]")
+# Options that take a value: a negative number after one of them is that option's value (--near -0.5),
+# not a negative budget.
+_VALUE_OPTIONS = {"--device", "--near", "--model", "--optimizer", "--batch", "--input", "-r", "--result"}
 CPU_ENFORCE_NOTE = ("--enforce: the CPU allocator has no per-process cap, so only a soft budget (checked after each "
                     "cell) is possible here; for a hard limit start the kernel in a cgroup "
                     "(systemd-run --user -p MemoryMax=6G jupyter lab, or docker --memory 6g)")
@@ -96,8 +99,11 @@ class BudgetMagics(Magics):
         # "6 GB" is what people type (and "12 parsecs" deserves the size error, not argparse's): a number
         # and the word after it are one size; argparse would see two positional arguments.
         line = re.sub(r"^(\s*-?[0-9]*\.?[0-9]+)\s+([a-z]+)\b", r"\1\2", line, flags=re.I)
-        for token in line.split():
-            if _NEGATIVE.match(token):
+        # argparse takes "-5GB" for an unknown option: name the real mistake first. Only a token in the
+        # budget's place, though: "--near -0.5" is a bad --near, said below.
+        tokens = line.split()
+        for previous, token in zip([None] + tokens, tokens):
+            if _NEGATIVE.match(token) and previous not in _VALUE_OPTIONS:
                 raise UsageError(f"a budget must be positive, got {token}; write e.g. 6GiB, 512MiB or 0.8")
         args = parse_line(self.memory_budget, line)
         if args is None:  # -h/--help: the help was printed
@@ -111,7 +117,8 @@ class BudgetMagics(Magics):
             had_budget = self.watcher is not None
             recorded = len(self.watcher.records) if had_budget else 0
             self.stop()
-            note = f"removed; {recorded} cells had been watched" if had_budget else "no budget was set: nothing to remove"
+            note = (f"removed; {plural(recorded, 'cell')} had been watched" if had_budget
+                    else "no budget was set: nothing to remove")
             result = status(None, torch.device("cpu"), note=note)
             return self._show(args, result)
         if args.budget is None:
@@ -199,15 +206,11 @@ class BudgetMagics(Magics):
                                  f"got a {type(optimizer).__name__}")
         example = self._lookup(args.input, "--input") if args.input else None
         device = self._device(args.device)
-        budget = None
-        if args.budget is not None:
-            try:  # a per-GPU memory to compare with: it may be larger than anything in this machine
-                budget = parse_budget(args.budget, device, total=0) if not re.fullmatch(r"[0-9.]+", args.budget) \
-                    else parse_budget(args.budget, device)
-            except BudgetError as exc:
-                raise UsageError(str(exc)) from None
-        elif self.watcher is not None:
-            budget = self.watcher.budget
+        # A per-GPU memory to compare with (it may be larger than anything in this machine): estimate_memory
+        # reads it like the API does; without one, the active budget.
+        budget = args.budget
+        if budget is None and self.watcher is not None:
+            budget = f"{self.watcher.budget}B"
         try:
             result = estimate_memory(model, optimizer=optimizer, batch=args.batch, example=example, budget=budget,
                                      device=device, name=args.model)
@@ -298,7 +301,7 @@ class BudgetMagics(Magics):
         display_result(report)
         if failing:
             exc = BudgetExceeded(f"{record.label} peaked at {format_bytes(record.used_bytes)}, over the strict budget "
-                                 f"of {format_bytes(record.budget_bytes)} ({record.fraction:.0%})")
+                                 f"of {format_bytes(record.budget_bytes)} ({share_text(record.fraction)})")
             # Marking the result failed is what stops "Run All" in Jupyter (the kernel replies "error").
             result.error_in_exec = exc
             self.shell.showtraceback((BudgetExceeded, exc, None), exception_only=True)

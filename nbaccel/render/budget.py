@@ -8,6 +8,7 @@ FloatProgress carrying the same class) so browser tests can find it. The CSS tar
 
 from __future__ import annotations
 
+from ..budget import plural, share_text
 from ..memory import format_bytes
 from .common import bullet_list, esc, table, text_table, wrap
 
@@ -28,19 +29,20 @@ def _view(result) -> str:
 
 # --- the per-cell gauge ------------------------------------------------------------------------------
 
-def _gauge_bar(fraction: float, status: str) -> str:
-    width = max(0.0, min(1.0, fraction)) * 100
-    return f'<span class="nbaccel-gauge {esc(status)}" title="{fraction:.0%}"><span style="width:{width:.0f}%"></span></span>'
+def _gauge_bar(fraction: float | None, status: str) -> str:
+    width = max(0.0, min(1.0, fraction or 0.0)) * 100
+    return (f'<span class="nbaccel-gauge {esc(status)}" title="{share_text(fraction)}"><span style="width:{width:.0f}%">'
+            '</span></span>')
 
 
-def _text_gauge(fraction: float, width: int = 30) -> str:
-    filled = int(round(max(0.0, min(1.0, fraction)) * width))
+def _text_gauge(fraction: float | None, width: int = 30) -> str:
+    filled = int(round(max(0.0, min(1.0, fraction or 0.0)) * width))
     return "[" + "#" * filled + "." * (width - filled) + "]"
 
 
 def _cell_line(r) -> str:
     extra = f", allocated peak {format_bytes(r.allocated_peak_bytes)}" if r.allocated_peak_bytes is not None else ""
-    return (f"{format_bytes(r.used_bytes)} of {format_bytes(r.budget_bytes)} ({r.fraction:.0%}); the cell added "
+    return (f"{format_bytes(r.used_bytes)} of {format_bytes(r.budget_bytes)} ({share_text(r.fraction)}); the cell added "
             f"{format_bytes(r.added_bytes)}{extra}")
 
 
@@ -71,7 +73,7 @@ def cell_widget(report):
     import ipywidgets as w
 
     r = report.record
-    bar = w.FloatProgress(value=min(r.fraction, 1.0), min=0.0, max=1.0,
+    bar = w.FloatProgress(value=min(r.fraction or 0.0, 1.0), min=0.0, max=1.0,
                           bar_style="danger" if report.over else "warning", layout=w.Layout(width="220px"))
     bar.add_class("nbaccel-gauge")
     label = w.HTML(wrap(("<b class='warn'>over the memory budget</b> " if report.over else "")
@@ -86,9 +88,13 @@ HOLDER_HEADERS = ["name", "kind", "device", "dtype", "bytes", "detail"]
 
 
 def _history_rows(records, last=10):
-    return [[r.label, format_bytes(r.used_bytes), f"{r.fraction:.0%}", format_bytes(r.added_bytes),
+    return [[r.label, format_bytes(r.used_bytes), share_text(r.fraction), format_bytes(r.added_bytes),
              format_bytes(r.allocated_peak_bytes) if r.allocated_peak_bytes is not None else "-", r.status,
              f"{r.seconds * 1e3:.0f} ms"] for r in records[-last:]]
+
+
+def _history_title(records, last=10) -> str:
+    return plural(len(records), "cell") + " watched" + (f", the last {last}" if len(records) > last else "")
 
 
 def _holder_rows(holders):
@@ -113,7 +119,7 @@ def _now_line(s) -> str:
 def status_text(s) -> str:
     out = [_status_head(s), _now_line(s)]
     if s.records:
-        out += ["", f"last cells ({len(s.records)} watched):", text_table(HISTORY_HEADERS, _history_rows(s.records))]
+        out += ["", _history_title(s.records) + ":", text_table(HISTORY_HEADERS, _history_rows(s.records))]
     if s.holders:
         out += ["", "what holds memory now (largest first):", text_table(HOLDER_HEADERS, _holder_rows(s.holders))]
     out += ["", "method: " + s.method]
@@ -185,6 +191,28 @@ ESTIMATE_HEADERS = ["precision", "params", "grads", "optimizer", "activations", 
                     "fits?", "fewest GPUs"]
 
 
+def _estimate_headers(e) -> list[str]:
+    # The single-device figures are for the device the dry runs ran on: one GPU, or this host.
+    if e.on_gpu:
+        return ESTIMATE_HEADERS
+    return [{"peak (1 GPU)": f"peak ({e.probe_device})", "fewest GPUs": "GPUs if over"}.get(h, h)
+            for h in ESTIMATE_HEADERS]
+
+
+def _compared_with(e) -> str:
+    if e.on_gpu:
+        return e.budget_source
+    return (f"{e.budget_source} (the training step's tensors; the process itself and other programs need memory "
+            "too)")
+
+
+def _sharding_title(e) -> str:
+    if e.on_gpu:
+        return "per GPU when sharded over N GPUs (* = over the budget)"
+    return (f"prediction for GPUs with activations measured on {e.probe_device}: per GPU when sharded over N GPUs "
+            "(* = over the budget)")
+
+
 def _estimate_rows(e):
     from ..estimate import STRATEGY_NAMES
 
@@ -192,8 +220,8 @@ def _estimate_rows(e):
     for p in e.fits:
         one = e.single(p)
         found = e.min_gpus(p)
-        fewest = "-" if e.budget_bytes is None else (f"{found[0]} ({STRATEGY_NAMES[found[1]]})" if found else
-                                                     f"> {e.gpu_counts[-1]}")
+        fewest = "-" if e.budget_bytes is None or (one["fits"] and not e.on_gpu) else (
+            f"{found[0]} ({STRATEGY_NAMES[found[1]]})" if found else f"> {e.gpu_counts[-1]}")
         rows.append([p, format_bytes(one["params"]), format_bytes(one["grads"]), format_bytes(one["optimizer"]),
                      format_bytes(one["activations"]), format_bytes(one["step_temporaries"]), format_bytes(one["total"]),
                      "yes" if one["fits"] else "no", fewest])
@@ -237,21 +265,22 @@ def _estimate_head(e) -> str:
 
 
 def estimate_text(e) -> str:
-    out = [_estimate_head(e), "", text_table(ESTIMATE_HEADERS, _estimate_rows(e)), "",
-           "per GPU when sharded over N GPUs (* = over the budget):",
+    out = [_estimate_head(e), "", text_table(_estimate_headers(e), _estimate_rows(e)), "",
+           _sharding_title(e) + ":",
            text_table(["precision", "strategy", "N=2", "N=4", "N=8"], _sharding_rows(e), left=(0, 1)), ""]
     out += ["activations: " + line for line in _fit_lines(e)]
     out += _rss_line(e)
-    out += ["", f"compared with: {e.budget_source}", "method: " + e.method]
+    out += ["", f"compared with: {_compared_with(e)}", "method: " + e.method]
     return "\n".join(out)
 
 
 def estimate_html(e) -> str:
-    return wrap(f"<h4>{esc(_estimate_head(e))}</h4>" + table(ESTIMATE_HEADERS, _estimate_rows(e))
-                + "<h4>Per GPU when sharded (* = over the budget)</h4>"
+    title = _sharding_title(e)
+    return wrap(f"<h4>{esc(_estimate_head(e))}</h4>" + table(_estimate_headers(e), _estimate_rows(e))
+                + f"<h4>{esc(title[0].upper() + title[1:])}</h4>"
                 + table(["precision", "strategy", "N=2", "N=4", "N=8"], _sharding_rows(e), name_columns=(0, 1))
                 + bullet_list(_fit_lines(e) + _rss_line(e))
-                + f'<div class="muted">compared with: {esc(e.budget_source)}; method: {esc(e.method)}</div>')
+                + f'<div class="muted">compared with: {esc(_compared_with(e))}; method: {esc(e.method)}</div>')
 
 
 # --- dispatch ---------------------------------------------------------------------------------------------
