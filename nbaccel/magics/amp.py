@@ -21,7 +21,9 @@ DTYPES = ("bf16", "fp16", "auto", "tf32")
 
 @magics_class
 class AmpMagics(Magics):
-    @magic_arguments()
+    # IPython's help formatter prefixes the usage line with "%", right for a line magic only; the
+    # name "%amp" makes it read "%%amp [-h] ..." as the cell magic is typed.
+    @magic_arguments(name="%amp")
     @help_option
     @argument("--dtype", default="auto",
               help="autocast dtype: bf16, fp16 or auto (bf16 where supported, else fp16); tf32 = no autocast, "
