@@ -55,8 +55,8 @@ class ResultMixin:
 
 
 def json_safe(value):
-    """``value`` with every NaN/inf float (also numpy's) as None and numpy scalars and arrays as Python numbers and lists,
-    walking dicts, lists and tuples (tuples become lists, as JSON would make them)."""
+    """``value`` with every NaN/inf float (also numpy's) as None, numpy scalars and arrays as Python
+    numbers and lists, walking dicts, lists and tuples (tuples become lists, as JSON makes them)."""
     if isinstance(value, dict):
         return {k: json_safe(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
