@@ -25,9 +25,15 @@ from typing import TYPE_CHECKING, Callable
 
 import torch
 
-from .device import DTYPE_NAMES, DeviceInfo, device_info, resolve_device
+try:  # numpy is a torch dependency in practice, but not a hard one
+    import numpy as np
+except ImportError:  # pragma: no cover
+    np = None
+
+from .device import DTYPE_NAMES, DeviceError, DeviceInfo, device_info, dtype_name, resolve_device
 from .flops import OpAudit, precision_summary
 from .memory import PeakMemory, PeakMeter, format_bytes
+from .options import option
 from .precision import FP32, Recipe, apply_recipe, describe, make_recipe
 from .results import ResultMixin
 from .snapshot import Snapshot, SnapshotTooLarge, available_host_memory, estimate_bytes
@@ -35,6 +41,10 @@ from .timing import Clock, Stats, format_seconds, speedup_is_uncertain
 
 if TYPE_CHECKING:
     import pandas as pd
+
+
+MIN_RUNS = 3  # timed runs per variant below which a speedup is marked uncertain (no spread to judge)
+MEMORY_NOISE_FLOOR = 1 << 20  # fp32 peak below which a memory saving is not reported (allocator noise)
 
 
 def _empty_frame() -> pd.DataFrame:
@@ -91,7 +101,11 @@ class AmpResult(ResultMixin):
     unaligned_matmuls: list = field(default_factory=list)
     snapshot_bytes: int = 0
     restored: bool = True  # False: --no-restore, runs continued from each other's state
-    nonfinite_result: bool = False  # the cell's value is inf/NaN under the recipe but finite in fp32
+    # Two runs under the recipe from the restored state gave different values: the code depends on
+    # state the snapshot does not restore (an attribute of your own object, a file...).
+    state_changed: bool = False
+    nonfinite_result: bool = False  # the cell's value has inf/NaN under the recipe where fp32's is finite
+    drift_skipped: str | None = None  # why there is no drift although both variants ran (nbaccel's failure)
     value: object = field(default=None, repr=False)  # the kept run's value (not serialized)
 
     @property
@@ -103,15 +117,25 @@ class AmpResult(ResultMixin):
 
     @property
     def speedup_uncertain(self) -> bool:
-        return self.baseline is not None and speedup_is_uncertain(self.baseline.times, self.amp.times)
+        """True when the ranking could flip on a re-run: the two IQRs overlap, or a variant has fewer
+        than 3 timed runs (no spread to judge by)."""
+        return self.baseline is not None and (_too_few_runs(self)
+                                              or speedup_is_uncertain(self.baseline.times, self.amp.times))
 
     @property
     def memory_saving(self) -> float | None:
-        """Fraction of the fp32 peak that the recipe saved (0.3 = 30 % less; negative = more)."""
+        """Fraction of the fp32 peak that the recipe saved (0.3 = 30 % less; negative = more), as
+        measured, whatever the size: see `memory_comparable` before reading much into it."""
         if self.baseline is None or not self.baseline.memory or not self.amp.memory:
             return None
         base = self.baseline.memory.peak_bytes
         return (base - self.amp.memory.peak_bytes) / base if base > 0 else None
+
+    @property
+    def memory_comparable(self) -> bool:
+        """Whether the fp32 peak is large enough (``MEMORY_NOISE_FLOOR``, 1 MiB) for the saving to
+        mean something: below it, the CPU's RSS-based figures are allocator noise."""
+        return (self.memory_saving is not None and self.baseline.memory.peak_bytes >= MEMORY_NOISE_FLOOR)
 
     @property
     def precision(self) -> dict:
@@ -128,7 +152,11 @@ class AmpResult(ResultMixin):
             if v.times.noisy:
                 notes.append(f"{v.name}: the IQR is {v.times.relative_spread:.0%} of the median; "
                              "the machine is noisy, use more --repeat")
-        if self.speedup_uncertain:
+        if _too_few_runs(self):
+            runs = min(len(self.baseline.times.times), len(self.amp.times.times))
+            notes.append(f"only {runs} timed run{'s' if runs != 1 else ''} per variant: too few for a spread, the "
+                         f"speedup is uncertain; use {option('repeat', 5)} or more")
+        elif self.speedup_uncertain:
             notes.append("the two variants' IQRs overlap: the speedup could flip on a re-run")
         return notes
 
@@ -159,7 +187,9 @@ class AmpResult(ResultMixin):
             "unaligned_matmuls": self.unaligned_matmuls,
             "snapshot_bytes": self.snapshot_bytes,
             "restored": self.restored,
+            "state_changed": self.state_changed,
             "nonfinite_result": self.nonfinite_result,
+            "drift_skipped": self.drift_skipped,
             "advice": self.advice,
             "noise_warnings": self.noise_warnings,
         }
@@ -222,14 +252,24 @@ def _gradient_report(base: _GradientProbe | None, amp: _GradientProbe, recipe: R
 
 
 def _to_host(value):
+    """A host copy of a run's value, for comparison: float tensors and float numpy arrays become
+    float64 tensors, numpy scalars Python numbers; containers are walked. Always a copy, so a later
+    run that changes the returned object in place (a namespace tensor) cannot change it."""
     if isinstance(value, torch.Tensor):
-        return value.detach().to("cpu", torch.float64) if value.is_floating_point() else value.detach().cpu()
+        value = value.detach()
+        if value.is_floating_point():
+            return value.to("cpu", torch.float64, copy=True)
+        return value.to("cpu", copy=True)
+    if np is not None and isinstance(value, np.ndarray):
+        if value.dtype.kind == "f":
+            return torch.from_numpy(value.astype(np.float64, copy=True))
+        return value.copy()  # ints, bools, objects...: kept, not compared (like integer tensors)
+    if np is not None and isinstance(value, np.generic):
+        return value.item()  # np.float32(1.5) -> 1.5, np.int64(3) -> 3
     if isinstance(value, (list, tuple)):
         return type(value)(_to_host(v) for v in value) if not hasattr(value, "_fields") else tuple(_to_host(v) for v in value)
     if isinstance(value, dict):
         return {k: _to_host(v) for k, v in value.items()}
-    if hasattr(value, "item") and hasattr(value, "dtype"):  # numpy scalar
-        return float(value)
     return value
 
 
@@ -254,27 +294,55 @@ def _nonfinite(value) -> bool:
     return False
 
 
+def _as_float64(leaf) -> torch.Tensor | None:
+    """A float leaf as a float64 tensor (numbers as 0-d ones); None for what drift does not compare."""
+    if isinstance(leaf, torch.Tensor):
+        return leaf.double() if leaf.is_floating_point() and not leaf.is_sparse else None
+    if isinstance(leaf, (int, float)) and not isinstance(leaf, bool):
+        try:
+            return torch.tensor(float(leaf), dtype=torch.float64)
+        except OverflowError:  # an int beyond float's range
+            return None
+    return None
+
+
+def _leaf_drift(path: str, b: torch.Tensor, a: torch.Tensor) -> dict:
+    """Errors where both values are finite; inf/NaN in the same place in both count as equal, and
+    inf/NaN in one variant only is counted, not folded into the error (it would make it NaN)."""
+    finite_b, finite_a = torch.isfinite(b), torch.isfinite(a)
+    both = finite_b & finite_a
+    same_nonfinite = ~finite_b & ~finite_a & ((b == a) | (torch.isnan(b) & torch.isnan(a)))
+    amp_only = int((~finite_a & ~same_nonfinite).sum())  # the recipe made inf/NaN fp32 did not (or another one)
+    base_only = int((~finite_b & finite_a).sum())
+    diff = (a - b).abs()[both]
+    max_abs = diff.max().item() if diff.numel() else 0.0
+    scale = b[finite_b].abs().max().item() if bool(finite_b.any()) else 0.0
+    return {"name": path, "shape": list(b.shape), "max_abs": max_abs,
+            "max_rel": max_abs / scale if scale else (math.inf if max_abs else 0.0),
+            "base": b.item() if b.numel() == 1 else None, "amp": a.item() if a.numel() == 1 else None,
+            "amp_only_nonfinite": amp_only, "fp32_only_nonfinite": base_only}
+
+
 def compute_drift(base, amp) -> dict | None:
-    """Max abs / relative error between the two variants' results, per tensor or number leaf."""
+    """Max abs / relative error between the two variants' results, per tensor, float numpy array or
+    number leaf. Positions that are inf/NaN in one variant only are counted separately
+    (``amp_only_nonfinite``, ``fp32_only_nonfinite``); positions equal-nonfinite in both are equal."""
     base, amp = _to_host(base), _to_host(amp)
     leaves = []
     for (path, b), (_, a) in zip(_leaves(base), _leaves(amp)):
-        if isinstance(b, torch.Tensor) and isinstance(a, torch.Tensor) and b.shape == a.shape and b.is_floating_point():
-            if b.numel() == 0:
-                continue
-            diff = (a.double() - b.double()).abs()
-            scale = b.double().abs().max().item()
-            leaves.append({"name": path, "shape": list(b.shape), "max_abs": diff.max().item(),
-                           "max_rel": diff.max().item() / scale if scale else math.inf if diff.max() else 0.0,
-                           "base": b.item() if b.numel() == 1 else None, "amp": a.item() if a.numel() == 1 else None})
-        elif isinstance(b, (int, float)) and isinstance(a, (int, float)) and not isinstance(b, bool):
-            d = abs(float(a) - float(b))
-            leaves.append({"name": path, "shape": [], "max_abs": d, "max_rel": d / abs(b) if b else (math.inf if d else 0.0),
-                           "base": float(b), "amp": float(a)})
+        number = not isinstance(b, torch.Tensor)
+        if number != (not isinstance(a, torch.Tensor)):
+            continue
+        b, a = _as_float64(b), _as_float64(a)
+        if b is None or a is None or b.shape != a.shape or b.numel() == 0:
+            continue
+        leaves.append(_leaf_drift(path, b, a))
     if not leaves:
         return None
     worst = max(leaves, key=lambda leaf: leaf["max_rel"])
-    return {"leaves": leaves, "max_abs": max(leaf["max_abs"] for leaf in leaves), "max_rel": worst["max_rel"]}
+    return {"leaves": leaves, "max_abs": max(leaf["max_abs"] for leaf in leaves), "max_rel": worst["max_rel"],
+            "amp_only_nonfinite": sum(leaf["amp_only_nonfinite"] for leaf in leaves),
+            "fp32_only_nonfinite": sum(leaf["fp32_only_nonfinite"] for leaf in leaves)}
 
 
 def _scaler_scales(snapshot: Snapshot) -> list[float]:
@@ -317,42 +385,106 @@ class _ScalerUse:
         return False
 
 
+class _Cell:
+    """The user's code, wrapped so that its own exceptions can be told from nbaccel's and placed
+    in the run they came from. The exception itself passes through untouched."""
+
+    def __init__(self, fn):
+        self.fn = fn
+        self.recipe: Recipe | None = None  # the recipe of the run in progress
+        self.kept = False  # the run in progress is the kept one
+        self.ran: set = set()  # recipes with at least one run that returned
+        self.failure: tuple | None = None  # (exception, recipe, kept) of the run that raised
+
+    def __call__(self):
+        __tracebackhide__ = True  # noqa: F841 - IPython hides nbaccel's frames from the user's traceback
+        try:
+            value = self.fn()
+        except Exception as exc:
+            self.failure = (exc, self.recipe, self.kept)
+            raise
+        self.ran.add(self.recipe)
+        return value
+
+    def where(self, order) -> str:
+        """Which run raised, e.g. "under bf16 autocast (it ran in fp32)"."""
+        _, recipe, kept = self.failure
+        where = _run_words(recipe)
+        if kept:
+            return where + " in the kept run (the measurement runs had succeeded)"
+        others = [r for r in order if r != recipe and r in self.ran]
+        if others:
+            return where + f" (it ran {_run_words(others[0])})"
+        if recipe in self.ran:
+            return where + " (an earlier run of it had succeeded)"
+        return where
+
+
+def _run_words(recipe: Recipe) -> str:
+    if recipe.autocast_dtype is not None:
+        return f"under {DTYPE_NAMES[recipe.autocast_dtype]} autocast"
+    return "under TF32" if recipe.tf32 else "in fp32"
+
+
+def _safely(what: str, fn, *args):
+    """(fn(*args), None), or (None, a reason) when nbaccel's own analysis fails: a value nbaccel
+    cannot compare must never turn into a failure of the user's code."""
+    try:
+        return fn(*args), None
+    except Exception as exc:  # noqa: BLE001 - any failure here is nbaccel's, reported in the result
+        return None, f"nbaccel could not {what} ({type(exc).__name__}: {exc})"
+
+
 class _Runner:
     """Runs the code under one recipe from the snapshot; the small engine behind compare_amp."""
 
-    def __init__(self, fn, snapshot: Snapshot, clock: Clock, device: torch.device, silence):
-        self.fn, self.snapshot, self.clock, self.device, self.silence = fn, snapshot, clock, device, silence
+    def __init__(self, cell: _Cell, snapshot: Snapshot, clock: Clock, device: torch.device, silence):
+        self.cell, self.snapshot, self.clock, self.device, self.silence = cell, snapshot, clock, device, silence
 
     def timed(self, recipe: Recipe) -> float:
         __tracebackhide__ = True  # noqa: F841 - IPython hides nbaccel's frames from the user's traceback
         self.snapshot.restore()
+        self.cell.recipe = recipe
         with self.silence(), apply_recipe(recipe):
-            seconds, _ = self.clock.measure(self.fn)
+            seconds, _ = self.clock.measure(self.cell)
         return seconds
 
     def memory(self, recipe: Recipe) -> PeakMemory:
         __tracebackhide__ = True  # noqa: F841 - IPython hides nbaccel's frames from the user's traceback
         self.snapshot.restore()
+        self.cell.recipe = recipe
         with self.silence(), apply_recipe(recipe), PeakMeter(self.device) as meter:
-            self.fn()
+            self.cell()
         return meter.result
 
     def audited(self, recipe: Recipe):
         __tracebackhide__ = True  # noqa: F841 - IPython hides nbaccel's frames from the user's traceback
         self.snapshot.restore()
+        self.cell.recipe = recipe
         probe = _GradientProbe(c.tensor for c in self.snapshot.tensors)
         audit = OpAudit()
         scales_before = _scaler_scales(self.snapshot)
         with self.silence(), apply_recipe(recipe), probe, audit, _ScalerUse() as scaler_use:
-            value = self.fn()
-        value = _to_host(value)
+            value = self.cell()
+        host = _safely("copy the result to the host", _to_host, value)
         scales_after = _scaler_scales(self.snapshot)
         scaler_info = {
             "grad_scaler": scaler_use.calls > 0,
             # GradScaler halves its scale when it finds inf/NaN gradients and skips that optimizer step.
             "scaler_skipped_step": any(a < b for a, b in zip(scales_after, scales_before)) if scales_before else None,
         }
-        return audit, probe, value, scaler_info
+        return audit, probe, host, scaler_info
+
+
+def _differs(drift: dict | None, recipe: Recipe) -> bool:
+    """Whether two runs under the same recipe gave different values, beyond the run-to-run noise of
+    nondeterministic kernels (atomics on the GPU) at that recipe's precision."""
+    if drift is None:
+        return False
+    # A few units of the recipe's rounding (TF32 keeps 10 mantissa bits): reduction order, fused
+    # vs unfused kernels under the audit's dispatch mode, atomics.
+    eps = torch.finfo(recipe.autocast_dtype).eps if recipe.autocast_dtype is not None else 2.0**-10
+    return drift["max_rel"] > 4 * eps or bool(drift["amp_only_nonfinite"] or drift["fp32_only_nonfinite"])
 
 
 def compare_amp(
@@ -371,10 +503,12 @@ def compare_amp(
     clock: Clock | None = None,
     restore: bool = True,
     max_snapshot_fraction: float | None = 0.5,
+    on_cell_error: Callable[[BaseException, str], None] | None = None,
 ) -> AmpResult:
     """Time ``fn`` in strict fp32 and under autocast (+TF32 on CUDA) from the same starting state.
 
     ``dtype``: ``bf16|fp16|auto``, or ``"tf32"`` for TF32 alone (no autocast; CUDA sm80+ only).
+    fp32 is the baseline, so it is refused as the compared dtype.
 
     ``namespace``/``state``: what ``fn`` may change and must be restored before each run -- a
     dict of variables (the notebook's namespace) and/or objects (model, optimizer, ...). Without
@@ -387,6 +521,9 @@ def compare_amp(
     (for state too large to copy -- the comparison is then between different starting states).
     ``max_snapshot_fraction``: refuse (`SnapshotTooLarge`) when the snapshot would take more than
     this share of the host's available memory, instead of swapping the machine to death.
+    ``on_cell_error(exc, where)``: called when ``fn`` itself raises, before its exception
+    propagates unchanged; ``where`` says which run raised ("under bf16 autocast (it ran in fp32)").
+    An exception without this call came from nbaccel, not from ``fn``.
     Returns an `AmpResult`; the kept run's return value is ``result.value``.
     Under torchrun it measures the calling rank only; `nbaccel.distributed.compare_amp` (or
     ``gather_amp(result)``) gathers every rank's result (min/median/max, slowest rank).
@@ -402,6 +539,10 @@ def compare_amp(
         raise ValueError(f"repeat must be >= 1, got {repeat}; use at least 3 for a spread")
     dev = resolve_device(device)
     info = device_info(dev)
+    if dtype_name(dtype) == FP32:
+        raise DeviceError(f"{option('dtype', dtype)} compares fp32 with itself: fp32 is the baseline. Use "
+                          f"{option('dtype', 'bf16')}, {option('dtype', 'fp16')}, {option('dtype', 'auto')}, or "
+                          f"{option('dtype', 'tf32')} on an Ampere+ CUDA GPU")
     amp_recipe = make_recipe(dtype, dev, tf32=tf32)
     base_recipe = make_recipe(FP32, dev)
     if namespace is None and not state:
@@ -412,7 +553,8 @@ def compare_amp(
         _check_snapshot_size(namespace, state, skip, max_snapshot_fraction)
         snapshot = Snapshot.capture(namespace, objects=state, skip=skip)
     clock = clock or Clock(dev)
-    runner = _Runner(fn, snapshot, clock, dev, silence or _redirect)
+    cell = _Cell(fn)
+    runner = _Runner(cell, snapshot, clock, dev, silence or _redirect)
     order = [base_recipe, amp_recipe] if baseline else [amp_recipe]
 
     finished = False
@@ -428,21 +570,49 @@ def compare_amp(
         audits = {id(r): runner.audited(r) for r in order}
         # The kept run: under the recipe, output shown, state left as one run leaves it.
         snapshot.restore()
+        cell.recipe, cell.kept = amp_recipe, True
         with (show_output or contextlib.nullcontext)(), apply_recipe(amp_recipe):
-            value = fn()
+            value = cell()
+        result = _build_result(info, order, times, memory, audits, amp_recipe, base_recipe, baseline,
+                               warmup, repeat, clock, snapshot, restore, value)
         finished = True
+    except Exception as exc:
+        if cell.failure is not None and cell.failure[0] is exc and on_cell_error is not None:
+            on_cell_error(exc, cell.where(order))
+        raise
     finally:
         if not finished:
             snapshot.restore()
+    return result
 
+
+def _build_result(info, order, times, memory, audits, amp_recipe, base_recipe, baseline, warmup, repeat,
+                  clock, snapshot, restore, value) -> AmpResult:
     def variant(name, recipe):
         audit = audits[id(recipe)][0]
         return Variant(name, recipe, times[id(recipe)], memory[id(recipe)], audit.table(), audit.total_flops)
 
     amp_variant = variant(DTYPE_NAMES.get(amp_recipe.autocast_dtype, "tf32"), amp_recipe)
     base_variant = variant("fp32", base_recipe) if baseline else None
-    amp_audit, amp_probe, amp_value, scaler_info = audits[id(amp_recipe)]
+    amp_audit, amp_probe, (amp_value, amp_error), scaler_info = audits[id(amp_recipe)]
     base_probe = audits[id(base_recipe)][1] if baseline else None
+    drift, why = None, amp_error
+    if baseline:
+        base_value, base_error = audits[id(base_recipe)][2]
+        why = why or base_error
+        if why is None:
+            drift, why = _safely("compare the two results", compute_drift, base_value, amp_value)
+    state_changed = False
+    if restore and why is None:
+        # Two runs under the recipe from the restored state (the audited one and the kept one) must
+        # agree; if they do not, the code depends on state the snapshot does not restore.
+        kept, _ = _safely("copy the result to the host", _to_host, value)
+        same, _ = _safely("compare the two results", compute_drift, amp_value, kept)
+        state_changed = _differs(same, amp_recipe)
+    if drift is not None:
+        nonfinite = drift["amp_only_nonfinite"] > 0
+    else:
+        nonfinite = baseline and why is None and _nonfinite(amp_value) and not _nonfinite(audits[id(base_recipe)][2][0])
     return AmpResult(
         device=info,
         amp=amp_variant,
@@ -450,12 +620,14 @@ def compare_amp(
         warmup=warmup,
         repeat=repeat,
         timer_method=clock.method,
-        drift=compute_drift(audits[id(base_recipe)][2], amp_value) if baseline else None,
+        drift=drift,
+        drift_skipped=why if baseline else None,
         gradients=_gradient_report(base_probe, amp_probe, amp_recipe, scaler_info),
         unaligned_matmuls=amp_audit.unaligned_matmuls(),
         snapshot_bytes=snapshot.nbytes,
         restored=restore,
-        nonfinite_result=baseline and _nonfinite(amp_value) and not _nonfinite(audits[id(base_recipe)][2]),
+        state_changed=state_changed,
+        nonfinite_result=bool(nonfinite),
         value=value,
     )
 
@@ -510,6 +682,27 @@ def _referenced_objects(fn) -> list:
     return found
 
 
+def _state_reason(result: AmpResult) -> str | None:
+    """Why the two variants' results may differ for reasons other than precision, if any."""
+    if not result.restored:
+        return "state was not restored between runs, so each run started from the state the one before left"
+    if result.state_changed:
+        return ("two runs under the recipe from the same restored state gave different results, so the cell "
+                "depends on state nbaccel does not restore (attributes of your own objects, containers nested "
+                "more than three deep, files...)")
+    if result.amp.ops.empty:
+        return "the cell ran no torch operators, so precision cannot have changed its result"
+    return None
+
+
+def _drift_differs(drift: dict | None) -> bool:
+    return bool(drift) and bool(drift["max_abs"] > 0 or drift["amp_only_nonfinite"] or drift["fp32_only_nonfinite"])
+
+
+def _too_few_runs(result: AmpResult) -> bool:
+    return result.baseline is not None and min(len(result.baseline.times.times), len(result.amp.times.times)) < MIN_RUNS
+
+
 def advise(result: AmpResult) -> list[str]:
     """One line per finding, each backed by a number in the result."""
     notes = []
@@ -517,17 +710,42 @@ def advise(result: AmpResult) -> list[str]:
     dtype = result.amp.name
     autocast = result.amp.recipe.autocast_dtype is not None  # False for the TF32-only recipe
     label = f"{dtype} autocast" if autocast else dtype.upper()
-    if result.nonfinite_result:
-        limit = f" (fp16's largest value is {torch.finfo(torch.float16).max:.0f})" if dtype == "fp16" else ""
-        notes.append(f"The result is inf/NaN under {dtype} but finite in fp32: the forward pass overflowed{limit}. "
+    state_reason = _state_reason(result)
+    drift = result.drift
+    if state_reason and _drift_differs(drift):
+        # Precision is not to blame for a difference that state or plain Python made.
+        verdict = ("the difference comes from state that changed between runs, not from precision"
+                   if result.amp.ops.empty else "the difference may come from state that changed between runs "
+                   "rather than from precision, so it is no measure of accuracy")
+        notes.append(f"The fp32 and {dtype} results differ (max rel {drift['max_rel']:.1%}), but {state_reason}: "
+                     f"{verdict}.")
+    elif result.state_changed:
+        notes.append(f"Careful: {state_reason}; the runs did not all start from the same state.")
+    if result.nonfinite_result and not state_reason:
+        n = drift["amp_only_nonfinite"] if drift else None
+        where = f" ({n} element{'s' if n != 1 else ''})" if n else ""
+        if dtype == "fp16":
+            cause = (f"the forward pass overflowed (fp16's largest value is {torch.finfo(torch.float16).max:.0f}). "
                      "GradScaler cannot fix this; use bf16, or keep the overflowing op in fp32 "
                      "(torch.autocast(..., enabled=False)).")
+        else:
+            cause = ("an op overflowed or lost the precision it needed (a log or division of a value rounded to 0, "
+                     "say); keep that op in fp32 (torch.autocast(..., enabled=False)).")
+        notes.append(f"{dtype} produced inf/NaN where fp32 did not{where}: {cause}")
+    if drift and drift["fp32_only_nonfinite"] and not state_reason:
+        notes.append(f"fp32 produced inf/NaN where {dtype} did not ({drift['fp32_only_nonfinite']} "
+                     f"element{'s' if drift['fp32_only_nonfinite'] != 1 else ''}); the drift figures leave those out.")
     if result.amp.ops.empty:
         notes.append("The cell ran no torch operators, so autocast had nothing to change: %%amp compares "
                      "torch code (the times are of plain Python).")
         speedup = None  # a "speedup" of plain Python is noise; say nothing more about it
     if result.nonfinite_result:
         speedup = None  # a wrong answer faster is not a finding: the overflow note above is the advice
+    if speedup is not None and _too_few_runs(result):
+        runs = min(len(result.baseline.times.times), len(result.amp.times.times))
+        notes.append(f"{runs} timed run{'s' if runs != 1 else ''} per variant cannot rank the two "
+                     f"({speedup:.2f}x measured): use {option('repeat', 5)} or more (at least {MIN_RUNS}).")
+        speedup = None
     if speedup is not None:
         if speedup < 1.05:
             if info.type == "cpu" and not (info.has_bf16_units if dtype == "bf16" else info.has_fp16_units):
@@ -560,11 +778,11 @@ def advise(result: AmpResult) -> list[str]:
         elif not grads["grad_scaler"]:
             notes.append("fp16 training without torch.amp.GradScaler: no overflow this step, but small gradients "
                          "can underflow later; GradScaler guards against it.")
-    if result.drift and result.drift["max_rel"] > 0.05:
+    if drift and drift["max_rel"] > 0.05 and not state_reason:
         notes.append(f"The result moved by {result.drift['max_rel']:.1%} (relative) under {dtype}; check that "
                      "this accuracy is acceptable (e.g. keep loss/softmax in fp32).")
     mem = result.memory_saving
-    if mem is not None and result.baseline and result.baseline.memory.peak_bytes > 1 << 20:
+    if mem is not None and result.memory_comparable:
         if mem > 0.05:
             notes.append(f"Peak memory {mem:.0%} lower ({format_bytes(result.baseline.memory.peak_bytes)} -> "
                          f"{format_bytes(result.amp.memory.peak_bytes)}).")

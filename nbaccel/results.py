@@ -8,6 +8,7 @@ script or under torchrun with no frontend at all.
 from __future__ import annotations
 
 import json
+import math
 from typing import TYPE_CHECKING
 
 from . import __version__
@@ -24,7 +25,11 @@ class ResultMixin:
     kind = "result"
 
     def to_dict(self) -> dict:
-        return {"kind": self.kind, "schema_version": SCHEMA_VERSION, "nbaccel_version": __version__, **self._payload()}
+        """The result as plain JSON: NaN and inf become None (JSON has neither; ``json.dumps``
+        would write the non-standard ``NaN`` that other readers refuse)."""
+        payload = {"kind": self.kind, "schema_version": SCHEMA_VERSION, "nbaccel_version": __version__,
+                   **self._payload()}
+        return json_safe(payload)
 
     def to_json(self, **kwargs) -> str:
         return json.dumps(self.to_dict(), **kwargs)
@@ -54,6 +59,20 @@ class ResultMixin:
         from .render.display import display_result
 
         display_result(self)
+
+
+def json_safe(value):
+    """``value`` with every NaN/inf float (also numpy's) as None, numpy scalars and arrays as Python
+    numbers and lists, walking dicts, lists and tuples (tuples become lists, as JSON makes them)."""
+    if isinstance(value, dict):
+        return {k: json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_safe(v) for v in value]
+    if hasattr(value, "tolist") and type(value).__module__ == "numpy":  # np.float64(...), an array
+        return json_safe(value.tolist())
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
 
 
 # Headline fields per kind, as dotted paths into ``to_dict()``; `results_frame` reads these, so a

@@ -9,7 +9,8 @@ and the user would end up with a model stepped twenty times. A `Snapshot` holds,
   parameters -- with its ``.grad``; restored *in place*, so ``model`` and the optimizer keep
   pointing at the same Parameter objects;
 * module ``training`` flags, optimizer / LR scheduler / GradScaler state (their ``state_dict``);
-* shallow copies of top-level lists, dicts, sets and numpy arrays (``losses.append(...)``);
+* shallow copies of lists, dicts, sets and bytearrays up to three levels deep (``losses.append(...)``,
+  ``history['loss'].append(...)``) and copies of numpy arrays;
 * the python, numpy, torch CPU and CUDA RNG states.
 
 Host copies keep the snapshot out of the device-memory figures. What is *not* covered (an object
@@ -30,7 +31,10 @@ try:  # numpy is a torch dependency in practice, but not a hard one
 except ImportError:  # pragma: no cover
     np = None
 
-_MAX_DEPTH = 3  # how deep into lists/dicts/tuples we look for tensors and modules
+_MAX_DEPTH = 3  # how deep into lists/dicts/tuples we look for tensors and modules (and copy containers)
+# Items copied for containers below the top level, in all: a namespace holding thousands of big
+# nested lists would otherwise double its memory; beyond this, nested containers are not restored.
+_MAX_NESTED_ITEMS = 1_000_000
 
 
 def _is_scheduler(obj) -> bool:
@@ -97,6 +101,7 @@ class Snapshot:
     nbytes: int = 0
     skip: object = None  # names (IPython's history: _, _i, Out...) that restore leaves alone
     dry: bool = False  # only count the bytes a capture would copy (see `estimate_bytes`)
+    nested_items: int = 0  # items copied for containers below the top level (see _MAX_NESTED_ITEMS)
 
     @classmethod
     def capture(cls, namespace: dict | None = None, objects=(), skip=lambda name: False,
@@ -154,8 +159,13 @@ class Snapshot:
                 if not self.dry:
                     self.containers.append((obj, obj.copy()))
         elif isinstance(obj, (list, dict, set, bytearray)) and depth < _MAX_DEPTH:
-            if top_level:
-                self.containers.append((obj, copy.copy(obj)))
+            # Every container we walk through is copied (shallow), not only the top-level ones:
+            # `history = {'loss': []}` then `history['loss'].append(x)` mutates a nested list.
+            if top_level or self.nested_items + len(obj) <= _MAX_NESTED_ITEMS:
+                if not top_level:
+                    self.nested_items += len(obj)
+                if not self.dry:
+                    self.containers.append((obj, copy.copy(obj)))
             items = obj.values() if isinstance(obj, dict) else obj
             for item in list(items)[:10_000]:
                 self._visit(item, seen, depth + 1)

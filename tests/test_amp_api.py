@@ -313,3 +313,111 @@ def test_a_dtype_that_is_not_an_autocast_dtype_is_refused_clearly():
 def test_passing_a_result_instead_of_a_function_says_what_to_pass():
     with pytest.raises(TypeError, match=r"got a Tensor .*compare_amp\(lambda: train_step\(batch\)\)"):
         nbaccel.compare_amp(torch.ones(2), device="cpu")
+
+
+# --- found by a new-user trial --------------------------------------------------------------------
+
+def test_a_numpy_array_result_is_compared():
+    x = torch.randn(8, 8)
+    result = nbaccel.compare_amp(lambda: (x @ x).float().numpy(), repeat=3, warmup=0)
+    assert 0 < result.drift["max_rel"] < 0.05  # bf16's matmul really drifts a little
+    assert isinstance(result.value, np.ndarray)
+    drift = compute_drift({"a": np.ones(2), "n": np.float32(2.0), "i": np.arange(3)},
+                          {"a": np.ones(2) * 1.01, "n": np.float32(2.0), "i": np.arange(3)})
+    assert drift["max_rel"] == pytest.approx(0.01) and [leaf["name"] for leaf in drift["leaves"]] == [
+        "value['a']", "value['n']"]  # integer arrays are not compared, like integer tensors
+
+
+def test_nan_and_inf_in_the_same_place_count_as_equal():
+    nan, inf = float("nan"), float("inf")
+    drift = compute_drift(torch.tensor([nan, inf, 2.0]), torch.tensor([nan, inf, 2.02]))
+    assert drift["max_rel"] == pytest.approx(0.01) and drift["amp_only_nonfinite"] == 0
+    drift = compute_drift(torch.tensor([1.0, 2.0]), torch.tensor([nan, 2.0]))
+    assert drift["max_rel"] == 0 and drift["amp_only_nonfinite"] == 1 and drift["fp32_only_nonfinite"] == 0
+    drift = compute_drift(nan, nan)
+    assert drift["max_rel"] == 0
+    assert compute_drift(torch.tensor([inf]), torch.tensor([-inf]))["amp_only_nonfinite"] == 1
+
+
+def test_nan_only_under_the_recipe_is_reported_and_to_dict_is_strict_json():
+    # 1.001 rounds to 1.0 in bf16, so log(1.001 - 1) is finite in fp32 and -inf under bf16.
+    a, one = torch.tensor([[1.001]]), torch.ones(1, 1)
+    result = nbaccel.compare_amp(lambda: torch.log((one @ a) - 1).float(), repeat=3, warmup=0)
+    assert result.nonfinite_result and result.drift["amp_only_nonfinite"] == 1
+    assert any("bf16 produced inf/NaN where fp32 did not (1 element)" in a for a in result.advice)
+    assert "bf16 has inf/NaN where fp32 has none" in str(result)
+    data = json.loads(json.dumps(result.to_dict(), allow_nan=False))
+    assert data["drift"]["leaves"][0]["amp"] is None  # -inf: JSON has no such number
+
+
+def test_every_result_kind_is_strict_json():
+    from nbaccel.results import ResultMixin
+
+    class Odd(ResultMixin):
+        kind = "odd"
+
+        def _payload(self):
+            return {"nan": float("nan"), "inf": [float("-inf"), np.float32("inf")], "np": np.int64(3)}
+
+    data = json.loads(json.dumps(Odd().to_dict(), allow_nan=False))
+    assert data["nan"] is None and data["inf"] == [None, None] and data["np"] == 3
+    with nbaccel.profile() as prof:
+        torch.randn(16, 16) @ torch.randn(16, 16)
+    json.dumps(prof.result.to_dict(), allow_nan=False)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, "fp32", "float32"])
+def test_fp32_is_refused_as_the_compared_dtype(dtype):
+    with pytest.raises(ValueError, match=r"fp32 is the baseline.*dtype='bf16'.*dtype='tf32' on an Ampere\+ CUDA"):
+        nbaccel.compare_amp(lambda: None, dtype=dtype, repeat=1, warmup=0)
+
+
+def test_tf32_on_the_cpu_is_refused():
+    with pytest.raises(ValueError, match=r"TF32 needs a CUDA GPU.*dtype='bf16'"):
+        nbaccel.compare_amp(lambda: None, dtype="tf32", device="cpu", repeat=1, warmup=0)
+
+
+@pytest.mark.parametrize("repeat", [1, 2])
+def test_fewer_than_three_timed_runs_claim_no_speedup(repeat):
+    clock = FakeClock(lambda: 0.010 if torch.is_autocast_enabled("cpu") else 0.030)
+    x = torch.randn(4, 4)
+    result = nbaccel.compare_amp(lambda: x @ x, repeat=repeat, warmup=0, clock=clock)
+    assert result.speedup == pytest.approx(3.0) and result.speedup_uncertain
+    assert not any("faster here" in a for a in result.advice)
+    assert any("repeat=5 or more (at least 3)" in a for a in result.advice)
+    assert any("too few for a spread" in n for n in result.noise_warnings)
+    result = nbaccel.compare_amp(lambda: x @ x, repeat=3, warmup=0, clock=clock)
+    assert not result.speedup_uncertain and any("3.00x faster here" in a for a in result.advice)
+
+
+def test_on_cell_error_says_which_run_raised_and_the_exception_is_unchanged():
+    x = torch.randn(4, 4)
+    seen = []
+    error = None
+    try:
+        nbaccel.compare_amp(lambda: (x @ x).numpy(), repeat=2, warmup=0,
+                            on_cell_error=lambda exc, where: seen.append((exc, where)))
+    except TypeError as exc:
+        error = exc
+    assert seen == [(error, "under bf16 autocast (it ran in fp32)")]
+    with pytest.raises(ZeroDivisionError):
+        nbaccel.compare_amp(lambda: 1 / 0, repeat=1, warmup=0, on_cell_error=lambda e, w: seen.append(w))
+    assert seen[-1] == "in fp32"
+
+
+def test_memory_comparison_needs_a_peak_of_a_mebibyte():
+    from nbaccel.memory import PeakMemory
+    from nbaccel.render import amp as amp_render
+
+    x = torch.randn(4, 4)
+    result = nbaccel.compare_amp(lambda: x @ x, repeat=3, warmup=0)
+    result.baseline.memory = PeakMemory("cpu", 12 << 10, "test")
+    result.amp.memory = PeakMemory("cpu", 40 << 10, "test")
+    assert result.memory_saving == pytest.approx(-7 / 3)  # the raw figure stays
+    assert not result.memory_comparable
+    shown = str(result) + result._repr_html_()
+    assert "peak memory: both under 1 MiB" in str(result) and "memory used" not in shown and "%" not in \
+        amp_render.headline(result).split("peak memory")[1]
+    result.baseline.memory = PeakMemory("cpu", 10 << 20, "test")
+    result.amp.memory = PeakMemory("cpu", 5 << 20, "test")
+    assert result.memory_comparable and "memory saved 50%" in amp_render.headline(result)

@@ -223,3 +223,110 @@ def test_no_restore_runs_continue_from_each_other(run_cell, ip):
     # 2 timed + 1 memory + 1 audit run per variant, then the kept run
     assert ip.user_ns["counter"] == 2 * 4 + 1
     assert "NOT restored" in str(ip.user_ns["res"])
+
+
+# --- found by a new-user trial --------------------------------------------------------------------
+
+@pytest.mark.parametrize("last", ["np.ones(3)", "{'a': np.ones(2)}", "[np.ones(2)]", "(x @ x).float().numpy()"])
+def test_a_numpy_result_is_compared_like_a_tensor(run_cell, ip, last):
+    # Was: TypeError "only 0-dimensional arrays can be converted to Python scalars" from nbaccel's
+    # own comparison, reported as "the cell raised TypeError".
+    run_cell("import numpy as np, torch\nx = torch.randn(8, 8)")
+    result, captured = run_cell(f"%%amp --repeat 3 -q -r res\n{last}")
+    res = ip.user_ns["res"]
+    assert res.drift is not None and res.drift["max_rel"] < 0.05
+    assert "raised" not in captured.stderr
+    assert result.result is not None
+
+
+def test_nbaccel_failing_while_comparing_is_not_blamed_on_the_cell(run_cell, ip, monkeypatch):
+    import nbaccel.amp as amp_module
+
+    run_cell("counter = 0")
+    # A comparison nbaccel cannot make: the result still comes, with the reason.
+    monkeypatch.setattr(amp_module, "compute_drift", lambda base, amp: 1 / 0)
+    run_cell("%%amp --repeat 3 -q -r res\ncounter += 1\n1.5")
+    res = ip.user_ns["res"]
+    assert res.drift is None and "nbaccel could not compare" in res.drift_skipped
+    assert "not computed" in str(res) and ip.user_ns["counter"] == 1
+    # A failure of nbaccel outside the cell: said so, variables as before the magic.
+    monkeypatch.setattr(amp_module, "_build_result", lambda *a, **k: {}["nbaccel bug"])
+    _, captured = run_cell("%%amp --repeat 3 -q\ncounter += 1\n1.5", expect_error=KeyError)
+    assert "nbaccel itself failed" in captured.stderr and "the cell raised" not in captured.stderr
+    assert ip.user_ns["counter"] == 1
+
+
+def test_nan_in_the_same_place_is_no_drift_and_the_result_is_json(run_cell, ip):
+    import json
+
+    run_cell("import torch\nx = torch.randn(8, 8)")
+    _, captured = run_cell("%%amp --repeat 3 -r res\ntorch.tensor([float('nan'), 1.0]) * x.sum()")
+    res = ip.user_ns["res"]
+    assert res.drift["max_rel"] < 0.05 and res.drift["amp_only_nonfinite"] == 0
+    assert "nan" not in str(res).split("\n")[0]  # the headline said "drift max rel nan"
+    data = json.loads(json.dumps(res.to_dict(), allow_nan=False))
+    assert data["drift"]["leaves"][0]["base"] is None  # the NaN element of a 1-element leaf would be None
+
+
+def test_a_list_inside_a_dict_is_restored(run_cell, ip):
+    run_cell("history = {'loss': [], 'deep': {'x': [0]}}")
+    run_cell("%%amp --repeat 3 -q -r res\nhistory['loss'].append(1)\nhistory['deep']['x'].append(1)\n"
+             "len(history['loss']) + len(history['deep']['x'])")
+    assert ip.user_ns["history"] == {"loss": [1], "deep": {"x": [0, 1]}}  # exactly one run's effect
+    res = ip.user_ns["res"]
+    assert res.drift["max_abs"] == 0 and not res.state_changed
+    assert not any("differ" in a or "moved by" in a for a in res.advice)
+
+
+def test_state_nbaccel_cannot_restore_is_not_blamed_on_precision(run_cell, ip):
+    run_cell("import types\ntr = types.SimpleNamespace(steps=0)")
+    run_cell("%%amp --repeat 2 -q -r res\ntr.steps += 1\ntr.steps")
+    res = ip.user_ns["res"]
+    assert res.state_changed
+    advice = " ".join(res.advice)
+    assert "moved by" not in advice
+    assert "state that changed between runs, not from precision" in advice
+    # With torch ops and --no-restore: the difference may be state, and the advice says so.
+    run_cell("import torch\nw = torch.ones(4)")
+    run_cell("%%amp --repeat 3 --no-restore -q -r res\nw.mul_(1.5)\nw.sum()")
+    advice = " ".join(ip.user_ns["res"].advice)
+    assert "moved by" not in advice and "state was not restored" in advice and "rather than from precision" in advice
+
+
+def test_no_torch_ops_and_equal_results_give_no_drift_advice(run_cell, ip):
+    run_cell("%%amp --repeat 3 -q -r res\nsum(range(10))")
+    advice = ip.user_ns["res"].advice
+    assert any("no torch operators" in a for a in advice)
+    assert not any("moved by" in a or "differ" in a for a in advice)
+
+
+def test_a_failure_only_under_autocast_says_which_run_raised(run_cell, ip):
+    run_cell("import torch\nx = torch.randn(4, 4)\ncounter = 0")
+    result, captured = run_cell("%%amp --repeat 3\ncounter += 1\n(x @ x).numpy().sum()", expect_error=TypeError)
+    assert "BFloat16" in str(result.error_in_exec)  # the user's exception, unchanged
+    assert "the cell raised TypeError under bf16 autocast (it ran in fp32)" in captured.stderr
+    assert ip.user_ns["counter"] == 0
+
+
+def test_one_timed_run_is_not_a_speedup_claim(run_cell, ip):
+    run_cell("import torch")
+    _, captured = run_cell("%%amp --repeat 1 --warmup 0 -r res\ntorch.ones(64, 64) @ torch.ones(64, 64)")
+    res = ip.user_ns["res"]
+    assert res.speedup_uncertain
+    assert not any("faster here" in a or "No speedup" in a for a in res.advice)
+    shown = captured.outputs[0].data["text/plain"]  # rendered inside the magic: options as typed there
+    assert "--repeat 5 or more" in shown and "(uncertain)" in shown
+    assert any("repeat=5" in a for a in res.advice)  # read from Python later: Python's spelling
+    assert "no warmup, 1 timed run per variant, interleaved" in shown
+
+
+def test_method_line_without_a_baseline_is_not_interleaved(run_cell):
+    _, captured = run_cell("%%amp --repeat 2 --warmup 1 --no-baseline\n1 + 1")
+    shown = captured.outputs[0].data["text/plain"]
+    assert "1 warmup round, 2 timed runs per variant (bf16 only, no fp32 baseline)" in shown
+    assert "interleaved" not in shown
+
+
+def test_help_usage_line_reads_as_the_cell_magic(run_cell):
+    _, captured = run_cell("%%amp -h\n1")
+    assert captured.stdout.lstrip(": \n").startswith("%%amp [-h]")

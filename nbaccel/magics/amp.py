@@ -21,7 +21,9 @@ DTYPES = ("bf16", "fp16", "auto", "tf32")
 
 @magics_class
 class AmpMagics(Magics):
-    @magic_arguments()
+    # IPython's help formatter prefixes the usage line with "%", right for a line magic only; the
+    # name "%amp" makes it read "%%amp [-h] ..." as the cell magic is typed.
+    @magic_arguments(name="%amp")
     @help_option
     @argument("--dtype", default="auto",
               help="autocast dtype: bf16, fp16 or auto (bf16 where supported, else fp16); tf32 = no autocast, "
@@ -76,19 +78,27 @@ class AmpMagics(Magics):
         except DeviceError as exc:
             raise UsageError(str(exc)) from None
         run = cell_function(self.shell, cell)
+        cell_errors = []  # (exception, which run) when the cell itself raised
         try:
             result = compare_amp(
                 run, dtype=args.dtype, device=device, tf32=not args.no_tf32, warmup=args.warmup,
                 repeat=args.repeat, baseline=not args.no_baseline, namespace=self.shell.user_ns,
                 skip=history_name(self.shell), silence=silenced, restore=not args.no_restore,
                 max_snapshot_fraction=args.max_snapshot,
+                on_cell_error=lambda exc, where: cell_errors.append((exc, where)),
             )
-        except SnapshotTooLarge as exc:
-            raise UsageError(str(exc)) from None
         except Exception as exc:
-            # The cell's own error, re-raised unchanged below; say what nbaccel did about it first.
-            print(f"nbaccel %%amp: the cell raised {type(exc).__name__}; the comparison was abandoned and your "
-                  "variables are as they were before the magic.", file=sys.stderr)
+            if cell_errors and cell_errors[-1][0] is exc:
+                # The cell's own error, re-raised unchanged below; say what nbaccel did about it first.
+                print(f"nbaccel %%amp: the cell raised {type(exc).__name__} {cell_errors[-1][1]}; the comparison "
+                      "was abandoned and your variables are as they were before the magic.", file=sys.stderr)
+                raise
+            if isinstance(exc, (SnapshotTooLarge, DeviceError)):
+                raise UsageError(str(exc)) from None
+            # Not the cell: nbaccel itself failed. Say so, rather than blame the user's code.
+            print(f"nbaccel %%amp: nbaccel itself failed while comparing ({type(exc).__name__}); this is a bug in "
+                  "nbaccel, not in your cell. Your variables are as they were before the magic; run the cell "
+                  "without %%amp meanwhile.", file=sys.stderr)
             raise
         store_result(self.shell, args.result, result)
         if not args.quiet:

@@ -15,7 +15,8 @@ def _variant_rows(result):
     rows = []
     for v in filter(None, (result.baseline, result.amp)):
         rows.append([
-            v.name, v.recipe.label, format_seconds(v.median), format_seconds(v.times.iqr), len(v.times.times),
+            v.name, v.recipe.label, format_seconds(v.median),
+            format_seconds(v.times.iqr) if len(v.times.times) > 1 else "n/a", len(v.times.times),
             format_bytes(v.memory.peak_bytes) if v.memory else "n/a", _flops(v),
         ])
     return rows
@@ -28,12 +29,38 @@ def headline(result) -> str:
     parts = []
     if result.speedup is not None:
         parts.append(f"speedup {result.speedup:.2f}x" + (" (uncertain)" if result.speedup_uncertain else ""))
-    if result.memory_saving is not None:
-        label, value = memory_change(result.memory_saving)
-        parts.append(f"{label} {value}")
+    memory = memory_summary(result)
+    if memory:
+        parts.append(" ".join(memory))
     if result.drift:
-        parts.append(f"drift max rel {result.drift['max_rel']:.2e}")
+        parts.append(drift_summary(result))
     return ", ".join(parts) or f"{result.amp.name} only (no baseline)"
+
+
+def memory_summary(result) -> tuple[str, str] | None:
+    """(label, value) of the peak-memory comparison for the headline and the KPI, or None.
+
+    The saving is shown only when fp32's peak reaches ``MEMORY_NOISE_FLOOR`` (1 MiB): below it,
+    the CPU's RSS figures are allocator noise, and "memory saved -600%" from 12 KiB vs 40 KiB
+    says nothing about the recipe."""
+    from ..amp import MEMORY_NOISE_FLOOR
+
+    if result.memory_saving is None:
+        return None
+    if result.memory_comparable:
+        return memory_change(result.memory_saving)
+    base, amp = result.baseline.memory.peak_bytes, result.amp.memory.peak_bytes
+    if amp < MEMORY_NOISE_FLOOR:
+        return "peak memory:", f"both under {format_bytes(MEMORY_NOISE_FLOOR)}"
+    return "peak memory:", f"{format_bytes(base)} -> {format_bytes(amp)}"
+
+
+def drift_summary(result) -> str:
+    d = result.drift
+    text = f"drift max rel {d['max_rel']:.2e}"
+    if d.get("amp_only_nonfinite"):
+        text += f" ({result.amp.name} has inf/NaN where fp32 has none)"
+    return text
 
 
 def memory_change(saving: float) -> tuple[str, str]:
@@ -48,8 +75,14 @@ def method(result) -> str:
     mem = result.amp.memory.method if result.amp.memory else "not measured"
     state = (f"state restored from a {format_bytes(result.snapshot_bytes)} host snapshot before each run"
              if result.restored else "state NOT restored (--no-restore): each run continued from the previous one")
-    return (f"{result.warmup} warmup + {result.repeat} timed runs per variant, interleaved; timer: {result.timer_method}; "
-            f"memory: {mem}; {state}")
+    runs = (f"{_count(result.warmup, 'warmup round') if result.warmup else 'no warmup'}, "
+            f"{_count(result.repeat, 'timed run')} per variant"
+            + (", interleaved" if result.baseline is not None else f" ({result.amp.name} only, no fp32 baseline)"))
+    return f"{runs}; timer: {result.timer_method}; memory: {mem}; {state}"
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}{'' if n == 1 else 's'}"
 
 
 def _gradient_lines(result) -> list[str]:
@@ -81,8 +114,7 @@ def text(result) -> str:
            text_table(HEADERS, _variant_rows(result)), ""]
     out += _precision_lines(result)
     out += _gradient_lines(result)
-    if result.drift:
-        out.append(f"drift of the result: max abs {result.drift['max_abs']:.3e}, max rel {result.drift['max_rel']:.3e}")
+    out += _drift_lines(result)
     for note in result.noise_warnings:
         out.append("WARNING: " + note)
     if result.advice:
@@ -92,18 +124,36 @@ def text(result) -> str:
     return "\n".join(out)
 
 
+def _drift_lines(result) -> list[str]:
+    d = result.drift
+    if d is None:
+        return [f"drift of the result: not computed ({result.drift_skipped})"] if result.drift_skipped else []
+    lines = [f"drift of the result: max abs {d['max_abs']:.3e}, max rel {d['max_rel']:.3e}"
+             + (" (where both are finite)" if d.get("amp_only_nonfinite") or d.get("fp32_only_nonfinite") else "")]
+    if d.get("amp_only_nonfinite"):
+        lines.append(f"{result.amp.name} produced inf/NaN where fp32 did not: {d['amp_only_nonfinite']} element(s)")
+    if d.get("fp32_only_nonfinite"):
+        lines.append(f"fp32 produced inf/NaN where {result.amp.name} did not: {d['fp32_only_nonfinite']} element(s)")
+    return lines
+
+
 def _kpis(result) -> str:
     kpis = []
     if result.speedup is not None:
         cls = "big warn" if result.speedup_uncertain else "big"
         kpis.append(f'<div class="kpi"><div class="muted">speedup</div><div class="{cls} nbaccel-speedup">'
                     f'{result.speedup:.2f}x</div></div>')
-    if result.memory_saving is not None:
-        label, value = memory_change(result.memory_saving)
-        kpis.append(f'<div class="kpi"><div class="muted">peak {label}</div><div class="big">{value}</div></div>')
+    memory = memory_summary(result)
+    if memory:
+        label, value = memory
+        label = label.rstrip(":") if label.startswith("peak") else f"peak {label}"
+        kpis.append(f'<div class="kpi"><div class="muted">{esc(label)}</div><div class="big">{esc(value)}</div></div>')
     if result.drift:
         kpis.append(f'<div class="kpi"><div class="muted">drift (max rel)</div><div class="big">'
                     f'{result.drift["max_rel"]:.1e}</div></div>')
+        if result.drift.get("amp_only_nonfinite"):
+            kpis.append(f'<div class="kpi"><div class="muted">inf/NaN only in {esc(result.amp.name)}</div>'
+                        f'<div class="big warn">{result.drift["amp_only_nonfinite"]}</div></div>')
     return "".join(kpis)
 
 
@@ -132,6 +182,9 @@ OPS_HEADERS = ["op", "output dtype", "calls", "FLOPs", "input dtypes"]
 def details_html(result) -> str:
     sections = ["<h4>Precision per operator (under the recipe)</h4>", bullet_list(_precision_lines(result)),
                 table(OPS_HEADERS, ops_rows(result)[:40])]
+    drift = _drift_lines(result)
+    if drift:
+        sections += ["<h4>Drift of the result (fp32 vs the recipe)</h4>", bullet_list(drift)]
     if result.gradients:
         sections += ["<h4>Gradients</h4>", bullet_list(_gradient_lines(result))]
     return "".join(sections)
