@@ -77,3 +77,9 @@ def test_an_abbreviated_option_is_not_guessed(run_cell, ip, magic, line, suggest
     assert ip.user_ns["ran"] == 0
     if magic == "%memory_budget":
         run_cell("%memory_budget off -q")
+
+
+def test_cell_magic_help_names_the_cell_magic(run_cell):
+    # IPython's help formatter puts one "%" before a magic's name: the usage line read "%profile_gpu".
+    _, captured = run_cell("%%profile_gpu -h\n1")
+    assert captured.stdout.lstrip(": \n").startswith("%%profile_gpu [-h]")

@@ -23,7 +23,7 @@ DTYPES = ("bf16", "fp16", "auto", "tf32")
 class AmpMagics(Magics):
     # IPython's help formatter prefixes the usage line with "%", right for a line magic only; the
     # name "%amp" makes it read "%%amp [-h] ..." as the cell magic is typed.
-    @magic_arguments(name="%amp")
+    @magic_arguments(name="%amp")  # IPython puts one % before the usage line: %%amp
     @help_option
     @argument("--dtype", default="auto",
               help="autocast dtype: bf16, fp16 or auto (bf16 where supported, else fp16); tf32 = no autocast, "

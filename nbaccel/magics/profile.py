@@ -18,7 +18,7 @@ from .common import cell_function, check_name, help_option, parse_cell, parse_li
 
 @magics_class
 class ProfileMagics(Magics):
-    @magic_arguments()
+    @magic_arguments(name="%profile_gpu")  # the usage line gets one more %: %%profile_gpu
     @help_option
     @argument("--top", type=int, default=15, help="rows of the operator table to show (default 15)")
     @argument("--sort", default=None, choices=list(SORT_COLUMNS),
