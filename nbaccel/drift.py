@@ -1,0 +1,123 @@
+"""How far mixed precision moved a cell's result: per-leaf error between two runs' values.
+
+A value is walked like a pytree (lists, tuples, dicts); float tensors, float numpy arrays and
+numbers are compared in float64 on the host. inf/NaN in the same place in both runs are equal;
+inf/NaN in one run only is counted apart (``amp_only_nonfinite``, ``fp32_only_nonfinite``), never
+folded into the error figures, where it would turn them into NaN.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+try:  # numpy is a torch dependency in practice, but not a hard one
+    import numpy as np
+except ImportError:  # pragma: no cover
+    np = None
+
+
+def to_host(value):
+    """A host copy of a run's value, for comparison: float tensors and float numpy arrays become
+    float64 tensors, numpy scalars Python numbers; containers are walked. Always a copy, so a later
+    run that changes the returned object in place (a namespace tensor) cannot change it."""
+    if isinstance(value, torch.Tensor):
+        value = value.detach()
+        if value.is_floating_point():
+            return value.to("cpu", torch.float64, copy=True)
+        return value.to("cpu", copy=True)
+    if np is not None and isinstance(value, np.ndarray):
+        if value.dtype.kind == "f":
+            return torch.from_numpy(value.astype(np.float64, copy=True))
+        return value.copy()  # ints, bools, objects...: kept, not compared (like integer tensors)
+    if np is not None and isinstance(value, np.generic):
+        return value.item()  # np.float32(1.5) -> 1.5, np.int64(3) -> 3
+    if isinstance(value, (list, tuple)):
+        return type(value)(to_host(v) for v in value) if not hasattr(value, "_fields") else tuple(to_host(v) for v in value)
+    if isinstance(value, dict):
+        return {k: to_host(v) for k, v in value.items()}
+    return value
+
+
+def _leaves(value, prefix="value"):
+    if isinstance(value, (list, tuple)):
+        for i, v in enumerate(value):
+            yield from _leaves(v, f"{prefix}[{i}]")
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            yield from _leaves(v, f"{prefix}[{k!r}]")
+    else:
+        yield prefix, value
+
+
+def has_nonfinite(value) -> bool:
+    """Whether any float leaf of a (host) value is inf or NaN."""
+    for _, leaf in _leaves(value):
+        if isinstance(leaf, torch.Tensor) and leaf.is_floating_point() and not torch.isfinite(leaf).all():
+            return True
+        if isinstance(leaf, float) and not math.isfinite(leaf):
+            return True
+    return False
+
+
+def _as_float64(leaf) -> torch.Tensor | None:
+    """A float leaf as a float64 tensor (numbers as 0-d ones); None for what drift does not compare."""
+    if isinstance(leaf, torch.Tensor):
+        return leaf.double() if leaf.is_floating_point() and not leaf.is_sparse else None
+    if isinstance(leaf, (int, float)) and not isinstance(leaf, bool):
+        try:
+            return torch.tensor(float(leaf), dtype=torch.float64)
+        except OverflowError:  # an int beyond float's range
+            return None
+    return None
+
+
+def _leaf_drift(path: str, b: torch.Tensor, a: torch.Tensor) -> dict:
+    """Errors where both values are finite; inf/NaN in the same place in both count as equal, and
+    inf/NaN in one variant only is counted, not folded into the error (it would make it NaN)."""
+    finite_b, finite_a = torch.isfinite(b), torch.isfinite(a)
+    both = finite_b & finite_a
+    same_nonfinite = ~finite_b & ~finite_a & ((b == a) | (torch.isnan(b) & torch.isnan(a)))
+    amp_only = int((~finite_a & ~same_nonfinite).sum())  # the recipe made inf/NaN fp32 did not (or another one)
+    base_only = int((~finite_b & finite_a).sum())
+    diff = (a - b).abs()[both]
+    max_abs = diff.max().item() if diff.numel() else 0.0
+    scale = b[finite_b].abs().max().item() if bool(finite_b.any()) else 0.0
+    return {"name": path, "shape": list(b.shape), "max_abs": max_abs,
+            "max_rel": max_abs / scale if scale else (math.inf if max_abs else 0.0),
+            "base": b.item() if b.numel() == 1 else None, "amp": a.item() if a.numel() == 1 else None,
+            "amp_only_nonfinite": amp_only, "fp32_only_nonfinite": base_only}
+
+
+def compute_drift(base, amp) -> dict | None:
+    """Max abs / relative error between the two variants' results, per tensor, float numpy array or
+    number leaf. Positions that are inf/NaN in one variant only are counted separately
+    (``amp_only_nonfinite``, ``fp32_only_nonfinite``); positions equal-nonfinite in both are equal."""
+    base, amp = to_host(base), to_host(amp)
+    leaves = []
+    for (path, b), (_, a) in zip(_leaves(base), _leaves(amp)):
+        number = not isinstance(b, torch.Tensor)
+        if number != (not isinstance(a, torch.Tensor)):
+            continue
+        b, a = _as_float64(b), _as_float64(a)
+        if b is None or a is None or b.shape != a.shape or b.numel() == 0:
+            continue
+        leaves.append(_leaf_drift(path, b, a))
+    if not leaves:
+        return None
+    worst = max(leaves, key=lambda leaf: leaf["max_rel"])
+    return {"leaves": leaves, "max_abs": max(leaf["max_abs"] for leaf in leaves), "max_rel": worst["max_rel"],
+            "amp_only_nonfinite": sum(leaf["amp_only_nonfinite"] for leaf in leaves),
+            "fp32_only_nonfinite": sum(leaf["fp32_only_nonfinite"] for leaf in leaves)}
+
+
+def runs_differ(drift: dict | None, recipe) -> bool:
+    """Whether two runs under the same recipe gave different values, beyond the run-to-run noise of
+    nondeterministic kernels (atomics on the GPU) at that recipe's precision."""
+    if drift is None:
+        return False
+    # A few units of the recipe's rounding (TF32 keeps 10 mantissa bits): reduction order, fused
+    # vs unfused kernels under the audit's dispatch mode, atomics.
+    eps = torch.finfo(recipe.autocast_dtype).eps if recipe.autocast_dtype is not None else 2.0**-10
+    return drift["max_rel"] > 4 * eps or bool(drift["amp_only_nonfinite"] or drift["fp32_only_nonfinite"])
