@@ -110,26 +110,28 @@ def trace_is_file(path: str) -> bool:
 
 
 def check_trace_path(path: str) -> None:
-    """Refuse a --trace path that cannot be written, before the code runs (not after a long step)."""
+    """Refuse a --trace path that cannot be written, before the code runs (not after a long step).
+    Missing folders on the way are fine, for a file as for a folder of steps: they are created
+    when the trace is saved (like tensorboard_trace_handler does)."""
     p = Path(path).expanduser()
     if trace_is_file(path):
         if p.is_dir():
             raise ProfileError(f"{option('trace', path)} is a folder; give a file name ending in .json, or a folder name "
                                "without .json for one file per step")
-        parent = p.parent
-        if not parent.is_dir():
-            raise ProfileError(f"{option('trace', path)}: the folder {parent} does not exist; create it first")
-        if not os.access(parent, os.W_OK) or (p.exists() and not os.access(p, os.W_OK)):
+        if p.exists() and not os.access(p, os.W_OK):
             raise ProfileError(f"{option('trace', path)}: not writable; choose another path")
-        return
-    if p.exists() and not p.is_dir():
-        raise ProfileError(f"{option('trace', path)} exists and is not a folder; a name without .json is a folder "
-                           "(one trace file per step), a name ending in .json is one file")
-    ancestor = p
+        folder = p.parent
+    else:
+        if p.exists() and not p.is_dir():
+            raise ProfileError(f"{option('trace', path)} exists and is not a folder; a name without .json is a folder "
+                               "(one trace file per step), a name ending in .json is one file")
+        folder = p
+    ancestor = folder
     while not ancestor.exists():
         ancestor = ancestor.parent
     if not ancestor.is_dir() or not os.access(ancestor, os.W_OK):
-        raise ProfileError(f"{option('trace', path)}: cannot create a folder under {ancestor}; choose another path")
+        raise ProfileError(f"{option('trace', path)}: cannot write into {ancestor}"
+                           f"{'' if ancestor.is_dir() else ' (a file, not a folder)'}; choose another path")
 
 
 def profiler_running() -> bool:
@@ -339,6 +341,7 @@ def _save_trace(exported: str, doc: dict, target: str) -> list[str]:
         if not trace_is_file(target):
             return write_step_traces(doc, target)
         path = Path(target).expanduser()
+        path.parent.mkdir(parents=True, exist_ok=True)
         if str(path).endswith(".gz"):
             path.write_bytes(gzip.compress(Path(exported).read_bytes()))
         else:

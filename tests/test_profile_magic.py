@@ -183,6 +183,14 @@ def test_trace_gz_file(run_cell, ip, tmp_path):
     assert "aten::mm" in set(load_trace(str(path)).ops["name"])
 
 
+def test_trace_file_in_folders_that_do_not_exist_yet(run_cell, ip, tmp_path):
+    # As for a folder of steps, missing folders on the way are created (a new user was told to
+    # "create it first" for a file, while a folder name was created for them).
+    path = tmp_path / "runs" / "today" / "step.json.gz"
+    profile_cell(run_cell, ip, opts=f"-q -r prof --trace {path}")
+    assert path.is_file() and ip.user_ns["prof"].trace_path == str(path)
+
+
 def test_trace_folder_has_one_file_per_step_in_tensorboard_layout(run_cell, ip, tmp_path):
     folder = tmp_path / "runs" / "profile"
     prof, _, _ = profile_cell(run_cell, ip, opts=f"-q -r prof --warmup 1 --steps 3 --trace {folder}")
@@ -298,7 +306,7 @@ def test_widget_builds_with_breakdown_and_advice_tabs(run_cell, ip):
     ("-r 1abc", "-r/--result takes a Python variable name"),
     ("-r for", "-r/--result takes a Python variable name, got 'for'"),
     ("-r __builtins__", "would replace one of Python's own names"),
-    ("--trace /proc/version/trace.json", "does not exist"),
+    ("--trace /proc/version/trace.json", "cannot write into /proc/version (a file, not a folder)"),
     ("--trace /proc/version", "exists and is not a folder"),
 ])
 def test_bad_input_is_a_usage_error_before_the_cell_runs(ip, line, message):
@@ -317,7 +325,7 @@ def test_unwritable_trace_folder_is_refused(ip, tmp_path, monkeypatch):
     module = sys.modules["nbaccel.profile"]
     monkeypatch.setattr(module.os, "access", lambda path, mode: False)
     ip.user_ns["ran"] = 0
-    with pytest.raises(UsageError, match="not writable"):
+    with pytest.raises(UsageError, match=f"cannot write into {tmp_path}; choose another path"):
         ip.run_cell_magic("profile_gpu", f"--trace {tmp_path}/t.json", "ran += 1")
     assert ip.user_ns["ran"] == 0
 
