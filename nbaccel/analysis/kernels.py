@@ -178,6 +178,7 @@ _TRANSFER = re.compile(r"Memcpy\s*(?:HtoD|DtoH|HtoH|PtoP)", re.IGNORECASE)
 _DEVICE_COPY = re.compile(r"Memcpy\s*DtoD|Memset", re.IGNORECASE)
 
 
+@functools.lru_cache(maxsize=16384)  # ~0.3 ms a name (long C++ templates, many patterns); a model reruns the same kernels
 def kernel_category(kernel_name: str) -> str:
     """Coarse category of a GPU activity (kernel, memcpy or memset) from its name.
 
