@@ -41,7 +41,7 @@ from . import profile_table as pt
 from .analysis.metrics import busiest_device
 from .analysis.trace import TraceData, TraceError, TraceWarning, _build, _metadata, paused_gc
 from .device import DeviceInfo
-from .options import option
+from .options import option, whole_number
 from .profile import ProfileError, ProfileOptions, ProfileResult, _json_safe
 from .results import ResultMixin
 from .trace_io import TraceStream, peek_rank, trace_files
@@ -63,12 +63,12 @@ def load_trace(path: str | os.PathLike, *, rank: int | None = None, top: int = 1
     those raw events, so they are off by default. Raises `TraceError` for input that is not a
     readable profiler trace, `ProfileError` for options that cannot apply.
     """
-    if top < 1:
-        raise ProfileError(f"top must be at least 1, got {top}")
+    whole_number("top", top, 1, ProfileError)
     if sort is not None and sort not in pt.SORT_COLUMNS:
-        raise ProfileError(f"sort {sort!r} is not a sort key; use one of: {', '.join(pt.SORT_COLUMNS)}")
+        raise ProfileError(f"{option('sort', sort)} is not a sort key; use one of: {', '.join(pt.SORT_COLUMNS)}")
     if sort == "memory" and not memory:
-        raise ProfileError("sort 'memory' needs memory=True (--memory): memory events are only read when asked")
+        raise ProfileError(f"{option('sort', 'memory')} needs {option('memory', True)}: memory events are only read "
+                           "when asked")
     p = Path(path).expanduser()
     if not p.exists():
         raise TraceError(f"{path}: no such file or folder")
@@ -184,12 +184,20 @@ def _load_rank(files: list[Path], opts: dict, source: str) -> ProfileResult:
     side: list = []
     keep = opts["stack"] or opts["memory"]
 
+    spans: list[tuple[float, float]] = []  # each file's first and last event time, for _far_apart
+
     def events():
         for stream in streams:
+            first = last = None
             for ev in stream.events():
                 if keep and isinstance(ev, dict) and _side_event(ev, opts["stack"], opts["memory"]):
                     side.append(ev)
+                ts = ev.get("ts") if isinstance(ev, dict) else None
+                if isinstance(ts, (int, float)):
+                    first, last = (ts if first is None else first), ts
                 yield ev
+            if first is not None:
+                spans.append((float(min(first, last)), float(max(first, last))))
 
     # The analysis loader's one-pass builder consumes the event stream directly. Its header
     # argument is read only after the events, but the streams fill theirs while being read, so
@@ -227,12 +235,32 @@ def _load_rank(files: list[Path], opts: dict, source: str) -> ProfileResult:
     options = ProfileOptions(top=opts["top"], sort=opts["sort"], memory=opts["memory"], shapes=opts["shapes"],
                              stack=opts["stack"], device=info.type)
     if options.sort == "device" and info.type != "cuda":
-        raise ProfileError(f"sort 'device' needs device activity; {where} has no kernels (a CPU-only trace): "
-                           "use self or cpu")
+        raise ProfileError(f"{option('sort', 'device')} needs device activity; {where} has no kernels (a CPU-only "
+                           f"trace): use {option('sort', 'self')} or {option('sort', 'cpu')}")
+    apart = _far_apart(spans)
+    if apart:
+        loaded["far_apart"] = apart
+        warnings.warn(f"{source}: {apart}", TraceWarning, stacklevel=3)
     result = ProfileResult.from_trace_data(trace, side, info, options, cudnn_benchmark=None,
                                            trace_path=source, trace_files=[str(f) for f in files], loaded=loaded)
     loaded["load_seconds"] = time.perf_counter() - t0
     return result
+
+
+def _far_apart(spans: list[tuple[float, float]]) -> str | None:
+    """A note when the files of one rank are far apart in time: steps of one run (what
+    ``--trace DIR`` writes) follow each other, separate runs are seconds to days apart, and
+    chained they give a wall time and FLOP/s that span the gaps."""
+    if len(spans) < 2:
+        return None
+    spans = sorted(spans)
+    gap = max(b[0] - a[1] for a, b in zip(spans, spans[1:]))
+    typical = statistics.median(end - start for start, end in spans)
+    if gap < max(1e6, 10 * typical):  # microseconds: over 1 s, and 10 files' length
+        return None
+    return (f"its {len(spans)} files are up to {gap / 1e6:,.1f} s apart (each spans ~{typical / 1e3:,.1f} ms): "
+            "they look like separate runs, not steps of one; the wall time and FLOP/s span the gaps. "
+            "Load one file, or keep one run per folder")
 
 
 def _device_info(trace: TraceData) -> DeviceInfo:

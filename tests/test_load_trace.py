@@ -10,6 +10,7 @@ from __future__ import annotations
 import csv
 import gzip
 import json
+import warnings
 import re
 from html import unescape
 from pathlib import Path
@@ -599,3 +600,27 @@ def test_kernel_names_are_classified_once_per_name(tmp_path):
     load_trace(path)
     assert uses_tensor_cores.cache_info().misses == 3
     assert op_category.cache_info().misses == 1
+
+
+def _op_at(name: str, ts: float) -> str:  # one op event at time ts (µs)
+    return json.dumps({"traceEvents": [{"ph": "X", "cat": "cpu_op", "name": name, "pid": 1, "tid": 1, "ts": ts,
+                                        "dur": 100}]})
+
+
+def test_files_of_separate_runs_in_one_folder_are_flagged(tmp_path):
+    # A new user's folder of unrelated traces was chained into one run: "wall time: 41.3 s".
+    _write(tmp_path / "monday.json", _op_at("aten::add", 0))
+    _write(tmp_path / "tuesday.json", _op_at("aten::mm", 86_400e6))
+    with pytest.warns(nbaccel.trace_result.TraceWarning, match=r"its 2 files are up to 86,400\.0 s apart .*look like separate runs"):
+        result = load_trace(tmp_path)
+    assert "separate runs" in result.loaded["far_apart"]
+    assert "warning: its 2 files are up to" in str(result)
+
+
+def test_step_files_of_one_run_are_not_flagged(tmp_path):
+    _write(tmp_path / "w.1.pt.trace.json", _op_at("aten::add", 0))
+    _write(tmp_path / "w.2.pt.trace.json", _op_at("aten::mm", 200))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", nbaccel.trace_result.TraceWarning)
+        result = load_trace(tmp_path)
+    assert "far_apart" not in result.loaded

@@ -117,6 +117,8 @@ def header_items(result) -> list[tuple[str, str]]:
         items.append(("skipped", f"{h['unknown_events']:,} events of unknown kinds ({kinds})"))
     if result.loaded and result.loaded.get("skipped"):
         items.append(("not loaded", skipped_files_text(result.loaded["skipped"])))
+    if result.loaded and result.loaded.get("far_apart"):
+        items.append(("warning", result.loaded["far_apart"]))
     return items
 
 
