@@ -28,7 +28,7 @@ from .device import DTYPE_NAMES, DeviceError, DeviceInfo, device_info, dtype_nam
 from .drift import compute_drift, has_nonfinite, runs_differ, to_host
 from .flops import OpAudit, precision_summary
 from .memory import PeakMemory, PeakMeter, format_bytes
-from .options import option
+from .options import in_magic, option
 from .precision import FP32, Recipe, apply_recipe, describe, make_recipe
 from .results import ResultMixin
 from .snapshot import Snapshot, SnapshotTooLarge, available_host_memory, estimate_bytes
@@ -532,9 +532,10 @@ def _check_snapshot_size(namespace, state, skip, fraction) -> None:
     if needed > fraction * available:
         raise SnapshotTooLarge(
             f"restoring the state before each run needs a {format_bytes(needed)} host copy, more than "
-            f"{fraction:.0%} of the {format_bytes(available)} of memory available; run without restoring "
-            "(--no-restore: each run continues from the previous one's state), raise the limit "
-            "(--max-snapshot 0.9), or free memory first")
+            f"{format_bytes(int(fraction * available))} ({fraction:.2g} of the {format_bytes(available)} of memory "
+            f"available); run without restoring ({option('no_restore', True) if in_magic() else 'restore=False'}: "
+            "each run continues from the previous one's state), raise the limit "
+            f"({option('max_snapshot', 0.9) if in_magic() else 'max_snapshot_fraction=0.9'}), or free memory first")
 
 
 def _referenced_objects(fn) -> list:

@@ -6,6 +6,8 @@ import pytest
 import torch
 from IPython.core.error import UsageError
 
+import nbaccel
+import nbaccel.snapshot
 from nbaccel.render import display as display_module
 
 TRAIN = """
@@ -210,9 +212,11 @@ def test_env_magic_shows_report(run_cell, ip):
 
 def test_large_state_is_refused_with_the_alternatives(run_cell, ip):
     run_cell(TRAIN)
-    with pytest.raises(UsageError, match="--no-restore"):
-        ip.run_cell_magic("amp", "--max-snapshot 1e-12", "counter += 1")
+    with pytest.raises(UsageError, match=r"more than \d+ B \(1e-12 of the .*--no-restore.*--max-snapshot 0\.9"):
+        ip.run_cell_magic("amp", "--max-snapshot 1e-12", "counter += 1")  # not "more than 0% of"
     assert ip.user_ns["counter"] == 0
+    with pytest.raises(nbaccel.snapshot.SnapshotTooLarge, match=r"restore=False.*max_snapshot_fraction=0\.9"):
+        nbaccel.compare_amp(lambda: None, namespace=ip.user_ns, max_snapshot_fraction=1e-12)
     with pytest.raises(UsageError, match="fraction"):
         ip.run_cell_magic("amp", "--max-snapshot 2", "counter += 1")
 
