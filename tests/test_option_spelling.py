@@ -107,3 +107,12 @@ def test_an_unknown_device_names_the_choices():
 
     with pytest.raises(DeviceError, match="unknown device 'tpu'; use auto, cpu or cuda"):
         resolve_device("TPU")
+
+
+def test_a_profile_error_raised_by_the_cell_is_the_cells_own(run_cell):
+    # The magic turns nbaccel's own ProfileErrors into UsageErrors; one the cell raises (its own
+    # nbaccel.profile call) is the user's exception and stays what it is.
+    result, _ = run_cell("%%profile_gpu -q\nimport nbaccel\nnbaccel.profile(top=0).__enter__()",
+                         expect_error=ProfileError)
+    assert not isinstance(result.error_in_exec, UsageError)
+    assert str(result.error_in_exec).startswith("top must be at least 1")

@@ -69,9 +69,21 @@ class ProfileMagics(Magics):
         except ProfileError as exc:
             raise UsageError(str(exc)) from None
         run = annotated_cell_function(self.shell, cell) if args.stack else cell_function(self.shell, cell)
+        raised_in_cell = []
+
+        def cell_run():
+            __tracebackhide__ = True  # noqa: F841 - IPython hides this frame
+            try:
+                return run()
+            except ProfileError as exc:  # the cell's own nbaccel.profile(...) call: the user's error, as is
+                raised_in_cell.append(exc)
+                raise
+
         try:
-            result = profile_function(run, options, silence=silenced)
-        except ProfileError as exc:  # e.g. another profiler started between the check and the run
+            result = profile_function(cell_run, options, silence=silenced)
+        except ProfileError as exc:  # nbaccel's: a trace Kineto wrote as invalid JSON, a profiler started meanwhile
+            if exc in raised_in_cell:
+                raise
             raise UsageError(str(exc)) from None
         store_result(self.shell, args.result, result)
         if not args.quiet:
