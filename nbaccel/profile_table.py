@@ -221,9 +221,12 @@ def group_ops(ops: pd.DataFrame, group: str = "op", device_total_us: float = 0.0
     """Aggregate op rows (`TraceData.ops` plus ``source``/memory columns) into a table.
 
     ``op``: one row per op name, like ``key_averages()``. ``op+shape``: per (name, input shapes),
-    like ``key_averages(group_by_input_shape=True)``. ``source``: per user source line; there only
-    ops whose parent is on another line count toward calls and total time, so an
-    ``aten::linear`` and the ``aten::addmm`` inside it are not counted twice.
+    like ``key_averages(group_by_input_shape=True)``. Unlike ``key_averages()``, an op recorded
+    inside an op of the same row (autocast and other dispatcher wrappers re-dispatch
+    ``aten::matmul`` as a nested ``aten::matmul``) is the same call: it adds its self time, but
+    not a call, total time, FLOPs or total memory (see `redispatched`). ``source``: per user
+    source line; there only ops whose parent is on another line count toward calls and total
+    time, so an ``aten::linear`` and the ``aten::addmm`` inside it are not counted twice.
     ``percent`` is each row's share of all device time (GPU profile) or all self CPU time.
     """
     import pandas as pd
@@ -269,18 +272,26 @@ def group_ops(ops: pd.DataFrame, group: str = "op", device_total_us: float = 0.0
             out["memory_bytes"] = np.nan
     else:
         keys = ["name"] if group == "op" else ["name", "shapes"]
+        again = np.array(redispatched(frame["parent"].tolist(), frame["name"].tolist()
+                                      if group == "op" else list(zip(frame["name"], frame["shapes"]))), dtype=bool)
+        once = ~again
+        frame = frame.assign(_call=once, _dur=frame["dur_us"].where(once, 0.0),
+                             _dev=frame["device_total_us"].where(once, 0.0),
+                             _flops=frame["flops"].where(once), _mem=frame["memory_bytes"].where(once),
+                             _inner_dtype=frame["math_dtype"].where(again))
         g = frame.groupby(keys, sort=False)
         out = pd.DataFrame({
-            "calls": g.size(),
+            "calls": g["_call"].sum(),
             "cpu_self_us": g["self_us"].sum(),
-            "cpu_total_us": g["dur_us"].sum(),
+            "cpu_total_us": g["_dur"].sum(),
             "device_self_us": g["device_self_us"].sum(),
-            "device_total_us": g["device_total_us"].sum(),
-            "flops": g["flops"].sum(min_count=1),
+            "device_total_us": g["_dev"].sum(),
+            "flops": g["_flops"].sum(min_count=1),
             "self_memory_bytes": g["self_memory_bytes"].sum(min_count=1),
-            "memory_bytes": g["memory_bytes"].sum(min_count=1),
+            "memory_bytes": g["_mem"].sum(min_count=1),
             "category": g["category"].first(),
-            "dtype": g["math_dtype"].first(),
+            # The dtype the math ran in: a re-dispatch's (autocast's bf16 matmul inside the fp32 call).
+            "dtype": g["_inner_dtype"].first().fillna(g["math_dtype"].first()),
         }).reset_index()
         if group == "op":
             out["shapes"] = ""
@@ -473,6 +484,14 @@ def _isnan(value) -> bool:
     return value is None or value != value
 
 
+def redispatched(parent: list, keys: list) -> list[bool]:
+    """Whether each op was recorded inside an op of the same table row (same name, or name and
+    shapes): a wrapper's re-dispatch of one call (autocast runs ``aten::matmul`` again, in bf16,
+    inside the fp32 ``aten::matmul`` the user called), not a second call. Counting both, as
+    ``key_averages()`` does, doubles the row's calls, total time and FLOPs."""
+    return [p >= 0 and keys[p] == keys[i] for i, p in enumerate(parent)]
+
+
 def group_rows(cols: dict, group: str = "op", device_total_us: float = 0.0) -> list[dict]:
     """`group_ops` for ``op`` and ``op+shape`` over column lists: one dict per row, COLUMNS keys.
 
@@ -490,6 +509,7 @@ def group_rows(cols: dict, group: str = "op", device_total_us: float = 0.0) -> l
     members: dict = {}
     for i, k in enumerate(keys):
         members.setdefault(k, []).append(i)
+    again = redispatched(cols["parent"], keys)
     nan = float("nan")
     self_us, dur, dev_self, dev_total = cols["self_us"], cols["dur_us"], cols["device_self_us"], cols["device_total_us"]
     flops, category, math_dtype = cols["flops"], cols["category"], cols["math_dtype"]
@@ -509,20 +529,22 @@ def group_rows(cols: dict, group: str = "op", device_total_us: float = 0.0) -> l
 
     out = []
     for key, rows in members.items():
+        calls = [i for i in rows if not again[i]]  # a re-dispatch is part of its parent's call
         row = {
             "name": key if group == "op" else key[0],
             "shapes": "" if group == "op" else key[1],
             "source": None,
             "category": first(category, rows),
-            "calls": len(rows),
+            "calls": len(calls),
             "cpu_self_us": total(self_us, rows),
-            "cpu_total_us": total(dur, rows),
+            "cpu_total_us": total(dur, calls),
             "device_self_us": total(dev_self, rows),
-            "device_total_us": total(dev_total, rows),
-            "flops": total(flops, rows, min_count=True),
+            "device_total_us": total(dev_total, calls),
+            "flops": total(flops, calls, min_count=True),
             "self_memory_bytes": total(self_mem, rows, min_count=True),
-            "memory_bytes": total(mem, rows, min_count=True),
-            "dtype": first(math_dtype, rows),
+            "memory_bytes": total(mem, calls, min_count=True),
+            # The dtype the math ran in: a re-dispatch's (autocast's bf16 matmul inside the fp32 call).
+            "dtype": first(math_dtype, [i for i in rows if again[i]]) or first(math_dtype, rows),
         }
         time = row["device_total_us"] if on_device else row["cpu_total_us"]
         row["flops_per_s"] = row["flops"] / (time * 1e-6) if time > 0 else nan

@@ -52,6 +52,16 @@ def test_gemm_flops_by_hand(h200):
     assert row["calls"] == 2 and row["flops"] == 2 * 2 * 8192 * 1024 * 4096
 
 
+def test_an_op_recorded_inside_itself_is_one_call(h200):
+    # Autocast re-dispatches aten::mm inside aten::mm: counted twice (as key_averages() does), the
+    # mm row once showed 30 calls and 1.55 TFLOP, more than the whole step's 1.25 TFLOP.
+    mm = h200.table(group="op").set_index("name").loc["aten::mm"]
+    assert mm["calls"] == 16
+    assert mm["flops"] <= h200.header["flops"]
+    assert mm["device_total_us"] <= h200.device_time_us
+    assert mm["dtype"] == "bf16"
+
+
 @pytest.mark.parametrize("source", ["h200", "h100"])
 def test_device_activities_equal_the_concat_of_kernels_copies_and_sets(h200, source):
     import pandas as pd

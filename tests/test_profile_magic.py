@@ -136,6 +136,18 @@ def test_stack_groups_by_cell_line(run_cell, ip):
     assert table.iloc[0]["calls"] == 1
 
 
+def test_autocast_redispatch_is_one_call_of_the_op(run_cell, ip):
+    # Under autocast aten::matmul runs again (in bf16) inside the aten::matmul the cell called; the
+    # table once showed 2 calls, twice the FLOPs and a CPU total longer than the wall time.
+    run_cell(SETUP)
+    run_cell("%%profile_gpu -q -r prof --amp bf16\nc = (a @ a).sum()\n")
+    prof = ip.user_ns["prof"]
+    matmul = prof.ops.set_index("name").loc["aten::matmul"]
+    assert matmul["calls"] == 1 and matmul["flops"] == 2 * 1000**3 and matmul["dtype"] == "bf16"
+    assert matmul["cpu_total_us"] <= prof.window_us
+    assert prof.table(group="op+shape").set_index("name").loc["aten::matmul", "calls"] == 1
+
+
 def test_stack_attributes_a_last_expression_to_its_cell_line(run_cell, ip):
     # The cell's last expression is evaluated apart (its value is the cell's result); its own
     # module-level frame once hid the line: the table said "<ipython-input-..>(0): <module>".
