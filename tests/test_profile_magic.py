@@ -295,6 +295,29 @@ def test_widget_controls_change_the_table(run_cell, ip, monkeypatch):
     assert "input shapes" in _ops_html(box) and "1000x1000, 1000x1001" in _ops_html(box)
 
 
+def test_widget_top_k_sort_choices_and_name_order_follow_the_grouping(run_cell, ip):
+    # From a JupyterLab trial: a --stack profile opened on 2 source lines and its top-K slider
+    # stayed at 2 for every grouping; "input shapes" was offered where no shapes column shows;
+    # sorting by operator went Z to A.
+    prof, _, _ = profile_cell(run_cell, ip, opts="-q -r prof --stack --top 8")
+    box = render_profile.widget(prof)
+    group, sort = control(box, "ToggleButtons", "group by"), control(box, "Dropdown", "sort by")
+    assert control(box, "IntSlider", "top K").value == 8
+    group.value = "op"
+    assert len(_first_column(_ops_html(box))) == min(8, len(prof.table(group="op")))
+    assert "shapes" not in {col for _, col in sort.options} and "source" not in {col for _, col in sort.options}
+    group.value = "op+shape"
+    sort.value = "shapes"
+    assert control(box, "Checkbox", "ascending").value  # a text column: A to Z
+    group.value = "op"
+    assert sort.value == "cpu_self_us" and "shapes" not in {col for _, col in sort.options}  # back to the default
+    sort.value = "name"
+    names = _first_column(_ops_html(box))
+    assert names == sorted(names) and control(box, "Checkbox", "ascending").value
+    sort.value = "calls"
+    assert not control(box, "Checkbox", "ascending").value  # numbers: largest first
+
+
 def test_widget_builds_with_breakdown_and_advice_tabs(run_cell, ip):
     prof, _, _ = profile_cell(run_cell, ip)
     box = render_profile.widget(prof)

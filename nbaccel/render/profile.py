@@ -24,8 +24,8 @@ _COLUMNS = [
     ("calls", "calls", "int"),
     ("cpu_self_us", "self CPU", "time"),
     ("cpu_total_us", "CPU total", "time"),
-    ("device_self_us", "self device", "time"),
-    ("device_total_us", "device total", "time"),
+    ("device_self_us", "self device", "device time"),
+    ("device_total_us", "device total", "device time"),
     ("percent", "% of total", "pct"),
     ("flops", "FLOPs", "flops"),
     ("flops_per_s", "FLOP/s", "rate"),
@@ -33,12 +33,11 @@ _COLUMNS = [
     ("memory_bytes", "mem alloc", "bytes"),
 ]
 SORTABLE = [(label, col) for col, label, _ in _COLUMNS]
+_TEXT_COLUMNS = {col for col, _, kind in _COLUMNS if kind == "text"}
 
 
 def _time(us) -> str:
     return "-" if us is None or us != us else ("0" if us == 0 else format_seconds(us * 1e-6))
-
-
 
 
 def _fmt(kind: str, value) -> str:
@@ -48,6 +47,8 @@ def _fmt(kind: str, value) -> str:
         return f"{int(value):,}"
     if kind == "time":
         return _time(value)
+    if kind == "device time":  # an op that launched no kernel has no device time: "-", like its FLOPs
+        return "-" if not value or value != value else _time(value)
     if kind == "pct":
         return "-" if value is None or value != value else f"{value:.1f}%"
     if kind == "flops":
@@ -338,13 +339,17 @@ def widget(result):
 
     groups = ["op", "op+shape"] + (["source"] if result.options.stack else [])
     default_col = SORT_COLUMNS.get(result.default_sort, result.default_sort)
-    sort_options = [(label, col) for label, col in SORTABLE
-                    if col in {c[0] for c in visible_columns(result, "source" if result.options.stack else "op+shape")}]
-    sort = w.Dropdown(options=sort_options, value=default_col, description="sort by")
+
+    def sort_options(grouping):  # only the columns the table shows in that grouping
+        return [(label, col) for label, col in SORTABLE if col in {c[0] for c in visible_columns(result, grouping)}]
+
+    sort = w.Dropdown(options=sort_options(result.options.group), value=default_col, description="sort by")
     ascending = w.Checkbox(value=False, description="ascending", indent=False)
     name_filter = w.Text(value="", placeholder="part of an op name or source line", description="filter")
     n_rows = max(1, len(result.grouped(result.options.group)))
-    top = w.IntSlider(value=min(result.options.top, max(n_rows, 1)), min=1, max=max(n_rows, result.options.top),
+    # The K the user asked for (--top), not capped by the rows of the first grouping: a --stack
+    # profile opens on a few source lines, and switching to "op" must still show --top rows.
+    top = w.IntSlider(value=result.options.top, min=1, max=max(n_rows, result.options.top),
                       description="top K", continuous_update=False)
     group = w.ToggleButtons(options=groups, value=result.options.group, description="group by")
     size, page = page_controls()
@@ -357,6 +362,13 @@ def widget(result):
             return
         updating[0] = True
         try:
+            if change is not None and change.owner is group:
+                kept = sort.value
+                sort.options = sort_options(group.value)
+                sort.value = kept if kept in {col for _, col in sort.options} else default_col
+            if change is not None and change.owner is sort:
+                # Names read A to Z, numbers largest first: what a click on a column header does elsewhere.
+                ascending.value = sort.value in _TEXT_COLUMNS
             grouped = result.grouped(group.value)
             top.max = max(len(grouped), top.value, 1)
             frame = result.table(group=group.value, sort=sort.value, ascending=ascending.value,
