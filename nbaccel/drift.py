@@ -87,7 +87,7 @@ def _leaf_drift(path: str, b: torch.Tensor, a: torch.Tensor) -> dict:
     return {"name": path, "shape": list(b.shape), "max_abs": max_abs,
             "max_rel": max_abs / scale if scale else (math.inf if max_abs else 0.0),
             "base": b.item() if b.numel() == 1 else None, "amp": a.item() if a.numel() == 1 else None,
-            "amp_only_nonfinite": amp_only, "fp32_only_nonfinite": base_only}
+            "amp_only_nonfinite": amp_only, "fp32_only_nonfinite": base_only, "compared": int(both.sum())}
 
 
 def compute_drift(base, amp) -> dict | None:
@@ -109,7 +109,10 @@ def compute_drift(base, amp) -> dict | None:
     worst = max(leaves, key=lambda leaf: leaf["max_rel"])
     return {"leaves": leaves, "max_abs": max(leaf["max_abs"] for leaf in leaves), "max_rel": worst["max_rel"],
             "amp_only_nonfinite": sum(leaf["amp_only_nonfinite"] for leaf in leaves),
-            "fp32_only_nonfinite": sum(leaf["fp32_only_nonfinite"] for leaf in leaves)}
+            "fp32_only_nonfinite": sum(leaf["fp32_only_nonfinite"] for leaf in leaves),
+            # elements finite in both runs: with none (an fp16 overflow made every one inf), the
+            # errors above are 0 by construction and say nothing
+            "compared": sum(leaf["compared"] for leaf in leaves)}
 
 
 def runs_differ(drift: dict | None, recipe) -> bool:

@@ -346,6 +346,9 @@ def test_nan_only_under_the_recipe_is_reported_and_to_dict_is_strict_json():
     assert result.nonfinite_result and result.drift["amp_only_nonfinite"] == 1
     assert any("bf16 produced inf/NaN where fp32 did not (1 element)" in a for a in result.advice)
     assert "bf16 has inf/NaN where fp32 has none" in str(result)
+    # Its only element is -inf under bf16: nothing finite in both to compare, so no "0.00e+00" drift.
+    assert result.drift["compared"] == 0
+    assert "drift max rel n/a" in str(result) and "no element is finite in both runs" in str(result)
     data = json.loads(json.dumps(result.to_dict(), allow_nan=False))
     assert data["drift"]["leaves"][0]["amp"] is None  # -inf: JSON has no such number
 

@@ -57,10 +57,15 @@ def memory_summary(result) -> tuple[str, str] | None:
 
 def drift_summary(result) -> str:
     d = result.drift
-    text = f"drift max rel {d['max_rel']:.2e}"
+    text = f"drift max rel {_max_rel(d, '.2e')}"
     if d.get("amp_only_nonfinite"):
         text += f" ({result.amp.name} has inf/NaN where fp32 has none)"
     return text
+
+
+def _max_rel(drift: dict, spec: str) -> str:
+    """The max relative error, or "n/a" when no element was finite in both runs to compare."""
+    return "n/a" if drift.get("compared") == 0 else format(drift["max_rel"], spec)
 
 
 def memory_change(saving: float) -> tuple[str, str]:
@@ -128,8 +133,11 @@ def _drift_lines(result) -> list[str]:
     d = result.drift
     if d is None:
         return [f"drift of the result: not computed ({result.drift_skipped})"] if result.drift_skipped else []
-    lines = [f"drift of the result: max abs {d['max_abs']:.3e}, max rel {d['max_rel']:.3e}"
-             + (" (where both are finite)" if d.get("amp_only_nonfinite") or d.get("fp32_only_nonfinite") else "")]
+    if d.get("compared") == 0:
+        lines = ["drift of the result: n/a (no element is finite in both runs)"]
+    else:
+        lines = [f"drift of the result: max abs {d['max_abs']:.3e}, max rel {d['max_rel']:.3e}"
+                 + (" (where both are finite)" if d.get("amp_only_nonfinite") or d.get("fp32_only_nonfinite") else "")]
     if d.get("amp_only_nonfinite"):
         lines.append(f"{result.amp.name} produced inf/NaN where fp32 did not: {d['amp_only_nonfinite']} element(s)")
     if d.get("fp32_only_nonfinite"):
@@ -150,7 +158,7 @@ def _kpis(result) -> str:
         kpis.append(f'<div class="kpi"><div class="muted">{esc(label)}</div><div class="big">{esc(value)}</div></div>')
     if result.drift:
         kpis.append(f'<div class="kpi"><div class="muted">drift (max rel)</div><div class="big">'
-                    f'{result.drift["max_rel"]:.1e}</div></div>')
+                    f'{_max_rel(result.drift, ".1e")}</div></div>')
         if result.drift.get("amp_only_nonfinite"):
             kpis.append(f'<div class="kpi"><div class="muted">inf/NaN only in {esc(result.amp.name)}</div>'
                         f'<div class="big warn">{result.drift["amp_only_nonfinite"]}</div></div>')
