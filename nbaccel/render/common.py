@@ -8,10 +8,14 @@ CSS = """
 <style>
 .nbaccel {font-family: var(--jp-ui-font-family, sans-serif); font-size: 13px; line-height: 1.4; max-width: 1100px}
 .nbaccel h4 {margin: 4px 0 6px 0}
+.nbaccel .scroll {overflow-x: auto; max-width: 100%}
+.nbaccel .scroll.tall {max-height: 420px; overflow-y: auto}
 .nbaccel table {border-collapse: collapse; margin: 4px 0}
-.nbaccel th, .nbaccel td {padding: 2px 8px; text-align: right; border-bottom: 1px solid #ddd; vertical-align: top}
-.nbaccel th {cursor: default; background: rgba(127,127,127,0.08)}
-.nbaccel td.name, .nbaccel th.name {text-align: left; word-break: break-all; font-family: var(--jp-code-font-family, monospace)}
+.nbaccel th, .nbaccel td {padding: 2px 8px; text-align: right; border-bottom: 1px solid #ddd; vertical-align: top;
+  white-space: nowrap}
+.nbaccel th {cursor: default; background: rgba(127,127,127,0.08); white-space: normal; min-width: 4.5em}
+.nbaccel td.name, .nbaccel th.name {text-align: left; white-space: normal; overflow-wrap: anywhere; min-width: 14em;
+  max-width: 48em; font-family: var(--jp-code-font-family, monospace)}
 .nbaccel .big {font-size: 22px; font-weight: 600}
 .nbaccel .muted {color: #777}
 .nbaccel .warn {color: #b35900}
@@ -31,8 +35,13 @@ def bar(fraction: float, width: int = 80) -> str:
     return f'<span class="bar" style="width:{fraction * width:.0f}px"></span>'
 
 
-def table(headers: list[str], rows: list[list], name_columns=(0,), raw_columns=()) -> str:
-    """An HTML table; cells in ``raw_columns`` are inserted as HTML, the rest escaped."""
+def table(headers: list[str], rows: list[list], name_columns=(0,), raw_columns=(), tall: bool = False) -> str:
+    """An HTML table; cells in ``raw_columns`` are inserted as HTML, the rest escaped.
+
+    Numbers never wrap and names wrap only where they must (a 14em minimum): in a narrow window
+    the table scrolls sideways instead of breaking "operator" into "ope/rat/or". ``tall``: at
+    most 420 px high, scrolling (kernel names are C++ templates hundreds of characters long).
+    """
     head = "".join(f'<th class="{"name" if i in name_columns else ""}">{esc(h)}</th>' for i, h in enumerate(headers))
     body = []
     for row in rows:
@@ -41,7 +50,8 @@ def table(headers: list[str], rows: list[list], name_columns=(0,), raw_columns=(
             content = cell if i in raw_columns else esc(cell)
             cells.append(f'<td class="{"name" if i in name_columns else ""}">{content}</td>')
         body.append("<tr>" + "".join(cells) + "</tr>")
-    return f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
+    return (f'<div class="scroll{" tall" if tall else ""}"><table><thead><tr>{head}</tr></thead>'
+            f"<tbody>{''.join(body)}</tbody></table></div>")
 
 
 def bullet_list(items) -> str:

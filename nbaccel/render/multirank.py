@@ -75,7 +75,7 @@ def text(result) -> str:
     cols = single.visible_columns(first, group)
     frame = result.table(top=result.options.top)
     out += ["", f"top {len(frame)} of {len(result.ops)} ops merged over {len(result.ranks)} ranks by "
-                f"{result.default_sort} (grouped by {group}):"]
+                f"{single.sort_label(result.default_sort)} (grouped by {group}):"]
     out.append(text_table([c[1] for c in cols], single._rows(first, frame, cols),
                           left=tuple(i for i, c in enumerate(cols) if c[2] == "text")))
     out += ["", "method: " + method(result)]
@@ -115,7 +115,7 @@ def html(result) -> str:
     frame = result.table(top=result.options.top)
     return wrap(header_html(result) + ranks_html(result)
                 + f"<h4>Top {len(frame)} of {len(result.ops)} ops merged over {len(result.ranks)} ranks by "
-                  f"{esc(result.default_sort)}</h4>"
+                  f"{esc(single.sort_label(result.default_sort))}</h4>"
                 + single.ops_table_html(first, frame, group)
                 + f'<div class="muted">method: {esc(method(result))}</div>')
 

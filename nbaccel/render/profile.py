@@ -36,6 +36,14 @@ SORTABLE = [(label, col) for col, label, _ in _COLUMNS]
 _TEXT_COLUMNS = {col for col, _, kind in _COLUMNS if kind == "text"}
 
 
+def sort_label(key: str) -> str:
+    """A --sort key as the table's column header says it: ``self`` -> "self CPU"."""
+    from ..profile_table import SORT_COLUMNS
+
+    column = SORT_COLUMNS.get(key, key)
+    return next((label for col, label, _ in _COLUMNS if col == column), key)
+
+
 def _time(us) -> str:
     return "-" if us is None or us != us else ("0" if us == 0 else format_seconds(us * 1e-6))
 
@@ -233,7 +241,7 @@ def text(result) -> str:
     group = result.options.group
     cols = visible_columns(result, group)
     frame = result.top_rows(result.options.top)
-    out.append(f"top {len(frame)} of {len(result.grouped_rows())} rows by {result.default_sort} (grouped by {group}):")
+    out.append(f"top {len(frame)} of {len(result.grouped_rows())} rows by {sort_label(result.default_sort)} (grouped by {group}):")
     out.append(text_table([c[1] for c in cols], _rows(result, frame, cols),
                           left=tuple(i for i, c in enumerate(cols) if c[2] == "text")))
     out += ["", "time by category:"]
@@ -282,7 +290,7 @@ def details_html(result) -> str:
              "<h4>Matmul/conv shapes</h4>", bullet_list(unaligned_lines(result))]
     if result.kernel_count:
         parts += ["<h4>Top kernels</h4>", table(["kernel", "calls", "time", "category", "Tensor Cores"],
-                                                kernel_rows(result))]
+                                                kernel_rows(result), tall=True)]
     return "".join(parts)
 
 
@@ -294,7 +302,7 @@ def html(result) -> str:
              if result.trace_files else "")
     rows = len(result.grouped_rows())
     return wrap(header_html(result) + advice
-                + f"<h4>Top {len(frame)} of {rows} by {esc(result.default_sort)} (grouped by {esc(group)})</h4>"
+                + f"<h4>Top {len(frame)} of {rows} by {esc(sort_label(result.default_sort))} (grouped by {esc(group)})</h4>"
                 + ops_table_html(result, frame, group) + details_html(result) + trace
                 + f'<div class="muted">method: {esc(method(result))}</div>')
 
@@ -389,9 +397,14 @@ def widget(result):
     for control in (sort, ascending, name_filter, top, group, size, page):
         control.observe(refresh, names="value")
     refresh()
-    controls = w.VBox([w.HBox([sort, ascending, top]), w.HBox([name_filter, group]), w.HBox([size, page])])
+    # Rows of controls wrap in a narrow window instead of squeezing the slider to a bare handle.
+    top.layout = w.Layout(min_width="280px")
+    row = w.Layout(flex_flow="row wrap")
+    controls = w.VBox([w.HBox([sort, ascending, top], layout=row), w.HBox([name_filter, group], layout=row),
+                       w.HBox([size, page], layout=row)])
     breakdown = w.HTML(wrap(categories_html(result) + bullet_list(stream_lines(result))
-                            + (table(["kernel", "calls", "time", "category", "Tensor Cores"], kernel_rows(result))
+                            + ("<h4>Top kernels</h4>" + table(["kernel", "calls", "time", "category", "Tensor Cores"],
+                                                               kernel_rows(result), tall=True)
                                if result.kernel_count else "")))
     cores = w.HTML(wrap("<h4>Tensor Cores</h4>" + bullet_list(tensor_core_lines(result))
                         + "<h4>Matmul/conv shapes</h4>" + bullet_list(unaligned_lines(result))))
