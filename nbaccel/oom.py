@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from .cells import cell_label
 from .holders import Holder, namespace_holders
 from .memory import current_rss, format_bytes, parse_bytes
 from .results import ResultMixin
@@ -156,7 +157,7 @@ def _user_location(tb) -> str | None:
     if not frames:
         return None
     f = frames[-1]
-    return f"{f.filename}, line {f.lineno}: {(f.line or '').strip()}"
+    return f"{cell_label(f.filename)}, line {f.lineno}: {(f.line or '').strip()}"
 
 
 def _device_of(facts: OomFacts) -> torch.device:

@@ -24,6 +24,7 @@ from .analysis import CATEGORIES
 from .analysis.sums import desc_order, kahan_sum, pairwise_sum  # noqa: F401 - used here and re-exported
 from .analysis.metrics import category_totals
 from .analysis.trace import innermost_op
+from .cells import cell_label, notebook_cells
 from .flops import pad_to_multiple
 
 if TYPE_CHECKING:
@@ -173,23 +174,13 @@ def source_by_op(events: list, ops: pd.DataFrame) -> list[str | None]:
     return out
 
 
-def notebook_cells() -> dict[str, int]:
-    """IPython's map from the code name of each cell run so far (``<ipython-input-3-..>``,
-    ipykernel's ``/tmp/ipykernel_123/456.py``) to its number; empty outside IPython."""
-    import sys
-
-    ipython = sys.modules.get("IPython")  # never imported for a script that did not already
-    shell = ipython.get_ipython() if ipython is not None else None
-    return dict(getattr(getattr(shell, "compile", None), "_filename_map", None) or {})
-
-
 def cell_frame_name(name: str, cells: dict[str, int]) -> str:
     """``/tmp/ipykernel_1/456.py(4): f`` -> ``Cell In[3], line 4: f`` (IPython's traceback
     words) for a function defined in a notebook cell; other names unchanged."""
     m = _FRAME.match(name)
     if not m or m.group("file") not in cells:
         return name
-    return f"Cell In[{cells[m.group('file')]}], line {m.group('line')}: {m.group('func')}"
+    return f"{cell_label(m.group('file'), cells)}, line {m.group('line')}: {m.group('func')}"
 
 
 def _innermost_source(stack: list[tuple[float, float, str]]) -> str | None:
