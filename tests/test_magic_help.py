@@ -83,3 +83,9 @@ def test_cell_magic_help_names_the_cell_magic(run_cell):
     # IPython's help formatter puts one "%" before a magic's name: the usage line read "%profile_gpu".
     _, captured = run_cell("%%profile_gpu -h\n1")
     assert captured.stdout.lstrip(": \n").startswith("%%profile_gpu [-h]")
+
+
+def test_help_is_plain_text_not_restructuredtext(run_cell):
+    # IPython's magic help is reST for `%name?`: it began with a stray "::" when printed for -h.
+    _, captured = run_cell("%nbaccel_env -h")
+    assert captured.stdout.lstrip().startswith("%nbaccel_env [-h]")

@@ -148,7 +148,9 @@ def parse_line(magic, line: str):
     try:
         return parse_argstring(magic, line)
     except _HelpRequested:
-        print(magic.parser.format_help().rstrip())
+        # IPython formats a magic's help as reST for `%name?` (a "::" literal-block marker, then
+        # the usage indented); printed as the answer to -h, it reads as plain text.
+        print(re.sub(r"^::\s*\n", "", magic.parser.format_help().lstrip()).rstrip())
         return None
     except ValueError as exc:
         raise UsageError(f"cannot parse the options {line!r}: {exc}; check the quotes") from None
