@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from IPython.core.error import UsageError
 
@@ -30,8 +32,9 @@ def test_help_prints_the_usage_and_runs_nothing(run_cell, ip, magic, flag):
     assert "-h, --help" in captured.stdout and "show this help and do nothing else" in captured.stdout
     for option in MAGICS[magic][1]:
         assert option in captured.stdout, option
-    assert captured.stdout.strip() == ip.magics_manager.magics["cell" if magic.startswith("%%") else "line"][
-        name].__doc__.strip()
+    doc = ip.magics_manager.magics["cell" if magic.startswith("%%") else "line"][name].__doc__
+    # what `%name?` shows, less its reST literal-block marker ("::")
+    assert captured.stdout.strip() == re.sub(r"^::\s*\n", "", doc.lstrip()).strip()
     assert result.result is None and not captured.outputs
     assert ip.user_ns["ran"] == 0, "the cell ran"
 
