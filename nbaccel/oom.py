@@ -195,8 +195,8 @@ def suggest(exp: OomExplanation, per_sample_bytes: int | None = None, batch: int
     if requested is not None and limit is not None and requested > limit:
         out.append(Suggestion("check the shape", None,
                               f"one allocation of {format_bytes(requested)} is larger than the whole limit "
-                              f"({format_bytes(limit)}): no setting below makes it fit; a dimension is too large "
-                              "(batch, sequence length, vocabulary) or a shape is wrong"))
+                              f"({format_bytes(limit)}): no setting (precision, batch, sharding) makes it fit; a "
+                              "dimension is too large (batch, sequence length, vocabulary) or a shape is wrong"))
         return out
     # Memory in flight = what the step had allocated beyond the named objects, plus the request.
     in_flight = max(0, need - held) if need is not None else None

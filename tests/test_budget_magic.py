@@ -148,7 +148,13 @@ def test_well_under_the_budget_shows_nothing(run_cell):
 
 
 def test_near_the_budget_shows_a_gauge(run_cell, monkeypatch):
+    from nbaccel.render import budget as budget_render
+    from widget_helpers import walk
+
     monkeypatch.setattr(display_module, "WIDGETS", "always")
+    shown = []
+    real = budget_render.cell_widget
+    monkeypatch.setattr(budget_render, "cell_widget", lambda report: shown.append(real(report)) or shown[-1])
     run_cell("import torch")
     run_cell(f"%memory_budget {_budget_above_now(450)} -q")
     _, captured = run_cell("x = torch.ones(100_000_000)\ndel x")
@@ -158,6 +164,9 @@ def test_near_the_budget_shows_a_gauge(run_cell, monkeypatch):
     assert re.search(r"\[#+\.*\] .* of .*\(\d+%\)", data[0]["text/plain"])
     assert "application/vnd.jupyter.widget-view+json" in data[0]
     assert "WARNING" not in data[0]["text/plain"]
+    # the widget as a user sees it says what the bar is, like the HTML and text gauges
+    labels = [w.value for w in walk(shown[0]) if type(w).__name__ == "HTML"]
+    assert any("memory budget on cpu:" in v for v in labels), labels
 
 
 def test_over_a_soft_budget_warns_and_the_cell_succeeds(ip, run_cell):

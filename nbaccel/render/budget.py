@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from ..budget import plural, share_text
 from ..memory import format_bytes
+from ..timing import format_seconds
 from .common import bullet_list, esc, table, text_table, wrap
 
 GAUGE_CSS = """
@@ -76,8 +77,9 @@ def cell_widget(report):
     bar = w.FloatProgress(value=min(r.fraction or 0.0, 1.0), min=0.0, max=1.0,
                           bar_style="danger" if report.over else "warning", layout=w.Layout(width="220px"))
     bar.add_class("nbaccel-gauge")
-    label = w.HTML(wrap(("<b class='warn'>over the memory budget</b> " if report.over else "")
-                        + esc(_cell_line(r))))
+    # Worded like the HTML and text gauges: a bare bar and "981 MiB of 1 GiB" does not say what it is.
+    label = w.HTML(wrap(("<b class='warn'>over the memory budget</b>" if report.over else "memory budget")
+                        + f" on {esc(report.device)}: " + esc(_cell_line(r))))
     return w.HBox([bar, label])
 
 
@@ -90,7 +92,7 @@ HOLDER_HEADERS = ["name", "kind", "device", "dtype", "bytes", "detail"]
 def _history_rows(records, last=10):
     return [[r.label, format_bytes(r.used_bytes), share_text(r.fraction), format_bytes(r.added_bytes),
              format_bytes(r.allocated_peak_bytes) if r.allocated_peak_bytes is not None else "-", r.status,
-             f"{r.seconds * 1e3:.0f} ms"] for r in records[-last:]]
+             format_seconds(r.seconds)] for r in records[-last:]]
 
 
 def _history_title(records, last=10) -> str:
