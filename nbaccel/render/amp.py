@@ -181,7 +181,7 @@ def ops_rows(result, which="all"):
         frame = frame[frame["dtype"] == "fp32"]
     elif which == "heavy":
         frame = frame[frame["heavy"]]
-    return [[r.op, r.dtype, r.calls, f"{r.flops:,}", r.input_dtypes] for r in frame.itertuples()]
+    return [[r.op, r.dtype, r.calls, si(r.flops, "FLOP") if r.flops else "-", r.input_dtypes] for r in frame.itertuples()]
 
 
 OPS_HEADERS = ["op", "output dtype", "calls", "FLOPs", "input dtypes"]
