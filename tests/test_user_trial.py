@@ -60,6 +60,7 @@ def test_plain_python_cells_get_honest_advice():
     assert result.amp.ops.empty
     assert any("no torch operators" in a for a in result.advice)
     assert not any("speedup" in a.lower() for a in result.advice)
+    assert "no torch operators ran (plain Python timed:" in str(result) and "speedup" not in str(result).split("\n")[0]
     with nbaccel.profile() as prof:
         sum(range(1000))
     text = str(prof.result)

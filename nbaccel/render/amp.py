@@ -25,10 +25,18 @@ def _variant_rows(result):
 HEADERS = ["variant", "recipe", "median", "IQR", "runs", "peak memory", "achieved"]
 
 
+def _no_torch_ops(result) -> bool:
+    """No torch operator ran in either variant: the times are of plain Python, autocast changed nothing."""
+    return result.amp.ops.empty and (result.baseline is None or result.baseline.ops.empty)
+
+
 def headline(result) -> str:
     parts = []
     if result.speedup is not None:
-        parts.append(f"speedup {result.speedup:.2f}x" + (" (uncertain)" if result.speedup_uncertain else ""))
+        if _no_torch_ops(result):
+            parts.append(f"no torch operators ran (plain Python timed: {result.speedup:.2f}x, not an autocast effect)")
+        else:
+            parts.append(f"speedup {result.speedup:.2f}x" + (" (uncertain)" if result.speedup_uncertain else ""))
     memory = memory_summary(result)
     if memory:
         parts.append(" ".join(memory))
@@ -148,8 +156,9 @@ def _drift_lines(result) -> list[str]:
 def _kpis(result) -> str:
     kpis = []
     if result.speedup is not None:
-        cls = "big warn" if result.speedup_uncertain else "big"
-        kpis.append(f'<div class="kpi"><div class="muted">speedup</div><div class="{cls} nbaccel-speedup">'
+        cls = "big warn" if result.speedup_uncertain or _no_torch_ops(result) else "big"
+        label = "speedup (no torch ops ran)" if _no_torch_ops(result) else "speedup"
+        kpis.append(f'<div class="kpi"><div class="muted">{label}</div><div class="{cls} nbaccel-speedup">'
                     f'{result.speedup:.2f}x</div></div>')
     memory = memory_summary(result)
     if memory:
