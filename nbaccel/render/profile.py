@@ -82,6 +82,8 @@ def visible_columns(result, group: str) -> list[tuple[str, str, str]]:
             continue
         if col == "name" and group == "source":
             label = "costliest ops on the line"
+        if col == "calls" and group == "source":
+            label = "op calls"  # a line's top-level ops, not how often the line ran
         cols.append((col, label, kind))
     return cols
 
