@@ -304,9 +304,10 @@ class profile:  # noqa: N801 - a context manager used like a function: `with nba
             if exc_type is None:
                 raise
         if exc_type is not None:
-            print(f"nbaccel: the profiled code raised {exc_type.__name__} "
-                  f"(after {self.steps_done} of {self.options.warmup + self.options.steps} runs); "
-                  "the profiler was stopped and the partial profile discarded.", file=sys.stderr)
+            runs = self.options.warmup + self.options.steps
+            which = f" in run {self.steps_done + 1} of {runs}" if runs > 1 else ""
+            print(f"nbaccel: the profiled code raised {exc_type.__name__}{which}; the profiler was stopped and the "
+                  "partial profile discarded.", file=sys.stderr)
             return False
         needed = self.options.warmup + self.options.steps
         if self.options.scheduled and self.steps_done < needed:

@@ -408,7 +408,7 @@ def test_cell_that_raises_stops_the_profiler_and_propagates(run_cell, ip):
     result, captured = run_cell("%%profile_gpu --amp bf16 --warmup 1 --steps 2 -r prof\nruns += 1\ny = a @ b\n"
                                 "if runs == 2: raise ValueError('boom in run 2')\n", expect_error=ValueError)
     assert "boom in run 2" in str(result.error_in_exec)
-    assert "partial profile discarded" in captured.stderr
+    assert "raised ValueError in run 2 of 3; the profiler was stopped and the partial profile discarded" in captured.stderr
     assert "prof" not in ip.user_ns
     assert not torch._C._autograd._profiler_enabled()
     assert not torch.is_autocast_enabled("cpu")
