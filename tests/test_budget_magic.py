@@ -186,6 +186,8 @@ def test_over_a_strict_budget_fails_the_cell(ip, run_cell):
     assert type(result.error_in_exec).__name__ == "BudgetExceeded"
     assert "over the strict budget" in str(result.error_in_exec)
     assert ip.user_ns["done"], "the cell itself ran to the end; only its verdict is an error"
+    shown = captured.stdout + captured.stderr
+    assert "BudgetExceeded: In[" in shown and "use %tb" not in shown  # no traceback to point to
     # A cell that starts over the budget but adds nothing (freeing memory) is neither failed nor warned
     # (a new user read "WARNING: over" after `del x` as "the del did not work"); the history keeps it.
     _, captured = run_cell("del x")

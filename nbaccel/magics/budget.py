@@ -304,7 +304,10 @@ class BudgetMagics(Magics):
                                  f"of {format_bytes(record.budget_bytes)} ({share_text(record.fraction)})")
             # Marking the result failed is what stops "Run All" in Jupyter (the kernel replies "error").
             result.error_in_exec = exc
-            self.shell.showtraceback((BudgetExceeded, exc, None), exception_only=True)
+            # Just "BudgetExceeded: ...": showtraceback(exception_only=True) would prefix IPython's
+            # "An exception has occurred, use %tb to see the full traceback", and there is none to see.
+            stb = self.shell.InteractiveTB.get_exception_only(BudgetExceeded, exc)
+            self.shell._showtraceback(BudgetExceeded, exc, stb)  # the hook ipykernel sends as an error output
 
     def _on_exception(self, shell, etype, value, tb, tb_offset=None):
         if not is_oom(value):
