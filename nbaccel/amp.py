@@ -28,7 +28,7 @@ from .device import DTYPE_NAMES, DeviceError, DeviceInfo, device_info, dtype_nam
 from .drift import compute_drift, has_nonfinite, runs_differ, to_host
 from .flops import OpAudit, precision_summary
 from .memory import PeakMemory, PeakMeter, format_bytes
-from .options import in_magic, option
+from .options import in_magic, option, whole_number
 from .precision import FP32, Recipe, apply_recipe, describe, make_recipe
 from .results import ResultMixin
 from .snapshot import Snapshot, SnapshotTooLarge, available_host_memory, estimate_bytes
@@ -423,10 +423,8 @@ def compare_amp(
         raise TypeError(f"compare_amp runs a function several times; got a {type(fn).__name__} (the result of "
                         "calling it?): pass the function itself, e.g. compare_amp(train_step) or "
                         "compare_amp(lambda: train_step(batch))")
-    if warmup < 0:
-        raise ValueError(f"warmup must be >= 0, got {warmup}")
-    if repeat < 1:
-        raise ValueError(f"repeat must be >= 1, got {repeat}; use at least 3 for a spread")
+    whole_number("warmup", warmup, 0)
+    whole_number("repeat", repeat, 1, why="; use at least 3 for a spread")
     dev = resolve_device(device)
     info = device_info(dev)
     if dtype_name(dtype) == FP32:
@@ -642,6 +640,9 @@ def advise(result: AmpResult) -> list[str]:
             if info.type == "cpu" and not (info.has_bf16_units if dtype == "bf16" else info.has_fp16_units):
                 notes.append(f"No speedup ({speedup:.2f}x): this CPU lacks {dtype} units (AMX / AVX512-{dtype.upper()}), "
                              "so autocast only adds casts. Measure on a GPU with Tensor Cores.")
+            elif not result.precision["reduced"]:
+                notes.append(f"No speedup ({speedup:.2f}x): no op ran in {dtype} -- autocast had nothing here to cast "
+                             "(reductions and elementwise ops stay fp32); it speeds up matmuls and convolutions.")
             elif result.precision["reduced_flop_share"] is not None and result.precision["reduced_flop_share"] < 0.5:
                 notes.append(f"No speedup ({speedup:.2f}x): only {result.precision['reduced_flop_share']:.0%} of the FLOPs "
                              f"ran in {dtype}; the time goes to ops autocast keeps in fp32.")

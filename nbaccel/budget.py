@@ -18,6 +18,7 @@ the value it read before (where the getter exists) or 1.0 (no cap, torch's defau
 
 from __future__ import annotations
 
+import math
 import re
 import time
 import warnings
@@ -102,13 +103,19 @@ def parse_budget(text, device: torch.device, total: int | None = None, limit: bo
         raise TypeError(f"{option('budget')} takes a size such as '6GiB' or a share such as 0.8, got "
                           f"{type(text).__name__} {text!r}")
     total = device_memory(device) if total is None else total
+    number = text if isinstance(text, (int, float)) else None
+    if number is None and re.fullmatch(_NUMBER, text.strip(), flags=re.I):
+        number = float(text)
+    if number is not None and not math.isfinite(number):  # 1e309, float("inf"): no size to suggest
+        raise BudgetError(f"{text if in_magic() else option('budget', text)} is not a finite number; write e.g. {_quote('6GiB')} or 0.8 "
+                          f"(a share of {where})")
     if isinstance(text, (int, float)) and text > 1:
         # From Python a number above 1 is bytes, as in torch's own memory APIs (6 * 2**30, 2e9);
         # only text (the magic's line) without a unit is ambiguous, and refused below.
         size = int(text)
         if size < MIN_BUDGET:
             raise BudgetError(f"{option('budget', text)} is {format_bytes(size)}: a budget under 1 MiB cannot hold a "
-                              f"Python process; a number is bytes (6 * 2**30) -- did you mean '{text}GiB'?")
+                              f"Python process (from Python a number above 1 is bytes) -- did you mean '{text}GiB'?")
         if limit and total and size > total:
             raise BudgetError(f"a budget of {format_bytes(size)} is larger than {where} ({format_bytes(total)} on "
                               f"{device}); use at most {format_bytes(total)}, or a share such as 0.9")
@@ -143,9 +150,9 @@ def parse_budget(text, device: torch.device, total: int | None = None, limit: bo
                               + f"; did you mean {_quote(number + bigger)}?")
         try:
             size = parse_bytes(raw)
-        except ValueError as exc:
+        except ValueError:
             raise BudgetError(f"cannot read {raw!r} as a budget; write e.g. {_quote('6GiB')}, {_quote('6GB')}, "
-                              f"{_quote('512MiB')}, or 0.8 (a share of {where})") from exc
+                              f"{_quote('512MiB')}, or 0.8 (a share of {where})") from None
     if limit and total and size > total:
         raise BudgetError(f"a budget of {format_bytes(size)} is larger than {where} ({format_bytes(total)} on "
                           f"{device}); use at most {format_bytes(total)}, or a share such as 0.9")
@@ -472,8 +479,9 @@ class MemoryBudget:
 
 def memory_budget(budget, device="auto", strict: bool = False, enforce: bool = False, near: float = NEAR,
                   namespace: dict | None = None) -> MemoryBudget:
-    """A budget for scripts; see `MemoryBudget`. ``budget``: "6GiB", "6GB", "512MiB", or a share of the device
-    such as 0.8 (a number without a unit, int or float, reads as it does in the magic: at most 1)."""
+    """A budget for scripts; see `MemoryBudget`. ``budget``: "6GiB", "6GB", "512MiB", a share of the device
+    such as 0.8 (a number up to 1), or a number of bytes above 1 (``6 * 2**30``, ``2e9``), as in torch's
+    memory APIs. (The magic's text has no such bytes: ``%memory_budget 2e9`` asks for a unit.)"""
     return MemoryBudget(budget, device, strict=strict, enforce=enforce, near=near, namespace=namespace)
 
 

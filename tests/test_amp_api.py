@@ -151,8 +151,13 @@ def test_exception_restores_and_propagates(small_model):
 
 
 def test_bad_arguments():
-    with pytest.raises(ValueError, match="repeat must be >= 1"):
+    with pytest.raises(ValueError, match="repeat must be at least 1, got 0; use at least 3 for a spread"):
         nbaccel.compare_amp(lambda: None, repeat=0)
+    # wrong types are named, not "'<' not supported between instances of 'str' and 'int'"
+    with pytest.raises(ValueError, match="repeat takes a whole number, got '3'"):
+        nbaccel.compare_amp(lambda: None, repeat="3")
+    with pytest.raises(ValueError, match="warmup takes a whole number, got 2.5"):
+        nbaccel.compare_amp(lambda: None, warmup=2.5)
     with pytest.raises(ValueError, match="bf16, fp16 or auto"):
         nbaccel.compare_amp(lambda: None, dtype="fp8")
 
@@ -424,3 +429,17 @@ def test_memory_comparison_needs_a_peak_of_a_mebibyte():
     result.baseline.memory = PeakMemory("cpu", 10 << 20, "test")
     result.amp.memory = PeakMemory("cpu", 5 << 20, "test")
     assert result.memory_comparable and "memory saved 50%" in amp_render.headline(result)
+
+
+def test_no_speedup_when_nothing_ran_in_reduced_precision_says_so():
+    # A sum runs in fp32 under autocast: "try a larger batch" (the old advice) would not help.
+    from nbaccel.device import device_info
+
+    if not device_info("cpu").has_bf16_units:
+        pytest.skip("this CPU lacks bf16 units: the advice says that first")
+    clock = FakeClock(lambda: 0.011 if torch.is_autocast_enabled("cpu") else 0.010)
+    x = torch.randn(256, 256)
+    result = nbaccel.compare_amp(lambda: x.sum(), repeat=4, warmup=0, clock=clock, dtype="bf16")
+    assert result.precision["reduced"] == []
+    assert any("no op ran in bf16 -- autocast had nothing here to cast" in a for a in result.advice)
+    assert not any("larger batch" in a for a in result.advice)

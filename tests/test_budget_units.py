@@ -268,3 +268,10 @@ def test_plain_sgd_says_it_keeps_no_state():
     assert rows["plain"].detail == "SGD without momentum keeps no state" and rows["plain"].nbytes == 0
     assert rows["momentum"].detail == "SGD state for 2 params" and rows["momentum"].nbytes == 110 * 4
     assert rows["fresh"].detail == "Adam: no state yet (it is created at the first step)"
+
+
+@pytest.mark.parametrize("text", ["1e309", float("inf"), float("nan")])
+def test_a_number_that_is_not_finite_is_refused_plainly(text):
+    # "1e309" once got "write infTiB (= inf bytes) or infTB"; float("inf") crashed in int().
+    with pytest.raises(BudgetError, match="is not a finite number; write e.g. '6GiB' or 0.8"):
+        parse_budget(text, CPU, total=16 * GiB)

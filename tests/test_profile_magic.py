@@ -341,6 +341,7 @@ def test_widget_builds_with_breakdown_and_advice_tabs(run_cell, ip):
     ("-r 1abc", "-r/--result takes a Python variable name"),
     ("-r for", "-r/--result takes a Python variable name, got 'for'"),
     ("-r __builtins__", "would replace one of Python's own names"),
+    ("-r print", "-r/--result print would replace one of Python's own names"),
     ("--trace /proc/version/trace.json", "cannot write into /proc/version (a file, not a folder)"),
     ("--trace /proc/version", "exists and is not a folder"),
 ])

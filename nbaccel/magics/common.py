@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import builtins
 import difflib
 import keyword
 import re
@@ -91,12 +92,14 @@ def store_result(shell, name: str | None, result) -> None:
 
 def check_name(name: str | None) -> None:
     """-r NAME must be a variable the user can then type: not a keyword (``for`` could only be
-    reached through globals()), not a dunder (``__builtins__`` replaced breaks the kernel)."""
+    reached through globals()), not a dunder (``__builtins__`` replaced breaks the kernel), not a
+    builtin (``print``, ``len``: shadowed for the rest of the session)."""
     if name is None:
         return
     if not name.isidentifier() or keyword.iskeyword(name):
         raise UsageError(f"-r/--result takes a Python variable name, got {name!r}")
-    if name.startswith("__") and name.endswith("__"):
+    if (name.startswith("__") and name.endswith("__")) or hasattr(builtins, name):
+        # `-r print` would hide print() for the rest of the session ("'ProfileResult' object is not callable")
         raise UsageError(f"-r/--result {name} would replace one of Python's own names; choose another, e.g. -r res")
 
 
