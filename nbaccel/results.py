@@ -103,12 +103,17 @@ def results_frame(records) -> pd.DataFrame:
     version did not have are left empty, so notebooks saved by older nbaccel still compare.
     """
     import pandas as pd
+    if isinstance(records, (str, dict, ResultMixin)):
+        records = [records]  # one result: a one-row frame, not "'AmpResult' object is not iterable"
     rows = []
-    for record in records:
+    for i, record in enumerate(records):
         if isinstance(record, str):
             record = json.loads(record)
         elif hasattr(record, "to_dict"):
             record = record.to_dict()
+        if not isinstance(record, dict) or "kind" not in record:
+            raise ValueError(f"record {i} is not a saved nbaccel result (no 'kind'): pass results, their "
+                             f"to_dict() or to_json(); got {type(record).__name__} {str(record)[:60]}")
         row = {"kind": record.get("kind"), "schema_version": record.get("schema_version", 0),
                "nbaccel_version": record.get("nbaccel_version")}
         for column, path in _HEADLINES.get(row["kind"], {}).items():

@@ -76,6 +76,12 @@ def test_to_dict_round_trips_and_loads_into_a_frame(amp_result):
     assert frame.loc[2, "drift_max_rel"] is None or frame.loc[2, "drift_max_rel"] != frame.loc[2, "drift_max_rel"]
 
 
+def test_results_frame_takes_one_result_and_refuses_what_is_not_one(amp_result):
+    assert list(nbaccel.results_frame(amp_result)["kind"]) == ["amp"]  # was "'AmpResult' object is not iterable"
+    with pytest.raises(ValueError, match=r"record 0 is not a saved nbaccel result \(no 'kind'\)"):
+        nbaccel.results_frame([{"a": 1}])  # was a silent row of kind None
+
+
 def test_results_frame_reads_profile_and_budget_results():
     with nbaccel.profile() as prof:
         torch.randn(32, 32) @ torch.randn(32, 32)
