@@ -1,7 +1,7 @@
 """How an error names an option: ``--sort x`` under a magic, ``sort='x'`` from Python.
 
 The magics are thin layers over the API, so the API's own checks serve both. A check names the
-option with `option`; a magic runs inside `magic_spelling()` (the user's cell inside
+option with `option`; a magic runs inside `magic_spelling()` (`@magic_spelled`; the user's cell inside
 `magic_spelling(False)`: an API call in the cell is Python), and the message then reads the way
 the user typed the option (``%%profile_gpu --top 0`` -> "--top must be ...",
 ``nbaccel.profile(top=0)`` -> "top must be ...").
@@ -10,6 +10,7 @@ the user typed the option (``%%profile_gpu --top 0`` -> "--top must be ...",
 from __future__ import annotations
 
 import contextlib
+import functools
 import numbers
 from contextvars import ContextVar
 
@@ -52,3 +53,15 @@ def magic_spelling(active: bool = True):
         yield
     finally:
         _IN_MAGIC.reset(token)
+
+
+def magic_spelled(magic):
+    """Decorate a magic method: its errors spell options as typed (``--top``). A plain function, not
+    ``@magic_spelling()``: contextlib's decorator frame would show in the user's tracebacks."""
+    @functools.wraps(magic)
+    def spelled(*args, **kwargs):
+        __tracebackhide__ = True  # noqa: F841 - IPython hides this frame from the user's traceback
+        with magic_spelling():
+            return magic(*args, **kwargs)
+
+    return spelled

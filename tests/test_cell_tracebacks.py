@@ -26,3 +26,4 @@ def test_failing_line_is_labelled_with_this_cells_number(run_cell, magic):
     assert (str(result.execution_count), "3") in labels, labels
     assert {int(n) for n, _ in labels} == {result.execution_count}, labels
     assert "raise ValueError('boom')" in captured.stdout
+    assert "contextlib" not in captured.stdout  # no frame of nbaccel's own decorators

@@ -10,7 +10,7 @@ from IPython.core.magic_arguments import argument, magic_arguments
 
 from ..amp import compare_amp
 from ..device import DeviceError, autocast_dtype, device_info, dtype_name, resolve_device
-from ..options import magic_spelling
+from ..options import magic_spelled
 from ..precision import make_recipe
 from ..render.display import display_result
 from ..snapshot import SnapshotTooLarge
@@ -41,7 +41,7 @@ class AmpMagics(Magics):
     @argument("-r", "--result", default=None, metavar="NAME", help="store the AmpResult in this variable")
     @argument("-q", "--quiet", action="store_true", help="do not display the result")
     @cell_magic
-    @magic_spelling()  # errors name options as typed: --top, not top=
+    @magic_spelled  # errors name options as typed: --top, not top=
     def amp(self, line, cell):
         """Run the cell in strict fp32 and under torch.autocast (+TF32 on CUDA), from the same state.
 

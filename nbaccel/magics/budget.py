@@ -30,7 +30,7 @@ from ..budget import (NEAR, usage_now, BudgetError, BudgetExceeded, CellReport, 
 from ..device import DeviceError, resolve_device
 from ..memory import format_bytes
 from ..oom import OOM_TYPES, explain_oom, is_oom
-from ..options import magic_spelling
+from ..options import magic_spelled
 from ..render.display import display_result
 from .common import check_name, help_option, history_name, parse_line, store_result
 
@@ -79,7 +79,7 @@ class BudgetMagics(Magics):
     @argument("-r", "--result", default=None, metavar="NAME", help="store the result (status or estimate) here")
     @argument("-q", "--quiet", action="store_true", help="do not display the status or estimate")
     @line_magic
-    @magic_spelling()  # errors name options as typed: --top, not top=
+    @magic_spelled  # errors name options as typed: --top, not top=
     def memory_budget(self, line):
         """Watch each cell's peak memory against a budget; explain out-of-memory errors; predict fits.
 

@@ -9,7 +9,7 @@ from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments
 
-from ..options import magic_spelling
+from ..options import magic_spelled, magic_spelling
 from ..profile import DTYPES, ProfileError, ProfileOptions, profile_function, validate
 from ..profile_table import CELL_LINE, SORT_COLUMNS
 from ..render.display import display_result
@@ -38,7 +38,7 @@ class ProfileMagics(Magics):
     @argument("-r", "--result", default=None, metavar="NAME", help="store the ProfileResult in this variable")
     @argument("-q", "--quiet", action="store_true", help="do not display the result")
     @cell_magic
-    @magic_spelling()  # errors name options as typed: --top, not top=
+    @magic_spelled  # errors name options as typed: --top, not top=
     def profile_gpu(self, line, cell):
         """Profile the cell with torch.profiler and show the slowest operators, time by category,
         Tensor Core use, achieved FLOP/s, matmul shapes to pad, and advice.

@@ -9,7 +9,7 @@ from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments
 
-from ..options import magic_spelling
+from ..options import magic_spelled
 from ..profile import ProfileError
 from ..profile_table import SORT_COLUMNS
 from ..render.display import display_result
@@ -38,7 +38,7 @@ class TraceMagics(Magics):
               help="store the result (ProfileResult, or MultiRankResult for several ranks) in this variable")
     @argument("-q", "--quiet", action="store_true", help="do not display the result")
     @line_magic
-    @magic_spelling()  # errors name options as typed: --top, not top=
+    @magic_spelled  # errors name options as typed: --top, not top=
     def profile_trace(self, line):
         """Analyse a torch.profiler Chrome trace recorded elsewhere (a cluster job, a colleague's run):
         the same operator table, kernels, categories, device busy/idle, Tensor Core share and FLOP/s
