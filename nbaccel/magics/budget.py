@@ -173,7 +173,8 @@ class BudgetMagics(Magics):
         if used > budget:
             note = "; ".join(filter(None, [note, (
                 f"already over: {format_bytes(used)} in use now, more than the {format_bytes(budget)} budget, "
-                "so every cell will be reported over until memory is freed or the budget raised")]))
+                "so every cell that adds memory will be reported over (and each is recorded over in the history) "
+                "until memory is freed or the budget raised")]))
         self._show(args, self._status(device, note))
 
     # --- prediction -------------------------------------------------------------------------------------
