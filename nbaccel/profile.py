@@ -804,7 +804,7 @@ class ProfileResult(ResultMixin):
         return {
             "device": self.device.to_dict(),
             "options": self.options.to_dict(),
-            "header": _json_safe(self.header),
+            "header": self.header,  # made JSON-safe by ResultMixin.to_dict
             "ops": clean(self.ops),
             "categories": clean(self.categories),
             "tensor_cores": {"share": tc.value, "tensor_core_us": tc.part_us, "kernel_us": tc.total_us,
@@ -817,7 +817,7 @@ class ProfileResult(ResultMixin):
             "cudnn_benchmark": self.cudnn_benchmark,
             "trace_path": self.trace_path,
             "trace_files": self.trace_files,
-            "loaded": _json_safe(self.loaded),
+            "loaded": self.loaded,
         }
 
 
@@ -833,18 +833,6 @@ def _copy_trace_file(sources: list, path: str) -> str:
         data = gzip.compress(data)
     Path(path).expanduser().write_bytes(data)
     return str(path)
-
-
-def _json_safe(value):
-    if isinstance(value, dict):
-        return {k: _json_safe(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_json_safe(v) for v in value]
-    if isinstance(value, (np.floating, np.integer)):
-        value = value.item()
-    if isinstance(value, float) and value != value:
-        return None
-    return value
 
 
 # --- advice --------------------------------------------------------------------------------------

@@ -42,7 +42,7 @@ from .analysis.metrics import busiest_device
 from .analysis.trace import TraceData, TraceError, TraceWarning, _build, _metadata, paused_gc
 from .device import DeviceInfo
 from .options import option, whole_number
-from .profile import ProfileError, ProfileOptions, ProfileResult, _json_safe
+from .profile import ProfileError, ProfileOptions, ProfileResult
 from .results import ResultMixin
 from .trace_io import TraceStream, peek_rank, trace_files
 
@@ -462,9 +462,9 @@ class MultiRankResult(ResultMixin):
             "world_size": self.world_size,
             "gpus": self.gpus,
             "per_rank": clean(self.per_rank),
-            "straggler": _json_safe(self.straggler),
+            "straggler": self.straggler,  # made JSON-safe by ResultMixin.to_dict
             "ops": clean(self.table(top=self.options.top)),
-            "ranks": {str(k): _json_safe(r.header) for k, r in self.ranks.items()},
+            "ranks": {str(k): r.header for k, r in self.ranks.items()},
             "files": {str(k): r.trace_files for k, r in self.ranks.items()},
             "skipped": dict(self.skipped),
         }
