@@ -214,7 +214,9 @@ def _load_rank(files: list[Path], opts: dict, source: str) -> ProfileResult:
     info = _device_info(trace)
     gpu = info.name if info.type == "cuda" else None
     rank, world = trace.rank, trace.world_size
-    where = files[0].name if len(files) == 1 else f"{Path(source).name}/ ({len(files)} step files)"
+    apart = _far_apart(spans)
+    where = files[0].name if len(files) == 1 else \
+        f"{Path(source).name}/ ({len(files)} {'files' if apart else 'step files'})"
     label = f"loaded trace {where}"
     if rank is not None:
         label += f", rank {rank}" + (f" of {world}" if world else "")
@@ -237,7 +239,6 @@ def _load_rank(files: list[Path], opts: dict, source: str) -> ProfileResult:
     if options.sort == "device" and info.type != "cuda":
         raise ProfileError(f"{option('sort', 'device')} needs device activity; {where} has no kernels (a CPU-only "
                            f"trace): use {option('sort', 'self')} or {option('sort', 'cpu')}")
-    apart = _far_apart(spans)
     if apart:
         loaded["far_apart"] = apart
         warnings.warn(f"{source}: {apart}", TraceWarning, stacklevel=3)

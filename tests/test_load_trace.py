@@ -615,6 +615,7 @@ def test_files_of_separate_runs_in_one_folder_are_flagged(tmp_path):
         result = load_trace(tmp_path)
     assert "separate runs" in result.loaded["far_apart"]
     assert "warning: its 2 files are up to" in str(result)
+    assert "(2 files)" in result.loaded["label"] and "step files" not in result.loaded["label"]
 
 
 def test_step_files_of_one_run_are_not_flagged(tmp_path):
