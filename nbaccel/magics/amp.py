@@ -10,11 +10,11 @@ from IPython.core.magic_arguments import argument, magic_arguments
 
 from ..amp import compare_amp
 from ..device import DeviceError, autocast_dtype, device_info, dtype_name, resolve_device
-from ..options import magic_spelled
+from ..options import magic_spelled, whole_number
 from ..precision import make_recipe
 from ..render.display import display_result
 from ..snapshot import SnapshotTooLarge
-from .common import cell_function, check_name, help_option, history_name, parse_line, positive, silenced, store_result
+from .common import cell_function, check_name, help_option, history_name, parse_line, silenced, store_result
 
 DTYPES = ("bf16", "fp16", "auto", "tf32")
 
@@ -62,8 +62,9 @@ class AmpMagics(Magics):
         args.dtype = dtype_name(args.dtype)  # bfloat16, float16, half: the long names work too
         if args.dtype not in DTYPES:
             raise UsageError(f"--dtype {args.dtype} is not supported; use one of: {', '.join(DTYPES)}")
-        positive(args.repeat, "--repeat")
-        positive(args.warmup, "--warmup", minimum=0)
+        # compare_amp checks these too, but its ValueError would surface after the snapshot, as nbaccel's own
+        whole_number("repeat", args.repeat, 1, UsageError)
+        whole_number("warmup", args.warmup, 0, UsageError)
         check_name(args.result)
         if not 0 < args.max_snapshot <= 1:
             raise UsageError(f"--max-snapshot is a fraction of available memory in (0, 1], got {args.max_snapshot}")

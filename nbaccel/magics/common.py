@@ -103,12 +103,6 @@ def check_name(name: str | None) -> None:
         raise UsageError(f"-r/--result {name} would replace one of Python's own names; choose another, e.g. -r res")
 
 
-def positive(value: int, option: str, minimum: int = 1) -> int:
-    if value < minimum:
-        raise UsageError(f"{option} must be at least {minimum}, got {value}")
-    return value
-
-
 class _HelpRequested(Exception):
     pass
 

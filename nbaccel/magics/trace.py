@@ -14,7 +14,7 @@ from ..profile import ProfileError
 from ..profile_table import SORT_COLUMNS
 from ..render.display import display_result
 from ..trace_result import TraceError, TraceWarning, load_trace
-from .common import check_name, help_option, parse_line, positive, store_result
+from .common import check_name, help_option, parse_line, store_result
 
 
 @magics_class
@@ -51,8 +51,7 @@ class TraceMagics(Magics):
         args = parse_line(self.profile_trace, line)
         if args is None:  # -h/--help: the help was printed
             return None
-        check_name(args.result)
-        positive(args.top, "--top")
+        check_name(args.result)  # --top is checked by load_trace (a ProfileError, turned into a UsageError below)
         try:
             with warnings.catch_warnings(record=True) as caught:
                 # Every skipped file is said every time (a warning shown once per session would
