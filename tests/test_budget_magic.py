@@ -99,35 +99,37 @@ def test_reload_without_a_budget_installs_nothing(ip, run_cell):
     assert "memory_budget" in ip.magics_manager.magics["line"]
 
 
-def test_reload_keeps_a_previous_custom_handler_chained_once(ip, run_cell):
+@pytest.fixture
+def user_handler(ip):
+    """A custom exception handler of the user's own (ZeroDivisionError), there before the budget:
+    yields (what it saw, the shell's handler state before the budget); removed afterwards."""
     seen = []
     ip.set_custom_exc((ZeroDivisionError,), lambda shell, et, ev, tb, tb_offset=None: seen.append(ev))
     try:
-        before = (ip.custom_exceptions, ip.CustomTB)
-        run_cell("%memory_budget 0.9 -q")
-        run_cell("%reload_ext nbaccel")
-        run_cell("%reload_ext nbaccel")
-        assert ip.custom_exceptions.count(ZeroDivisionError) == 1
-        run_cell("1/0", expect_error=ZeroDivisionError)
-        assert len(seen) == 1
-        run_cell("%memory_budget off -q")
-        assert (ip.custom_exceptions, ip.CustomTB) == before
+        yield seen, (ip.custom_exceptions, ip.CustomTB)
     finally:
         ip.set_custom_exc((), None)
 
 
-def test_a_previous_custom_handler_keeps_working_and_is_restored(ip, run_cell):
-    seen = []
-    ip.set_custom_exc((ZeroDivisionError,), lambda shell, et, ev, tb, tb_offset=None: seen.append(ev))
-    try:
-        before = (ip.custom_exceptions, ip.CustomTB)
-        run_cell("%memory_budget 0.9 -q")
-        run_cell("1/0", expect_error=ZeroDivisionError)
-        assert len(seen) == 1
-        run_cell("%memory_budget off -q")
-        assert (ip.custom_exceptions, ip.CustomTB) == before
-    finally:
-        ip.set_custom_exc((), None)
+def test_reload_keeps_a_previous_custom_handler_chained_once(ip, run_cell, user_handler):
+    seen, before = user_handler
+    run_cell("%memory_budget 0.9 -q")
+    run_cell("%reload_ext nbaccel")
+    run_cell("%reload_ext nbaccel")
+    assert ip.custom_exceptions.count(ZeroDivisionError) == 1
+    run_cell("1/0", expect_error=ZeroDivisionError)
+    assert len(seen) == 1
+    run_cell("%memory_budget off -q")
+    assert (ip.custom_exceptions, ip.CustomTB) == before
+
+
+def test_a_previous_custom_handler_keeps_working_and_is_restored(ip, run_cell, user_handler):
+    seen, before = user_handler
+    run_cell("%memory_budget 0.9 -q")
+    run_cell("1/0", expect_error=ZeroDivisionError)
+    assert len(seen) == 1
+    run_cell("%memory_budget off -q")
+    assert (ip.custom_exceptions, ip.CustomTB) == before
 
 
 def test_known_allocation_is_measured_within_10_percent(ip, run_cell):
