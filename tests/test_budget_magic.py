@@ -381,6 +381,9 @@ def test_off_without_a_budget_says_there_was_none(ip, run_cell):
     ("--strict -0.5", "a budget must be positive, got -0.5"),
     ("2GiB --device -1", "device"),
     ("2GiB -r -1", "-r/--result takes a Python variable name"),
+    # Prediction options without --model once started a plain watch and dropped them unsaid.
+    ("6GiB --batch 32", r"^--batch goes with --model: %memory_budget 80GiB --model model --batch 32"),
+    ("6GiB --optimizer sgd --input x", r"^--optimizer and --input go with --model"),
 ])
 def test_budget_text_is_read_consistently_and_errors_blame_the_right_option(ip, run_cell, line, message):
     with pytest.raises(UsageError, match=message):

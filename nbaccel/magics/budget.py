@@ -70,8 +70,8 @@ class BudgetMagics(Magics):
     @argument("--model", default=None, metavar="NAME",
               help="predict the training memory of this nn.Module (BUDGET is then the per-GPU memory to compare "
                    "with, e.g. 80GiB, and does not start watching)")
-    @argument("--optimizer", default="adamw",
-              help="for --model: adamw, adam, sgd, sgd-momentum, adagrad, rmsprop, none, or an optimizer variable")
+    @argument("--optimizer", default=None,
+              help="for --model (default adamw): adamw, adam, sgd, sgd-momentum, adagrad, rmsprop, none, or an optimizer variable")
     @argument("--batch", type=int, default=None, help="for --model: the global batch size")
     @argument("--input", default=None, metavar="NAME",
               help="for --model: an example batch (tensor or tuple, first dim = batch); needed unless the first "
@@ -113,6 +113,11 @@ class BudgetMagics(Magics):
             raise UsageError(f"--near is a share of the budget between 0 and 1, got {args.near}")
         if args.model is not None:
             return self._estimate_cmd(args)
+        for_model = [name for name, value in (("--optimizer", args.optimizer), ("--batch", args.batch),
+                                              ("--input", args.input)) if value is not None]
+        if for_model:  # silently watching a budget instead of the prediction asked for would mislead
+            raise UsageError(f"{' and '.join(for_model)} {'go' if len(for_model) > 1 else 'goes'} with --model: "
+                             "%memory_budget 80GiB --model model --batch 32 predicts that model's memory")
         if args.budget is not None and args.budget.lower() == "off":
             had_budget = self.watcher is not None
             recorded = len(self.watcher.records) if had_budget else 0
@@ -194,7 +199,7 @@ class BudgetMagics(Magics):
                              "variable holding the model")
         if args.batch is None or args.batch < 1:
             raise UsageError("--model needs --batch N (the global batch size, at least 1)")
-        optimizer = args.optimizer
+        optimizer = args.optimizer or "adamw"
         if optimizer.lower() not in OPTIMIZERS:
             if optimizer not in self.shell.user_ns:  # most likely a misspelt name: list the names
                 close = difflib.get_close_matches(optimizer.lower(), OPTIMIZERS, n=1)
