@@ -22,8 +22,12 @@ from __future__ import annotations
 import gzip
 import io
 import json
+import os
 import re
+import socket
+import time
 import zlib
+from bisect import bisect_right
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -306,3 +310,72 @@ def peek_rank(path: Path) -> tuple[int | None, int | None, str]:
         return info["rank"], ws if isinstance(ws, int) else None, "distributedInfo"
     rank = rank_from_name(path.name)
     return rank, None, ("file name" if rank is not None else "unknown")
+
+
+# --- writing: one file per step ---------------------------------------------------------------
+
+_DEVICE_CATS = {"kernel", "gpu_memcpy", "gpu_memset", "gpu_user_annotation", "memcpy", "memset"}
+
+
+def split_by_step(doc: dict) -> list[tuple[str, float | None, dict]]:
+    """One trace per ``ProfilerStep#N``: (step name, start ts in us, trace dict).
+
+    Host events go to the step whose window contains them; device events (kernels, copies) and
+    their flow arrows follow the launch that queued them (same ``correlation``), because a
+    kernel queued at the end of step N may run after step N+1 has begun on the host.
+    Metadata events (process/thread names) go into every file.
+    """
+    events = doc.get("traceEvents", [])
+    steps = sorted((float(e["ts"]), e["name"]) for e in events
+                   if isinstance(e, dict) and e.get("cat") == "user_annotation"
+                   and str(e.get("name", "")).startswith("ProfilerStep#") and "ts" in e)
+    if len(steps) <= 1:
+        return [(steps[0][1] if steps else "trace", steps[0][0] if steps else None, doc)]
+    starts = [s[0] for s in steps]
+
+    def step_of(ts) -> int:
+        return max(bisect_right(starts, float(ts)) - 1, 0)
+
+    buckets: list[list] = [[] for _ in steps]
+    common, deferred, corr_step = [], [], {}
+    for e in events:
+        if not isinstance(e, dict) or e.get("ph") == "M" or "ts" not in e:
+            common.append(e)
+        elif str(e.get("cat", "")).lower() in _DEVICE_CATS or e.get("cat") == "ac2g":
+            deferred.append(e)
+        else:
+            k = step_of(e["ts"])
+            buckets[k].append(e)
+            corr = (e.get("args") or {}).get("correlation")
+            if corr is not None:
+                corr_step[corr] = k
+    for e in deferred:
+        corr = e.get("id") if e.get("cat") == "ac2g" else (e.get("args") or {}).get("correlation")
+        buckets[corr_step.get(corr, step_of(e["ts"]))].append(e)
+    header = {k: v for k, v in doc.items() if k != "traceEvents"}
+    return [(name, start, {**header, "traceEvents": common + bucket}) for (start, name), bucket in zip(steps, buckets)]
+
+
+def write_step_traces(doc: dict, folder: str) -> list[str]:
+    """Write one ``{host}_{pid}.{ms}.pt.trace.json`` per step into ``folder``.
+
+    That is the naming of ``torch.profiler.tensorboard_trace_handler`` (worker name, then a
+    millisecond timestamp as the span name), which TensorBoard's profiler plugin and Holistic
+    Trace Analysis read. The timestamp is the step's start in Unix milliseconds (from the
+    trace's ``baseTimeNanoseconds``), bumped by 1 ms when two steps start in the same millisecond
+    so that names stay unique and sort in step order.
+    """
+    out = Path(folder).expanduser()
+    out.mkdir(parents=True, exist_ok=True)
+    worker = f"{socket.gethostname()}_{os.getpid()}"
+    base_ms = int(doc.get("baseTimeNanoseconds", 0)) // 1_000_000
+    paths, last = [], -1
+    for _name, start, part in split_by_step(doc):
+        ms = base_ms + int(start // 1000) if start is not None and base_ms else int(time.time() * 1000)
+        ms = max(ms, last + 1)
+        last = ms
+        path = out / f"{worker}.{ms}.pt.trace.json"
+        with open(path, "w", encoding="utf-8") as fh:
+            json.dump(part, fh)
+        paths.append(str(path))
+    return paths

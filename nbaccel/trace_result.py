@@ -42,7 +42,8 @@ from .analysis.metrics import busiest_device
 from .analysis.trace import TraceData, TraceError, TraceWarning, _build, _metadata, paused_gc
 from .device import DeviceInfo
 from .options import option, whole_number
-from .profile import ProfileError, ProfileOptions, ProfileResult
+from .profile_options import ProfileError, ProfileOptions
+from .profile_result import ProfileResult
 from .results import ResultMixin
 from .trace_io import TraceStream, peek_rank, trace_files
 

@@ -20,7 +20,8 @@ from IPython.core.error import UsageError
 
 import nbaccel
 from nbaccel import trace_io
-from nbaccel.profile import ProfileResult, write_step_traces
+from nbaccel.profile import ProfileResult
+from nbaccel.trace_io import write_step_traces
 from nbaccel.render import display as display_module
 from nbaccel.render import multirank as render_multirank
 from nbaccel.render import profile as render_profile

@@ -12,7 +12,6 @@ from __future__ import annotations
 import dataclasses
 import math
 import random
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -191,7 +190,7 @@ def test_the_display_of_a_cpu_profile_builds_no_dataframe():
 
 
 def test_text_and_html_are_the_same_from_python_or_pandas_tables(result, monkeypatch):
-    profile_module = sys.modules["nbaccel.profile"]  # nbaccel.profile is also the name of the class
+    from nbaccel import profile_result as profile_module
     shown = {}
     for limit in (10**9, 0):  # every profile through the Python tables, then every one through pandas
         monkeypatch.setattr(profile_module, "PYTHON_TABLE_OPS", limit)

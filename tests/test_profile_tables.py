@@ -15,7 +15,8 @@ import pytest
 
 from nbaccel import profile_table as pt
 from nbaccel.device import DeviceInfo
-from nbaccel.profile import ProfileOptions, ProfileResult, split_by_step, write_step_traces
+from nbaccel.profile import ProfileOptions, ProfileResult
+from nbaccel.trace_io import split_by_step, write_step_traces
 from nbaccel.render import profile as render_profile
 
 TRACES = Path(__file__).resolve().parents[2] / "shared" / "data" / "traces"

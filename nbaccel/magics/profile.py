@@ -10,7 +10,8 @@ from IPython.core.magic import Magics, cell_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments
 
 from ..options import magic_spelled, magic_spelling
-from ..profile import DTYPES, ProfileError, ProfileOptions, profile_function, validate
+from ..profile import profile_function
+from ..profile_options import DTYPES, ProfileError, ProfileOptions, validate
 from ..profile_table import CELL_LINE, SORT_COLUMNS
 from ..render.display import display_result
 from .common import cell_function, check_name, help_option, parse_cell, parse_line, silenced, store_result

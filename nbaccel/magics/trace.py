@@ -10,7 +10,7 @@ from IPython.core.magic import Magics, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments
 
 from ..options import magic_spelled
-from ..profile import ProfileError
+from ..profile_options import ProfileError
 from ..profile_table import SORT_COLUMNS
 from ..render.display import display_result
 from ..trace_result import TraceError, TraceWarning, load_trace

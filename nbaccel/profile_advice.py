@@ -1,0 +1,97 @@
+"""The profile's advice: one line per finding, each quoting the number that triggered it.
+
+Every rule reads figures a `ProfileResult` also shows (op table, busy time, categories, kernels,
+Tensor Core misses, unaligned shapes), so the reader can check the advice against the tables.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from . import profile_table as pt
+
+if TYPE_CHECKING:
+    from .profile_result import ProfileResult
+
+# Advice thresholds. Each is a share of the profiled time; below it the finding is not worth a line.
+FP32_MATMUL_SHARE = 0.20     # fp32 matmul/conv time above which autocast is worth trying
+IDLE_SHARE = 0.30            # device idle fraction that points at the host (input pipeline, syncs)
+SMALL_KERNEL_US = 10.0       # median kernel shorter than this, with many kernels: launch-bound
+MANY_KERNELS = 200
+TRANSFER_SHARE = 0.10        # host<->device copies as a share of device time
+CONV_SHARE = 0.10            # conv share of device time for the cudnn.benchmark advice
+SMALL_OP_US = 20.0           # CPU: median self time of ops below which dispatch overhead dominates
+MANY_OPS = 500
+UNALIGNED_SHARE = 0.01       # unaligned matmuls below 1% of the time are listed, not advised on
+_CONV = re.compile("conv", re.IGNORECASE)
+
+
+def advise(result: ProfileResult) -> list[str]:
+    """One line per finding, each quoting the number that triggered it."""
+    notes = []
+    ops = result.op_columns  # plain lists: a few hundred rows are summed faster than pandas sets up
+    n_ops = len(ops["name"])
+    on_device = result.on_device
+    time_col = "device_self_us" if on_device else "self_us"
+    total = result.device_time_us if on_device else pt.pairwise_sum(ops["self_us"]) if n_ops else 0.0
+    where = "device" if on_device else "CPU"
+    if not n_ops:
+        notes.append("No torch operators were recorded: torch.profiler sees torch work only; for plain Python "
+                     "time use %prun or pyinstrument.")
+    if n_ops and total > 0:
+        fp32 = pt.pairwise_sum(t for t, c, d in zip(ops[time_col], ops["category"], ops["math_dtype"])
+                               if c == "matmul/conv" and d == "fp32")
+        if fp32 / total >= FP32_MATMUL_SHARE:
+            hint = ("bf16/fp16 run on Tensor Cores" if on_device else
+                    "bf16 helps on CPUs with AMX/AVX512-BF16 units; on others it only adds casts")
+            notes.append(f"fp32 matmul/conv take {fp32 / total:.0%} of {where} time: try %%amp "
+                         f"(or --amp bf16 here) -- {hint}.")
+    busy = result.busy
+    if busy and busy["busy_fraction"] is not None and 1 - busy["busy_fraction"] >= IDLE_SHARE:
+        notes.append(f"The GPU is idle {1 - busy['busy_fraction']:.0%} of the profiled time: the input pipeline "
+                     "(DataLoader workers, pin_memory) or host syncs (.item(), .cpu(), print of tensors) are "
+                     "the bottleneck, not the GPU.")
+    n_kernels = result.kernel_count
+    kernel_median = float(np.median(result.trace.column("kernels", "dur_us"))) if n_kernels >= MANY_KERNELS else None
+    if n_kernels >= MANY_KERNELS and kernel_median < SMALL_KERNEL_US:
+        notes.append(f"{n_kernels} kernels with a median of {kernel_median:.1f} µs each: launch overhead "
+                     "dominates; try torch.compile (fuses elementwise ops) or a larger batch.")
+    elif not on_device and n_ops >= MANY_OPS:
+        leaf = [t for name, t in zip(ops["name"], ops["self_us"]) if name.startswith("aten::")]
+        median = float(np.median(leaf)) if leaf else None
+        if leaf and median < SMALL_OP_US:
+            notes.append(f"{len(leaf)} aten ops with a median self time of {median:.1f} µs: "
+                         "per-op dispatch overhead dominates; try torch.compile or larger tensors per op.")
+    if on_device and result.device_time_us > 0:
+        transfer = pt.pairwise_sum([t for c, t, _, _ in result.category_rows if c == "data transfer"])
+        if transfer / result.device_time_us >= TRANSFER_SHARE:
+            notes.append(f"Host<->device copies take {transfer / result.device_time_us:.0%} of device time: keep "
+                         "tensors on the GPU, use pin_memory=True and .to(device, non_blocking=True).")
+        conv_share = pt.pairwise_sum(t for name, t in zip(ops["name"], ops["device_self_us"])
+                                     if t > 0 and _CONV.search(name)) / result.device_time_us
+        if conv_share >= CONV_SHARE and not result.cudnn_benchmark:
+            state = "is off" if result.cudnn_benchmark is False else "is not recorded in the trace"
+            notes.append(f"Convolutions take {conv_share:.0%} of device time and torch.backends.cudnn.benchmark "
+                         f"{state}: with fixed input shapes, turn it on to let cuDNN pick the fastest algorithm.")
+    misses = result.fp32_miss_rows if on_device else ()
+    if misses:
+        names = ", ".join(sorted({m[0] for m in misses}))
+        notes.append(f"fp32 matmul/conv ops ran without Tensor Cores ({pt.pairwise_sum([m[4] for m in misses]):.0%} "
+                     "of device time: "
+                     f"{names}); enable TF32 (torch.backends.cuda.matmul.fp32_precision = 'tf32') or use %%amp.")
+    significant = [e for e in result.unaligned if total > 0 and e["time_us"] / total >= UNALIGNED_SHARE]
+    if significant:
+        pairs = {}
+        for entry in significant:
+            for dim, size in entry["unaligned"].items():
+                pairs[size] = entry["pad_to"][dim]
+        shown = sorted(pairs.items())[:6]
+        notes.append("Matmul/conv dims not multiples of 8 (16 for int8): "
+                     + ", ".join(f"{a} -> pad to {b}" for a, b in shown)
+                     + "; padded sizes fill Tensor Core / AMX tiles.")
+    if result.device.type == "cpu" and result.loaded is None:
+        notes.append("Profiled on the CPU (no CUDA device): times are CPU times; GPU figures need a GPU.")
+    return notes

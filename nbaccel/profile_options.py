@@ -1,0 +1,121 @@
+"""What `nbaccel.profile` and ``%%profile_gpu`` can be asked, and whether it can run here.
+
+`ProfileOptions` is the whole request (what to record, how to show it); `validate` checks it
+against this machine and process before any code runs -- bad values, a device that is not
+there, an unwritable ``--trace``, a profiler already running -- and raises `ProfileError`
+naming the fix, spelled the way the caller typed it (``top=`` in Python, ``--top`` in a magic).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from . import profile_table as pt
+from .device import DeviceError, DeviceInfo, device_info, resolve_device
+from .options import option, whole_number
+from .precision import Recipe, make_recipe
+
+DTYPES = ("bf16", "fp16", "auto")
+
+
+class ProfileError(RuntimeError):
+    """The profile cannot run as asked; the message says what to change. Raised before any code runs."""
+
+
+# --- options -------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class ProfileOptions:
+    """What to record and how to show it. ``sort=None`` means device time on CUDA, else self CPU."""
+
+    top: int = 15
+    sort: str | None = None
+    memory: bool = False
+    shapes: bool = False
+    stack: bool = False
+    warmup: int = 0
+    steps: int = 1
+    trace: str | None = None
+    amp: str | None = None
+    device: str = "auto"
+
+    @property
+    def group(self) -> str:
+        return "source" if self.stack else "op+shape" if self.shapes else "op"
+
+    @property
+    def scheduled(self) -> bool:
+        return self.warmup > 0 or self.steps > 1
+
+    def to_dict(self) -> dict:
+        return {k: getattr(self, k) for k in self.__dataclass_fields__}
+
+
+def trace_is_file(path: str) -> bool:
+    """``--trace x.json`` / ``x.json.gz`` is one file; any other name is a folder (one file per step)."""
+    return str(path).endswith((".json", ".json.gz"))
+
+
+def check_trace_path(path: str) -> None:
+    """Refuse a --trace path that cannot be written, before the code runs (not after a long step).
+    Missing folders on the way are fine, for a file as for a folder of steps: they are created
+    when the trace is saved (like tensorboard_trace_handler does)."""
+    p = Path(path).expanduser()
+    if trace_is_file(path):
+        if p.is_dir():
+            raise ProfileError(f"{option('trace', path)} is a folder; give a file name ending in .json, or a folder name "
+                               "without .json for one file per step")
+        if p.exists() and not os.access(p, os.W_OK):
+            raise ProfileError(f"{option('trace', path)}: not writable; choose another path")
+        folder = p.parent
+    else:
+        if p.exists() and not p.is_dir():
+            raise ProfileError(f"{option('trace', path)} exists and is not a folder; a name without .json is a folder "
+                               "(one trace file per step), a name ending in .json is one file")
+        folder = p
+    ancestor = folder
+    while not ancestor.exists():
+        ancestor = ancestor.parent
+    if not ancestor.is_dir() or not os.access(ancestor, os.W_OK):
+        raise ProfileError(f"{option('trace', path)}: cannot write into {ancestor}"
+                           f"{'' if ancestor.is_dir() else ' (a file, not a folder)'}; choose another path")
+
+
+def profiler_running() -> bool:
+    return bool(torch._C._autograd._profiler_enabled())
+
+
+def validate(options: ProfileOptions) -> tuple[torch.device, DeviceInfo, Recipe | None]:
+    """Check every option against this machine; raise `ProfileError` naming the fix."""
+    whole_number("top", options.top, 1, ProfileError)
+    whole_number("steps", options.steps, 1, ProfileError, why=": the profile needs an active step")
+    whole_number("warmup", options.warmup, 0, ProfileError)
+    if options.trace is not None and not isinstance(options.trace, (str, os.PathLike)):
+        raise ProfileError(f"{option('trace')} takes a file or folder path, got {options.trace!r}")
+    if options.sort is not None and options.sort not in pt.SORT_COLUMNS:
+        raise ProfileError(f"{option('sort', options.sort)} is not a sort key; use one of: {', '.join(pt.SORT_COLUMNS)}")
+    try:
+        dev = resolve_device(options.device)
+        info = device_info(dev)
+        recipe = make_recipe(options.amp, dev, name="amp") if options.amp else None
+    except DeviceError as exc:
+        raise ProfileError(str(exc)) from None
+    if options.sort == "device" and dev.type != "cuda":
+        raise ProfileError(f"{option('sort', 'device')} needs a CUDA device; this profile runs on the CPU: use "
+                           f"{option('sort', 'self')} or {option('sort', 'cpu')}")
+    if options.sort == "memory" and not options.memory:
+        raise ProfileError(f"{option('sort', 'memory')} needs {option('memory', True)} (memory is only recorded "
+                           "with profile_memory)")
+    if options.amp and options.amp not in DTYPES:
+        raise ProfileError(f"{option('amp', options.amp)} is not supported; use one of: {', '.join(DTYPES)}")
+    if options.trace:
+        check_trace_path(options.trace)
+    if profiler_running():
+        raise ProfileError("another torch profiler is already running in this process (a `with "
+                           "torch.profiler.profile()` block or an earlier profile that was not stopped); "
+                           "stop it first: two profilers cannot record at the same time")
+    return dev, info, recipe

@@ -1,0 +1,389 @@
+"""`ProfileResult`: one profile -- the parsed trace, and every table and figure derived from it.
+
+Made by `nbaccel.profile` (a live profile) and `nbaccel.load_trace` (a trace recorded elsewhere)
+from the same `TraceData`. Nothing is computed until it is read; what a display shows is
+computed from the trace's column lists in plain Python, the DataFrames on first access (the
+method and its measurements: the `nbaccel.profile` docstring, docs/benchmarks.md).
+"""
+
+from __future__ import annotations
+
+import functools
+import gzip
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from . import profile_table as pt
+from .analysis import (FlopsSummary, TraceData, achieved_flops, category_breakdown, communication_share, load_trace,
+                       tensor_core_share)
+from .analysis.metrics import activity_columns, busy_rows, category_rows, kernel_rows
+from .device import DeviceInfo
+from .options import whole_number
+from .precision import Recipe
+from .profile_advice import advise
+from .profile_options import ProfileError, ProfileOptions
+from .results import ResultMixin
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+# Up to this many op events the displayed tables are built in plain Python (pandas' fixed cost per
+# groupby/sort is most of the time on a few hundred rows); above it, with pandas (its vectorized
+# groupby is faster per row). Both give the same numbers: tests/test_profile_rows.py.
+PYTHON_TABLE_OPS = 5000
+
+
+
+@dataclass
+class ProfileResult(ResultMixin):
+    """One profile: the parsed trace, and every table and figure derived from it.
+
+    ``ops`` (DataFrame, grouped as the options asked), ``table(...)`` for any grouping/sort/filter,
+    ``categories``, ``tensor_cores``, ``unaligned``, ``advice``, ``header``, ``trace_path``,
+    ``export_chrome_trace(path)``, ``to_dict()``. Times are microseconds in the DataFrames.
+
+    Everything is computed on first access and cached. What a display needs (``header``,
+    ``top_rows()``, ``category_rows``, ``unaligned``, ``advice``) is computed with plain Python
+    over the trace's column lists (`op_columns`); the DataFrames (``ops``, ``op_events``,
+    ``categories``, ``table()``) are built with pandas when first asked for. Both give the same
+    numbers (see `nbaccel.profile_table`).
+    """
+
+    kind = "profile"
+
+    device: DeviceInfo
+    options: ProfileOptions
+    trace: TraceData = field(repr=False)
+    # Per-op columns beyond trace.ops (``source`` with --stack, memory with --memory), row-aligned.
+    op_extra: dict = field(default_factory=dict, repr=False)
+    recipe_label: str | None = None
+    cudnn_benchmark: bool | None = False  # None: unknown (a loaded trace does not record it)
+    trace_path: str | None = None
+    trace_files: list = field(default_factory=list)
+    doc: dict = field(default=None, repr=False)  # the raw Chrome trace, for export_chrome_trace
+    value: object = field(default=None, repr=False)  # last run's value (not serialized)
+    # Set for a trace recorded elsewhere (nbaccel.load_trace): file(s), GPU, rank, skipped events.
+    # None for a live profile; renderers and advice read it to say which of the two they show.
+    loaded: dict | None = None
+    _grouped: dict = field(default_factory=dict, repr=False, compare=False)
+
+    @classmethod
+    def from_trace(cls, doc: dict, info: DeviceInfo, options: ProfileOptions, recipe: Recipe | None = None,
+                   cudnn_benchmark: bool = False, trace_path: str | None = None, trace_files=()) -> "ProfileResult":
+        """Analyse a parsed Chrome trace (live, or recorded elsewhere) into a result."""
+        return cls.from_trace_data(load_trace(doc), doc.get("traceEvents", []), info, options, recipe=recipe,
+                                   cudnn_benchmark=cudnn_benchmark, trace_path=trace_path,
+                                   trace_files=trace_files, doc=doc)
+
+    @classmethod
+    def from_trace_data(cls, trace: TraceData, events, info: DeviceInfo, options: ProfileOptions,
+                        recipe: Recipe | None = None, cudnn_benchmark: bool | None = False,
+                        trace_path: str | None = None, trace_files=(), doc: dict | None = None,
+                        loaded: dict | None = None) -> "ProfileResult":
+        """A result from an already parsed `TraceData`. ``events`` (raw Chrome events) are only
+        read for ``options.stack`` (python_function frames) and ``options.memory`` ([memory]
+        events); `nbaccel.load_trace` streams big files and passes just those events."""
+        extra = {}
+        if options.stack:
+            extra["source"] = pt.source_by_op(events, trace.ops)
+        if options.memory:
+            self_mem, total_mem = pt.memory_by_op(events, trace.ops)
+            extra["self_memory_bytes"], extra["memory_bytes"] = self_mem, total_mem
+        return cls(device=info, options=options, trace=trace, op_extra=extra,
+                   recipe_label=recipe.label if recipe else None, cudnn_benchmark=cudnn_benchmark,
+                   trace_path=trace_path, trace_files=list(trace_files), doc=doc, loaded=loaded)
+
+    # -- per-op rows --
+
+    @functools.cached_property
+    def op_columns(self) -> dict[str, list]:
+        """Every op event as column lists: `TraceData.op_columns` (+ source, memory; ``shapes``
+        is added by `op_shapes` only when a table groups by shape)."""
+        cols = dict(self.trace.op_columns)
+        for key, values in self.op_extra.items():
+            cols[key] = values.tolist() if isinstance(values, np.ndarray) else list(values)
+        return cols
+
+    @functools.cached_property
+    def op_shapes(self) -> list[str]:
+        """Input shapes of every op as text ("64x1001, 300x1001"); the op+shape grouping key."""
+        shapes = self.op_columns.get("shapes")
+        if shapes is None:
+            shapes = self.op_columns["shapes"] = [pt._shape_text(d) for d in self.op_columns["input_dims"]]
+        return shapes
+
+    @property
+    def python_tables(self) -> bool:
+        """Whether the display's tables are computed in plain Python (the usual live profile) or
+        with pandas (above `PYTHON_TABLE_OPS` op events, where pandas' vectorized groupby wins)."""
+        return self.op_count <= PYTHON_TABLE_OPS
+
+    @functools.cached_property
+    def op_events(self) -> pd.DataFrame:
+        """One row per op event: ``trace.ops`` + shapes (+ source, memory); a DataFrame."""
+        ops = self.trace.ops
+        extra = {"shapes": self.op_shapes, **self.op_extra}
+        return ops.assign(**extra) if len(ops) else ops.assign(**{k: [] for k in extra})
+
+    # -- headline numbers --
+
+    @property
+    def on_device(self) -> bool:
+        return self.trace.has_device_activity
+
+    @functools.cached_property
+    def window_us(self) -> float:
+        win = self.trace.window()
+        return (win[1] - win[0]) if win else 0.0
+
+    @functools.cached_property
+    def step_times_us(self) -> list[float]:
+        t = self.trace
+        steps = [(ts, dur) for name, ts, dur, dev in zip(*(t.column("annotations", c) for c in
+                                                             ("name", "ts_us", "dur_us", "on_device")))
+                 if str(name).startswith("ProfilerStep#") and not dev]
+        return [float(dur) for _, dur in sorted(steps, key=lambda s: s[0])]
+
+    @functools.cached_property
+    def device_time_us(self) -> float:
+        if not self.on_device:
+            return 0.0
+        return pt.pairwise_sum(activity_columns(self.trace, ("dur_us",))["dur_us"])
+
+    @functools.cached_property
+    def busy(self) -> dict | None:
+        """Device busy time (union of kernels and copies) against the profile's window, or None on CPU."""
+        if not self.on_device:
+            return None
+        busy = pt.pairwise_sum([r[1] for r in busy_rows(self.trace)])
+        return {"busy_us": busy, "window_us": self.window_us,
+                "busy_fraction": busy / self.window_us if self.window_us > 0 else None}
+
+    @functools.cached_property
+    def flops(self) -> FlopsSummary:
+        return achieved_flops(self.trace)
+
+    @property
+    def kernel_count(self) -> int:
+        return self.trace.count("kernels")
+
+    @property
+    def op_count(self) -> int:
+        return self.trace.count("ops")
+
+    @functools.cached_property
+    def header(self) -> dict:
+        fl = self.flops
+        busy = self.busy
+        rate = fl.flops / (self.window_us * 1e-6) if fl.flops and self.window_us > 0 else None
+        if self.on_device:
+            peak_note = (f"{fl.fraction_of_peak:.1%} of the {fl.gpu.gpu} dense {fl.dominant_dtype} peak "
+                         f"({fl.peak_flops_per_s / 1e12:.0f} TFLOP/s)" if fl.fraction_of_peak is not None
+                         else f"fraction of peak unknown: {fl.reason}")
+        else:
+            peak_note = "peak unknown: nbaccel has no peak table for CPUs, so no fraction of peak is shown"
+        return {
+            "device": self.device.label,
+            "profiled": (self.loaded["label"] if self.loaded else
+                         "CUDA + CPU" if self.device.type == "cuda" else "CPU only (no CUDA device: CPU ops profiled)"),
+            "recipe": self.recipe_label,
+            "wall_us": self.window_us,
+            # a loaded trace: the ProfilerStep ranges it holds (0 when it was recorded without a schedule)
+            "steps": len(self.step_times_us) if self.loaded else self.options.steps,
+            "unknown_events": int(sum(self.trace.unknown_events.values())),
+            "warmup": self.options.warmup,
+            "step_times_us": self.step_times_us,
+            "device_time_us": self.device_time_us if self.on_device else None,
+            "device_busy_fraction": busy["busy_fraction"] if busy else None,
+            "ops": self.op_count,
+            "kernels": self.kernel_count,
+            "flops": fl.flops,
+            "dominant_dtype": fl.dominant_dtype,
+            "flops_per_s": fl.flops_per_s if self.on_device else rate,
+            "flops_per_s_basis": "device busy time" if self.on_device else "wall time",
+            "matmul_flops_per_s": fl.matmul_flops_per_s,
+            "peak_flops_per_s": fl.peak_flops_per_s,
+            "fraction_of_peak": fl.fraction_of_peak,
+            "peak_note": peak_note,
+        }
+
+    # -- tables --
+
+    @property
+    def default_sort(self) -> str:
+        return self.options.sort or ("device" if self.device.type == "cuda" else "self")
+
+    def grouped_rows(self, group: str | None = None) -> list[dict]:
+        """`grouped` as row dicts, in first-appearance order (plain Python for op / op+shape)."""
+        group = group or self.options.group
+        key = ("rows", group)
+        if key not in self._grouped:
+            if group == "source" or not self.python_tables:
+                self._grouped[key] = self.grouped(group).to_dict("records")
+            else:
+                if group == "op+shape":
+                    self.op_shapes  # noqa: B018 - adds the shapes column
+                self._grouped[key] = pt.group_rows(self.op_columns, group,
+                                                   self.device_time_us if self.on_device else 0.0)
+        return self._grouped[key]
+
+    def top_rows(self, top: int | None = None) -> list[dict]:
+        """The displayed table: rows of the options' grouping in the default sort, first ``top``.
+
+        The same rows, in the same order, as ``table(top=top)``, without pandas."""
+        rows = pt.sort_rows(self.grouped_rows(), pt.SORT_COLUMNS.get(self.default_sort, self.default_sort))
+        return rows[:top] if top else rows
+
+    def grouped(self, group: str) -> pd.DataFrame:
+        """The unsorted table for one grouping, computed once (the widget regroups often)."""
+        if group not in self._grouped:
+            self._grouped[group] = pt.group_ops(self.op_events, group, self.device_time_us if self.on_device else 0.0)
+        return self._grouped[group]
+
+    def table(self, group: str | None = None, sort: str | None = None, ascending: bool = False,
+              filter: str = "", top: int | None = None) -> pd.DataFrame:  # noqa: A002 - the user's word
+        """The operator table grouped by ``op|op+shape|source``, sorted by a --sort key or any column."""
+        if top is not None:
+            whole_number("top", top, 1, ProfileError)
+        if not isinstance(filter, str):
+            raise ProfileError(f"filter takes the text to look for in the names, got {filter!r}")
+        return pt.select(self.grouped(group or self.options.group), sort or self.default_sort, ascending, filter, top)
+
+    @property
+    def ops(self) -> pd.DataFrame:
+        """Every operator row, grouped as the options asked, in the default sort order."""
+        return self.table()
+
+    def to_dataframe(self) -> pd.DataFrame:
+        return self.ops
+
+    @functools.cached_property
+    def categories(self) -> pd.DataFrame:
+        """Time per category (device time on CUDA, self CPU time on the CPU), largest first."""
+        if self.on_device:
+            return category_breakdown(self.trace)  # built from category_rows' few rows
+        return pt.cpu_categories(self.op_events)
+
+    @functools.cached_property
+    def category_rows(self) -> list[tuple[str, float, int, float]]:
+        """``categories`` as (category, time_us, count, percent) tuples, largest first."""
+        if self.on_device:
+            return category_rows(self.trace)
+        if not self.python_tables:
+            cats = self.categories
+            return [(r.category, float(r.time_us), int(r.count), float(r.percent)) for r in cats.itertuples()]
+        return [(c, float(t), int(n), float(p)) for c, t, n, p in pt.cpu_category_rows(self.op_columns)]
+
+    @functools.cached_property
+    def tensor_cores(self):
+        """`TensorCoreShare` of device kernel time; ``value`` is None (with a reason) on the CPU."""
+        return tensor_core_share(self.trace)
+
+    @functools.cached_property
+    def streams(self) -> pd.DataFrame:
+        """Busy time per (device, stream): union of its kernels and copies, idle fraction of the window."""
+        import pandas as pd
+        if not self.on_device:
+            return pd.DataFrame()
+        return pd.DataFrame(self.stream_rows, columns=["device", "stream", "busy_us", "activity_us", "count",
+                                                       "window_us", "idle_fraction"])
+
+    @functools.cached_property
+    def stream_rows(self) -> list[list]:
+        """`streams` as row lists (device, stream, busy_us, activity_us, count, window_us, idle_fraction)."""
+        return busy_rows(self.trace, by="stream") if self.on_device else []
+
+    @functools.cached_property
+    def communication(self):
+        """`Share` of kernel time in communication kernels (NCCL, all-reduce); None on the CPU."""
+        return communication_share(self.trace)
+
+    @functools.cached_property
+    def fp32_misses(self) -> pd.DataFrame:
+        import pandas as pd
+        return pt.fp32_tensor_core_misses(self.op_columns) if self.on_device else pd.DataFrame()
+
+    @functools.cached_property
+    def fp32_miss_rows(self) -> list[tuple[str, str, int, float, float]]:
+        """`fp32_misses` as (name, shapes, calls, device_us, share) tuples (empty on the CPU)."""
+        return pt.fp32_miss_rows(self.op_columns) if self.on_device else []
+
+    @functools.cached_property
+    def unaligned(self) -> list[dict]:
+        return pt.unaligned_shapes(self.op_columns)
+
+    @functools.cached_property
+    def kernels(self) -> pd.DataFrame:
+        """Device kernels aggregated by name: calls, time, category, Tensor Cores."""
+        import pandas as pd
+
+        rows = self.kernel_rows
+        if not rows:
+            return pd.DataFrame(columns=["name", "calls", "time_us", "category", "tensor_cores"])
+        return pd.DataFrame({"name": [r[0] for r in rows], "calls": pd.Series([r[1] for r in rows], dtype="int64"),
+                             "time_us": pd.Series([r[2] for r in rows], dtype="float64"),
+                             "category": [r[3] for r in rows],
+                             "tensor_cores": pd.Series([r[4] for r in rows], dtype=object)})
+
+    @functools.cached_property
+    def kernel_rows(self) -> list[tuple[str, int, float, str, bool | None]]:
+        """`kernels` as (name, calls, time_us, category, tensor_cores) tuples, most time first."""
+        return kernel_rows(self.trace)
+
+    @functools.cached_property
+    def advice(self) -> list[str]:
+        return advise(self)
+
+    # -- export --
+
+    def export_chrome_trace(self, path: str) -> str:
+        """Write the Chrome/Perfetto trace (``.json``, or gzipped ``.json.gz``); open it at ui.perfetto.dev."""
+        if self.doc is None:  # a loaded trace: copy its file rather than keep the parsed document
+            return _copy_trace_file(self.trace_files, path)
+        data = json.dumps(self.doc).encode()
+        if str(path).endswith(".gz"):
+            data = gzip.compress(data)
+        Path(path).expanduser().write_bytes(data)
+        return str(path)
+
+    def _payload(self) -> dict:
+        def clean(frame: pd.DataFrame) -> list[dict]:
+            return json.loads(frame.to_json(orient="records")) if len(frame) else []
+
+        tc = self.tensor_cores
+        return {
+            "device": self.device.to_dict(),
+            "options": self.options.to_dict(),
+            "header": self.header,  # made JSON-safe by ResultMixin.to_dict
+            "ops": clean(self.ops),
+            "categories": clean(self.categories),
+            "tensor_cores": {"share": tc.value, "tensor_core_us": tc.part_us, "kernel_us": tc.total_us,
+                             "unknown_us": tc.unknown_us, "reason": tc.reason},
+            "communication_share": self.communication.value,
+            "fp32_without_tensor_cores": clean(self.fp32_misses),
+            "unaligned": self.unaligned,
+            "kernels": clean(self.kernels),
+            "advice": self.advice,
+            "cudnn_benchmark": self.cudnn_benchmark,
+            "trace_path": self.trace_path,
+            "trace_files": self.trace_files,
+            "loaded": self.loaded,
+        }
+
+
+def _copy_trace_file(sources: list, path: str) -> str:
+    if len(sources) != 1:
+        raise ProfileError(f"this result was loaded from {len(sources)} files ({', '.join(map(str, sources[:3]))}"
+                           f"{', ...' if len(sources) > 3 else ''}); open those in Perfetto, one per step")
+    with open(sources[0], "rb") as fh:
+        data = fh.read()
+    if data[:2] == b"\x1f\x8b":
+        data = gzip.decompress(data)
+    if str(path).endswith(".gz"):
+        data = gzip.compress(data)
+    Path(path).expanduser().write_bytes(data)
+    return str(path)
