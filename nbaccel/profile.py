@@ -50,6 +50,7 @@ import torch
 
 from .analysis.trace import paused_gc
 from .device import device_info, resolve_device
+from .options import in_magic
 from .precision import apply_recipe, make_recipe
 from .profile_options import ProfileError, ProfileOptions, trace_is_file, validate
 from .profile_result import ProfileResult
@@ -235,10 +236,14 @@ def _save_trace(exported: str, doc: dict, target: str) -> list[str]:
             shutil.copyfile(exported, path)
         return [target]
     except OSError as exc:
+        lost = f"nbaccel could not write the trace to {target} ({exc.strerror or exc}); the profile is shown without it"
+        if in_magic():  # a warning would show nbaccel's file, line and source to a notebook user
+            print(f"{lost}: keep the result with -r NAME and save it with NAME.export_chrome_trace('another/path.json')",
+                  file=sys.stderr)
+            return []
         with warnings.catch_warnings():
             warnings.simplefilter("always", TraceSaveWarning)  # every time: a lost file is never old news
-            warnings.warn(f"nbaccel could not write the trace to {target} ({exc.strerror or exc}); the profile "
-                          "is shown without it: save it with result.export_chrome_trace('another/path.json')",
+            warnings.warn(f"{lost}: save it with result.export_chrome_trace('another/path.json')",
                           TraceSaveWarning, stacklevel=4)
         return []
 

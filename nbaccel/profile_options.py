@@ -9,6 +9,7 @@ naming the fix, spelled the way the caller typed it (``top=`` in Python, ``--top
 from __future__ import annotations
 
 import os
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -80,9 +81,17 @@ def check_trace_path(path: str) -> None:
     ancestor = folder
     while not ancestor.exists():
         ancestor = ancestor.parent
-    if not ancestor.is_dir() or not os.access(ancestor, os.W_OK):
-        raise ProfileError(f"{option('trace', path)}: cannot write into {ancestor}"
-                           f"{'' if ancestor.is_dir() else ' (a file, not a folder)'}; choose another path")
+    if not ancestor.is_dir():
+        raise ProfileError(f"{option('trace', path)}: cannot write into {ancestor} (a file, not a folder); "
+                           "choose another path")
+    # os.access says yes to root everywhere, /proc and read-only mounts included: only creating a
+    # file there tells (it is removed at once; nothing the user named is created or touched).
+    try:
+        with tempfile.TemporaryFile(dir=ancestor):
+            pass
+    except OSError as exc:
+        raise ProfileError(f"{option('trace', path)}: cannot write into {ancestor} ({exc.strerror or exc}); "
+                           "choose another path") from None
 
 
 def profiler_running() -> bool:

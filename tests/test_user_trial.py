@@ -15,6 +15,44 @@ def test_syntax_error_in_a_magic_cell_is_a_usage_error_naming_the_line(ip):
             ip.run_cell_magic(magic, "", "x = 1\nloss = train_step(\n")
 
 
+@pytest.mark.parametrize("body, message", [
+    # These parse but fail to compile outside a function: they escaped as a SyntaxError through nbaccel and codeop.
+    ("x = 1\nreturn x", r"\('return' outside function\) at line 2: return x; a cell's top level is not a function "
+                        r"body: drop the return"),
+    ("yield 1", r"\('yield' outside function\) at line 1: yield 1; .*put the code in a function"),
+    ("import asyncio\nawait asyncio.sleep(0)", r"\('await' outside function\) at line 2: await asyncio.sleep\(0\); "
+                                               r"nbaccel's cell magics run the cell as a plain function"),
+])
+@pytest.mark.parametrize("magic, options", [("amp", "--repeat 1"), ("profile_gpu", ""), ("profile_gpu", "--stack")])
+def test_return_yield_await_at_the_top_of_a_cell_are_usage_errors(ip, magic, options, body, message):
+    with pytest.raises(UsageError, match=r"^SyntaxError in the cell " + message):
+        ip.run_cell_magic(magic, options, body)
+
+
+@pytest.mark.parametrize("quote", ['"', "'"])
+def test_quoted_values_lose_their_quotes(ip, tmp_path, quote):
+    # IPython's parse_argstring keeps quotes: --trace "a b/t.json" made a folder named '"a' in the working
+    # directory, and %memory_budget "6GiB" / -r "res" were refused.
+    target = tmp_path / "my run" / "t.json"
+    ip.user_ns["torch"] = torch
+    ip.run_cell_magic("profile_gpu", f"-q -r {quote}prof{quote} --trace {quote}{target}{quote}", "torch.ones(4) + 1")
+    assert ip.user_ns["prof"].trace_path == str(target) and target.is_file()
+    ip.run_line_magic("profile_trace", f"{quote}{target}{quote} -q -r loaded")
+    assert ip.user_ns["loaded"].op_count > 0
+    ip.run_line_magic("memory_budget", f"{quote}6 GiB{quote} -q -r b")
+    try:
+        assert ip.user_ns["b"].budget_bytes == 6 * 2**30
+        with pytest.raises(UsageError, match="a budget must be positive, got -5GB"):
+            ip.run_line_magic("memory_budget", f"{quote}-5GB{quote}")
+    finally:
+        ip.run_line_magic("memory_budget", "off -q")
+
+
+def test_an_unclosed_quote_is_a_usage_error(ip):
+    with pytest.raises(UsageError, match=r"""cannot parse the options '--trace "x.json': No closing quotation"""):
+        ip.run_cell_magic("profile_gpu", '--trace "x.json', "1")
+
+
 def test_traceback_shows_the_users_line_not_nbaccel_internals(run_cell):
     run_cell("import torch\nx = torch.ones(3)")
     for magic in ("%%amp --repeat 1", "%%profile_gpu"):

@@ -101,7 +101,7 @@ class BudgetMagics(Magics):
         line = re.sub(r"^(\s*-?[0-9]*\.?[0-9]+)\s+([a-z]+)\b", r"\1\2", line, flags=re.I)
         # argparse takes "-5GB" for an unknown option: name the real mistake first. Only a token in the
         # budget's place, though: "--near -0.5" is a bad --near, said below.
-        tokens = line.split()
+        tokens = [token.strip("\"'") for token in line.split()]  # "-5GB" quoted is still -5GB
         for previous, token in zip([None] + tokens, tokens):
             if _NEGATIVE.match(token) and previous not in _VALUE_OPTIONS:
                 raise UsageError(f"a budget must be positive, got {token}; write e.g. 6GiB, 512MiB or 0.8")

@@ -7,11 +7,13 @@ import ast
 import builtins
 import difflib
 import keyword
+import linecache
 import re
 
 from IPython.core.error import UsageError
-from IPython.core.magic_arguments import argument, parse_argstring, real_name
+from IPython.core.magic_arguments import argument, real_name
 from IPython.utils.capture import capture_output
+from IPython.utils.process import arg_split
 
 from ..options import magic_spelling
 
@@ -38,8 +40,8 @@ def cell_function(shell, cell: str):
         last = ast.Expression(body[-1].value)
         body = body[:-1]
     module = ast.Module(body=body, type_ignores=[])
-    code = shell.compile(module, filename, "exec")
-    expr = shell.compile(last, filename, "eval") if last is not None else None
+    code = compile_cell(shell, module, filename, "exec")
+    expr = compile_cell(shell, last, filename, "eval") if last is not None else None
     ns = shell.user_ns
 
     def run_cell():
@@ -62,10 +64,34 @@ def parse_cell(shell, cell: str):
     try:
         tree = shell.transform_ast(shell.compile.ast_parse(source))
     except SyntaxError as exc:
-        where = f"line {exc.lineno}: {(exc.text or '').strip()}" if exc.lineno else "the cell"
-        raise UsageError(f"SyntaxError in the cell ({exc.msg}) at {where}; fix it and run again") from None
+        raise _syntax_usage_error(exc) from None
     filename = shell.compile.cache(source, cell_number(shell), raw_code=cell)
     return source, tree, filename
+
+
+def compile_cell(shell, node, filename: str, mode: str):
+    """Compile part of a parsed cell. ``return``, ``yield`` and top-level ``await`` parse but do
+    not compile outside a function: the same UsageError as any other syntax error, not a
+    traceback through nbaccel and codeop."""
+    try:
+        return shell.compile(node, filename, mode)
+    except SyntaxError as exc:
+        raise _syntax_usage_error(exc, linecache.getline(filename, exc.lineno or 0)) from None
+
+
+def _syntax_usage_error(exc: SyntaxError, line: str = "") -> UsageError:
+    # compiled from an AST, the error has no text: the line comes from the cell (see parse_cell)
+    where = f"line {exc.lineno}: {(exc.text or line).strip()}" if exc.lineno else "the cell"
+    why = ""
+    if "await" in (exc.msg or ""):
+        # IPython runs a plain cell with top-level await as a coroutine; a measured cell is a function
+        why = ("; nbaccel's cell magics run the cell as a plain function, so top-level await cannot run under them "
+               "(call the synchronous code, or profile inside the coroutine with nbaccel's API)")
+    elif exc.msg and "'return' outside function" in exc.msg:
+        why = "; a cell's top level is not a function body: drop the return (the value of the cell's last line is kept)"
+    elif exc.msg and "outside function" in exc.msg:
+        why = "; a cell's top level is not a function body: put the code in a function"
+    return UsageError(f"SyntaxError in the cell ({exc.msg}) at {where}{why}; fix it and run again")
 
 
 def cell_number(shell) -> int:
@@ -131,7 +157,7 @@ def magic_name(magic) -> str:
 
 
 def parse_line(magic, line: str):
-    """``parse_argstring`` with ``-h/--help`` and clearer mistakes.
+    """IPython's ``parse_argstring`` with quotes removed, ``-h/--help`` and clearer mistakes.
 
     ``-h``/``--help`` prints the magic's help (what ``%name?`` shows) and returns None: the
     caller returns at once and a cell magic does not run its cell. A wrong option is a
@@ -143,7 +169,9 @@ def parse_line(magic, line: str):
     # that says "did you mean --steps?" (below).
     magic.parser.allow_abbrev = False
     try:
-        return parse_argstring(magic, line)
+        # POSIX shell splitting, quotes removed: IPython's parse_argstring keeps them, so
+        # --trace "my run/t.json" made a folder named '"my run' and %memory_budget "6GiB" was unreadable.
+        return magic.parser.parse_args(arg_split(line, posix=True, strict=True))
     except _HelpRequested:
         # IPython formats a magic's help as reST for `%name?` (a "::" literal-block marker, then
         # the usage indented); printed as the answer to -h, it reads as plain text.

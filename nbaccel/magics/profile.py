@@ -14,7 +14,8 @@ from ..profile import profile_function
 from ..profile_options import DTYPES, ProfileError, ProfileOptions, validate
 from ..profile_table import CELL_LINE, SORT_COLUMNS
 from ..render.display import display_result
-from .common import cell_function, check_name, help_option, parse_cell, parse_line, silenced, store_result
+from .common import (cell_function, check_name, compile_cell, help_option, parse_cell, parse_line, silenced,
+                     store_result)
 
 
 @magics_class
@@ -134,8 +135,8 @@ def annotated_cell_function(shell, cell: str):
         node = ast.With(items=[_line_marker(label(stmt), stmt)], body=[stmt])
         wrapped.append(ast.copy_location(node, stmt))
     module = ast.fix_missing_locations(ast.Module(body=wrapped, type_ignores=[]))
-    code = shell.compile(module, filename, "exec")
-    expr = shell.compile(ast.Expression(last.value), filename, "eval") if last is not None else None
+    code = compile_cell(shell, module, filename, "exec")
+    expr = compile_cell(shell, ast.Expression(last.value), filename, "eval") if last is not None else None
     last_label = label(last) if last is not None else None
     ns = shell.user_ns
 
