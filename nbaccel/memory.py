@@ -226,8 +226,9 @@ def format_bytes(n: float | None) -> str:
     sign = "-" if n < 0 else ""
     n = abs(n)
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if n < 1024 or unit == "TiB":
-            return f"{sign}{n:.0f} {unit}" if unit == "B" else f"{sign}{n:.3g} {unit}"
+        # 1023.5 KiB and up reads "1 MiB", not "1.02e+03 KiB" (3 significant digits of 1023.4)
+        if n < 1023.5 or unit == "TiB":
+            return f"{sign}{n:.0f} {unit}" if unit == "B" or n >= 999.5 else f"{sign}{n:.3g} {unit}"
         n /= 1024
     return f"{sign}{n} B"
 

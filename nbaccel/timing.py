@@ -110,7 +110,9 @@ def speedup_is_uncertain(base: Stats, other: Stats) -> bool:
 
 
 def format_seconds(seconds: float) -> str:
-    for unit, scale in (("s", 1.0), ("ms", 1e-3), ("µs", 1e-6)):
-        if seconds >= scale:
-            return f"{seconds / scale:.3g} {unit}"
-    return f"{seconds / 1e-9:.3g} ns"
+    """Three significant digits in the largest unit that keeps the number at least 1: ``0.9996``
+    is "1 s" (not "1e+03 ms"), 1500 s is "1500 s" (not "1.5e+03 s")."""
+    for unit, scale in (("s", 1.0), ("ms", 1e-3), ("µs", 1e-6), ("ns", 1e-9)):
+        if seconds >= scale * 0.9995 or unit == "ns":
+            value = seconds / scale
+            return f"{value:.0f} {unit}" if value >= 999.5 else f"{value:.3g} {unit}"

@@ -1,0 +1,28 @@
+"""How sizes and durations read in every report: three significant digits, never an exponent."""
+
+from __future__ import annotations
+
+import pytest
+
+from nbaccel.memory import format_bytes
+from nbaccel.timing import format_seconds
+
+
+@pytest.mark.parametrize("n, text", [
+    (None, "n/a"), (0, "0 B"), (1023, "1023 B"), (1024, "1 KiB"), (1536, "1.5 KiB"),
+    # 3 significant digits of 1023.4 KiB once read "1.02e+03 KiB" (seen in the benchmark table)
+    (1_048_000, "1023 KiB"), (1_048_575, "1 MiB"), (1000 * 2**20, "1000 MiB"), (2**30, "1 GiB"),
+    (123.456 * 2**20, "123 MiB"), (-3 * 2**20, "-3 MiB"), (5000 * 2**40, "5000 TiB"),
+])
+def test_format_bytes(n, text):
+    assert format_bytes(n) == text
+
+
+@pytest.mark.parametrize("seconds, text", [
+    (2.5, "2.5 s"), (1500.0, "1500 s"), (1.0, "1 s"),
+    (0.9996, "1 s"),  # once "1e+03 ms"
+    (0.999, "999 ms"), (0.0123, "12.3 ms"), (0.0009996, "1 ms"), (4.2e-6, "4.2 µs"), (9.9996e-7, "1 µs"),
+    (3e-8, "30 ns"), (0.0, "0 ns"),
+])
+def test_format_seconds(seconds, text):
+    assert format_seconds(seconds) == text
