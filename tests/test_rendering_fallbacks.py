@@ -51,6 +51,17 @@ def test_widget_failure_falls_back_and_result_is_still_stored(ip, monkeypatch, r
     assert not any("text/html" in d for d in shown)
 
 
+def test_text_failure_keeps_html_and_says_so(amp_result, monkeypatch):
+    def broken(result):
+        raise RuntimeError("text bug")
+
+    monkeypatch.setattr(amp_render, "text", broken)
+    bundle = display_module.mime_bundle(amp_result)
+    assert "speedup" in bundle["text/html"]
+    assert bundle["text/plain"] == ("<AmpResult: the text report failed (RuntimeError: text bug); the numbers are in the "
+                                    "result's attributes and to_dict()>")
+
+
 def test_widget_as_a_user_sees_it(amp_result):
     box = amp_render.widget(amp_result)
     summary, tabs, footer = box.children

@@ -37,7 +37,14 @@ def widgets_available() -> bool:
 
 def mime_bundle(result) -> dict:
     module = renderer(result)
-    bundle = {"text/plain": module.text(result)}
+    bundle = {}
+    try:
+        bundle["text/plain"] = module.text(result)
+    except Exception as exc:  # noqa: BLE001 - a rendering bug must not hide the numbers
+        log.warning("nbaccel: text rendering failed (%s); showing HTML/widget", exc)
+        # every frontend needs a text/plain; this one says where the numbers are
+        bundle["text/plain"] = (f"<{type(result).__name__}: the text report failed ({type(exc).__name__}: {exc}); "
+                                "the numbers are in the result's attributes and to_dict()>")
     try:
         bundle["text/html"] = module.html(result)
     except Exception as exc:  # noqa: BLE001 - a rendering bug must not hide the numbers
