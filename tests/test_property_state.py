@@ -5,7 +5,7 @@ options whose cells succeed, raise, or raise KeyboardInterrupt part-way through 
 every step: torch's global state equals what the user set, IPython's event callbacks and
 exception handlers are exactly the ones nbaccel documents (none from %%amp), a failed magic left
 the namespace and RNG as before it, and a successful one applied the cell exactly once.
-``NBACCEL_PROPERTY_EXAMPLES`` sets the number of sequences (CI: 20; long run: 500).
+``NBACCEL_PROPERTY_EXAMPLES`` sets the number of sequences (CI: 20; the long run in docs/reliability.md: 300).
 """
 
 from __future__ import annotations
