@@ -20,9 +20,6 @@ from .op_flops import FLOP_OPS, dtype_of, op_flops
 from .peaks import GpuPeaks, load_peak_table, lookup_gpu, normalize_dtype, peak_flops
 from .trace import TraceData, TraceError, TraceWarning, load_trace
 
-#: Alias: ``nbaccel.analysis.load(path)`` reads like the brief's ``load``.
-load = load_trace
-
 __all__ = [
     "CATEGORIES",
     "FLOP_OPS",
@@ -39,7 +36,6 @@ __all__ = [
     "communication_share",
     "dtype_of",
     "kernel_category",
-    "load",
     "load_peak_table",
     "load_trace",
     "lookup_gpu",
