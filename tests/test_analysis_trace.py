@@ -13,7 +13,6 @@ from nbaccel.analysis import (
     busy_time,
     category_breakdown,
     communication_share,
-    load,
     load_trace,
     op_table,
     summary,
@@ -248,7 +247,7 @@ SYNTHETIC = {
 
 @pytest.fixture
 def synthetic():
-    return load(json.loads(json.dumps(SYNTHETIC)))
+    return load_trace(json.loads(json.dumps(SYNTHETIC)))
 
 
 def test_synthetic_nesting_and_self_time(synthetic):
@@ -302,7 +301,7 @@ def test_old_kineto_category_names():
         {"ph": "X", "cat": "Kernel", "name": "volta_sgemm_128x64_nn", "pid": 0, "tid": 7, "ts": 20,
          "dur": 4, "args": {"device": 0, "stream": 7, "correlation": 5}},
     ]}
-    trace = load(doc)
+    trace = load_trace(doc)
     assert trace.kernels.loc[0, "op_name"] == "aten::mm"
     assert trace.kernels.loc[0, "tensor_cores"] is False
     assert tensor_core_share(trace).value == 0.0
@@ -312,7 +311,7 @@ def test_old_kineto_category_names():
 
 def test_missing_file(tmp_path):
     with pytest.raises(TraceError, match="no such file") as exc:
-        load(tmp_path / "nope.json")
+        load_trace(tmp_path / "nope.json")
     assert "nope.json" in str(exc.value)
 
 
@@ -320,23 +319,23 @@ def test_not_json(tmp_path):
     p = tmp_path / "notes.json"
     p.write_text("this is not json")
     with pytest.raises(TraceError, match="not valid JSON"):
-        load(p)
+        load_trace(p)
     e = tmp_path / "empty.json"
     e.write_text("")
     with pytest.raises(TraceError, match="empty"):
-        load(e)
+        load_trace(e)
 
 
 def test_json_that_is_not_a_trace(tmp_path):
     p = tmp_path / "config.json"
     p.write_text(json.dumps({"lr": 0.1, "epochs": 3}))
     with pytest.raises(TraceError, match="not a torch.profiler trace") as exc:
-        load(p)
+        load_trace(p)
     assert "config.json" in str(exc.value)
     with pytest.raises(TraceError, match="not a torch.profiler trace"):
-        load([1, 2, 3])
+        load_trace([1, 2, 3])
     with pytest.raises(TraceError):
-        load(42)
+        load_trace(42)
 
 
 def test_truncated_gzip(tmp_path):
@@ -344,12 +343,12 @@ def test_truncated_gzip(tmp_path):
     p = tmp_path / "cut.json.gz"
     p.write_bytes(blob[: len(blob) // 2])
     with pytest.raises(TraceError, match="truncated or corrupt gzip") as exc:
-        load(p)
+        load_trace(p)
     assert "cut.json.gz" in str(exc.value)
     # a complete gzip without the .gz suffix still loads (detected by magic bytes)
     q = tmp_path / "whole.json"
     q.write_bytes(blob)
-    assert len(load(q).kernels) == 3
+    assert len(load_trace(q).kernels) == 3
 
 
 def test_trace_error_is_a_value_error():
@@ -371,7 +370,7 @@ def test_cpu_only_torch_profiler_trace(tmp_path):
     path = tmp_path / "cpu_trace.json"
     prof.export_chrome_trace(str(path))
 
-    trace = load(path)
+    trace = load_trace(path)
     assert len(trace.ops) > 0 and len(trace.kernels) == 0
     assert not trace.has_device_activity
     tc = tensor_core_share(trace)
