@@ -22,6 +22,7 @@ from .analysis import (FlopsSummary, TraceData, achieved_flops, category_breakdo
                        tensor_core_share)
 from .analysis.metrics import activity_columns, busy_rows, category_rows, kernel_rows
 from .device import DeviceInfo
+from .op_attribution import memory_by_op, source_by_op
 from .options import whole_number
 from .precision import Recipe
 from .profile_advice import advise
@@ -89,9 +90,9 @@ class ProfileResult(ResultMixin):
         events); `nbaccel.load_trace` streams big files and passes just those events."""
         extra = {}
         if options.stack:
-            extra["source"] = pt.source_by_op(events, trace.ops)
+            extra["source"] = source_by_op(events, trace.ops)
         if options.memory:
-            self_mem, total_mem = pt.memory_by_op(events, trace.ops)
+            self_mem, total_mem = memory_by_op(events, trace.ops)
             extra["self_memory_bytes"], extra["memory_bytes"] = self_mem, total_mem
         return cls(device=info, options=options, trace=trace, op_extra=extra,
                    recipe_label=recipe.label if recipe else None, cudnn_benchmark=cudnn_benchmark,

@@ -373,11 +373,10 @@ def test_unwritable_trace_folder_is_refused(ip, tmp_path, monkeypatch):
 @pytest.mark.parametrize("name", ["t.json", "t.json.gz", "steps"])
 def test_a_trace_that_fails_to_write_keeps_the_profile(run_cell, ip, tmp_path, monkeypatch, name):
     # A new user's `--trace /sys/run.json` (writable by the check, refused by the kernel at write
-    # time) lost the profile behind a traceback. Now only the file is lost, with a warning that says so.
-    import nbaccel.profile as _  # noqa: F401 - the module, not the function nbaccel.profile
+    # time) lost the profile behind a traceback. Now only the file is lost, with a line that says so.
     import sys
 
-    module = sys.modules["nbaccel.profile"]
+    module = sys.modules["nbaccel.profile"]  # the module, not the function nbaccel.profile
 
     def refuse(*args, **kwargs):
         raise PermissionError(13, "Permission denied")

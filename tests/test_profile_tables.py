@@ -13,6 +13,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from nbaccel import op_attribution
 from nbaccel import profile_table as pt
 from nbaccel.device import DeviceInfo
 from nbaccel.profile import ProfileOptions, ProfileResult
@@ -192,19 +193,19 @@ def test_memory_is_charged_to_the_innermost_op_and_rolled_up():
               {"name": "[memory]", "pid": 1, "tid": 1, "ts": 50, "args": {"Bytes": 24}},
               {"name": "[memory]", "pid": 1, "tid": 1, "ts": 60, "args": {"Bytes": -1000}},  # a free
               {"name": "[memory]", "pid": 1, "tid": 1, "ts": 150, "args": {"Bytes": 8}}]  # between ops
-    self_b, total_b = pt.memory_by_op(events, ops)
+    self_b, total_b = op_attribution.memory_by_op(events, ops)
     assert list(self_b) == [24, 1000, 0]
     assert list(total_b) == [1024, 1000, 0]
 
 
 def test_user_frames():
-    assert pt.is_user_frame("<cell>(3): <module>")
-    assert pt.is_user_frame("/tmp/ipykernel_12/3456.py(5): train_step")
-    assert pt.is_user_frame("/home/me/project/model.py(40): forward")
-    assert not pt.is_user_frame("torch/nn/modules/module.py(1779): _call_impl")
-    assert not pt.is_user_frame("/usr/lib/python3.11/site-packages/numpy/core.py(3): f")
-    assert not pt.is_user_frame("<built-in method matmul of type object at 0x7f>")
-    assert not pt.is_user_frame("nn.Module: Linear_0")
+    assert op_attribution.is_user_frame("<cell>(3): <module>")
+    assert op_attribution.is_user_frame("/tmp/ipykernel_12/3456.py(5): train_step")
+    assert op_attribution.is_user_frame("/home/me/project/model.py(40): forward")
+    assert not op_attribution.is_user_frame("torch/nn/modules/module.py(1779): _call_impl")
+    assert not op_attribution.is_user_frame("/usr/lib/python3.11/site-packages/numpy/core.py(3): f")
+    assert not op_attribution.is_user_frame("<built-in method matmul of type object at 0x7f>")
+    assert not op_attribution.is_user_frame("nn.Module: Linear_0")
 
 
 def test_source_grouping_counts_nested_ops_once():
@@ -213,7 +214,7 @@ def test_source_grouping_counts_nested_ops_once():
               {"cat": "python_function", "name": "torch/nn/functional.py(1): relu", "pid": 1, "tid": 1,
                "ts": 115, "dur": 20},
               {"cat": "python_function", "name": "/home/me/m.py(7): act", "pid": 1, "tid": 1, "ts": 112, "dur": 30}]
-    ops = ops.assign(source=pt.source_by_op(events, ops))
+    ops = ops.assign(source=op_attribution.source_by_op(events, ops))
     assert list(ops["source"]) == ["cell line 1: y = m(x)"] * 2 + ["/home/me/m.py(7): act"]
     table = pt.group_ops(ops, "source").set_index("source")
     line = table.loc["cell line 1: y = m(x)"]

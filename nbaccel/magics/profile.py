@@ -12,7 +12,8 @@ from IPython.core.magic_arguments import argument, magic_arguments
 from ..options import magic_spelled, magic_spelling
 from ..profile import profile_function
 from ..profile_options import DTYPES, ProfileError, ProfileOptions, validate
-from ..profile_table import CELL_LINE, SORT_COLUMNS
+from ..op_attribution import CELL_LINE
+from ..profile_table import SORT_COLUMNS
 from ..render.display import display_result
 from .common import (cell_function, check_name, compile_cell, help_option, parse_cell, parse_line, silenced,
                      store_result)

@@ -1,0 +1,169 @@
+"""Which op a raw trace event belongs to: memory events and Python source frames.
+
+Two things the analysis loader (`nbaccel.analysis`) does not keep, and that a live profile
+needs, are recovered here from the raw Chrome events:
+
+* ``[memory]`` instant events (``profile_memory=True``, ``--memory``): each allocation is charged
+  to the innermost op enclosing it on the same thread, as ``key_averages()`` does.
+* ``python_function`` events (``with_stack=True``, ``--stack``): each op is charged to the
+  innermost *user* frame enclosing it (the notebook cell or the user's own files, not
+  torch/IPython/nbaccel), named as IPython's tracebacks name cells (``Cell In[3], line 2``).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from .analysis.trace import innermost_op
+from .cells import cell_label, notebook_cells
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+# Prefix of the record_function ranges that %%profile_gpu --stack puts around each cell statement.
+CELL_LINE = "cell line "
+
+
+class OpIndex:
+    """Find the innermost op enclosing a timestamp on one thread (ops nest in time per thread)."""
+
+    def __init__(self, ops: pd.DataFrame):
+        self._ts = ops["ts_us"].to_numpy(dtype=float) if len(ops) else np.zeros(0)
+        self._end = self._ts + (ops["dur_us"].to_numpy(dtype=float) if len(ops) else 0)
+        self._parent = ops["parent"].to_numpy() if len(ops) else np.zeros(0, dtype=int)
+        self._threads: dict[tuple, tuple[list[float], list[int]]] = {}
+        if len(ops):
+            order = np.lexsort((-self._end, self._ts))  # by start, parents (longer) first
+            keys = list(zip(ops["pid"].tolist(), ops["tid"].tolist()))
+            for i in order.tolist():
+                starts, rows = self._threads.setdefault(keys[i], ([], []))
+                starts.append(self._ts[i])
+                rows.append(i)
+
+    def innermost(self, pid, tid, t: float) -> int:
+        return innermost_op(self._threads, self._parent, self._end.__getitem__, (pid, tid), t)
+
+
+def memory_by_op(events: list, ops: pd.DataFrame, index: OpIndex | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """(self allocated bytes, allocated bytes including child ops) per op row.
+
+    Allocated = the sum of positive ``[memory]`` events (frees are not subtracted: the column
+    answers "how much did this op allocate", which is what drives peak memory).
+    """
+    n = len(ops)
+    self_bytes = np.zeros(n)
+    if not n:
+        return self_bytes, self_bytes.copy()
+    index = index or OpIndex(ops)
+    for ev in events:
+        if not isinstance(ev, dict) or ev.get("name") != "[memory]":
+            continue
+        args = ev.get("args") or {}
+        nbytes = args.get("Bytes")
+        if not isinstance(nbytes, (int, float)) or nbytes <= 0:
+            continue
+        i = index.innermost(ev.get("pid"), ev.get("tid"), float(ev.get("ts", 0)))
+        if i >= 0:
+            self_bytes[i] += nbytes
+    total = self_bytes.copy()
+    parent = ops["parent"].to_numpy()
+    # Children start after their parents, so walking rows by start time in reverse pushes each
+    # op's total into its parent after all of its own children have been added.
+    for i in np.argsort(ops["ts_us"].to_numpy(), kind="stable")[::-1]:
+        p = parent[i]
+        if p >= 0:
+            total[p] += total[i]
+    return self_bytes, total
+
+
+_FRAME = re.compile(r"^(?P<file>.*)\((?P<line>\d+)\): (?P<func>.*)$")
+# Frames that are never "the user's line": the framework, the notebook machinery, the stdlib.
+_NOT_USER = re.compile(
+    r"(^|/)(torch|torchvision|nbaccel|IPython|ipykernel|traitlets|tornado|zmq|asyncio|concurrent|threading"
+    r"|contextlib|runpy|functools|typing)(/|\.py)|site-packages|dist-packages|/lib/python3|^<built-in|^<frozen"
+)
+
+
+def is_user_frame(name: str) -> bool:
+    """Whether a ``python_function`` event name (``file(line): func``) is the user's own code."""
+    m = _FRAME.match(name or "")
+    return bool(m) and not _NOT_USER.search(m.group("file"))
+
+
+def _is_source_event(ev) -> bool:
+    cat = ev.get("cat")
+    if cat == "python_function":
+        return is_user_frame(ev.get("name", ""))
+    return cat == "user_annotation" and str(ev.get("name", "")).startswith(CELL_LINE)
+
+
+def source_by_op(events: list, ops: pd.DataFrame) -> list[str | None]:
+    """The innermost user source enclosing each op, or None.
+
+    Sources are the user's own functions (``file(line): func``, where ``line`` is the ``def``
+    line: Kineto's Python tracer records function starts) and the ``cell line N: ...`` ranges
+    that ``%%profile_gpu --stack`` wraps around each statement of the cell.
+    """
+    frames: dict[tuple, list[tuple[float, float, str]]] = {}
+    for ev in events:
+        if isinstance(ev, dict) and _is_source_event(ev):
+            ts, dur = ev.get("ts"), ev.get("dur")
+            if isinstance(ts, (int, float)) and isinstance(dur, (int, float)):
+                frames.setdefault((ev.get("pid"), ev.get("tid")), []).append((float(ts), float(ts + dur), ev["name"]))
+    out: list[str | None] = [None] * len(ops)
+    if not frames or not len(ops):
+        return out
+    for key in frames:
+        frames[key].sort(key=lambda f: (f[0], -f[1]))
+    keys = list(zip(ops["pid"].tolist(), ops["tid"].tolist()))
+    ts_list = ops["ts_us"].tolist()
+    # Sweep each thread's ops in time order against its frames, keeping a stack of open frames.
+    by_thread: dict[tuple, list[int]] = {}
+    for i, k in enumerate(keys):
+        by_thread.setdefault(k, []).append(i)
+    for key, rows in by_thread.items():
+        fr = frames.get(key)
+        if not fr:
+            continue
+        rows.sort(key=lambda i: ts_list[i])
+        stack: list[tuple[float, float, str]] = []
+        j = 0
+        for i in rows:
+            t = ts_list[i]
+            while j < len(fr) and fr[j][0] <= t:
+                while stack and stack[-1][1] < fr[j][0]:
+                    stack.pop()
+                stack.append(fr[j])
+                j += 1
+            while stack and stack[-1][1] < t:
+                stack.pop()
+            out[i] = _innermost_source(stack)
+    cells = notebook_cells()
+    if cells:
+        names = {name: cell_frame_name(name, cells) for name in set(out) if name}
+        out = [names.get(name, name) for name in out]
+    return out
+
+
+def cell_frame_name(name: str, cells: dict[str, int]) -> str:
+    """``/tmp/ipykernel_1/456.py(4): f`` -> ``Cell In[3], line 4: f`` (IPython's traceback
+    words) for a function defined in a notebook cell; other names unchanged."""
+    m = _FRAME.match(name)
+    if not m or m.group("file") not in cells:
+        return name
+    return f"{cell_label(m.group('file'), cells)}, line {m.group('line')}: {m.group('func')}"
+
+
+def _innermost_source(stack: list[tuple[float, float, str]]) -> str | None:
+    """The innermost open source, except a module-level frame inside a ``cell line`` range: the
+    magic evaluates the cell's last expression inside its range, so the expression's own
+    ``<module>`` frame opens after it and would hide the line it belongs to."""
+    for k in range(len(stack) - 1, -1, -1):
+        name = stack[k][2]
+        if name.endswith("<module>") and any(frame[2].startswith(CELL_LINE) for frame in stack[:k]):
+            continue
+        return name
+    return None
