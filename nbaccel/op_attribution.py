@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from .analysis.trace import innermost_op
+from .analysis.trace_columns import innermost_op
 from .cells import cell_label, notebook_cells
 
 if TYPE_CHECKING:
