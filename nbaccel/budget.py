@@ -29,7 +29,7 @@ import torch
 
 from .device import DeviceError, device_info, resolve_device
 from .holders import Holder, namespace_holders
-from .memory import _UNITS, PeakMeter, cuda_counters, current_rss, format_bytes, parse_bytes
+from .memory import _UNITS, NUMBER_PATTERN, UNIT_PATTERN, PeakMeter, cuda_counters, current_rss, format_bytes, parse_bytes
 from .options import in_magic, option
 from .results import ResultMixin
 
@@ -57,7 +57,7 @@ def device_memory(device: torch.device) -> int | None:
 
 
 MIN_BUDGET = 2**20  # below this no Python process fits: a unit was mistyped (1B for 1GB)
-_NUMBER = r"(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:e[+-]?[0-9]+)?"
+_NUMBER = NUMBER_PATTERN
 
 
 def _size_text(value: float, units) -> str:
@@ -89,6 +89,39 @@ def _unitless_fix(raw: str, value: float, where: str) -> str:
             f"{share}")
 
 
+def _too_large(size: float, where: str, total: int, device: torch.device) -> BudgetError:
+    return BudgetError(f"a budget of {format_bytes(size)} is larger than {where} ({format_bytes(total)} on "
+                       f"{device}); use at most {format_bytes(total)}, or a share such as 0.9")
+
+
+def _sized(raw: str, where: str, total: int | None, device: torch.device) -> int:
+    """A budget with a unit (``6GiB``, ``1PiB``) -> bytes. Refuses sizes under 1 MiB (a unit was
+    mistyped: ``1B`` for ``1GB``) and, when ``total`` is given, sizes larger than it, however large
+    (``1e30GB`` is larger than the host, not unreadable)."""
+    sized = re.fullmatch(rf"({_NUMBER})\s*({UNIT_PATTERN})", raw, flags=re.I)
+    if sized is None:
+        raise BudgetError(f"cannot read {raw!r} as a budget; write e.g. {_quote('6GiB')}, {_quote('6GB')}, "
+                          f"{_quote('512MiB')}, or 0.8 (a share of {where})")
+    number, unit = sized.groups()
+    value = float(number) * _UNITS[unit.lower()]
+    if not math.isfinite(value):  # 1e309GiB
+        raise BudgetError(f"{raw} is not a finite size; write e.g. {_quote('6GiB')} or 0.8 (a share of {where})")
+    if value == 0:  # 0GiB: no bigger unit makes it a budget
+        raise BudgetError(f"a budget must be positive, got {raw}; write e.g. {_quote('6GiB')} or 0.8 (a share of {where})")
+    if value < MIN_BUDGET:  # 1B, 0.5B, 512KiB
+        bigger = {"b": "GB", "kb": "MB", "kib": "MiB", "mb": "GB", "mib": "GiB"}.get(unit.lower(), "GiB")
+        rss = current_rss()
+        raise BudgetError(f"{raw} is {format_bytes(int(value))}: a budget under 1 MiB cannot hold a Python process"
+                          + (f" (this one uses {format_bytes(rss)} now)" if rss else "")
+                          + f"; did you mean {_quote(number + bigger)}?")
+    if total and value > total:
+        raise _too_large(value, where, total, device)
+    try:
+        return parse_bytes(raw)
+    except ValueError as exc:  # beyond 2**64 bytes, where no total was given to compare with
+        raise BudgetError(str(exc)) from None
+
+
 def parse_budget(text, device: torch.device, total: int | None = None, limit: bool = True) -> int:
     """``"6GiB"``, ``"6GB"``, ``"512MiB"`` -> bytes; a number without a unit is a share of the device.
 
@@ -117,8 +150,7 @@ def parse_budget(text, device: torch.device, total: int | None = None, limit: bo
             raise BudgetError(f"{option('budget', text)} is {format_bytes(size)}: a budget under 1 MiB cannot hold a "
                               f"Python process (from Python a number above 1 is bytes) -- did you mean '{text}GiB'?")
         if limit and total and size > total:
-            raise BudgetError(f"a budget of {format_bytes(size)} is larger than {where} ({format_bytes(total)} on "
-                              f"{device}); use at most {format_bytes(total)}, or a share such as 0.9")
+            raise _too_large(size, where, total, device)
         return size
     raw = text.strip() if isinstance(text, str) else repr(text)
     if raw.startswith("-") or raw in ("0", "0.0"):
@@ -139,23 +171,9 @@ def parse_budget(text, device: torch.device, total: int | None = None, limit: bo
             raise BudgetError(f"a share of {raw} is {format_bytes(size)} of {where}: a budget under 1 MiB cannot "
                               "hold a Python process; use a share such as 0.8")
     else:
-        sized = re.fullmatch(rf"({_NUMBER})\s*([kmgt]i?b|b)", raw, flags=re.I)
-        if sized and float(sized[1]) * _UNITS[sized[2].lower()] < MIN_BUDGET:  # 1B, 0.5B, 512KiB
-            number, unit = sized.groups()
-            bigger = {"b": "GB", "kb": "MB", "kib": "MiB", "mb": "GB", "mib": "GiB"}.get(unit.lower(), "GiB")
-            rss = current_rss()
-            raise BudgetError(f"{raw} is {format_bytes(int(float(number) * _UNITS[unit.lower()]))}: a budget under "
-                              "1 MiB cannot hold a Python process"
-                              + (f" (this one uses {format_bytes(rss)} now)" if rss else "")
-                              + f"; did you mean {_quote(number + bigger)}?")
-        try:
-            size = parse_bytes(raw)
-        except ValueError:
-            raise BudgetError(f"cannot read {raw!r} as a budget; write e.g. {_quote('6GiB')}, {_quote('6GB')}, "
-                              f"{_quote('512MiB')}, or 0.8 (a share of {where})") from None
+        size = _sized(raw, where, total if limit else None, device)
     if limit and total and size > total:
-        raise BudgetError(f"a budget of {format_bytes(size)} is larger than {where} ({format_bytes(total)} on "
-                          f"{device}); use at most {format_bytes(total)}, or a share such as 0.9")
+        raise _too_large(size, where, total, device)
     return size
 
 

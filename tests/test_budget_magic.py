@@ -246,6 +246,7 @@ def test_syntax_error_cell_keeps_the_bookkeeping(ip, run_cell):
     ("12 parsecs", "cannot read '12parsecs'"),  # a number and a word are read as one size, like "6 GB"
     ("12parsecs", "cannot read '12parsecs'"),
     ("999TiB", "larger than this host's physical memory"),
+    ("1PiB", "larger than this host's physical memory"),  # was "cannot read '1PiB'"
     ("--model nothing --batch 4", "names nothing"),
     ("--model n --batch 4", "is a int, not a torch.nn.Module"),
     ("--model model", "needs --batch"),

@@ -275,3 +275,28 @@ def test_a_number_that_is_not_finite_is_refused_plainly(text):
     # "1e309" once got "write infTiB (= inf bytes) or infTB"; float("inf") crashed in int().
     with pytest.raises(BudgetError, match="is not a finite number; write e.g. '6GiB' or 0.8"):
         parse_budget(text, CPU, total=16 * GiB)
+
+
+@pytest.mark.parametrize("text", ["1PiB", "1PB", "1 PiB", "1EiB", "1EB", "17EiB", "1e30GB"])
+def test_petabytes_and_exabytes_are_read_and_found_too_large(text):
+    # "1PiB" was "cannot read" while "6 TB" got the size check; a size beyond 2**64 bytes is too large, not unreadable.
+    with pytest.raises(BudgetError, match=r"is larger than this host's physical memory \(16 GiB on cpu\)"):
+        parse_budget(text, CPU, total=16 * GiB)
+
+
+def test_a_per_gpu_budget_may_be_petabytes_but_not_beyond_any_memory():
+    # estimate_memory reads its per-GPU budget without the device limit.
+    assert parse_budget("1PiB", CPU, total=16 * GiB, limit=False) == 2**50
+    assert parse_budget("2PB", CPU, total=16 * GiB, limit=False) == 2 * 10**15
+    assert parse_budget("1EiB", CPU, total=16 * GiB, limit=False) == 2**60
+    with pytest.raises(BudgetError, match="larger than any machine's memory"):
+        parse_budget("17EiB", CPU, total=16 * GiB, limit=False)
+
+
+@pytest.mark.parametrize("text, message", [
+    ("0GiB", r"^a budget must be positive, got 0GiB"),  # was "did you mean '0GiB'?"
+    ("1e309GiB", r"^1e309GiB is not a finite size"),
+])
+def test_zero_and_infinite_sizes_with_a_unit(text, message):
+    with pytest.raises(BudgetError, match=message):
+        parse_budget(text, CPU, total=16 * GiB)
