@@ -109,7 +109,8 @@ def _sized(raw: str, where: str, total: int | None, device: torch.device) -> int
     if value == 0:  # 0GiB: no bigger unit makes it a budget
         raise BudgetError(f"a budget must be positive, got {raw}; write e.g. {_quote('6GiB')} or 0.8 (a share of {where})")
     if value < MIN_BUDGET:  # 1B, 0.5B, 512KiB
-        bigger = {"b": "GB", "kb": "MB", "kib": "MiB", "mb": "GB", "mib": "GiB"}.get(unit.lower(), "GiB")
+        bigger = {"b": "GB", "kb": "MB", "kib": "MiB", "k": "M", "mb": "GB", "mib": "GiB", "m": "G"}.get(unit.lower(),
+                                                                                                  "GiB")
         rss = current_rss()
         raise BudgetError(f"{raw} is {format_bytes(int(value))}: a budget under 1 MiB cannot hold a Python process"
                           + (f" (this one uses {format_bytes(rss)} now)" if rss else "")
@@ -122,8 +123,23 @@ def _sized(raw: str, where: str, total: int | None, device: torch.device) -> int
         raise BudgetError(str(exc)) from None
 
 
+def size_reading(text) -> str:
+    """How a single-letter unit was read, for the status line: ``6G`` -> "6G read as 6 GiB, ..."; "" otherwise.
+
+    docker, systemd and Kubernetes disagree on what ``G`` means (Kubernetes: 10**9); nbaccel reads it as
+    docker and systemd do, since its own --enforce note tells users to write ``MemoryMax=6G``, and says so."""
+    letter = re.fullmatch(rf"\s*({_NUMBER})\s*([kmgt])\s*", text, flags=re.I) if isinstance(text, str) else None
+    if letter is None:
+        return ""
+    number, unit = letter[1], letter[2].upper()
+    decimal = float(number) * 1000 ** ("KMGT".index(unit) + 1)
+    return (f"{text.strip()} read as {number} {unit}iB, as docker and systemd read {letter[2]} "
+            f"(write {number}{unit}B for {decimal:,.0f} bytes)")
+
+
 def parse_budget(text, device: torch.device, total: int | None = None, limit: bool = True) -> int:
-    """``"6GiB"``, ``"6GB"``, ``"512MiB"`` -> bytes; a number without a unit is a share of the device.
+    """``"6GiB"``, ``"6GB"``, ``"512MiB"``, ``"6G"`` (= 6GiB, see `size_reading`) -> bytes; a number without a
+    unit is a share of the device.
 
     ``0.8``, ``8e-1``, ``.8`` (and the numbers 0.8, 1) are shares in (0, 1]. Text without a unit
     above 1 (``2000000000``, ``2e9``, ``12``: the magic's line) is refused with the sizes it could
@@ -497,7 +513,7 @@ class MemoryBudget:
 
 def memory_budget(budget, device="auto", strict: bool = False, enforce: bool = False, near: float = NEAR,
                   namespace: dict | None = None) -> MemoryBudget:
-    """A budget for scripts; see `MemoryBudget`. ``budget``: "6GiB", "6GB", "512MiB", a share of the device
+    """A budget for scripts; see `MemoryBudget`. ``budget``: "6GiB", "6GB", "512MiB", "6G" (= 6GiB), a share of the device
     such as 0.8 (a number up to 1), or a number of bytes above 1 (``6 * 2**30``, ``2e9``), as in torch's
     memory APIs. (The magic's text has no such bytes: ``%memory_budget 2e9`` asks for a unit.)"""
     return MemoryBudget(budget, device, strict=strict, enforce=enforce, near=near, namespace=namespace)
@@ -505,4 +521,4 @@ def memory_budget(budget, device="auto", strict: bool = False, enforce: bool = F
 
 __all__ = ["memory_budget", "MemoryBudget", "BudgetStatus", "CellReport", "CellRecord", "Watcher", "parse_budget",
            "BudgetError", "BudgetExceeded", "BudgetWarning", "apply_cap", "release_cap", "device_memory", "plural",
-           "share_text", "check_near", "MIN_BUDGET"]
+           "share_text", "check_near", "size_reading", "MIN_BUDGET"]

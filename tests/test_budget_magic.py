@@ -392,6 +392,16 @@ def test_budget_text_is_read_consistently_and_errors_blame_the_right_option(ip, 
     assert not _nbaccel_callbacks(ip)
 
 
+@pytest.mark.parametrize("line, letter", [("1G", "G"), ("1g", "g"), ("1 G", "G")])
+def test_a_single_letter_unit_is_read_as_binary_and_the_status_says_so(ip, run_cell, line, letter):
+    # docker --memory 1g and systemd MemoryMax=1G (what the --enforce note suggests) mean GiB; "1G" was refused.
+    _, captured = run_cell(f"%memory_budget {line} -r s")
+    assert ip.user_ns["s"].budget_bytes == 2**30
+    head = _texts(captured).splitlines()[0]
+    assert head.startswith("memory budget 1 GiB of ") and head.endswith(
+        f"[soft] -- 1{letter} read as 1 GiB, as docker and systemd read {letter} (write 1GB for 1,000,000,000 bytes)")
+
+
 @pytest.mark.parametrize("line", ["0.8", "8e-1", ".8", "80e-2"])
 def test_a_share_in_any_notation(ip, run_cell, line):
     from nbaccel.budget import device_memory

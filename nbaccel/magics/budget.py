@@ -26,7 +26,7 @@ from IPython.core.magic_arguments import argument, magic_arguments
 import torch
 
 from ..budget import (NEAR, usage_now, BudgetError, BudgetExceeded, CellReport, Watcher, apply_cap, capped_devices,
-                      parse_budget, plural, release_cap, share_text, status)
+                      parse_budget, plural, release_cap, share_text, size_reading, status)
 from ..device import DeviceError, resolve_device
 from ..memory import format_bytes
 from ..oom import OOM_TYPES, explain_oom, is_oom
@@ -58,7 +58,8 @@ class BudgetMagics(Magics):
     @magic_arguments()
     @help_option
     @argument("budget", nargs="?", default=None,
-              help="6GiB, 6GB, 512MiB, or a share of the device such as 0.8 (the CPU: of physical memory); "
+              help="6GiB, 6GB, 512MiB, 6G (= 6GiB, as docker and systemd read it), or a share of the device such as "
+                   "0.8 (the CPU: of physical memory); "
                    "'off' removes the budget and every hook; nothing: show the status")
     @argument("--device", default="auto", help="auto, cpu or cuda[:N] (default: cuda when present)")
     @argument("--enforce", action="store_true",
@@ -171,16 +172,17 @@ class BudgetMagics(Magics):
             fraction = apply_cap(device, budget)
             note = f"allocator capped at {fraction:.1%} of the GPU"
         else:
-            note = CPU_ENFORCE_NOTE
+            note = CPU_ENFORCE_NOTE  # first: with -q, a note that starts with it is still printed
         self.strict, self.enforce = args.strict, bool(args.enforce and device.type == "cuda")
         self._install()
+        notes = [note, size_reading(args.budget)]  # 6G: say which G was meant
         used = usage_now(device)[0]
         if used > budget:
-            note = "; ".join(filter(None, [note, (
+            notes.append(
                 f"already over: {format_bytes(used)} in use now, more than the {format_bytes(budget)} budget, "
                 "so every cell that adds memory will be reported over (and each is recorded over in the history) "
-                "until memory is freed or the budget raised")]))
-        self._show(args, self._status(device, note))
+                "until memory is freed or the budget raised")
+        self._show(args, self._status(device, "; ".join(filter(None, notes))))
 
     # --- prediction -------------------------------------------------------------------------------------
 
