@@ -137,11 +137,23 @@ def size_reading(text) -> str:
             f"(write {number}{unit}B for {decimal:,.0f} bytes)")
 
 
+def _share(raw: str, share: float, where: str, total: int | None) -> int:
+    """A share in (0, 1] of the device (``0.8``, ``80%``) -> bytes."""
+    if not total:
+        raise BudgetError(f"the size of {where} is unknown here, so a share cannot be used; give a size "
+                          f"({_quote('6GiB')})")
+    size = int(share * total)
+    if size < MIN_BUDGET:
+        raise BudgetError(f"a share of {raw} is {format_bytes(size)} of {where}: a budget under 1 MiB cannot "
+                          "hold a Python process; use a share such as 0.8")
+    return size
+
+
 def parse_budget(text, device: torch.device, total: int | None = None, limit: bool = True) -> int:
     """``"6GiB"``, ``"6GB"``, ``"512MiB"``, ``"6G"`` (= 6GiB, see `size_reading`) -> bytes; a number without a
     unit is a share of the device.
 
-    ``0.8``, ``8e-1``, ``.8`` (and the numbers 0.8, 1) are shares in (0, 1]. Text without a unit
+    ``0.8``, ``8e-1``, ``.8``, ``80%`` (and the numbers 0.8, 1) are shares in (0, 1]. Text without a unit
     above 1 (``2000000000``, ``2e9``, ``12``: the magic's line) is refused with the sizes it could
     have meant; a Python number above 1 is bytes (``6 * 2**30``, ``2e9``), like torch's APIs.
     Raises `BudgetError` (with the fix) for negative or zero sizes, unknown units, budgets under
@@ -172,6 +184,7 @@ def parse_budget(text, device: torch.device, total: int | None = None, limit: bo
     if raw.startswith("-") or raw in ("0", "0.0"):
         raise BudgetError(f"a budget must be positive, got {raw}; write e.g. {_quote('6GiB')}, {_quote('512MiB')} "
                           f"or 0.8 (a share of {where})")
+    percent = re.fullmatch(rf"({_NUMBER})\s*%", raw, flags=re.I)
     if re.fullmatch(_NUMBER, raw, flags=re.I):
         share = float(raw)
         if share <= 0:
@@ -179,13 +192,16 @@ def parse_budget(text, device: torch.device, total: int | None = None, limit: bo
                               f"(a share of {where})")
         if share > 1:
             raise BudgetError(_unitless_fix(raw, share, where))
-        if not total:
-            raise BudgetError(f"the size of {where} is unknown here, so a share cannot be used; give a size "
-                              f"({_quote('6GiB')})")
-        size = int(share * total)
-        if size < MIN_BUDGET:
-            raise BudgetError(f"a share of {raw} is {format_bytes(size)} of {where}: a budget under 1 MiB cannot "
-                              "hold a Python process; use a share such as 0.8")
+        size = _share(raw, share, where, total)
+    elif percent:  # 80% is the share 0.8, with its range: a percentage cannot be a size left without a unit
+        share = float(percent[1]) / 100
+        if share <= 0:
+            raise BudgetError(f"a budget must be positive, got {raw}; write e.g. {_quote('80%')} (a share of {where}) "
+                              f"or {_quote('6GiB')}")
+        if share > 1:
+            raise BudgetError(f"{raw} is more than all of {where}: a share is at most 100%; write e.g. "
+                              f"{_quote('80%')}, or a size such as {_quote('6GiB')}")
+        size = _share(raw, share, where, total)
     else:
         size = _sized(raw, where, total if limit else None, device)
     if limit and total and size > total:

@@ -381,6 +381,9 @@ def test_off_without_a_budget_says_there_was_none(ip, run_cell):
     ("-5GB", "a budget must be positive, got -5GB"),
     ("--strict -0.5", "a budget must be positive, got -0.5"),
     ("2GiB --device -1", "device"),
+    ("0%", r"^a budget must be positive, got 0%; write e.g. 80% \(a share of this host's physical memory\) or 6GiB$"),
+    ("150%", r"^150% is more than all of this host's physical memory: a share is at most 100%"),
+    ("-5%", r"^a budget must be positive, got -5%"),
     ("2GiB -r -1", "-r/--result takes a Python variable name"),
     # Prediction options without --model once started a plain watch and dropped them unsaid.
     ("6GiB --batch 32", r"^--batch goes with --model: %memory_budget 80GiB --model model --batch 32"),
@@ -402,7 +405,7 @@ def test_a_single_letter_unit_is_read_as_binary_and_the_status_says_so(ip, run_c
         f"[soft] -- 1{letter} read as 1 GiB, as docker and systemd read {letter} (write 1GB for 1,000,000,000 bytes)")
 
 
-@pytest.mark.parametrize("line", ["0.8", "8e-1", ".8", "80e-2"])
+@pytest.mark.parametrize("line", ["0.8", "8e-1", ".8", "80e-2", "80%", "80 %"])
 def test_a_share_in_any_notation(ip, run_cell, line):
     from nbaccel.budget import device_memory
 

@@ -329,3 +329,20 @@ def test_how_a_single_letter_was_read_is_said():
 def test_single_letter_sizes_get_the_same_checks(text, message):
     with pytest.raises(BudgetError, match=message):
         parse_budget(text, CPU, total=16 * GiB)
+
+
+@pytest.mark.parametrize("text, expected", [("80%", 0.8), ("100%", 1.0), ("12.5%", 0.125), ("80 %", 0.8), ("8e1%", 0.8)])
+def test_a_percentage_is_a_share(text, expected):
+    assert parse_budget(text, CPU, total=16 * GiB) == int(expected * 16 * GiB)
+
+
+@pytest.mark.parametrize("text, message", [
+    ("0%", r"^a budget must be positive, got 0%; write e.g. '80%' \(a share of this host's physical memory\) or "
+           r"'6GiB'$"),
+    ("150%", r"^150% is more than all of this host's physical memory: a share is at most 100%; write e.g. '80%', or "
+             r"a size such as '6GiB'$"),
+    ("-5%", "must be positive"), ("1e-7%", r"^a share of 1e-7% is .* a budget under 1 MiB"),
+])
+def test_a_percentage_has_the_range_of_a_share(text, message):
+    with pytest.raises(BudgetError, match=message):
+        parse_budget(text, CPU, total=16 * GiB)

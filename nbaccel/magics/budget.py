@@ -59,7 +59,7 @@ class BudgetMagics(Magics):
     @help_option
     @argument("budget", nargs="?", default=None,
               help="6GiB, 6GB, 512MiB, 6G (= 6GiB, as docker and systemd read it), or a share of the device such as "
-                   "0.8 (the CPU: of physical memory); "
+                   "0.8 or 80%% (the CPU: of physical memory); "
                    "'off' removes the budget and every hook; nothing: show the status")
     @argument("--device", default="auto", help="auto, cpu or cuda[:N] (default: cuda when present)")
     @argument("--enforce", action="store_true",
@@ -97,9 +97,9 @@ class BudgetMagics(Magics):
         the request, the limit, what was allocated, the largest tensors/modules/optimizers in the
         namespace, and what to try, with the expected saving. The result (-r) has ``.history``.
         """
-        # "6 GB" is what people type (and "12 parsecs" deserves the size error, not argparse's): a number
-        # and the word after it are one size; argparse would see two positional arguments.
-        line = re.sub(r"^(\s*-?[0-9]*\.?[0-9]+)\s+([a-z]+)\b", r"\1\2", line, flags=re.I)
+        # "6 GB" and "80 %" are what people type (and "12 parsecs" deserves the size error, not argparse's): a
+        # number and the word or % after it are one size; argparse would see two positional arguments.
+        line = re.sub(r"^(\s*-?[0-9]*\.?[0-9]+)\s+([a-z]+\b|%)", r"\1\2", line, flags=re.I)
         # argparse takes "-5GB" for an unknown option: name the real mistake first. Only a token in the
         # budget's place, though: "--near -0.5" is a bad --near, said below.
         tokens = line.split()
