@@ -301,6 +301,11 @@ class Watcher:
         if meter is not None:
             meter.__exit__(None, None, None)
 
+    def drop(self, record: CellRecord) -> None:
+        """Take back a record that should not count (a cell whose magic refused its line). The list itself
+        is kept: statuses hold it and go on growing."""
+        self.records.remove(record)
+
     def end(self, error: BaseException | None = None, label: str | None = None) -> CellRecord | None:
         """Finish the pending measurement; ``label`` replaces the one given to `begin` (the cell's
         execution count is only reliable once the cell has run)."""

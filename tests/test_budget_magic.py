@@ -241,6 +241,48 @@ def test_syntax_error_cell_keeps_the_bookkeeping(ip, run_cell):
     assert statuses[-1] == "ok" and len(statuses) == 2
 
 
+def test_a_refused_magic_line_is_not_a_watched_cell(ip, run_cell):
+    # Mistyped %memory_budget lines were recorded as watched cells with status "error" and crowded the real
+    # cells out of the status's last 10. A magic that refuses its line with a UsageError ran nothing of the user's.
+    run_cell("%memory_budget 0.9 -q -r b")
+    run_cell("x = 1")
+    for line in ("0", "1.5", "abc", "150%", "2GiB --batch 4"):
+        run_cell(f"%memory_budget {line}", expect_error=UsageError)
+    run_cell("%%amp --dtype nope\nx + 1", expect_error=UsageError)  # any magic's refusal, a cell magic's too
+    run_cell("y = 2")
+    _, captured = run_cell("%memory_budget")
+    assert "2 cells watched:" in _texts(captured)
+    records = ip.user_ns["b"].records
+    assert len(records) == 3 and "error" not in [r.status for r in records]  # x = 1, y = 2, the status cell
+
+
+def test_user_code_before_a_refused_magic_line_is_still_watched(ip, run_cell):
+    # The refusal is the magic's, but the line before it ran (and may have allocated): the cell is the user's.
+    run_cell("%memory_budget 0.9 -q -r b")
+    run_cell("z = 3\n%memory_budget abc", expect_error=UsageError)
+    assert ip.user_ns["z"] == 3 and ip.user_ns["b"].records[-1].status == "error"
+
+
+def test_a_magic_that_refuses_after_running_code_is_still_watched(ip, run_cell):
+    # Not every UsageError comes before any work: nbaccel's own %%profile_gpu raises one after the runs when
+    # Kineto wrote an invalid trace. A refused cell that added memory keeps its row.
+    held = []
+
+    def grabby(line):
+        held.append(torch.ones(25_000_000))  # 100 MB
+        raise UsageError("refused after running")
+
+    ip.register_magic_function(grabby, magic_name="grabby_test")
+    try:
+        run_cell("%memory_budget 0.9 -q -r b")
+        run_cell("%grabby_test", expect_error=UsageError)
+    finally:
+        del ip.magics_manager.magics["line"]["grabby_test"]
+        held.clear()
+    record = ip.user_ns["b"].records[-1]
+    assert record.status == "error" and record.added_bytes > 50 * MB and "refused after running" in record.error
+
+
 @pytest.mark.parametrize("line, message", [
     ("-5GB", "must be positive"),
     ("12 parsecs", "cannot read '12parsecs'"),  # a number and a word are read as one size, like "6 GB"

@@ -16,6 +16,7 @@ cap installed afresh, so nothing is doubled).
 
 from __future__ import annotations
 
+import ast
 import difflib
 import re
 
@@ -38,6 +39,9 @@ _NEGATIVE = re.compile(r"^-\.?[0-9]")
 # Options that take a value: a negative number after one of them is that option's value (--near -0.5),
 # not a negative budget.
 _VALUE_OPTIONS = {"--device", "--near", "--model", "--optimizer", "--batch", "--input", "-r", "--result"}
+# A cell that added at least this much memory pushed usage up: it gets the gauge or the warning, and it keeps
+# its row even when a magic refused with a UsageError. Any Python code moves RSS by a few pages.
+PUSHED = 2**20
 CPU_ENFORCE_NOTE = ("--enforce: the CPU allocator has no per-process cap, so only a soft budget (checked after each "
                     "cell) is possible here; for a hard limit start the kernel in a cgroup "
                     "(systemd-run --user -p MemoryMax=6G jupyter lab, or docker --memory 6g)")
@@ -295,12 +299,15 @@ class BudgetMagics(Magics):
         # has not; the ExecutionResult carries the number the frontend shows.
         count = getattr(result, "execution_count", None)
         record = self.watcher.end(error=error, label=f"In[{count}]" if count is not None else None)
+        if record is not None and self._refused(result, record):
+            self.watcher.drop(record)
+            return
         if record is None or record.status not in ("near", "over"):
             return
         # Only the cells that pushed usage up (added memory) get a gauge, a warning or a --strict failure,
         # not every later cell that starts near or over: `del x` must run without being told it is over,
-        # and the history still records every cell. 1 MiB: any Python code moves RSS by a few pages.
-        pushed = record.added_bytes >= 2**20
+        # and the history still records every cell.
+        pushed = record.added_bytes >= PUSHED
         if not pushed and error is None:
             return
         failing = record.status == "over" and self.strict and pushed and error is None \
@@ -316,6 +323,19 @@ class BudgetMagics(Magics):
             # "An exception has occurred, use %tb to see the full traceback", and there is none to see.
             stb = self.shell.InteractiveTB.get_exception_only(BudgetExceeded, exc)
             self.shell._showtraceback(BudgetExceeded, exc, stb)  # the hook ipykernel sends as an error output
+
+    def _refused(self, result, record) -> bool:
+        """Whether the cell was a magic refusing its line: no row for it (mistyped ``%memory_budget 0``
+        lines crowded the real cells out of the status's last 10).
+
+        IPython's convention is that a magic raises UsageError for bad input, before it does anything; nbaccel's
+        magics keep to it. That says nothing of a cell's other lines (``x = big()`` above the magic ran), so
+        only a cell that is one magic call qualifies. And a magic may still refuse after running code
+        (nbaccel's %%profile_gpu does, for a trace Kineto wrote as invalid JSON): a cell that added memory
+        keeps its row.
+        """
+        error = getattr(result, "error_in_exec", None)
+        return isinstance(error, UsageError) and record.added_bytes < PUSHED and _one_magic_call(self.shell, result)
 
     def _on_exception(self, shell, etype, value, tb, tb_offset=None):
         if not is_oom(value):
@@ -334,3 +354,20 @@ class BudgetMagics(Magics):
                                   tb=tb, skip=history_name(self.shell), per_sample_bytes=per_sample, batch=batch)
         display_result(explanation)
         return None
+
+
+def _one_magic_call(shell, result) -> bool:
+    """Whether the cell was a single magic call and nothing else: ``%memory_budget abc``,
+    ``s = %memory_budget``, or a ``%%cell`` magic (its body is the magic's to run)."""
+    raw = getattr(getattr(result, "info", None), "raw_cell", None)
+    if not raw:
+        return False
+    try:
+        body = ast.parse(shell.transform_cell(raw)).body
+    except SyntaxError:
+        return False
+    if len(body) != 1 or not isinstance(body[0], (ast.Expr, ast.Assign)):
+        return False
+    call = body[0].value  # get_ipython().run_line_magic('memory_budget', 'abc'), as IPython rewrote the line
+    return (isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute)
+            and call.func.attr in ("run_line_magic", "run_cell_magic"))
