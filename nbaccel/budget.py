@@ -29,7 +29,8 @@ import torch
 
 from .device import DeviceError, device_info, resolve_device
 from .holders import Holder, namespace_holders
-from .memory import _UNITS, NUMBER_PATTERN, UNIT_PATTERN, PeakMeter, cuda_counters, current_rss, format_bytes, parse_bytes
+from .memory import (_UNITS, NUMBER_PATTERN, UNIT_PATTERN, PeakMeter, cuda_counters, current_rss, format_bytes,
+                     parse_bytes)
 from .options import in_magic, option
 from .results import ResultMixin
 
@@ -107,10 +108,11 @@ def _sized(raw: str, where: str, total: int | None, device: torch.device) -> int
     if not math.isfinite(value):  # 1e309GiB
         raise BudgetError(f"{raw} is not a finite size; write e.g. {_quote('6GiB')} or 0.8 (a share of {where})")
     if value == 0:  # 0GiB: no bigger unit makes it a budget
-        raise BudgetError(f"a budget must be positive, got {raw}; write e.g. {_quote('6GiB')} or 0.8 (a share of {where})")
+        raise BudgetError(f"a budget must be positive, got {raw}; write e.g. {_quote('6GiB')} or 0.8 "
+                          f"(a share of {where})")
     if value < MIN_BUDGET:  # 1B, 0.5B, 512KiB
-        bigger = {"b": "GB", "kb": "MB", "kib": "MiB", "k": "M", "mb": "GB", "mib": "GiB", "m": "G"}.get(unit.lower(),
-                                                                                                  "GiB")
+        bigger = {"b": "GB", "kb": "MB", "kib": "MiB", "k": "M", "mb": "GB", "mib": "GiB", "m": "G"}
+        bigger = bigger.get(unit.lower(), "GiB")
         rss = current_rss()
         raise BudgetError(f"{raw} is {format_bytes(int(value))}: a budget under 1 MiB cannot hold a Python process"
                           + (f" (this one uses {format_bytes(rss)} now)" if rss else "")

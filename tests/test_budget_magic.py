@@ -343,9 +343,58 @@ def test_estimate_magic(ip, run_cell):
     assert est.n_params == n and est.param_bytes == 4 * n and est.grad_bytes == 4 * n
     assert est.optimizer == "sgd-momentum" and est.state_bytes == 4 * n  # one momentum buffer
     assert est.budget_bytes == 80 * 2**30 and est.summary.startswith("fits in fp32") and "GPU" not in est.summary
-    assert "budget 80 GiB (the budget), measured on cpu" in _texts(captured)
+    assert "budget 80 GiB (as given), measured on cpu" in _texts(captured)  # was "(the budget)": see below
     assert "prediction for GPUs" in _texts(captured) and "linear extrapolation" in _texts(captured)
     assert not _nbaccel_callbacks(ip), "a prediction does not start watching"
+
+
+def _estimate_renderings(ip, captured, name):
+    """The estimate as a terminal, a static page and the widget show it."""
+    from nbaccel.render import budget as budget_render
+
+    shown = [o.data for o in captured.outputs]
+    assert len(shown) == 1
+    return shown[0]["text/plain"], shown[0]["text/html"], budget_render.widget(ip.user_ns[name]).value
+
+
+@pytest.fixture
+def mlp(run_cell):
+    run_cell("import torch\nmodel = torch.nn.Sequential(torch.nn.Linear(64, 64))\nx = torch.randn(32, 64)")
+
+
+def test_an_estimate_says_it_watches_nothing(ip, run_cell, mlp):
+    # "... -- budget 1 GiB (the budget), measured on cpu" read as a budget set: a user expected the next
+    # cells to be watched, and a 2 GiB cell went unflagged.
+    _, captured = run_cell("%memory_budget 1GiB --model model --batch 32 --input x -r est")
+    for shown in _estimate_renderings(ip, captured, "est"):
+        assert "a prediction, compared with 1 GiB: no budget is being watched, so later cells are not measured; " \
+               "%memory_budget 1GiB starts watching" in shown
+        assert "(the budget)" not in shown
+    assert "budget 1 GiB (as given), measured on cpu" in ip.user_ns["est"].summary
+    assert ip.user_ns["est"].to_dict()["note"].startswith("a prediction, compared with 1 GiB")
+    assert not _nbaccel_callbacks(ip)  # as it says
+
+
+def test_an_estimate_leaves_the_watched_budget_as_it_was(ip, run_cell, mlp):
+    run_cell("%memory_budget 4GiB -q")
+    _, captured = run_cell("%memory_budget 1GiB --model model --batch 32 --input x -r est")
+    for shown in _estimate_renderings(ip, captured, "est"):
+        assert "a prediction, compared with 1 GiB: the budget being watched (4 GiB on cpu) stays as it was" in shown
+    # Without a size, the prediction is compared with the watched budget, and says so.
+    _, captured = run_cell("%memory_budget --model model --batch 32 --input x -r est")
+    assert "budget 4 GiB (the budget being watched), measured on cpu" in ip.user_ns["est"].summary
+    assert "a prediction, compared with the budget being watched (4 GiB on cpu), which stays as it was" in \
+        _texts(captured)
+    run_cell("%memory_budget -q -r s")
+    assert ip.user_ns["s"].active and ip.user_ns["s"].budget_bytes == 4 * 2**30
+
+
+def test_an_estimate_against_more_than_this_host_suggests_a_budget_that_can_be_watched(ip, run_cell, mlp):
+    _, captured = run_cell("%memory_budget 80G --model model --batch 32 --input x")
+    text = _texts(captured)
+    # 80 GiB per GPU is no budget for this host: the command offered must be one that works here.
+    assert "no budget is being watched, so later cells are not measured; %memory_budget 0.8 starts watching" in text
+    assert "80G read as 80 GiB" in text
 
 
 def test_script_context_manager():

@@ -19,6 +19,7 @@ from __future__ import annotations
 import ast
 import difflib
 import re
+from dataclasses import replace
 
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_magic, magics_class
@@ -228,6 +229,9 @@ class BudgetMagics(Magics):
                                      device=device, name=args.model)
         except (ValueError, TypeError) as exc:
             raise UsageError(str(exc)) from None
+        if args.budget is None and self.watcher is not None:
+            result = replace(result, budget_source="the budget being watched")
+        result = replace(result, note=self._prediction_note(args, device, result))
         self._estimate = result
         if self.watcher is not None:
             # The estimate's dry runs are nbaccel's own work, not the user's cell: don't hold
@@ -236,6 +240,33 @@ class BudgetMagics(Magics):
         store_result(self.shell, args.result, result)
         if not args.quiet:
             display_result(result)
+
+    def _prediction_note(self, args, device, estimate) -> str:
+        """What a prediction leaves as it was: "budget 1 GiB" in its summary read as a budget now being
+        watched, and a user expected the next cells to be measured."""
+        watched = None if self.watcher is None else (
+            f"the budget being watched ({format_bytes(self.watcher.budget)} on {self.watcher.device})")
+        if args.budget is None and watched:
+            note = f"a prediction, compared with {watched}, which stays as it was"
+        else:
+            compared = format_bytes(estimate.budget_bytes) + ("" if args.budget else f" ({estimate.budget_source})")
+            note = f"a prediction, compared with {compared}: " + (
+                f"{watched} stays as it was" if watched else
+                f"no budget is being watched, so later cells are not measured; {self._watch_command(args, device)} "
+                "starts watching")
+        return "; ".join(filter(None, [note, size_reading(args.budget)]))
+
+    @staticmethod
+    def _watch_command(args, device) -> str:
+        """The line that watches the size just compared with, where it is a budget this device can have
+        (80GiB per GPU is none for a 16 GiB host: then a share)."""
+        size = args.budget
+        if size is not None:
+            try:
+                parse_budget(size, device)
+            except BudgetError:
+                size = None
+        return f"%memory_budget {size or '0.8'}" + ("" if args.device == "auto" else f" --device {args.device}")
 
     # --- hooks ----------------------------------------------------------------------------------------------
 
