@@ -536,9 +536,9 @@ class MemoryBudget:
 
 def memory_budget(budget, device="auto", strict: bool = False, enforce: bool = False, near: float = NEAR,
                   namespace: dict | None = None) -> MemoryBudget:
-    """A budget for scripts; see `MemoryBudget`. ``budget``: "6GiB", "6GB", "512MiB", "6G" (= 6GiB), a share of the device
-    such as 0.8 (a number up to 1), or a number of bytes above 1 (``6 * 2**30``, ``2e9``), as in torch's
-    memory APIs. (The magic's text has no such bytes: ``%memory_budget 2e9`` asks for a unit.)"""
+    """A budget for scripts; see `MemoryBudget`. ``budget``: "6GiB", "6GB", "512MiB", "6G" (= 6GiB), a share of
+    the device such as 0.8 or "80%" (a number up to 1), or a number of bytes above 1 (``6 * 2**30``, ``2e9``), as
+    in torch's memory APIs. (The magic's text has no such bytes: ``%memory_budget 2e9`` asks for a unit.)"""
     return MemoryBudget(budget, device, strict=strict, enforce=enforce, near=near, namespace=namespace)
 
 

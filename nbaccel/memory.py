@@ -216,12 +216,11 @@ def measure_peak(fn, device: torch.device) -> tuple[PeakMemory, object]:
     return meter.result, value
 
 
-_UNITS = {"b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12, "pb": 10**15, "eb": 10**18,
-          "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40, "pib": 2**50, "eib": 2**60}
 # A single letter is a binary unit, as docker (--memory 6g) and systemd (MemoryMax=6G) read it; nbaccel's
 # own --enforce note tells users to write those. No P/E letters: "2e" reads as an unfinished exponent.
-_LETTERS = {"k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40}
-_UNITS.update(_LETTERS)
+_UNITS = {"b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12, "pb": 10**15, "eb": 10**18,
+          "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40, "pib": 2**50, "eib": 2**60,
+          "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40}
 # Patterns for re.I: a number in any notation (6, 1.5, .8, 2e9) and a unit after it (B, KB..EB, KiB..EiB, K..T).
 NUMBER_PATTERN = r"(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:e[+-]?[0-9]+)?"
 UNIT_PATTERN = r"[kmgtpe]i?b|[kmgt]|b"

@@ -331,7 +331,9 @@ def test_single_letter_sizes_get_the_same_checks(text, message):
         parse_budget(text, CPU, total=16 * GiB)
 
 
-@pytest.mark.parametrize("text, expected", [("80%", 0.8), ("100%", 1.0), ("12.5%", 0.125), ("80 %", 0.8), ("8e1%", 0.8)])
+@pytest.mark.parametrize("text, expected", [
+    ("80%", 0.8), ("100%", 1.0), ("12.5%", 0.125), ("80 %", 0.8), ("8e1%", 0.8),
+])
 def test_a_percentage_is_a_share(text, expected):
     assert parse_budget(text, CPU, total=16 * GiB) == int(expected * 16 * GiB)
 

@@ -359,11 +359,10 @@ class BudgetMagics(Magics):
         """Whether the cell was a magic refusing its line: no row for it (mistyped ``%memory_budget 0``
         lines crowded the real cells out of the status's last 10).
 
-        IPython's convention is that a magic raises UsageError for bad input, before it does anything; nbaccel's
-        magics keep to it. That says nothing of a cell's other lines (``x = big()`` above the magic ran), so
-        only a cell that is one magic call qualifies. And a magic may still refuse after running code
-        (nbaccel's %%profile_gpu does, for a trace Kineto wrote as invalid JSON): a cell that added memory
-        keeps its row.
+        IPython's convention is that a magic raises UsageError for input it refuses, before it does anything.
+        That says nothing of a cell's other lines (``x = big()`` above the magic ran), so only a cell that is
+        one magic call qualifies. And not every UsageError comes first: nbaccel's own %%profile_gpu raises one
+        after its runs when Kineto wrote an invalid trace, so a cell that added memory keeps its row.
         """
         error = getattr(result, "error_in_exec", None)
         return isinstance(error, UsageError) and record.added_bytes < PUSHED and _one_magic_call(self.shell, result)
