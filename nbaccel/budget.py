@@ -29,7 +29,8 @@ import torch
 
 from .device import DeviceError, device_info, resolve_device
 from .holders import Holder, namespace_holders
-from .memory import _UNITS, PeakMeter, cuda_counters, current_rss, format_bytes, parse_bytes
+from .memory import (_UNITS, NUMBER_PATTERN, UNIT_PATTERN, PeakMeter, cuda_counters, current_rss, format_bytes,
+                     parse_bytes)
 from .options import in_magic, option
 from .results import ResultMixin
 
@@ -57,7 +58,7 @@ def device_memory(device: torch.device) -> int | None:
 
 
 MIN_BUDGET = 2**20  # below this no Python process fits: a unit was mistyped (1B for 1GB)
-_NUMBER = r"(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:e[+-]?[0-9]+)?"
+_NUMBER = NUMBER_PATTERN
 
 
 def _size_text(value: float, units) -> str:
@@ -89,10 +90,72 @@ def _unitless_fix(raw: str, value: float, where: str) -> str:
             f"{share}")
 
 
-def parse_budget(text, device: torch.device, total: int | None = None, limit: bool = True) -> int:
-    """``"6GiB"``, ``"6GB"``, ``"512MiB"`` -> bytes; a number without a unit is a share of the device.
+def _too_large(size: float, where: str, total: int, device: torch.device) -> BudgetError:
+    return BudgetError(f"a budget of {format_bytes(size)} is larger than {where} ({format_bytes(total)} on "
+                       f"{device}); use at most {format_bytes(total)}, or a share such as 0.9")
 
-    ``0.8``, ``8e-1``, ``.8`` (and the numbers 0.8, 1) are shares in (0, 1]. Text without a unit
+
+def _sized(raw: str, where: str, total: int | None, device: torch.device) -> int:
+    """A budget with a unit (``6GiB``, ``1PiB``) -> bytes. Refuses sizes under 1 MiB (a unit was
+    mistyped: ``1B`` for ``1GB``) and, when ``total`` is given, sizes larger than it, however large
+    (``1e30GB`` is larger than the host, not unreadable)."""
+    sized = re.fullmatch(rf"({_NUMBER})\s*({UNIT_PATTERN})", raw, flags=re.I)
+    if sized is None:
+        raise BudgetError(f"cannot read {raw!r} as a budget; write e.g. {_quote('6GiB')}, {_quote('6GB')}, "
+                          f"{_quote('512MiB')}, or 0.8 (a share of {where})")
+    number, unit = sized.groups()
+    value = float(number) * _UNITS[unit.lower()]
+    if not math.isfinite(value):  # 1e309GiB
+        raise BudgetError(f"{raw} is not a finite size; write e.g. {_quote('6GiB')} or 0.8 (a share of {where})")
+    if value == 0:  # 0GiB: no bigger unit makes it a budget
+        raise BudgetError(f"a budget must be positive, got {raw}; write e.g. {_quote('6GiB')} or 0.8 "
+                          f"(a share of {where})")
+    if value < MIN_BUDGET:  # 1B, 0.5B, 512KiB
+        bigger = {"b": "GB", "kb": "MB", "kib": "MiB", "k": "M", "mb": "GB", "mib": "GiB", "m": "G"}
+        bigger = bigger.get(unit.lower(), "GiB")
+        rss = current_rss()
+        raise BudgetError(f"{raw} is {format_bytes(int(value))}: a budget under 1 MiB cannot hold a Python process"
+                          + (f" (this one uses {format_bytes(rss)} now)" if rss else "")
+                          + f"; did you mean {_quote(number + bigger)}?")
+    if total and value > total:
+        raise _too_large(value, where, total, device)
+    try:
+        return parse_bytes(raw)
+    except ValueError as exc:  # beyond 2**64 bytes, where no total was given to compare with
+        raise BudgetError(str(exc)) from None
+
+
+def size_reading(text) -> str:
+    """How a single-letter unit was read, for the status line: ``6G`` -> "6G read as 6 GiB, ..."; "" otherwise.
+
+    docker, systemd and Kubernetes disagree on what ``G`` means (Kubernetes: 10**9); nbaccel reads it as
+    docker and systemd do, since its own --enforce note tells users to write ``MemoryMax=6G``, and says so."""
+    letter = re.fullmatch(rf"\s*({_NUMBER})\s*([kmgt])\s*", text, flags=re.I) if isinstance(text, str) else None
+    if letter is None:
+        return ""
+    number, unit = letter[1], letter[2].upper()
+    decimal = float(number) * 1000 ** ("KMGT".index(unit) + 1)
+    return (f"{text.strip()} read as {number} {unit}iB, as docker and systemd read {letter[2]} "
+            f"(write {number}{unit}B for {decimal:,.0f} bytes)")
+
+
+def _share(raw: str, share: float, where: str, total: int | None) -> int:
+    """A share in (0, 1] of the device (``0.8``, ``80%``) -> bytes."""
+    if not total:
+        raise BudgetError(f"the size of {where} is unknown here, so a share cannot be used; give a size "
+                          f"({_quote('6GiB')})")
+    size = int(share * total)
+    if size < MIN_BUDGET:
+        raise BudgetError(f"a share of {raw} is {format_bytes(size)} of {where}: a budget under 1 MiB cannot "
+                          "hold a Python process; use a share such as 0.8")
+    return size
+
+
+def parse_budget(text, device: torch.device, total: int | None = None, limit: bool = True) -> int:
+    """``"6GiB"``, ``"6GB"``, ``"512MiB"``, ``"6G"`` (= 6GiB, see `size_reading`) -> bytes; a number without a
+    unit is a share of the device.
+
+    ``0.8``, ``8e-1``, ``.8``, ``80%`` (and the numbers 0.8, 1) are shares in (0, 1]. Text without a unit
     above 1 (``2000000000``, ``2e9``, ``12``: the magic's line) is refused with the sizes it could
     have meant; a Python number above 1 is bytes (``6 * 2**30``, ``2e9``), like torch's APIs.
     Raises `BudgetError` (with the fix) for negative or zero sizes, unknown units, budgets under
@@ -117,13 +180,13 @@ def parse_budget(text, device: torch.device, total: int | None = None, limit: bo
             raise BudgetError(f"{option('budget', text)} is {format_bytes(size)}: a budget under 1 MiB cannot hold a "
                               f"Python process (from Python a number above 1 is bytes) -- did you mean '{text}GiB'?")
         if limit and total and size > total:
-            raise BudgetError(f"a budget of {format_bytes(size)} is larger than {where} ({format_bytes(total)} on "
-                              f"{device}); use at most {format_bytes(total)}, or a share such as 0.9")
+            raise _too_large(size, where, total, device)
         return size
     raw = text.strip() if isinstance(text, str) else repr(text)
     if raw.startswith("-") or raw in ("0", "0.0"):
         raise BudgetError(f"a budget must be positive, got {raw}; write e.g. {_quote('6GiB')}, {_quote('512MiB')} "
                           f"or 0.8 (a share of {where})")
+    percent = re.fullmatch(rf"({_NUMBER})\s*%", raw, flags=re.I)
     if re.fullmatch(_NUMBER, raw, flags=re.I):
         share = float(raw)
         if share <= 0:
@@ -131,31 +194,20 @@ def parse_budget(text, device: torch.device, total: int | None = None, limit: bo
                               f"(a share of {where})")
         if share > 1:
             raise BudgetError(_unitless_fix(raw, share, where))
-        if not total:
-            raise BudgetError(f"the size of {where} is unknown here, so a share cannot be used; give a size "
-                              f"({_quote('6GiB')})")
-        size = int(share * total)
-        if size < MIN_BUDGET:
-            raise BudgetError(f"a share of {raw} is {format_bytes(size)} of {where}: a budget under 1 MiB cannot "
-                              "hold a Python process; use a share such as 0.8")
+        size = _share(raw, share, where, total)
+    elif percent:  # 80% is the share 0.8, with its range: a percentage cannot be a size left without a unit
+        share = float(percent[1]) / 100
+        if share <= 0:
+            raise BudgetError(f"a budget must be positive, got {raw}; write e.g. {_quote('80%')} (a share of {where}) "
+                              f"or {_quote('6GiB')}")
+        if share > 1:
+            raise BudgetError(f"{raw} is more than all of {where}: a share is at most 100%; write e.g. "
+                              f"{_quote('80%')}, or a size such as {_quote('6GiB')}")
+        size = _share(raw, share, where, total)
     else:
-        sized = re.fullmatch(rf"({_NUMBER})\s*([kmgt]i?b|b)", raw, flags=re.I)
-        if sized and float(sized[1]) * _UNITS[sized[2].lower()] < MIN_BUDGET:  # 1B, 0.5B, 512KiB
-            number, unit = sized.groups()
-            bigger = {"b": "GB", "kb": "MB", "kib": "MiB", "mb": "GB", "mib": "GiB"}.get(unit.lower(), "GiB")
-            rss = current_rss()
-            raise BudgetError(f"{raw} is {format_bytes(int(float(number) * _UNITS[unit.lower()]))}: a budget under "
-                              "1 MiB cannot hold a Python process"
-                              + (f" (this one uses {format_bytes(rss)} now)" if rss else "")
-                              + f"; did you mean {_quote(number + bigger)}?")
-        try:
-            size = parse_bytes(raw)
-        except ValueError:
-            raise BudgetError(f"cannot read {raw!r} as a budget; write e.g. {_quote('6GiB')}, {_quote('6GB')}, "
-                              f"{_quote('512MiB')}, or 0.8 (a share of {where})") from None
+        size = _sized(raw, where, total if limit else None, device)
     if limit and total and size > total:
-        raise BudgetError(f"a budget of {format_bytes(size)} is larger than {where} ({format_bytes(total)} on "
-                          f"{device}); use at most {format_bytes(total)}, or a share such as 0.9")
+        raise _too_large(size, where, total, device)
     return size
 
 
@@ -250,6 +302,11 @@ class Watcher:
         meter, self._meter = self._meter, None
         if meter is not None:
             meter.__exit__(None, None, None)
+
+    def drop(self, record: CellRecord) -> None:
+        """Take back a record that should not count (a cell whose magic refused its line). The list itself
+        is kept: statuses hold it and go on growing."""
+        self.records.remove(record)
 
     def end(self, error: BaseException | None = None, label: str | None = None) -> CellRecord | None:
         """Finish the pending measurement; ``label`` replaces the one given to `begin` (the cell's
@@ -479,12 +536,12 @@ class MemoryBudget:
 
 def memory_budget(budget, device="auto", strict: bool = False, enforce: bool = False, near: float = NEAR,
                   namespace: dict | None = None) -> MemoryBudget:
-    """A budget for scripts; see `MemoryBudget`. ``budget``: "6GiB", "6GB", "512MiB", a share of the device
-    such as 0.8 (a number up to 1), or a number of bytes above 1 (``6 * 2**30``, ``2e9``), as in torch's
-    memory APIs. (The magic's text has no such bytes: ``%memory_budget 2e9`` asks for a unit.)"""
+    """A budget for scripts; see `MemoryBudget`. ``budget``: "6GiB", "6GB", "512MiB", "6G" (= 6GiB), a share of
+    the device such as 0.8 or "80%" (a number up to 1), or a number of bytes above 1 (``6 * 2**30``, ``2e9``), as
+    in torch's memory APIs. (The magic's text has no such bytes: ``%memory_budget 2e9`` asks for a unit.)"""
     return MemoryBudget(budget, device, strict=strict, enforce=enforce, near=near, namespace=namespace)
 
 
 __all__ = ["memory_budget", "MemoryBudget", "BudgetStatus", "CellReport", "CellRecord", "Watcher", "parse_budget",
            "BudgetError", "BudgetExceeded", "BudgetWarning", "apply_cap", "release_cap", "device_memory", "plural",
-           "share_text", "check_near", "MIN_BUDGET"]
+           "share_text", "check_near", "size_reading", "MIN_BUDGET"]

@@ -367,6 +367,7 @@ class MemoryEstimate(ResultMixin):
     method: str
     states_measured: int | None = None
     gpu_counts: tuple = GPU_COUNTS
+    note: str = ""  # shown under the headline; the magic says here that a prediction watches nothing
 
     def per_gpu(self, precision: str, strategy: str, n: int) -> dict:
         """Bytes per GPU for one configuration, by component."""
@@ -458,7 +459,7 @@ class MemoryEstimate(ResultMixin):
                 "activations": {k: v.to_dict() for k, v in self.fits.items()},
                 "single_gpu": {k: self.single(k) for k in self.fits}, "budget_bytes": self.budget_bytes,
                 "budget_source": self.budget_source, "summary": self.summary, "probe_device": self.probe_device,
-                "method": self.method, "table": self.table().to_dict(orient="records")}
+                "method": self.method, "note": self.note, "table": self.table().to_dict(orient="records")}
 
 
 def _check_arguments(batch, example, probe_batches, amp_dtype, loss_fn, name, gpu_counts) -> None:
@@ -556,7 +557,7 @@ def estimate_memory(model: torch.nn.Module, optimizer="adamw", batch: int = 32, 
                                                    else "this host's physical memory")
     else:  # read like memory_budget's; a per-GPU budget may be larger than anything on this machine
         budget_bytes = parse_budget(budget, dev, limit=False)
-        source = "the budget"
+        source = "as given"  # not "the budget": that read as a budget now being watched
     params = list(model.parameters())
     trainable = [p for p in params if p.requires_grad]
     param_bytes = sum(p.numel() * p.element_size() for p in params) + sum(

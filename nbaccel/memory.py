@@ -216,8 +216,14 @@ def measure_peak(fn, device: torch.device) -> tuple[PeakMemory, object]:
     return meter.result, value
 
 
-_UNITS = {"b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
-          "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+# A single letter is a binary unit, as docker (--memory 6g) and systemd (MemoryMax=6G) read it; nbaccel's
+# own --enforce note tells users to write those. No P/E letters: "2e" reads as an unfinished exponent.
+_UNITS = {"b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12, "pb": 10**15, "eb": 10**18,
+          "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40, "pib": 2**50, "eib": 2**60,
+          "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40}
+# Patterns for re.I: a number in any notation (6, 1.5, .8, 2e9) and a unit after it (B, KB..EB, KiB..EiB, K..T).
+NUMBER_PATTERN = r"(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:e[+-]?[0-9]+)?"
+UNIT_PATTERN = r"[kmgtpe]i?b|[kmgt]|b"
 
 
 def format_bytes(n: float | None) -> str:
@@ -234,10 +240,11 @@ def format_bytes(n: float | None) -> str:
 
 
 def parse_bytes(text: str) -> int:
-    """``'6GiB'``, ``'6 GB'``, ``'512MiB'``, ``'1e9'`` -> bytes. Raises ValueError with the accepted forms."""
+    """``'6GiB'``, ``'6 GB'``, ``'512MiB'``, ``'6G'`` (= 6GiB), ``'1e9'`` -> bytes. Raises ValueError with the
+    accepted forms."""
     import re
 
-    match = re.fullmatch(r"\s*((?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:e[+-]?[0-9]+)?)\s*([kmgt]i?b|b)?\s*", str(text), flags=re.I)
+    match = re.fullmatch(rf"\s*({NUMBER_PATTERN})\s*({UNIT_PATTERN})?\s*", str(text), flags=re.I)
     if not match:
         raise ValueError(f"cannot read {text!r} as a size; write e.g. 6GiB, 6GB, 512MiB or 1e9 (bytes)")
     value = float(match.group(1)) * _UNITS[(match.group(2) or "b").lower()]

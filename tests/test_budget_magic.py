@@ -241,11 +241,54 @@ def test_syntax_error_cell_keeps_the_bookkeeping(ip, run_cell):
     assert statuses[-1] == "ok" and len(statuses) == 2
 
 
+def test_a_refused_magic_line_is_not_a_watched_cell(ip, run_cell):
+    # Mistyped %memory_budget lines were recorded as watched cells with status "error" and crowded the real
+    # cells out of the status's last 10. A magic that refuses its line with a UsageError ran nothing of the user's.
+    run_cell("%memory_budget 0.9 -q -r b")
+    run_cell("x = 1")
+    for line in ("0", "1.5", "abc", "150%", "2GiB --batch 4"):
+        run_cell(f"%memory_budget {line}", expect_error=UsageError)
+    run_cell("%%amp --dtype nope\nx + 1", expect_error=UsageError)  # any magic's refusal, a cell magic's too
+    run_cell("y = 2")
+    _, captured = run_cell("%memory_budget")
+    assert "2 cells watched:" in _texts(captured)
+    records = ip.user_ns["b"].records
+    assert len(records) == 3 and "error" not in [r.status for r in records]  # x = 1, y = 2, the status cell
+
+
+def test_user_code_before_a_refused_magic_line_is_still_watched(ip, run_cell):
+    # The refusal is the magic's, but the line before it ran (and may have allocated): the cell is the user's.
+    run_cell("%memory_budget 0.9 -q -r b")
+    run_cell("z = 3\n%memory_budget abc", expect_error=UsageError)
+    assert ip.user_ns["z"] == 3 and ip.user_ns["b"].records[-1].status == "error"
+
+
+def test_a_magic_that_refuses_after_running_code_is_still_watched(ip, run_cell):
+    # Not every UsageError comes before any work: nbaccel's own %%profile_gpu raises one after the runs when
+    # Kineto wrote an invalid trace. A refused cell that added memory keeps its row.
+    held = []
+
+    def grabby(line):
+        held.append(torch.ones(25_000_000))  # 100 MB
+        raise UsageError("refused after running")
+
+    ip.register_magic_function(grabby, magic_name="grabby_test")
+    try:
+        run_cell("%memory_budget 0.9 -q -r b")
+        run_cell("%grabby_test", expect_error=UsageError)
+    finally:
+        del ip.magics_manager.magics["line"]["grabby_test"]
+        held.clear()
+    record = ip.user_ns["b"].records[-1]
+    assert record.status == "error" and record.added_bytes > 50 * MB and "refused after running" in record.error
+
+
 @pytest.mark.parametrize("line, message", [
     ("-5GB", "must be positive"),
     ("12 parsecs", "cannot read '12parsecs'"),  # a number and a word are read as one size, like "6 GB"
     ("12parsecs", "cannot read '12parsecs'"),
     ("999TiB", "larger than this host's physical memory"),
+    ("1PiB", "larger than this host's physical memory"),  # was "cannot read '1PiB'"
     ("--model nothing --batch 4", "names nothing"),
     ("--model n --batch 4", "is a int, not a torch.nn.Module"),
     ("--model model", "needs --batch"),
@@ -300,9 +343,58 @@ def test_estimate_magic(ip, run_cell):
     assert est.n_params == n and est.param_bytes == 4 * n and est.grad_bytes == 4 * n
     assert est.optimizer == "sgd-momentum" and est.state_bytes == 4 * n  # one momentum buffer
     assert est.budget_bytes == 80 * 2**30 and est.summary.startswith("fits in fp32") and "GPU" not in est.summary
-    assert "budget 80 GiB (the budget), measured on cpu" in _texts(captured)
+    assert "budget 80 GiB (as given), measured on cpu" in _texts(captured)  # was "(the budget)": see below
     assert "prediction for GPUs" in _texts(captured) and "linear extrapolation" in _texts(captured)
     assert not _nbaccel_callbacks(ip), "a prediction does not start watching"
+
+
+def _estimate_renderings(ip, captured, name):
+    """The estimate as a terminal, a static page and the widget show it."""
+    from nbaccel.render import budget as budget_render
+
+    shown = [o.data for o in captured.outputs]
+    assert len(shown) == 1
+    return shown[0]["text/plain"], shown[0]["text/html"], budget_render.widget(ip.user_ns[name]).value
+
+
+@pytest.fixture
+def mlp(run_cell):
+    run_cell("import torch\nmodel = torch.nn.Sequential(torch.nn.Linear(64, 64))\nx = torch.randn(32, 64)")
+
+
+def test_an_estimate_says_it_watches_nothing(ip, run_cell, mlp):
+    # "... -- budget 1 GiB (the budget), measured on cpu" read as a budget set: a user expected the next
+    # cells to be watched, and a 2 GiB cell went unflagged.
+    _, captured = run_cell("%memory_budget 1GiB --model model --batch 32 --input x -r est")
+    for shown in _estimate_renderings(ip, captured, "est"):
+        assert "a prediction, compared with 1 GiB: no budget is being watched, so later cells are not measured; " \
+               "%memory_budget 1GiB starts watching" in shown
+        assert "(the budget)" not in shown
+    assert "budget 1 GiB (as given), measured on cpu" in ip.user_ns["est"].summary
+    assert ip.user_ns["est"].to_dict()["note"].startswith("a prediction, compared with 1 GiB")
+    assert not _nbaccel_callbacks(ip)  # as it says
+
+
+def test_an_estimate_leaves_the_watched_budget_as_it_was(ip, run_cell, mlp):
+    run_cell("%memory_budget 4GiB -q")
+    _, captured = run_cell("%memory_budget 1GiB --model model --batch 32 --input x -r est")
+    for shown in _estimate_renderings(ip, captured, "est"):
+        assert "a prediction, compared with 1 GiB: the budget being watched (4 GiB on cpu) stays as it was" in shown
+    # Without a size, the prediction is compared with the watched budget, and says so.
+    _, captured = run_cell("%memory_budget --model model --batch 32 --input x -r est")
+    assert "budget 4 GiB (the budget being watched), measured on cpu" in ip.user_ns["est"].summary
+    assert "a prediction, compared with the budget being watched (4 GiB on cpu), which stays as it was" in \
+        _texts(captured)
+    run_cell("%memory_budget -q -r s")
+    assert ip.user_ns["s"].active and ip.user_ns["s"].budget_bytes == 4 * 2**30
+
+
+def test_an_estimate_against_more_than_this_host_suggests_a_budget_that_can_be_watched(ip, run_cell, mlp):
+    _, captured = run_cell("%memory_budget 80G --model model --batch 32 --input x")
+    text = _texts(captured)
+    # 80 GiB per GPU is no budget for this host: the command offered must be one that works here.
+    assert "no budget is being watched, so later cells are not measured; %memory_budget 0.8 starts watching" in text
+    assert "80G read as 80 GiB" in text
 
 
 def test_script_context_manager():
@@ -380,6 +472,9 @@ def test_off_without_a_budget_says_there_was_none(ip, run_cell):
     ("-5GB", "a budget must be positive, got -5GB"),
     ("--strict -0.5", "a budget must be positive, got -0.5"),
     ("2GiB --device -1", "device"),
+    ("0%", r"^a budget must be positive, got 0%; write e.g. 80% \(a share of this host's physical memory\) or 6GiB$"),
+    ("150%", r"^150% is more than all of this host's physical memory: a share is at most 100%"),
+    ("-5%", r"^a budget must be positive, got -5%"),
     ("2GiB -r -1", "-r/--result takes a Python variable name"),
     # Prediction options without --model once started a plain watch and dropped them unsaid.
     ("6GiB --batch 32", r"^--batch goes with --model: %memory_budget 80GiB --model model --batch 32"),
@@ -391,7 +486,17 @@ def test_budget_text_is_read_consistently_and_errors_blame_the_right_option(ip, 
     assert not _nbaccel_callbacks(ip)
 
 
-@pytest.mark.parametrize("line", ["0.8", "8e-1", ".8", "80e-2"])
+@pytest.mark.parametrize("line, letter", [("1G", "G"), ("1g", "g"), ("1 G", "G")])
+def test_a_single_letter_unit_is_read_as_binary_and_the_status_says_so(ip, run_cell, line, letter):
+    # docker --memory 1g and systemd MemoryMax=1G (what the --enforce note suggests) mean GiB; "1G" was refused.
+    _, captured = run_cell(f"%memory_budget {line} -r s")
+    assert ip.user_ns["s"].budget_bytes == 2**30
+    head = _texts(captured).splitlines()[0]
+    assert head.startswith("memory budget 1 GiB of ") and head.endswith(
+        f"[soft] -- 1{letter} read as 1 GiB, as docker and systemd read {letter} (write 1GB for 1,000,000,000 bytes)")
+
+
+@pytest.mark.parametrize("line", ["0.8", "8e-1", ".8", "80e-2", "80%", "80 %"])
 def test_a_share_in_any_notation(ip, run_cell, line):
     from nbaccel.budget import device_memory
 

@@ -16,8 +16,10 @@ cap installed afresh, so nothing is doubled).
 
 from __future__ import annotations
 
+import ast
 import difflib
 import re
+from dataclasses import replace
 
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_magic, magics_class
@@ -26,7 +28,7 @@ from IPython.core.magic_arguments import argument, magic_arguments
 import torch
 
 from ..budget import (NEAR, usage_now, BudgetError, BudgetExceeded, CellReport, Watcher, apply_cap, capped_devices,
-                      parse_budget, plural, release_cap, share_text, status)
+                      parse_budget, plural, release_cap, share_text, size_reading, status)
 from ..device import DeviceError, resolve_device
 from ..memory import format_bytes
 from ..oom import OOM_TYPES, explain_oom, is_oom
@@ -38,6 +40,9 @@ _NEGATIVE = re.compile(r"^-\.?[0-9]")
 # Options that take a value: a negative number after one of them is that option's value (--near -0.5),
 # not a negative budget.
 _VALUE_OPTIONS = {"--device", "--near", "--model", "--optimizer", "--batch", "--input", "-r", "--result"}
+# A cell that added at least this much memory pushed usage up: it gets the gauge or the warning, and it keeps
+# its row even when a magic refused with a UsageError. Any Python code moves RSS by a few pages.
+PUSHED = 2**20
 CPU_ENFORCE_NOTE = ("--enforce: the CPU allocator has no per-process cap, so only a soft budget (checked after each "
                     "cell) is possible here; for a hard limit start the kernel in a cgroup "
                     "(systemd-run --user -p MemoryMax=6G jupyter lab, or docker --memory 6g)")
@@ -58,7 +63,8 @@ class BudgetMagics(Magics):
     @magic_arguments()
     @help_option
     @argument("budget", nargs="?", default=None,
-              help="6GiB, 6GB, 512MiB, or a share of the device such as 0.8 (the CPU: of physical memory); "
+              help="6GiB, 6GB, 512MiB, 6G (= 6GiB, as docker and systemd read it), or a share of the device such as "
+                   "0.8 or 80%% (the CPU: of physical memory); "
                    "'off' removes the budget and every hook; nothing: show the status")
     @argument("--device", default="auto", help="auto, cpu or cuda[:N] (default: cuda when present)")
     @argument("--enforce", action="store_true",
@@ -96,9 +102,9 @@ class BudgetMagics(Magics):
         the request, the limit, what was allocated, the largest tensors/modules/optimizers in the
         namespace, and what to try, with the expected saving. The result (-r) has ``.history``.
         """
-        # "6 GB" is what people type (and "12 parsecs" deserves the size error, not argparse's): a number
-        # and the word after it are one size; argparse would see two positional arguments.
-        line = re.sub(r"^(\s*-?[0-9]*\.?[0-9]+)\s+([a-z]+)\b", r"\1\2", line, flags=re.I)
+        # "6 GB" and "80 %" are what people type (and "12 parsecs" deserves the size error, not argparse's): a
+        # number and the word or % after it are one size; argparse would see two positional arguments.
+        line = re.sub(r"^(\s*-?[0-9]*\.?[0-9]+)\s+([a-z]+\b|%)", r"\1\2", line, flags=re.I)
         # argparse takes "-5GB" for an unknown option: name the real mistake first. Only a token in the
         # budget's place, though: "--near -0.5" is a bad --near, said below.
         tokens = [token.strip("\"'") for token in line.split()]  # "-5GB" quoted is still -5GB
@@ -171,16 +177,17 @@ class BudgetMagics(Magics):
             fraction = apply_cap(device, budget)
             note = f"allocator capped at {fraction:.1%} of the GPU"
         else:
-            note = CPU_ENFORCE_NOTE
+            note = CPU_ENFORCE_NOTE  # first: with -q, a note that starts with it is still printed
         self.strict, self.enforce = args.strict, bool(args.enforce and device.type == "cuda")
         self._install()
+        notes = [note, size_reading(args.budget)]  # 6G: say which G was meant
         used = usage_now(device)[0]
         if used > budget:
-            note = "; ".join(filter(None, [note, (
+            notes.append(
                 f"already over: {format_bytes(used)} in use now, more than the {format_bytes(budget)} budget, "
                 "so every cell that adds memory will be reported over (and each is recorded over in the history) "
-                "until memory is freed or the budget raised")]))
-        self._show(args, self._status(device, note))
+                "until memory is freed or the budget raised")
+        self._show(args, self._status(device, "; ".join(filter(None, notes))))
 
     # --- prediction -------------------------------------------------------------------------------------
 
@@ -222,6 +229,9 @@ class BudgetMagics(Magics):
                                      device=device, name=args.model)
         except (ValueError, TypeError) as exc:
             raise UsageError(str(exc)) from None
+        if args.budget is None and self.watcher is not None:
+            result = replace(result, budget_source="the budget being watched")
+        result = replace(result, note=self._prediction_note(args, device, result))
         self._estimate = result
         if self.watcher is not None:
             # The estimate's dry runs are nbaccel's own work, not the user's cell: don't hold
@@ -230,6 +240,33 @@ class BudgetMagics(Magics):
         store_result(self.shell, args.result, result)
         if not args.quiet:
             display_result(result)
+
+    def _prediction_note(self, args, device, estimate) -> str:
+        """What a prediction leaves as it was: "budget 1 GiB" in its summary read as a budget now being
+        watched, and a user expected the next cells to be measured."""
+        watched = None if self.watcher is None else (
+            f"the budget being watched ({format_bytes(self.watcher.budget)} on {self.watcher.device})")
+        if args.budget is None and watched:
+            note = f"a prediction, compared with {watched}, which stays as it was"
+        else:
+            compared = format_bytes(estimate.budget_bytes) + ("" if args.budget else f" ({estimate.budget_source})")
+            note = f"a prediction, compared with {compared}: " + (
+                f"{watched} stays as it was" if watched else
+                f"no budget is being watched, so later cells are not measured; {self._watch_command(args, device)} "
+                "starts watching")
+        return "; ".join(filter(None, [note, size_reading(args.budget)]))
+
+    @staticmethod
+    def _watch_command(args, device) -> str:
+        """The line that watches the size just compared with, where it is a budget this device can have
+        (80GiB per GPU is none for a 16 GiB host: then a share)."""
+        size = args.budget
+        if size is not None:
+            try:
+                parse_budget(size, device)
+            except BudgetError:
+                size = None
+        return f"%memory_budget {size or '0.8'}" + ("" if args.device == "auto" else f" --device {args.device}")
 
     # --- hooks ----------------------------------------------------------------------------------------------
 
@@ -293,12 +330,15 @@ class BudgetMagics(Magics):
         # has not; the ExecutionResult carries the number the frontend shows.
         count = getattr(result, "execution_count", None)
         record = self.watcher.end(error=error, label=f"In[{count}]" if count is not None else None)
+        if record is not None and self._refused(result, record):
+            self.watcher.drop(record)
+            return
         if record is None or record.status not in ("near", "over"):
             return
         # Only the cells that pushed usage up (added memory) get a gauge, a warning or a --strict failure,
         # not every later cell that starts near or over: `del x` must run without being told it is over,
-        # and the history still records every cell. 1 MiB: any Python code moves RSS by a few pages.
-        pushed = record.added_bytes >= 2**20
+        # and the history still records every cell.
+        pushed = record.added_bytes >= PUSHED
         if not pushed and error is None:
             return
         failing = record.status == "over" and self.strict and pushed and error is None \
@@ -314,6 +354,18 @@ class BudgetMagics(Magics):
             # "An exception has occurred, use %tb to see the full traceback", and there is none to see.
             stb = self.shell.InteractiveTB.get_exception_only(BudgetExceeded, exc)
             self.shell._showtraceback(BudgetExceeded, exc, stb)  # the hook ipykernel sends as an error output
+
+    def _refused(self, result, record) -> bool:
+        """Whether the cell was a magic refusing its line: no row for it (mistyped ``%memory_budget 0``
+        lines crowded the real cells out of the status's last 10).
+
+        IPython's convention is that a magic raises UsageError for input it refuses, before it does anything.
+        That says nothing of a cell's other lines (``x = big()`` above the magic ran), so only a cell that is
+        one magic call qualifies. And not every UsageError comes first: nbaccel's own %%profile_gpu raises one
+        after its runs when Kineto wrote an invalid trace, so a cell that added memory keeps its row.
+        """
+        error = getattr(result, "error_in_exec", None)
+        return isinstance(error, UsageError) and record.added_bytes < PUSHED and _one_magic_call(self.shell, result)
 
     def _on_exception(self, shell, etype, value, tb, tb_offset=None):
         if not is_oom(value):
@@ -332,3 +384,20 @@ class BudgetMagics(Magics):
                                   tb=tb, skip=history_name(self.shell), per_sample_bytes=per_sample, batch=batch)
         display_result(explanation)
         return None
+
+
+def _one_magic_call(shell, result) -> bool:
+    """Whether the cell was a single magic call and nothing else: ``%memory_budget abc``,
+    ``s = %memory_budget``, or a ``%%cell`` magic (its body is the magic's to run)."""
+    raw = getattr(getattr(result, "info", None), "raw_cell", None)
+    if not raw:
+        return False
+    try:
+        body = ast.parse(shell.transform_cell(raw)).body
+    except SyntaxError:
+        return False
+    if len(body) != 1 or not isinstance(body[0], (ast.Expr, ast.Assign)):
+        return False
+    call = body[0].value  # get_ipython().run_line_magic('memory_budget', 'abc'), as IPython rewrote the line
+    return (isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute)
+            and call.func.attr in ("run_line_magic", "run_cell_magic"))

@@ -202,10 +202,10 @@ def _estimate_headers(e) -> list[str]:
 
 
 def _compared_with(e) -> str:
+    what = e.budget_source if e.budget_bytes is None else f"{format_bytes(e.budget_bytes)} ({e.budget_source})"
     if e.on_gpu:
-        return e.budget_source
-    return (f"{e.budget_source} (the training step's tensors; the process itself and other programs need memory "
-            "too)")
+        return what
+    return f"{what}, with the training step's tensors (the process itself and other programs need memory too)"
 
 
 def _sharding_title(e) -> str:
@@ -267,8 +267,8 @@ def _estimate_head(e) -> str:
 
 
 def estimate_text(e) -> str:
-    out = [_estimate_head(e), "", text_table(_estimate_headers(e), _estimate_rows(e)), "",
-           _sharding_title(e) + ":",
+    out = [_estimate_head(e)] + ([e.note] if e.note else [])
+    out += ["", text_table(_estimate_headers(e), _estimate_rows(e)), "", _sharding_title(e) + ":",
            text_table(["precision", "strategy", "N=2", "N=4", "N=8"], _sharding_rows(e), left=(0, 1)), ""]
     out += ["activations: " + line for line in _fit_lines(e)]
     out += _rss_line(e)
@@ -278,7 +278,8 @@ def estimate_text(e) -> str:
 
 def estimate_html(e) -> str:
     title = _sharding_title(e)
-    return wrap(f"<h4>{esc(_estimate_head(e))}</h4>" + table(_estimate_headers(e), _estimate_rows(e))
+    note = f'<div class="nbaccel-note">{esc(e.note)}</div>' if e.note else ""
+    return wrap(f"<h4>{esc(_estimate_head(e))}</h4>" + note + table(_estimate_headers(e), _estimate_rows(e))
                 + f"<h4>{esc(title[0].upper() + title[1:])}</h4>"
                 + table(["precision", "strategy", "N=2", "N=4", "N=8"], _sharding_rows(e), name_columns=(0, 1))
                 + bullet_list(_fit_lines(e) + _rss_line(e))
