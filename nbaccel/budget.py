@@ -29,7 +29,7 @@ import torch
 
 from .device import DeviceError, device_info, resolve_device
 from .holders import Holder, namespace_holders
-from .memory import (_UNITS, NUMBER_PATTERN, UNIT_PATTERN, PeakMeter, cuda_counters, current_rss, format_bytes,
+from .memory import (NUMBER_PATTERN, UNIT_PATTERN, UNITS, PeakMeter, cuda_counters, current_rss, format_bytes,
                      parse_bytes)
 from .options import in_magic, option
 from .results import ResultMixin
@@ -104,14 +104,14 @@ def _sized(raw: str, where: str, total: int | None, device: torch.device) -> int
         raise BudgetError(f"cannot read {raw!r} as a budget; write e.g. {_quote('6GiB')}, {_quote('6GB')}, "
                           f"{_quote('512MiB')}, or 0.8 (a share of {where})")
     number, unit = sized.groups()
-    value = float(number) * _UNITS[unit.lower()]
+    value = float(number) * UNITS[unit.lower()]
     if not math.isfinite(value):  # 1e309GiB
         raise BudgetError(f"{raw} is not a finite size; write e.g. {_quote('6GiB')} or 0.8 (a share of {where})")
     if value == 0:  # 0GiB: no bigger unit makes it a budget
         raise BudgetError(f"a budget must be positive, got {raw}; write e.g. {_quote('6GiB')} or 0.8 "
                           f"(a share of {where})")
     if value < MIN_BUDGET:  # 1B, 0.5B, 512KiB
-        bigger = {"b": "GB", "kb": "MB", "kib": "MiB", "k": "M", "mb": "GB", "mib": "GiB", "m": "G"}
+        bigger = {"b": "GB", "kb": "MB", "kib": "MiB", "k": "M", "mb": "GB", "mib": "GiB", "m": "G", "ki": "Mi", "mi": "Gi"}
         bigger = bigger.get(unit.lower(), "GiB")
         rss = current_rss()
         raise BudgetError(f"{raw} is {format_bytes(int(value))}: a budget under 1 MiB cannot hold a Python process"

@@ -217,13 +217,15 @@ def measure_peak(fn, device: torch.device) -> tuple[PeakMemory, object]:
 
 
 # A single letter is a binary unit, as docker (--memory 6g) and systemd (MemoryMax=6G) read it; nbaccel's
-# own --enforce note tells users to write those. No P/E letters: "2e" reads as an unfinished exponent.
-_UNITS = {"b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12, "pb": 10**15, "eb": 10**18,
-          "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40, "pib": 2**50, "eib": 2**60,
-          "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40}
-# Patterns for re.I: a number in any notation (6, 1.5, .8, 2e9) and a unit after it (B, KB..EB, KiB..EiB, K..T).
+# own --enforce note tells users to write those. Kubernetes' Ki/Mi/Gi/Ti are binary too. No P/E letters:
+# "2e" reads as an unfinished exponent.
+UNITS = {"b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12, "pb": 10**15, "eb": 10**18,
+         "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40, "pib": 2**50, "eib": 2**60,
+         "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40, "ki": 2**10, "mi": 2**20, "gi": 2**30, "ti": 2**40}
+# Patterns for re.I: a number in any notation (6, 1.5, .8, 2e9) and a unit after it (B, KB..EB, KiB..EiB,
+# K..T, Ki..Ti).
 NUMBER_PATTERN = r"(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:e[+-]?[0-9]+)?"
-UNIT_PATTERN = r"[kmgtpe]i?b|[kmgt]|b"
+UNIT_PATTERN = r"[kmgtpe]i?b|[kmgt]i?|b"
 
 
 def format_bytes(n: float | None) -> str:
@@ -231,9 +233,9 @@ def format_bytes(n: float | None) -> str:
         return "n/a"
     sign = "-" if n < 0 else ""
     n = abs(n)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"):
         # 1023.5 KiB and up reads "1 MiB", not "1.02e+03 KiB" (3 significant digits of 1023.4)
-        if n < 1023.5 or unit == "TiB":
+        if n < 1023.5 or unit == "EiB":
             return f"{sign}{n:.0f} {unit}" if unit == "B" or n >= 999.5 else f"{sign}{n:.3g} {unit}"
         n /= 1024
     return f"{sign}{n} B"
@@ -247,7 +249,7 @@ def parse_bytes(text: str) -> int:
     match = re.fullmatch(rf"\s*({NUMBER_PATTERN})\s*({UNIT_PATTERN})?\s*", str(text), flags=re.I)
     if not match:
         raise ValueError(f"cannot read {text!r} as a size; write e.g. 6GiB, 6GB, 512MiB or 1e9 (bytes)")
-    value = float(match.group(1)) * _UNITS[(match.group(2) or "b").lower()]
+    value = float(match.group(1)) * UNITS[(match.group(2) or "b").lower()]
     if value <= 0:
         raise ValueError(f"a size must be positive, got {text!r}")
     if value > 2**64:  # also catches 1e309 -> inf, which int() cannot take

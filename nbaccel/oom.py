@@ -24,7 +24,7 @@ import torch
 
 from .cells import cell_label
 from .holders import Holder, namespace_holders
-from .memory import current_rss, format_bytes, parse_bytes
+from .memory import UNITS, current_rss, format_bytes
 from .results import ResultMixin
 
 # What ``shell.set_custom_exc`` is given. RuntimeError and MemoryError are broader than OOM: the
@@ -32,7 +32,6 @@ from .results import ResultMixin
 OOM_TYPES = (torch.OutOfMemoryError, RuntimeError, MemoryError)
 
 _CPU_MARK = "can't allocate memory"
-_EXTRA_UNITS = {"pib": 2**50, "eib": 2**60}
 _SIZE = r"([0-9]*\.?[0-9]+)\s*(bytes|B|KiB|MiB|GiB|TiB|PiB|EiB)"
 
 
@@ -44,10 +43,8 @@ def is_oom(exc: BaseException) -> bool:
 
 
 def _size(number: str, unit: str) -> int:
-    unit = unit.lower()
-    if unit in _EXTRA_UNITS:
-        return int(float(number) * _EXTRA_UNITS[unit])
-    return parse_bytes(f"{number} {'b' if unit == 'bytes' else unit}") if float(number) > 0 else 0
+    # a size read from an error message is what it is: no budget checks (parse_bytes refuses 0 and > 16 EiB)
+    return int(float(number) * UNITS["b" if unit.lower() == "bytes" else unit.lower()])
 
 
 def _find(pattern: str, text: str) -> int | None:

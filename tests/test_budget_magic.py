@@ -206,7 +206,7 @@ def test_out_of_memory_is_explained_and_the_kernel_lives_on(ip, run_cell):
     result, captured = run_cell("z = torch.empty(2**50, dtype=torch.uint8)", expect_error=RuntimeError)
     text = _texts(captured)
     assert "OUT OF MEMORY on cpu" in text and "kernel is still alive" in text
-    assert "requested: 1.02e+03 TiB" in text  # 2**50 bytes, read from the allocator's message
+    assert "requested: 1 PiB" in text  # 2**50 bytes, read from the allocator's message
     assert "allocated at the failure" in text and "limit:" in text
     # the failing line, named like IPython names the cell (not /tmp/ipykernel_../...py)
     assert f"Cell In[{result.execution_count}], line 1: z = torch.empty(2**50" in text
@@ -479,6 +479,10 @@ def test_off_without_a_budget_says_there_was_none(ip, run_cell):
     # Prediction options without --model once started a plain watch and dropped them unsaid.
     ("6GiB --batch 32", r"^--batch goes with --model: %memory_budget 80GiB --model model --batch 32"),
     ("6GiB --optimizer sgd --input x", r"^--optimizer and --input go with --model"),
+    # ... and the watching options with --model (a prediction watches no cell)
+    ("80GiB --model m --batch 8 --strict", r"^--strict goes with a watched budget, not with --model"),
+    ("80GiB --model m --batch 8 --enforce --near 0.5", r"^--enforce and --near go with a watched budget, not with "
+                                                       r"--model .*%memory_budget 6GiB --enforce --near \.\.\. to watch"),
 ])
 def test_budget_text_is_read_consistently_and_errors_blame_the_right_option(ip, run_cell, line, message):
     with pytest.raises(UsageError, match=message):

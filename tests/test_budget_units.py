@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from nbaccel.budget import BudgetError, parse_budget
+from nbaccel.budget import BudgetError, parse_budget, size_reading
 from nbaccel.holders import namespace_holders
 from nbaccel.oom import is_oom, parse_oom_message
 
@@ -324,7 +324,7 @@ def test_how_a_single_letter_was_read_is_said():
 @pytest.mark.parametrize("text, message", [
     ("512K", r"^512K is 512 KiB: a budget under 1 MiB .*did you mean '512M'\?"),
     ("0.5M", r"did you mean '0.5G'\?"), ("2T", "larger than this host's physical memory"),
-    ("6Gi", "cannot read '6Gi'"), ("2e", "cannot read '2e'"),  # no P/E letters: "2e" is an unfinished exponent
+    ("6Pi", "cannot read '6Pi'"), ("2e", "cannot read '2e'"),  # no P/E letters: "2e" is an unfinished exponent
 ])
 def test_single_letter_sizes_get_the_same_checks(text, message):
     with pytest.raises(BudgetError, match=message):
@@ -348,3 +348,15 @@ def test_a_percentage_is_a_share(text, expected):
 def test_a_percentage_has_the_range_of_a_share(text, message):
     with pytest.raises(BudgetError, match=message):
         parse_budget(text, CPU, total=16 * GiB)
+
+
+@pytest.mark.parametrize("text, expected", [("6Gi", 6 * 2**30), ("512Mi", 512 * 2**20), ("2 gi", 2 * 2**30)])
+def test_kubernetes_binary_suffixes(text, expected):
+    # Kubernetes writes memory limits as 6Gi; "cannot read '6Gi'" sent people to the docs for nothing.
+    assert parse_budget(text, torch.device("cpu")) == expected
+    assert size_reading(text) == ""  # unambiguous: no "read as" note
+
+
+def test_a_tiny_kubernetes_size_suggests_the_next_unit():
+    with pytest.raises(BudgetError, match=r"did you mean '?512Mi'?\?"):
+        parse_budget("512Ki", torch.device("cpu"))

@@ -12,7 +12,7 @@ from nbaccel.timing import format_seconds
     (None, "n/a"), (0, "0 B"), (1023, "1023 B"), (1024, "1 KiB"), (1536, "1.5 KiB"),
     # 3 significant digits of 1023.4 KiB once read "1.02e+03 KiB" (seen in the benchmark table)
     (1_048_000, "1023 KiB"), (1_048_575, "1 MiB"), (1000 * 2**20, "1000 MiB"), (2**30, "1 GiB"),
-    (123.456 * 2**20, "123 MiB"), (-3 * 2**20, "-3 MiB"), (5000 * 2**40, "5000 TiB"),
+    (123.456 * 2**20, "123 MiB"), (-3 * 2**20, "-3 MiB"), (5000 * 2**40, "4.88 PiB"), (2**70, "1024 EiB"),
 ])
 def test_format_bytes(n, text):
     assert format_bytes(n) == text

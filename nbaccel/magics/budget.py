@@ -71,7 +71,7 @@ class BudgetMagics(Magics):
               help="CUDA: cap the allocator at the budget (set_per_process_memory_fraction), so a cell that "
                    "would exceed it fails fast; the CPU has no such cap (only a soft budget)")
     @argument("--strict", action="store_true", help="a cell that pushes usage over the budget (adds memory and ends over) is marked as failed")
-    @argument("--near", type=float, default=NEAR,
+    @argument("--near", type=float, default=None,
               help=f"show a gauge after cells that used at least this share of the budget (default {NEAR})")
     @argument("--model", default=None, metavar="NAME",
               help="predict the training memory of this nn.Module (BUDGET is then the per-GPU memory to compare "
@@ -115,10 +115,18 @@ class BudgetMagics(Magics):
         if args is None:  # -h/--help: the help was printed
             return None
         check_name(args.result)
-        if not 0 < args.near <= 1:
+        if args.near is not None and not 0 < args.near <= 1:
             raise UsageError(f"--near is a share of the budget between 0 and 1, got {args.near}")
         if args.model is not None:
+            for_watching = [flag for flag, given in (("--strict", args.strict), ("--enforce", args.enforce),
+                                                     ("--near", args.near is not None)) if given]
+            if for_watching:  # a prediction watches nothing: these would be dropped unsaid
+                raise UsageError(f"{' and '.join(for_watching)} {'go' if len(for_watching) > 1 else 'goes'} with a "
+                                 f"watched budget, not with --model (a prediction watches no cell): run "
+                                 f"%memory_budget 6GiB {' '.join(for_watching)} ... to watch, and the --model line "
+                                 "without them to predict")
             return self._estimate_cmd(args)
+        near = NEAR if args.near is None else args.near
         for_model = [name for name, value in (("--optimizer", args.optimizer), ("--batch", args.batch),
                                               ("--input", args.input)) if value is not None]
         if for_model:  # silently watching a budget instead of the prediction asked for would mislead
@@ -137,7 +145,7 @@ class BudgetMagics(Magics):
                 raise UsageError("--enforce and --strict go with a budget: %memory_budget 6GiB --strict")
             device = self.watcher.device if self.watcher and args.device == "auto" else self._device(args.device)
             return self._show(args, self._status(device))
-        return self._start(args)
+        return self._start(args, near)
 
     def _device(self, spec):
         try:
@@ -156,7 +164,7 @@ class BudgetMagics(Magics):
         elif result.note.startswith("--enforce"):
             print(result.note)
 
-    def _start(self, args):
+    def _start(self, args, near):
         device = self._device(args.device)
         try:
             budget = parse_budget(args.budget, device)
@@ -167,10 +175,10 @@ class BudgetMagics(Magics):
         # (a first `--enforce` once left the GPU uncapped that way).
         note = ""
         if self.watcher is not None and self.watcher.device == device:
-            self.watcher.budget, self.watcher.near = budget, args.near  # keep the history
+            self.watcher.budget, self.watcher.near = budget, near  # keep the history
         else:
             self.stop()
-            self.watcher = Watcher(budget, device, args.near)
+            self.watcher = Watcher(budget, device, near)
         if not args.enforce:
             release_cap()
         elif device.type == "cuda":
