@@ -84,7 +84,17 @@ _HEADLINES = {
     "profile": {"device": "header.device", "wall_us": "header.wall_us", "device_time_us": "header.device_time_us",
                 "flops_per_s": "header.flops_per_s", "fraction_of_peak": "header.fraction_of_peak",
                 "tensor_core_share": "tensor_cores.share"},
+    # %memory_budget's results share kind "budget"; their ``view`` says which one (status, cell, oom).
     "budget": {"device": "device", "budget_bytes": "budget_bytes", "used_now": "used_now"},
+    "budget.cell": {"device": "device", "cell": "cell", "budget_bytes": "budget_bytes", "used_bytes": "used_bytes",
+                    "added_bytes": "added_bytes", "status": "status"},
+    "budget.oom": {"device": "device", "error_type": "error_type", "requested_bytes": "facts.requested",
+                   "allocated_bytes": "allocated_bytes", "limit_bytes": "limit_bytes", "location": "location"},
+    "estimate": {"device": "probe_device", "model": "model", "batch": "batch", "budget_bytes": "budget_bytes",
+                 "fp32_peak_bytes": "single_gpu.fp32.total", "fits_fp32": "single_gpu.fp32.fits"},
+    "multirank": {"world_size": "world_size", "straggler_rank": "straggler.rank",
+                  "straggler_step_us": "straggler.step_time_us", "excess_fraction": "straggler.excess_fraction"},
+    "env": {"torch": "sections.software.torch", "cuda": "sections.software.CUDA (torch built with)"},
 }
 
 
@@ -116,7 +126,11 @@ def results_frame(records) -> pd.DataFrame:
                              f"to_dict() or to_json(); got {type(record).__name__} {str(record)[:60]}")
         row = {"kind": record.get("kind"), "schema_version": record.get("schema_version", 0),
                "nbaccel_version": record.get("nbaccel_version")}
-        for column, path in _HEADLINES.get(row["kind"], {}).items():
+        view = record.get("view")
+        if view is not None:
+            row["view"] = view
+        headlines = _HEADLINES.get(f"{row['kind']}.{view}") or _HEADLINES.get(row["kind"], {})
+        for column, path in headlines.items():
             row[column] = _dig(record, path)
         rows.append(row)
     return pd.DataFrame(rows)

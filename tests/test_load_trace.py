@@ -254,6 +254,9 @@ def test_two_rank_folder_names_the_straggler(two_ranks):
     text = str(r)
     assert re.search(r"slowest rank: 1 -- step time .*\+25\.0%", text)
     assert "2 ranks of world size 16 on NVIDIA A100-SXM4-80GB" in text and "not a live run" in text
+    row = nbaccel.results_frame(r).iloc[0]  # a saved multi-rank result names its straggler
+    assert (row["kind"], row["world_size"], row["straggler_rank"]) == ("multirank", 16, 1)
+    assert row["excess_fraction"] == pytest.approx(0.25, abs=1e-6)
     merged = r.table()
     one = r.ranks[0].table()
     calls = dict(zip(merged["name"], merged["calls"]))

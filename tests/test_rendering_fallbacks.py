@@ -104,6 +104,28 @@ def test_results_frame_reads_profile_and_budget_results():
     assert frame.loc[1, "budget_bytes"] == 8 * 2**30
 
 
+def test_results_frame_has_headlines_for_every_result_kind():
+    # A cell report, an OOM explanation, an estimate and the env report once loaded with empty columns
+    # (only amp/profile/budget-status had headlines; the budget results share kind "budget").
+    from nbaccel.budget import CellRecord, CellReport
+    from nbaccel.oom import explain_oom
+
+    cell = CellReport(CellRecord(label="In[3]", budget_bytes=2**30, used_bytes=900 * 2**20, added_bytes=300 * 2**20,
+                                 allocated_peak_bytes=None, before_bytes=600 * 2**20, seconds=0.5, status="near",
+                                 error=None, method="rss"), device="cpu")
+    oom = explain_oom(RuntimeError("[enforce fail at alloc_cpu.cpp:127] DefaultCPUAllocator: can't allocate memory: "
+                                   "you tried to allocate 1073741824 bytes. Error code 12"))
+    est = nbaccel.estimate_memory(torch.nn.Linear(8, 8), batch=4, budget="1GiB")
+    frame = nbaccel.results_frame([cell, oom, est, nbaccel.env_report()])
+    assert list(frame["kind"]) == ["budget", "budget", "estimate", "env"]
+    assert list(frame["view"][:2]) == ["cell", "oom"]
+    assert (frame.loc[0, "cell"], frame.loc[0, "used_bytes"], frame.loc[0, "status"]) == ("In[3]", 900 * 2**20, "near")
+    assert (frame.loc[1, "error_type"], frame.loc[1, "requested_bytes"]) == ("RuntimeError", 2**30)
+    assert (frame.loc[2, "model"], frame.loc[2, "batch"], frame.loc[2, "budget_bytes"]) == ("model", 4, 2**30)
+    assert frame.loc[2, "fp32_peak_bytes"] == est.to_dict()["single_gpu"]["fp32"]["total"] > 0 and frame.loc[2, "fits_fp32"]
+    assert frame.loc[3, "torch"] == torch.__version__
+
+
 @pytest.mark.parametrize("saving, label, value", [(0.3, "memory saved", "30%"), (0.0, "memory saved", "0%"),
                                                   (-7.0, "memory used", "+700% vs fp32")])
 def test_memory_change_never_reads_as_a_negative_saving(saving, label, value):
