@@ -157,31 +157,71 @@ def precision(dtype: str = "auto", device="auto", tf32: bool = True, cudnn_bench
 
 @contextlib.contextmanager
 def apply_recipe(recipe: Recipe):
-    """Enter a `Recipe`: flags first, autocast innermost; unwind in reverse, whatever happens."""
-    saved_tf32 = {}
-    saved_benchmark = torch.backends.cudnn.benchmark
+    """Enter a `Recipe`: flags first, autocast innermost; unwind in reverse, whatever happens.
+
+    On exit each flag the recipe manages goes back to its value from before -- except, when the
+    body succeeded, a flag that no longer holds the value the recipe set: the body changed it
+    (``torch.backends.cudnn.benchmark = True`` in the cell), and code run once under the recipe
+    keeps what it did. When the body raises, every flag goes back.
+    """
+    flags = _recipe_flags(recipe)
+    before = {name: read() for name, (read, _, _) in flags.items()}
     autocast = (
         torch.autocast(recipe.device_type, dtype=recipe.autocast_dtype)
         if recipe.autocast_dtype is not None
         else contextlib.nullcontext()
     )
+    changed_by_body: dict = {}
     try:
-        if recipe.tf32 is not None:
-            knobs = _tf32_knobs()
-            for key, value in _tf32_values(recipe.tf32).items():
-                get, put = knobs[key]
-                saved_tf32[key] = get()
-                put(value)
-        if recipe.cudnn_benchmark is not None:
-            torch.backends.cudnn.benchmark = recipe.cudnn_benchmark
+        for _, write, value in flags.values():
+            write(value)
+        as_set = _readings(flags)
         with autocast:
             yield recipe
+        changed_by_body = {name: value for name, value in _readings(flags).items()
+                           if value is not _UNREADABLE and value != as_set[name]}
     finally:
+        _put_back(flags, before, changed_by_body)
+
+
+_UNREADABLE = object()  # a reading torch refused (mixed TF32 API families): never "changed by the body"
+
+
+def _recipe_flags(recipe: Recipe) -> dict:
+    """name -> (read, write, the recipe's value), in the order they are set.
+
+    ``cudnn.benchmark`` is always managed, at the user's own value when the recipe leaves it alone,
+    so a body that raises never leaves it changed.
+    """
+    flags = {}
+    if recipe.tf32 is not None:
         knobs = _tf32_knobs()
-        # Restore in reverse order of setting: the legacy matmul precision and allow_tf32 overlap.
-        for key in reversed(list(saved_tf32)):
-            knobs[key][1](saved_tf32[key])
-        torch.backends.cudnn.benchmark = saved_benchmark
+        for key, value in _tf32_values(recipe.tf32).items():
+            flags[key] = (*knobs[key], value)
+    benchmark = recipe.cudnn_benchmark if recipe.cudnn_benchmark is not None else torch.backends.cudnn.benchmark
+    flags["cudnn.benchmark"] = (lambda: torch.backends.cudnn.benchmark,
+                                lambda v: setattr(torch.backends.cudnn, "benchmark", v), benchmark)
+    return flags
+
+
+def _readings(flags: dict) -> dict:
+    values = {}
+    for name, (read, _, _) in flags.items():
+        try:
+            values[name] = read()
+        except RuntimeError:
+            values[name] = _UNREADABLE
+    return values
+
+
+def _put_back(flags: dict, before: dict, changed_by_body: dict) -> None:
+    # Reverse order of setting: the legacy matmul precision and allow_tf32 overlap, so restoring one
+    # can overwrite the other; the body's own values are written last for the same reason.
+    for name in reversed(list(flags)):
+        if name not in changed_by_body:
+            flags[name][1](before[name])
+    for name, value in changed_by_body.items():
+        flags[name][1](value)
 
 
 def describe(info: DeviceInfo) -> str:

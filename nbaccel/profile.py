@@ -158,7 +158,7 @@ class profile:  # noqa: N801 - a context manager used like a function: `with nba
                 self._stack.enter_context(apply_recipe(self.recipe))
                 self._cudnn_benchmark = bool(torch.backends.cudnn.benchmark)
         except BaseException:
-            self._stop()
+            self._stop(*sys.exc_info())
             raise
         return self
 
@@ -169,10 +169,11 @@ class profile:  # noqa: N801 - a context manager used like a function: `with nba
             with quiet_kineto():
                 self._prof.step()
 
-    def _stop(self) -> None:
+    def _stop(self, exc_type=None, exc=None, tb=None) -> None:
         try:
             if self._stack is not None:
-                self._stack.close()
+                # The exception, if any, goes to the recipe: it keeps flags the code set only on success.
+                self._stack.__exit__(exc_type, exc, tb)
         finally:
             self._stack = None
             if self.device.type == "cuda":
@@ -185,7 +186,7 @@ class profile:  # noqa: N801 - a context manager used like a function: `with nba
 
     def __exit__(self, exc_type, exc, tb) -> bool:
         try:
-            self._stop()
+            self._stop(exc_type, exc, tb)
         except Exception:
             if exc_type is None:
                 raise

@@ -17,6 +17,15 @@ def torch_state_unchanged():
     assert global_state() == before, "a test (or nbaccel) left torch's global state changed"
 
 
+@pytest.fixture
+def flags_set_by_the_cell():
+    """For a test whose cell sets torch flags on purpose and keeps them (a successful magic keeps
+    what the cell did): puts them back afterwards, so `torch_state_unchanged` still guards the rest."""
+    saved = (torch.backends.cudnn.benchmark, torch.backends.cudnn.deterministic)
+    yield
+    torch.backends.cudnn.benchmark, torch.backends.cudnn.deterministic = saved
+
+
 @pytest.fixture(scope="session")
 def _ipython():
     return start_ipython()

@@ -188,6 +188,49 @@ def test_tf32_recipe_sets_and_restores_through_one_api_family():
     assert global_state() == before
 
 
+def _matmul_tf32():
+    if NEW_TF32_API:
+        return torch.backends.cuda.matmul.fp32_precision
+    return torch.get_float32_matmul_precision()
+
+
+def _set_matmul_tf32(value):
+    if NEW_TF32_API:
+        torch.backends.cuda.matmul.fp32_precision = value
+    else:
+        torch.set_float32_matmul_precision(value)
+
+
+def test_a_flag_the_body_changed_is_kept_and_the_recipes_others_restored(flags_set_by_the_cell):
+    # A CUDA recipe on a CPU-only build still sets the TF32 flags: the exit logic is tested here.
+    recipe = Recipe("cuda", None, tf32=True)
+    before, matmul_before = global_state(), _matmul_tf32()
+    strict = "ieee" if NEW_TF32_API else "highest"
+    try:
+        with apply_recipe(recipe):
+            torch.backends.cudnn.benchmark = not before["cudnn.benchmark"]  # flags the body sets itself
+            _set_matmul_tf32(strict)
+        assert torch.backends.cudnn.benchmark is not before["cudnn.benchmark"]
+        assert _matmul_tf32() == strict
+        # The knob the body left at the recipe's value (cuDNN TF32) is back to what it was.
+        after = global_state()
+        for key in ("cudnn.allow_tf32", "cudnn.conv.fp32_precision"):
+            assert after.get(key) == before.get(key)
+    finally:
+        _set_matmul_tf32(matmul_before)
+    assert global_state() == {**before, "cudnn.benchmark": not before["cudnn.benchmark"]}
+
+
+def test_a_body_that_raises_gets_every_flag_of_the_recipe_back():
+    before = global_state()
+    with pytest.raises(RuntimeError):
+        with apply_recipe(Recipe("cuda", None, tf32=True)):
+            torch.backends.cudnn.benchmark = not before["cudnn.benchmark"]
+            _set_matmul_tf32("ieee" if NEW_TF32_API else "highest")
+            raise RuntimeError("the body failed")
+    assert global_state() == before
+
+
 def test_cpu_recipe_never_touches_tf32():
     recipe = make_recipe("bf16", "cpu")
     assert recipe.tf32 is None and recipe.autocast_dtype is torch.bfloat16

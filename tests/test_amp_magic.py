@@ -334,3 +334,11 @@ def test_method_line_without_a_baseline_is_not_interleaved(run_cell):
 def test_help_usage_line_reads_as_the_cell_magic(run_cell):
     _, captured = run_cell("%%amp -h\n1")
     assert captured.stdout.lstrip(": \n").startswith("%%amp [-h]")
+
+
+def test_flags_the_cell_sets_are_kept_like_one_run_of_the_cell(run_cell, ip, flags_set_by_the_cell):
+    # Was: cudnn.benchmark set by the cell was reverted by the recipe's exit, deterministic kept.
+    run_cell("import torch")
+    run_cell("%%amp --repeat 3 -q\ntorch.backends.cudnn.benchmark = True\ntorch.backends.cudnn.deterministic = True\n"
+             "torch.ones(4).sum()")
+    assert torch.backends.cudnn.benchmark and torch.backends.cudnn.deterministic

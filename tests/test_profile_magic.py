@@ -226,6 +226,17 @@ def test_amp_profiles_under_the_recipe_and_restores_it(run_cell, ip):
     assert "autocast bf16" in str(prof)
 
 
+def test_amp_keeps_the_flags_the_cell_sets(run_cell, ip, flags_set_by_the_cell):
+    # Was: cudnn.benchmark set by the cell was reverted by the --amp recipe's exit.
+    run_cell(SETUP)
+    run_cell("%%profile_gpu --amp bf16 -q\ntorch.backends.cudnn.benchmark = True\ny = a @ b\n")
+    assert torch.backends.cudnn.benchmark
+    # A cell that raises gets the recipe's flags back, whatever it set.
+    run_cell("%%profile_gpu --amp bf16 -q\ntorch.backends.cudnn.benchmark = False\n1 / 0\n",
+             expect_error=ZeroDivisionError)
+    assert torch.backends.cudnn.benchmark
+
+
 def test_device_cpu_and_quiet(run_cell, ip):
     _, _, captured = profile_cell(run_cell, ip, opts="-q -r prof --device cpu")
     assert not [o for o in captured.outputs if "text/html" in o.data]
