@@ -29,7 +29,7 @@ from .drift import compute_drift, has_nonfinite, runs_differ, to_host
 from .flops import OpAudit, precision_summary
 from .memory import PeakMemory, PeakMeter, format_bytes
 from .options import in_magic, option, whole_number
-from .precision import FP32, Recipe, apply_recipe, describe, make_recipe
+from .precision import FP32, Recipe, apply_recipe, autocast_in_effect, describe, make_recipe
 from .results import ResultMixin
 from .snapshot import Snapshot, SnapshotTooLarge, available_host_memory, estimate_bytes
 from .timing import Clock, Stats, format_seconds, speedup_is_uncertain
@@ -101,6 +101,8 @@ class AmpResult(ResultMixin):
     state_changed: bool = False
     nonfinite_result: bool = False  # the cell's value has inf/NaN under the recipe where fp32's is finite
     drift_skipped: str | None = None  # why there is no drift although both variants ran (nbaccel's failure)
+    # Autocast already on around the call ({device type: dtype}): the recipes overrode it (see advise).
+    outer_autocast: dict = field(default_factory=dict)
     value: object = field(default=None, repr=False)  # the kept run's value (not serialized)
 
     @property
@@ -185,6 +187,7 @@ class AmpResult(ResultMixin):
             "state_changed": self.state_changed,
             "nonfinite_result": self.nonfinite_result,
             "drift_skipped": self.drift_skipped,
+            "outer_autocast": self.outer_autocast,
             "advice": self.advice,
             "noise_warnings": self.noise_warnings,
         }
@@ -433,6 +436,7 @@ def compare_amp(
                           f"{option('dtype', 'tf32')} on an Ampere+ CUDA GPU")
     amp_recipe = make_recipe(dtype, dev, tf32=tf32)
     base_recipe = make_recipe(FP32, dev)
+    outer_autocast = autocast_in_effect(dev.type)  # before any run: the user's, not ours
     if namespace is None and not state:
         state = _referenced_objects(fn)
     if not restore:
@@ -463,6 +467,7 @@ def compare_amp(
             value = cell()
         result = _build_result(info, order, times, memory, audits, amp_recipe, base_recipe, baseline,
                                warmup, repeat, clock, snapshot, restore, value)
+        result.outer_autocast = outer_autocast
         finished = True
     except Exception as exc:
         if cell.failure is not None and cell.failure[0] is exc and on_cell_error is not None:
@@ -584,6 +589,18 @@ def _state_reason(result: AmpResult) -> str | None:
     return None
 
 
+def _outer_autocast_note(result: AmpResult, dtype: str) -> str:
+    """Why an autocast the user had on did not apply: each recipe sets its own precision."""
+    on = ", ".join(f"autocast {d} ({t})" for t, d in result.outer_autocast.items())
+    around = "%%amp" if in_magic() else "compare_amp"
+    done = ["turned it off for the fp32 run (strict fp32)"] if result.baseline is not None else []
+    done.append(f"ran the {dtype} run under {dtype} autocast" if result.amp.recipe.autocast_dtype is not None
+                else f"turned it off for the {dtype.upper()} run")
+    return (f"{on} was already on around {around} (a `with torch.autocast(...)`, or "
+            f"`torch.autocast(...).__enter__()` in an earlier cell): nbaccel {' and '.join(done)}; "
+            "it is on again for your own code.")
+
+
 def _drift_differs(drift: dict | None) -> bool:
     return bool(drift) and bool(drift["max_abs"] > 0 or drift["amp_only_nonfinite"] or drift["fp32_only_nonfinite"])
 
@@ -601,6 +618,8 @@ def advise(result: AmpResult) -> list[str]:
     label = f"{dtype} autocast" if autocast else dtype.upper()
     state_reason = _state_reason(result)
     drift = result.drift
+    if result.outer_autocast:
+        notes.append(_outer_autocast_note(result, dtype))
     if state_reason and _drift_differs(drift):
         # Precision is not to blame for a difference that state or plain Python made.
         verdict = ("the difference comes from state that changed between runs, not from precision"

@@ -32,6 +32,9 @@ class Recipe:
     autocast_dtype: torch.dtype | None
     tf32: bool | None = None  # True: TF32 on; False: strict IEEE fp32; None: as the user has it
     cudnn_benchmark: bool | None = None
+    # Device types whose autocast is forced off inside the recipe: an autocast the user left on
+    # around it must not turn the fp32 baseline (or the other device's ops) into reduced precision.
+    autocast_off: tuple[str, ...] = ()
 
     @property
     def label(self) -> str:
@@ -68,15 +71,35 @@ def make_recipe(dtype: str = "auto", device="auto", tf32: bool = True, cudnn_ben
         if not info.supports_tf32:
             raise DeviceError(f"TF32 needs a CUDA GPU of compute capability 8.0+; {info.label} has none. "
                               f"Use {option(name, 'bf16')} here")
-        return Recipe(dev.type, None, tf32=True)
+        return Recipe(dev.type, None, tf32=True, autocast_off=autocast_device_types(dev.type))
     if dtype == FP32:
-        return Recipe(dev.type, None, tf32=False if info.supports_tf32 else None)
+        return Recipe(dev.type, None, tf32=False if info.supports_tf32 else None,
+                      autocast_off=autocast_device_types(dev.type))
     return Recipe(
         device_type=dev.type,
         autocast_dtype=autocast_dtype(dtype, info, name),
         tf32=tf32_setting,
         cudnn_benchmark=cudnn_benchmark,
+        autocast_off=tuple(t for t in autocast_device_types(dev.type) if t != dev.type),
     )
+
+
+def autocast_device_types(device_type: str) -> tuple[str, ...]:
+    """The device types whose autocast can change code that runs on ``device_type``: the CPU always
+    (a CUDA cell still runs host-side ops), CUDA wherever torch can use it (a CPU cell can still
+    touch CUDA tensors), and the device itself."""
+    types = ["cpu"]
+    if torch.cuda.is_available():
+        types.append("cuda")
+    if device_type not in types:
+        types.append(device_type)
+    return tuple(types)
+
+
+def autocast_in_effect(device_type: str) -> dict[str, str]:
+    """Autocast already on for code that runs on ``device_type``: {device type: dtype name}."""
+    return {t: DTYPE_NAMES.get(torch.get_autocast_dtype(t), str(torch.get_autocast_dtype(t)))
+            for t in autocast_device_types(device_type) if torch.is_autocast_enabled(t)}
 
 
 # --- the global flags a recipe touches ---------------------------------------------------------
@@ -159,29 +182,50 @@ def precision(dtype: str = "auto", device="auto", tf32: bool = True, cudnn_bench
 def apply_recipe(recipe: Recipe):
     """Enter a `Recipe`: flags first, autocast innermost; unwind in reverse, whatever happens.
 
-    On exit each flag the recipe manages goes back to its value from before -- except, when the
-    body succeeded, a flag that no longer holds the value the recipe set: the body changed it
+    On exit each setting the recipe manages goes back to its value from before -- except, when the
+    body succeeded, one that no longer holds the value the recipe set: the body changed it
     (``torch.backends.cudnn.benchmark = True`` in the cell), and code run once under the recipe
-    keeps what it did. When the body raises, every flag goes back.
+    keeps what it did. When the body raises, every setting goes back.
     """
     flags = _recipe_flags(recipe)
+    watched = {name: (read, write) for name, (read, write, _) in flags.items()}
+    watched.update(_autocast_knobs(recipe))
     before = {name: read() for name, (read, _, _) in flags.items()}
-    autocast = (
-        torch.autocast(recipe.device_type, dtype=recipe.autocast_dtype)
-        if recipe.autocast_dtype is not None
-        else contextlib.nullcontext()
-    )
     changed_by_body: dict = {}
     try:
         for _, write, value in flags.values():
             write(value)
-        as_set = _readings(flags)
-        with autocast:
+        with contextlib.ExitStack() as autocast:  # torch.autocast's own exit restores autocast
+            for context in _autocast_contexts(recipe):
+                autocast.enter_context(context)
+            as_set = _readings(watched)
             yield recipe
-        changed_by_body = {name: value for name, value in _readings(flags).items()
-                           if value is not _UNREADABLE and value != as_set[name]}
+            changed_by_body = {name: value for name, value in _readings(watched).items()
+                               if value is not _UNREADABLE and value != as_set[name]}
     finally:
-        _put_back(flags, before, changed_by_body)
+        _put_back(flags, before, watched, changed_by_body)
+
+
+def _autocast_contexts(recipe: Recipe) -> list:
+    contexts = [torch.autocast(t, enabled=False) for t in recipe.autocast_off]
+    if recipe.autocast_dtype is not None:
+        contexts.append(torch.autocast(recipe.device_type, dtype=recipe.autocast_dtype))
+    return contexts
+
+
+def _autocast_knob(device_type: str):
+    """(read, write) of one device type's autocast: (enabled, dtype)."""
+    def write(state):
+        enabled, dtype = state
+        torch.set_autocast_dtype(device_type, dtype)
+        torch.set_autocast_enabled(device_type, enabled)
+
+    return (lambda: (torch.is_autocast_enabled(device_type), torch.get_autocast_dtype(device_type))), write
+
+
+def _autocast_knobs(recipe: Recipe) -> dict:
+    types = list(recipe.autocast_off) + ([recipe.device_type] if recipe.autocast_dtype is not None else [])
+    return {f"autocast.{t}": _autocast_knob(t) for t in types}
 
 
 _UNREADABLE = object()  # a reading torch refused (mixed TF32 API families): never "changed by the body"
@@ -204,9 +248,9 @@ def _recipe_flags(recipe: Recipe) -> dict:
     return flags
 
 
-def _readings(flags: dict) -> dict:
+def _readings(knobs: dict) -> dict:
     values = {}
-    for name, (read, _, _) in flags.items():
+    for name, (read, _) in knobs.items():
         try:
             values[name] = read()
         except RuntimeError:
@@ -214,14 +258,14 @@ def _readings(flags: dict) -> dict:
     return values
 
 
-def _put_back(flags: dict, before: dict, changed_by_body: dict) -> None:
+def _put_back(flags: dict, before: dict, watched: dict, changed_by_body: dict) -> None:
     # Reverse order of setting: the legacy matmul precision and allow_tf32 overlap, so restoring one
     # can overwrite the other; the body's own values are written last for the same reason.
     for name in reversed(list(flags)):
         if name not in changed_by_body:
             flags[name][1](before[name])
     for name, value in changed_by_body.items():
-        flags[name][1](value)
+        watched[name][1](value)
 
 
 def describe(info: DeviceInfo) -> str:

@@ -231,6 +231,63 @@ def test_a_body_that_raises_gets_every_flag_of_the_recipe_back():
     assert global_state() == before
 
 
+def _mm_dtypes(variant) -> set:
+    ops = variant.ops
+    return set(ops[ops["op"] == "aten.mm"]["dtype"])
+
+
+def test_the_fp32_baseline_is_strict_under_an_outer_autocast():
+    # Was: the row labelled fp32 ran aten.mm in bf16 and the drift came out exactly 0, unexplained.
+    x, w = torch.randn(64, 64), torch.randn(64, 64)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        res = nbaccel.compare_amp(lambda: x @ w, dtype="bf16", repeat=3, warmup=0)
+        assert torch.is_autocast_enabled("cpu"), "the user's own autocast is still on after the call"
+    assert _mm_dtypes(res.baseline) == {"fp32"} and _mm_dtypes(res.amp) == {"bf16"}
+    assert res.drift["max_abs"] > 0
+    assert res.outer_autocast == {"cpu": "bf16"} and res.to_dict()["outer_autocast"] == {"cpu": "bf16"}
+    assert "autocast bf16 (cpu) was already on around compare_amp" in res.advice[0]
+    assert "turned it off for the fp32 run (strict fp32) and ran the bf16 run under bf16 autocast" in str(res)
+
+
+def test_the_reduced_precision_run_uses_the_requested_dtype_under_another_outer_one():
+    x, w = torch.randn(64, 64), torch.randn(64, 64)
+    with torch.autocast("cpu", dtype=torch.float16):
+        res = nbaccel.compare_amp(lambda: x @ w, dtype="bf16", repeat=3, warmup=0)
+    assert _mm_dtypes(res.amp) == {"bf16"} and _mm_dtypes(res.baseline) == {"fp32"}
+    assert res.outer_autocast == {"cpu": "fp16"}
+    plain = nbaccel.compare_amp(lambda: x @ w, dtype="bf16", repeat=3, warmup=0)
+    assert plain.outer_autocast == {} and not any("already on" in a for a in plain.advice)
+
+
+def test_the_fp32_recipe_turns_autocast_off_on_every_device_type_it_could_affect(monkeypatch):
+    from nbaccel.precision import autocast_device_types
+
+    assert make_recipe("fp32", "cpu").autocast_off == ("cpu",)
+    # With CUDA present a CPU cell can still reach CUDA tensors, and a CUDA cell runs host ops on the CPU.
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert autocast_device_types("cpu") == ("cpu", "cuda")
+    assert make_recipe("fp32", "cpu").autocast_off == ("cpu", "cuda")
+    assert make_recipe("bf16", "cpu").autocast_off == ("cuda",)  # its own device type gets bf16
+    monkeypatch.undo()
+    torch.set_autocast_enabled("cuda", True)  # settable on a CPU-only build, as a notebook could have it
+    try:
+        with apply_recipe(Recipe("cpu", None, autocast_off=("cpu", "cuda"))):
+            assert not torch.is_autocast_enabled("cuda") and not torch.is_autocast_enabled("cpu")
+        assert torch.is_autocast_enabled("cuda")
+    finally:
+        torch.set_autocast_enabled("cuda", False)
+
+
+def test_autocast_the_body_turns_on_is_kept_like_any_flag_it_sets():
+    body_autocast = torch.autocast("cpu", dtype=torch.bfloat16)
+    try:
+        with apply_recipe(make_recipe("fp32", "cpu")):
+            body_autocast.__enter__()  # a cell that leaves autocast on for the cells after it
+        assert torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") is torch.bfloat16
+    finally:
+        body_autocast.__exit__(None, None, None)
+
+
 def test_cpu_recipe_never_touches_tf32():
     recipe = make_recipe("bf16", "cpu")
     assert recipe.tf32 is None and recipe.autocast_dtype is torch.bfloat16

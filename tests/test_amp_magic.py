@@ -342,3 +342,17 @@ def test_flags_the_cell_sets_are_kept_like_one_run_of_the_cell(run_cell, ip, fla
     run_cell("%%amp --repeat 3 -q\ntorch.backends.cudnn.benchmark = True\ntorch.backends.cudnn.deterministic = True\n"
              "torch.ones(4).sum()")
     assert torch.backends.cudnn.benchmark and torch.backends.cudnn.deterministic
+
+
+def test_autocast_left_on_by_an_earlier_cell_does_not_leak_into_the_fp32_run(run_cell, ip):
+    run_cell("import torch\nx = torch.randn(32, 32)\nac = torch.autocast('cpu')\nac.__enter__()")
+    try:
+        _, captured = run_cell("%%amp --repeat 3 -r res\nx @ x")
+        assert torch.is_autocast_enabled("cpu"), "the earlier cell's autocast is the user's: it stays on"
+    finally:
+        ip.user_ns["ac"].__exit__(None, None, None)
+    res = ip.user_ns["res"]
+    ops = res.baseline.ops
+    assert set(ops[ops["op"] == "aten.mm"]["dtype"]) == {"fp32"}
+    shown = captured.outputs[0].data["text/plain"]
+    assert "autocast bf16 (cpu) was already on around %%amp" in shown
