@@ -11,8 +11,10 @@ The order of runs is the method, so it is spelled out here:
 5. One last run under the recipe, with its output shown: the user's state afterwards is exactly
    that of one run of the code under the recipe.
 
-Every run starts with ``snapshot.restore()``. If any run raises (or is interrupted), the snapshot
-is restored -- the state from before the call -- and the exception propagates unchanged.
+Every run starts with ``snapshot.restore()`` and `TorchGlobals.restore()`: the same variables and
+the same torch settings (grad mode, default dtype, autocast, TF32/cuDNN flags). If any run raises
+(or is interrupted), both are restored -- the state from before the call -- and the exception
+propagates unchanged.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from .drift import compute_drift, has_nonfinite, runs_differ, to_host
 from .flops import OpAudit, precision_summary
 from .memory import PeakMemory, PeakMeter, format_bytes
 from .options import in_magic, option, whole_number
-from .precision import FP32, Recipe, apply_recipe, autocast_in_effect, describe, make_recipe
+from .precision import FP32, Recipe, TorchGlobals, apply_recipe, autocast_in_effect, describe, make_recipe
 from .results import ResultMixin
 from .snapshot import Snapshot, SnapshotTooLarge, available_host_memory, estimate_bytes
 from .timing import Clock, Stats, format_seconds, speedup_is_uncertain
@@ -342,29 +344,35 @@ def _safely(what: str, fn, *args):
 class _Runner:
     """Runs the code under one recipe from the snapshot; the small engine behind compare_amp."""
 
-    def __init__(self, cell: _Cell, snapshot: Snapshot, clock: Clock, device: torch.device, silence):
-        self.cell, self.snapshot, self.clock, self.device, self.silence = cell, snapshot, clock, device, silence
+    def __init__(self, cell: _Cell, snapshot: Snapshot, torch_globals: TorchGlobals | None, clock: Clock,
+                 device: torch.device, silence):
+        self.cell, self.snapshot, self.torch_globals = cell, snapshot, torch_globals
+        self.clock, self.device, self.silence = clock, device, silence
+
+    def start(self, recipe: Recipe, kept: bool = False) -> None:
+        """Every run starts from the same variables and the same torch settings."""
+        self.snapshot.restore()
+        if self.torch_globals is not None:
+            self.torch_globals.restore()
+        self.cell.recipe, self.cell.kept = recipe, kept
 
     def timed(self, recipe: Recipe) -> float:
         __tracebackhide__ = True  # noqa: F841 - IPython hides nbaccel's frames from the user's traceback
-        self.snapshot.restore()
-        self.cell.recipe = recipe
+        self.start(recipe)
         with self.silence(), apply_recipe(recipe):
             seconds, _ = self.clock.measure(self.cell)
         return seconds
 
     def memory(self, recipe: Recipe) -> PeakMemory:
         __tracebackhide__ = True  # noqa: F841 - IPython hides nbaccel's frames from the user's traceback
-        self.snapshot.restore()
-        self.cell.recipe = recipe
+        self.start(recipe)
         with self.silence(), apply_recipe(recipe), PeakMeter(self.device) as meter:
             self.cell()
         return meter.result
 
     def audited(self, recipe: Recipe):
         __tracebackhide__ = True  # noqa: F841 - IPython hides nbaccel's frames from the user's traceback
-        self.snapshot.restore()
-        self.cell.recipe = recipe
+        self.start(recipe)
         probe = _GradientProbe(c.tensor for c in self.snapshot.tensors)
         audit = OpAudit()
         scales_before = _scaler_scales(self.snapshot)
@@ -437,6 +445,7 @@ def compare_amp(
     amp_recipe = make_recipe(dtype, dev, tf32=tf32)
     base_recipe = make_recipe(FP32, dev)
     outer_autocast = autocast_in_effect(dev.type)  # before any run: the user's, not ours
+    torch_before = TorchGlobals()
     if namespace is None and not state:
         state = _referenced_objects(fn)
     if not restore:
@@ -446,7 +455,8 @@ def compare_amp(
         snapshot = Snapshot.capture(namespace, objects=state, skip=skip)
     clock = clock or Clock(dev)
     cell = _Cell(fn)
-    runner = _Runner(cell, snapshot, clock, dev, silence or _redirect)
+    # Without restore, runs continue from each other's torch settings as from each other's variables.
+    runner = _Runner(cell, snapshot, torch_before if restore else None, clock, dev, silence or _redirect)
     order = [base_recipe, amp_recipe] if baseline else [amp_recipe]
 
     finished = False
@@ -461,8 +471,7 @@ def compare_amp(
         memory = {id(r): runner.memory(r) for r in order}
         audits = {id(r): runner.audited(r) for r in order}
         # The kept run: under the recipe, output shown, state left as one run leaves it.
-        snapshot.restore()
-        cell.recipe, cell.kept = amp_recipe, True
+        runner.start(amp_recipe, kept=True)
         with (show_output or contextlib.nullcontext)(), apply_recipe(amp_recipe):
             value = cell()
         result = _build_result(info, order, times, memory, audits, amp_recipe, base_recipe, baseline,
@@ -474,8 +483,9 @@ def compare_amp(
             on_cell_error(exc, cell.where(order))
         raise
     finally:
-        if not finished:
+        if not finished:  # abandoned: the variables (unless restore=False) and torch's settings as before
             snapshot.restore()
+            torch_before.restore()
     return result
 
 

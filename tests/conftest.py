@@ -6,7 +6,7 @@ import pytest
 import torch
 from IPython.testing.globalipapp import start_ipython
 
-from nbaccel.precision import global_state
+from nbaccel.precision import TorchGlobals, global_state
 
 
 @pytest.fixture(autouse=True)
@@ -21,9 +21,9 @@ def torch_state_unchanged():
 def flags_set_by_the_cell():
     """For a test whose cell sets torch flags on purpose and keeps them (a successful magic keeps
     what the cell did): puts them back afterwards, so `torch_state_unchanged` still guards the rest."""
-    saved = (torch.backends.cudnn.benchmark, torch.backends.cudnn.deterministic)
+    saved = TorchGlobals()
     yield
-    torch.backends.cudnn.benchmark, torch.backends.cudnn.deterministic = saved
+    saved.restore()
 
 
 @pytest.fixture(scope="session")

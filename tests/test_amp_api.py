@@ -11,7 +11,7 @@ import torch
 
 import nbaccel
 from nbaccel.amp import compute_drift
-from nbaccel.precision import NEW_TF32_API, Recipe, apply_recipe, global_state, make_recipe
+from nbaccel.precision import NEW_TF32_API, Recipe, TorchGlobals, apply_recipe, global_state, make_recipe
 from nbaccel.snapshot import Snapshot
 from nbaccel.timing import Clock, Stats, speedup_is_uncertain
 
@@ -286,6 +286,80 @@ def test_autocast_the_body_turns_on_is_kept_like_any_flag_it_sets():
         assert torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") is torch.bfloat16
     finally:
         body_autocast.__exit__(None, None, None)
+
+
+def _change_every_torch_global():
+    torch.set_grad_enabled(False)
+    torch.set_default_dtype(torch.float64)
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    torch.backends.cudnn.benchmark = not torch.backends.cudnn.benchmark
+    torch.backends.cudnn.deterministic = not torch.backends.cudnn.deterministic
+    torch.backends.cudnn.allow_tf32 = not torch.backends.cudnn.allow_tf32
+    torch.set_float32_matmul_precision("medium")
+    if NEW_TF32_API:
+        torch.backends.cudnn.rnn.fp32_precision = "ieee"
+    torch.set_autocast_enabled("cuda", True)
+    left_on = torch.autocast("cpu", dtype=torch.bfloat16)
+    left_on.__enter__()  # and never left, as a careless cell would
+    return left_on
+
+
+@pytest.mark.parametrize("start", ["defaults", "legacy high", "new api"])
+def test_torch_globals_put_back_whatever_code_changed(start):
+    baseline, left_on = TorchGlobals(), None
+    try:
+        if start == "legacy high":
+            torch.set_float32_matmul_precision("high")
+        elif start == "new api" and NEW_TF32_API:
+            torch.backends.cuda.matmul.fp32_precision = "tf32"  # torch then refuses the legacy readings
+        before, saved = global_state(), TorchGlobals()
+        left_on = _change_every_torch_global()
+        assert global_state() != before
+        saved.restore()
+        assert global_state() == before
+        assert torch.is_grad_enabled() and torch.get_default_dtype() is torch.float32
+    finally:
+        if left_on is not None:
+            left_on.__exit__(None, None, None)  # its nesting count; the state it restores is the saved one
+        baseline.restore()
+
+
+def test_every_run_starts_from_the_torch_settings_before_the_call(flags_set_by_the_cell):
+    import types
+
+    box = types.SimpleNamespace(seen=[])  # an object's attribute: not restored between runs
+
+    def cell():
+        box.seen.append((torch.is_grad_enabled(), torch.get_default_dtype(), torch.backends.cudnn.deterministic))
+        torch.set_grad_enabled(False)
+        torch.set_default_dtype(torch.float64)
+        torch.backends.cudnn.deterministic = True
+        return torch.ones(2).sum()
+
+    nbaccel.compare_amp(cell, repeat=3, warmup=1)
+    assert len(box.seen) == 2 * (1 + 3 + 2) + 1
+    assert set(box.seen) == {(True, torch.float32, False)}
+    # The kept run's own changes stay, as after one run of the cell.
+    assert not torch.is_grad_enabled() and torch.get_default_dtype() is torch.float64
+
+
+def test_a_failed_comparison_leaves_torchs_settings_as_before():
+    import types
+
+    before = global_state()
+    box = types.SimpleNamespace(runs=0)
+
+    def cell():
+        box.runs += 1
+        torch.set_grad_enabled(False)
+        torch.set_default_dtype(torch.float64)
+        torch.set_float32_matmul_precision("medium")
+        if box.runs == 5:
+            raise ValueError("the cell failed")
+
+    with pytest.raises(ValueError):
+        nbaccel.compare_amp(cell, repeat=3)
+    assert global_state() == before and torch.get_default_dtype() is torch.float32
 
 
 def test_cpu_recipe_never_touches_tf32():

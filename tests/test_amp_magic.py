@@ -356,3 +356,23 @@ def test_autocast_left_on_by_an_earlier_cell_does_not_leak_into_the_fp32_run(run
     assert set(ops[ops["op"] == "aten.mm"]["dtype"]) == {"fp32"}
     shown = captured.outputs[0].data["text/plain"]
     assert "autocast bf16 (cpu) was already on around %%amp" in shown
+
+
+def test_a_failed_amp_puts_torchs_global_settings_back_and_says_so(run_cell, ip):
+    # Was: "your variables are as they were before the magic", with grad mode off and float64 left.
+    run_cell("import types, torch\nbox = types.SimpleNamespace(runs=0)")
+    cell = ("%%amp --repeat 3\nbox.runs += 1\ntorch.set_grad_enabled(False)\ntorch.set_default_dtype(torch.float64)\n"
+            "torch.backends.cudnn.deterministic = True\nif box.runs == 3: raise ValueError('boom in run 3')\n")
+    _, captured = run_cell(cell, expect_error=ValueError)
+    assert torch.is_grad_enabled() and torch.get_default_dtype() is torch.float32
+    assert not torch.backends.cudnn.deterministic
+    assert "your variables and torch's global settings (grad mode, default dtype" in captured.stderr
+
+
+def test_a_failed_amp_without_restore_does_not_promise_the_variables(run_cell, ip):
+    run_cell("import torch\ncounter = 0")
+    _, captured = run_cell("%%amp --repeat 3 --no-restore\ncounter += 1\nif counter == 2: raise ValueError('x')\n",
+                           expect_error=ValueError)
+    assert ip.user_ns["counter"] == 2
+    assert "your variables keep what the runs did (--no-restore)" in captured.stderr
+    assert "your variables are as they were" not in captured.stderr

@@ -421,6 +421,9 @@ def test_cell_that_raises_stops_the_profiler_and_propagates(run_cell, ip):
                                 "if runs == 2: raise ValueError('boom in run 2')\n", expect_error=ValueError)
     assert "boom in run 2" in str(result.error_in_exec)
     assert "raised ValueError in run 2 of 3; the profiler was stopped and the partial profile discarded" in captured.stderr
+    # No snapshot here: the note must not promise a restore that did not happen.
+    assert ("What the runs did to your variables and to torch's settings (grad mode, default dtype...) is not "
+            "undone; only the --amp recipe's own flags (autocast, TF32, cudnn.benchmark) were put back.") in captured.stderr
     assert "prof" not in ip.user_ns
     assert not torch._C._autograd._profiler_enabled()
     assert not torch.is_autocast_enabled("cpu")

@@ -48,8 +48,9 @@ class AmpMagics(Magics):
         Shows time per variant (median, IQR), speedup, peak memory and its saving, drift of the
         cell's last value, which ops ran in reduced precision, gradient overflow/underflow (fp16),
         FLOP/s and advice. Before every run the namespace, tensors, modules, optimizers,
-        schedulers, GradScalers and RNG states are restored, so afterwards your variables are
-        exactly as after one run of the cell under the recipe.
+        schedulers, GradScalers, RNG states and torch's global settings (grad mode, default dtype,
+        autocast, TF32/cuDNN flags) are restored, so afterwards your variables are exactly as after
+        one run of the cell under the recipe.
 
             %%amp --dtype bf16 --repeat 10 -r res
             loss = train_step(model, batch)
@@ -92,16 +93,25 @@ class AmpMagics(Magics):
             if cell_errors and cell_errors[-1][0] is exc:
                 # The cell's own error, re-raised unchanged below; say what nbaccel did about it first.
                 print(f"nbaccel %%amp: the cell raised {type(exc).__name__} {cell_errors[-1][1]}; the comparison "
-                      "was abandoned and your variables are as they were before the magic.", file=sys.stderr)
+                      f"was abandoned: {_state_after_abandon(args.no_restore)}.", file=sys.stderr)
                 raise
             if isinstance(exc, (SnapshotTooLarge, DeviceError)):
                 raise UsageError(str(exc)) from None
             # Not the cell: nbaccel itself failed. Say so, rather than blame the user's code.
             print(f"nbaccel %%amp: nbaccel itself failed while comparing ({type(exc).__name__}); this is a bug in "
-                  "nbaccel, not in your cell. Your variables are as they were before the magic; run the cell "
+                  f"nbaccel, not in your cell. {_state_after_abandon(args.no_restore).capitalize()}; run the cell "
                   "without %%amp meanwhile.", file=sys.stderr)
             raise
         store_result(self.shell, args.result, result)
         if not args.quiet:
             display_result(result)
         return result.value
+
+
+def _state_after_abandon(no_restore: bool) -> str:
+    """What an abandoned comparison put back (compare_amp restores torch's settings either way)."""
+    settings = ("torch's global settings (grad mode, default dtype, autocast, TF32 and cuDNN flags, matmul "
+                "precision)")
+    if no_restore:
+        return f"{settings} are as they were before the magic; your variables keep what the runs did (--no-restore)"
+    return f"your variables and {settings} are as they were before the magic"
