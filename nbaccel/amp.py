@@ -306,7 +306,7 @@ class _Cell:
         __tracebackhide__ = True  # noqa: F841 - IPython hides nbaccel's frames from the user's traceback
         try:
             value = self.fn()
-        except Exception as exc:
+        except BaseException as exc:  # KeyboardInterrupt too: an interrupted run is named like a failed one
             self.failure = (exc, self.recipe, self.kept)
             raise
         self.ran.add(self.recipe)
@@ -478,7 +478,7 @@ def compare_amp(
                                warmup, repeat, clock, snapshot, restore, value)
         result.outer_autocast = outer_autocast
         finished = True
-    except Exception as exc:
+    except BaseException as exc:  # KeyboardInterrupt too; re-raised unchanged
         if cell.failure is not None and cell.failure[0] is exc and on_cell_error is not None:
             on_cell_error(exc, cell.where(order))
         raise

@@ -587,6 +587,21 @@ def test_on_cell_error_says_which_run_raised_and_the_exception_is_unchanged():
     assert seen[-1] == "in fp32"
 
 
+def test_on_cell_error_hears_of_an_interrupt_too():
+    import types
+
+    box, seen = types.SimpleNamespace(runs=0), []
+
+    def cell():
+        box.runs += 1
+        if box.runs == 3:  # the first run of the second round, which starts with the recipe
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        nbaccel.compare_amp(cell, repeat=2, warmup=0, on_cell_error=lambda exc, where: seen.append(where))
+    assert seen == ["under bf16 autocast (it ran in fp32)"]
+
+
 def test_memory_comparison_needs_a_peak_of_a_mebibyte():
     from nbaccel.memory import PeakMemory
     from nbaccel.render import amp as amp_render

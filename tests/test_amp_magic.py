@@ -376,3 +376,27 @@ def test_a_failed_amp_without_restore_does_not_promise_the_variables(run_cell, i
     assert ip.user_ns["counter"] == 2
     assert "your variables keep what the runs did (--no-restore)" in captured.stderr
     assert "your variables are as they were" not in captured.stderr
+
+
+def test_an_interrupted_run_gets_the_same_note_and_state_is_restored(run_cell, ip):
+    # Was: no note at all (compare_amp caught Exception only), though docs/amp.md promised one.
+    run_cell("import types, torch\nbox = types.SimpleNamespace(runs=0)\nk = 0")
+    cell = ("%%amp --repeat 3\nk += 1\nbox.runs += 1\ntorch.set_grad_enabled(False)\n"
+            "if box.runs == 6: raise KeyboardInterrupt\n")
+    _, captured = run_cell(cell, expect_error=KeyboardInterrupt)
+    assert ("nbaccel %%amp: the cell was interrupted (KeyboardInterrupt) in fp32 (it ran under bf16 autocast); "
+            "the comparison was abandoned: your variables and torch's global settings") in captured.stderr
+    assert ip.user_ns["k"] == 0 and torch.is_grad_enabled()
+
+
+def test_an_interrupt_outside_the_cell_is_not_blamed_on_it(run_cell, ip, monkeypatch):
+    import nbaccel.amp as amp_module
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    run_cell("counter = 0")
+    monkeypatch.setattr(amp_module, "_build_result", interrupted)  # Ctrl-C while nbaccel sums up
+    _, captured = run_cell("%%amp --repeat 3 -q\ncounter += 1\n1.5", expect_error=KeyboardInterrupt)
+    assert "nbaccel %%amp: interrupted (KeyboardInterrupt) while nbaccel was comparing, not in the cell" in captured.stderr
+    assert "the cell was interrupted" not in captured.stderr and ip.user_ns["counter"] == 0

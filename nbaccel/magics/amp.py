@@ -89,18 +89,11 @@ class AmpMagics(Magics):
                 max_snapshot_fraction=args.max_snapshot,
                 on_cell_error=lambda exc, where: cell_errors.append((exc, where)),
             )
-        except Exception as exc:
-            if cell_errors and cell_errors[-1][0] is exc:
-                # The cell's own error, re-raised unchanged below; say what nbaccel did about it first.
-                print(f"nbaccel %%amp: the cell raised {type(exc).__name__} {cell_errors[-1][1]}; the comparison "
-                      f"was abandoned: {_state_after_abandon(args.no_restore)}.", file=sys.stderr)
-                raise
-            if isinstance(exc, (SnapshotTooLarge, DeviceError)):
+        except BaseException as exc:  # KeyboardInterrupt too: noted, then re-raised unchanged
+            cells_own = bool(cell_errors) and cell_errors[-1][0] is exc
+            if not cells_own and isinstance(exc, (SnapshotTooLarge, DeviceError)):
                 raise UsageError(str(exc)) from None
-            # Not the cell: nbaccel itself failed. Say so, rather than blame the user's code.
-            print(f"nbaccel %%amp: nbaccel itself failed while comparing ({type(exc).__name__}); this is a bug in "
-                  f"nbaccel, not in your cell. {_state_after_abandon(args.no_restore).capitalize()}; run the cell "
-                  "without %%amp meanwhile.", file=sys.stderr)
+            print(_abandon_note(exc, cell_errors[-1][1] if cells_own else None, args.no_restore), file=sys.stderr)
             raise
         store_result(self.shell, args.result, result)
         if not args.quiet:
@@ -108,10 +101,19 @@ class AmpMagics(Magics):
         return result.value
 
 
-def _state_after_abandon(no_restore: bool) -> str:
-    """What an abandoned comparison put back (compare_amp restores torch's settings either way)."""
-    settings = ("torch's global settings (grad mode, default dtype, autocast, TF32 and cuDNN flags, matmul "
-                "precision)")
-    if no_restore:
-        return f"{settings} are as they were before the magic; your variables keep what the runs did (--no-restore)"
-    return f"your variables and {settings} are as they were before the magic"
+def _abandon_note(exc: BaseException, where: str | None, no_restore: bool) -> str:
+    """The line for a comparison that did not finish: who failed, and what was put back.
+    ``where`` is the run the cell failed in, or None when the cell did not fail."""
+    # compare_amp restores torch's settings either way; the variables only when it snapshotted them.
+    settings = "torch's global settings (grad mode, default dtype, autocast, TF32 and cuDNN flags, matmul precision)"
+    state = (f"{settings} are as they were before the magic; your variables keep what the runs did (--no-restore)"
+             if no_restore else f"your variables and {settings} are as they were before the magic")
+    if where is not None:
+        what = "was interrupted (KeyboardInterrupt)" if isinstance(exc, KeyboardInterrupt) else f"raised {type(exc).__name__}"
+        return f"nbaccel %%amp: the cell {what} {where}; the comparison was abandoned: {state}."
+    if not isinstance(exc, Exception):  # Ctrl-C while nbaccel's own code ran: nobody's bug
+        return (f"nbaccel %%amp: interrupted ({type(exc).__name__}) while nbaccel was comparing, not in the cell; "
+                f"the comparison was abandoned: {state}.")
+    # Not the cell: nbaccel itself failed. Say so, rather than blame the user's code.
+    return (f"nbaccel %%amp: nbaccel itself failed while comparing ({type(exc).__name__}); this is a bug in nbaccel, "
+            f"not in your cell. {state[0].upper() + state[1:]}; run the cell without %%amp meanwhile.")
