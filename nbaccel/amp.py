@@ -44,6 +44,12 @@ MIN_RUNS = 3  # timed runs per variant below which a speedup is marked uncertain
 MEMORY_NOISE_FLOOR = 1 << 20  # fp32 peak below which a memory saving is not reported (allocator noise)
 
 
+def planned_runs(warmup: int, repeat: int, baseline: bool = True) -> int:
+    """How many times a comparison runs the code: per variant the warmup rounds, the timed runs, one
+    memory run and one audited run; then the kept run."""
+    return (2 if baseline else 1) * (warmup + repeat + 2) + 1
+
+
 def _empty_frame() -> pd.DataFrame:
     import pandas as pd  # only when a result is made: `import nbaccel` stays free of pandas
 
@@ -345,9 +351,10 @@ class _Runner:
     """Runs the code under one recipe from the snapshot; the small engine behind compare_amp."""
 
     def __init__(self, cell: _Cell, snapshot: Snapshot, torch_globals: TorchGlobals | None, clock: Clock,
-                 device: torch.device, silence):
+                 device: torch.device, silence, on_first_run=None, runs_after_first: int = 0):
         self.cell, self.snapshot, self.torch_globals = cell, snapshot, torch_globals
         self.clock, self.device, self.silence = clock, device, silence
+        self.on_first_run, self.runs_after_first = on_first_run, runs_after_first
 
     def start(self, recipe: Recipe, kept: bool = False) -> None:
         """Every run starts from the same variables and the same torch settings."""
@@ -361,6 +368,11 @@ class _Runner:
         self.start(recipe)
         with self.silence(), apply_recipe(recipe):
             seconds, _ = self.clock.measure(self.cell)
+        # The first run of a comparison is always a timed one (warmup or not). Reported here, after
+        # the silenced block, so a note the callback prints reaches the user.
+        if self.on_first_run is not None:
+            report, self.on_first_run = self.on_first_run, None
+            report(seconds, self.runs_after_first)
         return seconds
 
     def memory(self, recipe: Recipe) -> PeakMemory:
@@ -405,6 +417,7 @@ def compare_amp(
     restore: bool = True,
     max_snapshot_fraction: float | None = 0.5,
     on_cell_error: Callable[[BaseException, str], None] | None = None,
+    on_first_run: Callable[[float, int], None] | None = None,
 ) -> AmpResult:
     """Time ``fn`` in strict fp32 and under autocast (+TF32 on CUDA) from the same starting state.
 
@@ -425,6 +438,9 @@ def compare_amp(
     ``on_cell_error(exc, where)``: called when ``fn`` itself raises, before its exception
     propagates unchanged; ``where`` says which run raised ("under bf16 autocast (it ran in fp32)").
     An exception without this call came from nbaccel, not from ``fn``.
+    ``on_first_run(seconds, runs_left)``: called once, after the first run, with its measured time
+    and the number of runs still to come (`planned_runs` in all), so a caller can say how long the
+    rest will take (``%%amp`` does, when that is long).
     Returns an `AmpResult`; the kept run's return value is ``result.value``.
     Under torchrun it measures the calling rank only; `nbaccel.distributed.compare_amp` (or
     ``gather_amp(result)``) gathers every rank's result (min/median/max, slowest rank).
@@ -456,7 +472,8 @@ def compare_amp(
     clock = clock or Clock(dev)
     cell = _Cell(fn)
     # Without restore, runs continue from each other's torch settings as from each other's variables.
-    runner = _Runner(cell, snapshot, torch_before if restore else None, clock, dev, silence or _redirect)
+    runner = _Runner(cell, snapshot, torch_before if restore else None, clock, dev, silence or _redirect,
+                     on_first_run, planned_runs(warmup, repeat, baseline) - 1)
     order = [base_recipe, amp_recipe] if baseline else [amp_recipe]
 
     finished = False
@@ -715,4 +732,4 @@ def advise(result: AmpResult) -> list[str]:
     return notes
 
 
-__all__ = ["compare_amp", "AmpResult", "Variant", "compute_drift", "format_seconds"]
+__all__ = ["compare_amp", "AmpResult", "Variant", "compute_drift", "format_seconds", "planned_runs"]

@@ -602,6 +602,16 @@ def test_on_cell_error_hears_of_an_interrupt_too():
     assert seen == ["under bf16 autocast (it ran in fp32)"]
 
 
+def test_on_first_run_gets_the_measured_first_run_and_the_runs_to_come():
+    seen = []
+    x = torch.randn(4, 4)
+    nbaccel.compare_amp(lambda: x @ x, repeat=2, warmup=1, clock=FakeClock(lambda: 0.5),
+                        on_first_run=lambda seconds, runs_left: seen.append((seconds, runs_left)))
+    # 2 variants x (1 warmup + 2 timed + 1 memory + 1 audited), plus the kept run; one is done.
+    assert seen == [(0.5, 2 * (1 + 2 + 2) + 1 - 1)]
+    assert nbaccel.amp.planned_runs(warmup=1, repeat=2, baseline=False) == 1 + 2 + 2 + 1
+
+
 def test_memory_comparison_needs_a_peak_of_a_mebibyte():
     from nbaccel.memory import PeakMemory
     from nbaccel.render import amp as amp_render

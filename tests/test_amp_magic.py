@@ -400,3 +400,23 @@ def test_an_interrupt_outside_the_cell_is_not_blamed_on_it(run_cell, ip, monkeyp
     _, captured = run_cell("%%amp --repeat 3 -q\ncounter += 1\n1.5", expect_error=KeyboardInterrupt)
     assert "nbaccel %%amp: interrupted (KeyboardInterrupt) while nbaccel was comparing, not in the cell" in captured.stderr
     assert "the cell was interrupted" not in captured.stderr and ip.user_ns["counter"] == 0
+
+
+def test_a_long_comparison_says_after_its_first_run_how_long_the_rest_takes(run_cell, monkeypatch):
+    # Was: a 0.5 s cell ran 17 times (10.6 s) without a word.
+    import re
+
+    from nbaccel.magics import amp as amp_magic
+
+    monkeypatch.setattr(amp_magic, "LONG_RUN_SECONDS", 0.2)  # instead of 5 s, to keep the test short
+    run_cell("import time")
+    _, captured = run_cell("%%amp --repeat 4 --warmup 1 -q\ntime.sleep(0.02)")
+    notes = [line for line in captured.stderr.splitlines() if "more runs" in line]
+    assert len(notes) == 1
+    first, rest = (float(v) for v in re.search(r"the first run took ([\d.]+) ms; 14 more runs .* will take about "
+                                               r"([\d.]+) ms", notes[0]).groups())
+    assert 20 <= first < 500 and rest == pytest.approx(14 * first, rel=0.01)  # measured, not guessed
+    assert "--repeat 3 --warmup 0 (11 runs in all)" in notes[0]
+    # A cell whose 15 runs stay under the threshold gets no note.
+    _, captured = run_cell("%%amp --repeat 4 --warmup 1 -q\n1 + 1")
+    assert "more runs" not in captured.stderr

@@ -8,15 +8,19 @@ from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments
 
-from ..amp import compare_amp
+from ..amp import MIN_RUNS, compare_amp, planned_runs
 from ..device import DeviceError, autocast_dtype, device_info, dtype_name, resolve_device
 from ..options import magic_spelled, whole_number
 from ..precision import make_recipe
 from ..render.display import display_result
+from ..timing import format_seconds
 from ..snapshot import SnapshotTooLarge
 from .common import cell_function, check_name, help_option, history_name, parse_line, silenced, store_result
 
 DTYPES = ("bf16", "fp16", "auto", "tf32")
+# A comparison projected (from its measured first run) to take longer than this says so, with a
+# shorter line to run instead: the cell runs planned_runs(...) times, 15 with the defaults.
+LONG_RUN_SECONDS = 5.0
 
 
 @magics_class
@@ -88,6 +92,7 @@ class AmpMagics(Magics):
                 skip=history_name(self.shell), silence=silenced, restore=not args.no_restore,
                 max_snapshot_fraction=args.max_snapshot,
                 on_cell_error=lambda exc, where: cell_errors.append((exc, where)),
+                on_first_run=lambda seconds, runs_left: _note_long_run(seconds, runs_left, args),
             )
         except BaseException as exc:  # KeyboardInterrupt too: noted, then re-raised unchanged
             cells_own = bool(cell_errors) and cell_errors[-1][0] is exc
@@ -99,6 +104,28 @@ class AmpMagics(Magics):
         if not args.quiet:
             display_result(result)
         return result.value
+
+
+def _note_long_run(seconds: float, runs_left: int, args) -> None:
+    """After the first run: when all runs together will take long, say so now, and how to shorten it."""
+    if seconds * (runs_left + 1) <= LONG_RUN_SECONDS:
+        return
+    note = (f"nbaccel %%amp: the first run took {format_seconds(seconds)}; {runs_left} more runs (warmup, timed, "
+            f"memory and audited runs per variant, then the kept run) will take about "
+            f"{format_seconds(seconds * runs_left)}.")
+    shorter = _shorter_options(args)
+    if shorter:
+        warmup, repeat = shorter
+        line = " ".join(o for o, changed in ((f"--repeat {repeat}", repeat != args.repeat),
+                                             (f"--warmup {warmup}", warmup != args.warmup)) if changed)
+        note += f" For fewer: {line} ({planned_runs(warmup, repeat, not args.no_baseline)} runs in all)."
+    print(note, file=sys.stderr, flush=True)  # flushed: the runs it announces come next
+
+
+def _shorter_options(args) -> tuple[int, int] | None:
+    """(warmup, repeat) for fewer runs that still give a spread (MIN_RUNS timed runs), if any."""
+    warmup, repeat = 0, min(args.repeat, MIN_RUNS)
+    return (warmup, repeat) if (warmup, repeat) != (args.warmup, args.repeat) else None
 
 
 def _abandon_note(exc: BaseException, where: str | None, no_restore: bool) -> str:
