@@ -420,3 +420,12 @@ def test_a_long_comparison_says_after_its_first_run_how_long_the_rest_takes(run_
     # A cell whose 15 runs stay under the threshold gets no note.
     _, captured = run_cell("%%amp --repeat 4 --warmup 1 -q\n1 + 1")
     assert "more runs" not in captured.stderr
+
+
+def test_a_semicolon_after_the_last_expression_hides_its_value_as_under_time(run_cell, ip):
+    run_cell("import torch\nx = torch.ones(3)")
+    result, captured = run_cell("%%amp --repeat 3 -q -r res\nx.sum();  # hidden, as IPython does")
+    assert result.result is None and "Out[" not in captured.stdout
+    assert float(ip.user_ns["res"].value) == 3.0  # the result object still has it
+    result, captured = run_cell("%%amp --repeat 3 -q\nx.sum()")
+    assert float(result.result) == 3.0 and "Out[" in captured.stdout

@@ -237,6 +237,15 @@ def test_amp_keeps_the_flags_the_cell_sets(run_cell, ip, flags_set_by_the_cell):
     assert torch.backends.cudnn.benchmark
 
 
+def test_a_semicolon_after_the_last_expression_hides_its_value(run_cell, ip):
+    run_cell(SETUP)
+    result, captured = run_cell("%%profile_gpu -q -r prof\n(a @ b).sum();")
+    assert result.result is None and "Out[" not in captured.stdout
+    assert ip.user_ns["prof"].value is not None
+    result, captured = run_cell("%%profile_gpu -q\n(a @ b).sum()")
+    assert isinstance(result.result, torch.Tensor) and "Out[" in captured.stdout
+
+
 def test_device_cpu_and_quiet(run_cell, ip):
     _, _, captured = profile_cell(run_cell, ip, opts="-q -r prof --device cpu")
     assert not [o for o in captured.outputs if "text/html" in o.data]

@@ -15,7 +15,8 @@ from ..precision import make_recipe
 from ..render.display import display_result
 from ..timing import format_seconds
 from ..snapshot import SnapshotTooLarge
-from .common import cell_function, check_name, help_option, history_name, parse_line, silenced, store_result
+from .common import (cell_function, check_name, help_option, history_name, output_can_be_silenced, parse_line,
+                     silenced, store_result)
 
 DTYPES = ("bf16", "fp16", "auto", "tf32")
 # A comparison projected (from its measured first run) to take longer than this says so, with a
@@ -27,6 +28,7 @@ LONG_RUN_SECONDS = 5.0
 class AmpMagics(Magics):
     # IPython's help formatter prefixes the usage line with "%", right for a line magic only; the
     # name "%amp" makes it read "%%amp [-h] ..." as the cell magic is typed.
+    @output_can_be_silenced  # outermost: IPython reads the mark from the method it registered
     @magic_arguments(name="%amp")  # IPython puts one % before the usage line: %%amp
     @help_option
     @argument("--dtype", default="auto",
