@@ -398,7 +398,8 @@ def test_an_interrupt_outside_the_cell_is_not_blamed_on_it(run_cell, ip, monkeyp
     run_cell("counter = 0")
     monkeypatch.setattr(amp_module, "_build_result", interrupted)  # Ctrl-C while nbaccel sums up
     _, captured = run_cell("%%amp --repeat 3 -q\ncounter += 1\n1.5", expect_error=KeyboardInterrupt)
-    assert "nbaccel %%amp: interrupted (KeyboardInterrupt) while nbaccel was comparing, not in the cell" in captured.stderr
+    assert ("nbaccel %%amp: interrupted (KeyboardInterrupt) while nbaccel was comparing, not in the cell"
+            in captured.stderr)
     assert "the cell was interrupted" not in captured.stderr and ip.user_ns["counter"] == 0
 
 

@@ -432,7 +432,8 @@ def test_cell_that_raises_stops_the_profiler_and_propagates(run_cell, ip):
     assert "raised ValueError in run 2 of 3; the profiler was stopped and the partial profile discarded" in captured.stderr
     # No snapshot here: the note must not promise a restore that did not happen.
     assert ("What the runs did to your variables and to torch's settings (grad mode, default dtype...) is not "
-            "undone; only the --amp recipe's own flags (autocast, TF32, cudnn.benchmark) were put back.") in captured.stderr
+            "undone; only the --amp recipe's own flags (autocast, TF32, cudnn.benchmark) were put back."
+            in captured.stderr)
     assert "prof" not in ip.user_ns
     assert not torch._C._autograd._profiler_enabled()
     assert not torch.is_autocast_enabled("cpu")

@@ -13,8 +13,8 @@ from ..device import DeviceError, autocast_dtype, device_info, dtype_name, resol
 from ..options import magic_spelled, whole_number
 from ..precision import make_recipe
 from ..render.display import display_result
-from ..timing import format_seconds
 from ..snapshot import SnapshotTooLarge
+from ..timing import format_seconds
 from .common import (cell_function, check_name, help_option, history_name, output_can_be_silenced, parse_line,
                      silenced, store_result)
 
@@ -115,30 +115,32 @@ def _note_long_run(seconds: float, runs_left: int, args) -> None:
     note = (f"nbaccel %%amp: the first run took {format_seconds(seconds)}; {runs_left} more runs (warmup, timed, "
             f"memory and audited runs per variant, then the kept run) will take about "
             f"{format_seconds(seconds * runs_left)}.")
-    shorter = _shorter_options(args)
-    if shorter:
-        warmup, repeat = shorter
-        line = " ".join(o for o, changed in ((f"--repeat {repeat}", repeat != args.repeat),
-                                             (f"--warmup {warmup}", warmup != args.warmup)) if changed)
-        note += f" For fewer: {line} ({planned_runs(warmup, repeat, not args.no_baseline)} runs in all)."
+    fewer = _fewer_runs(args)
+    if fewer:
+        note += f" For fewer: {fewer}."
     print(note, file=sys.stderr, flush=True)  # flushed: the runs it announces come next
 
 
-def _shorter_options(args) -> tuple[int, int] | None:
-    """(warmup, repeat) for fewer runs that still give a spread (MIN_RUNS timed runs), if any."""
-    warmup, repeat = 0, min(args.repeat, MIN_RUNS)
-    return (warmup, repeat) if (warmup, repeat) != (args.warmup, args.repeat) else None
+def _fewer_runs(args) -> str | None:
+    """Options for fewer runs that still give a spread (MIN_RUNS timed runs per variant), if any."""
+    repeat, warmup = min(args.repeat, MIN_RUNS), 0
+    changes = [f"--repeat {repeat}"] * (repeat != args.repeat) + [f"--warmup {warmup}"] * (warmup != args.warmup)
+    if not changes:
+        return None
+    return f"{' '.join(changes)} ({planned_runs(warmup, repeat, not args.no_baseline)} runs in all)"
 
 
 def _abandon_note(exc: BaseException, where: str | None, no_restore: bool) -> str:
     """The line for a comparison that did not finish: who failed, and what was put back.
     ``where`` is the run the cell failed in, or None when the cell did not fail."""
     # compare_amp restores torch's settings either way; the variables only when it snapshotted them.
-    settings = "torch's global settings (grad mode, default dtype, autocast, TF32 and cuDNN flags, matmul precision)"
+    settings = ("torch's global settings (grad mode, default dtype, autocast, TF32 and cuDNN flags, matmul "
+                "precision)")
     state = (f"{settings} are as they were before the magic; your variables keep what the runs did (--no-restore)"
              if no_restore else f"your variables and {settings} are as they were before the magic")
     if where is not None:
-        what = "was interrupted (KeyboardInterrupt)" if isinstance(exc, KeyboardInterrupt) else f"raised {type(exc).__name__}"
+        what = ("was interrupted (KeyboardInterrupt)" if isinstance(exc, KeyboardInterrupt)
+                else f"raised {type(exc).__name__}")
         return f"nbaccel %%amp: the cell {what} {where}; the comparison was abandoned: {state}."
     if not isinstance(exc, Exception):  # Ctrl-C while nbaccel's own code ran: nobody's bug
         return (f"nbaccel %%amp: interrupted ({type(exc).__name__}) while nbaccel was comparing, not in the cell; "
