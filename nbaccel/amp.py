@@ -11,8 +11,10 @@ The order of runs is the method, so it is spelled out here:
 5. One last run under the recipe, with its output shown: the user's state afterwards is exactly
    that of one run of the code under the recipe.
 
-Every run starts with ``snapshot.restore()``. If any run raises (or is interrupted), the snapshot
-is restored -- the state from before the call -- and the exception propagates unchanged.
+Every run starts with ``snapshot.restore()`` and `TorchGlobals.restore()`: the same variables and
+the same torch settings (grad mode, default dtype, autocast, TF32/cuDNN flags). If any run raises
+(or is interrupted), both are restored -- the state from before the call -- and the exception
+propagates unchanged.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from .drift import compute_drift, has_nonfinite, runs_differ, to_host
 from .flops import OpAudit, precision_summary
 from .memory import PeakMemory, PeakMeter, format_bytes
 from .options import in_magic, option, whole_number
-from .precision import FP32, Recipe, apply_recipe, describe, make_recipe
+from .precision import FP32, Recipe, TorchGlobals, apply_recipe, autocast_in_effect, describe, make_recipe
 from .results import ResultMixin
 from .snapshot import Snapshot, SnapshotTooLarge, available_host_memory, estimate_bytes
 from .timing import Clock, Stats, format_seconds, speedup_is_uncertain
@@ -40,6 +42,12 @@ if TYPE_CHECKING:
 
 MIN_RUNS = 3  # timed runs per variant below which a speedup is marked uncertain (no spread to judge)
 MEMORY_NOISE_FLOOR = 1 << 20  # fp32 peak below which a memory saving is not reported (allocator noise)
+
+
+def planned_runs(warmup: int, repeat: int, baseline: bool = True) -> int:
+    """How many times a comparison runs the code: per variant the warmup rounds, the timed runs, one
+    memory run and one audited run; then the kept run."""
+    return (2 if baseline else 1) * (warmup + repeat + 2) + 1
 
 
 def _empty_frame() -> pd.DataFrame:
@@ -101,6 +109,8 @@ class AmpResult(ResultMixin):
     state_changed: bool = False
     nonfinite_result: bool = False  # the cell's value has inf/NaN under the recipe where fp32's is finite
     drift_skipped: str | None = None  # why there is no drift although both variants ran (nbaccel's failure)
+    # Autocast already on around the call ({device type: dtype}): the recipes overrode it (see advise).
+    outer_autocast: dict = field(default_factory=dict)
     value: object = field(default=None, repr=False)  # the kept run's value (not serialized)
 
     @property
@@ -185,6 +195,7 @@ class AmpResult(ResultMixin):
             "state_changed": self.state_changed,
             "nonfinite_result": self.nonfinite_result,
             "drift_skipped": self.drift_skipped,
+            "outer_autocast": self.outer_autocast,
             "advice": self.advice,
             "noise_warnings": self.noise_warnings,
         }
@@ -301,7 +312,7 @@ class _Cell:
         __tracebackhide__ = True  # noqa: F841 - IPython hides nbaccel's frames from the user's traceback
         try:
             value = self.fn()
-        except Exception as exc:
+        except BaseException as exc:  # KeyboardInterrupt too: an interrupted run is named like a failed one
             self.failure = (exc, self.recipe, self.kept)
             raise
         self.ran.add(self.recipe)
@@ -339,29 +350,41 @@ def _safely(what: str, fn, *args):
 class _Runner:
     """Runs the code under one recipe from the snapshot; the small engine behind compare_amp."""
 
-    def __init__(self, cell: _Cell, snapshot: Snapshot, clock: Clock, device: torch.device, silence):
-        self.cell, self.snapshot, self.clock, self.device, self.silence = cell, snapshot, clock, device, silence
+    def __init__(self, cell: _Cell, snapshot: Snapshot, torch_globals: TorchGlobals | None, clock: Clock,
+                 device: torch.device, silence, on_first_run=None, runs_after_first: int = 0):
+        self.cell, self.snapshot, self.torch_globals = cell, snapshot, torch_globals
+        self.clock, self.device, self.silence = clock, device, silence
+        self.on_first_run, self.runs_after_first = on_first_run, runs_after_first
+
+    def start(self, recipe: Recipe, kept: bool = False) -> None:
+        """Every run starts from the same variables and the same torch settings."""
+        self.snapshot.restore()
+        if self.torch_globals is not None:
+            self.torch_globals.restore()
+        self.cell.recipe, self.cell.kept = recipe, kept
 
     def timed(self, recipe: Recipe) -> float:
         __tracebackhide__ = True  # noqa: F841 - IPython hides nbaccel's frames from the user's traceback
-        self.snapshot.restore()
-        self.cell.recipe = recipe
+        self.start(recipe)
         with self.silence(), apply_recipe(recipe):
             seconds, _ = self.clock.measure(self.cell)
+        # The first run of a comparison is always a timed one (warmup or not). Reported here, after
+        # the silenced block, so a note the callback prints reaches the user.
+        if self.on_first_run is not None:
+            report, self.on_first_run = self.on_first_run, None
+            report(seconds, self.runs_after_first)
         return seconds
 
     def memory(self, recipe: Recipe) -> PeakMemory:
         __tracebackhide__ = True  # noqa: F841 - IPython hides nbaccel's frames from the user's traceback
-        self.snapshot.restore()
-        self.cell.recipe = recipe
+        self.start(recipe)
         with self.silence(), apply_recipe(recipe), PeakMeter(self.device) as meter:
             self.cell()
         return meter.result
 
     def audited(self, recipe: Recipe):
         __tracebackhide__ = True  # noqa: F841 - IPython hides nbaccel's frames from the user's traceback
-        self.snapshot.restore()
-        self.cell.recipe = recipe
+        self.start(recipe)
         probe = _GradientProbe(c.tensor for c in self.snapshot.tensors)
         audit = OpAudit()
         scales_before = _scaler_scales(self.snapshot)
@@ -394,6 +417,7 @@ def compare_amp(
     restore: bool = True,
     max_snapshot_fraction: float | None = 0.5,
     on_cell_error: Callable[[BaseException, str], None] | None = None,
+    on_first_run: Callable[[float, int], None] | None = None,
 ) -> AmpResult:
     """Time ``fn`` in strict fp32 and under autocast (+TF32 on CUDA) from the same starting state.
 
@@ -414,6 +438,9 @@ def compare_amp(
     ``on_cell_error(exc, where)``: called when ``fn`` itself raises, before its exception
     propagates unchanged; ``where`` says which run raised ("under bf16 autocast (it ran in fp32)").
     An exception without this call came from nbaccel, not from ``fn``.
+    ``on_first_run(seconds, runs_left)``: called once, after the first run, with its measured time
+    and the number of runs still to come (`planned_runs` in all), so a caller can say how long the
+    rest will take (``%%amp`` does, when that is long).
     Returns an `AmpResult`; the kept run's return value is ``result.value``.
     Under torchrun it measures the calling rank only; `nbaccel.distributed.compare_amp` (or
     ``gather_amp(result)``) gathers every rank's result (min/median/max, slowest rank).
@@ -433,6 +460,8 @@ def compare_amp(
                           f"{option('dtype', 'tf32')} on an Ampere+ CUDA GPU")
     amp_recipe = make_recipe(dtype, dev, tf32=tf32)
     base_recipe = make_recipe(FP32, dev)
+    outer_autocast = autocast_in_effect(dev.type)  # before any run: the user's, not ours
+    torch_before = TorchGlobals()
     if namespace is None and not state:
         state = _referenced_objects(fn)
     if not restore:
@@ -442,7 +471,9 @@ def compare_amp(
         snapshot = Snapshot.capture(namespace, objects=state, skip=skip)
     clock = clock or Clock(dev)
     cell = _Cell(fn)
-    runner = _Runner(cell, snapshot, clock, dev, silence or _redirect)
+    # Without restore, runs continue from each other's torch settings as from each other's variables.
+    runner = _Runner(cell, snapshot, torch_before if restore else None, clock, dev, silence or _redirect,
+                     on_first_run, planned_runs(warmup, repeat, baseline) - 1)
     order = [base_recipe, amp_recipe] if baseline else [amp_recipe]
 
     finished = False
@@ -457,20 +488,21 @@ def compare_amp(
         memory = {id(r): runner.memory(r) for r in order}
         audits = {id(r): runner.audited(r) for r in order}
         # The kept run: under the recipe, output shown, state left as one run leaves it.
-        snapshot.restore()
-        cell.recipe, cell.kept = amp_recipe, True
+        runner.start(amp_recipe, kept=True)
         with (show_output or contextlib.nullcontext)(), apply_recipe(amp_recipe):
             value = cell()
         result = _build_result(info, order, times, memory, audits, amp_recipe, base_recipe, baseline,
                                warmup, repeat, clock, snapshot, restore, value)
+        result.outer_autocast = outer_autocast
         finished = True
-    except Exception as exc:
+    except BaseException as exc:  # KeyboardInterrupt too; re-raised unchanged
         if cell.failure is not None and cell.failure[0] is exc and on_cell_error is not None:
             on_cell_error(exc, cell.where(order))
         raise
     finally:
-        if not finished:
+        if not finished:  # abandoned: the variables (unless restore=False) and torch's settings as before
             snapshot.restore()
+            torch_before.restore()
     return result
 
 
@@ -584,6 +616,18 @@ def _state_reason(result: AmpResult) -> str | None:
     return None
 
 
+def _outer_autocast_note(result: AmpResult, dtype: str) -> str:
+    """Why an autocast the user had on did not apply: each recipe sets its own precision."""
+    on = ", ".join(f"autocast {d} ({t})" for t, d in result.outer_autocast.items())
+    around = "%%amp" if in_magic() else "compare_amp"
+    done = ["turned it off for the fp32 run (strict fp32)"] if result.baseline is not None else []
+    done.append(f"ran the {dtype} run under {dtype} autocast" if result.amp.recipe.autocast_dtype is not None
+                else f"turned it off for the {dtype.upper()} run")
+    return (f"{on} was already on around {around} (a `with torch.autocast(...)`, or "
+            f"`torch.autocast(...).__enter__()` in an earlier cell): nbaccel {' and '.join(done)}; "
+            "it is on again for your own code.")
+
+
 def _drift_differs(drift: dict | None) -> bool:
     return bool(drift) and bool(drift["max_abs"] > 0 or drift["amp_only_nonfinite"] or drift["fp32_only_nonfinite"])
 
@@ -601,6 +645,8 @@ def advise(result: AmpResult) -> list[str]:
     label = f"{dtype} autocast" if autocast else dtype.upper()
     state_reason = _state_reason(result)
     drift = result.drift
+    if result.outer_autocast:
+        notes.append(_outer_autocast_note(result, dtype))
     if state_reason and _drift_differs(drift):
         # Precision is not to blame for a difference that state or plain Python made.
         verdict = ("the difference comes from state that changed between runs, not from precision"
@@ -686,4 +732,4 @@ def advise(result: AmpResult) -> list[str]:
     return notes
 
 
-__all__ = ["compare_amp", "AmpResult", "Variant", "compute_drift", "format_seconds"]
+__all__ = ["compare_amp", "AmpResult", "Variant", "compute_drift", "format_seconds", "planned_runs"]

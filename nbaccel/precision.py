@@ -3,7 +3,9 @@
 A recipe touches process-wide torch state: autocast, TF32 for matmul and cuDNN, float32 matmul
 precision and ``cudnn.benchmark``. A notebook kernel lives for hours, so a cell that raises or is
 interrupted must not leave any of it changed. `precision()` saves what it touches and restores it
-in ``finally``.
+in ``finally`` -- all of it when the body raised; when it succeeded, a setting the body changed
+itself stays, as running that code once would leave it. `TorchGlobals` captures the wider set a
+cell can change (grad mode, default dtype, ...) so ``%%amp`` can start every run from it.
 
 torch 2.9 added a new TF32 API (``torch.backends.*.fp32_precision``) and made mixing it with the
 legacy one (``allow_tf32``, ``set_float32_matmul_precision``) an error at read time. So we set and
@@ -32,6 +34,9 @@ class Recipe:
     autocast_dtype: torch.dtype | None
     tf32: bool | None = None  # True: TF32 on; False: strict IEEE fp32; None: as the user has it
     cudnn_benchmark: bool | None = None
+    # Device types whose autocast is forced off inside the recipe: an autocast the user left on
+    # around it must not turn the fp32 baseline (or the other device's ops) into reduced precision.
+    autocast_off: tuple[str, ...] = ()
 
     @property
     def label(self) -> str:
@@ -68,35 +73,117 @@ def make_recipe(dtype: str = "auto", device="auto", tf32: bool = True, cudnn_ben
         if not info.supports_tf32:
             raise DeviceError(f"TF32 needs a CUDA GPU of compute capability 8.0+; {info.label} has none. "
                               f"Use {option(name, 'bf16')} here")
-        return Recipe(dev.type, None, tf32=True)
+        return Recipe(dev.type, None, tf32=True, autocast_off=autocast_device_types(dev.type))
     if dtype == FP32:
-        return Recipe(dev.type, None, tf32=False if info.supports_tf32 else None)
+        return Recipe(dev.type, None, tf32=False if info.supports_tf32 else None,
+                      autocast_off=autocast_device_types(dev.type))
     return Recipe(
         device_type=dev.type,
         autocast_dtype=autocast_dtype(dtype, info, name),
         tf32=tf32_setting,
         cudnn_benchmark=cudnn_benchmark,
+        autocast_off=tuple(t for t in autocast_device_types(dev.type) if t != dev.type),
     )
 
 
-# --- the global flags a recipe touches ---------------------------------------------------------
+def autocast_device_types(device_type: str) -> tuple[str, ...]:
+    """The device types whose autocast can change code that runs on ``device_type``: the CPU always
+    (a CUDA cell still runs host-side ops), CUDA wherever torch can use it (a CPU cell can still
+    touch CUDA tensors), and the device itself."""
+    types = ["cpu"]
+    if torch.cuda.is_available():
+        types.append("cuda")
+    if device_type not in types:
+        types.append(device_type)
+    return tuple(types)
+
+
+def autocast_in_effect(device_type: str) -> dict[str, str]:
+    """Autocast already on for code that runs on ``device_type``: {device type: dtype name}."""
+    return {t: DTYPE_NAMES.get(torch.get_autocast_dtype(t), str(torch.get_autocast_dtype(t)))
+            for t in autocast_device_types(device_type) if torch.is_autocast_enabled(t)}
+
+
+# --- torch's settings as (read, write) pairs ---------------------------------------------------
+
+_UNREADABLE = object()  # a reading torch refused (the two TF32 API families mixed)
+
+
+def _reading(read):
+    try:
+        return read()
+    except RuntimeError:
+        return _UNREADABLE
+
+
+def _readings(knobs: dict) -> dict:
+    return {name: _reading(read) for name, (read, _) in knobs.items()}
+
+
+def _attribute_knob(owner, name: str):
+    return (lambda: getattr(owner, name)), (lambda v: setattr(owner, name, v))
+
+
+def _autocast_knob(device_type: str):
+    """One device type's autocast as (enabled, dtype)."""
+    def write(state):
+        enabled, dtype = state
+        torch.set_autocast_dtype(device_type, dtype)
+        torch.set_autocast_enabled(device_type, enabled)
+
+    return (lambda: (torch.is_autocast_enabled(device_type), torch.get_autocast_dtype(device_type))), write
+
+
+def _deterministic_algorithms():
+    return torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
+
+
+# torch >= 2.9's fp32_precision settings under torch.backends ("" is the generic one). An op's "none"
+# falls back to its backend's value, then to the generic one: restored in this order, each is
+# compared after its fallbacks are back.
+_FP32_PRECISION_PATHS = ("", "cudnn", "cuda.matmul", "cudnn.conv", "cudnn.rnn",
+                         "mkldnn", "mkldnn.matmul", "mkldnn.conv", "mkldnn.rnn")
+
+
+def _fp32_precision_knob(path: str):
+    def owner():
+        obj = torch.backends
+        for part in filter(None, path.split(".")):
+            obj = getattr(obj, part)
+        return obj
+
+    return (lambda: owner().fp32_precision), (lambda v: setattr(owner(), "fp32_precision", v))
+
+
+def _legacy_tf32_knob():
+    """The legacy TF32 switches as one setting.
+
+    torch keeps a value of its own behind ``set_float32_matmul_precision`` and behind
+    ``cudnn.allow_tf32`` (on torch >= 2.9 beside the new API's values, which these setters also
+    change), so both are written, together. ``cuda.matmul.allow_tf32`` is only read: it is the
+    matmul precision seen as a bool. A reading torch refuses (the two API families mixed) is
+    written back as torch's default ("highest", True): the user set the new API, not these.
+    """
+    readers = (torch.get_float32_matmul_precision, lambda: torch.backends.cudnn.allow_tf32,
+               lambda: torch.backends.cuda.matmul.allow_tf32)
+
+    def write(values):
+        precision, cudnn_tf32, _ = values
+        torch.backends.cudnn.allow_tf32 = True if cudnn_tf32 is _UNREADABLE else cudnn_tf32
+        torch.set_float32_matmul_precision("highest" if precision is _UNREADABLE else precision)
+
+    return (lambda: tuple(_reading(read) for read in readers)), write
+
 
 def _tf32_knobs():
-    """(getter, setter) pairs for the TF32 switches in the user's torch's own API family."""
+    """The TF32 switches a recipe sets, in the user's torch's own API family."""
     if NEW_TF32_API:
-        matmul = torch.backends.cuda.matmul
-        conv = torch.backends.cudnn.conv
-        return {
-            "cuda.matmul.fp32_precision": (lambda: matmul.fp32_precision, lambda v: setattr(matmul, "fp32_precision", v)),
-            "cudnn.conv.fp32_precision": (lambda: conv.fp32_precision, lambda v: setattr(conv, "fp32_precision", v)),
-        }
+        return {name: _fp32_precision_knob(name.removesuffix(".fp32_precision"))
+                for name in ("cuda.matmul.fp32_precision", "cudnn.conv.fp32_precision")}
     return {
         "float32_matmul_precision": (torch.get_float32_matmul_precision, torch.set_float32_matmul_precision),
-        "cuda.matmul.allow_tf32": (
-            lambda: torch.backends.cuda.matmul.allow_tf32,
-            lambda v: setattr(torch.backends.cuda.matmul, "allow_tf32", v),
-        ),
-        "cudnn.allow_tf32": (lambda: torch.backends.cudnn.allow_tf32, lambda v: setattr(torch.backends.cudnn, "allow_tf32", v)),
+        "cuda.matmul.allow_tf32": _attribute_knob(torch.backends.cuda.matmul, "allow_tf32"),
+        "cudnn.allow_tf32": _attribute_knob(torch.backends.cudnn, "allow_tf32"),
     }
 
 
@@ -114,8 +201,8 @@ def global_state() -> dict:
     still be compared before and after.
     """
     readers = {
-        "autocast.cpu": lambda: (torch.is_autocast_enabled("cpu"), torch.get_autocast_dtype("cpu")),
-        "autocast.cuda": lambda: (torch.is_autocast_enabled("cuda"), torch.get_autocast_dtype("cuda")),
+        "autocast.cpu": _autocast_knob("cpu")[0],
+        "autocast.cuda": _autocast_knob("cuda")[0],
         "autocast.cache": torch.is_autocast_cache_enabled,
         "cudnn.benchmark": lambda: torch.backends.cudnn.benchmark,
         "cudnn.deterministic": lambda: torch.backends.cudnn.deterministic,
@@ -124,13 +211,13 @@ def global_state() -> dict:
         "cuda.matmul.allow_tf32": lambda: torch.backends.cuda.matmul.allow_tf32,
         "cudnn.allow_tf32": lambda: torch.backends.cudnn.allow_tf32,
         "grad_enabled": torch.is_grad_enabled,
+        "default_dtype": torch.get_default_dtype,
+        "deterministic_algorithms": _deterministic_algorithms,
         "profiler_enabled": torch._C._autograd._profiler_enabled,
     }
     if NEW_TF32_API:
-        readers["fp32_precision"] = lambda: torch.backends.fp32_precision
-        readers["cuda.matmul.fp32_precision"] = lambda: torch.backends.cuda.matmul.fp32_precision
-        readers["cudnn.conv.fp32_precision"] = lambda: torch.backends.cudnn.conv.fp32_precision
-        readers["mkldnn.matmul.fp32_precision"] = lambda: torch.backends.mkldnn.matmul.fp32_precision
+        for path in _FP32_PRECISION_PATHS:
+            readers[f"{path}.fp32_precision" if path else "fp32_precision"] = _fp32_precision_knob(path)[0]
     state = {}
     for key, read in readers.items():
         try:
@@ -140,10 +227,61 @@ def global_state() -> dict:
     return state
 
 
+# --- what a cell can change, put back between runs ---------------------------------------------
+
+class TorchGlobals:
+    """torch's process-wide settings that code can change, captured when made, put back on demand:
+    grad mode, default dtype, deterministic algorithms, the cuDNN flags, TF32 and float32 matmul
+    precision (both API families) and autocast per device type.
+
+    ``%%amp`` runs a cell many times: `Snapshot` puts the variables back before each run, this puts
+    torch's settings back, so a cell that calls ``torch.set_grad_enabled(False)`` cannot change the
+    runs after it, and an abandoned comparison leaves torch as it found it.
+    """
+
+    def __init__(self):
+        self._knobs = _global_knobs()
+        self._values = _readings(self._knobs)
+
+    def restore(self) -> None:
+        # Only what changed is written: writing an fp32_precision that reads the same would turn a
+        # "none" (falling back to its backend's value) into a fixed one, and the legacy setters also
+        # rewrite the new API's values.
+        for name, (read, write) in self._knobs.items():
+            value = self._values[name]
+            if value is not _UNREADABLE and _reading(read) != value:
+                write(value)
+        # Autocast casts weights once per region and keeps the copies until the outermost region
+        # exits; a run that entered autocast and never left would hand stale casts of the weights
+        # the snapshot just put back to the next run.
+        torch.clear_autocast_cache()
+
+
+def _global_knobs() -> dict:
+    """name -> (read, write) of every setting `TorchGlobals` restores, in the order it writes them."""
+    knobs = {
+        "grad_enabled": (torch.is_grad_enabled, torch.set_grad_enabled),
+        "default_dtype": (torch.get_default_dtype, torch.set_default_dtype),
+        "deterministic_algorithms": (_deterministic_algorithms,
+                                     lambda v: torch.use_deterministic_algorithms(v[0], warn_only=v[1])),
+        **{f"cudnn.{flag}": _attribute_knob(torch.backends.cudnn, flag)
+           for flag in ("benchmark", "deterministic", "enabled")},
+        "legacy_tf32": _legacy_tf32_knob(),  # before the new API's values: its setters rewrite them
+    }
+    if NEW_TF32_API:
+        knobs.update({f"{path}.fp32_precision": _fp32_precision_knob(path) for path in _FP32_PRECISION_PATHS})
+    knobs.update({f"autocast.{t}": _autocast_knob(t) for t in ("cpu", "cuda")})  # cuda's is settable anywhere
+    knobs["autocast.cache"] = (torch.is_autocast_cache_enabled, torch.set_autocast_cache_enabled)
+    return knobs
+
+
+# --- the recipe as a context --------------------------------------------------------------------
+
 @contextlib.contextmanager
 def precision(dtype: str = "auto", device="auto", tf32: bool = True, cudnn_benchmark: bool | None = None,
               recipe: Recipe | None = None):
-    """Run the body under a mixed-precision recipe; every flag it set is restored on exit.
+    """Run the body under a mixed-precision recipe; every flag it set is restored on exit (except
+    one the body changed itself, see `apply_recipe`).
 
     >>> with nbaccel.precision("bf16"):
     ...     loss = model(x).sum()
@@ -157,31 +295,67 @@ def precision(dtype: str = "auto", device="auto", tf32: bool = True, cudnn_bench
 
 @contextlib.contextmanager
 def apply_recipe(recipe: Recipe):
-    """Enter a `Recipe`: flags first, autocast innermost; unwind in reverse, whatever happens."""
-    saved_tf32 = {}
-    saved_benchmark = torch.backends.cudnn.benchmark
-    autocast = (
-        torch.autocast(recipe.device_type, dtype=recipe.autocast_dtype)
-        if recipe.autocast_dtype is not None
-        else contextlib.nullcontext()
-    )
+    """Enter a `Recipe`: flags first, autocast innermost; unwind in reverse, whatever happens.
+
+    On exit each setting the recipe manages goes back to its value from before -- except, when the
+    body succeeded, one that no longer holds the value the recipe set: the body changed it
+    (``torch.backends.cudnn.benchmark = True`` in the cell), and code run once under the recipe
+    keeps what it did. When the body raises, every setting goes back.
+    """
+    flags = _recipe_flags(recipe)
+    watched = {name: (read, write) for name, (read, write, _) in flags.items()}
+    watched.update({f"autocast.{t}": _autocast_knob(t) for t in _autocast_types(recipe)})
+    before = {name: read() for name, (read, _, _) in flags.items()}
+    changed_by_body: dict = {}
     try:
-        if recipe.tf32 is not None:
-            knobs = _tf32_knobs()
-            for key, value in _tf32_values(recipe.tf32).items():
-                get, put = knobs[key]
-                saved_tf32[key] = get()
-                put(value)
-        if recipe.cudnn_benchmark is not None:
-            torch.backends.cudnn.benchmark = recipe.cudnn_benchmark
-        with autocast:
+        for _, write, value in flags.values():
+            write(value)
+        with contextlib.ExitStack() as autocast:  # torch.autocast's own exit restores autocast
+            for context in _autocast_contexts(recipe):
+                autocast.enter_context(context)
+            as_set = _readings(watched)
             yield recipe
+            changed_by_body = {name: value for name, value in _readings(watched).items()
+                               if value is not _UNREADABLE and value != as_set[name]}
     finally:
+        _put_back(flags, before, watched, changed_by_body)
+
+
+def _recipe_flags(recipe: Recipe) -> dict:
+    """name -> (read, write, the recipe's value), in the order they are set.
+
+    ``cudnn.benchmark`` is always managed, at the user's own value when the recipe leaves it alone,
+    so a body that raises never leaves it changed.
+    """
+    flags = {}
+    if recipe.tf32 is not None:
         knobs = _tf32_knobs()
-        # Restore in reverse order of setting: the legacy matmul precision and allow_tf32 overlap.
-        for key in reversed(list(saved_tf32)):
-            knobs[key][1](saved_tf32[key])
-        torch.backends.cudnn.benchmark = saved_benchmark
+        for key, value in _tf32_values(recipe.tf32).items():
+            flags[key] = (*knobs[key], value)
+    benchmark = recipe.cudnn_benchmark if recipe.cudnn_benchmark is not None else torch.backends.cudnn.benchmark
+    flags["cudnn.benchmark"] = (*_attribute_knob(torch.backends.cudnn, "benchmark"), benchmark)
+    return flags
+
+
+def _autocast_types(recipe: Recipe) -> list[str]:
+    return list(recipe.autocast_off) + ([recipe.device_type] if recipe.autocast_dtype is not None else [])
+
+
+def _autocast_contexts(recipe: Recipe) -> list:
+    contexts = [torch.autocast(t, enabled=False) for t in recipe.autocast_off]
+    if recipe.autocast_dtype is not None:
+        contexts.append(torch.autocast(recipe.device_type, dtype=recipe.autocast_dtype))
+    return contexts
+
+
+def _put_back(flags: dict, before: dict, watched: dict, changed_by_body: dict) -> None:
+    # Reverse order of setting: the legacy matmul precision and allow_tf32 overlap, so restoring one
+    # can overwrite the other; the body's own values are written last for the same reason.
+    for name in reversed(list(flags)):
+        if name not in changed_by_body:
+            flags[name][1](before[name])
+    for name, value in changed_by_body.items():
+        watched[name][1](value)
 
 
 def describe(info: DeviceInfo) -> str:

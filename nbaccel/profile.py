@@ -50,7 +50,7 @@ import torch
 
 from .analysis.trace import paused_gc
 from .device import device_info, resolve_device
-from .options import in_magic
+from .options import in_magic, option
 from .precision import apply_recipe, make_recipe
 from .profile_options import ProfileError, ProfileOptions, trace_is_file, validate
 from .profile_result import ProfileResult
@@ -159,7 +159,7 @@ class profile:  # noqa: N801 - a context manager used like a function: `with nba
                 self._stack.enter_context(apply_recipe(self.recipe))
                 self._cudnn_benchmark = bool(torch.backends.cudnn.benchmark)
         except BaseException:
-            self._stop()
+            self._stop(*sys.exc_info())
             raise
         return self
 
@@ -170,10 +170,11 @@ class profile:  # noqa: N801 - a context manager used like a function: `with nba
             with quiet_kineto():
                 self._prof.step()
 
-    def _stop(self) -> None:
+    def _stop(self, exc_type=None, exc=None, tb=None) -> None:
         try:
             if self._stack is not None:
-                self._stack.close()
+                # The exception, if any, goes to the recipe: it keeps flags the code set only on success.
+                self._stack.__exit__(exc_type, exc, tb)
         finally:
             self._stack = None
             if self.device.type == "cuda":
@@ -186,7 +187,7 @@ class profile:  # noqa: N801 - a context manager used like a function: `with nba
 
     def __exit__(self, exc_type, exc, tb) -> bool:
         try:
-            self._stop()
+            self._stop(exc_type, exc, tb)
         except Exception:
             if exc_type is None:
                 raise
@@ -194,7 +195,7 @@ class profile:  # noqa: N801 - a context manager used like a function: `with nba
             runs = self.options.warmup + self.options.steps
             which = f" in run {self.steps_done + 1} of {runs}" if runs > 1 else ""
             print(f"nbaccel: the profiled code raised {exc_type.__name__}{which}; the profiler was stopped and the "
-                  "partial profile discarded.", file=sys.stderr)
+                  f"partial profile discarded. {self._what_stays()}", file=sys.stderr)
             return False
         needed = self.options.warmup + self.options.steps
         if self.options.scheduled and self.steps_done < needed:
@@ -202,6 +203,13 @@ class profile:  # noqa: N801 - a context manager used like a function: `with nba
                                f"calls to .step(); got {self.steps_done}, so no active step was completed")
         self.result = self._build()
         return False
+
+    def _what_stays(self) -> str:
+        # A profile keeps the runs' effects (no snapshot): the message must not suggest otherwise.
+        undone = (f"; only the {option('amp')} recipe's own flags (autocast, TF32, cudnn.benchmark) were put back"
+                  if self.recipe is not None else "")
+        return ("What the runs did to your variables and to torch's settings (grad mode, default dtype...) is "
+                f"not undone{undone}.")
 
     def _build(self) -> "ProfileResult":
         opts = self.options

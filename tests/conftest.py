@@ -6,7 +6,7 @@ import pytest
 import torch
 from IPython.testing.globalipapp import start_ipython
 
-from nbaccel.precision import global_state
+from nbaccel.precision import TorchGlobals, global_state
 
 
 @pytest.fixture(autouse=True)
@@ -15,6 +15,15 @@ def torch_state_unchanged():
     before = global_state()
     yield
     assert global_state() == before, "a test (or nbaccel) left torch's global state changed"
+
+
+@pytest.fixture
+def flags_set_by_the_cell():
+    """For a test whose cell sets torch flags on purpose and keeps them (a successful magic keeps
+    what the cell did): puts them back afterwards, so `torch_state_unchanged` still guards the rest."""
+    saved = TorchGlobals()
+    yield
+    saved.restore()
 
 
 @pytest.fixture(scope="session")

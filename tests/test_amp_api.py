@@ -11,7 +11,7 @@ import torch
 
 import nbaccel
 from nbaccel.amp import compute_drift
-from nbaccel.precision import NEW_TF32_API, Recipe, apply_recipe, global_state, make_recipe
+from nbaccel.precision import NEW_TF32_API, Recipe, TorchGlobals, apply_recipe, global_state, make_recipe
 from nbaccel.snapshot import Snapshot
 from nbaccel.timing import Clock, Stats, speedup_is_uncertain
 
@@ -186,6 +186,180 @@ def test_tf32_recipe_sets_and_restores_through_one_api_family():
         if NEW_TF32_API:
             assert torch.backends.cuda.matmul.fp32_precision == "ieee"
     assert global_state() == before
+
+
+def _matmul_tf32():
+    if NEW_TF32_API:
+        return torch.backends.cuda.matmul.fp32_precision
+    return torch.get_float32_matmul_precision()
+
+
+def _set_matmul_tf32(value):
+    if NEW_TF32_API:
+        torch.backends.cuda.matmul.fp32_precision = value
+    else:
+        torch.set_float32_matmul_precision(value)
+
+
+def test_a_flag_the_body_changed_is_kept_and_the_recipes_others_restored(flags_set_by_the_cell):
+    # A CUDA recipe on a CPU-only build still sets the TF32 flags: the exit logic is tested here.
+    recipe = Recipe("cuda", None, tf32=True)
+    before, matmul_before = global_state(), _matmul_tf32()
+    strict = "ieee" if NEW_TF32_API else "highest"
+    try:
+        with apply_recipe(recipe):
+            torch.backends.cudnn.benchmark = not before["cudnn.benchmark"]  # flags the body sets itself
+            _set_matmul_tf32(strict)
+        assert torch.backends.cudnn.benchmark is not before["cudnn.benchmark"]
+        assert _matmul_tf32() == strict
+        # The knob the body left at the recipe's value (cuDNN TF32) is back to what it was.
+        after = global_state()
+        for key in ("cudnn.allow_tf32", "cudnn.conv.fp32_precision"):
+            assert after.get(key) == before.get(key)
+    finally:
+        _set_matmul_tf32(matmul_before)
+    assert global_state() == {**before, "cudnn.benchmark": not before["cudnn.benchmark"]}
+
+
+def test_a_body_that_raises_gets_every_flag_of_the_recipe_back():
+    before = global_state()
+    with pytest.raises(RuntimeError):
+        with apply_recipe(Recipe("cuda", None, tf32=True)):
+            torch.backends.cudnn.benchmark = not before["cudnn.benchmark"]
+            _set_matmul_tf32("ieee" if NEW_TF32_API else "highest")
+            raise RuntimeError("the body failed")
+    assert global_state() == before
+
+
+def _mm_dtypes(variant) -> set:
+    ops = variant.ops
+    return set(ops[ops["op"] == "aten.mm"]["dtype"])
+
+
+def test_the_fp32_baseline_is_strict_under_an_outer_autocast():
+    # Was: the row labelled fp32 ran aten.mm in bf16 and the drift came out exactly 0, unexplained.
+    x, w = torch.randn(64, 64), torch.randn(64, 64)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        res = nbaccel.compare_amp(lambda: x @ w, dtype="bf16", repeat=3, warmup=0)
+        assert torch.is_autocast_enabled("cpu"), "the user's own autocast is still on after the call"
+    assert _mm_dtypes(res.baseline) == {"fp32"} and _mm_dtypes(res.amp) == {"bf16"}
+    assert res.drift["max_abs"] > 0
+    assert res.outer_autocast == {"cpu": "bf16"} and res.to_dict()["outer_autocast"] == {"cpu": "bf16"}
+    assert "autocast bf16 (cpu) was already on around compare_amp" in res.advice[0]
+    assert "turned it off for the fp32 run (strict fp32) and ran the bf16 run under bf16 autocast" in str(res)
+
+
+def test_the_reduced_precision_run_uses_the_requested_dtype_under_another_outer_one():
+    x, w = torch.randn(64, 64), torch.randn(64, 64)
+    with torch.autocast("cpu", dtype=torch.float16):
+        res = nbaccel.compare_amp(lambda: x @ w, dtype="bf16", repeat=3, warmup=0)
+    assert _mm_dtypes(res.amp) == {"bf16"} and _mm_dtypes(res.baseline) == {"fp32"}
+    assert res.outer_autocast == {"cpu": "fp16"}
+    plain = nbaccel.compare_amp(lambda: x @ w, dtype="bf16", repeat=3, warmup=0)
+    assert plain.outer_autocast == {} and not any("already on" in a for a in plain.advice)
+
+
+def test_the_fp32_recipe_turns_autocast_off_on_every_device_type_it_could_affect(monkeypatch):
+    from nbaccel.precision import autocast_device_types
+
+    assert make_recipe("fp32", "cpu").autocast_off == ("cpu",)
+    # With CUDA present a CPU cell can still reach CUDA tensors, and a CUDA cell runs host ops on the CPU.
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert autocast_device_types("cpu") == ("cpu", "cuda")
+    assert make_recipe("fp32", "cpu").autocast_off == ("cpu", "cuda")
+    assert make_recipe("bf16", "cpu").autocast_off == ("cuda",)  # its own device type gets bf16
+    monkeypatch.undo()
+    torch.set_autocast_enabled("cuda", True)  # settable on a CPU-only build, as a notebook could have it
+    try:
+        with apply_recipe(Recipe("cpu", None, autocast_off=("cpu", "cuda"))):
+            assert not torch.is_autocast_enabled("cuda") and not torch.is_autocast_enabled("cpu")
+        assert torch.is_autocast_enabled("cuda")
+    finally:
+        torch.set_autocast_enabled("cuda", False)
+
+
+def test_autocast_the_body_turns_on_is_kept_like_any_flag_it_sets():
+    body_autocast = torch.autocast("cpu", dtype=torch.bfloat16)
+    try:
+        with apply_recipe(make_recipe("fp32", "cpu")):
+            body_autocast.__enter__()  # a cell that leaves autocast on for the cells after it
+        assert torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") is torch.bfloat16
+    finally:
+        body_autocast.__exit__(None, None, None)
+
+
+def _change_every_torch_global():
+    torch.set_grad_enabled(False)
+    torch.set_default_dtype(torch.float64)
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    torch.backends.cudnn.benchmark = not torch.backends.cudnn.benchmark
+    torch.backends.cudnn.deterministic = not torch.backends.cudnn.deterministic
+    torch.backends.cudnn.allow_tf32 = not torch.backends.cudnn.allow_tf32
+    torch.set_float32_matmul_precision("medium")
+    if NEW_TF32_API:
+        torch.backends.cudnn.rnn.fp32_precision = "ieee"
+    torch.set_autocast_enabled("cuda", True)
+    left_on = torch.autocast("cpu", dtype=torch.bfloat16)
+    left_on.__enter__()  # and never left, as a careless cell would
+    return left_on
+
+
+@pytest.mark.parametrize("start", ["defaults", "legacy high", "new api"])
+def test_torch_globals_put_back_whatever_code_changed(start):
+    baseline, left_on = TorchGlobals(), None
+    try:
+        if start == "legacy high":
+            torch.set_float32_matmul_precision("high")
+        elif start == "new api" and NEW_TF32_API:
+            torch.backends.cuda.matmul.fp32_precision = "tf32"  # torch then refuses the legacy readings
+        before, saved = global_state(), TorchGlobals()
+        left_on = _change_every_torch_global()
+        assert global_state() != before
+        saved.restore()
+        assert global_state() == before
+        assert torch.is_grad_enabled() and torch.get_default_dtype() is torch.float32
+    finally:
+        if left_on is not None:
+            left_on.__exit__(None, None, None)  # its nesting count; the state it restores is the saved one
+        baseline.restore()
+
+
+def test_every_run_starts_from_the_torch_settings_before_the_call(flags_set_by_the_cell):
+    import types
+
+    box = types.SimpleNamespace(seen=[])  # an object's attribute: not restored between runs
+
+    def cell():
+        box.seen.append((torch.is_grad_enabled(), torch.get_default_dtype(), torch.backends.cudnn.deterministic))
+        torch.set_grad_enabled(False)
+        torch.set_default_dtype(torch.float64)
+        torch.backends.cudnn.deterministic = True
+        return torch.ones(2).sum()
+
+    nbaccel.compare_amp(cell, repeat=3, warmup=1)
+    assert len(box.seen) == 2 * (1 + 3 + 2) + 1
+    assert set(box.seen) == {(True, torch.float32, False)}
+    # The kept run's own changes stay, as after one run of the cell.
+    assert not torch.is_grad_enabled() and torch.get_default_dtype() is torch.float64
+
+
+def test_a_failed_comparison_leaves_torchs_settings_as_before():
+    import types
+
+    before = global_state()
+    box = types.SimpleNamespace(runs=0)
+
+    def cell():
+        box.runs += 1
+        torch.set_grad_enabled(False)
+        torch.set_default_dtype(torch.float64)
+        torch.set_float32_matmul_precision("medium")
+        if box.runs == 5:
+            raise ValueError("the cell failed")
+
+    with pytest.raises(ValueError):
+        nbaccel.compare_amp(cell, repeat=3)
+    assert global_state() == before and torch.get_default_dtype() is torch.float32
 
 
 def test_cpu_recipe_never_touches_tf32():
@@ -411,6 +585,31 @@ def test_on_cell_error_says_which_run_raised_and_the_exception_is_unchanged():
     with pytest.raises(ZeroDivisionError):
         nbaccel.compare_amp(lambda: 1 / 0, repeat=1, warmup=0, on_cell_error=lambda e, w: seen.append(w))
     assert seen[-1] == "in fp32"
+
+
+def test_on_cell_error_hears_of_an_interrupt_too():
+    import types
+
+    box, seen = types.SimpleNamespace(runs=0), []
+
+    def cell():
+        box.runs += 1
+        if box.runs == 3:  # the first run of the second round, which starts with the recipe
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        nbaccel.compare_amp(cell, repeat=2, warmup=0, on_cell_error=lambda exc, where: seen.append(where))
+    assert seen == ["under bf16 autocast (it ran in fp32)"]
+
+
+def test_on_first_run_gets_the_measured_first_run_and_the_runs_to_come():
+    seen = []
+    x = torch.randn(4, 4)
+    nbaccel.compare_amp(lambda: x @ x, repeat=2, warmup=1, clock=FakeClock(lambda: 0.5),
+                        on_first_run=lambda seconds, runs_left: seen.append((seconds, runs_left)))
+    # 2 variants x (1 warmup + 2 timed + 1 memory + 1 audited), plus the kept run; one is done.
+    assert seen == [(0.5, 2 * (1 + 2 + 2) + 1 - 1)]
+    assert nbaccel.amp.planned_runs(warmup=1, repeat=2, baseline=False) == 1 + 2 + 2 + 1
 
 
 def test_memory_comparison_needs_a_peak_of_a_mebibyte():

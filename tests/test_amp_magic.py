@@ -334,3 +334,99 @@ def test_method_line_without_a_baseline_is_not_interleaved(run_cell):
 def test_help_usage_line_reads_as_the_cell_magic(run_cell):
     _, captured = run_cell("%%amp -h\n1")
     assert captured.stdout.lstrip(": \n").startswith("%%amp [-h]")
+
+
+def test_flags_the_cell_sets_are_kept_like_one_run_of_the_cell(run_cell, ip, flags_set_by_the_cell):
+    # Was: cudnn.benchmark set by the cell was reverted by the recipe's exit, deterministic kept.
+    run_cell("import torch")
+    run_cell("%%amp --repeat 3 -q\ntorch.backends.cudnn.benchmark = True\ntorch.backends.cudnn.deterministic = True\n"
+             "torch.ones(4).sum()")
+    assert torch.backends.cudnn.benchmark and torch.backends.cudnn.deterministic
+
+
+def test_autocast_left_on_by_an_earlier_cell_does_not_leak_into_the_fp32_run(run_cell, ip):
+    run_cell("import torch\nx = torch.randn(32, 32)\nac = torch.autocast('cpu')\nac.__enter__()")
+    try:
+        _, captured = run_cell("%%amp --repeat 3 -r res\nx @ x")
+        assert torch.is_autocast_enabled("cpu"), "the earlier cell's autocast is the user's: it stays on"
+    finally:
+        ip.user_ns["ac"].__exit__(None, None, None)
+    res = ip.user_ns["res"]
+    ops = res.baseline.ops
+    assert set(ops[ops["op"] == "aten.mm"]["dtype"]) == {"fp32"}
+    shown = captured.outputs[0].data["text/plain"]
+    assert "autocast bf16 (cpu) was already on around %%amp" in shown
+
+
+def test_a_failed_amp_puts_torchs_global_settings_back_and_says_so(run_cell, ip):
+    # Was: "your variables are as they were before the magic", with grad mode off and float64 left.
+    run_cell("import types, torch\nbox = types.SimpleNamespace(runs=0)")
+    cell = ("%%amp --repeat 3\nbox.runs += 1\ntorch.set_grad_enabled(False)\ntorch.set_default_dtype(torch.float64)\n"
+            "torch.backends.cudnn.deterministic = True\nif box.runs == 3: raise ValueError('boom in run 3')\n")
+    _, captured = run_cell(cell, expect_error=ValueError)
+    assert torch.is_grad_enabled() and torch.get_default_dtype() is torch.float32
+    assert not torch.backends.cudnn.deterministic
+    assert "your variables and torch's global settings (grad mode, default dtype" in captured.stderr
+
+
+def test_a_failed_amp_without_restore_does_not_promise_the_variables(run_cell, ip):
+    run_cell("import torch\ncounter = 0")
+    _, captured = run_cell("%%amp --repeat 3 --no-restore\ncounter += 1\nif counter == 2: raise ValueError('x')\n",
+                           expect_error=ValueError)
+    assert ip.user_ns["counter"] == 2
+    assert "your variables keep what the runs did (--no-restore)" in captured.stderr
+    assert "your variables are as they were" not in captured.stderr
+
+
+def test_an_interrupted_run_gets_the_same_note_and_state_is_restored(run_cell, ip):
+    # Was: no note at all (compare_amp caught Exception only), though docs/amp.md promised one.
+    run_cell("import types, torch\nbox = types.SimpleNamespace(runs=0)\nk = 0")
+    cell = ("%%amp --repeat 3\nk += 1\nbox.runs += 1\ntorch.set_grad_enabled(False)\n"
+            "if box.runs == 6: raise KeyboardInterrupt\n")
+    _, captured = run_cell(cell, expect_error=KeyboardInterrupt)
+    assert ("nbaccel %%amp: the cell was interrupted (KeyboardInterrupt) in fp32 (it ran under bf16 autocast); "
+            "the comparison was abandoned: your variables and torch's global settings") in captured.stderr
+    assert ip.user_ns["k"] == 0 and torch.is_grad_enabled()
+
+
+def test_an_interrupt_outside_the_cell_is_not_blamed_on_it(run_cell, ip, monkeypatch):
+    import nbaccel.amp as amp_module
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    run_cell("counter = 0")
+    monkeypatch.setattr(amp_module, "_build_result", interrupted)  # Ctrl-C while nbaccel sums up
+    _, captured = run_cell("%%amp --repeat 3 -q\ncounter += 1\n1.5", expect_error=KeyboardInterrupt)
+    assert ("nbaccel %%amp: interrupted (KeyboardInterrupt) while nbaccel was comparing, not in the cell"
+            in captured.stderr)
+    assert "the cell was interrupted" not in captured.stderr and ip.user_ns["counter"] == 0
+
+
+def test_a_long_comparison_says_after_its_first_run_how_long_the_rest_takes(run_cell, monkeypatch):
+    # Was: a 0.5 s cell ran 17 times (10.6 s) without a word.
+    import re
+
+    from nbaccel.magics import amp as amp_magic
+
+    monkeypatch.setattr(amp_magic, "LONG_RUN_SECONDS", 0.2)  # instead of 5 s, to keep the test short
+    run_cell("import time")
+    _, captured = run_cell("%%amp --repeat 4 --warmup 1 -q\ntime.sleep(0.02)")
+    notes = [line for line in captured.stderr.splitlines() if "more runs" in line]
+    assert len(notes) == 1
+    first, rest = (float(v) for v in re.search(r"the first run took ([\d.]+) ms; 14 more runs .* will take about "
+                                               r"([\d.]+) ms", notes[0]).groups())
+    assert 20 <= first < 500 and rest == pytest.approx(14 * first, rel=0.01)  # measured, not guessed
+    assert "--repeat 3 --warmup 0 (11 runs in all)" in notes[0]
+    # A cell whose 15 runs stay under the threshold gets no note.
+    _, captured = run_cell("%%amp --repeat 4 --warmup 1 -q\n1 + 1")
+    assert "more runs" not in captured.stderr
+
+
+def test_a_semicolon_after_the_last_expression_hides_its_value_as_under_time(run_cell, ip):
+    run_cell("import torch\nx = torch.ones(3)")
+    result, captured = run_cell("%%amp --repeat 3 -q -r res\nx.sum();  # hidden, as IPython does")
+    assert result.result is None and "Out[" not in captured.stdout
+    assert float(ip.user_ns["res"].value) == 3.0  # the result object still has it
+    result, captured = run_cell("%%amp --repeat 3 -q\nx.sum()")
+    assert float(result.result) == 3.0 and "Out[" in captured.stdout

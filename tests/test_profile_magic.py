@@ -226,6 +226,26 @@ def test_amp_profiles_under_the_recipe_and_restores_it(run_cell, ip):
     assert "autocast bf16" in str(prof)
 
 
+def test_amp_keeps_the_flags_the_cell_sets(run_cell, ip, flags_set_by_the_cell):
+    # Was: cudnn.benchmark set by the cell was reverted by the --amp recipe's exit.
+    run_cell(SETUP)
+    run_cell("%%profile_gpu --amp bf16 -q\ntorch.backends.cudnn.benchmark = True\ny = a @ b\n")
+    assert torch.backends.cudnn.benchmark
+    # A cell that raises gets the recipe's flags back, whatever it set.
+    run_cell("%%profile_gpu --amp bf16 -q\ntorch.backends.cudnn.benchmark = False\n1 / 0\n",
+             expect_error=ZeroDivisionError)
+    assert torch.backends.cudnn.benchmark
+
+
+def test_a_semicolon_after_the_last_expression_hides_its_value(run_cell, ip):
+    run_cell(SETUP)
+    result, captured = run_cell("%%profile_gpu -q -r prof\n(a @ b).sum();")
+    assert result.result is None and "Out[" not in captured.stdout
+    assert ip.user_ns["prof"].value is not None
+    result, captured = run_cell("%%profile_gpu -q\n(a @ b).sum()")
+    assert isinstance(result.result, torch.Tensor) and "Out[" in captured.stdout
+
+
 def test_device_cpu_and_quiet(run_cell, ip):
     _, _, captured = profile_cell(run_cell, ip, opts="-q -r prof --device cpu")
     assert not [o for o in captured.outputs if "text/html" in o.data]
@@ -422,6 +442,10 @@ def test_cell_that_raises_stops_the_profiler_and_propagates(run_cell, ip):
                                 "if runs == 2: raise ValueError('boom in run 2')\n", expect_error=ValueError)
     assert "boom in run 2" in str(result.error_in_exec)
     assert "raised ValueError in run 2 of 3; the profiler was stopped and the partial profile discarded" in captured.stderr
+    # No snapshot here: the note must not promise a restore that did not happen.
+    assert ("What the runs did to your variables and to torch's settings (grad mode, default dtype...) is not "
+            "undone; only the --amp recipe's own flags (autocast, TF32, cudnn.benchmark) were put back."
+            in captured.stderr)
     assert "prof" not in ip.user_ns
     assert not torch._C._autograd._profiler_enabled()
     assert not torch.is_autocast_enabled("cpu")

@@ -34,7 +34,8 @@ class MagicSequences(RuleBasedStateMachine):
     def setup(self):
         self.ip.run_cell("import torch, types\nbox = types.SimpleNamespace(runs=0)\ncounter = 0\n"
                          "w = torch.zeros(4)\n")
-        self.user_flags = {"benchmark": torch.backends.cudnn.benchmark, "grad": torch.is_grad_enabled()}
+        self.user_flags = {"benchmark": torch.backends.cudnn.benchmark, "grad": torch.is_grad_enabled(),
+                           "deterministic": torch.backends.cudnn.deterministic}
         self.expected = global_state()
         self.callbacks = _callbacks(self.ip)
         self.custom = tuple(self.ip.custom_exceptions)
@@ -46,14 +47,18 @@ class MagicSequences(RuleBasedStateMachine):
         self.expected = global_state()
 
     @rule(dtype=st.sampled_from(["bf16", "auto"]), repeat=st.integers(1, 3), warmup=st.integers(0, 1),
-          baseline=st.booleans(), fail=st.sampled_from([None, "error", "interrupt"]), fail_at=st.integers(1, 6))
-    def amp(self, dtype, repeat, warmup, baseline, fail, fail_at):
+          baseline=st.booleans(), fail=st.sampled_from([None, "error", "interrupt"]), fail_at=st.integers(1, 6),
+          toggles=st.booleans())
+    def amp(self, dtype, repeat, warmup, baseline, fail, fail_at, toggles):
         ns = self.ip.user_ns
         counter_before, w_before, rng_before = ns["counter"], ns["w"].clone(), torch.get_rng_state()
+        deterministic_before = torch.backends.cudnn.deterministic
         raise_line = {None: "", "error": f"if box.runs == {fail_at}: raise ValueError('cell failed')\n",
                       "interrupt": f"if box.runs == {fail_at}: raise KeyboardInterrupt\n"}[fail]
+        # A cell that flips a torch flag: each run must start from the flag as it was before the magic.
+        toggle_line = "torch.backends.cudnn.deterministic = not torch.backends.cudnn.deterministic\n" if toggles else ""
         cell = ("box.runs += 1\ncounter += 1\nw.add_(torch.rand(4))\n"
-                "y = (torch.randn(8, 8) @ torch.randn(8, 8)).sum()\n" + raise_line)
+                "y = (torch.randn(8, 8) @ torch.randn(8, 8)).sum()\n" + toggle_line + raise_line)
         line = f"--dtype {dtype} --repeat {repeat} --warmup {warmup} -q" + ("" if baseline else " --no-baseline")
         ns["box"].runs = 0
         failed = None
@@ -67,8 +72,12 @@ class MagicSequences(RuleBasedStateMachine):
             assert ns["counter"] == counter_before, "namespace changed by a failed magic"
             assert torch.equal(ns["w"], w_before), "tensor changed by a failed magic"
             assert torch.equal(torch.get_rng_state(), rng_before), "RNG changed by a failed magic"
+            assert torch.backends.cudnn.deterministic == deterministic_before, "flag changed by a failed magic"
         else:
             assert ns["counter"] == counter_before + 1, "the cell must be applied exactly once"
+            assert torch.backends.cudnn.deterministic == (deterministic_before != toggles), \
+                "the cell's own flag change must be applied exactly once"
+            self.expected = global_state()
 
     @rule(amp=st.sampled_from([None, "bf16"]), steps=st.integers(1, 2),
           fail=st.sampled_from([None, "error", "interrupt"]), fail_at=st.integers(1, 3))
@@ -114,6 +123,7 @@ class MagicSequences(RuleBasedStateMachine):
     def teardown(self):
         if hasattr(self, "user_flags"):
             torch.backends.cudnn.benchmark = self.user_flags["benchmark"]
+            torch.backends.cudnn.deterministic = self.user_flags["deterministic"]
 
 
 def test_magic_sequences_leave_no_state_behind(ip):

@@ -8,21 +8,27 @@ from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments
 
-from ..amp import compare_amp
+from ..amp import MIN_RUNS, compare_amp, planned_runs
 from ..device import DeviceError, autocast_dtype, device_info, dtype_name, resolve_device
 from ..options import magic_spelled, whole_number
 from ..precision import make_recipe
 from ..render.display import display_result
 from ..snapshot import SnapshotTooLarge
-from .common import cell_function, check_name, help_option, history_name, parse_line, silenced, store_result
+from ..timing import format_seconds
+from .common import (cell_function, check_name, help_option, history_name, output_can_be_silenced, parse_line,
+                     silenced, store_result)
 
 DTYPES = ("bf16", "fp16", "auto", "tf32")
+# A comparison projected (from its measured first run) to take longer than this says so, with a
+# shorter line to run instead: the cell runs planned_runs(...) times, 15 with the defaults.
+LONG_RUN_SECONDS = 5.0
 
 
 @magics_class
 class AmpMagics(Magics):
     # IPython's help formatter prefixes the usage line with "%", right for a line magic only; the
     # name "%amp" makes it read "%%amp [-h] ..." as the cell magic is typed.
+    @output_can_be_silenced  # outermost: IPython reads the mark from the method it registered
     @magic_arguments(name="%amp")  # IPython puts one % before the usage line: %%amp
     @help_option
     @argument("--dtype", default="auto",
@@ -48,8 +54,9 @@ class AmpMagics(Magics):
         Shows time per variant (median, IQR), speedup, peak memory and its saving, drift of the
         cell's last value, which ops ran in reduced precision, gradient overflow/underflow (fp16),
         FLOP/s and advice. Before every run the namespace, tensors, modules, optimizers,
-        schedulers, GradScalers and RNG states are restored, so afterwards your variables are
-        exactly as after one run of the cell under the recipe.
+        schedulers, GradScalers, RNG states and torch's global settings (grad mode, default dtype,
+        autocast, TF32/cuDNN flags) are restored, so afterwards your variables are exactly as after
+        one run of the cell under the recipe.
 
             %%amp --dtype bf16 --repeat 10 -r res
             loss = train_step(model, batch)
@@ -87,21 +94,57 @@ class AmpMagics(Magics):
                 skip=history_name(self.shell), silence=silenced, restore=not args.no_restore,
                 max_snapshot_fraction=args.max_snapshot,
                 on_cell_error=lambda exc, where: cell_errors.append((exc, where)),
+                on_first_run=lambda seconds, runs_left: _note_long_run(seconds, runs_left, args),
             )
-        except Exception as exc:
-            if cell_errors and cell_errors[-1][0] is exc:
-                # The cell's own error, re-raised unchanged below; say what nbaccel did about it first.
-                print(f"nbaccel %%amp: the cell raised {type(exc).__name__} {cell_errors[-1][1]}; the comparison "
-                      "was abandoned and your variables are as they were before the magic.", file=sys.stderr)
-                raise
-            if isinstance(exc, (SnapshotTooLarge, DeviceError)):
+        except BaseException as exc:  # KeyboardInterrupt too: noted, then re-raised unchanged
+            cells_own = bool(cell_errors) and cell_errors[-1][0] is exc
+            if not cells_own and isinstance(exc, (SnapshotTooLarge, DeviceError)):
                 raise UsageError(str(exc)) from None
-            # Not the cell: nbaccel itself failed. Say so, rather than blame the user's code.
-            print(f"nbaccel %%amp: nbaccel itself failed while comparing ({type(exc).__name__}); this is a bug in "
-                  "nbaccel, not in your cell. Your variables are as they were before the magic; run the cell "
-                  "without %%amp meanwhile.", file=sys.stderr)
+            print(_abandon_note(exc, cell_errors[-1][1] if cells_own else None, args.no_restore), file=sys.stderr)
             raise
         store_result(self.shell, args.result, result)
         if not args.quiet:
             display_result(result)
         return result.value
+
+
+def _note_long_run(seconds: float, runs_left: int, args) -> None:
+    """After the first run: when all runs together will take long, say so now, and how to shorten it."""
+    if seconds * (runs_left + 1) <= LONG_RUN_SECONDS:
+        return
+    note = (f"nbaccel %%amp: the first run took {format_seconds(seconds)}; {runs_left} more runs (warmup, timed, "
+            f"memory and audited runs per variant, then the kept run) will take about "
+            f"{format_seconds(seconds * runs_left)}.")
+    fewer = _fewer_runs(args)
+    if fewer:
+        note += f" For fewer: {fewer}."
+    print(note, file=sys.stderr, flush=True)  # flushed: the runs it announces come next
+
+
+def _fewer_runs(args) -> str | None:
+    """Options for fewer runs that still give a spread (MIN_RUNS timed runs per variant), if any."""
+    repeat, warmup = min(args.repeat, MIN_RUNS), 0
+    changes = [f"--repeat {repeat}"] * (repeat != args.repeat) + [f"--warmup {warmup}"] * (warmup != args.warmup)
+    if not changes:
+        return None
+    return f"{' '.join(changes)} ({planned_runs(warmup, repeat, not args.no_baseline)} runs in all)"
+
+
+def _abandon_note(exc: BaseException, where: str | None, no_restore: bool) -> str:
+    """The line for a comparison that did not finish: who failed, and what was put back.
+    ``where`` is the run the cell failed in, or None when the cell did not fail."""
+    # compare_amp restores torch's settings either way; the variables only when it snapshotted them.
+    settings = ("torch's global settings (grad mode, default dtype, autocast, TF32 and cuDNN flags, matmul "
+                "precision)")
+    state = (f"{settings} are as they were before the magic; your variables keep what the runs did (--no-restore)"
+             if no_restore else f"your variables and {settings} are as they were before the magic")
+    if where is not None:
+        what = ("was interrupted (KeyboardInterrupt)" if isinstance(exc, KeyboardInterrupt)
+                else f"raised {type(exc).__name__}")
+        return f"nbaccel %%amp: the cell {what} {where}; the comparison was abandoned: {state}."
+    if not isinstance(exc, Exception):  # Ctrl-C while nbaccel's own code ran: nobody's bug
+        return (f"nbaccel %%amp: interrupted ({type(exc).__name__}) while nbaccel was comparing, not in the cell; "
+                f"the comparison was abandoned: {state}.")
+    # Not the cell: nbaccel itself failed. Say so, rather than blame the user's code.
+    return (f"nbaccel %%amp: nbaccel itself failed while comparing ({type(exc).__name__}); this is a bug in nbaccel, "
+            f"not in your cell. {state[0].upper() + state[1:]}; run the cell without %%amp meanwhile.")

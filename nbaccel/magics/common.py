@@ -10,12 +10,19 @@ import keyword
 import linecache
 import re
 
+from IPython.core import magic as ipython_magic
 from IPython.core.error import UsageError
 from IPython.core.magic_arguments import argument, real_name
 from IPython.utils.capture import capture_output
 from IPython.utils.process import arg_split
 
 from ..options import magic_spelling
+
+
+#: Mark a cell magic whose value a ';' after the cell's last expression hides, as under ``%%time``:
+#: IPython's run_cell_magic then returns None (the magic still runs, and ``-r`` still stores). An
+#: IPython without the mark leaves the value shown, as a cell magic always was.
+output_can_be_silenced = getattr(ipython_magic, "output_can_be_silenced", lambda magic: magic)
 
 
 # IPython's own history bindings: a snapshot must neither restore nor delete them.

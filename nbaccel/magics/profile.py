@@ -15,12 +15,13 @@ from ..profile_options import DTYPES, ProfileError, ProfileOptions, validate
 from ..op_attribution import CELL_LINE
 from ..profile_table import SORT_COLUMNS
 from ..render.display import display_result
-from .common import (cell_function, check_name, compile_cell, help_option, parse_cell, parse_line, silenced,
-                     store_result)
+from .common import (cell_function, check_name, compile_cell, help_option, output_can_be_silenced, parse_cell,
+                     parse_line, silenced, store_result)
 
 
 @magics_class
 class ProfileMagics(Magics):
+    @output_can_be_silenced  # outermost: IPython reads the mark from the method it registered
     @magic_arguments(name="%profile_gpu")  # the usage line gets one more %: %%profile_gpu
     @help_option
     @argument("--top", type=int, default=15, help="rows of the operator table to show (default 15)")

@@ -1,0 +1,34 @@
+"""%%amp / compare_amp on a real CUDA device. Skipped without one; the GPU check runs these."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import nbaccel
+from nbaccel.precision import NEW_TF32_API
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
+
+
+def _mm_dtypes(variant) -> set:
+    return set(variant.ops[variant.ops["op"] == "aten.mm"]["dtype"])
+
+
+def test_an_outer_cuda_autocast_does_not_reach_the_fp32_run():
+    a = torch.randn(256, 256, device="cuda")
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        res = nbaccel.compare_amp(lambda: a @ a, dtype="bf16", device="cuda", repeat=3, warmup=0)
+    assert _mm_dtypes(res.baseline) == {"fp32"} and _mm_dtypes(res.amp) == {"bf16"}
+    assert res.outer_autocast == {"cuda": "bf16"}
+
+
+@pytest.mark.skipif(not NEW_TF32_API, reason="the fp32_precision API is torch >= 2.9")
+def test_a_tf32_setting_the_cell_makes_is_kept_and_the_recipes_other_is_not(ip, flags_set_by_the_cell):
+    before = torch.backends.cuda.matmul.fp32_precision
+    ip.run_cell("import torch\na = torch.randn(64, 64, device='cuda')")
+    # The bf16 recipe sets both TF32 switches to tf32; the cell sets the cuDNN one itself.
+    ip.run_cell_magic("amp", "--dtype bf16 --device cuda --repeat 3 -q",
+                      "torch.backends.cudnn.conv.fp32_precision = 'ieee'\na @ a")
+    assert torch.backends.cudnn.conv.fp32_precision == "ieee"
+    assert torch.backends.cuda.matmul.fp32_precision == before
