@@ -628,6 +628,14 @@ def test_memory_comparison_needs_a_peak_of_a_mebibyte():
     result.baseline.memory = PeakMemory("cpu", 10 << 20, "test")
     result.amp.memory = PeakMemory("cpu", 5 << 20, "test")
     assert result.memory_comparable and "memory saved 50%" in amp_render.headline(result)
+    # fp32's peak measured 0 B (common for a tiny CPU cell): no fraction, yet the report still says so
+    # (it said nothing about memory at all)
+    result.baseline.memory = PeakMemory("cpu", 0, "test")
+    result.amp.memory = PeakMemory("cpu", 8 << 10, "test")
+    assert result.memory_saving is None
+    assert "peak memory: both under 1 MiB" in amp_render.headline(result)
+    result.amp.memory = PeakMemory("cpu", 3 << 20, "test")
+    assert "peak memory: 0 B -> 3 MiB" in amp_render.headline(result)
 
 
 def test_no_speedup_when_nothing_ran_in_reduced_precision_says_so():

@@ -53,12 +53,13 @@ def memory_summary(result) -> tuple[str, str] | None:
     says nothing about the recipe."""
     from ..amp import MEMORY_NOISE_FLOOR
 
-    if result.memory_saving is None:
+    if result.baseline is None or not result.baseline.memory or not result.amp.memory:
         return None
     if result.memory_comparable:
         return memory_change(result.memory_saving)
+    # also when fp32's peak measured 0 B (a tiny CPU cell: no saving is defined, the sizes still are)
     base, amp = result.baseline.memory.peak_bytes, result.amp.memory.peak_bytes
-    if amp < MEMORY_NOISE_FLOOR:
+    if max(base, amp) < MEMORY_NOISE_FLOOR:
         return "peak memory:", f"both under {format_bytes(MEMORY_NOISE_FLOOR)}"
     return "peak memory:", f"{format_bytes(base)} -> {format_bytes(amp)}"
 
