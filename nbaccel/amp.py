@@ -156,7 +156,7 @@ class AmpResult(ResultMixin):
         for v in filter(None, (self.baseline, self.amp)):
             if v.times.noisy:
                 notes.append(f"{v.name}: the IQR is {v.times.relative_spread:.0%} of the median; "
-                             "the machine is noisy, use more --repeat")
+                             f"the machine is noisy, use a larger {option('repeat')}")
         if _too_few_runs(self):
             runs = min(len(self.baseline.times.times), len(self.amp.times.times))
             notes.append(f"only {runs} timed run{'s' if runs != 1 else ''} per variant: too few for a spread, the "

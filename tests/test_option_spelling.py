@@ -116,3 +116,14 @@ def test_a_profile_error_raised_by_the_cell_is_the_cells_own(run_cell):
                          expect_error=ProfileError)
     assert not isinstance(result.error_in_exec, UsageError)
     assert str(result.error_in_exec).startswith("top must be at least 1")
+
+
+def test_the_noise_warning_names_repeat_as_the_caller_writes_it():
+    from nbaccel.timing import Stats
+
+    x = torch.randn(4, 4)
+    result = nbaccel.compare_amp(lambda: x @ x, repeat=3, warmup=0)
+    result.baseline.times = Stats([0.010, 0.020, 0.030, 0.040])  # IQR far above 10 % of the median
+    assert any(w.endswith("the machine is noisy, use a larger repeat") for w in result.noise_warnings)
+    with magic_spelling():
+        assert any(w.endswith("the machine is noisy, use a larger --repeat") for w in result.noise_warnings)
