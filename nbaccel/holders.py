@@ -152,7 +152,7 @@ def namespace_holders(namespace: dict, top: int = 10, skip=lambda name: False) -
         shared = {k: v for k, v in storages.items() if k in owned}
         own = {k: v for k, v in storages.items() if k not in owned}
         device, dtype = _describe(storages)
-        detail = f"{len(tensors)} tensors" if kind == "container" else ""
+        detail = f"{len(tensors)} tensors" if kind == "container" else _view_detail(value, storages)
         if shared:
             owners = sorted({owned[k] for k in shared})
             detail = (detail + "; " if detail else "") + f"shares {_fmt(sum(b for b, _, _ in shared.values()))} with {', '.join(owners)}"
@@ -161,5 +161,22 @@ def namespace_holders(namespace: dict, top: int = 10, skip=lambda name: False) -
     rows.sort(key=lambda h: h.nbytes, reverse=True)
     return rows[:top]
 
+
+def _view_detail(tensor: torch.Tensor, storages: dict) -> str:
+    """A tensor much smaller than the storage it keeps alive: say so, since that is the surprise.
+
+    ``loss = nn.MSELoss()(x, y)`` is a 0-d tensor whose storage is the whole elementwise buffer
+    (512 KiB for a 256x512 batch); keeping ``loss`` around keeps that buffer."""
+    held = sum(b for b, _, _ in storages.values())
+    own = tensor.numel() * tensor.element_size()
+    if held < VIEW_NOTE_BYTES or held < 2 * own:
+        return ""
+    shape = "x".join(map(str, tensor.shape)) or "0-d"
+    fix = ".item()" if tensor.numel() == 1 else ".clone()"
+    return f"{shape} view of a {_fmt(held)} storage: {fix} frees the rest"
+
+
+# Below this a kept storage is not worth a remark.
+VIEW_NOTE_BYTES = 64 << 10
 
 __all__ = ["Holder", "namespace_holders"]

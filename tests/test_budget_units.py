@@ -98,11 +98,24 @@ def test_namespace_table_counts_storages_once_and_names_owners():
     assert rows["opt"].nbytes == 2 * 5050 * 4 + 2 * 4  # two moments + a 4-byte step per parameter tensor
     assert rows["big"].nbytes == 4_000_000 and rows["big"].dtype == "fp32" and rows["big"].device == "cpu"
     assert rows["view"].nbytes == 4_000_000  # a view reports its whole storage (what del would need to free)
+    assert rows["view"].detail == "10x1000 view of a 3.81 MiB storage: .clone() frees the rest"
+    assert rows["big"].detail == "" and rows["Out[5]"].detail == ""  # whole storages, or too small to remark
     assert rows["w"].nbytes == 0 and "shares" in rows["w"].detail and "model" in rows["w"].detail
     assert rows["losses"].kind == "container" and rows["losses"].nbytes == 160
     assert rows["Out[5]"].nbytes == 1000
     assert "n" not in rows
     assert [h.name for h in namespace_holders(ns, top=2)] == ["big", "view"]
+
+
+def test_a_loss_that_keeps_its_elementwise_buffer_is_named():
+    # MSELoss returns a 0-d tensor on the elementwise buffer's storage: `loss` alone keeps 512 KiB here.
+    x, y = torch.randn(256, 512), torch.randn(256, 512)
+    loss = torch.nn.MSELoss()(x, y)
+    rows = {h.name: h for h in namespace_holders({"loss": loss, "scalar": torch.tensor(1.0)})}
+    assert rows["loss"].nbytes == loss.untyped_storage().nbytes()
+    if loss.untyped_storage().nbytes() >= 64 << 10:  # what torch 2.13 does; say it only when it happens
+        assert rows["loss"].detail == "0-d view of a 512 KiB storage: .item() frees the rest"
+    assert rows["scalar"].detail == ""
 
 
 def test_oom_suggestions_are_sized_from_the_numbers():
