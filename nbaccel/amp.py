@@ -21,184 +21,26 @@ from __future__ import annotations
 
 import contextlib
 import io
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable
+from typing import Callable
 
 import torch
 
-from .device import DTYPE_NAMES, DeviceError, DeviceInfo, device_info, dtype_name, resolve_device
+from .amp_advice import advise
+from .amp_result import MEMORY_NOISE_FLOOR, MIN_RUNS, AmpResult, Variant
+from .device import DTYPE_NAMES, DeviceError, device_info, dtype_name, resolve_device
 from .drift import compute_drift, has_nonfinite, runs_differ, to_host
-from .flops import OpAudit, precision_summary
+from .flops import OpAudit
 from .memory import PeakMemory, PeakMeter, format_bytes
 from .options import in_magic, option, whole_number
-from .precision import FP32, Recipe, TorchGlobals, apply_recipe, autocast_in_effect, describe, make_recipe
-from .results import ResultMixin
+from .precision import FP32, Recipe, TorchGlobals, apply_recipe, autocast_in_effect, make_recipe
 from .snapshot import Snapshot, SnapshotTooLarge, available_host_memory, estimate_bytes
-from .timing import Clock, Stats, format_seconds, speedup_is_uncertain
-
-if TYPE_CHECKING:
-    import pandas as pd
-
-
-MIN_RUNS = 3  # timed runs per variant below which a speedup is marked uncertain (no spread to judge)
-MEMORY_NOISE_FLOOR = 1 << 20  # fp32 peak below which a memory saving is not reported (allocator noise)
+from .timing import Clock, Stats
 
 
 def planned_runs(warmup: int, repeat: int, baseline: bool = True) -> int:
     """How many times a comparison runs the code: per variant the warmup rounds, the timed runs, one
     memory run and one audited run; then the kept run."""
     return (2 if baseline else 1) * (warmup + repeat + 2) + 1
-
-
-def _empty_frame() -> pd.DataFrame:
-    import pandas as pd  # only when a result is made: `import nbaccel` stays free of pandas
-
-    return pd.DataFrame()
-
-
-@dataclass
-class Variant:
-    """Everything measured for one side of the comparison."""
-
-    name: str
-    recipe: Recipe
-    times: Stats
-    memory: PeakMemory | None = None
-    ops: pd.DataFrame = field(default_factory=_empty_frame)
-    flops: int = 0
-
-    @property
-    def median(self) -> float:
-        return self.times.median
-
-    @property
-    def flops_per_second(self) -> float | None:
-        return self.flops / self.median if self.flops and self.median > 0 else None
-
-    def to_dict(self) -> dict:
-        return {
-            "name": self.name,
-            "recipe": self.recipe.label,
-            "time": self.times.to_dict(),
-            "memory": self.memory.to_dict() if self.memory else None,
-            "flops": self.flops,
-            "flops_per_second": self.flops_per_second,
-            "ops": self.ops.to_dict(orient="records"),
-        }
-
-
-@dataclass
-class AmpResult(ResultMixin):
-    """fp32 vs mixed precision for one piece of code. Raw numbers in, everything else derived."""
-
-    kind = "amp"
-
-    device: DeviceInfo
-    amp: Variant
-    baseline: Variant | None
-    warmup: int
-    repeat: int
-    timer_method: str
-    drift: dict | None = None
-    gradients: dict | None = None
-    unaligned_matmuls: list = field(default_factory=list)
-    snapshot_bytes: int = 0
-    restored: bool = True  # False: --no-restore, runs continued from each other's state
-    # Two runs under the recipe from the restored state gave different values: the code depends on
-    # state the snapshot does not restore (an attribute of your own object, a file...).
-    state_changed: bool = False
-    nonfinite_result: bool = False  # the cell's value has inf/NaN under the recipe where fp32's is finite
-    drift_skipped: str | None = None  # why there is no drift although both variants ran (nbaccel's failure)
-    # Autocast already on around the call ({device type: dtype}): the recipes overrode it (see advise).
-    outer_autocast: dict = field(default_factory=dict)
-    value: object = field(default=None, repr=False)  # the kept run's value (not serialized)
-
-    @property
-    def speedup(self) -> float | None:
-        """fp32 median time / amp median time (>1 means mixed precision is faster)."""
-        if self.baseline is None or self.amp.median <= 0:
-            return None
-        return self.baseline.median / self.amp.median
-
-    @property
-    def speedup_uncertain(self) -> bool:
-        """True when the ranking could flip on a re-run: the two IQRs overlap, or a variant has fewer
-        than 3 timed runs (no spread to judge by)."""
-        return self.baseline is not None and (_too_few_runs(self)
-                                              or speedup_is_uncertain(self.baseline.times, self.amp.times))
-
-    @property
-    def memory_saving(self) -> float | None:
-        """Fraction of the fp32 peak that the recipe saved (0.3 = 30 % less; negative = more), as
-        measured, whatever the size: see `memory_comparable` before reading much into it."""
-        if self.baseline is None or not self.baseline.memory or not self.amp.memory:
-            return None
-        base = self.baseline.memory.peak_bytes
-        return (base - self.amp.memory.peak_bytes) / base if base > 0 else None
-
-    @property
-    def memory_comparable(self) -> bool:
-        """Whether the fp32 peak is large enough (``MEMORY_NOISE_FLOOR``, 1 MiB) for the saving to
-        mean something: below it, the CPU's RSS-based figures are allocator noise."""
-        return (self.memory_saving is not None and self.baseline.memory.peak_bytes >= MEMORY_NOISE_FLOOR)
-
-    @property
-    def precision(self) -> dict:
-        return precision_summary(self.amp.ops)
-
-    @property
-    def advice(self) -> list[str]:
-        return advise(self)
-
-    @property
-    def noise_warnings(self) -> list[str]:
-        notes = []
-        for v in filter(None, (self.baseline, self.amp)):
-            if v.times.noisy:
-                notes.append(f"{v.name}: the IQR is {v.times.relative_spread:.0%} of the median; "
-                             f"the machine is noisy, use a larger {option('repeat')}")
-        if _too_few_runs(self):
-            runs = min(len(self.baseline.times.times), len(self.amp.times.times))
-            notes.append(f"only {runs} timed run{'s' if runs != 1 else ''} per variant: too few for a spread, the "
-                         f"speedup is uncertain; use {option('repeat', 5)} or more")
-        elif self.speedup_uncertain:
-            notes.append("the two variants' IQRs overlap: the speedup could flip on a re-run")
-        return notes
-
-    def to_dataframe(self) -> pd.DataFrame:
-        """One row per variant: time, spread, peak memory, FLOP/s."""
-        import pandas as pd
-        rows = []
-        for v in filter(None, (self.baseline, self.amp)):
-            rows.append({"variant": v.name, "recipe": v.recipe.label, "median_s": v.median, "iqr_s": v.times.iqr,
-                         "runs": len(v.times.times), "peak_bytes": v.memory.peak_bytes if v.memory else None,
-                         "flops": v.flops, "flops_per_s": v.flops_per_second})
-        return pd.DataFrame(rows)
-
-    def _payload(self) -> dict:
-        return {
-            "device": self.device.to_dict(),
-            "warmup": self.warmup,
-            "repeat": self.repeat,
-            "timer_method": self.timer_method,
-            "baseline": self.baseline.to_dict() if self.baseline else None,
-            "amp": self.amp.to_dict(),
-            "speedup": self.speedup,
-            "speedup_uncertain": self.speedup_uncertain,
-            "memory_saving": self.memory_saving,
-            "drift": self.drift,
-            "gradients": self.gradients,
-            "precision": self.precision,
-            "unaligned_matmuls": self.unaligned_matmuls,
-            "snapshot_bytes": self.snapshot_bytes,
-            "restored": self.restored,
-            "state_changed": self.state_changed,
-            "nonfinite_result": self.nonfinite_result,
-            "drift_skipped": self.drift_skipped,
-            "outer_autocast": self.outer_autocast,
-            "advice": self.advice,
-            "noise_warnings": self.noise_warnings,
-        }
 
 
 # --- the comparison ------------------------------------------------------------------------------
@@ -603,133 +445,6 @@ def _referenced_objects(fn) -> list:
     return found
 
 
-def _state_reason(result: AmpResult) -> str | None:
-    """Why the two variants' results may differ for reasons other than precision, if any."""
-    if not result.restored:
-        return "state was not restored between runs, so each run started from the state the one before left"
-    if result.state_changed:
-        return ("two runs under the recipe from the same restored state gave different results, so the cell "
-                "depends on state nbaccel does not restore (attributes of your own objects, containers nested "
-                "more than three deep, files...)")
-    if result.amp.ops.empty:
-        return "the cell ran no torch operators, so precision cannot have changed its result"
-    return None
-
-
-def _outer_autocast_note(result: AmpResult, dtype: str) -> str:
-    """Why an autocast the user had on did not apply: each recipe sets its own precision."""
-    on = ", ".join(f"autocast {d} ({t})" for t, d in result.outer_autocast.items())
-    around = "%%amp" if in_magic() else "compare_amp"
-    done = ["turned it off for the fp32 run (strict fp32)"] if result.baseline is not None else []
-    done.append(f"ran the {dtype} run under {dtype} autocast" if result.amp.recipe.autocast_dtype is not None
-                else f"turned it off for the {dtype.upper()} run")
-    return (f"{on} was already on around {around} (a `with torch.autocast(...)`, or "
-            f"`torch.autocast(...).__enter__()` in an earlier cell): nbaccel {' and '.join(done)}; "
-            "it is on again for your own code.")
-
-
-def _drift_differs(drift: dict | None) -> bool:
-    return bool(drift) and bool(drift["max_abs"] > 0 or drift["amp_only_nonfinite"] or drift["fp32_only_nonfinite"])
-
-
-def _too_few_runs(result: AmpResult) -> bool:
-    return result.baseline is not None and min(len(result.baseline.times.times), len(result.amp.times.times)) < MIN_RUNS
-
-
-def advise(result: AmpResult) -> list[str]:
-    """One line per finding, each backed by a number in the result."""
-    notes = []
-    info, speedup = result.device, result.speedup
-    dtype = result.amp.name
-    autocast = result.amp.recipe.autocast_dtype is not None  # False for the TF32-only recipe
-    label = f"{dtype} autocast" if autocast else dtype.upper()
-    state_reason = _state_reason(result)
-    drift = result.drift
-    if result.outer_autocast:
-        notes.append(_outer_autocast_note(result, dtype))
-    if state_reason and _drift_differs(drift):
-        # Precision is not to blame for a difference that state or plain Python made.
-        verdict = ("the difference comes from state that changed between runs, not from precision"
-                   if result.amp.ops.empty else "the difference may come from state that changed between runs "
-                   "rather than from precision, so it is no measure of accuracy")
-        notes.append(f"The fp32 and {dtype} results differ (max rel {drift['max_rel']:.1%}), but {state_reason}: "
-                     f"{verdict}.")
-    elif result.state_changed:
-        notes.append(f"Careful: {state_reason}; the runs did not all start from the same state.")
-    if result.nonfinite_result and not state_reason:
-        n = drift["amp_only_nonfinite"] if drift else None
-        where = f" ({n} element{'s' if n != 1 else ''})" if n else ""
-        if dtype == "fp16":
-            cause = (f"the forward pass overflowed (fp16's largest value is {torch.finfo(torch.float16).max:.0f}). "
-                     "GradScaler cannot fix this; use bf16, or keep the overflowing op in fp32 "
-                     "(torch.autocast(..., enabled=False)).")
-        else:
-            cause = ("an op overflowed or lost the precision it needed (a log or division of a value rounded to 0, "
-                     "say); keep that op in fp32 (torch.autocast(..., enabled=False)).")
-        notes.append(f"{dtype} produced inf/NaN where fp32 did not{where}: {cause}")
-    if drift and drift["fp32_only_nonfinite"] and not state_reason:
-        notes.append(f"fp32 produced inf/NaN where {dtype} did not ({drift['fp32_only_nonfinite']} "
-                     f"element{'s' if drift['fp32_only_nonfinite'] != 1 else ''}); the drift figures leave those out.")
-    if result.amp.ops.empty:
-        notes.append("The cell ran no torch operators, so autocast had nothing to change: %%amp compares "
-                     "torch code (the times are of plain Python).")
-        speedup = None  # a "speedup" of plain Python is noise; say nothing more about it
-    if result.nonfinite_result:
-        speedup = None  # a wrong answer faster is not a finding: the overflow note above is the advice
-    if speedup is not None and _too_few_runs(result):
-        runs = min(len(result.baseline.times.times), len(result.amp.times.times))
-        notes.append(f"{runs} timed run{'s' if runs != 1 else ''} per variant cannot rank the two "
-                     f"({speedup:.2f}x measured): use {option('repeat', 5)} or more (at least {MIN_RUNS}).")
-        speedup = None
-    if speedup is not None:
-        if speedup < 1.05:
-            if info.type == "cpu" and not (info.has_bf16_units if dtype == "bf16" else info.has_fp16_units):
-                notes.append(f"No speedup ({speedup:.2f}x): this CPU lacks {dtype} units (AMX / AVX512-{dtype.upper()}), "
-                             "so autocast only adds casts. Measure on a GPU with Tensor Cores.")
-            elif not result.precision["reduced"]:
-                notes.append(f"No speedup ({speedup:.2f}x): no op ran in {dtype} -- autocast had nothing here to cast "
-                             "(reductions and elementwise ops stay fp32); it speeds up matmuls and convolutions.")
-            elif result.precision["reduced_flop_share"] is not None and result.precision["reduced_flop_share"] < 0.5:
-                notes.append(f"No speedup ({speedup:.2f}x): only {result.precision['reduced_flop_share']:.0%} of the FLOPs "
-                             f"ran in {dtype}; the time goes to ops autocast keeps in fp32.")
-            else:
-                notes.append(f"No speedup ({speedup:.2f}x): the work is too small or memory-bound for {dtype} to pay "
-                             "for its casts; try a larger batch.")
-        elif not result.speedup_uncertain:
-            notes.append(f"{label} is {speedup:.2f}x faster here.")
-    if result.unaligned_matmuls:
-        dims = sorted({d for m in result.unaligned_matmuls for d in m["unaligned"]})[:6]
-        notes.append("Matmul dims " + ", ".join(map(str, dims)) + " are not multiples of 8; pad them (e.g. to "
-                     + ", ".join(str(-(-d // 8) * 8) for d in dims) + ") so Tensor Cores / AMX tiles are used fully.")
-    heavy = result.precision["heavy_fp32"] if autocast else []
-    if heavy:
-        notes.append("Heavy ops still in fp32 under autocast: " + ", ".join(heavy)
-                     + " (their inputs were cast back, or they ran outside the autocast region).")
-    grads = result.gradients
-    if grads and grads["dtype"] == "fp16" and not result.nonfinite_result:
-        if grads["overflow_tensors"] and not grads["grad_scaler"]:
-            notes.append(f"fp16 gradients overflowed (inf/NaN in {grads['overflow_tensors']} tensors): "
-                         "use torch.amp.GradScaler (scaler.scale(loss).backward(); scaler.step(opt); scaler.update()).")
-        elif grads["underflow_fraction"] and grads["underflow_fraction"] > 0.001 and not grads["grad_scaler"]:
-            notes.append(f"{grads['underflow_fraction']:.1%} of the nonzero fp32 gradient entries became 0 in fp16 "
-                         "(underflow): use torch.amp.GradScaler.")
-        elif not grads["grad_scaler"]:
-            notes.append("fp16 training without torch.amp.GradScaler: no overflow this step, but small gradients "
-                         "can underflow later; GradScaler guards against it.")
-    if drift and drift["max_rel"] > 0.05 and not state_reason:
-        notes.append(f"The result moved by {result.drift['max_rel']:.1%} (relative) under {dtype}; check that "
-                     "this accuracy is acceptable (e.g. keep loss/softmax in fp32).")
-    mem = result.memory_saving
-    if mem is not None and result.memory_comparable:
-        if mem > 0.05:
-            notes.append(f"Peak memory {mem:.0%} lower ({format_bytes(result.baseline.memory.peak_bytes)} -> "
-                         f"{format_bytes(result.amp.memory.peak_bytes)}).")
-        elif mem < -0.05 and autocast:
-            notes.append(f"Peak memory {-mem:.0%} higher under {dtype}: autocast keeps casted copies of fp32 weights "
-                         "for the backward pass.")
-    if info.type == "cpu":
-        notes.append(describe(info) + ". These are CPU figures, not GPU ones.")
-    return notes
-
-
-__all__ = ["compare_amp", "AmpResult", "Variant", "compute_drift", "format_seconds", "planned_runs"]
+# AmpResult, its constants and advice live in amp_result / amp_advice; named here as well because a
+# comparison's user meets them together.
+__all__ = ["compare_amp", "planned_runs", "AmpResult", "Variant", "advise", "MIN_RUNS", "MEMORY_NOISE_FLOOR"]

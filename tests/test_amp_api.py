@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import nbaccel
-from nbaccel.amp import compute_drift
+from nbaccel.drift import compute_drift
 from nbaccel.precision import NEW_TF32_API, Recipe, TorchGlobals, apply_recipe, global_state, make_recipe
 from nbaccel.snapshot import Snapshot
 from nbaccel.timing import Clock, Stats, speedup_is_uncertain

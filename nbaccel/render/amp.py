@@ -51,7 +51,7 @@ def memory_summary(result) -> tuple[str, str] | None:
     The saving is shown only when fp32's peak reaches ``MEMORY_NOISE_FLOOR`` (1 MiB): below it,
     the CPU's RSS figures are allocator noise, and "memory saved -600%" from 12 KiB vs 40 KiB
     says nothing about the recipe."""
-    from ..amp import MEMORY_NOISE_FLOOR
+    from ..amp_result import MEMORY_NOISE_FLOOR
 
     if result.baseline is None or not result.baseline.memory or not result.amp.memory:
         return None

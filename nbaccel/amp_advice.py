@@ -1,0 +1,143 @@
+"""The advice of a `%%amp` comparison: one line per finding, each backed by a number in the result."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+
+from .amp_result import MIN_RUNS, too_few_runs
+from .memory import format_bytes
+from .options import in_magic, option
+from .precision import describe
+
+if TYPE_CHECKING:
+    from .amp_result import AmpResult
+
+
+def _state_reason(result: AmpResult) -> str | None:
+    """Why the two variants' results may differ for reasons other than precision, if any."""
+    if not result.restored:
+        return "state was not restored between runs, so each run started from the state the one before left"
+    if result.state_changed:
+        return ("two runs under the recipe from the same restored state gave different results, so the cell "
+                "depends on state nbaccel does not restore (attributes of your own objects, containers nested "
+                "more than three deep, files...)")
+    if result.amp.ops.empty:
+        return "the cell ran no torch operators, so precision cannot have changed its result"
+    return None
+
+
+def _outer_autocast_note(result: AmpResult, dtype: str) -> str:
+    """Why an autocast the user had on did not apply: each recipe sets its own precision."""
+    on = ", ".join(f"autocast {d} ({t})" for t, d in result.outer_autocast.items())
+    around = "%%amp" if in_magic() else "compare_amp"
+    done = ["turned it off for the fp32 run (strict fp32)"] if result.baseline is not None else []
+    done.append(f"ran the {dtype} run under {dtype} autocast" if result.amp.recipe.autocast_dtype is not None
+                else f"turned it off for the {dtype.upper()} run")
+    return (f"{on} was already on around {around} (a `with torch.autocast(...)`, or "
+            f"`torch.autocast(...).__enter__()` in an earlier cell): nbaccel {' and '.join(done)}; "
+            "it is on again for your own code.")
+
+
+def _drift_differs(drift: dict | None) -> bool:
+    return bool(drift) and bool(drift["max_abs"] > 0 or drift["amp_only_nonfinite"] or drift["fp32_only_nonfinite"])
+
+
+def advise(result: AmpResult) -> list[str]:
+    """One line per finding, each backed by a number in the result."""
+    notes = []
+    info, speedup = result.device, result.speedup
+    dtype = result.amp.name
+    autocast = result.amp.recipe.autocast_dtype is not None  # False for the TF32-only recipe
+    label = f"{dtype} autocast" if autocast else dtype.upper()
+    state_reason = _state_reason(result)
+    drift = result.drift
+    if result.outer_autocast:
+        notes.append(_outer_autocast_note(result, dtype))
+    if state_reason and _drift_differs(drift):
+        # Precision is not to blame for a difference that state or plain Python made.
+        verdict = ("the difference comes from state that changed between runs, not from precision"
+                   if result.amp.ops.empty else "the difference may come from state that changed between runs "
+                   "rather than from precision, so it is no measure of accuracy")
+        notes.append(f"The fp32 and {dtype} results differ (max rel {drift['max_rel']:.1%}), but {state_reason}: "
+                     f"{verdict}.")
+    elif result.state_changed:
+        notes.append(f"Careful: {state_reason}; the runs did not all start from the same state.")
+    if result.nonfinite_result and not state_reason:
+        n = drift["amp_only_nonfinite"] if drift else None
+        where = f" ({n} element{'s' if n != 1 else ''})" if n else ""
+        if dtype == "fp16":
+            cause = (f"the forward pass overflowed (fp16's largest value is {torch.finfo(torch.float16).max:.0f}). "
+                     "GradScaler cannot fix this; use bf16, or keep the overflowing op in fp32 "
+                     "(torch.autocast(..., enabled=False)).")
+        else:
+            cause = ("an op overflowed or lost the precision it needed (a log or division of a value rounded to 0, "
+                     "say); keep that op in fp32 (torch.autocast(..., enabled=False)).")
+        notes.append(f"{dtype} produced inf/NaN where fp32 did not{where}: {cause}")
+    if drift and drift["fp32_only_nonfinite"] and not state_reason:
+        notes.append(f"fp32 produced inf/NaN where {dtype} did not ({drift['fp32_only_nonfinite']} "
+                     f"element{'s' if drift['fp32_only_nonfinite'] != 1 else ''}); the drift figures leave those out.")
+    if result.amp.ops.empty:
+        notes.append("The cell ran no torch operators, so autocast had nothing to change: %%amp compares "
+                     "torch code (the times are of plain Python).")
+        speedup = None  # a "speedup" of plain Python is noise; say nothing more about it
+    if result.nonfinite_result:
+        speedup = None  # a wrong answer faster is not a finding: the overflow note above is the advice
+    if speedup is not None and too_few_runs(result):
+        runs = min(len(result.baseline.times.times), len(result.amp.times.times))
+        notes.append(f"{runs} timed run{'s' if runs != 1 else ''} per variant cannot rank the two "
+                     f"({speedup:.2f}x measured): use {option('repeat', 5)} or more (at least {MIN_RUNS}).")
+        speedup = None
+    if speedup is not None:
+        if speedup < 1.05:
+            if info.type == "cpu" and not (info.has_bf16_units if dtype == "bf16" else info.has_fp16_units):
+                notes.append(f"No speedup ({speedup:.2f}x): this CPU lacks {dtype} units (AMX / AVX512-{dtype.upper()}), "
+                             "so autocast only adds casts. Measure on a GPU with Tensor Cores.")
+            elif not result.precision["reduced"]:
+                notes.append(f"No speedup ({speedup:.2f}x): no op ran in {dtype} -- autocast had nothing here to cast "
+                             "(reductions and elementwise ops stay fp32); it speeds up matmuls and convolutions.")
+            elif result.precision["reduced_flop_share"] is not None and result.precision["reduced_flop_share"] < 0.5:
+                notes.append(f"No speedup ({speedup:.2f}x): only {result.precision['reduced_flop_share']:.0%} of the FLOPs "
+                             f"ran in {dtype}; the time goes to ops autocast keeps in fp32.")
+            else:
+                notes.append(f"No speedup ({speedup:.2f}x): the work is too small or memory-bound for {dtype} to pay "
+                             "for its casts; try a larger batch.")
+        elif not result.speedup_uncertain:
+            notes.append(f"{label} is {speedup:.2f}x faster here.")
+    if result.unaligned_matmuls:
+        dims = sorted({d for m in result.unaligned_matmuls for d in m["unaligned"]})[:6]
+        notes.append("Matmul dims " + ", ".join(map(str, dims)) + " are not multiples of 8; pad them (e.g. to "
+                     + ", ".join(str(-(-d // 8) * 8) for d in dims) + ") so Tensor Cores / AMX tiles are used fully.")
+    heavy = result.precision["heavy_fp32"] if autocast else []
+    if heavy:
+        notes.append("Heavy ops still in fp32 under autocast: " + ", ".join(heavy)
+                     + " (their inputs were cast back, or they ran outside the autocast region).")
+    grads = result.gradients
+    if grads and grads["dtype"] == "fp16" and not result.nonfinite_result:
+        if grads["overflow_tensors"] and not grads["grad_scaler"]:
+            notes.append(f"fp16 gradients overflowed (inf/NaN in {grads['overflow_tensors']} tensors): "
+                         "use torch.amp.GradScaler (scaler.scale(loss).backward(); scaler.step(opt); scaler.update()).")
+        elif grads["underflow_fraction"] and grads["underflow_fraction"] > 0.001 and not grads["grad_scaler"]:
+            notes.append(f"{grads['underflow_fraction']:.1%} of the nonzero fp32 gradient entries became 0 in fp16 "
+                         "(underflow): use torch.amp.GradScaler.")
+        elif not grads["grad_scaler"]:
+            notes.append("fp16 training without torch.amp.GradScaler: no overflow this step, but small gradients "
+                         "can underflow later; GradScaler guards against it.")
+    if drift and drift["max_rel"] > 0.05 and not state_reason:
+        notes.append(f"The result moved by {result.drift['max_rel']:.1%} (relative) under {dtype}; check that "
+                     "this accuracy is acceptable (e.g. keep loss/softmax in fp32).")
+    mem = result.memory_saving
+    if mem is not None and result.memory_comparable:
+        if mem > 0.05:
+            notes.append(f"Peak memory {mem:.0%} lower ({format_bytes(result.baseline.memory.peak_bytes)} -> "
+                         f"{format_bytes(result.amp.memory.peak_bytes)}).")
+        elif mem < -0.05 and autocast:
+            notes.append(f"Peak memory {-mem:.0%} higher under {dtype}: autocast keeps casted copies of fp32 weights "
+                         "for the backward pass.")
+    if info.type == "cpu":
+        notes.append(describe(info) + ". These are CPU figures, not GPU ones.")
+    return notes
+
+
+__all__ = ["advise"]

@@ -1,0 +1,182 @@
+"""`AmpResult`: fp32 against mixed precision for one piece of code -- raw numbers in, everything
+else derived (speedup, memory saving, noise warnings, advice). Made by `nbaccel.compare_amp`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from .device import DeviceInfo
+from .flops import precision_summary
+from .memory import PeakMemory
+from .options import option
+from .precision import Recipe
+from .results import ResultMixin
+from .timing import Stats, speedup_is_uncertain
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+
+MIN_RUNS = 3  # timed runs per variant below which a speedup is marked uncertain (no spread to judge)
+MEMORY_NOISE_FLOOR = 1 << 20  # fp32 peak below which a memory saving is not reported (allocator noise)
+
+
+def _empty_frame() -> pd.DataFrame:
+    import pandas as pd  # only when a result is made: `import nbaccel` stays free of pandas
+
+    return pd.DataFrame()
+
+
+@dataclass
+class Variant:
+    """Everything measured for one side of the comparison."""
+
+    name: str
+    recipe: Recipe
+    times: Stats
+    memory: PeakMemory | None = None
+    ops: pd.DataFrame = field(default_factory=_empty_frame)
+    flops: int = 0
+
+    @property
+    def median(self) -> float:
+        return self.times.median
+
+    @property
+    def flops_per_second(self) -> float | None:
+        return self.flops / self.median if self.flops and self.median > 0 else None
+
+    def to_dict(self) -> dict:
+        return {
+            "name": self.name,
+            "recipe": self.recipe.label,
+            "time": self.times.to_dict(),
+            "memory": self.memory.to_dict() if self.memory else None,
+            "flops": self.flops,
+            "flops_per_second": self.flops_per_second,
+            "ops": self.ops.to_dict(orient="records"),
+        }
+
+
+@dataclass
+class AmpResult(ResultMixin):
+    """fp32 vs mixed precision for one piece of code. Raw numbers in, everything else derived."""
+
+    kind = "amp"
+
+    device: DeviceInfo
+    amp: Variant
+    baseline: Variant | None
+    warmup: int
+    repeat: int
+    timer_method: str
+    drift: dict | None = None
+    gradients: dict | None = None
+    unaligned_matmuls: list = field(default_factory=list)
+    snapshot_bytes: int = 0
+    restored: bool = True  # False: --no-restore, runs continued from each other's state
+    # Two runs under the recipe from the restored state gave different values: the code depends on
+    # state the snapshot does not restore (an attribute of your own object, a file...).
+    state_changed: bool = False
+    nonfinite_result: bool = False  # the cell's value has inf/NaN under the recipe where fp32's is finite
+    drift_skipped: str | None = None  # why there is no drift although both variants ran (nbaccel's failure)
+    # Autocast already on around the call ({device type: dtype}): the recipes overrode it (see advise).
+    outer_autocast: dict = field(default_factory=dict)
+    value: object = field(default=None, repr=False)  # the kept run's value (not serialized)
+
+    @property
+    def speedup(self) -> float | None:
+        """fp32 median time / amp median time (>1 means mixed precision is faster)."""
+        if self.baseline is None or self.amp.median <= 0:
+            return None
+        return self.baseline.median / self.amp.median
+
+    @property
+    def speedup_uncertain(self) -> bool:
+        """True when the ranking could flip on a re-run: the two IQRs overlap, or a variant has fewer
+        than 3 timed runs (no spread to judge by)."""
+        return self.baseline is not None and (too_few_runs(self)
+                                              or speedup_is_uncertain(self.baseline.times, self.amp.times))
+
+    @property
+    def memory_saving(self) -> float | None:
+        """Fraction of the fp32 peak that the recipe saved (0.3 = 30 % less; negative = more), as
+        measured, whatever the size: see `memory_comparable` before reading much into it."""
+        if self.baseline is None or not self.baseline.memory or not self.amp.memory:
+            return None
+        base = self.baseline.memory.peak_bytes
+        return (base - self.amp.memory.peak_bytes) / base if base > 0 else None
+
+    @property
+    def memory_comparable(self) -> bool:
+        """Whether the fp32 peak is large enough (``MEMORY_NOISE_FLOOR``, 1 MiB) for the saving to
+        mean something: below it, the CPU's RSS-based figures are allocator noise."""
+        return (self.memory_saving is not None and self.baseline.memory.peak_bytes >= MEMORY_NOISE_FLOOR)
+
+    @property
+    def precision(self) -> dict:
+        return precision_summary(self.amp.ops)
+
+    @property
+    def advice(self) -> list[str]:
+        from .amp_advice import advise  # the rules read this class: imported on use, not in a cycle
+
+        return advise(self)
+
+    @property
+    def noise_warnings(self) -> list[str]:
+        notes = []
+        for v in filter(None, (self.baseline, self.amp)):
+            if v.times.noisy:
+                notes.append(f"{v.name}: the IQR is {v.times.relative_spread:.0%} of the median; "
+                             f"the machine is noisy, use a larger {option('repeat')}")
+        if too_few_runs(self):
+            runs = min(len(self.baseline.times.times), len(self.amp.times.times))
+            notes.append(f"only {runs} timed run{'s' if runs != 1 else ''} per variant: too few for a spread, the "
+                         f"speedup is uncertain; use {option('repeat', 5)} or more")
+        elif self.speedup_uncertain:
+            notes.append("the two variants' IQRs overlap: the speedup could flip on a re-run")
+        return notes
+
+    def to_dataframe(self) -> pd.DataFrame:
+        """One row per variant: time, spread, peak memory, FLOP/s."""
+        import pandas as pd
+        rows = []
+        for v in filter(None, (self.baseline, self.amp)):
+            rows.append({"variant": v.name, "recipe": v.recipe.label, "median_s": v.median, "iqr_s": v.times.iqr,
+                         "runs": len(v.times.times), "peak_bytes": v.memory.peak_bytes if v.memory else None,
+                         "flops": v.flops, "flops_per_s": v.flops_per_second})
+        return pd.DataFrame(rows)
+
+    def _payload(self) -> dict:
+        return {
+            "device": self.device.to_dict(),
+            "warmup": self.warmup,
+            "repeat": self.repeat,
+            "timer_method": self.timer_method,
+            "baseline": self.baseline.to_dict() if self.baseline else None,
+            "amp": self.amp.to_dict(),
+            "speedup": self.speedup,
+            "speedup_uncertain": self.speedup_uncertain,
+            "memory_saving": self.memory_saving,
+            "drift": self.drift,
+            "gradients": self.gradients,
+            "precision": self.precision,
+            "unaligned_matmuls": self.unaligned_matmuls,
+            "snapshot_bytes": self.snapshot_bytes,
+            "restored": self.restored,
+            "state_changed": self.state_changed,
+            "nonfinite_result": self.nonfinite_result,
+            "drift_skipped": self.drift_skipped,
+            "outer_autocast": self.outer_autocast,
+            "advice": self.advice,
+            "noise_warnings": self.noise_warnings,
+        }
+
+
+def too_few_runs(result: AmpResult) -> bool:
+    return result.baseline is not None and min(len(result.baseline.times.times), len(result.amp.times.times)) < MIN_RUNS
+
+
+__all__ = ["AmpResult", "Variant", "MIN_RUNS", "MEMORY_NOISE_FLOOR", "too_few_runs"]
