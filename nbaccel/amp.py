@@ -20,6 +20,7 @@ propagates unchanged.
 from __future__ import annotations
 
 import contextlib
+import inspect
 import io
 from typing import Callable
 
@@ -288,12 +289,13 @@ def compare_amp(
     ``gather_amp(result)``) gathers every rank's result (min/median/max, slowest rank).
     """
     __tracebackhide__ = True  # noqa: F841 - IPython hides nbaccel's frames from the user's traceback
-    if not callable(fn):
-        raise TypeError(f"compare_amp runs a function several times; got a {type(fn).__name__} (the result of "
-                        "calling it?): pass the function itself, e.g. compare_amp(train_step) or "
-                        "compare_amp(lambda: train_step(batch))")
+    _check_function(fn)
     whole_number("warmup", warmup, 0)
     whole_number("repeat", repeat, 1, why="; use at least 3 for a spread")
+    _check_arguments(tf32=tf32, baseline=baseline, restore=restore, namespace=namespace, state=state,
+                     max_snapshot_fraction=max_snapshot_fraction, on_cell_error=on_cell_error)
+    if state and not isinstance(state, (list, tuple)):
+        state = (state,)  # one object (state=model) is what was meant
     dev = resolve_device(device)
     info = device_info(dev)
     if dtype_name(dtype) == FP32:
@@ -371,6 +373,9 @@ def _build_result(info, order, times, memory, audits, amp_recipe, base_recipe, b
         kept, _ = _safely("copy the result to the host", to_host, value)
         same, _ = _safely("compare the two results", compute_drift, amp_value, kept)
         state_changed = runs_differ(same, amp_recipe)
+    if baseline and drift is None and why is None and amp_value is not None:  # None: the code returned nothing
+        why = ("the result holds no float tensor, array or number that both runs returned with the same shape "
+               "(ints, bools and other objects are not compared): return the loss or the output to see the drift")
     if drift is not None:
         nonfinite = drift["amp_only_nonfinite"] > 0
     else:
@@ -392,6 +397,47 @@ def _build_result(info, order, times, memory, audits, amp_recipe, base_recipe, b
         nonfinite_result=bool(nonfinite),
         value=value,
     )
+
+
+def _check_function(fn) -> None:
+    """``fn`` is called with no arguments, many times, and must run its work when called."""
+    if not callable(fn):
+        raise TypeError(f"compare_amp runs a function several times; got a {type(fn).__name__} (the result of "
+                        "calling it?): pass the function itself, e.g. compare_amp(train_step) or "
+                        "compare_amp(lambda: train_step(batch))")
+    if isinstance(fn, torch.nn.Module):
+        raise TypeError(f"compare_amp calls fn() with no arguments; got a {type(fn).__name__} module, which needs "
+                        "its input: pass compare_amp(lambda: model(x))")
+    if inspect.isgeneratorfunction(fn) or inspect.iscoroutinefunction(fn) or inspect.isasyncgenfunction(fn):
+        kind = "a generator" if inspect.isgeneratorfunction(fn) else "a coroutine"
+        raise TypeError(f"compare_amp times what fn() does when called, but {fn.__name__}() returns {kind} and "
+                        "runs nothing until it is iterated or awaited: pass a plain function")
+    try:
+        inspect.signature(fn).bind()
+    except TypeError as exc:
+        raise TypeError(f"compare_amp calls fn() with no arguments, and {getattr(fn, '__name__', 'fn')} needs some "
+                        f"({exc}): bind them, e.g. compare_amp(lambda: fn(model, batch))") from None
+    except ValueError:  # no signature to read (some builtins): calling it will tell
+        pass
+
+
+def _check_arguments(*, tf32, baseline, restore, namespace, state, max_snapshot_fraction, on_cell_error) -> None:
+    """Types that would otherwise fail deep inside, or pass as truthy strings (baseline="False")."""
+    for name, value in (("tf32", tf32), ("baseline", baseline), ("restore", restore)):
+        if not isinstance(value, bool):
+            raise TypeError(f"{option(name)} takes True or False, got {value!r}")
+    if namespace is not None and not isinstance(namespace, dict):
+        raise TypeError(f"namespace takes a dict of variables (e.g. globals()) or None, got a {type(namespace).__name__}")
+    if isinstance(state, (str, bytes, dict)):
+        raise TypeError(f"state takes the objects to restore (model, optimizer, ...) as a tuple, got a "
+                        f"{type(state).__name__}; a dict of variables goes in namespace=")
+    if max_snapshot_fraction is not None and (isinstance(max_snapshot_fraction, bool)
+                                              or not isinstance(max_snapshot_fraction, (int, float))
+                                              or not 0 < max_snapshot_fraction <= 1):
+        raise ValueError("max_snapshot_fraction takes a share of available host memory between 0 and 1 (or None "
+                         f"for no limit), got {max_snapshot_fraction!r}")  # the magic checks --max-snapshot itself
+    if on_cell_error is not None and not callable(on_cell_error):
+        raise TypeError(f"on_cell_error takes a function (exc, where) or None, got a {type(on_cell_error).__name__}")
 
 
 def _check_snapshot_size(namespace, state, skip, fraction) -> None:

@@ -54,6 +54,7 @@ def _leaves(value, prefix="value"):
 def has_nonfinite(value) -> bool:
     """Whether any float leaf of a (host) value is inf or NaN."""
     for _, leaf in _leaves(value):
+        leaf = _strided(leaf)
         if isinstance(leaf, torch.Tensor) and leaf.is_floating_point() and not torch.isfinite(leaf).all():
             return True
         if isinstance(leaf, float) and not math.isfinite(leaf):
@@ -61,10 +62,19 @@ def has_nonfinite(value) -> bool:
     return False
 
 
+def _strided(leaf):
+    """A sparse (COO, CSR, ...) tensor as its dense values: isfinite and subtraction have no sparse
+    kernels, and a sparse result once failed the whole comparison after every run."""
+    if isinstance(leaf, torch.Tensor) and leaf.layout != torch.strided:
+        return leaf.to_dense()
+    return leaf
+
+
 def _as_float64(leaf) -> torch.Tensor | None:
     """A float leaf as a float64 tensor (numbers as 0-d ones); None for what drift does not compare."""
     if isinstance(leaf, torch.Tensor):
-        return leaf.double() if leaf.is_floating_point() and not leaf.is_sparse else None
+        leaf = _strided(leaf)
+        return leaf.double() if leaf.is_floating_point() else None
     if isinstance(leaf, (int, float)) and not isinstance(leaf, bool):
         try:
             return torch.tensor(float(leaf), dtype=torch.float64)

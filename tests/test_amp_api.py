@@ -650,3 +650,61 @@ def test_no_speedup_when_nothing_ran_in_reduced_precision_says_so():
     assert result.precision["reduced"] == []
     assert any("no op ran in bf16 -- autocast had nothing here to cast" in a for a in result.advice)
     assert not any("larger batch" in a for a in result.advice)
+
+
+@pytest.mark.parametrize("call, error, message", [
+    # Each once failed deep inside torch or nbaccel, or passed a string as True.
+    (lambda m, x: nbaccel.compare_amp(m), TypeError, r"got a Linear module, which needs its input: pass "
+                                                      r"compare_amp\(lambda: model\(x\)\)"),
+    (lambda m, x: nbaccel.compare_amp(lambda a: m(x)), TypeError, r"calls fn\(\) with no arguments, and <lambda> "
+                                                                   r"needs some"),
+    (lambda m, x: nbaccel.compare_amp(_yields), TypeError, r"_yields\(\) returns a generator and runs nothing"),
+    (lambda m, x: nbaccel.compare_amp(_coroutine), TypeError, r"_coroutine\(\) returns a coroutine"),
+    (lambda m, x: nbaccel.compare_amp(lambda: m(x), max_snapshot_fraction="0.5"), ValueError,
+     r"max_snapshot_fraction takes a share of available host memory between 0 and 1 .*got '0.5'"),
+    (lambda m, x: nbaccel.compare_amp(lambda: m(x), max_snapshot_fraction=-1), ValueError, r"got -1"),
+    (lambda m, x: nbaccel.compare_amp(lambda: m(x), baseline="False"), TypeError, r"baseline takes True or False"),
+    (lambda m, x: nbaccel.compare_amp(lambda: m(x), tf32="no"), TypeError, r"tf32 takes True or False"),
+    (lambda m, x: nbaccel.compare_amp(lambda: m(x), namespace=[1, 2]), TypeError, r"namespace takes a dict"),
+    (lambda m, x: nbaccel.compare_amp(lambda: m(x), state={"m": m}), TypeError, r"a dict of variables goes in namespace="),
+    (lambda m, x: nbaccel.compare_amp(lambda: m(x), on_cell_error="print"), TypeError, r"on_cell_error takes a function"),
+])
+def test_compare_amp_refuses_what_it_cannot_run_before_running(call, error, message):
+    model, x = torch.nn.Linear(4, 4), torch.randn(2, 4)
+    with pytest.raises(error, match=message):
+        call(model, x)
+
+
+def _yields():
+    yield 1
+
+
+async def _coroutine():
+    return 1
+
+
+def test_one_object_as_state_is_restored_like_a_tuple_of_one():
+    model = torch.nn.Linear(4, 4)
+    before = model.weight.detach().clone()
+
+    def step():
+        with torch.no_grad():
+            model.weight.add_(1.0)
+
+    nbaccel.compare_amp(step, state=model, repeat=3, warmup=0)
+    assert torch.equal(model.weight, before + 1.0)  # as after exactly one run
+
+
+def test_a_sparse_result_is_compared_as_its_dense_values():
+    # isfinite has no sparse kernel: the comparison once failed after every run, losing the measurements.
+    torch.manual_seed(0)
+    model, x = torch.nn.Linear(8, 8), torch.randn(4, 8)
+    res = nbaccel.compare_amp(lambda: model(x).to_sparse(), repeat=3, warmup=0)
+    assert res.drift_skipped is None and 0 < res.drift["max_rel"] < 0.1
+
+
+@pytest.mark.parametrize("value", [torch.ones(3, dtype=torch.int64), "text"])
+def test_a_result_without_floats_says_why_there_is_no_drift(value):
+    res = nbaccel.compare_amp(lambda: value, repeat=3, warmup=0)
+    assert res.drift is None and res.drift_skipped.startswith("the result holds no float tensor")
+    assert nbaccel.compare_amp(lambda: None, repeat=3, warmup=0).drift_skipped is None  # nothing returned: no remark
