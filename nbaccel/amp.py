@@ -280,6 +280,7 @@ def compare_amp(
     this share of the host's available memory, instead of swapping the machine to death.
     ``on_cell_error(exc, where)``: called when ``fn`` itself raises, before its exception
     propagates unchanged; ``where`` says which run raised ("under bf16 autocast (it ran in fp32)").
+    Without it, the exception gets that as a note (``add_note``), shown under its traceback.
     An exception without this call came from nbaccel, not from ``fn``.
     ``on_first_run(seconds, runs_left)``: called once, after the first run, with its measured time
     and the number of runs still to come (`planned_runs` in all), so a caller can say how long the
@@ -340,8 +341,13 @@ def compare_amp(
         result.outer_autocast = outer_autocast
         finished = True
     except BaseException as exc:  # KeyboardInterrupt too; re-raised unchanged
-        if cell.failure is not None and cell.failure[0] is exc and on_cell_error is not None:
-            on_cell_error(exc, cell.where(order))
+        if cell.failure is not None and cell.failure[0] is exc:
+            if on_cell_error is not None:
+                on_cell_error(exc, cell.where(order))
+            elif hasattr(exc, "add_note"):  # a script has no magic to say which run: the traceback does
+                restored = ("your variables and torch's settings are as before the call" if restore else
+                            "torch's settings are as before the call (restore=False: variables keep what the runs did)")
+                exc.add_note(f"nbaccel.compare_amp: raised {cell.where(order)}; {restored}")
         raise
     finally:
         if not finished:  # abandoned: the variables (unless restore=False) and torch's settings as before

@@ -708,3 +708,20 @@ def test_a_result_without_floats_says_why_there_is_no_drift(value):
     res = nbaccel.compare_amp(lambda: value, repeat=3, warmup=0)
     assert res.drift is None and res.drift_skipped.startswith("the result holds no float tensor")
     assert nbaccel.compare_amp(lambda: None, repeat=3, warmup=0).drift_skipped is None  # nothing returned: no remark
+
+
+def test_a_script_learns_which_run_raised_from_the_exception_note():
+    # %%amp prints which run raised; a script had only a bare "unsupported ScalarType BFloat16".
+    x = torch.randn(4, 4)
+
+    def to_numpy():
+        return (x @ x).numpy()  # numpy has no bfloat16: fails under autocast only
+
+    with pytest.raises(TypeError) as info:
+        nbaccel.compare_amp(to_numpy, repeat=3, warmup=0)
+    assert info.value.__notes__ == ["nbaccel.compare_amp: raised under bf16 autocast (it ran in fp32); your "
+                                    "variables and torch's settings are as before the call"]
+    seen = []
+    with pytest.raises(TypeError) as info:
+        nbaccel.compare_amp(to_numpy, repeat=3, warmup=0, on_cell_error=lambda exc, where: seen.append(where))
+    assert seen == ["under bf16 autocast (it ran in fp32)"] and not getattr(info.value, "__notes__", None)
