@@ -149,3 +149,19 @@ def test_a_result_at_a_terminal_prompt_prints_the_report(amp_result):
     for result in (amp_result, prof.result, nbaccel.estimate_memory(torch.nn.Linear(8, 8), batch=4)):
         assert pretty(result) == str(result)
         assert f"{type(result).__name__}(" not in pretty(result)  # not the dataclass field dump
+
+
+def test_show_in_a_plain_script_prints_the_text_report(tmp_path):
+    # Outside IPython, display() printed the MIME bundle as one dict line of 5-9 kB.
+    import os
+    import subprocess
+    from pathlib import Path
+
+    script = tmp_path / "show.py"
+    script.write_text("import torch, nbaccel\nx = torch.randn(8, 8)\n"
+                      "nbaccel.compare_amp(lambda: x @ x, repeat=3, warmup=0).show()\n")
+    checkout = str(Path(nbaccel.__file__).parents[1])  # this nbaccel, not an installed copy
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "PYTHONPATH": checkout})
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("nbaccel %%amp on CPU") and "'text/plain'" not in out.stdout

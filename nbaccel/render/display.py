@@ -63,5 +63,16 @@ def mime_bundle(result) -> dict:
 
 def display_result(result, display=None) -> None:
     if display is None:
+        if not _in_ipython():  # a plain script: IPython's display() would print the bundle's dict
+            print(renderer(result).text(result))
+            return
         from IPython.display import display
     display(mime_bundle(result), raw=True)
+
+
+def _in_ipython() -> bool:
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return False
+    return get_ipython() is not None
