@@ -42,6 +42,7 @@ import re
 import shutil
 import sys
 import tempfile
+import threading
 import warnings
 from pathlib import Path
 from typing import Callable
@@ -105,6 +106,8 @@ def drop_unknown_block_warning(enabled: bool = True):
 
 # --- the profile ---------------------------------------------------------------------------------
 
+_RECORDING = threading.Lock()  # held while an nbaccel.profile records, whichever thread it runs in
+
 class profile:  # noqa: N801 - a context manager used like a function: `with nbaccel.profile():`
     """Profile the body of a ``with`` block; the analysis is ``.result`` afterwards.
 
@@ -132,6 +135,19 @@ class profile:  # noqa: N801 - a context manager used like a function: `with nba
     def __enter__(self) -> "profile":
         opts = self.options
         self.device, self.info, self.recipe = validate(opts)
+        # validate's check reads the calling thread's profiler state only; Kineto has one session per
+        # process, and two threads profiling at once crashed the process.
+        if not _RECORDING.acquire(blocking=False):
+            raise ProfileError("another nbaccel.profile is recording in another thread of this process; Kineto "
+                               "holds one profiling session per process: profile one thread at a time")
+        try:
+            self._start(opts)
+        except BaseException:
+            _RECORDING.release()
+            raise
+        return self
+
+    def _start(self, opts: ProfileOptions) -> None:
         activities = [torch.profiler.ProfilerActivity.CPU]
         if self.device.type == "cuda":
             activities.append(torch.profiler.ProfilerActivity.CUDA)
@@ -159,9 +175,8 @@ class profile:  # noqa: N801 - a context manager used like a function: `with nba
                 self._stack.enter_context(apply_recipe(self.recipe))
                 self._cudnn_benchmark = bool(torch.backends.cudnn.benchmark)
         except BaseException:
-            self._stop(*sys.exc_info())
+            self._stop(*sys.exc_info(), release=False)  # __enter__ releases the lock as it re-raises
             raise
-        return self
 
     def step(self) -> None:
         """End one iteration (``prof.step()`` of torch.profiler): advances warmup -> active steps."""
@@ -170,7 +185,7 @@ class profile:  # noqa: N801 - a context manager used like a function: `with nba
             with quiet_kineto():
                 self._prof.step()
 
-    def _stop(self, exc_type=None, exc=None, tb=None) -> None:
+    def _stop(self, exc_type=None, exc=None, tb=None, release=True) -> None:
         try:
             if self._stack is not None:
                 # The exception, if any, goes to the recipe: it keeps flags the code set only on success.
@@ -184,6 +199,8 @@ class profile:  # noqa: N801 - a context manager used like a function: `with nba
                     self._prof.stop()
             finally:
                 self._unknown_block_filter.__exit__(None, None, None)
+                if release:
+                    _RECORDING.release()
 
     def __exit__(self, exc_type, exc, tb) -> bool:
         try:

@@ -103,6 +103,9 @@ def validate(options: ProfileOptions) -> tuple[torch.device, DeviceInfo, Recipe 
     whole_number("top", options.top, 1, ProfileError)
     whole_number("steps", options.steps, 1, ProfileError, why=": the profile needs an active step")
     whole_number("warmup", options.warmup, 0, ProfileError)
+    for flag in ("memory", "shapes", "stack"):  # memory="no" reached torch's ProfilerConfig as a type error
+        if not isinstance(getattr(options, flag), bool):
+            raise ProfileError(f"{option(flag)} takes True or False, got {getattr(options, flag)!r}")
     if options.trace is not None and not isinstance(options.trace, (str, os.PathLike)):
         raise ProfileError(f"{option('trace')} takes a file or folder path, got {options.trace!r}")
     if options.sort is not None and options.sort not in pt.SORT_COLUMNS:

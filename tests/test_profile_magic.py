@@ -595,3 +595,42 @@ def test_memory_profile_drops_torchs_unknown_block_line_and_nothing_else(tmp_pat
     assert line not in magic, magic
     assert "the cell wrote this\nthe cell ends\n" in magic
     assert line not in api and "the block wrote this\n" in api, api
+
+
+def test_a_profile_in_another_thread_is_refused_not_crashed():
+    # The "already running" check reads the calling thread's state; two threads profiling at once
+    # segfaulted the process inside Kineto.
+    import threading
+
+    from nbaccel.profile import ProfileError
+
+    inside, leave = threading.Event(), threading.Event()
+
+    def other_thread():
+        with nbaccel.profile():
+            inside.set()
+            leave.wait(30)
+
+    worker = threading.Thread(target=other_thread)
+    worker.start()
+    try:
+        assert inside.wait(30)
+        with pytest.raises(ProfileError, match="another nbaccel.profile is recording in another thread"):
+            with nbaccel.profile():
+                pass
+    finally:
+        leave.set()
+        worker.join(30)
+    with nbaccel.profile() as prof:  # free again once the other thread is done
+        torch.ones(4) + 1
+    assert prof.result.op_count > 0
+
+
+def test_profile_flags_take_booleans():
+    from nbaccel.profile import ProfileError
+
+    with pytest.raises(ProfileError, match="memory takes True or False, got 'no'"):
+        nbaccel.profile(memory="no").__enter__()
+    with nbaccel.profile() as prof:  # the refusal left nothing held
+        torch.ones(4) + 1
+    assert prof.result is not None
