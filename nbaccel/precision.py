@@ -277,20 +277,39 @@ def _global_knobs() -> dict:
 
 # --- the recipe as a context --------------------------------------------------------------------
 
-@contextlib.contextmanager
-def precision(dtype: str = "auto", device="auto", tf32: bool = True, cudnn_benchmark: bool | None = None,
-              recipe: Recipe | None = None):
+class precision:  # noqa: N801 - a context manager used like a function: `with nbaccel.precision("bf16"):`
     """Run the body under a mixed-precision recipe; every flag it set is restored on exit (except
     one the body changed itself, see `apply_recipe`).
 
     >>> with nbaccel.precision("bf16"):
     ...     loss = model(x).sum()
 
-    Yields the `Recipe` that was applied, so scripts can log what ran.
+    ``with`` gives the `Recipe` that was applied, so scripts can log what ran. The arguments are
+    checked when it is made, and one object can be entered again (``amp = precision("bf16")``,
+    then ``with amp:`` in a loop), like `nbaccel.profile` and `nbaccel.memory_budget`.
     """
-    recipe = recipe or make_recipe(dtype, device, tf32, cudnn_benchmark)
-    with apply_recipe(recipe):
-        yield recipe
+
+    def __init__(self, dtype: str = "auto", device="auto", tf32: bool = True, cudnn_benchmark: bool | None = None,
+                 recipe: Recipe | None = None):
+        if recipe is not None and not isinstance(recipe, Recipe):
+            raise TypeError(f"recipe takes a Recipe (from nbaccel.precision.make_recipe), got {recipe!r}; for a "
+                            "dtype write precision('bf16')")
+        if not isinstance(tf32, bool):
+            raise TypeError(f"{option('tf32')} takes True or False, got {tf32!r}")
+        if cudnn_benchmark is not None and not isinstance(cudnn_benchmark, bool):  # torch's own error came on entry
+            raise TypeError(f"{option('cudnn_benchmark')} takes True, False or None (left as it is), got "
+                            f"{cudnn_benchmark!r}")
+        self.recipe = recipe or make_recipe(dtype, device, tf32, cudnn_benchmark)
+        self._active: list = []
+
+    def __enter__(self) -> Recipe:
+        context = apply_recipe(self.recipe)
+        context.__enter__()
+        self._active.append(context)
+        return self.recipe
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        return bool(self._active.pop().__exit__(exc_type, exc, tb))
 
 
 @contextlib.contextmanager

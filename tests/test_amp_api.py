@@ -725,3 +725,15 @@ def test_a_script_learns_which_run_raised_from_the_exception_note():
     with pytest.raises(TypeError) as info:
         nbaccel.compare_amp(to_numpy, repeat=3, warmup=0, on_cell_error=lambda exc, where: seen.append(where))
     assert seen == ["under bf16 autocast (it ran in fp32)"] and not getattr(info.value, "__notes__", None)
+
+
+def test_precision_checks_its_arguments_when_made_and_can_be_entered_again():
+    with pytest.raises(TypeError, match=r"cudnn_benchmark takes True, False or None .*got 'yes'"):
+        nbaccel.precision("bf16", cudnn_benchmark="yes")
+    with pytest.raises(TypeError, match=r"recipe takes a Recipe .*got 'bf16'; for a dtype write precision\('bf16'\)"):
+        nbaccel.precision(recipe="bf16")
+    amp = nbaccel.precision("bf16", device="cpu")
+    for _ in range(2):  # a generator-based context manager failed the second time
+        with amp as recipe:
+            assert torch.is_autocast_enabled("cpu") and recipe.autocast_dtype == torch.bfloat16
+        assert not torch.is_autocast_enabled("cpu")
