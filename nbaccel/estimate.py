@@ -476,7 +476,7 @@ def _check_arguments(batch, example, probe_batches, amp_dtype, loss_fn, name, gp
     if example is not None and not all(isinstance(t, torch.Tensor) for t in tensors):
         raise TypeError(f"{_example_option()} takes a tensor (or a tuple of tensors) whose first dimension is the "
                         f"batch, got {type(example).__name__}")
-    if probe_batches is not None and (isinstance(probe_batches, (str, bytes)) or not all(
+    if probe_batches is not None and (not isinstance(probe_batches, (list, tuple)) or not all(
             whole(b) for b in probe_batches)):
         raise TypeError(f"{option('probe_batches')} takes two increasing batch sizes such as (2, 4), got "
                         f"{probe_batches!r}")
@@ -486,8 +486,20 @@ def _check_arguments(batch, example, probe_batches, amp_dtype, loss_fn, name, gp
         raise TypeError(f"{option('loss_fn')} takes a function output -> scalar loss, got {type(loss_fn).__name__}")
     if not isinstance(name, str):
         raise TypeError(f"{option('name')} takes the model's name as a string, got {type(name).__name__}")
-    if isinstance(gpu_counts, (str, bytes)) or not gpu_counts or not all(whole(n) and n >= 1 for n in gpu_counts):
+    if not isinstance(gpu_counts, (list, tuple, range)) or not gpu_counts or not all(whole(n) and n >= 1
+                                                                                    for n in gpu_counts):
         raise TypeError(f"{option('gpu_counts')} takes GPU counts such as (1, 2, 4, 8), got {gpu_counts!r}")
+
+
+def _check_parameters(model: torch.nn.Module, params: list, name: str) -> None:
+    """What a training-step estimate needs from the model itself, said before the dry run fails on it."""
+    if any(isinstance(p, torch.nn.parameter.UninitializedParameter) for p in params):
+        raise ValueError(f"{name} has lazy layers (nn.LazyLinear, ...) whose parameters do not exist yet: run one "
+                         f"forward pass first ({name}(x)), then estimate")
+    if not any(p.requires_grad for p in params):
+        what = "no parameters" if not params else "no trainable parameters (all requires_grad=False)"
+        raise ValueError(f"{name} has {what}, so a training step has nothing to update: estimate the model you "
+                         "train, or use torch.no_grad() memory tools for inference")
 
 
 def _example_option() -> str:
@@ -559,6 +571,7 @@ def estimate_memory(model: torch.nn.Module, optimizer="adamw", batch: int = 32, 
         budget_bytes = parse_budget(budget, dev, limit=False)
         source = "as given"  # not "the budget": that read as a budget now being watched
     params = list(model.parameters())
+    _check_parameters(model, params, name)
     trainable = [p for p in params if p.requires_grad]
     param_bytes = sum(p.numel() * p.element_size() for p in params) + sum(
         b.numel() * b.element_size() for b in model.buffers())

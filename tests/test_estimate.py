@@ -261,3 +261,24 @@ def test_on_the_cpu_the_estimate_speaks_of_this_host_and_labels_the_gpu_table_a_
     assert "prediction for GPUs with activations measured on cpu: per GPU when sharded" in text
     assert "1 (data parallel (DDP))" not in text  # fits here: no GPU count claimed
     assert "Prediction for GPUs" in est._repr_html_()
+
+
+@pytest.mark.parametrize("model, message", [
+    # The dry run once failed on these with "optimizer got an empty parameter list" and a note about a
+    # first nn.Linear the model did not have, or with torch's "uninitialized parameter".
+    (torch.nn.ReLU(), r"^model has no parameters, so a training step has nothing to update"),
+    (torch.nn.Linear(4, 4).requires_grad_(False), r"^model has no trainable parameters \(all requires_grad=False\)"),
+    (torch.nn.LazyLinear(4), r"^model has lazy layers .*run one forward pass first \(model\(x\)\)"),
+])
+def test_models_a_training_estimate_cannot_cover_are_named(model, message):
+    with pytest.raises(ValueError, match=message):
+        estimate_memory(model, batch=4, example=torch.randn(4, 4))
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"probe_batches": 4}, r"probe_batches takes two increasing batch sizes such as \(2, 4\), got 4"),
+    ({"gpu_counts": 8}, r"gpu_counts takes GPU counts such as \(1, 2, 4, 8\), got 8"),
+])
+def test_a_single_number_where_a_tuple_goes_is_named(kwargs, message):
+    with pytest.raises(TypeError, match=message):
+        estimate_memory(torch.nn.Linear(4, 4), batch=4, **kwargs)
