@@ -7,7 +7,10 @@ import sys
 
 
 def main(argv=None) -> int:
+    from . import __version__
+
     parser = argparse.ArgumentParser(prog="nbaccel", description="PyTorch performance in Jupyter")
+    parser.add_argument("--version", action="version", version=f"nbaccel {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     env = sub.add_parser("env", help="versions, device capabilities and precision flags")
     env.add_argument("--json", action="store_true", help="print JSON instead of text")

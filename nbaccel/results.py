@@ -115,10 +115,17 @@ def results_frame(records) -> pd.DataFrame:
     import pandas as pd
     if isinstance(records, (str, dict, ResultMixin)):
         records = [records]  # one result: a one-row frame, not "'AmpResult' object is not iterable"
+    if records is None or not hasattr(records, "__iter__"):
+        raise TypeError(f"results_frame takes results, their to_dict() or to_json(), or a list of them; got "
+                        f"{type(records).__name__}")
     rows = []
     for i, record in enumerate(records):
         if isinstance(record, str):
-            record = json.loads(record)
+            try:
+                record = json.loads(record)
+            except json.JSONDecodeError:
+                raise ValueError(f"record {i} is a string that is not JSON ({record[:60]!r}): pass to_json() "
+                                 "output; to read a file, json.load(open(path)) first") from None
         elif hasattr(record, "to_dict"):
             record = record.to_dict()
         if not isinstance(record, dict) or "kind" not in record:

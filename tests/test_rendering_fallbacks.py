@@ -165,3 +165,26 @@ def test_show_in_a_plain_script_prints_the_text_report(tmp_path):
                          env={**os.environ, "PYTHONPATH": checkout})
     assert out.returncode == 0, out.stderr
     assert out.stdout.startswith("nbaccel %%amp on CPU") and "'text/plain'" not in out.stdout
+
+
+@pytest.mark.parametrize("records, error, message", [
+    (None, TypeError, r"results_frame takes results, their to_dict\(\) or to_json\(\), or a list of them; got NoneType"),
+    (["p1.json"], ValueError, r"record 0 is a string that is not JSON \('p1.json'\).*json.load\(open\(path\)\) first"),
+])
+def test_results_frame_names_what_it_cannot_read(records, error, message):
+    with pytest.raises(error, match=message):
+        nbaccel.results_frame(records)
+
+
+def test_side_by_side_refuses_non_results_when_called(amp_result):
+    with pytest.raises(TypeError, match=r"side_by_side takes nbaccel results .*argument 2 is not one \\(int\\)"):
+        nbaccel.side_by_side(amp_result, 3)
+    row = nbaccel.side_by_side([amp_result, amp_result])  # a list means its items
+    assert str(row).count("nbaccel %%amp") == 2
+
+
+def test_cli_version():
+    import subprocess
+
+    out = subprocess.run([sys.executable, "-m", "nbaccel", "--version"], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and out.stdout.strip() == f"nbaccel {nbaccel.__version__}"

@@ -11,6 +11,15 @@ def side_by_side(*results):
     a flex row of their HTML elsewhere, and their texts one after another in a terminal."""
     if not results:
         raise ValueError("side_by_side needs at least one result")
+    if len(results) == 1 and isinstance(results[0], (list, tuple)):
+        results = tuple(results[0])  # side_by_side([a, b]) means side_by_side(a, b)
+    for i, result in enumerate(results):
+        try:
+            renderer(result)
+        except TypeError:  # refused now, not when the row is shown
+            raise TypeError(f"side_by_side takes nbaccel results (compare_amp, profile().result, load_trace, "
+                            f"budget.status(), estimate_memory, env_report); argument {i + 1} is not one "
+                            f"({type(result).__name__})") from None
     return _Row(results)
 
 
