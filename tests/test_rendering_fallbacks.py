@@ -177,7 +177,7 @@ def test_results_frame_names_what_it_cannot_read(records, error, message):
 
 
 def test_side_by_side_refuses_non_results_when_called(amp_result):
-    with pytest.raises(TypeError, match=r"side_by_side takes nbaccel results .*argument 2 is not one \\(int\\)"):
+    with pytest.raises(TypeError, match=r"side_by_side takes nbaccel results .*argument 2 is not one \(int\)"):
         nbaccel.side_by_side(amp_result, 3)
     row = nbaccel.side_by_side([amp_result, amp_result])  # a list means its items
     assert str(row).count("nbaccel %%amp") == 2
