@@ -15,15 +15,26 @@ ranks (it measures the calling rank only). Under ``torch.distributed``, call the
 
 or `gather_amp` / `gather` on a result you already have.
 
-How it avoids hangs: results are exchanged with ``all_gather_object`` on a gloo (CPU) group --
-the default group when it is gloo, otherwise one created once with ``new_group(backend="gloo")``
--- so NCCL is never asked to move Python objects. Before any result is exchanged, every rank
-contributes an ok/error flag (`run_all`): if the code raised on any rank, *every* rank raises
-(the failing rank its own exception, the others `RankFailure` naming the failed ranks) instead of
-the healthy ranks waiting forever in a gather the failed rank never reaches. What this cannot
-rescue: a rank that dies or is interrupted (KeyboardInterrupt is never caught) or that raises
-*inside* the user's own collectives (DDP's all-reduce) -- those are bounded by the process
-group's ``timeout`` (pass ``timeout=`` to ``init_process_group``).
+How it avoids hangs, and where it cannot: results are exchanged with ``all_gather_object`` on a
+gloo (CPU) group -- the default group when it is gloo, otherwise one created once with
+``new_group(backend="gloo")`` -- so NCCL is never asked to move Python objects. Before any result
+is exchanged, every rank contributes an ok/error flag (`run_all`): if the code raised on any rank,
+*every* rank raises (the failing rank its own exception, the others `RankFailure` naming the
+failed ranks) instead of the healthy ranks waiting forever in a gather the failed rank never
+reaches. That rescues code that makes no collectives of its own (a per-rank forward pass, a
+bad option, a local computation).
+
+It cannot rescue code that makes its own collectives, which is most training steps: with a DDP
+model, a rank that raises *before* the all-reduce in ``backward()`` (a bad batch, an OOM in the
+forward pass) leaves the other ranks waiting inside that all-reduce, which nbaccel cannot reach
+-- its flags are only exchanged after the code returns. The same holds for a rank that dies or is
+interrupted (KeyboardInterrupt is never caught). Those ranks wait until the process group's
+timeout (30 minutes by default) and then fail with a backend error ("Connection closed by peer",
+"timeout"); the failed rank, whose exchange then fails too, raises its own exception with a note
+saying so. What you can do: pass a shorter timeout when you measure,
+``dist.init_process_group(..., timeout=datetime.timedelta(seconds=60))``; look in torchrun's
+output for the rank whose error is not a backend error; and check the step once on one rank
+without DDP (``nbaccel.compare_amp`` on the plain model) before measuring it under DDP.
 
 Traces go one file per rank, ``<dir>/<name>.rank<r>.pt.trace.json``: the file names Holistic
 Trace Analysis globs for, and each trace carries ``distributedInfo.rank`` (written by Kineto
@@ -98,16 +109,31 @@ def run_all(fn, group=None):
         value = fn()
     except Exception as exc:  # exchanged below, then re-raised unchanged on this rank
         error = exc
-    status = _all_gather((rank(), None if error is None else f"{type(error).__name__}: {error}"), group)
+    try:
+        status = _all_gather((rank(), None if error is None else f"{type(error).__name__}: {error}"), group)
+    except Exception as exchange_error:
+        if error is None:
+            raise
+        # Typically the process-group timeout: the other ranks were stuck in the code's own
+        # collectives. The user's exception is the cause worth seeing, not the backend's.
+        _note(error, f"nbaccel.distributed: the ranks could not agree on errors afterwards "
+                     f"({type(exchange_error).__name__}: {exchange_error}); other ranks may have been waiting "
+                     "in the code's own collectives")
+        raise error from None
     failures = {r: msg for r, msg in status if msg is not None}
     if error is not None:
         others = {r: m for r, m in failures.items() if r != rank()}
-        if others and hasattr(error, "add_note"):
-            error.add_note(f"nbaccel.distributed: also failed on rank(s) {sorted(others)}")
+        if others:
+            _note(error, f"nbaccel.distributed: also failed on rank(s) {sorted(others)}")
         raise error
     if failures:
         raise RankFailure(failures)
     return value
+
+
+def _note(error: BaseException, text: str) -> None:
+    if hasattr(error, "add_note"):  # Python 3.11+
+        error.add_note(text)
 
 
 # --- gathered reports ---------------------------------------------------------------------------

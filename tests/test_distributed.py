@@ -131,3 +131,17 @@ def test_without_process_group_it_is_one_rank():
     with pytest.raises(ZeroDivisionError):
         nd.run_all(lambda: 1 / 0)
     assert nd.trace_path("d", rank_=3) == os.path.join("d", "nbaccel.rank3.pt.trace.json")
+
+
+def test_failed_rank_keeps_its_own_error_when_the_exchange_fails(monkeypatch):
+    # What a rank sees when the others were stuck in DDP's all-reduce until the pg timeout.
+    def timed_out(obj, group=None):
+        raise RuntimeError("Application timeout caused pair closure")
+
+    monkeypatch.setattr(nd, "_all_gather", timed_out)
+    with pytest.raises(ZeroDivisionError) as info:
+        nd.run_all(lambda: 1 / 0)
+    notes = " ".join(getattr(info.value, "__notes__", []))
+    assert sys.version_info < (3, 11) or "could not agree on errors" in notes and "pair closure" in notes
+    with pytest.raises(RuntimeError, match="pair closure"):  # no error of its own: the backend's error stands
+        nd.run_all(lambda: 1)
