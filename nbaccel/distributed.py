@@ -260,13 +260,13 @@ def profile(directory: str, name: str = "nbaccel", group=None, **kwargs):
     """`nbaccel.profile` on every rank, its trace written to `trace_path`; afterwards ``.report``
     holds each rank's profiled window and device/CPU time, gathered (``.result`` is this rank's).
 
-    If the body raises on any rank, every rank raises (see `run_all`), after its profiler stopped.
+    If the options are refused or the body raises on any rank, every rank raises (see `run_all`),
+    after its profiler stopped.
     """
     from .profile import profile as _profile
 
     os.makedirs(directory, exist_ok=True)
-    prof = _profile(trace=trace_path(directory, name), **kwargs)
-    with _ranks_agree(group), prof:
+    with _measured(lambda: _profile(trace=trace_path(directory, name), **kwargs), group) as prof:
         yield prof
     res = prof.result
     row = {"trace": trace_path(directory, name), "window_us": res.window_us,
@@ -297,13 +297,29 @@ def _ranks_agree(group):
 
 
 @contextlib.contextmanager
+def _measured(make, group):
+    """Build and enter the measuring context ``make()`` on every rank, then run the body in it.
+
+    Building and entering are agreed on before the body (a bad option on one rank raises on every
+    rank there, so no rank runs the body alone and waits for the others in a later gather); the
+    body's errors are agreed on after the context exited, so the profiler has stopped and the
+    budget has recorded the block before nbaccel's own exchange runs.
+    """
+    with contextlib.ExitStack() as setup:  # closes the context if another rank failed to build its own
+        measuring = run_all(lambda: setup.enter_context(make()), group)
+        with _ranks_agree(group), setup.pop_all():
+            yield measuring
+
+
+@contextlib.contextmanager
 def memory_budget(budget, group=None, **kwargs):
     """`nbaccel.memory_budget` on every rank; afterwards ``.report`` holds every rank's peak of the
-    block against the budget (min/median/max, the rank with the largest peak named)."""
+    block against the budget (min/median/max, the rank with the largest peak named).
+
+    A budget refused on any rank ("8 parsecs") raises on every rank before the body runs."""
     from .budget import memory_budget as _memory_budget
 
-    mb = _memory_budget(budget, **kwargs)
-    with _ranks_agree(group), mb:
+    with _measured(lambda: _memory_budget(budget, **kwargs), group) as mb:
         yield mb
     rec = mb.watcher.records[-1] if mb.watcher.records else None
     row = {"peak_bytes": rec.used_bytes if rec else None, "budget_bytes": mb.budget,

@@ -108,11 +108,27 @@ def test_memory_budget_gathered(ddp_run):
     assert all(row["peak_bytes"] is not None and row["peak_bytes"] >= 0 for row in b["ranks"])
 
 
-def test_a_rank_that_raises_does_not_hang_the_others(tmp_path):
-    _torchrun(tmp_path, "raise", timeout=60)  # both ranks must exit well within the pg timeout
-    r0, r1 = _ranks(tmp_path)
+@pytest.fixture(scope="module")
+def failures_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("failures")
+    _torchrun(out, "raise", timeout=90)  # the ranks must exit well within the pg timeout (40 s per step)
+    return _ranks(out)
+
+
+def test_a_rank_that_raises_does_not_hang_the_others(failures_run):
+    r0, r1 = (r["amp_raise"] for r in failures_run)
     assert r1["error"] == "ValueError" and "boom on rank 1" in r1["message"]
     assert r0["error"] == "RankFailure" and "rank(s) 1" in r0["message"] and "boom on rank 1" in r0["message"]
+
+
+def test_a_budget_refused_on_one_rank_raises_on_every_rank(failures_run):
+    r0, r1 = (r["budget_bad_size"] for r in failures_run)
+    assert r1["error"] == "BudgetError" and "parsecs" in r1["message"]
+    assert r0["error"] == "RankFailure" and "rank(s) 1" in r0["message"] and "BudgetError" in r0["message"]
+
+
+def test_ranks_still_pair_up_after_the_failures(failures_run):
+    assert [r["after"]["error"] for r in failures_run] == [None, None]
 
 
 # --- no process group: the same API degrades to one rank ------------------------------------------
