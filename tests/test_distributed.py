@@ -127,6 +127,35 @@ def test_a_budget_refused_on_one_rank_raises_on_every_rank(failures_run):
     assert r0["error"] == "RankFailure" and "rank(s) 1" in r0["message"] and "BudgetError" in r0["message"]
 
 
+@pytest.mark.parametrize("scenario, option", [
+    ("amp_repeat", "repeat: 2 on rank 0; 3 on rank 1"),
+    ("amp_dtype", "dtype: 'bf16' on rank 0; 'fp16' on rank 1"),
+    ("profile_steps", "steps: 1 on rank 0; 2 on rank 1"),
+])
+def test_different_options_per_rank_raise_on_every_rank(failures_run, scenario, option):
+    for r in failures_run:
+        outcome = r[scenario]
+        assert outcome["error"] == "RankMismatch", outcome
+        assert option in outcome["message"] and "same options on every rank" in outcome["message"]
+
+
+def test_mismatch_message_groups_ranks_by_value():
+    err = nd.RankMismatch("nd.compare_amp", {"repeat": {0: 3, 1: 5, 2: 3}})
+    assert "repeat: 3 on ranks 0, 2; 5 on rank 1" in str(err)
+    assert err.differences == {"repeat": {0: 3, 1: 5, 2: 3}}
+    assert isinstance(err, ValueError)
+
+
+def test_options_compared_are_the_plain_ones_with_defaults():
+    from nbaccel.amp import compare_amp
+
+    opts = nd._options(compare_amp, lambda: None, "bf16", repeat=3, state=[None], device="cuda:1")
+    assert opts["dtype"] == "bf16" and opts["repeat"] == 3 and opts["warmup"] == 1  # default filled in
+    assert "device" not in opts and "state" not in opts and "fn" not in opts
+    assert nd._differences({0: opts, 1: {**opts, "repeat": 5}}) == {"repeat": {0: 3, 1: 5}}
+    assert nd._differences({0: opts, 1: dict(opts)}) == {}
+
+
 def test_ranks_still_pair_up_after_the_failures(failures_run):
     assert [r["after"]["error"] for r in failures_run] == [None, None]
 

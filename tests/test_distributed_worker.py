@@ -36,6 +36,18 @@ def _failures(r: int, result: dict, traces: str) -> None:
 
     result["amp_raise"] = _outcome(lambda: nd.compare_amp(local_work, dtype="bf16", warmup=0, repeat=2, state=[None]))
     result["budget_bad_size"] = _outcome(bad_budget_on_rank_1)
+    ok = lambda: torch.ones(8).sum()  # noqa: E731 - no collectives: a mismatch would pass silently
+    result["amp_repeat"] = _outcome(lambda: nd.compare_amp(ok, warmup=0, repeat=2 if r == 0 else 3, state=[None]))
+    result["amp_dtype"] = _outcome(lambda: nd.compare_amp(ok, dtype="bf16" if r == 0 else "fp16", warmup=0, repeat=2,
+                                                          state=[None]))
+
+    def profile_steps():
+        with nd.profile(traces, name="mismatch", steps=1 if r == 0 else 2) as prof:
+            for _ in range(prof.options.steps):
+                ok()
+                prof.step()
+
+    result["profile_steps"] = _outcome(profile_steps)
     # Last: a healthy exchange after the failures, so a step left unpaired above shows up here.
     result["after"] = _outcome(lambda: nd.compare_amp(lambda: torch.ones(8).sum(), warmup=0, repeat=2, state=[None]))
 
