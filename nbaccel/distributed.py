@@ -86,11 +86,11 @@ class RankMismatch(ValueError):
 
 
 def _by_value(per_rank: dict[int, object]) -> str:
-    """{0: 3, 1: 5, 2: 3} -> "3 on ranks 0, 2; 5 on rank 1" (one part per value, not per rank)."""
+    """{0: 3, 1: 5, 2: 3} -> "3 (ranks 0, 2), 5 (rank 1)" (one part per value, not per rank)."""
     groups: dict[str, list[int]] = {}
     for r, value in sorted(per_rank.items()):
         groups.setdefault(repr(value), []).append(r)
-    return "; ".join(f"{value} on rank{'s' if len(rs) > 1 else ''} {', '.join(map(str, rs))}"
+    return ", ".join(f"{value} (rank{'s' if len(rs) > 1 else ''} {', '.join(map(str, rs))})"
                      for value, rs in groups.items())
 
 

@@ -128,9 +128,9 @@ def test_a_budget_refused_on_one_rank_raises_on_every_rank(failures_run):
 
 
 @pytest.mark.parametrize("scenario, option", [
-    ("amp_repeat", "repeat: 2 on rank 0; 3 on rank 1"),
-    ("amp_dtype", "dtype: 'bf16' on rank 0; 'fp16' on rank 1"),
-    ("profile_steps", "steps: 1 on rank 0; 2 on rank 1"),
+    ("amp_repeat", "repeat: 2 (rank 0), 3 (rank 1)"),
+    ("amp_dtype", "dtype: 'bf16' (rank 0), 'fp16' (rank 1)"),
+    ("profile_steps", "steps: 1 (rank 0), 2 (rank 1)"),
 ])
 def test_different_options_per_rank_raise_on_every_rank(failures_run, scenario, option):
     for r in failures_run:
@@ -141,7 +141,7 @@ def test_different_options_per_rank_raise_on_every_rank(failures_run, scenario, 
 
 def test_mismatch_message_groups_ranks_by_value():
     err = nd.RankMismatch("nd.compare_amp", {"repeat": {0: 3, 1: 5, 2: 3}})
-    assert "repeat: 3 on ranks 0, 2; 5 on rank 1" in str(err)
+    assert "repeat: 3 (ranks 0, 2), 5 (rank 1)" in str(err)
     assert err.differences == {"repeat": {0: 3, 1: 5, 2: 3}}
     assert isinstance(err, ValueError)
 
