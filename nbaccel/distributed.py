@@ -237,8 +237,13 @@ class RankReport:
                 continue
             fmt = _formatter(self.units.get(m))
             lines.append(f"  {m:<22} {fmt(s['min']):>12} {fmt(s['median']):>12} {fmt(s['max']):>12}  "
-                         f"rank {s['slowest_rank']} ({self.ranks[s['slowest_rank']].get('host', '?')})")
+                         f"{self._max_at(s)}")
         return "\n".join(lines)
+
+    def _max_at(self, s: dict) -> str:
+        if s["min"] == s["max"] and self.world_size > 1:
+            return "equal on every rank"  # naming one would single out a rank for nothing
+        return f"rank {s['slowest_rank']} ({self.ranks[s['slowest_rank']].get('host', '?')})"
 
 
 def _formatter(unit):

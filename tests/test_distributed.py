@@ -190,3 +190,12 @@ def test_failed_rank_keeps_its_own_error_when_the_exchange_fails(monkeypatch):
     assert sys.version_info < (3, 11) or "could not agree on errors" in notes and "pair closure" in notes
     with pytest.raises(RuntimeError, match="pair closure"):  # no error of its own: the backend's error stands
         nd.run_all(lambda: 1)
+
+
+def test_report_names_no_slowest_rank_when_all_ranks_are_equal():
+    rows = [{"rank": r, "host": "h", "peak_bytes": 2**20, "t_s": 0.1 * (r + 1)} for r in range(3)]
+    text = str(nd.RankReport("memory_budget", rows, ["peak_bytes", "t_s"], {"peak_bytes": "bytes", "t_s": "s"}))
+    peak_line = next(line for line in text.splitlines() if "peak_bytes" in line)
+    time_line = next(line for line in text.splitlines() if "t_s" in line)
+    assert peak_line.endswith("equal on every rank") and "rank 2" not in peak_line
+    assert time_line.endswith("rank 2 (h)")
