@@ -70,9 +70,9 @@ def load_trace(path: str | os.PathLike, *, rank: int | None = None, top: int = 1
     if sort == "memory" and not memory:
         raise ProfileError(f"{option('sort', 'memory')} needs {option('memory', True)}: memory events are only read "
                            "when asked")
-    p = Path(path).expanduser()
-    if not p.exists():
-        raise TraceError(f"{path}: no such file or folder")
+    if rank is not None:
+        whole_number("rank", rank, 0, ProfileError)  # rank="1" would otherwise be "not found" among ranks 0, 1
+    p = _trace_location(path)
     opts = dict(top=top, sort=sort, shapes=shapes, stack=stack, memory=memory)
     if p.is_file():
         if rank is not None:
@@ -81,7 +81,7 @@ def load_trace(path: str | os.PathLike, *, rank: int | None = None, top: int = 1
     skipped: dict[Path, TraceError] = {}
     groups = _group_by_rank(p, skipped)
     t0 = time.perf_counter()
-    if rank is not None:
+    if rank is not None and groups:  # no readable trace at all: the files' own errors below say why
         if rank not in groups:
             if set(groups) == {None}:
                 raise TraceError(f"{path}: its traces carry no rank (one process's run), so there is no rank "
@@ -109,6 +109,21 @@ def load_trace(path: str | os.PathLike, *, rank: int | None = None, top: int = 1
         result.loaded["skipped"] = reasons
         return result
     return MultiRankResult(folder=str(path), ranks=results, load_seconds=time.perf_counter() - t0, skipped=reasons)
+
+
+def _trace_location(path) -> Path:
+    """``path`` as an existing trace file or folder, or a `TraceError` naming what it takes."""
+    if not isinstance(path, (str, os.PathLike)) or not str(path):
+        # Path(3) / Path(None) would raise pathlib's TypeError, and Path("") is the current folder.
+        raise TraceError(f"path takes a trace file or a folder of them (a str or pathlib.Path), got {path!r:.80}")
+    p = Path(path).expanduser()
+    if not p.exists():
+        raise TraceError(f"{path}: no such file or folder")
+    if not (p.is_file() or p.is_dir()):
+        # /dev/null, a FIFO: listing it as a folder would raise NotADirectoryError.
+        raise TraceError(f"{path}: not a regular file or a folder; path takes a trace file (.json, .json.gz) "
+                         "or a folder of them")
+    return p
 
 
 def _reason(f: Path, exc: TraceError) -> str:

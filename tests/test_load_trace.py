@@ -10,6 +10,7 @@ from __future__ import annotations
 import csv
 import gzip
 import json
+import os
 import warnings
 import re
 from html import unescape
@@ -278,6 +279,34 @@ def test_rank_option_on_a_folder_without_ranks_says_so(tmp_path):
     _write(tmp_path / "w.1.pt.trace.json", _op_trace("aten::add"))
     with pytest.raises(TraceError, match="its traces carry no rank .*load it without rank$"):
         load_trace(tmp_path, rank=5)
+
+
+@pytest.mark.parametrize("path", [3, None, 10**30, b"x.json", ""])
+def test_path_that_is_not_a_file_name_is_a_trace_error(path):
+    with pytest.raises(TraceError, match=r"^path takes a trace file or a folder of them \(a str or pathlib\.Path\)"):
+        load_trace(path)
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/null"), reason="needs /dev/null")
+def test_special_file_is_a_trace_error():
+    with pytest.raises(TraceError, match=r"^/dev/null: not a regular file or a folder"):
+        load_trace("/dev/null")
+
+
+@pytest.mark.parametrize("rank", ["1", 1.0, True, -1])
+def test_rank_that_is_not_a_whole_number_is_refused(two_ranks, rank):
+    from nbaccel.profile import ProfileError
+
+    folder, _ = two_ranks
+    with pytest.raises(ProfileError, match=r"^rank (takes a whole number|must be at least 0)"):
+        load_trace(folder, rank=rank)
+
+
+def test_rank_in_a_folder_without_readable_traces_names_the_files_error(tmp_path):
+    (tmp_path / "a.json").write_text("not json")
+    with pytest.raises(TraceError, match=r"a\.json: not (valid )?JSON") as info:
+        load_trace(tmp_path, rank=0)
+    assert "ranks found" not in str(info.value)
 
 
 def test_tensorboard_names_use_distributed_info(tmp_path):
