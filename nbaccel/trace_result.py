@@ -299,6 +299,16 @@ def _device_info(trace: TraceData) -> DeviceInfo:
 
 # --- several ranks ---------------------------------------------------------------------------------
 
+def _rank_of_extreme(per_rank, column: str, largest: bool) -> int | None:
+    """The rank with the largest (smallest) ``column``; None when all ranks are equal, where
+    naming one would point at a rank for nothing."""
+    values = per_rank[column]
+    if values.max() == values.min():
+        return None
+    i = values.idxmax() if largest else values.idxmin()
+    return int(per_rank.loc[int(i), "rank"])
+
+
 def _union_us(starts: np.ndarray, ends: np.ndarray) -> float:
     """Length of the union of intervals (concurrent streams are counted once)."""
     if not len(starts):
@@ -410,7 +420,8 @@ class MultiRankResult(ResultMixin):
 
         In a synchronous job the collectives make every rank wait for the slowest one, so the
         straggler is usually also the rank with the most compute and the least exposed
-        communication; ``most_compute`` is named separately in case the two differ.
+        communication; ``most_compute`` is named separately in case the two differ. Both are None
+        when every rank has the same figure (CPU-only traces: 0 compute on every rank).
         """
         pr = self.per_rank
         i = int(pr["step_time_us"].idxmax())
@@ -418,8 +429,6 @@ class MultiRankResult(ResultMixin):
         others = pr.drop(index=i)
         median = float(others["step_time_us"].median()) if len(others) else float(slow["step_time_us"])
         fastest = pr.loc[int(pr["step_time_us"].idxmin())]
-        busiest = pr.loc[int(pr["compute_us"].idxmax())]
-        least_comm = pr.loc[int(pr["communication_us"].idxmin())]
         return {
             "rank": int(slow["rank"]),
             "step_time_us": float(slow["step_time_us"]),
@@ -428,8 +437,8 @@ class MultiRankResult(ResultMixin):
             "excess_fraction": (float(slow["step_time_us"]) / median - 1) if median > 0 else None,
             "fastest_rank": int(fastest["rank"]),
             "fastest_step_time_us": float(fastest["step_time_us"]),
-            "most_compute_rank": int(busiest["rank"]),
-            "least_communication_rank": int(least_comm["rank"]),
+            "most_compute_rank": _rank_of_extreme(pr, "compute_us", largest=True),
+            "least_communication_rank": _rank_of_extreme(pr, "communication_us", largest=False),
         }
 
     # -- tables --

@@ -309,6 +309,19 @@ def test_rank_in_a_folder_without_readable_traces_names_the_files_error(tmp_path
     assert "ranks found" not in str(info.value)
 
 
+def test_cpu_only_ranks_name_no_compute_rank_and_read_well(tmp_path):
+    # gloo DDP on the CPU: every rank's device compute is 0, so no rank "has the most compute time".
+    for rank, dur in ((0, 10), (1, 30)):
+        ev = {"ph": "X", "cat": "cpu_op", "name": "c10d::allreduce_", "pid": 1, "tid": 1, "ts": 0, "dur": dur}
+        _write(tmp_path / f"rank-{rank}.json",
+               json.dumps({"distributedInfo": {"rank": rank, "world_size": 2}, "traceEvents": [ev]}))
+    r = load_trace(tmp_path)
+    assert r.straggler["most_compute_rank"] is None and r.straggler["least_communication_rank"] is None
+    text = str(r)
+    assert "most compute time" not in text and "no device activity in these traces" in text
+    assert "2 ranks of world size 2 recorded on the CPU" in text and " on recorded" not in text
+
+
 def test_tensorboard_names_use_distributed_info(tmp_path):
     """tensorboard_trace_handler names carry no rank: it comes from distributedInfo, even when
     written after the events (as TraceLens writes its header)."""
