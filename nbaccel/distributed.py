@@ -366,9 +366,9 @@ def _measured(make, group, options: dict, what: str):
 
     Building and entering are agreed on before the body, together with the ``options`` (a bad or
     differing option on one rank raises on every rank there, so no rank runs the body alone and
-    waits for the others in a later gather); the
-    body's errors are agreed on after the context exited, so the profiler has stopped and the
-    budget has recorded the block before nbaccel's own exchange runs.
+    waits for the others in a later gather); the body's errors are agreed on after the context
+    exited, so the profiler has stopped and the budget has recorded the block before nbaccel's
+    own exchange runs.
     """
     with contextlib.ExitStack() as setup:  # closes the context if another rank failed to build its own
         measuring = run_all(lambda: setup.enter_context(make()), group, options=options, what=what)
