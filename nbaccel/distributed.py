@@ -15,15 +15,32 @@ ranks (it measures the calling rank only). Under ``torch.distributed``, call the
 
 or `gather_amp` / `gather` on a result you already have.
 
-How it avoids hangs: results are exchanged with ``all_gather_object`` on a gloo (CPU) group --
-the default group when it is gloo, otherwise one created once with ``new_group(backend="gloo")``
--- so NCCL is never asked to move Python objects. Before any result is exchanged, every rank
-contributes an ok/error flag (`run_all`): if the code raised on any rank, *every* rank raises
-(the failing rank its own exception, the others `RankFailure` naming the failed ranks) instead of
-the healthy ranks waiting forever in a gather the failed rank never reaches. What this cannot
-rescue: a rank that dies or is interrupted (KeyboardInterrupt is never caught) or that raises
-*inside* the user's own collectives (DDP's all-reduce) -- those are bounded by the process
-group's ``timeout`` (pass ``timeout=`` to ``init_process_group``).
+How it avoids hangs, and where it cannot: results are exchanged with ``all_gather_object`` on a
+gloo (CPU) group -- the default group when it is gloo, otherwise one created once with
+``new_group(backend="gloo")`` -- so NCCL is never asked to move Python objects. Before any result
+is exchanged, every rank contributes an ok/error flag (`run_all`): if the code raised on any rank,
+*every* rank raises (the failing rank its own exception, the others `RankFailure` naming the
+failed ranks) instead of the healthy ranks waiting forever in a gather the failed rank never
+reaches. That rescues code that makes no collectives of its own (a per-rank forward pass, a
+bad option, a local computation).
+
+It cannot rescue code that makes its own collectives, which is most training steps: with a DDP
+model, a rank that raises *before* the all-reduce in ``backward()`` (a bad batch, an OOM in the
+forward pass) leaves the other ranks waiting inside that all-reduce, which nbaccel cannot reach
+-- its flags are only exchanged after the code returns. The same holds for a rank that dies or is
+interrupted (KeyboardInterrupt is never caught). Those ranks wait until the process group's
+timeout (30 minutes by default) and then fail with a backend error ("Connection closed by peer",
+"timeout"); the failed rank, whose exchange then fails too, raises its own exception with a note
+saying so. What you can do: pass a shorter timeout when you measure,
+``dist.init_process_group(..., timeout=datetime.timedelta(seconds=60))``; look in torchrun's
+output for the rank whose error is not a backend error; and check the step once on one rank
+without DDP (``nbaccel.compare_amp`` on the plain model) before measuring it under DDP.
+
+Every rank must pass the same options: the wrappers exchange them before anything runs and raise
+`RankMismatch` on every rank, naming the options and the ranks, when they differ (``device`` may
+differ: each rank may name its own GPU). Different ``repeat``/``warmup`` would run DDP's
+collectives a different number of times on each rank and hang; a different ``dtype`` would merge
+two measurements into one report.
 
 Traces go one file per rank, ``<dir>/<name>.rank<r>.pt.trace.json``: the file names Holistic
 Trace Analysis globs for, and each trace carries ``distributedInfo.rank`` (written by Kineto
@@ -33,6 +50,7 @@ whenever torch.distributed is initialized), which is what HTA reads the rank fro
 from __future__ import annotations
 
 import contextlib
+import inspect
 import os
 import socket
 import statistics
@@ -41,7 +59,7 @@ from dataclasses import dataclass, field
 import torch.distributed as dist
 
 __all__ = ["is_distributed", "rank", "world_size", "run_all", "gather", "gather_amp", "compare_amp", "profile",
-           "memory_budget", "RankFailure", "RankReport", "trace_path", "summarize"]
+           "memory_budget", "RankFailure", "RankMismatch", "RankReport", "trace_path", "summarize"]
 
 _CPU_GROUPS: dict = {}
 
@@ -54,6 +72,48 @@ class RankFailure(RuntimeError):
         ranks = ", ".join(map(str, sorted(failures)))
         detail = "; ".join(f"rank {r}: {msg}" for r, msg in sorted(failures.items()))
         super().__init__(f"the measured code raised on rank(s) {ranks}, so no result was gathered ({detail})")
+
+
+class RankMismatch(ValueError):
+    """Raised on every rank, before anything runs, when the ranks passed different options."""
+
+    def __init__(self, what: str, differences: dict[str, dict[int, object]]):
+        self.differences = {name: dict(per_rank) for name, per_rank in differences.items()}
+        detail = "; ".join(f"{name}: {_by_value(per_rank)}" for name, per_rank in differences.items())
+        super().__init__(f"{what} needs the same options on every rank (their runs, and the collectives in them, "
+                         f"pair up one for one), but they differ: {detail}. Pass the same values on every rank "
+                         "(only device may differ).")
+
+
+def _by_value(per_rank: dict[int, object]) -> str:
+    """{0: 3, 1: 5, 2: 3} -> "3 (ranks 0, 2), 5 (rank 1)" (one part per value, not per rank)."""
+    groups: dict[str, list[int]] = {}
+    for r, value in sorted(per_rank.items()):
+        groups.setdefault(repr(value), []).append(r)
+    return ", ".join(f"{value} (rank{'s' if len(rs) > 1 else ''} {', '.join(map(str, rs))})"
+                     for value, rs in groups.items())
+
+
+def _differences(options: dict[int, dict]) -> dict[str, dict[int, object]]:
+    """{rank: {option: value}} -> only the options whose value is not the same on every rank."""
+    names = sorted({name for opts in options.values() for name in opts})
+    per_name = {name: {r: opts.get(name) for r, opts in options.items()} for name in names}
+    return {name: per_rank for name, per_rank in per_name.items() if len(set(map(repr, per_rank.values()))) > 1}
+
+
+_PLAIN = (str, int, float, bool, type(None))
+
+
+def _options(func, *args, **kwargs) -> dict:
+    """The plain-valued arguments of ``func(*args, **kwargs)``, defaults filled in, to compare
+    across ranks. ``device`` is left out (each rank may name its own GPU), and so are callables
+    and state objects (they are different objects on every rank by nature)."""
+    try:
+        bound = inspect.signature(func).bind(*args, **kwargs)
+    except TypeError:
+        return {}  # the call itself refuses these arguments, and that error is agreed on like any other
+    bound.apply_defaults()
+    return {name: value for name, value in bound.arguments.items() if name != "device" and isinstance(value, _PLAIN)}
 
 
 def is_distributed() -> bool:
@@ -86,28 +146,48 @@ def _all_gather(obj, group=None) -> list:
     return out
 
 
-def run_all(fn, group=None):
+def run_all(fn, group=None, *, options: dict | None = None, what: str = "this call"):
     """Run ``fn()`` on this rank, then agree with every rank on whether all succeeded.
 
     Returns ``fn()``'s value when every rank succeeded. Otherwise raises on every rank: the rank
     whose code raised re-raises its own exception (with a note naming the other failed ranks),
     the others raise `RankFailure`. Only ``Exception`` is caught; KeyboardInterrupt propagates.
+    ``options`` (plain values) travel in the same exchange: when they differ between ranks, every
+    rank raises `RankMismatch` naming ``what``, the options and the ranks.
     """
     error, value = None, None
     try:
         value = fn()
     except Exception as exc:  # exchanged below, then re-raised unchanged on this rank
         error = exc
-    status = _all_gather((rank(), None if error is None else f"{type(error).__name__}: {error}"), group)
-    failures = {r: msg for r, msg in status if msg is not None}
+    try:
+        status = _all_gather((rank(), None if error is None else f"{type(error).__name__}: {error}", options), group)
+    except Exception as exchange_error:
+        if error is None:
+            raise
+        # Typically the process-group timeout: the other ranks were stuck in the code's own
+        # collectives. The user's exception is the cause worth seeing, not the backend's.
+        _note(error, f"nbaccel.distributed: the ranks could not agree on errors afterwards "
+                     f"({type(exchange_error).__name__}: {exchange_error}); other ranks may have been waiting "
+                     "in the code's own collectives")
+        raise error from None
+    failures = {r: msg for r, msg, _ in status if msg is not None}
     if error is not None:
         others = {r: m for r, m in failures.items() if r != rank()}
-        if others and hasattr(error, "add_note"):
-            error.add_note(f"nbaccel.distributed: also failed on rank(s) {sorted(others)}")
+        if others:
+            _note(error, f"nbaccel.distributed: also failed on rank(s) {sorted(others)}")
         raise error
     if failures:
         raise RankFailure(failures)
+    differences = _differences({r: opts or {} for r, _, opts in status})
+    if differences:
+        raise RankMismatch(what, differences)
     return value
+
+
+def _note(error: BaseException, text: str) -> None:
+    if hasattr(error, "add_note"):  # Python 3.11+
+        error.add_note(text)
 
 
 # --- gathered reports ---------------------------------------------------------------------------
@@ -157,8 +237,13 @@ class RankReport:
                 continue
             fmt = _formatter(self.units.get(m))
             lines.append(f"  {m:<22} {fmt(s['min']):>12} {fmt(s['median']):>12} {fmt(s['max']):>12}  "
-                         f"rank {s['slowest_rank']} ({self.ranks[s['slowest_rank']].get('host', '?')})")
+                         f"{self._max_at(s)}")
         return "\n".join(lines)
+
+    def _max_at(self, s: dict) -> str:
+        if s["min"] == s["max"] and self.world_size > 1:
+            return "equal on every rank"  # naming one would single out a rank for nothing
+        return f"rank {s['slowest_rank']} ({self.ranks[s['slowest_rank']].get('host', '?')})"
 
 
 def _formatter(unit):
@@ -215,10 +300,14 @@ def compare_amp(fn, *args, group=None, **kwargs) -> DistributedAmp:
     """`nbaccel.compare_amp` on every rank, errors agreed on first (`run_all`), then gathered.
 
     Every rank must call it with the same arguments: if ``fn`` contains collectives (DDP's
-    backward), all ranks run it the same number of times, so those collectives pair up.
+    backward), all ranks run it the same number of times, so those collectives pair up. The
+    arguments are compared first, and differing ones raise `RankMismatch` on every rank before
+    ``fn`` runs anywhere.
     """
     from .amp import compare_amp as _compare_amp
 
+    run_all(lambda: None, group, options=_options(_compare_amp, fn, *args, **kwargs),
+            what="nbaccel.distributed.compare_amp")
     local = run_all(lambda: _compare_amp(fn, *args, **kwargs), group)
     return DistributedAmp(local, gather_amp(local, group))
 
@@ -234,13 +323,14 @@ def profile(directory: str, name: str = "nbaccel", group=None, **kwargs):
     """`nbaccel.profile` on every rank, its trace written to `trace_path`; afterwards ``.report``
     holds each rank's profiled window and device/CPU time, gathered (``.result`` is this rank's).
 
-    If the body raises on any rank, every rank raises (see `run_all`), after its profiler stopped.
+    If the options are refused or the body raises on any rank, every rank raises (see `run_all`),
+    after its profiler stopped.
     """
     from .profile import profile as _profile
 
     os.makedirs(directory, exist_ok=True)
-    prof = _profile(trace=trace_path(directory, name), **kwargs)
-    with _ranks_agree(group), prof:
+    with _measured(lambda: _profile(trace=trace_path(directory, name), **kwargs), group,
+                   _options(_profile, **kwargs), "nbaccel.distributed.profile") as prof:
         yield prof
     res = prof.result
     row = {"trace": trace_path(directory, name), "window_us": res.window_us,
@@ -271,13 +361,31 @@ def _ranks_agree(group):
 
 
 @contextlib.contextmanager
+def _measured(make, group, options: dict, what: str):
+    """Build and enter the measuring context ``make()`` on every rank, then run the body in it.
+
+    Building and entering are agreed on before the body, together with the ``options`` (a bad or
+    differing option on one rank raises on every rank there, so no rank runs the body alone and
+    waits for the others in a later gather); the body's errors are agreed on after the context
+    exited, so the profiler has stopped and the budget has recorded the block before nbaccel's
+    own exchange runs.
+    """
+    with contextlib.ExitStack() as setup:  # closes the context if another rank failed to build its own
+        measuring = run_all(lambda: setup.enter_context(make()), group, options=options, what=what)
+        with _ranks_agree(group), setup.pop_all():
+            yield measuring
+
+
+@contextlib.contextmanager
 def memory_budget(budget, group=None, **kwargs):
     """`nbaccel.memory_budget` on every rank; afterwards ``.report`` holds every rank's peak of the
-    block against the budget (min/median/max, the rank with the largest peak named)."""
+    block against the budget (min/median/max, the rank with the largest peak named).
+
+    A budget refused on any rank ("8 parsecs") raises on every rank before the body runs."""
     from .budget import memory_budget as _memory_budget
 
-    mb = _memory_budget(budget, **kwargs)
-    with _ranks_agree(group), mb:
+    with _measured(lambda: _memory_budget(budget, **kwargs), group,
+                   _options(_memory_budget, budget, **kwargs), "nbaccel.distributed.memory_budget") as mb:
         yield mb
     rec = mb.watcher.records[-1] if mb.watcher.records else None
     row = {"peak_bytes": rec.used_bytes if rec else None, "budget_bytes": mb.budget,

@@ -56,7 +56,7 @@ from .precision import apply_recipe, make_recipe
 from .profile_options import ProfileError, ProfileOptions, trace_is_file, validate
 from .profile_result import ProfileResult
 from .stderr_filter import dropped_stderr_lines
-from .trace_io import write_step_traces
+from .trace_io import _RANK_NAME, write_step_traces
 
 # --- Kineto's fd-2 chatter -----------------------------------------------------------------------
 
@@ -127,6 +127,8 @@ class profile:  # noqa: N801 - a context manager used like a function: `with nba
         self.options = options or ProfileOptions(top=top, sort=sort, memory=memory, shapes=shapes, stack=stack,
                                                  warmup=warmup, steps=steps, trace=trace, amp=amp,
                                                  device=str(device))
+        if self.options.trace:
+            _warn_if_shared_trace(self.options.trace)
         self.result: ProfileResult | None = None
         self.steps_done = 0
         self._prof = None
@@ -273,6 +275,28 @@ def _save_trace(exported: str, doc: dict, target: str) -> list[str]:
         return []
 
 
+class SharedTraceWarning(UserWarning):
+    """Under torch.distributed, every rank writes its trace to the same path."""
+
+
+def _warn_if_shared_trace(target: str) -> None:
+    """Under torchrun every rank runs the same ``trace=`` line, so one path means the ranks
+    overwrite each other's file and the last to finish wins, silently. A path that names this
+    rank (``rank3``, as nbaccel.distributed.trace_path writes) is per rank already."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() < 2:
+        return
+    if any(int(r) == dist.get_rank() for r in _RANK_NAME.findall(str(target))):
+        return
+    # The warnings module shows it once per call site: a profiled loop does not repeat it.
+    warnings.warn(f"trace={target!r}: torch.distributed runs {dist.get_world_size()} ranks and every rank writes its "
+                  "trace to this same path, so the last rank to finish overwrites the others. Use "
+                  "nbaccel.distributed.profile(directory), which writes one file per rank "
+                  "(<directory>/nbaccel.rank<r>.pt.trace.json), or put the rank in the name",
+                  SharedTraceWarning, stacklevel=3)
+
+
 class TraceSaveWarning(UserWarning):
     """The profile was made, but its --trace file could not be written."""
 
@@ -344,5 +368,5 @@ def tensor_core_check(n: int = 4096, repeat: int = 5, device="cuda") -> dict:
 # ProfileResult, ProfileOptions and ProfileError live in their own modules; named here too because
 # a profile's user meets them together.
 __all__ = ["profile", "profile_function", "ProfileResult", "ProfileOptions", "ProfileError", "TraceSaveWarning",
-           "tensor_core_check", "quiet_kineto"]
+           "SharedTraceWarning", "tensor_core_check", "quiet_kineto"]
 

@@ -70,9 +70,9 @@ def load_trace(path: str | os.PathLike, *, rank: int | None = None, top: int = 1
     if sort == "memory" and not memory:
         raise ProfileError(f"{option('sort', 'memory')} needs {option('memory', True)}: memory events are only read "
                            "when asked")
-    p = Path(path).expanduser()
-    if not p.exists():
-        raise TraceError(f"{path}: no such file or folder")
+    if rank is not None:
+        whole_number("rank", rank, 0, ProfileError)  # rank="1" would otherwise be "not found" among ranks 0, 1
+    p = _trace_location(path)
     opts = dict(top=top, sort=sort, shapes=shapes, stack=stack, memory=memory)
     if p.is_file():
         if rank is not None:
@@ -81,7 +81,7 @@ def load_trace(path: str | os.PathLike, *, rank: int | None = None, top: int = 1
     skipped: dict[Path, TraceError] = {}
     groups = _group_by_rank(p, skipped)
     t0 = time.perf_counter()
-    if rank is not None:
+    if rank is not None and groups:  # no readable trace at all: the files' own errors below say why
         if rank not in groups:
             if set(groups) == {None}:
                 raise TraceError(f"{path}: its traces carry no rank (one process's run), so there is no rank "
@@ -109,6 +109,21 @@ def load_trace(path: str | os.PathLike, *, rank: int | None = None, top: int = 1
         result.loaded["skipped"] = reasons
         return result
     return MultiRankResult(folder=str(path), ranks=results, load_seconds=time.perf_counter() - t0, skipped=reasons)
+
+
+def _trace_location(path) -> Path:
+    """``path`` as an existing trace file or folder, or a `TraceError` naming what it takes."""
+    if not isinstance(path, (str, os.PathLike)) or not str(path):
+        # Path(3) / Path(None) would raise pathlib's TypeError, and Path("") is the current folder.
+        raise TraceError(f"path takes a trace file or a folder of them (a str or pathlib.Path), got {path!r:.80}")
+    p = Path(path).expanduser()
+    if not p.exists():
+        raise TraceError(f"{path}: no such file or folder")
+    if not (p.is_file() or p.is_dir()):
+        # /dev/null, a FIFO: listing it as a folder would raise NotADirectoryError.
+        raise TraceError(f"{path}: not a regular file or a folder; path takes a trace file (.json, .json.gz) "
+                         "or a folder of them")
+    return p
 
 
 def _reason(f: Path, exc: TraceError) -> str:
@@ -284,6 +299,16 @@ def _device_info(trace: TraceData) -> DeviceInfo:
 
 # --- several ranks ---------------------------------------------------------------------------------
 
+def _rank_of_extreme(per_rank, column: str, largest: bool) -> int | None:
+    """The rank with the largest (smallest) ``column``; None when all ranks are equal, where
+    naming one would point at a rank for nothing."""
+    values = per_rank[column]
+    if values.max() == values.min():
+        return None
+    i = values.idxmax() if largest else values.idxmin()
+    return int(per_rank.loc[int(i), "rank"])
+
+
 def _union_us(starts: np.ndarray, ends: np.ndarray) -> float:
     """Length of the union of intervals (concurrent streams are counted once)."""
     if not len(starts):
@@ -395,7 +420,8 @@ class MultiRankResult(ResultMixin):
 
         In a synchronous job the collectives make every rank wait for the slowest one, so the
         straggler is usually also the rank with the most compute and the least exposed
-        communication; ``most_compute`` is named separately in case the two differ.
+        communication; ``most_compute`` is named separately in case the two differ. Both are None
+        when every rank has the same figure (CPU-only traces: 0 compute on every rank).
         """
         pr = self.per_rank
         i = int(pr["step_time_us"].idxmax())
@@ -403,8 +429,6 @@ class MultiRankResult(ResultMixin):
         others = pr.drop(index=i)
         median = float(others["step_time_us"].median()) if len(others) else float(slow["step_time_us"])
         fastest = pr.loc[int(pr["step_time_us"].idxmin())]
-        busiest = pr.loc[int(pr["compute_us"].idxmax())]
-        least_comm = pr.loc[int(pr["communication_us"].idxmin())]
         return {
             "rank": int(slow["rank"]),
             "step_time_us": float(slow["step_time_us"]),
@@ -413,8 +437,8 @@ class MultiRankResult(ResultMixin):
             "excess_fraction": (float(slow["step_time_us"]) / median - 1) if median > 0 else None,
             "fastest_rank": int(fastest["rank"]),
             "fastest_step_time_us": float(fastest["step_time_us"]),
-            "most_compute_rank": int(busiest["rank"]),
-            "least_communication_rank": int(least_comm["rank"]),
+            "most_compute_rank": _rank_of_extreme(pr, "compute_us", largest=True),
+            "least_communication_rank": _rank_of_extreme(pr, "communication_us", largest=False),
         }
 
     # -- tables --

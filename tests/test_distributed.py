@@ -108,11 +108,56 @@ def test_memory_budget_gathered(ddp_run):
     assert all(row["peak_bytes"] is not None and row["peak_bytes"] >= 0 for row in b["ranks"])
 
 
-def test_a_rank_that_raises_does_not_hang_the_others(tmp_path):
-    _torchrun(tmp_path, "raise", timeout=60)  # both ranks must exit well within the pg timeout
-    r0, r1 = _ranks(tmp_path)
+@pytest.fixture(scope="module")
+def failures_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("failures")
+    _torchrun(out, "raise", timeout=90)  # the ranks must exit well within the pg timeout (40 s per step)
+    return _ranks(out)
+
+
+def test_a_rank_that_raises_does_not_hang_the_others(failures_run):
+    r0, r1 = (r["amp_raise"] for r in failures_run)
     assert r1["error"] == "ValueError" and "boom on rank 1" in r1["message"]
     assert r0["error"] == "RankFailure" and "rank(s) 1" in r0["message"] and "boom on rank 1" in r0["message"]
+
+
+def test_a_budget_refused_on_one_rank_raises_on_every_rank(failures_run):
+    r0, r1 = (r["budget_bad_size"] for r in failures_run)
+    assert r1["error"] == "BudgetError" and "parsecs" in r1["message"]
+    assert r0["error"] == "RankFailure" and "rank(s) 1" in r0["message"] and "BudgetError" in r0["message"]
+
+
+@pytest.mark.parametrize("scenario, option", [
+    ("amp_repeat", "repeat: 2 (rank 0), 3 (rank 1)"),
+    ("amp_dtype", "dtype: 'bf16' (rank 0), 'fp16' (rank 1)"),
+    ("profile_steps", "steps: 1 (rank 0), 2 (rank 1)"),
+])
+def test_different_options_per_rank_raise_on_every_rank(failures_run, scenario, option):
+    for r in failures_run:
+        outcome = r[scenario]
+        assert outcome["error"] == "RankMismatch", outcome
+        assert option in outcome["message"] and "same options on every rank" in outcome["message"]
+
+
+def test_mismatch_message_groups_ranks_by_value():
+    err = nd.RankMismatch("nd.compare_amp", {"repeat": {0: 3, 1: 5, 2: 3}})
+    assert "repeat: 3 (ranks 0, 2), 5 (rank 1)" in str(err)
+    assert err.differences == {"repeat": {0: 3, 1: 5, 2: 3}}
+    assert isinstance(err, ValueError)
+
+
+def test_options_compared_are_the_plain_ones_with_defaults():
+    from nbaccel.amp import compare_amp
+
+    opts = nd._options(compare_amp, lambda: None, "bf16", repeat=3, state=[None], device="cuda:1")
+    assert opts["dtype"] == "bf16" and opts["repeat"] == 3 and opts["warmup"] == 1  # default filled in
+    assert "device" not in opts and "state" not in opts and "fn" not in opts
+    assert nd._differences({0: opts, 1: {**opts, "repeat": 5}}) == {"repeat": {0: 3, 1: 5}}
+    assert nd._differences({0: opts, 1: dict(opts)}) == {}
+
+
+def test_ranks_still_pair_up_after_the_failures(failures_run):
+    assert [r["after"]["error"] for r in failures_run] == [None, None]
 
 
 # --- no process group: the same API degrades to one rank ------------------------------------------
@@ -131,3 +176,26 @@ def test_without_process_group_it_is_one_rank():
     with pytest.raises(ZeroDivisionError):
         nd.run_all(lambda: 1 / 0)
     assert nd.trace_path("d", rank_=3) == os.path.join("d", "nbaccel.rank3.pt.trace.json")
+
+
+def test_failed_rank_keeps_its_own_error_when_the_exchange_fails(monkeypatch):
+    # What a rank sees when the others were stuck in DDP's all-reduce until the pg timeout.
+    def timed_out(obj, group=None):
+        raise RuntimeError("Application timeout caused pair closure")
+
+    monkeypatch.setattr(nd, "_all_gather", timed_out)
+    with pytest.raises(ZeroDivisionError) as info:
+        nd.run_all(lambda: 1 / 0)
+    notes = " ".join(getattr(info.value, "__notes__", []))
+    assert sys.version_info < (3, 11) or "could not agree on errors" in notes and "pair closure" in notes
+    with pytest.raises(RuntimeError, match="pair closure"):  # no error of its own: the backend's error stands
+        nd.run_all(lambda: 1)
+
+
+def test_report_names_no_slowest_rank_when_all_ranks_are_equal():
+    rows = [{"rank": r, "host": "h", "peak_bytes": 2**20, "t_s": 0.1 * (r + 1)} for r in range(3)]
+    text = str(nd.RankReport("memory_budget", rows, ["peak_bytes", "t_s"], {"peak_bytes": "bytes", "t_s": "s"}))
+    peak_line = next(line for line in text.splitlines() if "peak_bytes" in line)
+    time_line = next(line for line in text.splitlines() if "t_s" in line)
+    assert peak_line.endswith("equal on every rank") and "rank 2" not in peak_line
+    assert time_line.endswith("rank 2 (h)")

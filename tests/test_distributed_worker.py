@@ -12,6 +12,46 @@ import torch
 import torch.distributed as dist
 
 
+def _outcome(fn) -> dict:
+    """Run one scenario; the test checks which exception each rank saw (each rank carries on)."""
+    try:
+        fn()
+    except Exception as exc:
+        return {"error": type(exc).__name__, "message": str(exc)}
+    return {"error": None}
+
+
+def _failures(r: int, result: dict, traces: str) -> None:
+    """Scenarios where one rank fails or differs: every rank must raise, at the same step."""
+    import nbaccel.distributed as nd
+
+    def local_work():
+        if r == 1:
+            raise ValueError("boom on rank 1")
+        return torch.ones(8) @ torch.ones(8)
+
+    def bad_budget_on_rank_1():
+        with nd.memory_budget("4GiB" if r == 0 else "8 parsecs"):
+            torch.ones(8).sum()
+
+    result["amp_raise"] = _outcome(lambda: nd.compare_amp(local_work, dtype="bf16", warmup=0, repeat=2, state=[None]))
+    result["budget_bad_size"] = _outcome(bad_budget_on_rank_1)
+    ok = lambda: torch.ones(8).sum()  # noqa: E731 - no collectives: a mismatch would pass silently
+    result["amp_repeat"] = _outcome(lambda: nd.compare_amp(ok, warmup=0, repeat=2 if r == 0 else 3, state=[None]))
+    result["amp_dtype"] = _outcome(lambda: nd.compare_amp(ok, dtype="bf16" if r == 0 else "fp16", warmup=0, repeat=2,
+                                                          state=[None]))
+
+    def profile_steps():
+        with nd.profile(traces, name="mismatch", steps=1 if r == 0 else 2) as prof:
+            for _ in range(prof.options.steps):
+                ok()
+                prof.step()
+
+    result["profile_steps"] = _outcome(profile_steps)
+    # Last: a healthy exchange after the failures, so a step left unpaired above shows up here.
+    result["after"] = _outcome(lambda: nd.compare_amp(lambda: torch.ones(8).sum(), warmup=0, repeat=2, state=[None]))
+
+
 def main(out: str, mode: str) -> None:
     import nbaccel.distributed as nd
 
@@ -20,14 +60,7 @@ def main(out: str, mode: str) -> None:
     result = {"rank": r}
     try:
         if mode == "raise":
-            def local_work():
-                if r == 1:
-                    raise ValueError("boom on rank 1")
-                return torch.ones(8) @ torch.ones(8)
-            try:
-                nd.compare_amp(local_work, dtype="bf16", warmup=0, repeat=2, state=[None])
-            except Exception as exc:  # the test checks which exception each rank saw
-                result.update(error=type(exc).__name__, message=str(exc))
+            _failures(r, result, os.path.join(out, "traces"))
         else:
             torch.manual_seed(0)
             model = torch.nn.parallel.DistributedDataParallel(

@@ -10,6 +10,7 @@ from __future__ import annotations
 import csv
 import gzip
 import json
+import os
 import warnings
 import re
 from html import unescape
@@ -278,6 +279,47 @@ def test_rank_option_on_a_folder_without_ranks_says_so(tmp_path):
     _write(tmp_path / "w.1.pt.trace.json", _op_trace("aten::add"))
     with pytest.raises(TraceError, match="its traces carry no rank .*load it without rank$"):
         load_trace(tmp_path, rank=5)
+
+
+@pytest.mark.parametrize("path", [3, None, 10**30, b"x.json", ""])
+def test_path_that_is_not_a_file_name_is_a_trace_error(path):
+    with pytest.raises(TraceError, match=r"^path takes a trace file or a folder of them \(a str or pathlib\.Path\)"):
+        load_trace(path)
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/null"), reason="needs /dev/null")
+def test_special_file_is_a_trace_error():
+    with pytest.raises(TraceError, match=r"^/dev/null: not a regular file or a folder"):
+        load_trace("/dev/null")
+
+
+@pytest.mark.parametrize("rank", ["1", 1.0, True, -1])
+def test_rank_that_is_not_a_whole_number_is_refused(two_ranks, rank):
+    from nbaccel.profile import ProfileError
+
+    folder, _ = two_ranks
+    with pytest.raises(ProfileError, match=r"^rank (takes a whole number|must be at least 0)"):
+        load_trace(folder, rank=rank)
+
+
+def test_rank_in_a_folder_without_readable_traces_names_the_files_error(tmp_path):
+    (tmp_path / "a.json").write_text("not json")
+    with pytest.raises(TraceError, match=r"a\.json: not (valid )?JSON") as info:
+        load_trace(tmp_path, rank=0)
+    assert "ranks found" not in str(info.value)
+
+
+def test_cpu_only_ranks_name_no_compute_rank_and_read_well(tmp_path):
+    # gloo DDP on the CPU: every rank's device compute is 0, so no rank "has the most compute time".
+    for rank, dur in ((0, 10), (1, 30)):
+        ev = {"ph": "X", "cat": "cpu_op", "name": "c10d::allreduce_", "pid": 1, "tid": 1, "ts": 0, "dur": dur}
+        _write(tmp_path / f"rank-{rank}.json",
+               json.dumps({"distributedInfo": {"rank": rank, "world_size": 2}, "traceEvents": [ev]}))
+    r = load_trace(tmp_path)
+    assert r.straggler["most_compute_rank"] is None and r.straggler["least_communication_rank"] is None
+    text = str(r)
+    assert "most compute time" not in text and "no device activity in these traces" in text
+    assert "2 ranks of world size 2 recorded on the CPU" in text and " on recorded" not in text
 
 
 def test_tensorboard_names_use_distributed_info(tmp_path):

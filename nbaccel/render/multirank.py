@@ -21,8 +21,11 @@ def title(result) -> str:
     ws = result.world_size
     n = len(result.ranks)
     of = f" of world size {ws}" if ws else ""
-    return (f"%profile_trace {os.path.basename(os.path.normpath(result.folder))}/ -- {n} ranks{of} on "
-            f"{', '.join(result.gpus)}; analysed from the files, not a live run")
+    # A CPU-only trace's device name is already a phrase ("recorded on the CPU (...)"), not a GPU.
+    where = (f"on {', '.join(result.gpus)}" if result.on_device
+             else "recorded on the CPU (no device activity in the traces)")
+    return (f"%profile_trace {os.path.basename(os.path.normpath(result.folder))}/ -- {n} ranks{of} {where}; "
+            "analysed from the files, not a live run")
 
 
 def straggler_lines(result) -> list[str]:
@@ -32,12 +35,20 @@ def straggler_lines(result) -> list[str]:
     lines = [f"slowest rank: {s['rank']} -- step time {t(s['step_time_us'])}, {excess} ({t(s['excess_us'])}) over "
              f"the median of the other ranks ({t(s['others_median_us'])}); fastest: rank {s['fastest_rank']} "
              f"({t(s['fastest_step_time_us'])})"]
-    if s["most_compute_rank"] != s["rank"]:
+    if not result.on_device:
+        lines.append("no device activity in these traces, so the compute / communication / idle split (of device "
+                     "time) is empty; step times are from the CPU timeline")
+    elif s["most_compute_rank"] is None:
+        lines.append("every rank has the same compute time")
+    elif s["most_compute_rank"] != s["rank"]:
         lines.append(f"rank {s['most_compute_rank']} has the most compute time: in a synchronous job the others wait "
                      "for it in their communication kernels, so it may be the real straggler")
     else:
-        lines.append(f"rank {s['rank']} also has the most compute time; rank {s['least_communication_rank']} has the "
-                     "least exposed communication (ranks that wait for others show it as communication time)")
+        least = s["least_communication_rank"]
+        comm = (f"rank {least} has the least exposed communication" if least is not None
+                else "every rank has the same exposed communication")
+        lines.append(f"rank {s['rank']} also has the most compute time; {comm} (ranks that wait for others show it as "
+                     "communication time)")
     unknown = int(result.per_rank["unknown_events"].sum())
     if unknown:
         lines.append(f"{unknown:,} events of unknown kinds were counted and skipped")

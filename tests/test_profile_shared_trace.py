@@ -1,0 +1,56 @@
+"""The plain nbaccel.profile(trace=...) under torchrun: every rank would write the same file, so
+it says so. torch.distributed is faked (initialized, world size 2) while the profile is built."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import nbaccel
+from nbaccel.profile import SharedTraceWarning
+
+
+def _fake_world(monkeypatch, world: int = 2, rank: int = 0) -> None:
+    monkeypatch.setattr(dist, "is_available", lambda: True)
+    monkeypatch.setattr(dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(dist, "get_world_size", lambda *a, **k: world)
+    monkeypatch.setattr(dist, "get_rank", lambda *a, **k: rank)
+
+
+def _profile_to(path) -> list[warnings.WarningMessage]:
+    # Only built, not entered: with a faked process group torch's profiler would ask it for its
+    # backend on start. The check runs where the trace path is given.
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        nbaccel.profile(trace=str(path))
+    return [w for w in caught if issubclass(w.category, SharedTraceWarning)]
+
+
+def test_one_trace_path_on_several_ranks_warns_and_points_at_nd_profile(tmp_path, monkeypatch):
+    _fake_world(monkeypatch)
+    (w,) = _profile_to(tmp_path / "x.json")
+    message = str(w.message)
+    assert "x.json" in message and "2 ranks" in message and "overwrites" in message
+    assert "nbaccel.distributed.profile" in message
+    assert w.filename == __file__  # points at the caller's line, not nbaccel's
+
+
+def test_profile_with_a_trace_still_runs_without_a_process_group(tmp_path):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", SharedTraceWarning)
+        with nbaccel.profile(trace=str(tmp_path / "x.json")) as prof:
+            torch.ones(4).sum()
+    assert prof.result is not None and (tmp_path / "x.json").exists()
+
+
+@pytest.mark.parametrize("name, world", [("x.rank1.json", 2), ("x.json", 1)])
+def test_per_rank_path_or_single_process_does_not_warn(tmp_path, monkeypatch, name, world):
+    _fake_world(monkeypatch, world=world, rank=1)
+    assert _profile_to(tmp_path / name) == []
+
+
+def test_without_a_process_group_it_does_not_warn(tmp_path):
+    assert _profile_to(tmp_path / "x.json") == []
