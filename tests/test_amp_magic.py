@@ -423,6 +423,21 @@ def test_a_long_comparison_says_after_its_first_run_how_long_the_rest_takes(run_
     assert "more runs" not in captured.stderr
 
 
+def test_in_a_kernel_the_long_run_note_is_emptied_when_the_runs_end(run_cell, ip, monkeypatch):
+    # As a stderr line the note stayed under the result as a red box after the runs it announced.
+    from nbaccel.magics import amp as amp_magic
+
+    monkeypatch.setattr(amp_magic, "LONG_RUN_SECONDS", 0.05)
+    monkeypatch.setattr(ip, "kernel", object(), raising=False)  # what a Jupyter kernel's shell has
+    updates = []
+    monkeypatch.setattr("IPython.display.DisplayHandle.update", lambda self, obj, **kw: updates.append(obj))
+    run_cell("import time")
+    _, captured = run_cell("%%amp --repeat 3 --warmup 0 -q\ntime.sleep(0.02)")
+    shown = [o.data["text/plain"] for o in captured.outputs if "more runs" in o.data.get("text/plain", "")]
+    assert len(shown) == 1 and "more runs" not in captured.stderr
+    assert updates == [{"text/plain": ""}]
+
+
 def test_a_semicolon_after_the_last_expression_hides_its_value_as_under_time(run_cell, ip):
     run_cell("import torch\nx = torch.ones(3)")
     result, captured = run_cell("%%amp --repeat 3 -q -r res\nx.sum();  # hidden, as IPython does")

@@ -87,6 +87,7 @@ class AmpMagics(Magics):
             raise UsageError(str(exc)) from None
         run = cell_function(self.shell, cell)
         cell_errors = []  # (exception, which run) when the cell itself raised
+        notes = []  # the long-run note's display handle, cleared when the comparison ends
         try:
             result = compare_amp(
                 run, dtype=args.dtype, device=device, tf32=not args.no_tf32, warmup=args.warmup,
@@ -94,7 +95,7 @@ class AmpMagics(Magics):
                 skip=history_name(self.shell), silence=silenced, restore=not args.no_restore,
                 max_snapshot_fraction=args.max_snapshot,
                 on_cell_error=lambda exc, where: cell_errors.append((exc, where)),
-                on_first_run=lambda seconds, runs_left: _note_long_run(seconds, runs_left, args),
+                on_first_run=lambda seconds, left: notes.append(_note_long_run(self.shell, seconds, left, args)),
             )
         except BaseException as exc:  # KeyboardInterrupt too: noted, then re-raised unchanged
             cells_own = bool(cell_errors) and cell_errors[-1][0] is exc
@@ -102,23 +103,35 @@ class AmpMagics(Magics):
                 raise UsageError(str(exc)) from None
             print(_abandon_note(exc, cell_errors[-1][1] if cells_own else None, args.no_restore), file=sys.stderr)
             raise
+        finally:
+            for handle in filter(None, notes):
+                handle.update({"text/plain": ""}, raw=True)  # the runs it announced are over
         store_result(self.shell, args.result, result)
         if not args.quiet:
             display_result(result)
         return result.value
 
 
-def _note_long_run(seconds: float, runs_left: int, args) -> None:
-    """After the first run: when all runs together will take long, say so now, and how to shorten it."""
+def _note_long_run(shell, seconds: float, runs_left: int, args):
+    """After the first run: when all runs together will take long, say so now, and how to shorten it.
+
+    In a Jupyter kernel the note is a display that the magic empties when the runs are over (as a
+    stderr line it stayed under the result as a red box); elsewhere it is a line on stderr.
+    Returns the display handle, if any."""
     if seconds * (runs_left + 1) <= LONG_RUN_SECONDS:
-        return
+        return None
     note = (f"nbaccel %%amp: the first run took {format_seconds(seconds)}; {runs_left} more runs (warmup, timed, "
             f"memory and audited runs per variant, then the kept run) will take about "
             f"{format_seconds(seconds * runs_left)}.")
     fewer = _fewer_runs(args)
     if fewer:
         note += f" For fewer: {fewer}."
+    if getattr(shell, "kernel", None) is not None:
+        from IPython.display import display
+
+        return display({"text/plain": note}, raw=True, display_id=True)
     print(note, file=sys.stderr, flush=True)  # flushed: the runs it announces come next
+    return None
 
 
 def _fewer_runs(args) -> str | None:
