@@ -379,7 +379,11 @@ def _build_result(info, order, times, memory, audits, amp_recipe, base_recipe, b
         kept, _ = _safely("copy the result to the host", to_host, value)
         same, _ = _safely("compare the two results", compute_drift, amp_value, kept)
         state_changed = runs_differ(same, amp_recipe)
-    if baseline and drift is None and why is None and amp_value is not None:  # None: the code returned nothing
+    if baseline and drift is None and why is None and amp_value is None:
+        # said, not left out: a user whose drift line vanished took it for a bug
+        why = ("nothing to compare: the code returned no value (end the cell with the loss or the output, or "
+               "return it from the function)")
+    elif baseline and drift is None and why is None:
         why = ("the result holds no float tensor, array or number that both runs returned with the same shape "
                "(ints, bools and other objects are not compared): return the loss or the output to see the drift")
     if drift is not None:
