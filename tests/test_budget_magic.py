@@ -497,7 +497,7 @@ def test_a_single_letter_unit_is_read_as_binary_and_the_status_says_so(ip, run_c
     assert ip.user_ns["s"].budget_bytes == 2**30
     head = _texts(captured).splitlines()[0]
     assert head.startswith("memory budget 1 GiB of ") and head.endswith(
-        f"[soft] -- 1{letter} read as 1 GiB, as docker and systemd read {letter} (write 1GB for 1,000,000,000 bytes)")
+        f"[soft: checked after each cell, a warning when over] -- 1{letter} read as 1 GiB, as docker and systemd read {letter} (write 1GB for 1,000,000,000 bytes)")
 
 
 @pytest.mark.parametrize("line", ["0.8", "8e-1", ".8", "80e-2", "80%", "80 %"])

@@ -106,10 +106,13 @@ def _holder_rows(holders):
 def _status_head(s) -> str:
     if not s.active:
         return f"memory budget: off ({s.device}){' -- ' + s.note if s.note else ''}"
-    flags = [f for f, on in (("enforced (allocator capped)", s.enforce), ("strict", s.strict)) if on]
+    # Each mode says what it does: a bare "[soft]" left users guessing.
+    flags = [f for f, on in (("enforced: the allocator is capped", s.enforce),
+                             ("strict: a cell that goes over fails", s.strict)) if on]
     total = f" of {format_bytes(s.device_total)}" if s.device_total else ""
     return (f"memory budget {format_bytes(s.budget_bytes)}{total} on {s.device}"
-            + (f" [{', '.join(flags)}]" if flags else " [soft]") + (f" -- {s.note}" if s.note else ""))
+            + (f" [{'; '.join(flags)}]" if flags else " [soft: checked after each cell, a warning when over]")
+            + (f" -- {s.note}" if s.note else ""))
 
 
 def _now_line(s) -> str:
