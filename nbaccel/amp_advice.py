@@ -44,6 +44,17 @@ def _drift_differs(drift: dict | None) -> bool:
     return bool(drift) and bool(drift["max_abs"] > 0 or drift["amp_only_nonfinite"] or drift["fp32_only_nonfinite"])
 
 
+# Unaligned matmuls doing less than this share of the FLOPs are not worth padding (a 10-class output
+# layer was advised on in every model); the result still lists them all.
+UNALIGNED_FLOP_SHARE = 0.05
+
+
+def _significant_unaligned(result: AmpResult) -> list[dict]:
+    total = result.amp.flops or 0
+    return [m for m in result.unaligned_matmuls
+            if m.get("flops") is None or not total or m["flops"] / total >= UNALIGNED_FLOP_SHARE]
+
+
 def advise(result: AmpResult) -> list[str]:
     """One line per finding, each backed by a number in the result."""
     notes = []
@@ -105,8 +116,9 @@ def advise(result: AmpResult) -> list[str]:
                              "for its casts; try a larger batch.")
         elif not result.speedup_uncertain:
             notes.append(f"{label} is {speedup:.2f}x faster here.")
-    if result.unaligned_matmuls:
-        dims = sorted({d for m in result.unaligned_matmuls for d in m["unaligned"]})[:6]
+    unaligned = _significant_unaligned(result)
+    if unaligned:
+        dims = sorted({d for m in unaligned for d in m["unaligned"]})[:6]
         notes.append("Matmul dims " + ", ".join(map(str, dims)) + " are not multiples of 8; pad them (e.g. to "
                      + ", ".join(str(-(-d // 8) * 8) for d in dims) + ") so Tensor Cores / AMX tiles are used fully.")
     heavy = result.precision["heavy_fp32"] if autocast else []

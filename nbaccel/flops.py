@@ -20,6 +20,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 from torch.utils.flop_counter import flop_registry
 
+from .analysis.op_flops import op_flops
 from .device import DTYPE_NAMES
 
 if TYPE_CHECKING:
@@ -106,7 +107,9 @@ class OpAudit(TorchDispatchMode):
                 dims = sorted({d for shape in shapes for d in shape[-2:] if d > 1 and d % multiple})
                 if dims:
                     found.append({"op": op, "shapes": [list(s) for s in shapes], "unaligned": dims,
-                                  "pad_to": [pad_to_multiple(d, multiple) for d in dims]})
+                                  "pad_to": [pad_to_multiple(d, multiple) for d in dims],
+                                  # per call: how much of the work padding could speed up
+                                  "flops": op_flops(op.replace(".", "::", 1), [list(s) for s in shapes])})
         return found
 
 

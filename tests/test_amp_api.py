@@ -738,3 +738,19 @@ def test_precision_checks_its_arguments_when_made_and_can_be_entered_again():
         with amp as recipe:
             assert torch.is_autocast_enabled("cpu") and recipe.autocast_dtype == torch.bfloat16
         assert not torch.is_autocast_enabled("cpu")
+
+
+def test_padding_advice_only_for_unaligned_matmuls_that_carry_the_work():
+    # A 10-class output layer (2 % of the FLOPs here) was advised on in every model.
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(512, 1024), torch.nn.ReLU(), torch.nn.Linear(1024, 10))
+    x = torch.randn(256, 512)
+    res = nbaccel.compare_amp(lambda: model(x).sum(), repeat=3, warmup=0)
+    entry, = res.unaligned_matmuls  # still listed, with its work
+    assert entry["unaligned"] == [10] and entry["flops"] == 2 * 256 * 1024 * 10
+    assert not any("not multiples of 8" in a for a in res.advice)
+    wide = torch.nn.Linear(512, 1000)  # 1000 = 8 x 125 is aligned; 1001 is not, and it is all the work
+    odd = torch.nn.Linear(1001, 512)
+    x2 = torch.randn(256, 1001)
+    res = nbaccel.compare_amp(lambda: wide(odd(x2)).sum(), repeat=3, warmup=0)
+    assert any("Matmul dims 1001 are not multiples of 8; pad them (e.g. to 1008)" in a for a in res.advice)
