@@ -14,7 +14,7 @@ CSS = """
 .nbaccel th, .nbaccel td {padding: 2px 8px; text-align: right; border-bottom: 1px solid #ddd; vertical-align: top;
   white-space: nowrap}
 .nbaccel th {cursor: default; background: rgba(127,127,127,0.08); white-space: normal; min-width: 4.5em}
-.nbaccel td.name, .nbaccel th.name {text-align: left; white-space: normal; overflow-wrap: anywhere; min-width: 14em;
+.nbaccel td.name, .nbaccel th.name {text-align: left; white-space: normal; overflow-wrap: anywhere; min-width: 22em;
   max-width: 48em; font-family: var(--jp-code-font-family, monospace)}
 .nbaccel .big {font-size: 22px; font-weight: 600}
 .nbaccel .muted {color: #777}
@@ -38,8 +38,9 @@ def bar(fraction: float, width: int = 80) -> str:
 def table(headers: list[str], rows: list[list], name_columns=(0,), raw_columns=(), tall: bool = False) -> str:
     """An HTML table; cells in ``raw_columns`` are inserted as HTML, the rest escaped.
 
-    Numbers never wrap and names wrap only where they must (a 14em minimum): in a narrow window
-    the table scrolls sideways instead of breaking "operator" into "ope/rat/or". ``tall``: at
+    Numbers never wrap and names wrap only where they must (a 22em minimum, about 36 characters of
+    code font, keeps aten names such as "aten::convolution_backward" whole): in a narrow window the
+    table scrolls sideways instead of breaking "operator" into "ope/rat/or". ``tall``: at
     most 420 px high, scrolling (kernel names are C++ templates hundreds of characters long).
     """
     head = "".join(f'<th class="{"name" if i in name_columns else ""}">{esc(h)}</th>' for i, h in enumerate(headers))

@@ -81,7 +81,7 @@ def visible_columns(result, group: str) -> list[tuple[str, str, str]]:
         if col.endswith("memory_bytes") and not result.options.memory:
             continue
         if col == "name" and group == "source":
-            label = "costliest ops on the line"
+            label = "costliest ops there"  # a source row is a cell line or a function (def line)
         if col == "calls" and group == "source":
             label = "op calls"  # a line's top-level ops, not how often the line ran
         cols.append((col, label, kind))
