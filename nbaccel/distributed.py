@@ -328,6 +328,12 @@ def profile(directory: str, name: str = "nbaccel", group=None, **kwargs):
     """
     from .profile import profile as _profile
 
+    if isinstance(directory, bool) or not isinstance(directory, (str, os.PathLike)):
+        raise TypeError(f"nbaccel.distributed.profile takes the folder for the per-rank traces first, e.g. "
+                        f"profile('runs/prof'); got {directory!r}")
+    if "trace" in kwargs:  # each rank's file is named here; a shared path would be overwritten by every rank
+        raise TypeError("nbaccel.distributed.profile names each rank's trace itself (in the folder given first); "
+                        "leave out trace=")
     os.makedirs(directory, exist_ok=True)
     with _measured(lambda: _profile(trace=trace_path(directory, name), **kwargs), group,
                    _options(_profile, **kwargs), "nbaccel.distributed.profile") as prof:

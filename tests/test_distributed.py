@@ -199,3 +199,15 @@ def test_report_names_no_slowest_rank_when_all_ranks_are_equal():
     time_line = next(line for line in text.splitlines() if "t_s" in line)
     assert peak_line.endswith("equal on every rank") and "rank 2" not in peak_line
     assert time_line.endswith("rank 2 (h)")
+
+
+@pytest.mark.parametrize("args, kwargs, message", [
+    ((123,), {}, r"takes the folder for the per-rank traces first, e.g. profile\('runs/prof'\); got 123"),
+    ((None,), {}, r"got None"),
+    (("runs/x",), {"trace": "a.json"}, r"names each rank's trace itself .*leave out trace="),
+])
+def test_distributed_profile_names_a_wrong_folder_or_a_trace_argument(tmp_path, args, kwargs, message):
+    # posixpath's TypeError, or "got multiple values for keyword argument 'trace'", before.
+    with pytest.raises(TypeError, match=message):
+        with nd.profile(*args, **kwargs):
+            pass
