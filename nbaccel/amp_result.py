@@ -3,8 +3,12 @@ else derived (speedup, memory saving, noise warnings, advice). Made by `nbaccel.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import copy
+from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING
+
+import torch
+from torch.utils._pytree import tree_map
 
 from .device import DeviceInfo
 from .flops import precision_summary
@@ -138,6 +142,13 @@ class AmpResult(ResultMixin):
         elif self.speedup_uncertain:
             notes.append("the two variants' IQRs overlap: the speedup could flip on a re-run")
         return notes
+
+    def __deepcopy__(self, memo):
+        """A copy whose ``value`` is detached: the kept run's output usually carries a ``grad_fn``, and
+        torch refuses to deepcopy a non-leaf tensor (``copy.deepcopy(res)`` failed on most results)."""
+        value = tree_map(lambda v: v.detach() if isinstance(v, torch.Tensor) else v, self.value)
+        copied = {f.name: copy.deepcopy(getattr(self, f.name), memo) for f in fields(self) if f.name != "value"}
+        return type(self)(**copied, value=copy.deepcopy(value, memo))
 
     def to_dataframe(self) -> pd.DataFrame:
         """One row per variant: time, spread, peak memory, FLOP/s."""

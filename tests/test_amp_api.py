@@ -754,3 +754,15 @@ def test_padding_advice_only_for_unaligned_matmuls_that_carry_the_work():
     x2 = torch.randn(256, 1001)
     res = nbaccel.compare_amp(lambda: wide(odd(x2)).sum(), repeat=3, warmup=0)
     assert any("Matmul dims 1001 are not multiples of 8; pad them (e.g. to 1008)" in a for a in res.advice)
+
+
+def test_a_result_whose_value_has_a_grad_fn_can_be_deep_copied():
+    import copy
+
+    model, x = torch.nn.Linear(4, 4), torch.randn(2, 4)
+    res = nbaccel.compare_amp(lambda: {"out": model(x), "n": 3}, repeat=3, warmup=0)
+    assert res.value["out"].grad_fn is not None
+    twin = copy.deepcopy(res)  # torch refuses to deepcopy a non-leaf tensor
+    assert torch.equal(twin.value["out"], res.value["out"]) and twin.value["out"].grad_fn is None
+    assert twin.value["n"] == 3 and twin.speedup == res.speedup and twin.amp is not res.amp
+    assert res.value["out"].grad_fn is not None  # the original is untouched
