@@ -256,6 +256,8 @@ def _formatter(unit):
         return format_bytes
     if unit == "us":
         return lambda v: format_seconds(v / 1e6)
+    if unit == "x":
+        return lambda v: f"{v:.2f}x"
     return lambda v: f"{v:.3g}"
 
 
@@ -281,8 +283,9 @@ def amp_row(result) -> dict:
     return row
 
 
-_AMP_METRICS = ["fp32_median_s", "amp_median_s", "fp32_peak_bytes", "amp_peak_bytes"]
-_AMP_UNITS = {"fp32_median_s": "s", "amp_median_s": "s", "fp32_peak_bytes": "bytes", "amp_peak_bytes": "bytes"}
+_AMP_METRICS = ["fp32_median_s", "amp_median_s", "speedup", "fp32_peak_bytes", "amp_peak_bytes"]
+_AMP_UNITS = {"fp32_median_s": "s", "amp_median_s": "s", "speedup": "x", "fp32_peak_bytes": "bytes",
+              "amp_peak_bytes": "bytes"}
 
 
 def gather_amp(result, group=None) -> RankReport:
@@ -294,6 +297,11 @@ def gather_amp(result, group=None) -> RankReport:
 class DistributedAmp:
     local: object  # this rank's AmpResult
     report: RankReport
+
+    def __str__(self) -> str:
+        """The gathered table, headed by the recipe every rank ran (the options were agreed on)."""
+        dtypes = sorted({str(r.get("amp_dtype")) for r in self.report.ranks})
+        return f"{str(self.report)}\n  recipe: {', '.join(dtypes)} against strict fp32 on every rank"
 
 
 def compare_amp(fn, *args, group=None, **kwargs) -> DistributedAmp:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import glob
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -70,6 +71,9 @@ def test_gathered_amp_report_has_both_ranks(ddp_run):
         assert s["max"] == max(row[metric] for row in report["ranks"])
     assert all(row["amp_dtype"] == "bf16" for row in report["ranks"])
     assert "across 2 rank(s)" in r0["amp_text"] and "max at (slowest" in r0["amp_text"]
+    # the headline number and the recipe, which the gathered report once left out
+    assert report["summary"]["speedup"]["min"] > 0 and re.search(r"speedup +[\d.]+x", r0["amp_text"])
+    assert r0["amp_full"].endswith("recipe: bf16 against strict fp32 on every rank")
     assert "rank 0 (" in r0["amp_text"] or "rank 1 (" in r0["amp_text"]
     assert r1["amp"] == report  # every rank holds the same gathered report
 

@@ -88,7 +88,7 @@ def main(out: str, mode: str) -> None:
             gathered = [None] * dist.get_world_size()
             dist.all_gather_object(gathered, [p.sum().item() for p in params])
             result.update(ddp_params_equal=gathered[0] == gathered[1], amp=amp.report.to_dict(),
-                          amp_text=str(amp.report), local=local.report.to_dict(), profile=prof.report.to_dict(),
+                          amp_text=str(amp.report), amp_full=str(amp), local=local.report.to_dict(), profile=prof.report.to_dict(),
                           budget=mb.report.to_dict(), trace=nd.trace_path(os.path.join(out, "traces")))
     finally:
         with open(os.path.join(out, f"rank{r}.json"), "w", encoding="utf-8") as f:
