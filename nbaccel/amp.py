@@ -29,7 +29,7 @@ import torch
 from .amp_advice import advise
 from .amp_result import MEMORY_NOISE_FLOOR, MIN_RUNS, AmpResult, Variant
 from .device import DTYPE_NAMES, DeviceError, device_info, dtype_name, resolve_device
-from .drift import compute_drift, has_nonfinite, runs_differ, to_host
+from .drift import compute_drift, runs_differ, to_host
 from .flops import OpAudit
 from .memory import PeakMemory, PeakMeter, format_bytes
 from .options import in_magic, option, whole_number
@@ -386,10 +386,8 @@ def _build_result(info, order, times, memory, audits, amp_recipe, base_recipe, b
     elif baseline and drift is None and why is None:
         why = ("the result holds no float tensor, array or number that both runs returned with the same shape "
                "(ints, bools and other objects are not compared): return the loss or the output to see the drift")
-    if drift is not None:
-        nonfinite = drift["amp_only_nonfinite"] > 0
-    else:
-        nonfinite = baseline and why is None and has_nonfinite(amp_value) and not has_nonfinite(audits[id(base_recipe)][2][0])
+    # With both variants, a missing drift now always has its reason above: inf/NaN is read from the drift only.
+    nonfinite = drift is not None and drift["amp_only_nonfinite"] > 0
     return AmpResult(
         device=info,
         amp=amp_variant,

@@ -58,7 +58,6 @@ def device_memory(device: torch.device) -> int | None:
 
 
 MIN_BUDGET = 2**20  # below this no Python process fits: a unit was mistyped (1B for 1GB)
-_NUMBER = NUMBER_PATTERN
 
 
 def _size_text(value: float, units) -> str:
@@ -99,7 +98,7 @@ def _sized(raw: str, where: str, total: int | None, device: torch.device) -> int
     """A budget with a unit (``6GiB``, ``1PiB``) -> bytes. Refuses sizes under 1 MiB (a unit was
     mistyped: ``1B`` for ``1GB``) and, when ``total`` is given, sizes larger than it, however large
     (``1e30GB`` is larger than the host, not unreadable)."""
-    sized = re.fullmatch(rf"({_NUMBER})\s*({UNIT_PATTERN})", raw, flags=re.I)
+    sized = re.fullmatch(rf"({NUMBER_PATTERN})\s*({UNIT_PATTERN})", raw, flags=re.I)
     if sized is None:
         raise BudgetError(f"cannot read {raw!r} as a budget; write e.g. {_quote('6GiB')}, {_quote('6GB')}, "
                           f"{_quote('512MiB')}, or 0.8 (a share of {where})")
@@ -111,8 +110,8 @@ def _sized(raw: str, where: str, total: int | None, device: torch.device) -> int
         raise BudgetError(f"a budget must be positive, got {raw}; write e.g. {_quote('6GiB')} or 0.8 "
                           f"(a share of {where})")
     if value < MIN_BUDGET:  # 1B, 0.5B, 512KiB
-        bigger = {"b": "GB", "kb": "MB", "kib": "MiB", "k": "M", "mb": "GB", "mib": "GiB", "m": "G", "ki": "Mi", "mi": "Gi"}
-        bigger = bigger.get(unit.lower(), "GiB")
+        bigger = {"b": "GB", "kb": "MB", "kib": "MiB", "k": "M", "ki": "Mi",
+                  "mb": "GB", "mib": "GiB", "m": "G", "mi": "Gi"}.get(unit.lower(), "GiB")
         rss = current_rss()
         raise BudgetError(f"{raw} is {format_bytes(int(value))}: a budget under 1 MiB cannot hold a Python process"
                           + (f" (this one uses {format_bytes(rss)} now)" if rss else "")
@@ -130,7 +129,7 @@ def size_reading(text) -> str:
 
     docker, systemd and Kubernetes disagree on what ``G`` means (Kubernetes: 10**9); nbaccel reads it as
     docker and systemd do, since its own --enforce note tells users to write ``MemoryMax=6G``, and says so."""
-    letter = re.fullmatch(rf"\s*({_NUMBER})\s*([kmgt])\s*", text, flags=re.I) if isinstance(text, str) else None
+    letter = re.fullmatch(rf"\s*({NUMBER_PATTERN})\s*([kmgt])\s*", text, flags=re.I) if isinstance(text, str) else None
     if letter is None:
         return ""
     number, unit = letter[1], letter[2].upper()
@@ -167,7 +166,7 @@ def parse_budget(text, device: torch.device, total: int | None = None, limit: bo
                           f"{type(text).__name__} {text!r}")
     total = device_memory(device) if total is None else total
     number = text if isinstance(text, (int, float)) else None
-    if number is None and re.fullmatch(_NUMBER, text.strip(), flags=re.I):
+    if number is None and re.fullmatch(NUMBER_PATTERN, text.strip(), flags=re.I):
         number = float(text)
     if number is not None and not math.isfinite(number):  # 1e309, float("inf"): no size to suggest
         raise BudgetError(f"{text if in_magic() else option('budget', text)} is not a finite number; write e.g. {_quote('6GiB')} or 0.8 "
@@ -186,8 +185,8 @@ def parse_budget(text, device: torch.device, total: int | None = None, limit: bo
     if raw.startswith("-") or raw in ("0", "0.0"):
         raise BudgetError(f"a budget must be positive, got {raw}; write e.g. {_quote('6GiB')}, {_quote('512MiB')} "
                           f"or 0.8 (a share of {where})")
-    percent = re.fullmatch(rf"({_NUMBER})\s*%", raw, flags=re.I)
-    if re.fullmatch(_NUMBER, raw, flags=re.I):
+    percent = re.fullmatch(rf"({NUMBER_PATTERN})\s*%", raw, flags=re.I)
+    if re.fullmatch(NUMBER_PATTERN, raw, flags=re.I):
         share = float(raw)
         if share <= 0:
             raise BudgetError(f"a budget must be positive, got {raw}; write e.g. {_quote('6GiB')} or 0.8 "
@@ -205,10 +204,8 @@ def parse_budget(text, device: torch.device, total: int | None = None, limit: bo
                               f"{_quote('80%')}, or a size such as {_quote('6GiB')}")
         size = _share(raw, share, where, total)
     else:
-        size = _sized(raw, where, total if limit else None, device)
-    if limit and total and size > total:
-        raise _too_large(size, where, total, device)
-    return size
+        size = _sized(raw, where, total if limit else None, device)  # checks the size against total itself
+    return size  # a share is at most the total
 
 
 def check_near(near) -> float:

@@ -51,17 +51,6 @@ def _leaves(value, prefix="value"):
         yield prefix, value
 
 
-def has_nonfinite(value) -> bool:
-    """Whether any float leaf of a (host) value is inf or NaN."""
-    for _, leaf in _leaves(value):
-        leaf = _strided(leaf)
-        if isinstance(leaf, torch.Tensor) and leaf.is_floating_point() and not torch.isfinite(leaf).all():
-            return True
-        if isinstance(leaf, float) and not math.isfinite(leaf):
-            return True
-    return False
-
-
 def _strided(leaf):
     """A sparse (COO, CSR, ...) tensor as its dense values: isfinite and subtraction have no sparse
     kernels, and a sparse result once failed the whole comparison after every run."""

@@ -12,7 +12,7 @@ from ..amp import MIN_RUNS, compare_amp, planned_runs
 from ..device import DeviceError, autocast_dtype, device_info, dtype_name, resolve_device
 from ..options import magic_spelled, whole_number
 from ..precision import make_recipe
-from ..render.display import display_result
+from ..render.display import display_result, in_kernel
 from ..snapshot import SnapshotTooLarge
 from ..timing import format_seconds
 from .common import (cell_function, check_name, help_option, history_name, output_can_be_silenced, parse_line,
@@ -126,7 +126,7 @@ def _note_long_run(shell, seconds: float, runs_left: int, args):
     fewer = _fewer_runs(args)
     if fewer:
         note += f" For fewer: {fewer}."
-    if getattr(shell, "kernel", None) is not None:
+    if in_kernel(shell):
         from IPython.display import display
 
         return display({"text/plain": note}, raw=True, display_id=True)

@@ -34,7 +34,7 @@ from ..memory import format_bytes
 from ..oom import OOM_TYPES, explain_oom, is_oom
 from ..options import magic_spelled
 from ..render.display import display_result
-from .common import check_name, help_option, history_name, parse_line, store_result
+from .common import check_name, help_option, history_name, parse_line, split_line, store_result
 
 _NEGATIVE = re.compile(r"^-\.?[0-9]")
 # Options that take a value: a negative number after one of them is that option's value (--near -0.5),
@@ -107,7 +107,10 @@ class BudgetMagics(Magics):
         line = re.sub(r"^(\s*-?[0-9]*\.?[0-9]+)\s+([a-z]+\b|%)", r"\1\2", line, flags=re.I)
         # argparse takes "-5GB" for an unknown option: name the real mistake first. Only a token in the
         # budget's place, though: "--near -0.5" is a bad --near, said below.
-        tokens = [token.strip("\"'") for token in line.split()]  # "-5GB" quoted is still -5GB
+        try:
+            tokens = split_line(line)  # as parse_line reads them: "-5GB" quoted is still -5GB
+        except ValueError:
+            tokens = []  # an unmatched quote: parse_line below says so
         for previous, token in zip([None] + tokens, tokens):
             if _NEGATIVE.match(token) and previous not in _VALUE_OPTIONS:
                 raise UsageError(f"a budget must be positive, got {token}; write e.g. 6GiB, 512MiB or 0.8")
@@ -121,8 +124,8 @@ class BudgetMagics(Magics):
             for_watching = [flag for flag, given in (("--strict", args.strict), ("--enforce", args.enforce),
                                                      ("--near", args.near is not None)) if given]
             if for_watching:  # a prediction watches nothing: these would be dropped unsaid
-                raise UsageError(f"{' and '.join(for_watching)} {'go' if len(for_watching) > 1 else 'goes'} with a "
-                                 f"watched budget, not with --model (a prediction watches no cell): run "
+                raise UsageError(f"{_go(for_watching)} with a watched budget, not with --model (a prediction "
+                                 f"watches no cell): run "
                                  f"%memory_budget 6GiB {' '.join(for_watching)} ... to watch, and the --model line "
                                  "without them to predict")
             return self._estimate_cmd(args)
@@ -130,7 +133,7 @@ class BudgetMagics(Magics):
         for_model = [name for name, value in (("--optimizer", args.optimizer), ("--batch", args.batch),
                                               ("--input", args.input)) if value is not None]
         if for_model:  # silently watching a budget instead of the prediction asked for would mislead
-            raise UsageError(f"{' and '.join(for_model)} {'go' if len(for_model) > 1 else 'goes'} with --model: "
+            raise UsageError(f"{_go(for_model)} with --model: "
                              "%memory_budget 80GiB --model model --batch 32 predicts that model's memory")
         if args.budget is not None and args.budget.lower() == "off":
             had_budget = self.watcher is not None
@@ -392,6 +395,11 @@ class BudgetMagics(Magics):
                                   tb=tb, skip=history_name(self.shell), per_sample_bytes=per_sample, batch=batch)
         display_result(explanation)
         return None
+
+
+def _go(options: list[str]) -> str:
+    """["--strict"] -> "--strict goes"; ["--enforce", "--near"] -> "--enforce and --near go"."""
+    return f"{' and '.join(options)} {'go' if len(options) > 1 else 'goes'}"
 
 
 def _one_magic_call(shell, result) -> bool:

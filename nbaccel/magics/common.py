@@ -163,6 +163,13 @@ def magic_name(magic) -> str:
     return ("%%" if is_cell else "%") + name
 
 
+def split_line(line: str) -> list[str]:
+    """A magic's line as a POSIX shell splits it, quotes removed: IPython's parse_argstring keeps them,
+    so --trace "my run/t.json" made a folder named '"my run' and %memory_budget "6GiB" was unreadable.
+    An unmatched quote raises ValueError."""
+    return arg_split(line, posix=True, strict=True)
+
+
 def parse_line(magic, line: str):
     """IPython's ``parse_argstring`` with quotes removed, ``-h/--help`` and clearer mistakes.
 
@@ -176,9 +183,7 @@ def parse_line(magic, line: str):
     # that says "did you mean --steps?" (below).
     magic.parser.allow_abbrev = False
     try:
-        # POSIX shell splitting, quotes removed: IPython's parse_argstring keeps them, so
-        # --trace "my run/t.json" made a folder named '"my run' and %memory_budget "6GiB" was unreadable.
-        return magic.parser.parse_args(arg_split(line, posix=True, strict=True))
+        return magic.parser.parse_args(split_line(line))
     except _HelpRequested:
         # IPython formats a magic's help as reST for `%name?` (a "::" literal-block marker, then
         # the usage indented); printed as the answer to -h, it reads as plain text.

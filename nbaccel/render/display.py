@@ -27,11 +27,21 @@ def widgets_available() -> bool:
         return False
     if WIDGETS == "always":
         return True
+    return in_kernel(_shell())
+
+
+def _shell():
+    """The running IPython shell, or None (a plain script, or no IPython installed)."""
     try:
         from IPython import get_ipython
     except ImportError:
-        return False
-    shell = get_ipython()
+        return None
+    return get_ipython()
+
+
+def in_kernel(shell) -> bool:
+    """Whether ``shell`` runs in a Jupyter kernel (a frontend with a widget manager and live outputs),
+    not in a terminal IPython."""
     return shell is not None and getattr(shell, "kernel", None) is not None
 
 
@@ -63,16 +73,8 @@ def mime_bundle(result) -> dict:
 
 def display_result(result, display=None) -> None:
     if display is None:
-        if not _in_ipython():  # a plain script: IPython's display() would print the bundle's dict
+        if _shell() is None:  # a plain script: IPython's display() would print the bundle's dict
             print(renderer(result).text(result))
             return
         from IPython.display import display
     display(mime_bundle(result), raw=True)
-
-
-def _in_ipython() -> bool:
-    try:
-        from IPython import get_ipython
-    except ImportError:
-        return False
-    return get_ipython() is not None
