@@ -20,9 +20,9 @@ def _state_reason(result: AmpResult) -> str | None:
     if not result.restored:
         return "state was not restored between runs, so each run started from the state the one before left"
     if result.state_changed:
-        return ("two runs under the recipe from the same restored state gave different results, so the cell "
-                "depends on state nbaccel does not restore (attributes of your own objects, containers nested "
-                "more than three deep, files...)")
+        return ("two runs with the same settings from the same restored state gave different results, so the "
+                "cell depends on state nbaccel does not restore (an iterator it takes the next batch from, "
+                "attributes of your own objects, containers nested more than three deep, files...)")
     if result.amp.ops.empty:
         return "the cell ran no torch operators, so precision cannot have changed its result"
     return None

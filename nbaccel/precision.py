@@ -19,6 +19,7 @@ import contextlib
 from dataclasses import dataclass
 
 import torch
+from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from .device import DTYPE_NAMES, DeviceError, DeviceInfo, autocast_dtype, device_info, dtype_name, resolve_device
 from .options import option
@@ -332,12 +333,34 @@ def apply_recipe(recipe: Recipe):
         with contextlib.ExitStack() as autocast:  # torch.autocast's own exit restores autocast
             for context in _autocast_contexts(recipe):
                 autocast.enter_context(context)
+            if recipe.autocast_dtype is not None:
+                autocast.enter_context(_fresh_casts_after_optimizer_steps())
             as_set = _readings(watched)
             yield recipe
             changed_by_body = {name: value for name, value in _readings(watched).items()
                                if value is not _UNREADABLE and value != as_set[name]}
     finally:
         _put_back(flags, before, watched, changed_by_body)
+
+
+@contextlib.contextmanager
+def _fresh_casts_after_optimizer_steps():
+    """Clear autocast's weight-cast cache after every ``optimizer.step()`` in the body.
+
+    Inside one autocast region torch caches the reduced-precision copy of each weight (a leaf that
+    requires grad) and never checks whether the weight changed since. A cell that is a training loop
+    -- several ``opt.step()`` under the one autocast the recipe wraps around the whole cell -- would
+    then run every forward after the first with the first step's weights: the loss stops moving and
+    the drift blames bf16. torch's own advice is to wrap only the forward pass; the cache is cleared
+    when that region exits. A global step hook gives the whole-cell region the same freshness (it
+    covers GradScaler.step too, which calls ``optimizer.step``). A hand-written in-place update
+    (``p -= lr * p.grad``) is not an optimizer step and is not seen: docs/amp.md says so.
+    """
+    handle = register_optimizer_step_post_hook(lambda optimizer, args, kwargs: torch.clear_autocast_cache())
+    try:
+        yield
+    finally:
+        handle.remove()
 
 
 def _recipe_flags(recipe: Recipe) -> dict:

@@ -1,0 +1,115 @@
+"""A cell that is a training loop, or that reads the next batch from an iterator, under %%amp.
+
+Two findings of a user trial: several optimizer steps under the one autocast region the recipe
+wraps around a cell trained on stale weights (autocast's weight-cast cache), and a value that moved
+because the cell read a new batch was blamed on bf16 (the bf16 tolerance let a 1.5 % change through).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.optim.optimizer import _global_optimizer_post_hooks
+
+import nbaccel
+
+
+def _model_and_data():
+    torch.manual_seed(0)
+    model = torch.nn.Linear(64, 10)
+    opt = torch.optim.SGD(model.parameters(), lr=0.5)
+    x, y = torch.randn(32, 64), torch.randint(0, 10, (32,))
+    return model, opt, x, y
+
+
+def _epoch(model, opt, x, y, forward_context=None, steps=3):
+    losses = []
+    for _ in range(steps):
+        opt.zero_grad()
+        with forward_context() if forward_context else torch.enable_grad():
+            loss = torch.nn.functional.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return losses
+
+
+def test_a_loop_of_optimizer_steps_trains_under_the_recipe_as_with_autocast_around_the_forward():
+    model, opt, x, y = _model_and_data()
+    with nbaccel.precision("bf16", device="cpu"):
+        under_recipe = _epoch(model, opt, x, y)
+    model, opt, x, y = _model_and_data()
+    forward_only = _epoch(model, opt, x, y, lambda: torch.autocast("cpu", dtype=torch.bfloat16))
+    assert under_recipe[0] > under_recipe[1] > under_recipe[2]  # stale weights gave three equal losses
+    for a, b in zip(under_recipe, forward_only):
+        assert abs(a - b) < 1e-3 * abs(b)
+
+
+def test_the_step_hook_is_gone_after_the_recipe_whatever_happened():
+    hooks_before = len(_global_optimizer_post_hooks)
+    with nbaccel.precision("bf16", device="cpu"):
+        assert len(_global_optimizer_post_hooks) == hooks_before + 1
+    assert len(_global_optimizer_post_hooks) == hooks_before
+    try:
+        with nbaccel.precision("bf16", device="cpu"):
+            raise ValueError("the cell failed")
+    except ValueError:
+        pass
+    assert len(_global_optimizer_post_hooks) == hooks_before
+    with nbaccel.precision("fp32", device="cpu"):  # no autocast, no cache to clear, no hook
+        assert len(_global_optimizer_post_hooks) == hooks_before
+
+
+def test_compare_amp_of_an_epoch_reports_a_small_drift_not_a_precision_failure():
+    model, opt, x, y = _model_and_data()
+    res = nbaccel.compare_amp(lambda: torch.tensor(_epoch(model, opt, x, y)), dtype="bf16", device="cpu",
+                              repeat=3, warmup=0)
+    assert res.value[0] > res.value[1] > res.value[2]
+    assert res.drift["max_rel"] < 0.01  # was 0.53: the bf16 losses never moved
+    assert not res.state_changed
+
+
+def test_the_next_batch_from_an_iterator_is_state_that_changed_not_bf16_drift():
+    torch.manual_seed(0)
+    model = torch.nn.Linear(64, 10)
+    # Batches whose losses differ by ~1 %: under the 3 % that two bf16 runs may differ by, far over
+    # what two fp32 runs may. A generator cannot be copied, so the snapshot cannot rewind it.
+    base = torch.randn(32, 64)
+    batches = (base * (1 + 0.01 * i) for i in range(1000))
+
+    def step():
+        with torch.no_grad():
+            return model(next(batches)).square().mean()
+
+    res = nbaccel.compare_amp(step, dtype="bf16", device="cpu", repeat=3, warmup=0)
+    assert res.state_changed
+    assert any("an iterator it takes the next batch from" in line for line in res.advice)
+
+
+def test_a_cell_with_fixed_data_is_not_said_to_depend_on_state():
+    torch.manual_seed(0)
+    model, x = torch.nn.Linear(64, 10), torch.randn(32, 64)
+    res = nbaccel.compare_amp(lambda: model(x).square().mean(), dtype="bf16", device="cpu", repeat=3, warmup=0)
+    assert not res.state_changed
+
+
+def test_an_epoch_cell_under_the_magic_prints_falling_losses(run_cell, ip):
+    run_cell("""
+import torch
+torch.manual_seed(0)
+model = torch.nn.Linear(64, 10)
+opt = torch.optim.SGD(model.parameters(), lr=0.5)
+x, y = torch.randn(32, 64), torch.randint(0, 10, (32,))
+""")
+    _, out = run_cell("""%%amp --dtype bf16 --repeat 3 -q -r res
+losses = []
+for _ in range(3):
+    opt.zero_grad()
+    loss = torch.nn.functional.cross_entropy(model(x), y)
+    loss.backward()
+    opt.step()
+    losses.append(loss.item())
+print("losses", losses)
+""")
+    losses = ip.user_ns["losses"]
+    assert losses[0] > losses[1] > losses[2], out
+    assert not ip.user_ns["res"].state_changed
