@@ -40,6 +40,29 @@ def _outer_autocast_note(result: AmpResult, dtype: str) -> str:
             "it is on again for your own code.")
 
 
+REDUCED_DTYPES = ("bf16", "fp16")
+
+
+def _reduced_in_baseline(result: AmpResult) -> str | None:
+    """The fp32 run is strict fp32 around the cell, but a cell that enters autocast itself (or casts
+    the model to bf16) still runs its matmuls in reduced precision there: then both runs are the same
+    code, and a speedup or drift near 1x / 0 says nothing about mixed precision."""
+    if result.baseline is None or result.baseline.ops.empty:
+        return None
+    ops = result.baseline.ops
+    reduced = ops[ops["heavy"] & ops["dtype"].isin(REDUCED_DTYPES)]
+    if reduced.empty:
+        return None
+    dtypes = " and ".join(sorted(set(reduced["dtype"])))
+    names = ", ".join(sorted(set(reduced["op"]))[:3])
+    calls = int(reduced["calls"].sum())
+    return (f"The fp32 run was not fp32: {calls} matmul/conv call{'s' if calls != 1 else ''} ({names}) ran in "
+            f"{dtypes} there too -- the cell turns on torch.autocast or casts to {dtypes} itself. Both runs then "
+            "run reduced-precision code, so the speedup, memory and drift compare the recipe with the cell's own "
+            "precision, not with fp32; take the autocast (or the .to(torch.bfloat16)) out of the cell to compare "
+            "against fp32.")
+
+
 def _drift_differs(drift: dict | None) -> bool:
     return bool(drift) and bool(drift["max_abs"] > 0 or drift["amp_only_nonfinite"] or drift["fp32_only_nonfinite"])
 
@@ -66,6 +89,10 @@ def advise(result: AmpResult) -> list[str]:
     drift = result.drift
     if result.outer_autocast:
         notes.append(_outer_autocast_note(result, dtype))
+    own = _reduced_in_baseline(result)
+    if own:
+        notes.append(own)
+        speedup = None  # the same code timed twice: the note above is the finding, not a speed verdict
     if state_reason and _drift_differs(drift):
         # Precision is not to blame for a difference that state or plain Python made.
         verdict = ("the difference comes from state that changed between runs, not from precision"

@@ -113,3 +113,28 @@ print("losses", losses)
     losses = ip.user_ns["losses"]
     assert losses[0] > losses[1] > losses[2], out
     assert not ip.user_ns["res"].state_changed
+
+
+def test_a_cell_that_turns_on_autocast_itself_is_told_its_fp32_run_was_not_fp32(run_cell, ip):
+    run_cell("""
+import torch
+torch.manual_seed(0)
+model, x = torch.nn.Linear(64, 64), torch.randn(32, 64)
+""")
+    _, out = run_cell("""%%amp --dtype bf16 --repeat 3 -r res
+with torch.autocast("cpu", dtype=torch.bfloat16):
+    out = model(x)
+out.float().sum()
+""")
+    advice = ip.user_ns["res"].advice
+    assert any("The fp32 run was not fp32" in line and "addmm" in line for line in advice), advice
+    shown = out.outputs[0].data
+    assert "The fp32 run was not fp32" in shown["text/plain"]
+    assert "The fp32 run was not fp32" in shown["text/html"]
+
+
+def test_a_plain_fp32_cell_gets_no_such_note():
+    torch.manual_seed(0)
+    model, x = torch.nn.Linear(64, 64), torch.randn(32, 64)
+    res = nbaccel.compare_amp(lambda: model(x).sum(), dtype="bf16", device="cpu", repeat=3, warmup=0)
+    assert not any("was not fp32" in line for line in res.advice)
