@@ -34,6 +34,7 @@ from .flops import OpAudit
 from .memory import PeakMemory, PeakMeter, format_bytes
 from .options import in_magic, option, whole_number
 from .precision import FP32, Recipe, TorchGlobals, apply_recipe, autocast_in_effect, make_recipe
+from .quiet import unlogged_and_unwarned
 from .snapshot import Snapshot, SnapshotTooLarge, available_host_memory, estimate_bytes
 from .timing import Clock, Stats
 
@@ -48,7 +49,7 @@ def planned_runs(warmup: int, repeat: int, baseline: bool = True) -> int:
 
 @contextlib.contextmanager
 def _redirect():
-    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()), unlogged_and_unwarned():
         yield
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import ast
 import builtins
+import contextlib
 import difflib
 import keyword
 import linecache
@@ -17,6 +18,7 @@ from IPython.utils.capture import capture_output
 from IPython.utils.process import arg_split
 
 from ..options import magic_spelling
+from ..quiet import unlogged_and_unwarned
 
 
 #: Mark a cell magic whose value a ';' after the cell's last expression hides, as under ``%%time``:
@@ -113,9 +115,11 @@ def cell_number(shell) -> int:
     return number if number is not None else shell.execution_count
 
 
+@contextlib.contextmanager
 def silenced():
-    """Hide stdout, stderr and rich displays of the measurement runs."""
-    return capture_output(stdout=True, stderr=True, display=True)
+    """Hide stdout, stderr, rich displays, logging and warnings of the measurement runs."""
+    with capture_output(stdout=True, stderr=True, display=True), unlogged_and_unwarned():
+        yield
 
 
 def store_result(shell, name: str | None, result) -> None:

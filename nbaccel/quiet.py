@@ -1,0 +1,33 @@
+"""Hide the side channels of a measurement run that capturing stdout and stderr misses.
+
+``%%amp`` and ``%%profile_gpu`` run a cell several times and show the output of one run (the kept
+one, or the last). Capturing ``sys.stdout``/``sys.stderr`` hides prints, but not:
+
+* logging: a ``StreamHandler`` keeps the stream it was given (``basicConfig(stream=sys.stderr)``),
+  so every hidden run logged its lines (a 2-epoch cell under ``%%amp`` logged 26 of them);
+* warnings: Python shows a warning once per code location, so the first hidden run used it up and
+  the run the user sees showed none (torch's "lr_scheduler.step() before optimizer.step()").
+
+In a hidden run, logging is disabled and warnings are recorded and dropped without touching the
+once-per-location registries (the "always" action keeps no record); when the block ends the
+filters are restored, which makes Python forget earlier once-only records too, so the shown run
+warns as a plain run would.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import warnings
+
+
+@contextlib.contextmanager
+def unlogged_and_unwarned():
+    previous = logging.root.manager.disable  # the level the user's own logging.disable() set, if any
+    logging.disable(logging.CRITICAL)
+    try:
+        with warnings.catch_warnings(record=True):
+            warnings.simplefilter("always")
+            yield
+    finally:
+        logging.disable(previous)

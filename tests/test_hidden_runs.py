@@ -1,0 +1,66 @@
+"""What the hidden measurement runs of %%amp and %%profile_gpu must not show or use up: logging
+from every run, and warnings spent in a hidden run so the shown run had none (a user trial)."""
+
+from __future__ import annotations
+
+import logging
+import sys
+import warnings
+
+import pytest
+
+import nbaccel
+
+SETUP = """
+import io, logging, warnings
+import torch
+log_stream = io.StringIO()
+log = logging.getLogger("nbaccel-trial")
+log.handlers[:] = [logging.StreamHandler(log_stream)]  # keeps its stream, as basicConfig(stream=sys.stderr) does
+log.setLevel(logging.INFO)
+log.propagate = False
+model = torch.nn.Linear(8, 2)
+x = torch.randn(4, 8)
+"""
+
+CELL = """{magic}
+log.info("logged by the cell")
+warnings.warn("warned by the cell", UserWarning)
+model(x).sum()
+"""
+
+
+@pytest.mark.parametrize("magic", ["%%amp --repeat 3 -q", "%%profile_gpu --warmup 1 --steps 2 -q"])
+def test_a_cell_logs_once_and_its_warning_still_shows(run_cell, ip, magic):
+    run_cell(SETUP)
+    with warnings.catch_warnings():
+        warnings.simplefilter("default")  # once per code location, as in a kernel
+        # Printed to the sys.stderr of the moment, as in a kernel (pytest records them instead),
+        # so a warning a hidden run used up never reaches the cell's output.
+        warnings.showwarning = lambda message, category, filename, lineno, file=None, line=None: sys.stderr.write(
+            warnings.formatwarning(message, category, filename, lineno, line))
+        _, out = run_cell(CELL.format(magic=magic))
+    logged = ip.user_ns["log_stream"].getvalue()
+    assert logged.count("logged by the cell") == 1, logged
+    assert out.stderr.count("UserWarning: warned by the cell") == 1, out.stderr
+
+
+def test_the_users_own_logging_disable_level_is_put_back(run_cell):
+    logging.disable(logging.WARNING)
+    try:
+        run_cell(SETUP)
+        run_cell(CELL.format(magic="%%amp --repeat 3 -q"))
+        assert logging.root.manager.disable == logging.WARNING
+    finally:
+        logging.disable(logging.NOTSET)
+
+
+def test_compare_amp_in_a_script_hides_the_measurement_runs_logging(caplog):
+    log = logging.getLogger("nbaccel-script")
+    def step():
+        log.warning("step logged")
+        return 1.0
+
+    with caplog.at_level(logging.WARNING, logger="nbaccel-script"):
+        nbaccel.compare_amp(step, dtype="bf16", device="cpu", repeat=3, warmup=0)
+    assert [r.message for r in caplog.records if r.name == "nbaccel-script"] == ["step logged"]  # the kept run
