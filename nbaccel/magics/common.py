@@ -140,6 +140,46 @@ def check_name(name: str | None) -> None:
         raise UsageError(f"-r/--result {name} would replace one of Python's own names; choose another, e.g. -r res")
 
 
+def check_name_not_assigned(shell, name: str | None, cell: str) -> None:
+    """-r NAME must not be a variable the cell itself assigns: the result is stored after the cell ran,
+    so ``%%amp -r loss`` over ``loss = ...`` turned ``loss`` into an AmpResult and the next
+    ``loss.backward()`` failed. Refused before anything runs; a cell that does not parse is left to
+    the parse that follows (it says where the syntax error is)."""
+    if name is None:
+        return
+    try:
+        tree = ast.parse(shell.transform_cell(cell))
+    except SyntaxError:
+        return
+    line = _assigns(tree, name)
+    if line is not None:
+        raise UsageError(f"-r/--result {name} would replace the variable {name!r} that the cell assigns (line {line}); "
+                         f"choose another name, e.g. -r {name}_result")
+
+
+def _assigns(tree: ast.AST, name: str) -> int | None:
+    """The first line where the cell's top-level scope binds ``name`` (assignment, for/with target,
+    import, def, class, walrus, del), or None; the bodies of its functions and classes are other scopes."""
+    pending = list(ast.iter_child_nodes(tree))
+    while pending:
+        node = pending.pop(0)
+        if isinstance(node, ast.Name) and isinstance(node.ctx, (ast.Store, ast.Del)) and node.id == name:
+            return node.lineno
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            if node.name == name:
+                return node.lineno
+            pending.extend(node.decorator_list)  # evaluated in the cell's scope; the body is not
+            continue
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            if any((alias.asname or alias.name.split(".")[0]) == name for alias in node.names):
+                return node.lineno
+            continue
+        if isinstance(node, (ast.Lambda, ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp)):
+            continue  # own scope (a walrus inside a comprehension binds outside, rare enough to let pass)
+        pending.extend(ast.iter_child_nodes(node))
+    return None
+
+
 class _HelpRequested(Exception):
     pass
 
