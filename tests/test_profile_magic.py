@@ -85,6 +85,18 @@ def test_shape_advice_pads_1001_to_1008(run_cell, ip):
     assert "N=1001 -> 1008" in str(prof)
 
 
+@pytest.mark.parametrize("share, advised", [(0.03, False), (0.10, True)])
+def test_shape_advice_only_for_unaligned_ops_taking_five_percent_of_the_time(run_cell, ip, share, advised):
+    """As %%amp's 5 %-of-FLOPs rule: a 10-class output layer is listed under shapes, not advised on."""
+    from nbaccel.profile_advice import advise
+
+    prof, _, _ = profile_cell(run_cell, ip)
+    total = sum(prof.op_columns["self_us"])
+    entry = dict(prof.unaligned[0], time_us=share * total)
+    prof.__dict__["unaligned"] = [entry]  # a cached property: this profile's one unaligned op, at that share
+    assert any("pad to" in line for line in advise(prof)) == advised
+
+
 @pytest.mark.parametrize("key, column", [("calls", "calls"), ("flops", "flops"), ("cpu", "cpu_total_us"),
                                          ("self", "cpu_self_us")])
 def test_sort_option(run_cell, ip, key, column):
