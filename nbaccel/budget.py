@@ -403,7 +403,7 @@ class BudgetStatus(ResultMixin):
     enforce: bool = False
     strict: bool = False
     near: float = NEAR
-    records: list[CellRecord] = field(default_factory=list)  # the watcher's own list: it keeps growing
+    records: list[CellRecord] = field(default_factory=list)  # the watcher's own list: a live view until `off` (-r at set time)
     holders: list[Holder] = field(default_factory=list)
     used_now: int | None = None
     allocated_now: int | None = None
@@ -497,6 +497,10 @@ class MemoryBudget:
 
     def status(self) -> BudgetStatus:
         return status(self.watcher, self.device, self.namespace, enforce=self.enforce, strict=self.strict)
+
+    def to_dict(self) -> dict:
+        """``status().to_dict()``: so ``results_frame([..., budget])`` takes the context manager too."""
+        return self.status().to_dict()
 
     def __repr__(self) -> str:
         mode = "enforced" if self.enforce else "strict" if self.strict else "soft"

@@ -81,7 +81,7 @@ _HEADLINES = {
     "amp": {"device": "device.name", "dtype": "amp.name", "speedup": "speedup", "memory_saving": "memory_saving",
             "fp32_median_s": "baseline.time.median_s", "amp_median_s": "amp.time.median_s",
             "drift_max_rel": "drift.max_rel"},
-    "profile": {"device": "header.device", "wall_us": "header.wall_us", "device_time_us": "header.device_time_us",
+    "profile": {"device": "header.device", "dtype": "header.dominant_dtype", "wall_us": "header.wall_us", "device_time_us": "header.device_time_us",
                 "flops_per_s": "header.flops_per_s", "fraction_of_peak": "header.fraction_of_peak",
                 "tensor_core_share": "tensor_cores.share"},
     # %memory_budget's results share kind "budget"; their ``view`` says which one (status, cell, oom).

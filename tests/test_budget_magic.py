@@ -540,3 +540,22 @@ def test_estimate_magic_with_an_adamw_object_and_a_bad_input(ip, run_cell):
     with pytest.raises(UsageError, match=r"^the dry run of model on the example \(shape \(32, 3\)\) cut to the probe "
                                          r"batch of 4 rows failed.*\npass --input a batch that model accepts"):
         ip.run_line_magic("memory_budget", "4GiB --model model --batch 32 --input bad")
+
+
+def test_results_frame_takes_the_context_manager_as_its_status():
+    import nbaccel
+
+    with nbaccel.memory_budget(0.9) as budget:
+        pass
+    row = nbaccel.results_frame([budget]).iloc[0]
+    assert row["kind"] == "budget" and row["budget_bytes"] == budget.budget
+
+
+def test_results_frame_names_the_dtype_a_profile_ran_in():
+    import torch
+
+    import nbaccel
+
+    with nbaccel.profile(amp="bf16") as prof:
+        torch.nn.Linear(64, 64)(torch.randn(8, 64))
+    assert nbaccel.results_frame(prof.result).iloc[0]["dtype"] == "bf16"
