@@ -392,8 +392,8 @@ def _build_result(info, order, times, memory, audits, amp_recipe, base_recipe, b
             state_changed = runs_differ(again, base_recipe)
     if baseline and drift is None and why is None and amp_value is None:
         # said, not left out: a user whose drift line vanished took it for a bug
-        why = ("nothing to compare: the code returned no value (end the cell with the loss or the output, or "
-               "return it from the function)")
+        why = ("nothing to compare: the code returned no value; end the cell with the loss or the output, or "
+               "return it from the function")
     elif baseline and drift is None and why is None:
         why = ("the result holds no float tensor, array or number that both runs returned with the same shape "
                "(ints, bools and other objects are not compared): return the loss or the output to see the drift")

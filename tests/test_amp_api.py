@@ -708,7 +708,7 @@ def test_a_result_without_floats_says_why_there_is_no_drift(value):
     res = nbaccel.compare_amp(lambda: value, repeat=3, warmup=0)
     assert res.drift is None and res.drift_skipped.startswith("the result holds no float tensor")
     assert nbaccel.compare_amp(lambda: None, repeat=3, warmup=0).drift_skipped.startswith(
-        "nothing to compare: the code returned no value (end the cell with the loss")
+        "nothing to compare: the code returned no value; end the cell with the loss")
 
 
 def test_a_script_learns_which_run_raised_from_the_exception_note():
