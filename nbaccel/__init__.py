@@ -25,6 +25,7 @@ __all__ = ["compare_amp", "AmpResult", "memory_budget", "MemoryBudget", "estimat
            "unload_ipython_extension"]
 
 _registered: dict = {}
+_transformers: list = []  # input transformers the load added to the shell, removed by the unload
 
 # ``%reload_ext nbaccel`` is unload, ``importlib.reload(nbaccel)``, load. The reload runs this file
 # again in the same module namespace, so what `unload_ipython_extension` left there is still
@@ -55,6 +56,11 @@ def load_ipython_extension(ipython):
         hook = getattr(instance, "on_load", None)
         if hook:
             hook(handed_over.get(cls.__name__))
+    from .magics.common import HelpWithoutBody
+
+    help_alone = HelpWithoutBody(name for instance in _registered.values() for name in instance.magics["cell"])
+    ipython.input_transformers_cleanup.append(help_alone)
+    _transformers.append(help_alone)
 
 
 def _import_for_display() -> None:
@@ -86,4 +92,8 @@ def unload_ipython_extension(ipython):
                 manager.magics[kind].pop(name, None)
         manager.registry.pop(cls.__name__, None)
         _registered.pop(cls)
+    for transformer in _transformers:
+        if transformer in ipython.input_transformers_cleanup:
+            ipython.input_transformers_cleanup.remove(transformer)
+    _transformers.clear()
     globals()["_unloaded_state"] = state  # settings only: every hook, handler and cap is gone

@@ -29,8 +29,8 @@ import torch
 
 from .device import DeviceError, device_info, resolve_device
 from .holders import Holder, namespace_holders
-from .memory import (NUMBER_PATTERN, UNIT_PATTERN, UNITS, PeakMeter, cuda_counters, current_rss, format_bytes,
-                     parse_bytes)
+from .memory import (MAX_BYTES, NUMBER_PATTERN, UNIT_PATTERN, UNITS, PeakMeter, cuda_counters, current_rss,
+                     format_bytes)
 from .options import in_magic, option
 from .results import ResultMixin
 
@@ -94,6 +94,14 @@ def _too_large(size: float, where: str, total: int, device: torch.device) -> Bud
                        f"{device}); use at most {format_bytes(total)}, or a share such as 0.9")
 
 
+def _not_positive(raw: str, where: str) -> BudgetError:
+    """The one refusal of a zero or negative budget (``-5GB``, ``0``, ``0.00``, ``0%``, ``-5%``, ``0GiB``);
+    its share example is in the notation the user wrote (``80%`` after a percentage)."""
+    share = _quote("80%") if raw.endswith("%") else "0.8"
+    return BudgetError(f"a budget must be positive, got {raw}; write e.g. {share} (a share of {where}) or "
+                       f"{_quote('6GiB')}")
+
+
 def _sized(raw: str, where: str, total: int | None, device: torch.device) -> int:
     """A budget with a unit (``6GiB``, ``1PiB``) -> bytes. Refuses sizes under 1 MiB (a unit was
     mistyped: ``1B`` for ``1GB``) and, when ``total`` is given, sizes larger than it, however large
@@ -107,8 +115,7 @@ def _sized(raw: str, where: str, total: int | None, device: torch.device) -> int
     if not math.isfinite(value):  # 1e309GiB
         raise BudgetError(f"{raw} is not a finite size; write e.g. {_quote('6GiB')} or 0.8 (a share of {where})")
     if value == 0:  # 0GiB: no bigger unit makes it a budget
-        raise BudgetError(f"a budget must be positive, got {raw}; write e.g. {_quote('6GiB')} or 0.8 "
-                          f"(a share of {where})")
+        raise _not_positive(raw, where)
     if value < MIN_BUDGET:  # 1B, 0.5B, 512KiB
         bigger = {"b": "GB", "kb": "MB", "kib": "MiB", "k": "M", "ki": "Mi",
                   "mb": "GB", "mib": "GiB", "m": "G", "mi": "Gi"}.get(unit.lower(), "GiB")
@@ -118,10 +125,9 @@ def _sized(raw: str, where: str, total: int | None, device: torch.device) -> int
                           + f"; did you mean {_quote(number + bigger)}?")
     if total and value > total:
         raise _too_large(value, where, total, device)
-    try:
-        return parse_bytes(raw)
-    except ValueError as exc:  # beyond 2**64 bytes, where no total was given to compare with
-        raise BudgetError(str(exc)) from None
+    if value > MAX_BYTES:  # where no total was given to compare with (a per-GPU budget of estimate_memory)
+        raise BudgetError(f"{raw!r} is larger than any machine's memory; write e.g. {_quote('6GiB')}")
+    return int(value)
 
 
 def size_reading(text) -> str:
@@ -139,7 +145,16 @@ def size_reading(text) -> str:
 
 
 def _share(raw: str, share: float, where: str, total: int | None) -> int:
-    """A share in (0, 1] of the device (``0.8``, ``80%``) -> bytes."""
+    """A share in (0, 1] of the device (``0.8``, ``80%``) -> bytes: the one range check of both notations."""
+    if share <= 0:
+        raise _not_positive(raw, where)
+    if share > 1:
+        # Above 1 a bare number is a size that lost its unit (2e9, 12), so its fix offers sizes; a
+        # percentage cannot be one, so its fix is a smaller percentage.
+        if not raw.endswith("%"):
+            raise BudgetError(_unitless_fix(raw, share, where))
+        raise BudgetError(f"{raw} is more than all of {where}: a share is at most 100%; write e.g. "
+                          f"{_quote('80%')}, or a size such as {_quote('6GiB')}")
     if not total:
         raise BudgetError(f"the size of {where} is unknown here, so a share cannot be used; give a size "
                           f"({_quote('6GiB')})")
@@ -182,30 +197,12 @@ def parse_budget(text, device: torch.device, total: int | None = None, limit: bo
             raise _too_large(size, where, total, device)
         return size
     raw = text.strip() if isinstance(text, str) else repr(text)
-    if raw.startswith("-") or raw in ("0", "0.0"):
-        raise BudgetError(f"a budget must be positive, got {raw}; write e.g. {_quote('6GiB')}, {_quote('512MiB')} "
-                          f"or 0.8 (a share of {where})")
+    if raw.startswith("-"):  # no pattern below reads a sign
+        raise _not_positive(raw, where)
     percent = re.fullmatch(rf"({NUMBER_PATTERN})\s*%", raw, flags=re.I)
-    if re.fullmatch(NUMBER_PATTERN, raw, flags=re.I):
-        share = float(raw)
-        if share <= 0:
-            raise BudgetError(f"a budget must be positive, got {raw}; write e.g. {_quote('6GiB')} or 0.8 "
-                              f"(a share of {where})")
-        if share > 1:
-            raise BudgetError(_unitless_fix(raw, share, where))
-        size = _share(raw, share, where, total)
-    elif percent:  # 80% is the share 0.8, with its range: a percentage cannot be a size left without a unit
-        share = float(percent[1]) / 100
-        if share <= 0:
-            raise BudgetError(f"a budget must be positive, got {raw}; write e.g. {_quote('80%')} (a share of {where}) "
-                              f"or {_quote('6GiB')}")
-        if share > 1:
-            raise BudgetError(f"{raw} is more than all of {where}: a share is at most 100%; write e.g. "
-                              f"{_quote('80%')}, or a size such as {_quote('6GiB')}")
-        size = _share(raw, share, where, total)
-    else:
-        size = _sized(raw, where, total if limit else None, device)  # checks the size against total itself
-    return size  # a share is at most the total
+    if percent or re.fullmatch(NUMBER_PATTERN, raw, flags=re.I):  # 80% is the share 0.8, with the same range
+        return _share(raw, float(percent[1]) / 100 if percent else float(raw), where, total)  # at most the total
+    return _sized(raw, where, total if limit else None, device)  # checks the size against total itself
 
 
 def check_near(near) -> float:

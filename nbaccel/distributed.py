@@ -10,7 +10,7 @@ ranks (it measures the calling rank only). Under ``torch.distributed``, call the
 
     with nd.profile("runs/prof") as prof:     # runs/prof/nbaccel.rank{r}.pt.trace.json per rank
         train_step(ddp_model, batch)
-    with nd.memory_budget("6GiB") as b:       # per-rank peak, gathered as b.report
+    with nd.memory_budget("6GiB") as b:       # per-rank budget, peak and ok/near/over, gathered as b.report
         train_step(ddp_model, batch)
 
 or `gather_amp` / `gather` on a result you already have.
@@ -59,7 +59,7 @@ from dataclasses import dataclass, field
 import torch.distributed as dist
 
 __all__ = ["is_distributed", "rank", "world_size", "run_all", "gather", "gather_amp", "compare_amp", "profile",
-           "memory_budget", "RankFailure", "RankMismatch", "RankReport", "trace_path", "summarize"]
+           "memory_budget", "RankFailure", "RankMismatch", "RankReport", "BudgetReport", "trace_path", "summarize"]
 
 _CPU_GROUPS: dict = {}
 
@@ -266,11 +266,14 @@ def _ident() -> dict:
             "local_rank": int(os.environ.get("LOCAL_RANK", rank()))}
 
 
+def _gather_rows(local: dict, group=None) -> list[dict]:
+    rows = _all_gather({**_ident(), **local}, group)
+    return sorted(rows, key=lambda r: r["rank"])
+
+
 def gather(kind: str, local: dict, metrics: list[str], units: dict | None = None, group=None) -> RankReport:
     """All-gather one dict per rank into a `RankReport` (available on every rank)."""
-    rows = _all_gather({**_ident(), **local}, group)
-    rows.sort(key=lambda r: r["rank"])
-    return RankReport(kind, rows, metrics, units or {})
+    return RankReport(kind, _gather_rows(local, group), metrics, units or {})
 
 
 def amp_row(result) -> dict:
@@ -390,10 +393,24 @@ def _measured(make, group, options: dict, what: str):
             yield measuring
 
 
+@dataclass
+class BudgetReport(RankReport):
+    """The gathered `memory_budget` report: the peak's min / median / max, then every rank's budget,
+    peak and status in the words of ``%memory_budget``'s history (ok / near / over). A share budget
+    (0.8) is a different size on a smaller GPU, and a summary of peaks alone cannot say which rank
+    went over its own budget."""
+
+    def __str__(self) -> str:
+        from .render.budget import ranks_text
+
+        return f"{super().__str__()}\n{ranks_text(self.ranks)}"
+
+
 @contextlib.contextmanager
 def memory_budget(budget, group=None, **kwargs):
-    """`nbaccel.memory_budget` on every rank; afterwards ``.report`` holds every rank's peak of the
-    block against the budget (min/median/max, the rank with the largest peak named).
+    """`nbaccel.memory_budget` on every rank; afterwards ``.report`` (a `BudgetReport`) holds every
+    rank's budget, peak of the block and status (ok / near / over), and the peak's min / median /
+    max with the rank of the largest named.
 
     A budget refused on any rank ("8 parsecs") raises on every rank before the body runs."""
     from .budget import memory_budget as _memory_budget
@@ -403,5 +420,6 @@ def memory_budget(budget, group=None, **kwargs):
         yield mb
     rec = mb.watcher.records[-1] if mb.watcher.records else None
     row = {"peak_bytes": rec.used_bytes if rec else None, "budget_bytes": mb.budget,
-           "status": rec.status if rec else None, "device": str(mb.device)}
-    mb.report = gather("memory_budget", row, ["peak_bytes"], {"peak_bytes": "bytes"}, group)
+           "fraction": rec.fraction if rec else None, "status": rec.status if rec else None,
+           "near": mb.watcher.near, "device": str(mb.device)}
+    mb.report = BudgetReport("memory_budget", _gather_rows(row, group), ["peak_bytes"], {"peak_bytes": "bytes"})

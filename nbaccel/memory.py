@@ -226,6 +226,7 @@ UNITS = {"b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12, "pb": 10**
 # K..T, Ki..Ti).
 NUMBER_PATTERN = r"(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:e[+-]?[0-9]+)?"
 UNIT_PATTERN = r"[kmgtpe]i?b|[kmgt]i?|b"
+MAX_BYTES = 2**64  # no machine's memory is larger: a size above it is a typo (17EiB), not a budget
 
 
 def format_bytes(n: float | None) -> str:
@@ -252,7 +253,7 @@ def parse_bytes(text: str) -> int:
     value = float(match.group(1)) * UNITS[(match.group(2) or "b").lower()]
     if value <= 0:
         raise ValueError(f"a size must be positive, got {text!r}")
-    if value > 2**64:  # also catches 1e309 -> inf, which int() cannot take
+    if value > MAX_BYTES:  # also catches 1e309 -> inf, which int() cannot take
         raise ValueError(f"{text!r} is larger than any machine's memory; write e.g. 6GiB")
     if int(value) == 0:  # 0.5B
         raise ValueError(f"{text!r} is less than one byte; write e.g. 6GiB")

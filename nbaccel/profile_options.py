@@ -98,6 +98,23 @@ def profiler_running() -> bool:
     return bool(torch._C._autograd._profiler_enabled())
 
 
+def check_table_args(group, sort, ascending, filter, top) -> None:  # noqa: A002 - the user's word
+    """Refuse, with `ProfileError`, what ``table()`` could not mean -- for a live profile and a merged
+    multi-rank one alike. Unchecked, ``top=-1`` reached pandas' ``head(-1)`` (all rows but the
+    last), ``top=True`` became one row and ``filter=3`` an AttributeError deep in the filter."""
+    if top is not None:
+        whole_number("top", top, 1, ProfileError)
+    if not isinstance(filter, str):
+        raise ProfileError(f"{option('filter')} takes the text to look for in the names, got {filter!r}")
+    if group is not None and group not in pt.GROUPS:
+        raise ProfileError(f"{option('group', group)} is not a grouping; use one of: {', '.join(pt.GROUPS)}")
+    if sort is not None and sort not in pt.SORT_COLUMNS and sort not in pt.COLUMNS:
+        raise ProfileError(f"{option('sort', sort)} is neither a sort key ({', '.join(pt.SORT_COLUMNS)}) "
+                           f"nor a column ({', '.join(pt.COLUMNS)})")
+    if not isinstance(ascending, bool):
+        raise ProfileError(f"{option('ascending')} takes True or False, got {ascending!r}")
+
+
 def validate(options: ProfileOptions) -> tuple[torch.device, DeviceInfo, Recipe | None]:
     """Check every option against this machine; raise `ProfileError` naming the fix."""
     whole_number("top", options.top, 1, ProfileError)

@@ -23,10 +23,9 @@ from .analysis import (FlopsSummary, TraceData, achieved_flops, category_breakdo
 from .analysis.metrics import activity_columns, busy_rows, category_rows, kernel_rows
 from .device import DeviceInfo
 from .op_attribution import memory_by_op, source_by_op
-from .options import whole_number
 from .precision import Recipe
 from .profile_advice import advise
-from .profile_options import ProfileError, ProfileOptions
+from .profile_options import ProfileError, ProfileOptions, check_table_args
 from .results import ResultMixin
 
 if TYPE_CHECKING:
@@ -248,10 +247,7 @@ class ProfileResult(ResultMixin):
     def table(self, group: str | None = None, sort: str | None = None, ascending: bool = False,
               filter: str = "", top: int | None = None) -> pd.DataFrame:  # noqa: A002 - the user's word
         """The operator table grouped by ``op|op+shape|source``, sorted by a --sort key or any column."""
-        if top is not None:
-            whole_number("top", top, 1, ProfileError)
-        if not isinstance(filter, str):
-            raise ProfileError(f"filter takes the text to look for in the names, got {filter!r}")
+        check_table_args(group, sort, ascending, filter, top)
         return pt.select(self.grouped(group or self.options.group), sort or self.default_sort, ascending, filter, top)
 
     @property

@@ -42,7 +42,7 @@ from .analysis.metrics import busiest_device
 from .analysis.trace import TraceData, TraceError, TraceWarning, _build, _metadata, paused_gc
 from .device import DeviceInfo
 from .options import option, whole_number
-from .profile_options import ProfileError, ProfileOptions
+from .profile_options import ProfileError, ProfileOptions, check_table_args
 from .profile_result import ProfileResult
 from .results import ResultMixin
 from .trace_io import TraceStream, peek_rank, trace_files
@@ -464,6 +464,7 @@ class MultiRankResult(ResultMixin):
     def table(self, rank: int | None = None, group: str | None = None, sort: str | None = None,
               ascending: bool = False, filter: str = "", top: int | None = None) -> pd.DataFrame:  # noqa: A002
         """Op table of one rank (``rank=N``) or merged over all ranks (``rank=None``)."""
+        check_table_args(group, sort, ascending, filter, top)
         if rank is not None:
             if rank not in self.ranks:
                 raise KeyError(f"no rank {rank}; ranks: {', '.join(map(str, self.ranks))}")

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from nbaccel.budget import BudgetError, parse_budget, size_reading
 from nbaccel.holders import namespace_holders
@@ -28,6 +30,49 @@ def test_units_and_shares(text, expected):
 def test_bad_budgets_name_the_fix(text, message):
     with pytest.raises(BudgetError, match=message):
         parse_budget(text, CPU, total=16 * GiB)
+
+
+@pytest.mark.parametrize("text, share", [
+    ("-5GB", "0.8"), ("0", "0.8"), ("0.00", "0.8"), (".0", "0.8"), ("0e3", "0.8"), (0, "0.8"), (-0.5, "0.8"),
+    ("0GiB", "0.8"), ("0%", "'80%'"), ("0.0%", "'80%'"), ("-5%", "'80%'"),
+])
+def test_every_budget_that_is_not_positive_is_refused_in_one_wording(text, share):
+    # The bare-number and percentage branches (and the sized one) once each said it their own way.
+    raw = text.strip() if isinstance(text, str) else repr(text)
+    with pytest.raises(BudgetError) as info:
+        parse_budget(text, CPU, total=16 * GiB)
+    assert str(info.value) == (f"a budget must be positive, got {raw}; write e.g. {share} (a share of this host's "
+                               "physical memory) or '6GiB'")
+
+
+def test_a_share_is_checked_before_the_device_size_is_needed():
+    # Both notations: out of range is said first, even where the device's size is unknown.
+    for text, said in [("0.00", "must be positive"), ("0%", "must be positive"), ("150%", "at most 100%"),
+                       ("12", "12 has no unit")]:
+        with pytest.raises(BudgetError, match=said):
+            parse_budget(text, CPU, total=0)
+    with pytest.raises(BudgetError, match="the size of this host's physical memory is unknown here"):
+        parse_budget("80%", CPU, total=0)
+
+
+@given(number=st.floats(min_value=1, max_value=1e6, allow_nan=False).map(lambda x: float(f"{x:.4g}")),
+       unit=st.sampled_from(["MiB", "GiB", "TiB", "PiB", "EiB", "MB", "GB", "TB", "PB", "EB", "M", "G", "T", "Gi"]),
+       space=st.sampled_from(["", " "]))
+@settings(max_examples=200, deadline=None)
+def test_a_sized_budget_is_the_size_parse_bytes_reads(number, unit, space):
+    # _sized reads the text once; parse_bytes is the reference for every size both accept.
+    from nbaccel.memory import parse_bytes
+
+    text = f"{number:g}{space}{unit}"
+    try:
+        expected = parse_bytes(text)
+    except ValueError:  # beyond any machine: refused by both
+        with pytest.raises(BudgetError, match="larger than any machine's memory"):
+            parse_budget(text, CPU, total=16 * GiB, limit=False)
+        return
+    if expected < MiB:
+        return  # under 1 MiB: the budget's own refusal (tested above)
+    assert parse_budget(text, CPU, total=16 * GiB, limit=False) == expected
 
 
 # Real messages, as torch 2.1+ and older versions print them (numbers from user reports).

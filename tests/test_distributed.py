@@ -110,6 +110,34 @@ def test_memory_budget_gathered(ddp_run):
     assert [row["rank"] for row in b["ranks"]] == [0, 1]
     assert all(row["budget_bytes"] == 4 * 2**30 for row in b["ranks"])
     assert all(row["peak_bytes"] is not None and row["peak_bytes"] >= 0 for row in b["ranks"])
+    assert [row["status"] for row in b["ranks"]] == ["ok", "ok"]  # a small step against 4 GiB
+    table = _rank_lines(r0["budget_text"])
+    assert [line.split()[0] for line in table] == ["0", "1"] and all(line.split()[-1] == "ok" for line in table)
+    assert all("4 GiB" in line for line in table)
+    assert r0["budget_text"].rstrip().endswith("within the budget on every rank")
+
+
+def _rank_lines(text: str) -> list[str]:
+    """The per-rank rows under "per rank:" (after the header and its rule)."""
+    lines = text.splitlines()
+    start = lines.index("  per rank:") + 3
+    return [line.strip() for line in lines[start:-1]]
+
+
+def test_memory_budget_gathered_names_the_rank_over_its_budget(ddp_run):
+    _, (r0, r1) = ddp_run
+    b = r0["budget_over"]
+    rows = {row["rank"]: row for row in b["ranks"]}
+    assert rows[1]["status"] == "over" and rows[1]["peak_bytes"] > 2**30 and rows[1]["fraction"] > 1
+    assert rows[0]["status"] == "ok" and rows[0]["peak_bytes"] < 0.75 * 2**30
+    assert all(row["budget_bytes"] == 2**30 and row["near"] == 0.75 for row in rows.values())
+    text = r0["budget_over_text"]
+    rank0, rank1 = _rank_lines(text)
+    assert re.fullmatch(r"0 +\S+ +cpu +[\d.]+ MiB +1 GiB +\d+% +ok", rank0), rank0
+    assert re.fullmatch(r"1 +\S+ +cpu +[\d.]+ GiB +1 GiB +1\d\d% +over", rank1), rank1
+    assert text.splitlines()[-1] == "  over the budget on rank 1; within the budget on rank 0"
+    assert r1["budget_over_text"] == text  # rank 1 holds the same gathered report
+    assert r0["budget_warned"] == [] and any("over the budget of 1 GiB" in w for w in r1["budget_warned"])
 
 
 @pytest.fixture(scope="module")
@@ -203,6 +231,38 @@ def test_report_names_no_slowest_rank_when_all_ranks_are_equal():
     time_line = next(line for line in text.splitlines() if "t_s" in line)
     assert peak_line.endswith("equal on every rank") and "rank 2" not in peak_line
     assert time_line.endswith("rank 2 (h)")
+
+
+def test_gathered_budget_report_words_each_status_as_the_history_does():
+    from nbaccel.render.budget import ranks_text, ranks_verdict
+
+    def row(r, peak, status):
+        return {"rank": r, "host": "h", "device": f"cuda:{r}", "peak_bytes": peak, "budget_bytes": 2**31,
+                "fraction": peak / 2**31, "status": status, "near": 0.75}
+
+    rows = [row(0, 2**30, "ok"), row(1, 3 * 2**30, "over"), row(2, int(1.6 * 2**30), "near"), row(3, 2**29, "ok")]
+    assert ranks_verdict(rows) == ("over the budget on rank 1; near the budget (75% of it or more) on rank 2; "
+                                   "within the budget on ranks 0, 3")
+    assert ranks_verdict([row(0, 2**30, "ok"), row(1, 2**30, "ok")]) == "within the budget on every rank"
+    assert ranks_verdict([row(0, 2**30, "ok")]) == "within the budget on rank 0"  # no process group: one rank
+    lines = ranks_text(rows).splitlines()
+    assert lines[0] == "  per rank:" and lines[1].split() == ["rank", "host", "device", "peak", "used", "budget", "of",
+                                                              "budget", "status"]
+    assert lines[4].split() == ["1", "h", "cuda:1", "3", "GiB", "2", "GiB", "150%", "over"]
+    report = nd.BudgetReport("memory_budget", rows, ["peak_bytes"], {"peak_bytes": "bytes"})
+    assert str(report).startswith(str(nd.RankReport("memory_budget", rows, ["peak_bytes"], {"peak_bytes": "bytes"})))
+    assert str(report).endswith(ranks_text(rows))
+
+
+def test_budget_report_without_process_group_has_its_one_rank():
+    import torch
+
+    with nd.memory_budget("4GiB", device="cpu") as mb:
+        torch.ones(8).sum()
+    assert isinstance(mb.report, nd.BudgetReport)
+    (row,) = mb.report.ranks
+    assert row["status"] == "ok" and row["budget_bytes"] == 4 * 2**30 and row["near"] == 0.75
+    assert str(mb.report).splitlines()[-1] == "  within the budget on rank 0"
 
 
 @pytest.mark.parametrize("args, kwargs, message", [

@@ -7,6 +7,7 @@ import datetime
 import json
 import os
 import sys
+import warnings
 
 import torch
 import torch.distributed as dist
@@ -84,12 +85,20 @@ def main(out: str, mode: str) -> None:
                 step()
             with nd.memory_budget("4GiB") as mb:
                 step()
+            # The same budget on both ranks; only rank 1 fills 1 GiB more, so only rank 1 goes over it.
+            with warnings.catch_warnings(record=True) as warned:
+                warnings.simplefilter("always")
+                with nd.memory_budget("1GiB") as mb_over:
+                    if r == 1:  # freed again at once: the peak (VmHWM) keeps it
+                        torch.ones(2**28).sum()
             params = [p.detach().clone() for p in model.parameters()]
             gathered = [None] * dist.get_world_size()
             dist.all_gather_object(gathered, [p.sum().item() for p in params])
             result.update(ddp_params_equal=gathered[0] == gathered[1], amp=amp.report.to_dict(),
                           amp_text=str(amp.report), amp_full=str(amp), local=local.report.to_dict(), profile=prof.report.to_dict(),
-                          budget=mb.report.to_dict(), trace=nd.trace_path(os.path.join(out, "traces")))
+                          budget=mb.report.to_dict(), budget_text=str(mb.report),
+                          budget_over=mb_over.report.to_dict(), budget_over_text=str(mb_over.report),
+                          budget_warned=[str(w.message) for w in warned], trace=nd.trace_path(os.path.join(out, "traces")))
     finally:
         with open(os.path.join(out, f"rank{r}.json"), "w", encoding="utf-8") as f:
             json.dump(result, f, default=str)

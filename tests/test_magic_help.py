@@ -92,3 +92,47 @@ def test_help_is_plain_text_not_restructuredtext(run_cell):
     # IPython's magic help is reST for `%name?`: it began with a stray "::" when printed for -h.
     _, captured = run_cell("%nbaccel_env -h")
     assert captured.stdout.lstrip().startswith("%nbaccel_env [-h]")
+
+
+@pytest.mark.parametrize("source", ["%%amp -h", "%%amp --help", "%%profile_gpu -h", "%%profile_gpu --help\n",
+                                    "%%amp -r res -q --help", "%%profile_gpu --top 3 -h"])
+def test_help_prints_with_an_empty_cell_body(run_cell, ip, source):
+    # IPython refuses an empty-bodied cell magic before calling it ("the cell body is empty"); help runs
+    # no body, so it must print all the same.
+    result, captured = run_cell(source)
+    name = source.split()[0].lstrip("%")
+    doc = ip.magics_manager.magics["cell"][name].__doc__
+    assert captured.stdout.strip() == re.sub(r"^::\s*\n", "", doc.lstrip()).strip()
+    assert result.result is None and not captured.outputs and "res" not in ip.user_ns
+
+
+@pytest.mark.parametrize("source", ["%%amp", "%%amp -q", "%%profile_gpu --top 3", "%%amp -r '-h"])
+def test_an_empty_body_without_help_is_still_refused_by_ipython(run_cell, source):
+    result, captured = run_cell(source, expect_error=UsageError)
+    assert "is a cell magic, but the cell body is empty" in str(result.error_in_exec or result.error_before_exec)
+    assert "usage:" not in captured.stdout
+
+
+def test_the_empty_body_help_transform_leaves_other_cells_alone():
+    from nbaccel.magics.common import HelpWithoutBody
+
+    alone = HelpWithoutBody(["amp"])
+    assert alone(["%%amp -h\n"]) == ["%%amp -h\n", "\n"]
+    for lines in (["%%amp -h\n", "x = 1\n"], ["%%time -h\n"], ["%amp -h\n"], ["x = '-h'\n"], [], ["%%amp\n"],
+                  ["%%amp --hel\n"], ["%%amp -r 'a -h\n"]):
+        assert alone(list(lines)) == lines
+
+
+def test_unload_removes_the_transform_and_reload_adds_it_once(ip):
+    from nbaccel.magics.common import HelpWithoutBody
+
+    def ours():
+        return [t for t in ip.input_transformers_cleanup if isinstance(t, HelpWithoutBody)]
+
+    assert len(ours()) == 1
+    ip.run_line_magic("reload_ext", "nbaccel")
+    assert len(ours()) == 1
+    ip.run_line_magic("unload_ext", "nbaccel")
+    assert ours() == []
+    ip.run_line_magic("load_ext", "nbaccel")  # the fixture unloads it again
+    assert len(ours()) == 1

@@ -81,17 +81,59 @@ def test_wrong_types_in_the_profile_api_say_what_the_argument_takes(kwargs, said
             pass
 
 
-@pytest.mark.parametrize("kwargs, said", [
-    ({"top": -1}, "top must be at least 1, got -1"),  # pandas' head(-1) once dropped the last row instead
-    ({"top": "3"}, "top takes a whole number"),
-    ({"filter": 3}, "filter takes the text to look for"),
-])
-def test_result_table_refuses_what_it_cannot_mean(kwargs, said):
+@pytest.fixture(scope="module")
+def tables(tmp_path_factory):
+    """The two results with a ``table()``: a live profile, and a two-rank folder loaded as one."""
+    import json
+
     with nbaccel.profile() as prof:
         torch.ones(4, 4) @ torch.ones(4, 4)
-    assert len(prof.result.table(top=1)) == 1
-    with pytest.raises(ProfileError, match=re.escape(said)):
-        prof.result.table(**kwargs)
+    folder = tmp_path_factory.mktemp("job")
+    for rank, name in enumerate(["aten::add", "aten::mm"]):
+        ev = {"ph": "X", "cat": "cpu_op", "name": name, "pid": 1, "tid": 1, "ts": 0, "dur": 1 + rank}
+        (folder / f"rank-{rank}.json").write_text(json.dumps({"traceEvents": [ev]}))
+    job = nbaccel.load_trace(folder)
+    assert type(job).__name__ == "MultiRankResult"
+    return {"profile": prof.result, "multirank": job}
+
+
+@pytest.mark.parametrize("kind", ["profile", "multirank"])
+@pytest.mark.parametrize("kwargs, said", [
+    ({"top": -1}, "top must be at least 1, got -1"),  # pandas' head(-1) once dropped the last row instead
+    ({"top": 0}, "top must be at least 1, got 0"),
+    ({"top": "5"}, "top takes a whole number, got '5'"),
+    ({"top": True}, "top takes a whole number, got True"),  # head(True) was one row
+    ({"top": 2.0}, "top takes a whole number, got 2.0"),
+    ({"filter": 3}, "filter takes the text to look for in the names, got 3"),
+    ({"filter": None}, "filter takes the text to look for in the names, got None"),
+    ({"sort": "nope"}, "sort='nope' is neither a sort key (cpu, self, device, calls, memory, flops) nor a column"),
+    ({"sort": 3}, "sort=3 is neither a sort key"),
+    ({"group": "line"}, "group='line' is not a grouping; use one of: op, op+shape, source"),
+    ({"ascending": "yes"}, "ascending takes True or False, got 'yes'"),
+])
+def test_result_tables_refuse_what_they_cannot_mean_in_the_same_words(tables, kind, kwargs, said):
+    result = tables[kind]
+    assert len(result.table(top=1)) == 1
+    with pytest.raises(ProfileError, match="^" + re.escape(said)):
+        result.table(**kwargs)
+
+
+@pytest.mark.parametrize("kwargs", [{"top": "5"}, {"filter": 3}, {"group": "line"}])
+def test_one_rank_of_a_multirank_table_is_checked_the_same(tables, kwargs):
+    job = tables["multirank"]
+    with pytest.raises(ProfileError) as merged:
+        job.table(**kwargs)
+    with pytest.raises(ProfileError) as one:
+        job.table(rank=0, **kwargs)
+    assert str(one.value) == str(merged.value)
+
+
+@pytest.mark.parametrize("kind", ["profile", "multirank"])
+def test_result_tables_still_take_sort_keys_columns_and_groupings(tables, kind):
+    result = tables[kind]
+    assert list(result.table(sort="name", ascending=True)["name"]) == sorted(result.table()["name"])
+    assert len(result.table(sort="calls", group="op+shape", filter="", top=1)) == 1
+    assert len(result.table(group="source")) >= 1
 
 
 @pytest.mark.parametrize("spec", ["CPU", " cpu ", "Auto"])

@@ -214,6 +214,35 @@ def split_line(line: str) -> list[str]:
     return arg_split(line, posix=True, strict=True)
 
 
+class HelpWithoutBody:
+    """An input transformer (IPython's ``input_transformers_cleanup``) for ``%%amp -h`` alone in a cell.
+
+    IPython refuses a cell magic whose body is empty before it calls the magic ("%%amp is a cell
+    magic, but the cell body is empty"), so ``-h``/``--help`` -- which never runs the body -- could
+    not print the help there. For a cell that is only the first line of one of ``names`` with
+    ``-h`` or ``--help`` among its options, this adds an empty line as the body; the magic then
+    prints its help (`parse_line`) and returns. Every other cell passes unchanged, an empty-bodied
+    cell magic without ``-h`` included: IPython's refusal is the right answer there.
+    """
+
+    def __init__(self, names):
+        self.names = frozenset(names)
+
+    def __call__(self, lines: list[str]) -> list[str]:
+        if not lines or not lines[0].startswith("%%") or "".join(lines[1:]):
+            return lines
+        name, _, options = lines[0][2:].rstrip().partition(" ")  # as IPython's cell_magic transform splits it
+        if name not in self.names:
+            return lines
+        try:
+            tokens = split_line(options)
+        except ValueError:  # an unmatched quote: the magic would say so, but IPython stops first
+            return lines
+        if "-h" not in tokens and "--help" not in tokens:
+            return lines
+        return [lines[0].rstrip("\n") + "\n", "\n"]
+
+
 def parse_line(magic, line: str):
     """IPython's ``parse_argstring`` with quotes removed, ``-h/--help`` and clearer mistakes.
 

@@ -89,6 +89,40 @@ HISTORY_HEADERS = ["cell", "peak used", "of budget", "added", "allocated peak", 
 HOLDER_HEADERS = ["name", "kind", "device", "dtype", "bytes", "detail"]
 
 
+RANK_HEADERS = ["rank", "host", "device", "peak used", "budget", "of budget", "status"]
+_VERDICTS = {"over": "over the budget", "near": "near the budget ({near} of it or more)", "ok": "within the budget"}
+
+
+def _ranks_named(ranks: list[int]) -> str:
+    return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(map(str, ranks))
+
+
+def ranks_verdict(rows) -> str:
+    """One line for a gathered `nbaccel.distributed.memory_budget` report, worst status first:
+    "over the budget on rank 1; within the budget on rank 0", or "... on every rank"."""
+    by_status: dict[str, list[int]] = {}
+    for row in rows:
+        by_status.setdefault(row.get("status") or "not measured", []).append(row["rank"])
+    near = share_text(next((row["near"] for row in rows if row.get("near") is not None), None))
+    order = ["over", "near", "ok"]
+    parts = []
+    for status in sorted(by_status, key=lambda s: order.index(s) if s in order else -1):
+        words = _VERDICTS.get(status, status).format(near=near)
+        parts.append(f"{words} on every rank" if len(by_status) == 1 and len(rows) > 1
+                     else f"{words} on {_ranks_named(by_status[status])}")
+    return "; ".join(parts)
+
+
+def ranks_text(rows) -> str:
+    """Every rank's budget, peak and status, in the columns and words of the status's history table."""
+    table_rows = [[r["rank"], r.get("host", "?"), r.get("device", "?"),
+                   format_bytes(r["peak_bytes"]) if r.get("peak_bytes") is not None else "-",
+                   format_bytes(r["budget_bytes"]) if r.get("budget_bytes") is not None else "-",
+                   share_text(r.get("fraction")), r.get("status") or "-"] for r in rows]
+    table_lines = text_table(RANK_HEADERS, table_rows, left=(1, 2, 6)).splitlines()
+    return "\n".join(["  per rank:", *("    " + line.rstrip() for line in table_lines), "  " + ranks_verdict(rows)])
+
+
 def _history_rows(records, last=10):
     return [[r.label, format_bytes(r.used_bytes), share_text(r.fraction), format_bytes(r.added_bytes),
              format_bytes(r.allocated_peak_bytes) if r.allocated_peak_bytes is not None else "-", r.status,
