@@ -31,7 +31,7 @@ from .amp_result import MEMORY_NOISE_FLOOR, MIN_RUNS, AmpResult, Variant
 from .device import DTYPE_NAMES, DeviceError, device_info, dtype_name, resolve_device
 from .drift import compute_drift, runs_differ, to_host
 from .flops import OpAudit
-from .memory import PeakMemory, PeakMeter, format_bytes
+from .memory import PeakMemory, PeakMeter, format_bytes, note_harness
 from .options import in_magic, option, whole_number
 from .precision import FP32, Recipe, TorchGlobals, apply_recipe, autocast_in_effect, make_recipe
 from .quiet import unlogged_and_unwarned
@@ -316,6 +316,7 @@ def compare_amp(
     else:
         _check_snapshot_size(namespace, state, skip, max_snapshot_fraction)
         snapshot = Snapshot.capture(namespace, objects=state, skip=skip)
+    note_harness("%%amp" if in_magic() else "compare_amp", snapshot.nbytes)
     clock = clock or Clock(dev)
     cell = _Cell(fn)
     # Without restore, runs continue from each other's torch settings as from each other's variables.

@@ -30,7 +30,7 @@ import torch
 from .device import DeviceError, device_info, resolve_device
 from .holders import Holder, namespace_holders
 from .memory import (MAX_BYTES, NUMBER_PATTERN, UNIT_PATTERN, UNITS, PeakMeter, cuda_counters, current_rss,
-                     format_bytes)
+                     format_bytes, take_harness)
 from .options import in_magic, option
 from .results import ResultMixin
 
@@ -244,6 +244,8 @@ class CellRecord:
     status: str  # ok | near | over | error | oom
     error: str | None = None
     method: str = ""
+    harness: str | None = None  # "%%amp" / "compare_amp": the peak is of its comparison runs, not one plain run
+    harness_bytes: int = 0  # the host snapshot that comparison held (process memory: counted by a CPU budget)
 
     @property
     def fraction(self) -> float | None:
@@ -254,7 +256,17 @@ class CellRecord:
         return {"cell": self.label, "used_bytes": self.used_bytes, "fraction": self.fraction,
                 "added_bytes": self.added_bytes, "allocated_peak_bytes": self.allocated_peak_bytes,
                 "before_bytes": self.before_bytes, "budget_bytes": self.budget_bytes, "status": self.status,
-                "seconds": self.seconds, "error": self.error}
+                "seconds": self.seconds, "error": self.error, "measured_under": self.harness,
+                "harness_bytes": self.harness_bytes}
+
+
+def harness_words(record: CellRecord, device: str) -> str:
+    """Why a cell measured under a comparison is reported, not failed: its peak is nbaccel's."""
+    snapshot = (f" beside its {format_bytes(record.harness_bytes)} host snapshot of your state"
+                if record.harness_bytes and not device.startswith("cuda") else "")
+    return (f"the cell ran under {record.harness}, so this is the peak of its fp32 and reduced-precision runs"
+            f"{snapshot}, not of one plain run: a strict budget does not fail it -- run the cell plainly to "
+            "check it against the budget")
 
 
 def usage_now(device: torch.device) -> tuple[int, int | None]:
@@ -282,6 +294,7 @@ class Watcher:
 
     def begin(self, label: str) -> None:
         self.abandon()
+        take_harness()  # a comparison noted before this cell is not this cell's
         # collect=False: a full gc.collect() costs tens of ms per cell; garbage only raises the baseline.
         meter = PeakMeter(self.device, collect=False)
         meter.__enter__()
@@ -328,9 +341,12 @@ class Watcher:
             status = "near"
         else:
             status = "ok"
+        harness = take_harness()
         record = CellRecord(label or self._label, self.budget, used, peak.peak_bytes if self.device.type != "cuda" else
                             (peak.reserved_bytes or 0), allocated, before, seconds, status,
-                            f"{type(error).__name__}: {error}"[:200] if error is not None else None, peak.method)
+                            f"{type(error).__name__}: {error}"[:200] if error is not None else None, peak.method,
+                            harness=harness[0][0] if harness else None,
+                            harness_bytes=sum(nbytes for _, nbytes in harness))
         self.records.append(record)
         return record
 
@@ -374,7 +390,7 @@ def capped_devices() -> list[int]:
 def history_frame(records: list[CellRecord]) -> pd.DataFrame:
     import pandas as pd
     columns = ["cell", "used_bytes", "fraction", "added_bytes", "allocated_peak_bytes", "before_bytes",
-               "budget_bytes", "status", "seconds", "error"]
+               "budget_bytes", "status", "seconds", "error", "measured_under", "harness_bytes"]
     return pd.DataFrame([r.to_dict() for r in records], columns=columns)
 
 
@@ -526,7 +542,9 @@ class MemoryBudget:
         if exc is None and record is not None and record.status == "over":
             message = (f"{record.label} peaked at {format_bytes(record.used_bytes)}, over the budget of "
                        f"{format_bytes(record.budget_bytes)} ({share_text(record.fraction)})")
-            if self.strict:
+            if record.harness:
+                message += "; " + harness_words(record, str(self.device))
+            if self.strict and not record.harness:
                 raise BudgetExceeded(message)
             warnings.warn(message, BudgetWarning, stacklevel=2)
         return False

@@ -353,7 +353,7 @@ class BudgetMagics(Magics):
         if not pushed and error is None:
             return
         failing = record.status == "over" and self.strict and pushed and error is None \
-            and result.error_before_exec is None
+            and result.error_before_exec is None and not record.harness
         report = CellReport(record, str(self.watcher.device), strict=failing)
         display_result(report)
         if failing:

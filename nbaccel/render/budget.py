@@ -8,7 +8,7 @@ FloatProgress carrying the same class) so browser tests can find it. The CSS tar
 
 from __future__ import annotations
 
-from ..budget import plural, share_text
+from ..budget import harness_words, plural, share_text
 from ..memory import format_bytes
 from ..timing import format_seconds
 from .common import bullet_list, esc, table, text_table, wrap
@@ -57,6 +57,8 @@ def cell_text(report) -> str:
     r = report.record
     head = "WARNING: over the memory budget" if report.over else "memory budget"
     lines = [f"{head} on {report.device}: {_text_gauge(r.fraction)} {_cell_line(r)}"]
+    if r.harness:
+        lines.append(f"  {harness_words(r, report.device)}")
     if report.over:
         lines.append(f"  {free_memory_hint(report.device)}; `%memory_budget` shows what holds memory"
                      + (" -- --strict: this cell is marked as failed" if report.strict else ""))
@@ -66,8 +68,9 @@ def cell_text(report) -> str:
 def cell_html(report) -> str:
     r = report.record
     label = '<b class="warn">over the memory budget</b>' if report.over else "memory budget"
+    harness = f"<div>{esc(harness_words(r, report.device))}</div>" if r.harness else ""
     return wrap(GAUGE_CSS + f"<div>{_gauge_bar(r.fraction, r.status)}{label} on {esc(report.device)}: "
-                f"{esc(_cell_line(r))}</div>")
+                f"{esc(_cell_line(r))}</div>{harness}")
 
 
 def cell_widget(report):
@@ -80,7 +83,8 @@ def cell_widget(report):
     # Worded like the HTML and text gauges: a bare bar and "981 MiB of 1 GiB" does not say what it is.
     label = w.HTML(wrap(("<b class='warn'>over the memory budget</b>" if report.over else "memory budget")
                         + f" on {esc(report.device)}: " + esc(_cell_line(r))))
-    return w.HBox([bar, label])
+    gauge = w.HBox([bar, label])
+    return w.VBox([gauge, w.HTML(wrap(esc(harness_words(r, report.device))))]) if r.harness else gauge
 
 
 # --- status --------------------------------------------------------------------------------------------
@@ -125,8 +129,9 @@ def ranks_text(rows) -> str:
 
 def _history_rows(records, last=10):
     return [[r.label, format_bytes(r.used_bytes), share_text(r.fraction), format_bytes(r.added_bytes),
-             format_bytes(r.allocated_peak_bytes) if r.allocated_peak_bytes is not None else "-", r.status,
-             format_seconds(r.seconds)] for r in records[-last:]]
+             format_bytes(r.allocated_peak_bytes) if r.allocated_peak_bytes is not None else "-",
+             r.status + (f" (under {r.harness})" if r.harness else ""), format_seconds(r.seconds)]
+            for r in records[-last:]]
 
 
 def _history_title(records, last=10) -> str:
