@@ -32,3 +32,25 @@ def test_a_tf32_setting_the_cell_makes_is_kept_and_the_recipes_other_is_not(ip, 
                       "torch.backends.cudnn.conv.fp32_precision = 'ieee'\na @ a")
     assert torch.backends.cudnn.conv.fp32_precision == "ieee"
     assert torch.backends.cuda.matmul.fp32_precision == before
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "fp16"])
+def test_a_training_loop_under_the_cuda_recipe_trains_on_fresh_weights(dtype):
+    """The CUDA side of tests/test_amp_training_loops.py: autocast caches weight casts on CUDA too."""
+    def run(context):
+        torch.manual_seed(0)
+        model = torch.nn.Linear(64, 10).cuda()
+        opt = torch.optim.SGD(model.parameters(), lr=0.5)
+        x, y = torch.randn(32, 64, device="cuda"), torch.randint(0, 10, (32,), device="cuda")
+        losses = []
+        with context():
+            for _ in range(3):
+                opt.zero_grad()
+                loss = torch.nn.functional.cross_entropy(model(x).float(), y)
+                loss.backward()
+                opt.step()
+                losses.append(loss.item())
+        return losses
+
+    under_recipe = run(lambda: nbaccel.precision(dtype, device="cuda"))
+    assert under_recipe[0] > under_recipe[1] > under_recipe[2], under_recipe
