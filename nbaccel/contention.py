@@ -29,11 +29,13 @@ from typing import Callable
 # much: torch's CPU kernels run OpenMP parallel regions that wait for their slowest thread, so a
 # quarter of one core taken from a torch thread can slow a region by up to a quarter -- well over
 # the 10 % spread that already earns a noise warning (timing.NOISE_THRESHOLD); and the figure's own
-# error on a quiet machine, summed over 0.2 s or more, stays well below it (docs/amp.md).
+# error stays well below it (summed short spans agreed with one span around them within 0.06 cores
+# on the 2-core VM: docs/amp.md).
 MIN_OTHERS_CORES = 0.25
 
-# /proc/stat counts in ticks of 1/USER_HZ s (10 ms): a figure over a shorter window is mostly
-# rounding, so below this much wall time a span's figure is not given.
+# /proc/stat counts in ticks of 1/USER_HZ s (10 ms), per CPU: one tick of rounding on one core is
+# already 0.05 cores over 0.2 s, and 0.5 cores over 20 ms, so below this much wall time a span's
+# figure would be mostly rounding and is not given.
 MIN_WINDOW_S = 0.2
 
 
@@ -199,11 +201,12 @@ class Contention:
         return bool(self.contended_spans())
 
     def figures(self) -> str:
-        """"0.9 of this machine's 2 CPU cores (fp32 runs: 1.2, bf16 runs: 0.1)"."""
+        """E.g. "0.7 of the 2 CPU cores this process may use (fp32 runs: 1.3, bf16 runs: 0.1)"."""
         total = self.others_cores()
         each = [f"{n} runs: {self.others_cores(n):.1f}" for n in self.wall_s if self.others_cores(n) is not None]
-        return (f"{total:.1f} of the {self.cores} CPU core{'s' if self.cores != 1 else ''} this process may use"
-                + (f" ({', '.join(each)})" if len(each) > 1 else ""))
+        of = (f"of the {self.cores} CPU core{'s' if self.cores != 1 else ''} this process may use" if self.cores
+              else "CPU cores")
+        return f"{total:.1f} {of}" + (f" ({', '.join(each)})" if len(each) > 1 else "")
 
     def summary(self) -> str:
         """For a method line: the figure and how it was made, or why there is none."""

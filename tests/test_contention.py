@@ -169,6 +169,27 @@ def test_proc_files_are_read_for_the_usable_cpus_only(tmp_path):
     assert reader._pid_seconds(78) == 0.0  # ended: its time is in its parent's now
 
 
+def test_without_children_files_the_descendants_alive_at_the_start_are_found(tmp_path):
+    # Some kernels (CONFIG_PROC_CHILDREN off) have no /proc/<pid>/task/<tid>/children: one scan of
+    # every /proc/<pid>/stat finds this process's children and theirs by parent pid.
+    hz = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+    me = os.getpid()
+
+    def proc(pid, ppid, ticks):
+        (tmp_path / str(pid)).mkdir()
+        (tmp_path / str(pid) / "stat").write_text(f"{pid} (python) S {ppid} 0 0 0 -1 0 0 0 0 0 {ticks} 0 0 0 20 0\n")
+
+    proc(me, 1, 0)
+    proc(me + 100001, me, 30)  # a worker
+    proc(me + 100002, me + 100001, 20)  # the worker's own child
+    proc(me + 100003, 1, 500)  # another program
+    reader = ProcReader(proc=str(tmp_path), cpus={0})
+    assert reader._known == {me + 100001, me + 100002}
+    before = time.process_time()
+    assert reader.ours() >= before + (30 + 20) / hz
+    assert "child processes started during the timed runs count as other programs" in reader.method
+
+
 def _scripted_amp(busy_rate, device_threads=2, cores=2, **kwargs):
     """compare_amp on a real cell with a fake clock and scripted contention readers."""
     script = Script(busy_rate=busy_rate, ours_rate=1.0)
