@@ -5,7 +5,9 @@
 
 For a 2048x2048 matmul, an MLP training step and a small conv net training step it prints
 `compare_amp`'s median (what ``%%amp`` reports) and Timer's median for fp32 and bf16 on the same
-closure and recipe, with the same warmup/repeat counts, and whether they agree within 10 %.
+closure and recipe, with the same warmup/repeat counts, and whether they agree within 10 %, beside
+how many cores other programs kept busy meanwhile (`nbaccel.contention`, over both measurements of
+the workload): a disagreement on a contended machine says little about either timer.
 Then nbaccel's own costs: the harness wall clock per run beyond the run itself (target: under
 1 ms plus the snapshot copy), and the snapshot capture/restore cost per MiB of state.
 """
@@ -18,6 +20,7 @@ import sys
 
 import torch
 
+from nbaccel.contention import MIN_OTHERS_CORES, ContentionMeter
 from nbaccel.device import resolve_device
 from nbaccel.timing import format_seconds
 
@@ -42,17 +45,21 @@ def run(size: str = "full", device="auto", dtype: str = "bf16", warmup: int = 1,
 
 def _run(size, dev, dtype, warmup, repeat) -> dict:
     rows = []
+    meter = ContentionMeter()  # one span per workload, around both timers' runs
     for name, shape in AMP_SIZES[size].items():
         wl = workloads._BUILDERS[name](dev, **shape)
-        variants = measure.amp_variants(wl, dev, ["fp32", dtype], warmup, repeat)
-        timer_times = measure.timer_stats_interleaved(
-            wl, {v: measure.recipe_for(v, dev) for v in variants}, repeat)
+        with meter.span(name):
+            variants = measure.amp_variants(wl, dev, ["fp32", dtype], warmup, repeat)
+            timer_times = measure.timer_stats_interleaved(
+                wl, {v: measure.recipe_for(v, dev) for v in variants}, repeat)
+        others = meter.result.others_cores(name)
         for vname, variant in variants.items():
             t_med = measure.median(timer_times[vname])
             agree = measure.agreement(variant.median, t_med)
             rows.append({"workload": name, "description": wl.description, "variant": vname,
                          "amp_median_s": variant.median, "amp_iqr_s": variant.times.iqr,
-                         "timer_median_s": t_med, "ratio": agree["ratio"], "pass": agree["pass"]})
+                         "timer_median_s": t_med, "ratio": agree["ratio"], "pass": agree["pass"],
+                         "others_cores": others})
         del wl
     overhead = measure.harness_overhead(dev)
     state_model = measure._model_of(16 * 2**20, dev)
@@ -60,18 +67,26 @@ def _run(size, dev, dtype, warmup, repeat) -> dict:
     snap = measure.snapshot_cost(dev, sizes_mb=(1, 16, 64) if size == "full" else (1, 4))
     return {"device": str(dev), "torch": torch.__version__, "threads": torch.get_num_threads(),
             "warmup": warmup, "repeat": repeat, "rows": rows, "harness": overhead,
-            "harness_with_state": overhead_state, "snapshot": snap}
+            "harness_with_state": overhead_state, "snapshot": snap, "contention": meter.result.to_dict(),
+            "contended": [w for w in meter.result.contended_spans() if w is not None]}
 
 
 def report(res: dict) -> str:
     out = [f"%%amp (compare_amp) vs torch.utils.benchmark.Timer on {res['device']}, torch {res['torch']}, "
            f"{res['threads']} threads, warmup {res['warmup']}, repeat {res['repeat']} (one run per sample)", ""]
     out.append(f"{'workload':<8} {'variant':<7} {'%%amp median':>13} {'(IQR)':>10} {'Timer median':>13} "
-               f"{'ratio':>6}  agree<=10%")
+               f"{'ratio':>6}  agree<=10%  others")
     for r in res["rows"]:
+        others = "n/a" if r["others_cores"] is None else f"{r['others_cores']:.2f}"
         out.append(f"{r['workload']:<8} {r['variant']:<7} {format_seconds(r['amp_median_s']):>13} "
                    f"{format_seconds(r['amp_iqr_s']):>10} {format_seconds(r['timer_median_s']):>13} "
-                   f"{r['ratio']:>6.3f}  {'PASS' if r['pass'] else 'FAIL'}")
+                   f"{r['ratio']:>6.3f}  {'PASS' if r['pass'] else 'FAIL':<10}  {others:>6}")
+    c = res["contention"]
+    out.append(f"others: cores other programs kept busy on average while the workload was measured, of the "
+               f"{c['cores']} this process may use ({c['method'] if c['measured'] else 'not measured: ' + c['unknown']})")
+    if res["contended"]:
+        out.append(f"contended (as %%amp warns: others >= {MIN_OTHERS_CORES} cores, and with torch's threads more than "
+                   f"the cores): {', '.join(res['contended'])} -- their times and ratios include other programs' load")
     h, hs = res["harness"], res["harness_with_state"]
     out += ["", "Harness overhead per run (" + h["method"] + "):",
             f"  trivial fn, no state: {h['overhead_s'] * 1e6:.0f} µs per run (p90 {h['overhead_p90_s'] * 1e6:.0f} µs) "

@@ -5,7 +5,8 @@ The order of runs is the method, so it is spelled out here:
 1. Snapshot the state the code can touch (`snapshot.Snapshot`), on the host.
 2. ``warmup`` rounds of (fp32, amp), output silenced: caches, cuBLAS handles, autotuning.
 3. ``repeat`` timed rounds; the order inside a round alternates (fp32 first, then amp first) so a
-   clock that drifts during the measurement does not favour one side.
+   clock that drifts during the measurement does not favour one side. Around each timed run,
+   `contention.ContentionMeter` measures how much CPU other programs took, per variant.
 4. One run per variant under the peak-memory meter, one per variant under the op audit (dtype per
    op, FLOPs, gradient hooks). These are separate because both meters perturb timing.
 5. One last run under the recipe, with its output shown: the user's state afterwards is exactly
@@ -28,6 +29,7 @@ import torch
 
 from .amp_advice import advise
 from .amp_result import MEMORY_NOISE_FLOOR, MIN_RUNS, AmpResult, Variant
+from .contention import ContentionMeter
 from .device import DTYPE_NAMES, DeviceError, device_info, dtype_name, resolve_device
 from .drift import compute_drift, runs_differ, to_host
 from .flops import OpAudit
@@ -176,6 +178,11 @@ class _Cell:
         return where
 
 
+def _amp_name(recipe: Recipe) -> str:
+    """The mixed-precision variant's name: "bf16", "fp16", or "tf32" for TF32 alone."""
+    return DTYPE_NAMES.get(recipe.autocast_dtype, "tf32")
+
+
 def _run_words(recipe: Recipe) -> str:
     if recipe.autocast_dtype is not None:
         return f"under {DTYPE_NAMES[recipe.autocast_dtype]} autocast"
@@ -199,6 +206,8 @@ class _Runner:
         self.cell, self.snapshot, self.torch_globals = cell, snapshot, torch_globals
         self.clock, self.device, self.silence = clock, device, silence
         self.on_first_run, self.runs_after_first = on_first_run, runs_after_first
+        self.meter: ContentionMeter | None = None  # set for the timed rounds only, not the warmup
+        self.names: dict = {}  # id(recipe) -> the variant's name, the meter's span
 
     def start(self, recipe: Recipe, kept: bool = False) -> None:
         """Every run starts from the same variables and the same torch settings."""
@@ -210,7 +219,7 @@ class _Runner:
     def timed(self, recipe: Recipe) -> float:
         __tracebackhide__ = True  # noqa: F841 - IPython hides nbaccel's frames from the user's traceback
         self.start(recipe)
-        with self.silence(), apply_recipe(recipe):
+        with self.silence(), apply_recipe(recipe), self._contention(recipe):
             seconds, _ = self.clock.measure(self.cell)
         # The first run of a comparison is always a timed one (warmup or not). Reported here, after
         # the silenced block, so a note the callback prints reaches the user.
@@ -218,6 +227,13 @@ class _Runner:
             report, self.on_first_run = self.on_first_run, None
             report(seconds, self.runs_after_first)
         return seconds
+
+    def _contention(self, recipe: Recipe):
+        # Inside the recipe and the silencing, around the clock only: the window is the timed one,
+        # and the snapshot restore before it (this process's work anyway) stays out.
+        if self.meter is None:
+            return contextlib.nullcontext()
+        return self.meter.span(self.names[id(recipe)])
 
     def memory(self, recipe: Recipe, keep_value: bool = False) -> tuple[PeakMemory, object]:
         """(the run's peak memory, a host copy of its value when ``keep_value``, else None)."""
@@ -263,6 +279,7 @@ def compare_amp(
     max_snapshot_fraction: float | None = 0.5,
     on_cell_error: Callable[[BaseException, str], None] | None = None,
     on_first_run: Callable[[float, int], None] | None = None,
+    contention_meter: ContentionMeter | None = None,
 ) -> AmpResult:
     """Time ``fn`` in strict fp32 and under autocast (+TF32 on CUDA) from the same starting state.
 
@@ -287,6 +304,8 @@ def compare_amp(
     ``on_first_run(seconds, runs_left)``: called once, after the first run, with its measured time
     and the number of runs still to come (`planned_runs` in all), so a caller can say how long the
     rest will take (``%%amp`` does, when that is long).
+    ``contention_meter``: what measures other programs' CPU use during the timed runs (default: a
+    `ContentionMeter` reading /proc; tests inject scripted readers).
     Returns an `AmpResult`; the kept run's return value is ``result.value``.
     Under torchrun it measures the calling rank only; `nbaccel.distributed.compare_amp` (or
     ``gather_amp(result)``) gathers every rank's result (min/median/max, slowest rank).
@@ -330,6 +349,9 @@ def compare_amp(
             for recipe in order:
                 runner.timed(recipe)
         times = {id(r): Stats() for r in order}
+        # Made here, after the warmup: a DataLoader's workers started by it are found as ours.
+        runner.meter = contention_meter or ContentionMeter()
+        runner.names = {id(base_recipe): "fp32", id(amp_recipe): _amp_name(amp_recipe)}
         for i in range(repeat):
             for recipe in (order if i % 2 == 0 else order[::-1]):
                 times[id(recipe)].times.append(runner.timed(recipe))
@@ -345,6 +367,7 @@ def compare_amp(
         result = _build_result(info, order, times, memory, audits, amp_recipe, base_recipe, baseline,
                                warmup, repeat, clock, snapshot, restore, value, fp32_again)
         result.outer_autocast = outer_autocast
+        result.contention = runner.meter.result
         finished = True
     except BaseException as exc:  # KeyboardInterrupt too; re-raised unchanged
         if cell.failure is not None and cell.failure[0] is exc:
@@ -368,7 +391,7 @@ def _build_result(info, order, times, memory, audits, amp_recipe, base_recipe, b
         audit = audits[id(recipe)][0]
         return Variant(name, recipe, times[id(recipe)], memory[id(recipe)], audit.table(), audit.total_flops)
 
-    amp_variant = variant(DTYPE_NAMES.get(amp_recipe.autocast_dtype, "tf32"), amp_recipe)
+    amp_variant = variant(_amp_name(amp_recipe), amp_recipe)
     base_variant = variant("fp32", base_recipe) if baseline else None
     amp_audit, amp_probe, (amp_value, amp_error), scaler_info = audits[id(amp_recipe)]
     base_probe = audits[id(base_recipe)][1] if baseline else None

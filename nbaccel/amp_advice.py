@@ -141,6 +141,10 @@ def advise(result: AmpResult) -> list[str]:
             else:
                 notes.append(f"No speedup ({speedup:.2f}x): the work is too small or memory-bound for {dtype} to pay "
                              "for its casts; try a larger batch.")
+        elif not result.speedup_uncertain and result.contention_warning:
+            # Not "is faster": the warning says other programs took the CPU during the timed runs.
+            notes.append(f"{label} measured {speedup:.2f}x faster, but while other programs competed for the CPU "
+                         "(see the warning): re-run when the machine is quiet before relying on it.")
         elif not result.speedup_uncertain:
             notes.append(f"{label} is {speedup:.2f}x faster here.")
     unaligned = _significant_unaligned(result)

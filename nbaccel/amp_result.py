@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch.utils._pytree import tree_map
 
+from .contention import Contention
 from .device import DeviceInfo
 from .flops import precision_summary
 from .memory import PeakMemory
@@ -87,6 +88,8 @@ class AmpResult(ResultMixin):
     drift_skipped: str | None = None  # why there is no drift although both variants ran (nbaccel's failure)
     # Autocast already on around the call ({device type: dtype}): the recipes overrode it (see advise).
     outer_autocast: dict = field(default_factory=dict)
+    # Other programs' CPU use during the timed runs, per variant (None: made by hand, not measured).
+    contention: Contention | None = None
     value: object = field(default=None, repr=False)  # the kept run's value (not serialized)
 
     @property
@@ -141,7 +144,25 @@ class AmpResult(ResultMixin):
                          f"speedup is uncertain; use {option('repeat', 5)} or more")
         elif self.speedup_uncertain:
             notes.append("the two variants' IQRs overlap: the speedup could flip on a re-run")
+        contended = self.contention_warning
+        if contended:
+            notes.append(contended)
         return notes
+
+    @property
+    def contention_warning(self) -> str | None:
+        """What other programs' CPU use did to the times, when it reached the threshold
+        (`contention.MIN_OTHERS_CORES`, and more demand than cores), else None."""
+        c = self.contention
+        if c is None or not c.contended:
+            return None
+        # On CUDA the kernels themselves run on the GPU, but launching them, the Python between them
+        # and the data loading are host work that waits for a core like any CPU code.
+        hurt = ("the times include that contention" if self.device.type == "cpu" else
+                "the times include the host-side delays it causes (kernel launches, Python, data loading)")
+        claim = "the speedup may not hold" if self.baseline is not None else "they may not hold"
+        return (f"other programs used {c.figures()} during the timed runs: {hurt} and {claim}; "
+                "re-run when the machine is quiet")
 
     def __deepcopy__(self, memo):
         """A copy whose ``value`` is detached: the kept run's output usually carries a ``grad_fn``, and
@@ -183,6 +204,7 @@ class AmpResult(ResultMixin):
             "outer_autocast": self.outer_autocast,
             "advice": self.advice,
             "noise_warnings": self.noise_warnings,
+            "contention": self.contention.to_dict() if self.contention else None,
         }
 
 

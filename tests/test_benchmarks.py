@@ -128,6 +128,7 @@ def test_bench_amp_small():
     assert all(s["capture_ms_per_mib"] > 0 and s["restore_ms_per_mib"] > 0 for s in res["snapshot"])
     text = bench_amp.report(res)
     assert "Timer median" in text and "Harness overhead" in text and "restore/MiB" in text
+    assert "others: cores other programs kept busy" in text and "others_cores" in res["rows"][0]
     assert text.count("PASS") + text.count("FAIL") >= len(res["rows"]) + 1
 
 

@@ -36,13 +36,19 @@ def headline(result) -> str:
         if _no_torch_ops(result):
             parts.append(f"no torch operators ran (plain Python timed: {result.speedup:.2f}x, not an autocast effect)")
         else:
-            parts.append(f"speedup {result.speedup:.2f}x" + (" (uncertain)" if result.speedup_uncertain else ""))
+            flags = [w for w, on in (("uncertain", result.speedup_uncertain), ("contended", _contended(result))) if on]
+            parts.append(f"speedup {result.speedup:.2f}x" + (f" ({', '.join(flags)})" if flags else ""))
     memory = memory_summary(result)
     if memory:
         parts.append(" ".join(memory))
     if result.drift:
         parts.append(drift_summary(result))
     return ", ".join(parts) or f"{result.amp.name} only (no baseline)"
+
+
+def _contended(result) -> bool:
+    """Other programs took a material share of the CPU during the timed runs (see the warning)."""
+    return result.contention_warning is not None
 
 
 def memory_summary(result) -> tuple[str, str] | None:
@@ -92,7 +98,8 @@ def method(result) -> str:
     runs = (f"{_count(result.warmup, 'warmup round') if result.warmup else 'no warmup'}, "
             f"{_count(result.repeat, 'timed run')} per variant"
             + (", interleaved" if result.baseline is not None else f" ({result.amp.name} only, no fp32 baseline)"))
-    return f"{runs}; timer: {result.timer_method}; memory: {mem}; {state}"
+    contention = result.contention.summary() if result.contention else "contention: not measured"
+    return f"{runs}; timer: {result.timer_method}; {contention}; memory: {mem}; {state}"
 
 
 def _count(n: int, noun: str) -> str:
@@ -157,7 +164,7 @@ def _drift_lines(result) -> list[str]:
 def _kpis(result) -> str:
     kpis = []
     if result.speedup is not None:
-        cls = "big warn" if result.speedup_uncertain or _no_torch_ops(result) else "big"
+        cls = "big warn" if result.speedup_uncertain or _no_torch_ops(result) or _contended(result) else "big"
         label = "speedup (no torch ops ran)" if _no_torch_ops(result) else "speedup"
         kpis.append(f'<div class="kpi"><div class="muted">{label}</div><div class="{cls} nbaccel-speedup">'
                     f'{result.speedup:.2f}x</div></div>')

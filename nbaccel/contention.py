@@ -1,0 +1,290 @@
+"""How much CPU other programs took while a block ran: measured, so a timing can say it was contended.
+
+A background training job, a second kernel or a compile on the same machine inflates a timing in a
+way its spread does not show: if it runs through all the runs, every run is slower by about the same
+amount and the IQR stays small. What the machine did meanwhile is in Linux's ``/proc/stat``:
+
+* the busy time of each CPU this process may run on (``os.sched_getaffinity``): user + nice +
+  system + irq + softirq + steal (steal is time the hypervisor gave another VM: contention too);
+  idle and iowait are idle. Only those CPUs: a job pinned to other cores does not compete.
+* minus this process's own CPU time (``time.process_time``: every thread, nanosecond clock) and
+  its children's (see `ProcReader.ours`): a DataLoader worker is the cell's own work.
+
+What is left, divided by the wall time, is the number of cores other programs kept busy on
+average. It is measured per named span and summed, so ``%%amp`` can tell fp32's runs from the
+mixed-precision ones'. Where there is no ``/proc/stat`` (macOS, Windows) nothing is claimed.
+
+The readers and the clock are injectable, so the arithmetic is tested without a busy machine.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+# Others must average at least a quarter of a core before a timing is called contended. Why this
+# much: torch's CPU kernels run OpenMP parallel regions that wait for their slowest thread, so a
+# quarter of one core taken from a torch thread can slow a region by up to a quarter -- well over
+# the 10 % spread that already earns a noise warning (timing.NOISE_THRESHOLD); and the figure's own
+# error stays well below it (summed short spans agreed with one span around them within 0.06 cores
+# on the 2-core VM: docs/amp.md).
+MIN_OTHERS_CORES = 0.25
+
+# /proc/stat counts in ticks of 1/USER_HZ s (10 ms), per CPU: one tick of rounding on one core is
+# already 0.05 cores over 0.2 s, and 0.5 cores over 20 ms, so below this much wall time a span's
+# figure would be mostly rounding and is not given.
+MIN_WINDOW_S = 0.2
+
+
+def _user_hz() -> int:
+    try:
+        return os.sysconf("SC_CLK_TCK")
+    except (AttributeError, ValueError, OSError):  # no sysconf (Windows): /proc is not there either
+        return 100
+
+
+def _usable_cpus() -> set[int] | None:
+    try:
+        return set(os.sched_getaffinity(0))
+    except AttributeError:  # macOS, Windows
+        return None
+
+
+class ProcReader:
+    """Readings from Linux's /proc, in seconds. ``proc`` is the mount point (a test can point it at
+    a fake tree); ``cpus`` the CPU numbers to count (default: those this process may run on)."""
+
+    def __init__(self, proc: str = "/proc", cpus: set[int] | None = None):
+        self.proc = proc
+        self.cpus = _usable_cpus() if cpus is None else set(cpus)
+        self.hz = _user_hz()
+        own = os.getpid()
+        # Live children are found through /proc/<pid>/task/<tid>/children where the kernel has it
+        # (CONFIG_PROC_CHILDREN); without it (some VM kernels), one scan of /proc now finds the
+        # descendants that already exist, e.g. DataLoader workers started by the warmup runs.
+        self._children_files = os.path.exists(f"{proc}/{own}/task/{own}/children")
+        self._known = set() if self._children_files else self._scan_descendants(own)
+        self.method = ("/proc/stat busy time of the usable cores (steal included) minus this process's and its "
+                       "child processes' CPU time")
+        if not self._children_files:
+            self.method += ("; child processes started during the timed runs count as other programs (this "
+                            "kernel has no /proc/<pid>/task/<tid>/children to find them)")
+
+    def available(self) -> str | None:
+        """Why nothing can be measured here, or None."""
+        if not os.path.exists(f"{self.proc}/stat"):
+            return "no /proc/stat on this OS"
+        if not self.cpus:
+            return "the CPUs this process may use are unknown"
+        return None
+
+    def busy(self) -> float:
+        """CPU-seconds the usable CPUs have been busy since boot."""
+        ticks = 0
+        with open(f"{self.proc}/stat", "rb") as f:
+            for line in f:
+                if not line.startswith(b"cpu") or line.startswith(b"cpu "):
+                    continue
+                name, *values = line.split()
+                if int(name[3:]) in self.cpus:
+                    v = [int(x) for x in values]
+                    ticks += v[0] + v[1] + v[2] + v[5] + v[6] + (v[7] if len(v) > 7 else 0)
+        return ticks / self.hz
+
+    def ours(self) -> float:
+        """CPU-seconds of this process (all threads) and its descendants so far.
+
+        Children that ended and were waited for (a non-persistent DataLoader's workers, a
+        subprocess.run) are in getrusage(RUSAGE_CHILDREN). Live ones are read from their
+        /proc/<pid>/stat, own and reaped-children time, so a child that ends between two readings
+        moves from one term to the other without being counted twice. Not seen: a child started
+        and still running inside a span on a kernel without the children files, and a child that
+        outlived its parent (re-parented to init): those count as other programs."""
+        import resource  # POSIX only: imported where /proc exists, never on Windows
+
+        usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+        total = time.process_time() + usage.ru_utime + usage.ru_stime
+        pids = self._descendants(os.getpid()) if self._children_files else self._known
+        for pid in pids:
+            total += self._pid_seconds(pid)
+        return total
+
+    def _pid_seconds(self, pid: int) -> float:
+        try:
+            with open(f"{self.proc}/{pid}/stat", "rb") as f:
+                data = f.read()
+        except OSError:  # ended (and reaped: its time is in its parent's now)
+            return 0.0
+        fields = data[data.rindex(b")") + 2:].split()  # the name in (...) may hold spaces
+        return sum(int(x) for x in fields[11:15]) / self.hz  # utime stime cutime cstime
+
+    def _descendants(self, pid: int) -> list[int]:
+        found, todo = [], [pid]
+        while todo:
+            parent = todo.pop()
+            try:
+                tasks = os.listdir(f"{self.proc}/{parent}/task")
+            except OSError:
+                continue
+            for tid in tasks:
+                try:
+                    with open(f"{self.proc}/{parent}/task/{tid}/children") as f:
+                        children = [int(c) for c in f.read().split()]
+                except OSError:
+                    continue
+                found += children
+                todo += children
+        return found
+
+    def _scan_descendants(self, pid: int) -> set[int]:
+        parents = {}
+        try:
+            names = os.listdir(self.proc)
+        except OSError:
+            return set()
+        for name in names:
+            if name.isdigit():
+                try:
+                    with open(f"{self.proc}/{name}/stat", "rb") as f:
+                        data = f.read()
+                    parents[int(name)] = int(data[data.rindex(b")") + 2:].split()[1])
+                except (OSError, ValueError, IndexError):
+                    continue
+        found, todo = set(), [pid]
+        while todo:
+            parent = todo.pop()
+            children = [p for p, pp in parents.items() if pp == parent and p not in found]
+            found.update(children)
+            todo += children
+        return found
+
+
+@dataclass
+class Contention:
+    """What other programs used during named spans (e.g. ``fp32``, ``bf16``); raw numbers in."""
+
+    cores: int | None  # CPUs this process may run on
+    threads: int | None  # torch's intra-op threads (what the timed code asks for on the CPU)
+    wall_s: dict = field(default_factory=dict)  # span -> seconds of wall time, summed
+    others_s: dict = field(default_factory=dict)  # span -> CPU-seconds used by other programs (signed sum)
+    method: str = ""
+    unknown: str | None = None  # why nothing was measured
+
+    def others_cores(self, span: str | None = None) -> float | None:
+        """Cores other programs kept busy on average during ``span`` (all spans: None), or None when
+        not measured or the window is too short to tell (`MIN_WINDOW_S`)."""
+        names = list(self.wall_s) if span is None else [span]
+        wall = sum(self.wall_s.get(n, 0.0) for n in names)
+        if self.unknown or wall < MIN_WINDOW_S:
+            return None
+        # Clamped: a negative sum (our own ticks rounded up, a counter reset) would say others gave
+        # time back, and above the cores there is only rounding.
+        others = max(0.0, sum(self.others_s.get(n, 0.0) for n in names) / wall)
+        return min(others, float(self.cores)) if self.cores else others
+
+    def contended_spans(self) -> list[str | None]:
+        """The figures (None = all spans together) that reach the threshold: others averaged at
+        least `MIN_OTHERS_CORES`, and with torch's threads they needed more cores than there are,
+        so the scheduler had no idle core to put them on."""
+        out = []
+        for span in [None, *self.wall_s]:
+            others = self.others_cores(span)
+            if others is not None and others >= MIN_OTHERS_CORES and others + (self.threads or 1) > (self.cores or 1):
+                out.append(span)
+        return out
+
+    @property
+    def contended(self) -> bool:
+        return bool(self.contended_spans())
+
+    def figures(self) -> str:
+        """E.g. "0.7 of the 2 CPU cores this process may use (fp32 runs: 1.3, bf16 runs: 0.1)"."""
+        total = self.others_cores()
+        each = [f"{n} runs: {self.others_cores(n):.1f}" for n in self.wall_s if self.others_cores(n) is not None]
+        of = (f"of the {self.cores} CPU core{'s' if self.cores != 1 else ''} this process may use" if self.cores
+              else "CPU cores")
+        return f"{total:.1f} {of}" + (f" ({', '.join(each)})" if len(each) > 1 else "")
+
+    def summary(self) -> str:
+        """For a method line: the figure and how it was made, or why there is none."""
+        if self.unknown:
+            return f"contention: not measured ({self.unknown})"
+        if self.others_cores() is None:
+            wall = sum(self.wall_s.values())
+            return (f"contention: not measured (the timed runs lasted {wall * 1e3:.0f} ms in all, under the "
+                    f"{MIN_WINDOW_S:g} s that /proc/stat's 10 ms ticks need)")
+        return f"contention: other programs used {self.figures()}, torch using {self.threads} threads ({self.method})"
+
+    def to_dict(self) -> dict:
+        return {
+            "measured": self.unknown is None,
+            "unknown": self.unknown,
+            "method": self.method,
+            "cores": self.cores,
+            "torch_threads": self.threads,
+            "others_cores": self.others_cores(),
+            "spans": {n: {"wall_s": self.wall_s[n], "others_cpu_s": self.others_s.get(n, 0.0),
+                          "others_cores": self.others_cores(n)} for n in self.wall_s},
+            "contended": self.contended,
+            "threshold_cores": MIN_OTHERS_CORES,
+            "min_window_s": MIN_WINDOW_S,
+        }
+
+
+class ContentionMeter:
+    """Measures other programs' CPU use over named spans: ``with meter.span("fp32"): run()``.
+
+    ``reader``: a `ProcReader` (the default). Tests pass scripted functions instead: ``busy()``,
+    CPU-seconds the usable cores have been busy; ``ours()``, CPU-seconds of this process and its
+    children; ``now()``, wall seconds; with ``cores``. A reader that fails turns the measurement
+    into "unknown" with the reason: measuring contention must never break the timing it describes.
+    """
+
+    def __init__(self, reader: ProcReader | None = None, *, busy: Callable[[], float] | None = None,
+                 ours: Callable[[], float] | None = None, now: Callable[[], float] = time.perf_counter,
+                 cores: int | None = None, threads: int | None = None):
+        unknown, method = None, "injected readers"
+        if busy is None or ours is None:
+            reader = reader or ProcReader()
+            unknown, method = reader.available(), reader.method
+            busy, ours = busy or reader.busy, ours or reader.ours
+            cores = cores if cores is not None else (len(reader.cpus) if reader.cpus else None)
+        if threads is None:
+            import torch
+
+            threads = torch.get_num_threads()
+        self._busy, self._ours, self._now = busy, ours, now
+        self.result = Contention(cores=cores, threads=threads, method=method, unknown=unknown)
+
+    @contextlib.contextmanager
+    def span(self, name: str):
+        if self.result.unknown:
+            yield
+            return
+        start = self._read()
+        try:
+            yield
+        finally:
+            end = self._read()
+            if start is not None and end is not None:
+                # Kept signed and clamped only in the sum (`Contention.others_cores`): a span shorter
+                # than a 10 ms tick reads 0 or 10 ms of busy time against our exact CPU time, and
+                # clamping each one would keep the +10 ms readings and drop the negative ones --
+                # 1 ms spans on a quiet machine read as 0.9 cores of "others" that way.
+                wall = end[0] - start[0]
+                others = (end[1] - start[1]) - (end[2] - start[2])
+                self.result.wall_s[name] = self.result.wall_s.get(name, 0.0) + wall
+                self.result.others_s[name] = self.result.others_s.get(name, 0.0) + others
+
+    def _read(self):
+        try:
+            return self._now(), self._busy(), self._ours()
+        except (OSError, ValueError, IndexError) as exc:
+            self.result.unknown = f"reading /proc failed: {type(exc).__name__}: {exc}"
+            return None
+
+
+__all__ = ["Contention", "ContentionMeter", "ProcReader", "MIN_OTHERS_CORES", "MIN_WINDOW_S"]

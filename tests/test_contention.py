@@ -1,0 +1,322 @@
+"""Contention: other programs' CPU use during the timed runs, measured (nbaccel.contention) and
+reported by %%amp. Scripted readers for the arithmetic; real busy processes for the mechanism."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+import nbaccel
+from nbaccel.contention import MIN_OTHERS_CORES, MIN_WINDOW_S, Contention, ContentionMeter, ProcReader
+from nbaccel.render import amp as amp_render
+from nbaccel.timing import Clock
+
+class FakeClock(Clock):
+    """Each run takes a scripted time (as in test_amp_api)."""
+
+    def __init__(self, seconds_for):
+        super().__init__(torch.device("cpu"))
+        self.seconds_for = seconds_for
+
+    def measure(self, fn):
+        value = fn()
+        return self.seconds_for(), value
+
+
+linux_only = pytest.mark.skipif(not os.path.exists("/proc/stat") or not hasattr(os, "sched_getaffinity"),
+                                reason="contention is measured from Linux's /proc")
+
+
+class Script:
+    """Readers whose values advance by a fixed step at every reading: 'busy' and 'ours' in CPU-seconds
+    per second of the scripted wall clock."""
+
+    def __init__(self, busy_rate, ours_rate, step=0.1):
+        self.t = self.busy = self.ours = 0.0
+        self.busy_rate, self.ours_rate, self.step = busy_rate, ours_rate, step
+
+    def now(self):
+        # Every reading is (now, busy, ours): the clock moves first, the counters follow it.
+        self.t += self.step
+        rate = self.busy_rate() if callable(self.busy_rate) else self.busy_rate
+        self.busy += rate * self.step
+        self.ours += self.ours_rate * self.step
+        return self.t
+
+    def meter(self, cores=2, threads=2):
+        return ContentionMeter(busy=lambda: self.busy, ours=lambda: self.ours, now=self.now, cores=cores,
+                               threads=threads)
+
+
+def test_busy_others_are_the_busy_time_minus_ours_per_second():
+    script = Script(busy_rate=1.8, ours_rate=1.0)
+    meter = script.meter()
+    for _ in range(3):
+        with meter.span("fp32"):
+            pass
+    c = meter.result
+    assert c.wall_s["fp32"] == pytest.approx(0.3)
+    assert c.others_cores("fp32") == pytest.approx(0.8)
+    assert c.others_cores() == pytest.approx(0.8)
+    assert c.contended and c.contended_spans() == [None, "fp32"]
+
+
+def test_an_idle_machine_is_not_contended():
+    script = Script(busy_rate=1.0, ours_rate=1.0)
+    meter = script.meter()
+    for name in ("fp32", "bf16", "fp32", "bf16"):
+        with meter.span(name):
+            pass
+    assert meter.result.others_cores() == pytest.approx(0.0)
+    assert not meter.result.contended
+
+
+def test_others_fitting_beside_torchs_threads_are_not_contention():
+    # 0.8 cores of others on 4 cores while torch uses 2 threads: the scheduler had idle cores for them.
+    script = Script(busy_rate=2.8, ours_rate=2.0)
+    meter = script.meter(cores=4, threads=2)
+    for _ in range(3):
+        with meter.span("fp32"):
+            pass
+    assert meter.result.others_cores() == pytest.approx(0.8)
+    assert not meter.result.contended
+    # ... and below the threshold on a full machine neither.
+    small = Contention(cores=2, threads=2, wall_s={"fp32": 1.0}, others_s={"fp32": MIN_OTHERS_CORES * 0.9})
+    assert not small.contended
+
+
+def test_negative_deltas_are_clamped_to_nothing():
+    # Our own time grew more than the machine's busy time (ticks rounded, a counter reset).
+    script = Script(busy_rate=0.5, ours_rate=1.0)
+    meter = script.meter()
+    for _ in range(3):
+        with meter.span("fp32"):
+            pass
+    assert meter.result.others_cores() == 0.0
+    assert not meter.result.contended
+
+
+def test_spans_shorter_than_a_tick_sum_signed_before_the_clamp():
+    # A quiet machine, this process busy on one core, timed in 1 ms spans: /proc/stat moves in 10 ms
+    # ticks, so one span in ten reads +10 ms of busy time and the rest read none, against our exact
+    # 1 ms each. Clamping span by span kept the +9 ms and dropped the -1 ms: 0.9 cores of "others".
+    clock = {"t": 0.0}
+
+    def busy():
+        return 0.010 * (clock["t"] // 0.010)
+
+    meter = ContentionMeter(busy=busy, ours=lambda: clock["t"], now=lambda: clock["t"], cores=2, threads=2)
+    for _ in range(300):
+        with meter.span("fp32"):
+            clock["t"] += 0.001
+    assert meter.result.wall_s["fp32"] == pytest.approx(0.3)
+    assert meter.result.others_cores("fp32") == pytest.approx(0.0, abs=0.04)  # one tick of rounding at most
+
+
+def test_zero_or_short_wall_time_gives_no_figure():
+    c = Contention(cores=2, threads=2, wall_s={"fp32": 0.0}, others_s={"fp32": 0.5})
+    assert c.others_cores() is None and not c.contended
+    c = Contention(cores=2, threads=2, wall_s={"fp32": MIN_WINDOW_S / 2}, others_s={"fp32": 0.1})
+    assert c.others_cores("fp32") is None
+    assert "contention: not measured (the timed runs lasted 100 ms in all" in c.summary()
+
+
+def test_missing_proc_is_unknown_and_claims_nothing(tmp_path):
+    meter = ContentionMeter(ProcReader(proc=str(tmp_path), cpus={0}))
+    with meter.span("fp32"):
+        time.sleep(MIN_WINDOW_S)
+    c = meter.result
+    assert c.unknown == "no /proc/stat on this OS"
+    assert c.others_cores() is None and not c.contended and c.wall_s == {}
+    assert c.summary() == "contention: not measured (no /proc/stat on this OS)"
+    assert c.to_dict()["measured"] is False
+
+
+def test_a_reader_that_fails_makes_it_unknown_not_an_error():
+    def broken():
+        raise OSError("gone")
+
+    meter = ContentionMeter(busy=broken, ours=lambda: 0.0, cores=2, threads=2)
+    with meter.span("fp32"):
+        pass
+    assert meter.result.unknown == "reading /proc failed: OSError: gone"
+    assert not meter.result.contended
+
+
+def test_proc_files_are_read_for_the_usable_cpus_only(tmp_path):
+    hz = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+    # user nice system idle iowait irq softirq steal guest guest_nice
+    (tmp_path / "stat").write_text("cpu  999 0 0 0 0 0 0 0 0 0\n"
+                                   "cpu0 10 1 2 500 7 3 4 5 0 0\n"
+                                   "cpu1 100 0 0 400 0 0 0 0 0 0\n"
+                                   "cpu2 1000 0 0 0 0 0 0 0 0 0\n"
+                                   "intr 1 2 3\n")
+    reader = ProcReader(proc=str(tmp_path), cpus={0, 1})
+    assert reader.available() is None
+    # idle and iowait are not busy; steal is; cpu2 is not this process's to use
+    assert reader.busy() == pytest.approx((10 + 1 + 2 + 3 + 4 + 5 + 100) / hz)
+    # a process name may hold spaces and parentheses: the fields are read after the last ')'
+    (tmp_path / "77").mkdir()
+    (tmp_path / "77" / "stat").write_text("77 (a (b) c) S 1 77 77 0 -1 0 0 0 0 0 30 20 6 4 20 0 1 0\n")
+    assert reader._pid_seconds(77) == pytest.approx((30 + 20 + 6 + 4) / hz)
+    assert reader._pid_seconds(78) == 0.0  # ended: its time is in its parent's now
+
+
+def test_without_children_files_the_descendants_alive_at_the_start_are_found(tmp_path):
+    # Some kernels (CONFIG_PROC_CHILDREN off) have no /proc/<pid>/task/<tid>/children: one scan of
+    # every /proc/<pid>/stat finds this process's children and theirs by parent pid.
+    hz = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+    me = os.getpid()
+
+    def proc(pid, ppid, ticks):
+        (tmp_path / str(pid)).mkdir()
+        (tmp_path / str(pid) / "stat").write_text(f"{pid} (python) S {ppid} 0 0 0 -1 0 0 0 0 0 {ticks} 0 0 0 20 0\n")
+
+    proc(me, 1, 0)
+    proc(me + 100001, me, 30)  # a worker
+    proc(me + 100002, me + 100001, 20)  # the worker's own child
+    proc(me + 100003, 1, 500)  # another program
+    reader = ProcReader(proc=str(tmp_path), cpus={0})
+    assert reader._known == {me + 100001, me + 100002}
+    before = time.process_time()
+    assert reader.ours() >= before + (30 + 20) / hz
+    assert "child processes started during the timed runs count as other programs" in reader.method
+
+
+def _scripted_amp(busy_rate, device_threads=2, cores=2, **kwargs):
+    """compare_amp on a real cell with a fake clock and scripted contention readers."""
+    script = Script(busy_rate=busy_rate, ours_rate=1.0)
+    clock = FakeClock(lambda: 0.010 if torch.is_autocast_enabled("cpu") else 0.030)
+    x = torch.randn(16, 64)
+    w = torch.randn(64, 64)
+    return nbaccel.compare_amp(lambda: (x @ w).sum(), repeat=4, warmup=0, clock=clock,
+                               contention_meter=script.meter(cores=cores, threads=device_threads), **kwargs)
+
+
+def test_amp_warns_with_the_figures_per_variant_in_text_html_and_widget():
+    # The fp32 runs were contended (others 1.3 cores), the bf16 ones were not (0.1): exactly what
+    # makes a large, confident, bogus speedup.
+    result = _scripted_amp(lambda: 1.1 if torch.is_autocast_enabled("cpu") else 2.3)
+    c = result.contention
+    assert c.others_cores("fp32") == pytest.approx(1.3) and c.others_cores("bf16") == pytest.approx(0.1)
+    warning = ("other programs used 0.7 of the 2 CPU cores this process may use (fp32 runs: 1.3, bf16 runs: 0.1) "
+               "during the timed runs: the times include that contention and the speedup may not hold; "
+               "re-run when the machine is quiet")
+    assert result.noise_warnings == [warning]
+    assert result.contention_warning == warning
+    text = str(result)
+    assert "WARNING: " + warning in text
+    assert "speedup 3.00x (contended)" in text
+    assert "is 3.00x faster here" not in text and "measured 3.00x faster, but while other programs" in text
+    method = text.split("method: ")[1]
+    assert "contention: other programs used 0.7 of the 2 CPU cores" in method and "torch using 2 threads" in method
+    html = result._repr_html_()
+    assert warning in html and "contention: other programs used" in html
+    box = amp_render.widget(result)
+    assert warning in box.children[0].value and "contention: other programs used" in box.children[-1].value
+    data = json.loads(result.to_json(allow_nan=False))["contention"]
+    assert data["contended"] is True and data["cores"] == 2 and data["torch_threads"] == 2
+    assert data["spans"]["fp32"]["others_cores"] == pytest.approx(1.3)
+    assert data["spans"]["bf16"]["others_cores"] == pytest.approx(0.1)
+    assert data["threshold_cores"] == MIN_OTHERS_CORES
+
+
+def test_amp_on_a_quiet_machine_says_it_measured_and_warns_nothing():
+    result = _scripted_amp(1.0)
+    assert result.contention_warning is None and result.noise_warnings == []
+    assert "is 3.00x faster here" in " ".join(result.advice)
+    assert "contention: other programs used 0.0 of the 2 CPU cores" in str(result).split("method: ")[1]
+    assert result.to_dict()["contention"]["contended"] is False
+
+
+def test_cuda_wording_names_the_host_side_delays():
+    import dataclasses
+
+    result = _scripted_amp(2.0)
+    result.device = dataclasses.replace(result.device, type="cuda")
+    assert "the times include the host-side delays it causes (kernel launches, Python, data loading)" in \
+        result.contention_warning
+
+
+def test_a_result_made_without_a_meter_says_contention_was_not_measured():
+    result = _scripted_amp(2.0)
+    result.contention = None
+    assert result.contention_warning is None
+    assert "contention: not measured" in amp_render.method(result)
+    assert result.to_dict()["contention"] is None
+
+
+# --- real processes -------------------------------------------------------------------------------
+
+@pytest.fixture
+def other_programs():
+    """Start busy loops that are not this process's descendants (another program, as far as the
+    meter can tell): a short-lived parent starts them and exits, so they are re-parented away."""
+    pids = []
+
+    def start(n=1):
+        code = ("import subprocess, sys\n"
+                f"for _ in range({n}):\n"
+                "    print(subprocess.Popen([sys.executable, '-c', 'while True: pass'], stdin=subprocess.DEVNULL, "
+                "stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL).pid)\n")
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60)
+        pids.extend(int(p) for p in out.stdout.split())
+        time.sleep(0.3)  # the interpreters start spinning
+        return pids
+
+    yield start
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+@linux_only
+def test_a_busy_program_is_measured(other_programs):
+    other_programs(1)
+    meter = ContentionMeter()
+    with meter.span("sleep"):
+        time.sleep(1.0)
+    # Sleeping, this process leaves its cores to the busy loop (and whatever else runs here): the
+    # loop alone keeps one core busy, at least its fair share of one among any others' load.
+    assert meter.result.others_cores() >= 0.5
+
+
+@linux_only
+def test_a_busy_child_is_counted_as_ours():
+    # A DataLoader worker is the cell's own work: a child's CPU time goes to "ours", not to others.
+    # Checked against the child's own counters, which holds however loaded the machine is.
+    child = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        time.sleep(0.3)
+        reader = ProcReader()
+        child_before, ours_before = reader._pid_seconds(child.pid), reader.ours()
+        time.sleep(0.7)
+        ours_after, child_after = reader.ours(), reader._pid_seconds(child.pid)
+    finally:
+        child.kill()
+        child.wait()
+    assert child_after - child_before > 0.05, "the child did not run"
+    assert ours_after - ours_before >= (child_after - child_before) - 0.03  # 10 ms ticks, read twice each
+
+
+@linux_only
+def test_amp_magic_warns_when_other_programs_compete(run_cell, other_programs):
+    # Two busy loops: with torch's threads they need more cores than a 2-core CI machine has, and
+    # on a larger machine at least the two cores they keep busy are counted.
+    if 2 + torch.get_num_threads() <= len(os.sched_getaffinity(0)):
+        pytest.skip("this machine has idle cores for two busy loops beside torch's threads")
+    other_programs(2)
+    run_cell("import time, torch\nx = torch.randn(64, 64)")
+    _, captured = run_cell("%%amp --repeat 3 --warmup 0 -r res\ntime.sleep(0.1)\n(x @ x).sum()\n")
+    text = captured.outputs[0].data["text/plain"]
+    assert "WARNING: other programs used" in text and "re-run when the machine is quiet" in text
+    assert "contention: other programs used" in text.split("method: ")[1]
