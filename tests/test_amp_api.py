@@ -13,19 +13,8 @@ import nbaccel
 from nbaccel.drift import compute_drift
 from nbaccel.precision import NEW_TF32_API, Recipe, TorchGlobals, apply_recipe, global_state, make_recipe
 from nbaccel.snapshot import Snapshot
-from nbaccel.timing import Clock, Stats, speedup_is_uncertain
-
-
-class FakeClock(Clock):
-    """Deterministic clock: each run of a recipe takes a scripted time."""
-
-    def __init__(self, seconds_for):
-        super().__init__(torch.device("cpu"))
-        self.seconds_for = seconds_for
-
-    def measure(self, fn):
-        value = fn()
-        return self.seconds_for(), value
+from nbaccel.timing import Stats, speedup_is_uncertain
+from fake_clock import FakeClock
 
 
 def test_speedup_and_stats_from_an_injected_clock(small_model):

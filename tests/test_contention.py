@@ -16,19 +16,7 @@ import torch
 import nbaccel
 from nbaccel.contention import MIN_OTHERS_CORES, MIN_WINDOW_S, Contention, ContentionMeter, ProcReader
 from nbaccel.render import amp as amp_render
-from nbaccel.timing import Clock
-
-class FakeClock(Clock):
-    """Each run takes a scripted time (as in test_amp_api)."""
-
-    def __init__(self, seconds_for):
-        super().__init__(torch.device("cpu"))
-        self.seconds_for = seconds_for
-
-    def measure(self, fn):
-        value = fn()
-        return self.seconds_for(), value
-
+from fake_clock import FakeClock
 
 linux_only = pytest.mark.skipif(not os.path.exists("/proc/stat") or not hasattr(os, "sched_getaffinity"),
                                 reason="contention is measured from Linux's /proc")
