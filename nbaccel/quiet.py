@@ -9,9 +9,10 @@ one, or the last). Capturing ``sys.stdout``/``sys.stderr`` hides prints, but not
   the run the user sees showed none (torch's "lr_scheduler.step() before optimizer.step()").
 
 In a hidden run, logging is disabled and warnings are recorded and dropped without touching the
-once-per-location registries (the "always" action keeps no record); when the block ends the
-filters are restored, which makes Python forget earlier once-only records too, so the shown run
-warns as a plain run would.
+once-per-location registries (the "always" action keeps no record). Restoring the filters when
+the block ends also invalidates those registries (Python versions them with its filter list), so
+the shown run warns as a plain run would -- and may repeat a warning an earlier cell already
+showed once, as any change to the warning filters does.
 """
 
 from __future__ import annotations
