@@ -15,7 +15,7 @@ from ..precision import make_recipe
 from ..render.display import display_result, in_kernel
 from ..snapshot import SnapshotTooLarge
 from ..timing import format_seconds
-from .common import (cell_function, check_name, check_name_not_assigned, help_option, history_name,
+from .common import (cell_function, check_name, check_name_free, help_option, history_name,
                      output_can_be_silenced, parse_line, silenced, store_result)
 
 DTYPES = ("bf16", "fp16", "auto", "tf32")
@@ -77,7 +77,7 @@ class AmpMagics(Magics):
             raise UsageError(f"--max-snapshot is a fraction of available memory in (0, 1], got {args.max_snapshot}")
         if not cell.strip():
             raise UsageError("%%amp needs code in the cell below the magic line")
-        check_name_not_assigned(self.shell, args.result, cell)
+        check_name_free(self.shell, args.result, cell)
         try:
             device = resolve_device(args.device)
             if args.dtype == "tf32":

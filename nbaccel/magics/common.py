@@ -10,6 +10,7 @@ import difflib
 import keyword
 import linecache
 import re
+import symtable
 
 from IPython.core import magic as ipython_magic
 from IPython.core.error import UsageError
@@ -135,49 +136,70 @@ def check_name(name: str | None) -> None:
         return
     if not name.isidentifier() or keyword.iskeyword(name):
         raise UsageError(f"-r/--result takes a Python variable name, got {name!r}")
+    if name in _IPYTHON_NAMES or re.fullmatch(r"_i?\d+|_+", name):
+        # IPython rewrites _ / Out / _3 after every cell; a result there is gone or breaks the history
+        raise UsageError(f"-r/--result {name} would replace one of IPython's own names (its input/output history "
+                         "or shell); choose another, e.g. -r res")
     if (name.startswith("__") and name.endswith("__")) or hasattr(builtins, name):
         # `-r print` would hide print() for the rest of the session ("'ProfileResult' object is not callable")
         raise UsageError(f"-r/--result {name} would replace one of Python's own names; choose another, e.g. -r res")
 
 
-def check_name_not_assigned(shell, name: str | None, cell: str) -> None:
-    """-r NAME must not be a variable the cell itself assigns: the result is stored after the cell ran,
-    so ``%%amp -r loss`` over ``loss = ...`` turned ``loss`` into an AmpResult and the next
-    ``loss.backward()`` failed. Refused before anything runs; a cell that does not parse is left to
-    the parse that follows (it says where the syntax error is)."""
+_IPYTHON_NAMES = frozenset({"In", "Out", "_i", "_ii", "_iii", "_ih", "_oh", "_dh", "get_ipython", "exit", "quit"})
+
+
+def check_name_free(shell, name: str | None, cell: str) -> None:
+    """-r NAME must not be a name the cell itself uses: the result is stored after the cell ran, so
+    ``%%amp -r loss`` over ``loss = ...`` turned ``loss`` into an AmpResult and the next
+    ``loss.backward()`` failed, and ``-r model`` over a cell calling ``model(x)`` broke every later
+    run. Refused before anything runs; a cell that does not parse is left to the parse that follows
+    (it says where the syntax error is)."""
     if name is None:
         return
     try:
-        tree = ast.parse(shell.transform_cell(cell))
+        source = shell.transform_cell(cell)
+        uses = _module_level_uses(symtable.symtable(source, "<cell>", "exec"), name)
     except SyntaxError:
         return
-    line = _assigns(tree, name)
-    if line is not None:
-        raise UsageError(f"-r/--result {name} would replace the variable {name!r} that the cell assigns (line {line}); "
-                         f"choose another name, e.g. -r {name}_result")
+    if uses is None:
+        return
+    line = min((node.lineno for node in ast.walk(ast.parse(source)) if _names(node, name)), default=None)
+    where = f" (line {line})" if line else ""
+    raise UsageError(f"-r/--result {name} would replace {name!r}, which the cell {uses}{where}: the result is stored "
+                     f"after the cell runs; choose another name, e.g. -r {name}_result")
 
 
-def _assigns(tree: ast.AST, name: str) -> int | None:
-    """The first line where the cell's top-level scope binds ``name`` (assignment, for/with target,
-    import, def, class, walrus, del), or None; the bodies of its functions and classes are other scopes."""
-    pending = list(ast.iter_child_nodes(tree))
-    while pending:
-        node = pending.pop(0)
-        if isinstance(node, ast.Name) and isinstance(node.ctx, (ast.Store, ast.Del)) and node.id == name:
-            return node.lineno
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-            if node.name == name:
-                return node.lineno
-            pending.extend(node.decorator_list)  # evaluated in the cell's scope; the body is not
+def _module_level_uses(table: symtable.SymbolTable, name: str) -> str | None:
+    """"assigns" / "uses" when the cell's namespace name ``name`` is bound or read by the cell -- at
+    its top level, or as a global inside its functions, classes and comprehensions (symtable knows
+    the scopes: a function's own local ``loss`` is not the notebook's) -- else None."""
+    for symbol in table.get_symbols():
+        if symbol.get_name() != name:
             continue
-        if isinstance(node, (ast.Import, ast.ImportFrom)):
-            if any((alias.asname or alias.name.split(".")[0]) == name for alias in node.names):
-                return node.lineno
-            continue
-        if isinstance(node, (ast.Lambda, ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp)):
-            continue  # own scope (a walrus inside a comprehension binds outside, rare enough to let pass)
-        pending.extend(ast.iter_child_nodes(node))
+        top = table.get_type() == "module"
+        if top or symbol.is_global():
+            if symbol.is_assigned() or symbol.is_imported() or (top and symbol.is_namespace()):
+                return "assigns"
+            if symbol.is_referenced():
+                return "uses"
+    for child in table.get_children():
+        found = _module_level_uses(child, name)
+        if found:
+            return found
     return None
+
+
+def _names(node: ast.AST, name: str) -> bool:
+    """Whether ``node`` names ``name``: a variable, a def/class, an import, a match capture."""
+    if isinstance(node, ast.Name):
+        return node.id == name
+    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+        return node.name == name
+    if isinstance(node, (ast.Import, ast.ImportFrom)):
+        return any((alias.asname or alias.name.split(".")[0]) == name for alias in node.names)
+    if isinstance(node, (ast.MatchAs, ast.MatchStar)):
+        return node.name == name
+    return False
 
 
 class _HelpRequested(Exception):

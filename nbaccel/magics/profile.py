@@ -15,7 +15,7 @@ from ..profile_options import DTYPES, ProfileError, ProfileOptions, validate
 from ..op_attribution import CELL_LINE
 from ..profile_table import SORT_COLUMNS
 from ..render.display import display_result
-from .common import (cell_function, check_name, check_name_not_assigned, compile_cell, help_option,
+from .common import (cell_function, check_name, check_name_free, compile_cell, help_option,
                      output_can_be_silenced, parse_cell, parse_line, silenced, store_result)
 
 
@@ -63,7 +63,7 @@ class ProfileMagics(Magics):
         check_name(args.result)
         if not cell.strip():
             raise UsageError("%%profile_gpu needs code in the cell below the magic line")
-        check_name_not_assigned(self.shell, args.result, cell)
+        check_name_free(self.shell, args.result, cell)
         if args.amp is not None and args.amp.lower() not in DTYPES:
             raise UsageError(f"--amp {args.amp} is not supported; use one of: {', '.join(DTYPES)}")
         options = ProfileOptions(top=args.top, sort=args.sort, memory=args.memory, shapes=args.shapes,
