@@ -41,10 +41,14 @@ class Clock:
         __tracebackhide__ = True  # noqa: F841 - IPython hides nbaccel's frames from the user's traceback
         synchronize(self.device)
         if self._use_events:
+            # On the measured device's stream: a bare record() uses the *current* device's, so for
+            # --device cuda:1 while cuda:0 is current it timed an empty stream (the host's launches).
+            # The current device itself is left alone: the cell's own `.cuda()` means what it meant.
+            stream = torch.cuda.current_stream(self.device)
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
+            start.record(stream)
             value = fn()
-            end.record()
+            end.record(stream)
             synchronize(self.device)
             return start.elapsed_time(end) / 1e3, value
         t0 = self._now()

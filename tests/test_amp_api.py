@@ -755,3 +755,29 @@ def test_a_result_whose_value_has_a_grad_fn_can_be_deep_copied():
     assert torch.equal(twin.value["out"], res.value["out"]) and twin.value["out"].grad_fn is None
     assert twin.value["n"] == 3 and twin.speedup == res.speedup and twin.amp is not res.amp
     assert res.value["out"].grad_fn is not None  # the original is untouched
+
+
+def test_cuda_events_are_recorded_on_the_measured_devices_stream(monkeypatch):
+    """Without two GPUs: the clock must hand record() the measured device's stream (a bare record()
+    used the current device's, timing nothing for --device cuda:1)."""
+    from nbaccel import timing
+
+    streams, recorded = [], []
+
+    class Event:
+        def __init__(self, enable_timing):
+            pass
+
+        def record(self, stream=None):
+            recorded.append(stream)
+
+        def elapsed_time(self, other):
+            return 2.0
+
+    monkeypatch.setattr(timing.torch.cuda, "current_stream", lambda device: streams.append(device) or f"stream of {device}")
+    monkeypatch.setattr(timing.torch.cuda, "Event", Event)
+    monkeypatch.setattr(timing, "synchronize", lambda device: None)
+    clock = timing.Clock(torch.device("cuda:1"))
+    seconds, value = clock.measure(lambda: "ran")
+    assert (seconds, value) == (0.002, "ran")
+    assert streams == [torch.device("cuda:1")] and recorded == ["stream of cuda:1", "stream of cuda:1"]

@@ -54,3 +54,13 @@ def test_a_training_loop_under_the_cuda_recipe_trains_on_fresh_weights(dtype):
 
     under_recipe = run(lambda: nbaccel.precision(dtype, device="cuda"))
     assert under_recipe[0] > under_recipe[1] > under_recipe[2], under_recipe
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA devices")
+def test_the_clock_times_the_measured_device_not_the_current_one():
+    from nbaccel.timing import Clock
+
+    a = torch.randn(4096, 4096, device="cuda:1")
+    seconds, _ = Clock(torch.device("cuda:1")).measure(lambda: [a @ a for _ in range(10)])
+    assert torch.cuda.current_device() == 0
+    assert seconds > 1e-3  # ten 4096^3 GEMMs; an empty stream on cuda:0 times ~10 µs of launches
