@@ -85,6 +85,10 @@ def _unitless_fix(raw: str, value: float, where: str) -> str:
         first, second = (binary, decimal) if float(binary[:-3]) * dict(_BINARY)[binary[-3:]] == value else \
             (decimal, binary)
         return f"{raw} has no unit: write {_quote(first)} (= {value:,.0f} bytes) or {_quote(second)}; {share}"
+    if value <= 100:  # `%memory_budget 50` most likely meant 50 %, which is one keystroke away
+        return (f"{raw} has no unit: write {_quote(raw + '%')} for {raw} % of {where}, or a size: "
+                f"{_quote(raw + 'GiB')}, {_quote(raw + 'GB')} or {_quote(raw + 'MiB')}; a number without a unit is a "
+                "share of at most 1, e.g. 0.8")
     return (f"{raw} has no unit: write {_quote(raw + 'GiB')}, {_quote(raw + 'GB')} or {_quote(raw + 'MiB')}; "
             f"{share}")
 

@@ -25,7 +25,7 @@ def test_units_and_shares(text, expected):
 
 @pytest.mark.parametrize("text, message", [
     ("-5GB", "must be positive"), ("12 parsecs", "cannot read '12 parsecs'"), ("0", "must be positive"),
-    ("12", "12 has no unit: write '12GiB'"), ("17GiB", "larger than this host's physical memory"),
+    ("12", "12 has no unit: write '12%' for 12 % of this host's physical memory, or a size: '12GiB'"), ("17GiB", "larger than this host's physical memory"),
 ])
 def test_bad_budgets_name_the_fix(text, message):
     with pytest.raises(BudgetError, match=message):
