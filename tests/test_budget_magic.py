@@ -559,3 +559,16 @@ def test_results_frame_names_the_dtype_a_profile_ran_in():
     with nbaccel.profile(amp="bf16") as prof:
         torch.nn.Linear(64, 64)(torch.randn(8, 64))
     assert nbaccel.results_frame(prof.result).iloc[0]["dtype"] == "bf16"
+
+
+def test_a_new_budget_over_a_watched_one_says_what_it_replaced(run_cell, ip):
+    """A review: a new budget kept the old rows (89 %, 117 % of the old budget) and dropped --strict silently."""
+    run_cell("%memory_budget 0.9 --strict -q")
+    run_cell("x = 1")
+    _, captured = run_cell("%memory_budget 0.8")
+    text = _texts(captured)
+    assert "replaces the budget of" in text and "(strict); this one is soft" in text
+    assert "the cell watched so far keeps the budget it was held to" in text
+    _, captured = run_cell("%memory_budget 0.8")  # the same again: nothing replaced
+    assert "replaces" not in _texts(captured)
+    run_cell("%memory_budget off")

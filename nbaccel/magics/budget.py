@@ -176,8 +176,9 @@ class BudgetMagics(Magics):
         # Everything is validated: from here on the previous budget is replaced. The watcher comes
         # first: stop() releases every cap, so a cap applied before it would be undone at once
         # (a first `--enforce` once left the GPU uncapped that way).
-        note = ""
+        note, replaced = "", ""
         if self.watcher is not None and self.watcher.device == device:
+            replaced = self._replaced(budget, args.strict, bool(args.enforce and device.type == "cuda"))
             self.watcher.budget, self.watcher.near = budget, near  # keep the history
         else:
             self.stop()
@@ -191,7 +192,7 @@ class BudgetMagics(Magics):
             note = CPU_ENFORCE_NOTE  # first: with -q, a note that starts with it is still printed
         self.strict, self.enforce = args.strict, bool(args.enforce and device.type == "cuda")
         self._install()
-        notes = [note, size_reading(args.budget)]  # 6G: say which G was meant
+        notes = [note, size_reading(args.budget), replaced]  # 6G: say which G was meant
         used = usage_now(device)[0]
         if used > budget:
             notes.append(
@@ -199,6 +200,18 @@ class BudgetMagics(Magics):
                 "so every cell that adds memory will be reported over (and each is recorded over in the history) "
                 "until memory is freed or the budget raised")
         self._show(args, self._status(device, "; ".join(filter(None, notes))))
+
+    def _replaced(self, budget: int, strict: bool, enforce: bool) -> str:
+        """What a new budget over a watched one changed: a mode the new line left out is dropped, and the
+        rows kept in the history were held to the old budget (their "of budget" says so)."""
+        old_mode, new_mode = _mode(self.strict, self.enforce), _mode(strict, enforce)
+        if budget == self.watcher.budget and old_mode == new_mode:
+            return ""
+        rows = len(self.watcher.records)
+        kept = ("" if not rows else "; the cell watched so far keeps the budget it was held to" if rows == 1 else
+                f"; the {rows} cells watched so far keep the budget they were held to")
+        return (f"replaces the budget of {format_bytes(self.watcher.budget)} ({old_mode}); this one is {new_mode}"
+                + kept)
 
     # --- prediction -------------------------------------------------------------------------------------
 
@@ -400,6 +413,10 @@ class BudgetMagics(Magics):
 def _go(options: list[str]) -> str:
     """["--strict"] -> "--strict goes"; ["--enforce", "--near"] -> "--enforce and --near go"."""
     return f"{' and '.join(options)} {'go' if len(options) > 1 else 'goes'}"
+
+
+def _mode(strict: bool, enforce: bool) -> str:
+    return "enforced" if enforce else "strict" if strict else "soft"
 
 
 def _one_magic_call(shell, result) -> bool:
