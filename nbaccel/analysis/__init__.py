@@ -1,7 +1,8 @@
 """GPU-trace analysis core: kernel classification, peaks, FLOPs from shapes, trace metrics.
 
-Pure Python + pandas (no torch import), so traces recorded elsewhere can be analysed on any
-machine; the live ``%%profile_gpu`` uses the same code on the trace it just exported.
+Pure Python over column lists, no torch import (pandas only where a DataFrame is asked for), so
+traces recorded elsewhere can be analysed on any machine; the live ``%%profile_gpu`` uses the same
+code on the trace it just exported.
 """
 from .kernels import CATEGORIES, kernel_category, op_category, uses_tensor_cores
 from .metrics import (
