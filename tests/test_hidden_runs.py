@@ -45,6 +45,7 @@ def test_a_cell_logs_once_and_its_warning_still_shows(run_cell, ip, magic):
     assert out.stderr.count("UserWarning: warned by the cell") == 1, out.stderr
 
 
+@pytest.mark.filterwarnings("ignore:warned by the cell")  # the kept run warns, as it should
 def test_the_users_own_logging_disable_level_is_put_back(run_cell):
     logging.disable(logging.WARNING)
     try:
