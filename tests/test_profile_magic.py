@@ -300,6 +300,16 @@ def test_device_cuda_without_gpu_is_a_usage_error(ip):
         ip.run_cell_magic("profile_gpu", "--device cuda", "1")
 
 
+def test_flops_per_s_column_says_it_divides_by_cpu_total_time(run_cell, ip):
+    prof, _, captured = profile_cell(run_cell, ip, opts="-r prof")
+    text = bundle(captured)["text/plain"]
+    assert "FLOP/s (CPU total)" in text.split("time by category")[0]
+    assert "FLOP/s column = the row's FLOPs / its CPU total time" in text.split("method: ")[1]
+    assert "FLOP/s (CPU total)" in bundle(captured)["text/html"]
+    mm = prof.ops.set_index("name").loc["aten::mm"]
+    assert mm["flops_per_s"] == pytest.approx(mm["flops"] / (mm["cpu_total_us"] * 1e-6))
+
+
 def test_to_dict_is_json_safe(run_cell, ip):
     prof, _, _ = profile_cell(run_cell, ip, opts="-q -r prof --memory --stack")
     data = json.loads(json.dumps(prof.to_dict(), allow_nan=False))
