@@ -208,15 +208,17 @@ class Contention:
               else "CPU cores")
         return f"{total:.1f} {of}" + (f" ({', '.join(each)})" if len(each) > 1 else "")
 
-    def summary(self) -> str:
-        """For a method line: the figure and how it was made, or why there is none."""
+    def summary(self, runs: str = "the timed runs", during: str = "") -> str:
+        """For a method line: the figure and how it was made, or why there is none. ``runs`` names
+        what was measured, ``during`` follows the figure (%%profile_gpu: " while the cell was profiled")."""
         if self.unknown:
             return f"contention: not measured ({self.unknown})"
         if self.others_cores() is None:
             wall = sum(self.wall_s.values())
-            return (f"contention: not measured (the timed runs lasted {wall * 1e3:.0f} ms in all, under the "
+            return (f"contention: not measured ({runs} lasted {wall * 1e3:.0f} ms in all, under the "
                     f"{MIN_WINDOW_S:g} s that /proc/stat's 10 ms ticks need)")
-        return f"contention: other programs used {self.figures()}, torch using {self.threads} threads ({self.method})"
+        return (f"contention: other programs used {self.figures()}{during}, torch using {self.threads} threads "
+                f"({self.method})")
 
     def to_dict(self) -> dict:
         return {

@@ -21,6 +21,9 @@ How a profile is made (the method, spelled out because every number depends on i
    the DataFrames (``result.ops``, ``categories``, ``op_events``) are built on first access. On
    a ~100-op CPU profile, loading the parsed trace + analysis + text + HTML takes about 1.2 ms
    instead of about 19 ms when everything was built with pandas (docs/benchmarks.md).
+   Around the active steps, one `contention.ContentionMeter` span measures the CPU time other
+   programs used meanwhile (as ``%%amp`` does around its timed runs): on a loaded machine the
+   per-op CPU times are inflated and the result says so, with the same threshold.
 4. If the code raises (or is interrupted), the profiler is stopped, the partial profile is
    discarded with a message, and the exception propagates. Autocast, TF32 and every other
    flag the ``--amp`` recipe set are restored in ``finally``.
@@ -50,6 +53,7 @@ from typing import Callable
 import torch
 
 from .analysis.trace import paused_gc
+from .contention import ContentionMeter
 from .device import device_info, resolve_device
 from .options import in_magic, option
 from .precision import apply_recipe, make_recipe
@@ -123,7 +127,8 @@ class profile:  # noqa: N801 - a context manager used like a function: `with nba
 
     def __init__(self, device="auto", *, top: int = 15, sort: str | None = None, memory: bool = False,
                  shapes: bool = False, stack: bool = False, warmup: int = 0, steps: int = 1,
-                 trace: str | None = None, amp: str | None = None, options: ProfileOptions | None = None):
+                 trace: str | None = None, amp: str | None = None, options: ProfileOptions | None = None,
+                 contention_meter: ContentionMeter | None = None):
         self.options = options or ProfileOptions(top=top, sort=sort, memory=memory, shapes=shapes, stack=stack,
                                                  warmup=warmup, steps=steps, trace=trace, amp=amp,
                                                  device=str(device))
@@ -133,6 +138,10 @@ class profile:  # noqa: N801 - a context manager used like a function: `with nba
         self.steps_done = 0
         self._prof = None
         self._stack: contextlib.ExitStack | None = None
+        # Other programs' CPU use during the active steps: one span around them all (two /proc
+        # readings, ~55 us each), never per op. Tests pass a meter with scripted readers.
+        self._meter = contention_meter
+        self._span = None
 
     def __enter__(self) -> "profile":
         opts = self.options
@@ -176,14 +185,32 @@ class profile:  # noqa: N801 - a context manager used like a function: `with nba
             if self.recipe is not None:
                 self._stack.enter_context(apply_recipe(self.recipe))
                 self._cudnn_benchmark = bool(torch.backends.cudnn.benchmark)
+            self._meter = self._meter or ContentionMeter()
+            if not opts.warmup:
+                self._open_span()
         except BaseException:
             self._stop(*sys.exc_info(), release=False)  # __enter__ releases the lock as it re-raises
             raise
+
+    def _open_span(self) -> None:
+        self._span = self._meter.span("profiled steps")
+        self._span.__enter__()
+
+    def _close_span(self) -> None:
+        span, self._span = self._span, None
+        if span is not None:
+            span.__exit__(None, None, None)
 
     def step(self) -> None:
         """End one iteration (``prof.step()`` of torch.profiler): advances warmup -> active steps."""
         self.steps_done += 1
         if self.options.scheduled:
+            # The span opens as the last warmup step ends and closes as the last active step ends,
+            # before the profiler's step() that stops the recording (its post-processing is not the cell).
+            if self.steps_done == self.options.warmup:
+                self._open_span()
+            elif self.steps_done == self.options.warmup + self.options.steps:
+                self._close_span()
             with quiet_kineto():
                 self._prof.step()
 
@@ -196,6 +223,7 @@ class profile:  # noqa: N801 - a context manager used like a function: `with nba
             self._stack = None
             if self.device.type == "cuda":
                 torch.cuda.synchronize(self.device)  # every queued kernel belongs to this profile
+            self._close_span()  # still open without a schedule, or when the code raised
             try:
                 with quiet_kineto():
                     self._prof.stop()
@@ -246,7 +274,8 @@ class profile:  # noqa: N801 - a context manager used like a function: `with nba
                 os.unlink(tmp)
             return ProfileResult.from_trace(doc, self.info, opts, recipe=self.recipe,
                                             cudnn_benchmark=self._cudnn_benchmark,
-                                            trace_path=opts.trace if files else None, trace_files=files)
+                                            trace_path=opts.trace if files else None, trace_files=files,
+                                            contention=self._meter.result)
 
 
 def _save_trace(exported: str, doc: dict, target: str) -> list[str]:
@@ -302,7 +331,7 @@ class TraceSaveWarning(UserWarning):
 
 
 def profile_function(fn: Callable[[], object], options: ProfileOptions | None = None, silence=None,
-                     **kwargs) -> "ProfileResult":
+                     contention_meter: ContentionMeter | None = None, **kwargs) -> "ProfileResult":
     """Run ``fn`` warmup+steps times under the profiler and return the `ProfileResult`.
 
     ``silence``: context-manager factory that hides the output of every run but the last (the
@@ -311,7 +340,7 @@ def profile_function(fn: Callable[[], object], options: ProfileOptions | None = 
     __tracebackhide__ = True  # noqa: F841 - IPython hides nbaccel's frames from the user's traceback
     options = options or ProfileOptions(**kwargs)
     runs = options.warmup + options.steps
-    with profile(options=options) as prof:
+    with profile(options=options, contention_meter=contention_meter) as prof:
         value = None
         for i in range(runs):
             quiet = silence() if silence is not None and i < runs - 1 else contextlib.nullcontext()

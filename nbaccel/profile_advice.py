@@ -19,14 +19,33 @@ if TYPE_CHECKING:
 # Advice thresholds. Each is a share of the profiled time; below it the finding is not worth a line.
 FP32_MATMUL_SHARE = 0.20     # fp32 matmul/conv time above which autocast is worth trying
 IDLE_SHARE = 0.30            # device idle fraction that points at the host (input pipeline, syncs)
-SMALL_KERNEL_US = 10.0       # median kernel shorter than this, with many kernels: launch-bound
-MANY_KERNELS = 200
+SMALL_KERNEL_US = 10.0       # median kernel shorter than this, with many kernels per step: launch-bound
+MANY_KERNELS = 200           # kernels per step
 TRANSFER_SHARE = 0.10        # host<->device copies as a share of device time
 CONV_SHARE = 0.10            # conv share of device time for the cudnn.benchmark advice
-SMALL_OP_US = 20.0           # CPU: median self time of ops below which dispatch overhead dominates
-MANY_OPS = 500
+# CPU: aten op calls under SMALL_OP_US of self time are "small". An op's fixed cost (Python binding,
+# dispatcher, output allocation) is ~2.6 us in eager (an 8-element add + mul_ on the 2-core VM), ~1 us
+# of it inside the op's self time: under 10 us that cost is a fifth or more of the op. The advice
+# needs both: at least MANY_SMALL_OPS of them per step (fewer cost under ~0.3 ms a step in fixed
+# costs, not worth a compile), and together at least SMALL_OP_SHARE of the self CPU time (what
+# fusing them could work on; below a quarter other ops are the place to look). Counted per step,
+# so --steps 2 gives the advice exactly when --steps 1 does (docs/profiling.md).
+SMALL_OP_US = 10.0
+MANY_SMALL_OPS = 100         # small aten op calls per step
+SMALL_OP_SHARE = 0.25        # their self time as a share of all ops' self CPU time
 UNALIGNED_SHARE = 0.05       # below 5% of the time: listed, not advised on (%%amp: 5% of the FLOPs; a 10-class head is no target)
 _CONV = re.compile("conv", re.IGNORECASE)
+
+
+def _steps(result: ProfileResult) -> int:
+    """Steps the profile analyses: the active steps of a live profile, the ProfilerStep ranges of a
+    loaded trace (1 when it has none: the whole trace is one step)."""
+    return max(1, len(result.step_times_us)) if result.loaded else result.options.steps
+
+
+def _per_step(count: int, steps: int, noun: str) -> str:
+    """"300 kernels", or "300 kernels per step (600 in 2 steps)": the rules count per step."""
+    return f"{count / steps:,.0f} {noun} per step ({count:,} in {steps} steps)" if steps > 1 else f"{count:,} {noun}"
 
 
 def advise(result: ProfileResult) -> list[str]:
@@ -54,17 +73,21 @@ def advise(result: ProfileResult) -> list[str]:
         notes.append(f"The GPU is idle {1 - busy['busy_fraction']:.0%} of the profiled time: the input pipeline "
                      "(DataLoader workers, pin_memory) or host syncs (.item(), .cpu(), print of tensors) are "
                      "the bottleneck, not the GPU.")
+    steps = _steps(result)
     n_kernels = result.kernel_count
-    kernel_median = float(np.median(result.trace.column("kernels", "dur_us"))) if n_kernels >= MANY_KERNELS else None
-    if n_kernels >= MANY_KERNELS and kernel_median < SMALL_KERNEL_US:
-        notes.append(f"{n_kernels} kernels with a median of {kernel_median:.1f} µs each: launch overhead "
-                     "dominates; try torch.compile (fuses elementwise ops) or a larger batch.")
-    elif not on_device and n_ops >= MANY_OPS:
-        leaf = [t for name, t in zip(ops["name"], ops["self_us"]) if name.startswith("aten::")]
-        median = float(np.median(leaf)) if leaf else None
-        if leaf and median < SMALL_OP_US:
-            notes.append(f"{len(leaf)} aten ops with a median self time of {median:.1f} µs: "
-                         "per-op dispatch overhead dominates; try torch.compile or larger tensors per op.")
+    many_kernels = n_kernels >= MANY_KERNELS * steps
+    kernel_median = float(np.median(result.trace.column("kernels", "dur_us"))) if many_kernels else None
+    if many_kernels and kernel_median < SMALL_KERNEL_US:
+        notes.append(f"{_per_step(n_kernels, steps, 'kernels')} with a median of {kernel_median:.1f} µs each: "
+                     "launch overhead dominates; try torch.compile (fuses elementwise ops) or a larger batch.")
+    elif not on_device and total > 0 and n_ops >= MANY_SMALL_OPS * steps:
+        small = [t for name, t in zip(ops["name"], ops["self_us"]) if t < SMALL_OP_US and name.startswith("aten::")]
+        small_us = pt.pairwise_sum(small)
+        if len(small) >= MANY_SMALL_OPS * steps and small_us / total >= SMALL_OP_SHARE:
+            notes.append(f"{_per_step(len(small), steps, 'aten op calls')} of under {SMALL_OP_US:.0f} µs self "
+                         f"time each take {small_us / total:.0%} of the self CPU time: ops this short spend much of "
+                         "their time in fixed per-op costs (Python binding, dispatch, allocation); try "
+                         "torch.compile (fuses them) or give each op more work (larger tensors per op).")
     if on_device and result.device_time_us > 0:
         transfer = pt.pairwise_sum([t for c, t, _, _ in result.category_rows if c == "data transfer"])
         if transfer / result.device_time_us >= TRANSFER_SHARE:

@@ -21,6 +21,7 @@ from . import profile_table as pt
 from .analysis import (FlopsSummary, TraceData, achieved_flops, category_breakdown, communication_share, load_trace,
                        tensor_core_share)
 from .analysis.metrics import activity_columns, busy_rows, category_rows, kernel_rows
+from .contention import Contention
 from .device import DeviceInfo
 from .op_attribution import memory_by_op, source_by_op
 from .precision import Recipe
@@ -69,21 +70,24 @@ class ProfileResult(ResultMixin):
     # Set for a trace recorded elsewhere (nbaccel.load_trace): file(s), GPU, rank, skipped events.
     # None for a live profile; renderers and advice read it to say which of the two they show.
     loaded: dict | None = None
+    # Other programs' CPU use during the active steps (a live profile); None for a loaded trace.
+    contention: Contention | None = None
     _grouped: dict = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
     def from_trace(cls, doc: dict, info: DeviceInfo, options: ProfileOptions, recipe: Recipe | None = None,
-                   cudnn_benchmark: bool = False, trace_path: str | None = None, trace_files=()) -> "ProfileResult":
+                   cudnn_benchmark: bool = False, trace_path: str | None = None, trace_files=(),
+                   contention: Contention | None = None) -> "ProfileResult":
         """Analyse a parsed Chrome trace (live, or recorded elsewhere) into a result."""
         return cls.from_trace_data(load_trace(doc), doc.get("traceEvents", []), info, options, recipe=recipe,
                                    cudnn_benchmark=cudnn_benchmark, trace_path=trace_path,
-                                   trace_files=trace_files, doc=doc)
+                                   trace_files=trace_files, doc=doc, contention=contention)
 
     @classmethod
     def from_trace_data(cls, trace: TraceData, events, info: DeviceInfo, options: ProfileOptions,
                         recipe: Recipe | None = None, cudnn_benchmark: bool | None = False,
                         trace_path: str | None = None, trace_files=(), doc: dict | None = None,
-                        loaded: dict | None = None) -> "ProfileResult":
+                        loaded: dict | None = None, contention: Contention | None = None) -> "ProfileResult":
         """A result from an already parsed `TraceData`. ``events`` (raw Chrome events) are only
         read for ``options.stack`` (python_function frames) and ``options.memory`` ([memory]
         events); `nbaccel.load_trace` streams big files and passes just those events."""
@@ -95,7 +99,8 @@ class ProfileResult(ResultMixin):
             extra["self_memory_bytes"], extra["memory_bytes"] = self_mem, total_mem
         return cls(device=info, options=options, trace=trace, op_extra=extra,
                    recipe_label=recipe.label if recipe else None, cudnn_benchmark=cudnn_benchmark,
-                   trace_path=trace_path, trace_files=list(trace_files), doc=doc, loaded=loaded)
+                   trace_path=trace_path, trace_files=list(trace_files), doc=doc, loaded=loaded,
+                   contention=contention)
 
     # -- per-op rows --
 
@@ -335,6 +340,18 @@ class ProfileResult(ResultMixin):
     def advice(self) -> list[str]:
         return advise(self)
 
+    @property
+    def contention_warning(self) -> str | None:
+        """What other programs' CPU use did to the times, when it reached %%amp's threshold
+        (`contention.MIN_OTHERS_CORES`, and more demand than cores), else None."""
+        c = self.contention
+        if c is None or not c.contended:
+            return None
+        hurt = ("the CPU times include that contention" if self.device.type == "cpu" else
+                "the CPU times and the device's idle gaps include the host-side delays it causes "
+                "(kernel launches, Python, data loading); kernel durations do not")
+        return f"other programs used {c.figures()} while the cell was profiled: {hurt}; re-run when the machine is quiet"
+
     # -- export --
 
     def export_chrome_trace(self, path: str) -> str:
@@ -369,6 +386,7 @@ class ProfileResult(ResultMixin):
             "trace_path": self.trace_path,
             "trace_files": self.trace_files,
             "loaded": self.loaded,
+            "contention": self.contention.to_dict() if self.contention else None,
         }
 
 

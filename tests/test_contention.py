@@ -1,5 +1,5 @@
 """Contention: other programs' CPU use during the timed runs, measured (nbaccel.contention) and
-reported by %%amp. Scripted readers for the arithmetic; real busy processes for the mechanism."""
+reported by %%amp and %%profile_gpu. Scripted readers for the arithmetic; real busy processes for the mechanism."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ import torch
 import nbaccel
 from nbaccel.contention import MIN_OTHERS_CORES, MIN_WINDOW_S, Contention, ContentionMeter, ProcReader
 from nbaccel.render import amp as amp_render
+from nbaccel.render import profile as profile_render
 from fake_clock import FakeClock
 
 linux_only = pytest.mark.skipif(not os.path.exists("/proc/stat") or not hasattr(os, "sched_getaffinity"),
@@ -241,6 +242,82 @@ def test_a_result_made_without_a_meter_says_contention_was_not_measured():
     assert result.to_dict()["contention"] is None
 
 
+# --- %%profile_gpu: one span around the active steps ----------------------------------------------
+
+PROFILE_SETUP = "import torch\nx = torch.randn(32, 32)\nruns = 0"
+PROFILE_CELL = "%%profile_gpu {opts} -r prof\nruns += 1\n(x @ x).sum()\n"
+
+
+def _scripted_profile(run_cell, ip, monkeypatch, busy_rate, opts="", step=0.3, at=None):
+    """%%profile_gpu through the shell with the meter's readers scripted (ours: 1 core, busy: busy_rate)."""
+    script = Script(busy_rate=busy_rate, ours_rate=1.0, step=step)
+    if at is not None:  # note how many runs of the cell had happened at each reading
+        tick = script.now
+        script.now = lambda: (at.append(ip.user_ns["runs"]), tick())[1]
+    monkeypatch.setattr(sys.modules["nbaccel.profile"], "ContentionMeter", lambda: script.meter())
+    run_cell(PROFILE_SETUP)
+    _, captured = run_cell(PROFILE_CELL.format(opts=opts))
+    return ip.user_ns["prof"], captured
+
+
+def test_profile_warns_with_the_figure_in_text_html_widget_and_dict(run_cell, ip, monkeypatch):
+    prof, captured = _scripted_profile(run_cell, ip, monkeypatch, busy_rate=2.0)
+    warning = ("other programs used 1.0 of the 2 CPU cores this process may use while the cell was profiled: the "
+               "CPU times include that contention; re-run when the machine is quiet")
+    assert prof.contention_warning == warning
+    data = [o.data for o in captured.outputs if "text/html" in o.data][0]
+    text = data["text/plain"]
+    assert "WARNING: " + warning in text
+    method = text.split("method: ")[1]
+    assert ("contention: other programs used 1.0 of the 2 CPU cores this process may use while the cell was "
+            "profiled, torch using 2 threads (injected readers)") in method
+    assert warning in data["text/html"] and "contention: other programs used 1.0" in data["text/html"]
+    box = profile_render.widget(prof)
+    assert warning in box.children[0].value and "contention: other programs used 1.0" in box.children[-1].value
+    saved = json.loads(prof.to_json(allow_nan=False))["contention"]
+    assert saved["contended"] is True and saved["others_cores"] == pytest.approx(1.0)
+    assert list(saved["spans"]) == ["profiled steps"] and saved["threshold_cores"] == MIN_OTHERS_CORES
+
+
+def test_profile_on_a_quiet_machine_states_the_figure_and_warns_nothing(run_cell, ip, monkeypatch):
+    prof, captured = _scripted_profile(run_cell, ip, monkeypatch, busy_rate=1.1)
+    text = captured.outputs[0].data["text/plain"]
+    assert prof.contention_warning is None and "WARNING" not in text
+    assert "contention: other programs used 0.1 of the 2 CPU cores" in text.split("method: ")[1]
+    assert prof.to_dict()["contention"]["contended"] is False
+
+
+def test_a_short_profile_says_contention_was_not_measured(run_cell, ip, monkeypatch):
+    prof, captured = _scripted_profile(run_cell, ip, monkeypatch, busy_rate=2.0, step=0.05)
+    assert prof.contention_warning is None
+    assert ("contention: not measured (the profiled steps lasted 50 ms in all, under the 0.2 s"
+            in captured.outputs[0].data["text/plain"].split("method: ")[1])
+
+
+def test_the_span_covers_the_active_steps_only_and_is_read_twice(run_cell, ip, monkeypatch):
+    # --warmup 2 --steps 3: read once after the 2 warmup runs, once after the 5th run; never per op
+    at = []
+    prof, _ = _scripted_profile(run_cell, ip, monkeypatch, busy_rate=1.0, opts="--warmup 2 --steps 3", at=at)
+    assert ip.user_ns["runs"] == 5 and at == [2, 5]
+    assert prof.contention.wall_s == {"profiled steps": pytest.approx(0.3)}
+
+
+def test_profile_on_cuda_says_kernel_durations_are_not_affected(run_cell, ip, monkeypatch):
+    import dataclasses
+
+    prof, _ = _scripted_profile(run_cell, ip, monkeypatch, busy_rate=2.0)
+    prof.device = dataclasses.replace(prof.device, type="cuda")
+    assert "host-side delays it causes (kernel launches, Python, data loading); kernel durations do not" in \
+        prof.contention_warning
+
+
+def test_a_loaded_trace_claims_no_contention_figure():
+    loaded = nbaccel.load_trace(os.path.join(os.path.dirname(__file__), "data", "h200_bf16_transformer_step.json.gz"))
+    assert loaded.contention is None and loaded.contention_warning is None
+    assert "contention from other programs: not measured (loaded trace)" in profile_render.method(loaded)
+    assert "WARNING" not in str(loaded) and loaded.to_dict()["contention"] is None
+
+
 # --- real processes -------------------------------------------------------------------------------
 
 @pytest.fixture
@@ -307,4 +384,16 @@ def test_amp_magic_warns_when_other_programs_compete(run_cell, other_programs):
     _, captured = run_cell("%%amp --repeat 3 --warmup 0 -r res\ntime.sleep(0.1)\n(x @ x).sum()\n")
     text = captured.outputs[0].data["text/plain"]
     assert "WARNING: other programs used" in text and "re-run when the machine is quiet" in text
+    assert "contention: other programs used" in text.split("method: ")[1]
+
+
+@linux_only
+def test_profile_magic_warns_when_other_programs_compete(run_cell, other_programs):
+    if 2 + torch.get_num_threads() <= len(os.sched_getaffinity(0)):
+        pytest.skip("this machine has idle cores for two busy loops beside torch's threads")
+    other_programs(2)
+    run_cell("import time, torch\nx = torch.randn(64, 64)")
+    _, captured = run_cell("%%profile_gpu\ntime.sleep(0.3)\n(x @ x).sum()\n")
+    text = captured.outputs[0].data["text/plain"]
+    assert "WARNING: other programs used" in text and "while the cell was profiled" in text
     assert "contention: other programs used" in text.split("method: ")[1]

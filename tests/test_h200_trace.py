@@ -80,3 +80,16 @@ def test_device_activities_equal_the_concat_of_kernels_copies_and_sets(h200, sou
     expected = pd.concat(parts, ignore_index=True)
     pd.testing.assert_frame_equal(trace.device_activities(), expected)
     assert trace.device_activities() is trace.device_activities()  # built once
+
+
+def test_flops_per_s_column_divides_by_device_total_time_and_says_so(h200):
+    from nbaccel.render import profile as render_profile
+
+    text = str(h200)
+    assert "FLOP/s (device total)" in text.split("time by category")[0]
+    assert "FLOP/s column = the row's FLOPs / its device total time" in render_profile.method(h200)
+    rows = h200.ops[h200.ops["flops"] > 0]
+    with_time = rows[rows["device_total_us"] > 0]
+    assert len(with_time)
+    expected = with_time["flops"] / (with_time["device_total_us"] * 1e-6)
+    assert list(with_time["flops_per_s"]) == pytest.approx(list(expected))

@@ -97,6 +97,36 @@ def test_shape_advice_only_for_unaligned_ops_taking_five_percent_of_the_time(run
     assert any("pad to" in line for line in advise(prof)) == advised
 
 
+SMALL_OPS_CELL = """%%profile_gpu -q -r prof --steps {steps}
+t = tiny
+for _ in range(40):
+    t = (t + 1).mul_(0.5)
+{big}
+"""
+
+
+@pytest.mark.parametrize("steps", [1, 2])
+@pytest.mark.parametrize("big, advised", [("", True), ("big.mul_(1.0001)", False)])
+def test_small_op_advice_is_about_their_share_of_the_time_per_step(run_cell, ip, steps, big, advised):
+    """Hundreds of tiny ops per step get the advice when they are the time, not when one 4000x4000
+    mul_ is; and --steps 2 says what --steps 1 says (the rule used to count ops over all steps:
+    2 x 400 tiny ops beside the mul_ got it, 400 alone did not)."""
+    from nbaccel.profile_advice import SMALL_OP_SHARE, SMALL_OP_US
+
+    run_cell("import torch\ntiny = torch.ones(8)\nbig = torch.ones(4000, 4000)")
+    run_cell(SMALL_OPS_CELL.format(steps=steps, big=big))
+    prof = ip.user_ns["prof"]
+    cols = prof.op_columns
+    small = sum(t for n, t in zip(cols["name"], cols["self_us"]) if n.startswith("aten::") and t < SMALL_OP_US)
+    share = small / sum(cols["self_us"])
+    assert (share >= SMALL_OP_SHARE) == advised  # the cells are far from the threshold either way
+    lines = [a for a in prof.advice if "aten op calls" in a]
+    assert bool(lines) == advised
+    if advised:
+        assert f"take {share:.0%} of the self CPU time" in lines[0]
+        assert ("per step (" in lines[0]) == (steps > 1)
+
+
 @pytest.mark.parametrize("key, column", [("calls", "calls"), ("flops", "flops"), ("cpu", "cpu_total_us"),
                                          ("self", "cpu_self_us")])
 def test_sort_option(run_cell, ip, key, column):
@@ -268,6 +298,16 @@ def test_device_cpu_and_quiet(run_cell, ip):
 def test_device_cuda_without_gpu_is_a_usage_error(ip):
     with pytest.raises(UsageError, match="sees no CUDA GPU"):
         ip.run_cell_magic("profile_gpu", "--device cuda", "1")
+
+
+def test_flops_per_s_column_says_it_divides_by_cpu_total_time(run_cell, ip):
+    prof, _, captured = profile_cell(run_cell, ip, opts="-r prof")
+    text = bundle(captured)["text/plain"]
+    assert "FLOP/s (CPU total)" in text.split("time by category")[0]
+    assert "FLOP/s column = the row's FLOPs / its CPU total time" in text.split("method: ")[1]
+    assert "FLOP/s (CPU total)" in bundle(captured)["text/html"]
+    mm = prof.ops.set_index("name").loc["aten::mm"]
+    assert mm["flops_per_s"] == pytest.approx(mm["flops"] / (mm["cpu_total_us"] * 1e-6))
 
 
 def test_to_dict_is_json_safe(run_cell, ip):

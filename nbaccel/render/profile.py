@@ -84,8 +84,19 @@ def visible_columns(result, group: str) -> list[tuple[str, str, str]]:
             label = "costliest ops there"  # a source row is a cell line or a function (def line)
         if col == "calls" and group == "source":
             label = "op calls"  # a line's top-level ops, not how often the line ran
+        if col == "flops_per_s":
+            label = f"FLOP/s ({'device' if result.on_device else 'CPU'} total)"  # the divisor: flops_rate_basis
         cols.append((col, label, kind))
     return cols
+
+
+def flops_rate_basis(result) -> str:
+    """What the op table's FLOP/s column divides a row's FLOPs by (`profile_table.group_rows`)."""
+    if result.on_device:
+        return ("FLOP/s column = the row's FLOPs / its device total time (summed durations of the kernels and "
+                "copies the op and its child ops launched; \"-\" for an op that launched none)")
+    return ("FLOP/s column = the row's FLOPs / its CPU total time (the op's duration on the CPU, child ops "
+            "included)")
 
 
 def records(frame) -> list[dict]:
@@ -158,15 +169,19 @@ def method(result) -> str:
                 + f" ({result.loaded['events']:,} events, {result.loaded['load_seconds']:.1f} s). Wall time = span of "
                 "the recorded events; device busy = union of kernel and copy intervals; FLOPs from the recorded input "
                 "shapes; peak from the trace's deviceProperties GPU; Tensor Cores judged from kernel names; events of "
-                "unknown kinds are counted and skipped.")
+                f"unknown kinds are counted and skipped; {flops_rate_basis(result)}; contention from other programs: "
+                "not measured (loaded trace).")
     flags = ["record_shapes"] + (["profile_memory"] if o.memory else []) + (["with_stack"] if o.stack else [])
     acts = "CPU+CUDA" if result.device.type == "cuda" else "CPU"
     sched = (f"schedule(warmup={o.warmup}, active={o.steps}): the code ran {o.warmup + o.steps} times, "
              f"{o.steps} analysed" if o.scheduled else "one run")
-    return (f"torch.profiler (Kineto), {acts} activities, {', '.join(flags)}; {sched}. Wall time = span of the "
+    contention = (result.contention.summary("the profiled steps", " while the cell was profiled")
+                  if result.contention else "contention: not measured")
+    return (f"torch.profiler (Kineto), {acts} activities, {', '.join(flags)}; {sched}; {contention}. Wall time = "
+            "span of the "
             "recorded events; self time = op duration minus its child ops; device busy = union of kernel and copy "
             "intervals; FLOPs from input shapes (torch.utils.flop_counter conventions, each op counted once); "
-            "Tensor Cores judged from kernel names; categories by op/kernel name.")
+            f"{flops_rate_basis(result)}; Tensor Cores judged from kernel names; categories by op/kernel name.")
 
 
 # --- sections --------------------------------------------------------------------------------------
@@ -239,7 +254,10 @@ def kernel_rows(result, top=15):
 def text(result) -> str:
     out = ["nbaccel " + title(result),
            " | ".join(f"{k}: {v}" for k, v in header_items(result)),
-           result.header["peak_note"], ""]
+           result.header["peak_note"]]
+    if result.contention_warning:
+        out.append("WARNING: " + result.contention_warning)
+    out.append("")
     group = result.options.group
     cols = visible_columns(result, group)
     frame = result.top_rows(result.options.top)
@@ -268,7 +286,9 @@ def text(result) -> str:
 def header_html(result) -> str:
     kpis = "".join(f'<div class="kpi"><div class="muted">{esc(k)}</div><div class="big">{esc(v)}</div></div>'
                    for k, v in header_items(result))
-    return f"<h4>{esc(title(result))}</h4>{kpis}<div class=\"muted\">{esc(result.header['peak_note'])}</div>"
+    warning = (f'<div class="warn">WARNING: {esc(result.contention_warning)}</div>' if result.contention_warning
+               else "")
+    return f"<h4>{esc(title(result))}</h4>{kpis}<div class=\"muted\">{esc(result.header['peak_note'])}</div>{warning}"
 
 
 def ops_table_html(result, frame, group: str) -> str:
