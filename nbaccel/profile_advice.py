@@ -19,8 +19,9 @@ if TYPE_CHECKING:
 # Advice thresholds. Each is a share of the profiled time; below it the finding is not worth a line.
 FP32_MATMUL_SHARE = 0.20     # fp32 matmul/conv time above which autocast is worth trying
 IDLE_SHARE = 0.30            # device idle fraction that points at the host (input pipeline, syncs)
-SMALL_KERNEL_US = 10.0       # median kernel shorter than this, with many kernels per step: launch-bound
+SMALL_KERNEL_US = 10.0       # median kernel shorter than this, with many kernels per step ...
 MANY_KERNELS = 200           # kernels per step
+LAUNCH_IDLE_SHARE = 0.10     # ... and the GPU idle at least this much between them: launch-bound
 TRANSFER_SHARE = 0.10        # host<->device copies as a share of device time
 CONV_SHARE = 0.10            # conv share of device time for the cudnn.benchmark advice
 # CPU: aten op calls under SMALL_OP_US of self time are "small". An op's fixed cost (Python binding,
@@ -69,17 +70,25 @@ def advise(result: ProfileResult) -> list[str]:
             notes.append(f"fp32 matmul/conv take {fp32 / total:.0%} of {where} time: try %%amp "
                          f"(or --amp bf16 here) -- {hint}.")
     busy = result.busy
-    if busy and busy["busy_fraction"] is not None and 1 - busy["busy_fraction"] >= IDLE_SHARE:
-        notes.append(f"The GPU is idle {1 - busy['busy_fraction']:.0%} of the profiled time: the input pipeline "
-                     "(DataLoader workers, pin_memory) or host syncs (.item(), .cpu(), print of tensors) are "
-                     "the bottleneck, not the GPU.")
+    idle = 1 - busy["busy_fraction"] if busy and busy["busy_fraction"] is not None else None
     steps = _steps(result)
     n_kernels = result.kernel_count
     many_kernels = n_kernels >= MANY_KERNELS * steps
     kernel_median = float(np.median(result.trace.column("kernels", "dur_us"))) if many_kernels else None
+    # Launch cost is host time, invisible in kernel durations; what shows it is the GPU waiting between
+    # short kernels. A GPU kept busy by many short kernels is not launch-bound.
+    launch_bound = bool(many_kernels and kernel_median < SMALL_KERNEL_US and idle is not None
+                        and idle >= LAUNCH_IDLE_SHARE)
+    if idle is not None and idle >= IDLE_SHARE and not launch_bound:  # launch-bound idle has its own line below
+        notes.append(f"The GPU is idle {idle:.0%} of the profiled time: the input pipeline "
+                     "(DataLoader workers, pin_memory) or host syncs (.item(), .cpu(), print of tensors) are "
+                     "the bottleneck, not the GPU.")
     if many_kernels and kernel_median < SMALL_KERNEL_US:
-        notes.append(f"{_per_step(n_kernels, steps, 'kernels')} with a median of {kernel_median:.1f} µs each: "
-                     "launch overhead dominates; try torch.compile (fuses elementwise ops) or a larger batch.")
+        if launch_bound:
+            notes.append(f"{_per_step(n_kernels, steps, 'kernels')} with a median of {kernel_median:.1f} µs each, "
+                         f"and the GPU idle {idle:.0%} of the profiled time between them: the host cannot launch "
+                         "them as fast as they run; try torch.compile (fewer, fused kernels), CUDA graphs "
+                         "(mode='reduce-overhead') or a larger batch.")
     elif not on_device and total > 0 and n_ops >= MANY_SMALL_OPS * steps:
         small = [t for name, t in zip(ops["name"], ops["self_us"]) if t < SMALL_OP_US and name.startswith("aten::")]
         small_us = pt.pairwise_sum(small)

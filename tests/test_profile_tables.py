@@ -243,3 +243,29 @@ def test_filter_is_plain_text_and_sort_handles_text_columns():
     assert list(pt.sort_table(table, "name", ascending=True)["name"])[0] == "aten::add_"
     with pytest.raises(ValueError):
         pt.sort_table(table, "nope")
+
+
+def _short_kernels_trace(period_us: float, kernels: int = 250, kernel_us: float = 5.0) -> dict:
+    """One step of ``kernels`` relu launches, each kernel ``kernel_us`` long, one launched every ``period_us``."""
+    ev = [{"ph": "M", "name": "process_name", "pid": 1, "args": {"name": "python"}},
+          {"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#0", "pid": 1, "tid": 1, "ts": 0.0,
+           "dur": kernels * period_us + 20, "args": {}}]
+    for i in range(kernels):
+        t = i * period_us
+        ev.append({"ph": "X", "cat": "cpu_op", "name": "aten::relu", "pid": 1, "tid": 1, "ts": t + 0.5,
+                   "dur": 3.0, "args": {"External id": i + 1}})
+        ev.append({"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 1, "tid": 1, "ts": t + 1,
+                   "dur": 2.0, "args": {"correlation": i + 1, "External id": i + 1}})
+        ev.append({"ph": "X", "cat": "kernel", "name": RELU, "pid": 0, "tid": 7, "ts": t + 10, "dur": kernel_us,
+                   "args": {"device": 0, "stream": 7, "correlation": i + 1, "External id": i + 1}})
+    return {"schemaVersion": 1, "traceEvents": ev,
+            "deviceProperties": [{"id": 0, "name": "NVIDIA H100 80GB HBM3", "computeMajor": 9, "computeMinor": 0,
+                                  "totalGlobalMem": 85_000_000_000}]}
+
+
+@pytest.mark.parametrize("period_us, launch_bound", [(8.0, True), (5.0, False)])
+def test_many_short_kernels_are_called_launch_bound_only_when_the_gpu_waits_between_them(period_us, launch_bound):
+    r = ProfileResult.from_trace(_short_kernels_trace(period_us), GPU, ProfileOptions(device="cuda"))
+    advice = " ".join(r.advice)
+    assert ("the host cannot launch them as fast as they run" in advice) == launch_bound, (r.busy, advice)
+    assert "input pipeline" not in advice  # the idle the launches explain is not blamed on the DataLoader
