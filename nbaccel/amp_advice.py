@@ -78,6 +78,43 @@ def _significant_unaligned(result: AmpResult) -> list[dict]:
             if m.get("flops") is None or not total or m["flops"] / total >= UNALIGNED_FLOP_SHARE]
 
 
+def _unfirm_timing(result: AmpResult) -> str | None:
+    """Why the times cannot rank the two variants, with what to do about it; None when they can.
+    A slowdown earns the same hedge as a speedup: contention or overlapping IQRs move either way."""
+    overlap, contended = result.speedup_uncertain, result.contention_warning is not None
+    if not overlap and not contended:
+        return None
+    why = " and ".join(w for w, on in (("the two variants' IQRs overlap", overlap),
+                                       ("other programs competed for the CPU", contended)) if on)
+    fix = " and ".join(f for f, on in (("when the machine is quiet", contended),
+                                       (f"with a larger {option('repeat')}", overlap)) if on)
+    return f"{why} (see the warning{'s' if overlap and contended else ''}): re-run {fix}"
+
+
+def _no_speedup(result: AmpResult, speedup: float, dtype: str) -> str:
+    """The advice for a speedup under 1.05x. A cause read from the op audit or the CPU's features is
+    a fact whatever the timing; "too small or memory-bound" is read from the timing itself, so it is
+    said only when the times are firm (no overlap, no contention)."""
+    info, precision = result.device, result.precision
+    if info.type == "cpu" and not (info.has_bf16_units if dtype == "bf16" else info.has_fp16_units):
+        fact = (f"this CPU lacks {dtype} units (AMX / AVX512-{dtype.upper()}), so autocast only adds casts. "
+                "Measure on a GPU with Tensor Cores.")
+    elif not precision["reduced"]:
+        fact = (f"no op ran in {dtype} -- autocast had nothing here to cast (reductions and elementwise ops stay "
+                "fp32); it speeds up matmuls and convolutions.")
+    elif precision["reduced_flop_share"] is not None and precision["reduced_flop_share"] < 0.5:
+        fact = (f"only {precision['reduced_flop_share']:.0%} of the FLOPs ran in {dtype}; the time goes to ops "
+                "autocast keeps in fp32.")
+    else:
+        fact = None  # the cause below is inferred from the times
+    hedge = _unfirm_timing(result)
+    if hedge is None:
+        return f"No speedup ({speedup:.2f}x): " + (fact or f"the work is too small or memory-bound for {dtype} to "
+                                                   "pay for its casts; try a larger batch.")
+    note = f"No speedup measured ({speedup:.2f}x), but {hedge}."
+    return note + (" " + fact[0].upper() + fact[1:] if fact else "")
+
+
 def advise(result: AmpResult) -> list[str]:
     """One line per finding, each backed by a number in the result."""
     notes = []
@@ -129,18 +166,7 @@ def advise(result: AmpResult) -> list[str]:
         speedup = None
     if speedup is not None:
         if speedup < 1.05:
-            if info.type == "cpu" and not (info.has_bf16_units if dtype == "bf16" else info.has_fp16_units):
-                notes.append(f"No speedup ({speedup:.2f}x): this CPU lacks {dtype} units (AMX / AVX512-{dtype.upper()}), "
-                             "so autocast only adds casts. Measure on a GPU with Tensor Cores.")
-            elif not result.precision["reduced"]:
-                notes.append(f"No speedup ({speedup:.2f}x): no op ran in {dtype} -- autocast had nothing here to cast "
-                             "(reductions and elementwise ops stay fp32); it speeds up matmuls and convolutions.")
-            elif result.precision["reduced_flop_share"] is not None and result.precision["reduced_flop_share"] < 0.5:
-                notes.append(f"No speedup ({speedup:.2f}x): only {result.precision['reduced_flop_share']:.0%} of the FLOPs "
-                             f"ran in {dtype}; the time goes to ops autocast keeps in fp32.")
-            else:
-                notes.append(f"No speedup ({speedup:.2f}x): the work is too small or memory-bound for {dtype} to pay "
-                             "for its casts; try a larger batch.")
+            notes.append(_no_speedup(result, speedup, dtype))
         elif not result.speedup_uncertain and result.contention_warning:
             # Not "is faster": the warning says other programs took the CPU during the timed runs.
             notes.append(f"{label} measured {speedup:.2f}x faster, but while other programs competed for the CPU "
