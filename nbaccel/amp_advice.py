@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from .amp_result import MIN_RUNS, too_few_runs
+from .amp_result import MIN_RUNS, memory_ranges, too_few_runs
 from .memory import format_bytes
 from .options import in_magic, option
 from .precision import describe
@@ -198,12 +198,17 @@ def advise(result: AmpResult) -> list[str]:
                      "this accuracy is acceptable (e.g. keep loss/softmax in fp32).")
     mem = result.memory_saving
     if mem is not None and result.memory_comparable:
-        if mem > 0.05:
-            notes.append(f"Peak memory {mem:.0%} lower ({format_bytes(result.baseline.memory.peak_bytes)} -> "
-                         f"{format_bytes(result.amp.memory.peak_bytes)}).")
-        elif mem < -0.05 and autocast:
-            notes.append(f"Peak memory {-mem:.0%} higher under {dtype}: autocast keeps casted copies of fp32 weights "
-                         "for the backward pass.")
+        sizes = f"{format_bytes(result.baseline.memory.peak_bytes)} -> {format_bytes(result.amp.memory.peak_bytes)}"
+        if not result.memory_firm and abs(mem) > 0.05:
+            notes.append(f"No firm memory difference: the median peaks differ by {abs(mem):.0%} ({sizes}), but the "
+                         f"runs overlap ({memory_ranges(result)}); the process's peak RSS moves by that much "
+                         "between runs of the same cell.")
+        elif result.memory_firm and mem > 0.05:
+            notes.append(f"Peak memory {mem:.0%} lower ({sizes}).")
+        elif result.memory_firm and mem < -0.05 and autocast:
+            # The peak is measured, what filled it is not: the usual cause is named as one, not asserted.
+            notes.append(f"Peak memory {-mem:.0%} higher under {dtype} ({sizes}). A common cause (not measured "
+                         f"here): autocast keeps {dtype} copies of fp32 weights for the backward pass.")
     if info.type == "cpu":
         notes.append(describe(info) + ". These are CPU figures, not GPU ones.")
     return notes

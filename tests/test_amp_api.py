@@ -326,7 +326,7 @@ def test_every_run_starts_from_the_torch_settings_before_the_call(flags_set_by_t
         return torch.ones(2).sum()
 
     nbaccel.compare_amp(cell, repeat=3, warmup=1)
-    assert len(box.seen) == 2 * (1 + 3 + 2) + 1
+    assert len(box.seen) == 2 * (1 + 3 + 3 + 1) + 1  # warmup, timed, memory (3 on the CPU), audited; kept
     assert set(box.seen) == {(True, torch.float32, False)}
     # The kept run's own changes stay, as after one run of the cell.
     assert not torch.is_grad_enabled() and torch.get_default_dtype() is torch.float64
@@ -596,9 +596,11 @@ def test_on_first_run_gets_the_measured_first_run_and_the_runs_to_come():
     x = torch.randn(4, 4)
     nbaccel.compare_amp(lambda: x @ x, repeat=2, warmup=1, clock=FakeClock(lambda: 0.5),
                         on_first_run=lambda seconds, runs_left: seen.append((seconds, runs_left)))
-    # 2 variants x (1 warmup + 2 timed + 1 memory + 1 audited), plus the kept run; one is done.
-    assert seen == [(0.5, 2 * (1 + 2 + 2) + 1 - 1)]
-    assert nbaccel.amp.planned_runs(warmup=1, repeat=2, baseline=False) == 1 + 2 + 2 + 1
+    # 2 variants x (1 warmup + 2 timed + 3 memory (CPU) + 1 audited), plus the kept run; one is done.
+    assert seen == [(0.5, 2 * (1 + 2 + 3 + 1) + 1 - 1)]
+    assert nbaccel.amp.planned_runs(warmup=1, repeat=2, baseline=False, device="cpu") == 1 + 2 + 3 + 1 + 1
+    # CUDA's allocator counts repeat exactly: one memory run per variant there.
+    assert nbaccel.amp.planned_runs(warmup=1, repeat=2, baseline=False, device="cuda") == 1 + 2 + 1 + 1 + 1
 
 
 def test_memory_comparison_needs_a_peak_of_a_mebibyte():
@@ -614,8 +616,8 @@ def test_memory_comparison_needs_a_peak_of_a_mebibyte():
     shown = str(result) + result._repr_html_()
     assert "peak memory: both under 1 MiB" in str(result) and "memory used" not in shown and "%" not in \
         amp_render.headline(result).split("peak memory")[1]
-    result.baseline.memory = PeakMemory("cpu", 10 << 20, "test")
-    result.amp.memory = PeakMemory("cpu", 5 << 20, "test")
+    result.baseline.memory = PeakMemory("cpu", 10 << 20, "test", runs=(10 << 20, 11 << 20, 9 << 20))
+    result.amp.memory = PeakMemory("cpu", 5 << 20, "test", runs=(5 << 20, 6 << 20, 4 << 20))
     assert result.memory_comparable and "memory saved 50%" in amp_render.headline(result)
     # fp32's peak measured 0 B (common for a tiny CPU cell): no fraction, yet the report still says so
     # (it said nothing about memory at all)

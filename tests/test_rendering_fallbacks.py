@@ -135,6 +135,7 @@ def test_memory_change_never_reads_as_a_negative_saving(saving, label, value):
 def test_recipe_that_took_more_memory_is_shown_as_more(amp_result, monkeypatch):
     monkeypatch.setattr(type(amp_result), "memory_saving", property(lambda self: -7.0))
     monkeypatch.setattr(type(amp_result), "memory_comparable", property(lambda self: True))  # a peak >= 1 MiB
+    monkeypatch.setattr(type(amp_result), "memory_firm", property(lambda self: True))  # runs that do not overlap
     shown = amp_render.text(amp_result) + amp_render.html(amp_result) + amp_render.widget(amp_result).children[0].value
     assert "+700% vs fp32" in shown and "-700%" not in shown and "saved -" not in shown
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..memory import format_bytes
+from ..memory import byte_range, format_bytes
 from ..timing import format_seconds
 from .common import bullet_list, esc, si, table, text_table, wrap
 
@@ -54,20 +54,25 @@ def _contended(result) -> bool:
 def memory_summary(result) -> tuple[str, str] | None:
     """(label, value) of the peak-memory comparison for the headline and the KPI, or None.
 
-    The saving is shown only when fp32's peak reaches ``MEMORY_NOISE_FLOOR`` (1 MiB): below it,
-    the CPU's RSS figures are allocator noise, and "memory saved -600%" from 12 KiB vs 40 KiB
-    says nothing about the recipe."""
-    from ..amp_result import MEMORY_NOISE_FLOOR
+    A saving is shown only when the measurement backs it (`AmpResult.memory_firm`). Below
+    ``MEMORY_NOISE_FLOOR`` (1 MiB of fp32 peak) the CPU's RSS figures are allocator noise, and
+    "memory saved -600%" from 12 KiB vs 40 KiB says nothing about the recipe; above it, CPU peaks
+    whose runs overlap are "no firm difference", with the ranges that say why."""
+    from ..amp_result import MEMORY_NOISE_FLOOR, memory_ranges
 
     if result.baseline is None or not result.baseline.memory or not result.amp.memory:
         return None
-    if result.memory_comparable:
-        return memory_change(result.memory_saving)
-    # also when fp32's peak measured 0 B (a tiny CPU cell: no saving is defined, the sizes still are)
     base, amp = result.baseline.memory.peak_bytes, result.amp.memory.peak_bytes
-    if max(base, amp) < MEMORY_NOISE_FLOOR:
-        return "peak memory:", f"both under {format_bytes(MEMORY_NOISE_FLOOR)}"
-    return "peak memory:", f"{format_bytes(base)} -> {format_bytes(amp)}"
+    if not result.memory_comparable:
+        # also when fp32's peak measured 0 B (a tiny CPU cell: no saving is defined, the sizes still are)
+        if max(base, amp) < MEMORY_NOISE_FLOOR:
+            return "peak memory:", f"both under {format_bytes(MEMORY_NOISE_FLOOR)}"
+        return "peak memory:", f"{format_bytes(base)} -> {format_bytes(amp)}"
+    if not result.memory_firm:
+        return "peak memory:", f"no firm difference ({memory_ranges(result)})"
+    if result.memory_same:
+        return "peak memory:", f"the same ({format_bytes(base)} -> {format_bytes(amp)})"
+    return memory_change(result.memory_saving)
 
 
 def drift_summary(result) -> str:
@@ -92,7 +97,7 @@ def memory_change(saving: float) -> tuple[str, str]:
 
 
 def method(result) -> str:
-    mem = result.amp.memory.method if result.amp.memory else "not measured"
+    mem = f"{result.amp.memory.method}; {_memory_runs(result)}" if result.amp.memory else "not measured"
     state = (f"state restored from a {format_bytes(result.snapshot_bytes)} host snapshot before each run"
              if result.restored else "state NOT restored (--no-restore): each run continued from the previous one")
     runs = (f"{_count(result.warmup, 'warmup round') if result.warmup else 'no warmup'}, "
@@ -100,6 +105,19 @@ def method(result) -> str:
             + (", interleaved" if result.baseline is not None else f" ({result.amp.name} only, no fp32 baseline)"))
     contention = result.contention.summary() if result.contention else "contention: not measured"
     return f"{runs}; timer: {result.timer_method}; {contention}; memory: {mem}; {state}"
+
+
+def _memory_runs(result) -> str:
+    """How many memory runs each figure is, and how far they spread: a CPU peak moves between runs."""
+    variants = [v for v in (result.baseline, result.amp) if v is not None and v.memory]
+    runs = max(len(v.memory.run_peaks) for v in variants)
+    if runs == 1:
+        why = " (the allocator's counts repeat exactly)" if result.amp.memory.device.startswith("cuda") else ""
+        return f"1 run per variant{why}"
+    spreads = ", ".join(f"{v.name} {byte_range(min(v.memory.run_peaks), max(v.memory.run_peaks))} (spread "
+                        f"{format_bytes(max(v.memory.run_peaks) - min(v.memory.run_peaks))})" for v in variants)
+    return (f"median of {runs} runs per variant{', interleaved' if len(variants) > 1 else ''}: {spreads}; "
+            "a difference is firm when the ranges do not overlap")
 
 
 def _count(n: int, noun: str) -> str:
@@ -172,7 +190,11 @@ def _kpis(result) -> str:
     if memory:
         label, value = memory
         label = label.rstrip(":") if label.startswith("peak") else f"peak {label}"
-        kpis.append(f'<div class="kpi"><div class="muted">{esc(label)}</div><div class="big">{esc(value)}</div></div>')
+        # "no firm difference (fp32 20-24 MiB, ...)": the verdict in large type, the ranges under it
+        value, _, detail = value.partition(" (")
+        detail = f'<div class="muted">({esc(detail)}</div>' if detail else ""
+        kpis.append(f'<div class="kpi"><div class="muted">{esc(label)}</div><div class="big">{esc(value)}</div>'
+                    f'{detail}</div>')
     if result.drift:
         kpis.append(f'<div class="kpi"><div class="muted">drift (max rel)</div><div class="big">'
                     f'{_max_rel(result.drift, ".1e")}</div></div>')
