@@ -319,9 +319,22 @@ def test_one_timed_run_is_not_a_speedup_claim(run_cell, ip):
     assert res.speedup_uncertain
     assert not any("faster here" in a or "No speedup" in a for a in res.advice)
     shown = captured.outputs[0].data["text/plain"]  # rendered inside the magic: options as typed there
-    assert "--repeat 5 or more" in shown and "(uncertain)" in shown
+    assert "--repeat 5 or more" in shown
+    # Was: "speedup 2.85x (uncertain, contended)" in the headline, while docs/amp.md promised that a
+    # speedup from fewer than 3 timed runs is not claimed. Now the headline and the KPI say so.
+    assert "speedup not claimed (1 timed run per variant; use --repeat 5)" in shown.splitlines()[0]
+    assert f"speedup {res.speedup:.2f}x" not in shown
+    html = captured.outputs[0].data["text/html"]
+    assert '<div class="big warn nbaccel-speedup">not claimed</div>' in html
+    assert "(1 timed run per variant; use --repeat 5)" in html and f"{res.speedup:.2f}x</div>" not in html
+    from nbaccel.render import amp as amp_render
+
+    kpi = amp_render.widget(res).children[0].value  # the widget's summary, read from Python: repeat=5
+    assert "not claimed</div>" in kpi and "(1 timed run per variant; use repeat=5)" in kpi
     assert any("repeat=5" in a for a in res.advice)  # read from Python later: Python's spelling
     assert "no warmup, 1 timed run per variant, interleaved" in shown
+    _, captured = run_cell("%%amp --repeat 2 --warmup 0 -q -r res\ntorch.ones(64, 64) @ torch.ones(64, 64)")
+    assert "speedup not claimed (2 timed runs per variant; use repeat=5)" in str(ip.user_ns["res"])
 
 
 def test_method_line_without_a_baseline_is_not_interleaved(run_cell):

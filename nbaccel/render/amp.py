@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from ..amp_result import MEMORY_NOISE_FLOOR, memory_ranges, too_few_runs
 from ..memory import byte_range, format_bytes
+from ..options import option
 from ..timing import format_seconds
 from .common import bullet_list, esc, si, table, text_table, wrap
 
@@ -35,6 +37,8 @@ def headline(result) -> str:
     if result.speedup is not None:
         if _no_torch_ops(result):
             parts.append(f"no torch operators ran (plain Python timed: {result.speedup:.2f}x, not an autocast effect)")
+        elif too_few_runs(result):
+            parts.append(f"speedup not claimed ({_too_few(result)})")
         else:
             flags = [w for w, on in (("uncertain", result.speedup_uncertain), ("contended", _contended(result))) if on]
             parts.append(f"speedup {result.speedup:.2f}x" + (f" ({', '.join(flags)})" if flags else ""))
@@ -44,6 +48,13 @@ def headline(result) -> str:
     if result.drift:
         parts.append(drift_summary(result))
     return ", ".join(parts) or f"{result.amp.name} only (no baseline)"
+
+
+def _too_few(result) -> str:
+    """Why a speedup from under MIN_RUNS timed runs per variant is not claimed (docs/amp.md, --repeat):
+    with no spread to judge by, a single descheduled run decides the ranking."""
+    runs = min(len(result.baseline.times.times), len(result.amp.times.times))
+    return f"{_count(runs, 'timed run')} per variant; use {option('repeat', 5)}"
 
 
 def _contended(result) -> bool:
@@ -58,8 +69,6 @@ def memory_summary(result) -> tuple[str, str] | None:
     ``MEMORY_NOISE_FLOOR`` (1 MiB of fp32 peak) the CPU's RSS figures are allocator noise, and
     "memory saved -600%" from 12 KiB vs 40 KiB says nothing about the recipe; above it, CPU peaks
     whose runs overlap are "no firm difference", with the ranges that say why."""
-    from ..amp_result import MEMORY_NOISE_FLOOR, memory_ranges
-
     if result.baseline is None or not result.baseline.memory or not result.amp.memory:
         return None
     base, amp = result.baseline.memory.peak_bytes, result.amp.memory.peak_bytes
@@ -181,7 +190,10 @@ def _drift_lines(result) -> list[str]:
 
 def _kpis(result) -> str:
     kpis = []
-    if result.speedup is not None:
+    if result.speedup is not None and too_few_runs(result) and not _no_torch_ops(result):
+        kpis.append(f'<div class="kpi"><div class="muted">speedup</div><div class="big warn nbaccel-speedup">'
+                    f'not claimed</div><div class="muted">({esc(_too_few(result))})</div></div>')
+    elif result.speedup is not None:
         cls = "big warn" if result.speedup_uncertain or _no_torch_ops(result) or _contended(result) else "big"
         label = "speedup (no torch ops ran)" if _no_torch_ops(result) else "speedup"
         kpis.append(f'<div class="kpi"><div class="muted">{label}</div><div class="{cls} nbaccel-speedup">'
