@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from .amp_result import MIN_RUNS, memory_ranges, too_few_runs
+from .amp_result import MIN_RUNS, REDUCED_DTYPES, memory_ranges, too_few_runs
 from .memory import format_bytes
 from .options import in_magic, option
 from .precision import describe
@@ -40,20 +40,15 @@ def _outer_autocast_note(result: AmpResult, dtype: str) -> str:
             "it is on again for your own code.")
 
 
-REDUCED_DTYPES = ("bf16", "fp16")
-
-
 def _reduced_in_baseline(result: AmpResult) -> str | None:
     """The fp32 run is strict fp32 around the cell, but a cell that enters autocast itself (or casts
     the model to bf16) still runs its matmuls in reduced precision there: then both runs are the same
     code, and a speedup or drift near 1x / 0 says nothing about mixed precision."""
-    if result.baseline is None or result.baseline.ops.empty:
+    if not result.baseline_reduced:
         return None
     ops = result.baseline.ops
     reduced = ops[ops["heavy"] & ops["dtype"].isin(REDUCED_DTYPES)]
-    if reduced.empty:
-        return None
-    dtypes = " and ".join(sorted(set(reduced["dtype"])))
+    dtypes = " and ".join(result.baseline_reduced)
     names = ", ".join(sorted(set(reduced["op"]))[:3])
     calls = int(reduced["calls"].sum())
     return (f"The fp32 run was not fp32: {calls} matmul/conv call{'s' if calls != 1 else ''} ({names}) ran in "

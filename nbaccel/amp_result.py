@@ -27,6 +27,7 @@ MIN_RUNS = 3  # timed runs per variant below which a speedup is marked uncertain
 MEMORY_NOISE_FLOOR = 1 << 20  # fp32 peak below which a memory saving is not reported (allocator noise)
 # A change of the peak smaller than this share reads as "the same": 3.99 MiB -> 4 MiB printed "+0%".
 MEMORY_SAME = 0.005
+REDUCED_DTYPES = ("bf16", "fp16")
 
 
 def _empty_frame() -> pd.DataFrame:
@@ -142,6 +143,16 @@ class AmpResult(ResultMixin):
         return self.memory_firm and abs(self.memory_saving) < MEMORY_SAME
 
     @property
+    def baseline_reduced(self) -> list[str]:
+        """The reduced dtypes ("bf16", "fp16") matmuls or convolutions ran in during the fp32 run: the cell
+        turns on autocast or casts to them itself, so that run was not fp32 and the speedup, memory and
+        drift compare the recipe with the cell's own precision. Empty when the fp32 run was fp32."""
+        if self.baseline is None or self.baseline.ops.empty:
+            return []
+        ops = self.baseline.ops
+        return sorted(set(ops[ops["heavy"] & ops["dtype"].isin(REDUCED_DTYPES)]["dtype"]))
+
+    @property
     def precision(self) -> dict:
         return precision_summary(self.amp.ops)
 
@@ -216,6 +227,7 @@ class AmpResult(ResultMixin):
             "drift": self.drift,
             "gradients": self.gradients,
             "precision": self.precision,
+            "baseline_reduced": self.baseline_reduced,
             "unaligned_matmuls": self.unaligned_matmuls,
             "snapshot_bytes": self.snapshot_bytes,
             "restored": self.restored,
@@ -246,4 +258,5 @@ def _runs(n: int) -> str:
     return f"{n} run{'' if n == 1 else 's'}"
 
 
-__all__ = ["AmpResult", "Variant", "MIN_RUNS", "MEMORY_NOISE_FLOOR", "MEMORY_SAME", "too_few_runs", "memory_ranges"]
+__all__ = ["AmpResult", "Variant", "MIN_RUNS", "MEMORY_NOISE_FLOOR", "MEMORY_SAME", "REDUCED_DTYPES", "too_few_runs",
+           "memory_ranges"]

@@ -16,8 +16,11 @@ def _flops(v) -> str:
 def _variant_rows(result):
     rows = []
     for v in filter(None, (result.baseline, result.amp)):
+        recipe = v.recipe.label
+        if v is result.baseline and result.baseline_reduced:  # the cell's own autocast / casts ran inside it
+            recipe += f" + the cell's own {' and '.join(result.baseline_reduced)}"
         rows.append([
-            v.name, v.recipe.label, format_seconds(v.median),
+            v.name, recipe, format_seconds(v.median),
             format_seconds(v.times.iqr) if len(v.times.times) > 1 else "n/a", len(v.times.times),
             format_bytes(v.memory.peak_bytes) if v.memory else "n/a", _flops(v),
         ])
@@ -47,7 +50,11 @@ def headline(result) -> str:
         parts.append(" ".join(memory))
     if result.drift:
         parts.append(drift_summary(result))
-    return ", ".join(parts) or f"{result.amp.name} only (no baseline)"
+    # One flag before every figure it qualifies: speedup, memory and drift all compare the recipe with
+    # the cell's own reduced precision, not with fp32 (the first advice line says how).
+    flag = f"fp32 run not fp32 (the cell runs {' and '.join(result.baseline_reduced)} itself): " \
+        if result.baseline_reduced else ""
+    return flag + (", ".join(parts) or f"{result.amp.name} only (no baseline)")
 
 
 def _too_few(result) -> str:
@@ -190,6 +197,9 @@ def _drift_lines(result) -> list[str]:
 
 def _kpis(result) -> str:
     kpis = []
+    if result.baseline_reduced:  # first: it qualifies every figure after it
+        kpis.append(f'<div class="kpi"><div class="muted">fp32 run</div><div class="big warn">not fp32</div>'
+                    f'<div class="muted">(the cell runs {esc(" and ".join(result.baseline_reduced))} itself)</div></div>')
     if result.speedup is not None and too_few_runs(result) and not _no_torch_ops(result):
         kpis.append(f'<div class="kpi"><div class="muted">speedup</div><div class="big warn nbaccel-speedup">'
                     f'not claimed</div><div class="muted">({esc(_too_few(result))})</div></div>')
