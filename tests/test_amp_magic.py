@@ -540,3 +540,17 @@ def test_a_memory_change_under_half_a_percent_reads_as_the_same(run_cell, script
     assert res.memory_firm and res.memory_same
     text = str(res)
     assert "peak memory: the same (3.99 MiB -> 4 MiB)" in text and "+0%" not in text and "memory used" not in text
+
+
+def test_the_method_line_says_how_the_achieved_column_is_made(run_cell, ip):
+    # Was: an "achieved" FLOP/s column with no word on what was counted or divided by which time.
+    run_cell("import torch\nx = torch.randn(64, 64)")
+    _, captured = run_cell("%%amp --repeat 3 --warmup 0 -r res\n(x @ x).sum()")
+    res = ip.user_ns["res"]
+    flops = 2 * 64 * 64 * 64  # one 64x64 @ 64x64 matmul: a multiply-add is 2 FLOPs
+    assert res.baseline.flops == flops and res.baseline.flops_per_second == pytest.approx(flops / res.baseline.median)
+    method = captured.outputs[0].data["text/plain"].split("method: ")[1]
+    assert ("achieved: the FLOPs of the matmul, convolution and attention ops in torch.utils.flop_counter's registry "
+            "(a multiply-add is 2; elementwise ops and reductions are not counted) in each variant's audited run, "
+            "divided by that variant's median timed run") in method
+    assert "achieved: the FLOPs" in captured.outputs[0].data["text/html"]

@@ -120,7 +120,13 @@ def method(result) -> str:
             f"{_count(result.repeat, 'timed run')} per variant"
             + (", interleaved" if result.baseline is not None else f" ({result.amp.name} only, no fp32 baseline)"))
     contention = result.contention.summary() if result.contention else "contention: not measured"
-    return f"{runs}; timer: {result.timer_method}; {contention}; memory: {mem}; {state}"
+    return f"{runs}; timer: {result.timer_method}; {contention}; memory: {mem}; {ACHIEVED_METHOD}; {state}"
+
+
+# What the "achieved" column divides by what (flops.OpAudit counts with torch's FLOP registry).
+ACHIEVED_METHOD = ("achieved: the FLOPs of the matmul, convolution and attention ops in torch.utils.flop_counter's "
+                   "registry (a multiply-add is 2; elementwise ops and reductions are not counted) in each variant's "
+                   "audited run, divided by that variant's median timed run")
 
 
 def _memory_runs(result) -> str:
