@@ -7,8 +7,9 @@ The order of runs is the method, so it is spelled out here:
 3. ``repeat`` timed rounds; the order inside a round alternates (fp32 first, then amp first) so a
    clock that drifts during the measurement does not favour one side. Around each timed run,
    `contention.ContentionMeter` measures how much CPU other programs took, per variant.
-4. One run per variant under the peak-memory meter, one per variant under the op audit (dtype per
-   op, FLOPs, gradient hooks). These are separate because both meters perturb timing.
+4. Runs under the peak-memory meter (one per variant on CUDA, `CPU_MEMORY_RUNS` interleaved on the
+   CPU, whose peak RSS moves between runs), one per variant under the op audit (dtype per op,
+   FLOPs, gradient hooks). These are separate because both meters perturb timing.
 5. One last run under the recipe, with its output shown: the user's state afterwards is exactly
    that of one run of the code under the recipe.
 
@@ -28,7 +29,7 @@ from typing import Callable
 import torch
 
 from .amp_advice import advise
-from .amp_result import MEMORY_NOISE_FLOOR, MIN_RUNS, AmpResult, Variant
+from .amp_result import MEMORY_NOISE_FLOOR, MEMORY_SAME, MIN_RUNS, AmpResult, Variant
 from .contention import ContentionMeter
 from .device import DTYPE_NAMES, DeviceError, device_info, dtype_name, resolve_device
 from .drift import compute_drift, runs_differ, to_host
@@ -41,10 +42,25 @@ from .snapshot import Snapshot, SnapshotTooLarge, available_host_memory, estimat
 from .timing import Clock, Stats
 
 
-def planned_runs(warmup: int, repeat: int, baseline: bool = True) -> int:
-    """How many times a comparison runs the code: per variant the warmup rounds, the timed runs, one
-    memory run and one audited run; then the kept run."""
-    return (2 if baseline else 1) * (warmup + repeat + 2) + 1
+# The CPU's peak (the process's peak RSS) moves by a few MiB between runs of the same cell: with one
+# memory run per variant, five comparisons of the quickstart's training step read anything from 31 %
+# saved to 28 % more (docs/amp.md, "Peak memory"). So the CPU takes the median of several memory runs per variant and calls a difference firm
+# only when the variants' ranges do not overlap. On CUDA, max_memory_allocated counts the bytes the
+# run's tensors ask the caching allocator for: the same ops from the same state ask for the same bytes
+# (cuDNN's autotuning is done in the warmup), so one run per variant is enough there.
+CPU_MEMORY_RUNS = 3
+
+
+def memory_runs(device) -> int:
+    """Runs per variant under the peak-memory meter on ``device``: 1 on CUDA, `CPU_MEMORY_RUNS` elsewhere."""
+    return 1 if torch.device(device).type == "cuda" else CPU_MEMORY_RUNS
+
+
+def planned_runs(warmup: int, repeat: int, baseline: bool = True, device="auto") -> int:
+    """How many times a comparison on ``device`` runs the code: per variant the warmup rounds, the timed
+    runs, the memory runs (`memory_runs`) and one audited run; then the kept run."""
+    device = resolve_device(device) if device == "auto" else device  # a count: "cuda" needs no GPU to be read
+    return (2 if baseline else 1) * (warmup + repeat + memory_runs(device) + 1) + 1
 
 
 # --- the comparison ------------------------------------------------------------------------------
@@ -340,7 +356,7 @@ def compare_amp(
     cell = _Cell(fn)
     # Without restore, runs continue from each other's torch settings as from each other's variables.
     runner = _Runner(cell, snapshot, torch_before if restore else None, clock, dev, silence or _redirect,
-                     on_first_run, planned_runs(warmup, repeat, baseline) - 1)
+                     on_first_run, planned_runs(warmup, repeat, baseline, dev) - 1)
     order = [base_recipe, amp_recipe] if baseline else [amp_recipe]
 
     finished = False
@@ -355,10 +371,14 @@ def compare_amp(
         for i in range(repeat):
             for recipe in (order if i % 2 == 0 else order[::-1]):
                 times[id(recipe)].times.append(runner.timed(recipe))
-        memory, fp32_again = {}, None
-        for recipe in order:
-            memory[id(recipe)], value = runner.memory(recipe, keep_value=restore and recipe is base_recipe)
-            fp32_again = value if recipe is base_recipe else fp32_again
+        peaks, fp32_again = {id(r): [] for r in order}, None
+        for i in range(memory_runs(dev)):  # interleaved and alternating, like the timed runs
+            for recipe in (order if i % 2 == 0 else order[::-1]):
+                first_fp32 = restore and recipe is base_recipe and i == 0
+                peak, value = runner.memory(recipe, keep_value=first_fp32)
+                peaks[id(recipe)].append(peak)
+                fp32_again = value if first_fp32 else fp32_again
+        memory = {key: PeakMemory.median_of(runs) for key, runs in peaks.items()}
         audits = {id(r): runner.audited(r) for r in order}
         # The kept run: under the recipe, output shown, state left as one run leaves it.
         runner.start(amp_recipe, kept=True)
@@ -536,4 +556,5 @@ def _referenced_objects(fn) -> list:
 
 # AmpResult, its constants and advice live in amp_result / amp_advice; named here as well because a
 # comparison's user meets them together.
-__all__ = ["compare_amp", "planned_runs", "AmpResult", "Variant", "advise", "MIN_RUNS", "MEMORY_NOISE_FLOOR"]
+__all__ = ["compare_amp", "planned_runs", "memory_runs", "CPU_MEMORY_RUNS", "AmpResult",
+           "Variant", "advise", "MIN_RUNS", "MEMORY_NOISE_FLOOR", "MEMORY_SAME"]

@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from .amp_result import MIN_RUNS, too_few_runs
+from .amp_result import MIN_RUNS, REDUCED_DTYPES, memory_ranges, too_few_runs
 from .memory import format_bytes
 from .options import in_magic, option
 from .precision import describe
@@ -40,20 +40,15 @@ def _outer_autocast_note(result: AmpResult, dtype: str) -> str:
             "it is on again for your own code.")
 
 
-REDUCED_DTYPES = ("bf16", "fp16")
-
-
 def _reduced_in_baseline(result: AmpResult) -> str | None:
     """The fp32 run is strict fp32 around the cell, but a cell that enters autocast itself (or casts
     the model to bf16) still runs its matmuls in reduced precision there: then both runs are the same
     code, and a speedup or drift near 1x / 0 says nothing about mixed precision."""
-    if result.baseline is None or result.baseline.ops.empty:
+    if not result.baseline_reduced:
         return None
     ops = result.baseline.ops
     reduced = ops[ops["heavy"] & ops["dtype"].isin(REDUCED_DTYPES)]
-    if reduced.empty:
-        return None
-    dtypes = " and ".join(sorted(set(reduced["dtype"])))
+    dtypes = " and ".join(result.baseline_reduced)
     names = ", ".join(sorted(set(reduced["op"]))[:3])
     calls = int(reduced["calls"].sum())
     return (f"The fp32 run was not fp32: {calls} matmul/conv call{'s' if calls != 1 else ''} ({names}) ran in "
@@ -76,6 +71,43 @@ def _significant_unaligned(result: AmpResult) -> list[dict]:
     total = result.amp.flops or 0
     return [m for m in result.unaligned_matmuls
             if m.get("flops") is None or not total or m["flops"] / total >= UNALIGNED_FLOP_SHARE]
+
+
+def _unfirm_timing(result: AmpResult) -> str | None:
+    """Why the times cannot rank the two variants, with what to do about it; None when they can.
+    A slowdown earns the same hedge as a speedup: contention or overlapping IQRs move either way."""
+    overlap, contended = result.speedup_uncertain, result.contention_warning is not None
+    if not overlap and not contended:
+        return None
+    why = " and ".join(w for w, on in (("the two variants' IQRs overlap", overlap),
+                                       ("other programs competed for the CPU", contended)) if on)
+    fix = " and ".join(f for f, on in (("when the machine is quiet", contended),
+                                       (f"with a larger {option('repeat')}", overlap)) if on)
+    return f"{why} (see the warning{'s' if overlap and contended else ''}): re-run {fix}"
+
+
+def _no_speedup(result: AmpResult, speedup: float, dtype: str) -> str:
+    """The advice for a speedup under 1.05x. A cause read from the op audit or the CPU's features is
+    a fact whatever the timing; "too small or memory-bound" is read from the timing itself, so it is
+    said only when the times are firm (no overlap, no contention)."""
+    info, precision = result.device, result.precision
+    if info.type == "cpu" and not (info.has_bf16_units if dtype == "bf16" else info.has_fp16_units):
+        fact = (f"this CPU lacks {dtype} units (AMX / AVX512-{dtype.upper()}), so autocast only adds casts. "
+                "Measure on a GPU with Tensor Cores.")
+    elif not precision["reduced"]:
+        fact = (f"no op ran in {dtype} -- autocast had nothing here to cast (reductions and elementwise ops stay "
+                "fp32); it speeds up matmuls and convolutions.")
+    elif precision["reduced_flop_share"] is not None and precision["reduced_flop_share"] < 0.5:
+        fact = (f"only {precision['reduced_flop_share']:.0%} of the FLOPs ran in {dtype}; the time goes to ops "
+                "autocast keeps in fp32.")
+    else:
+        fact = None  # the cause below is inferred from the times
+    hedge = _unfirm_timing(result)
+    if hedge is None:
+        return f"No speedup ({speedup:.2f}x): " + (fact or f"the work is too small or memory-bound for {dtype} to "
+                                                   "pay for its casts; try a larger batch.")
+    note = f"No speedup measured ({speedup:.2f}x), but {hedge}."
+    return note + (" " + fact[0].upper() + fact[1:] if fact else "")
 
 
 def advise(result: AmpResult) -> list[str]:
@@ -129,18 +161,7 @@ def advise(result: AmpResult) -> list[str]:
         speedup = None
     if speedup is not None:
         if speedup < 1.05:
-            if info.type == "cpu" and not (info.has_bf16_units if dtype == "bf16" else info.has_fp16_units):
-                notes.append(f"No speedup ({speedup:.2f}x): this CPU lacks {dtype} units (AMX / AVX512-{dtype.upper()}), "
-                             "so autocast only adds casts. Measure on a GPU with Tensor Cores.")
-            elif not result.precision["reduced"]:
-                notes.append(f"No speedup ({speedup:.2f}x): no op ran in {dtype} -- autocast had nothing here to cast "
-                             "(reductions and elementwise ops stay fp32); it speeds up matmuls and convolutions.")
-            elif result.precision["reduced_flop_share"] is not None and result.precision["reduced_flop_share"] < 0.5:
-                notes.append(f"No speedup ({speedup:.2f}x): only {result.precision['reduced_flop_share']:.0%} of the FLOPs "
-                             f"ran in {dtype}; the time goes to ops autocast keeps in fp32.")
-            else:
-                notes.append(f"No speedup ({speedup:.2f}x): the work is too small or memory-bound for {dtype} to pay "
-                             "for its casts; try a larger batch.")
+            notes.append(_no_speedup(result, speedup, dtype))
         elif not result.speedup_uncertain and result.contention_warning:
             # Not "is faster": the warning says other programs took the CPU during the timed runs.
             notes.append(f"{label} measured {speedup:.2f}x faster, but while other programs competed for the CPU "
@@ -172,12 +193,17 @@ def advise(result: AmpResult) -> list[str]:
                      "this accuracy is acceptable (e.g. keep loss/softmax in fp32).")
     mem = result.memory_saving
     if mem is not None and result.memory_comparable:
-        if mem > 0.05:
-            notes.append(f"Peak memory {mem:.0%} lower ({format_bytes(result.baseline.memory.peak_bytes)} -> "
-                         f"{format_bytes(result.amp.memory.peak_bytes)}).")
-        elif mem < -0.05 and autocast:
-            notes.append(f"Peak memory {-mem:.0%} higher under {dtype}: autocast keeps casted copies of fp32 weights "
-                         "for the backward pass.")
+        sizes = f"{format_bytes(result.baseline.memory.peak_bytes)} -> {format_bytes(result.amp.memory.peak_bytes)}"
+        if not result.memory_firm and abs(mem) > 0.05:
+            notes.append(f"No firm memory difference: the median peaks differ by {abs(mem):.0%} ({sizes}), but the "
+                         f"runs overlap ({memory_ranges(result)}); the process's peak RSS moves by that much "
+                         "between runs of the same cell.")
+        elif result.memory_firm and mem > 0.05:
+            notes.append(f"Peak memory {mem:.0%} lower ({sizes}).")
+        elif result.memory_firm and mem < -0.05 and autocast:
+            # The peak is measured, what filled it is not: the usual cause is named as one, not asserted.
+            notes.append(f"Peak memory {-mem:.0%} higher under {dtype} ({sizes}). A common cause (not measured "
+                         f"here): autocast keeps {dtype} copies of fp32 weights for the backward pass.")
     if info.type == "cpu":
         notes.append(describe(info) + ". These are CPU figures, not GPU ones.")
     return notes

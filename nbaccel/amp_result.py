@@ -13,7 +13,7 @@ from torch.utils._pytree import tree_map
 from .contention import Contention
 from .device import DeviceInfo
 from .flops import precision_summary
-from .memory import PeakMemory
+from .memory import PeakMemory, byte_range
 from .options import option
 from .precision import Recipe
 from .results import ResultMixin
@@ -25,6 +25,9 @@ if TYPE_CHECKING:
 
 MIN_RUNS = 3  # timed runs per variant below which a speedup is marked uncertain (no spread to judge)
 MEMORY_NOISE_FLOOR = 1 << 20  # fp32 peak below which a memory saving is not reported (allocator noise)
+# A change of the peak smaller than this share reads as "the same": 3.99 MiB -> 4 MiB printed "+0%".
+MEMORY_SAME = 0.005
+REDUCED_DTYPES = ("bf16", "fp16")
 
 
 def _empty_frame() -> pd.DataFrame:
@@ -108,8 +111,8 @@ class AmpResult(ResultMixin):
 
     @property
     def memory_saving(self) -> float | None:
-        """Fraction of the fp32 peak that the recipe saved (0.3 = 30 % less; negative = more), as
-        measured, whatever the size: see `memory_comparable` before reading much into it."""
+        """Fraction of the fp32 peak that the recipe saved (0.3 = 30 % less; negative = more), from the
+        median peaks as measured, whatever the size: see `memory_firm` before reading much into it."""
         if self.baseline is None or not self.baseline.memory or not self.amp.memory:
             return None
         base = self.baseline.memory.peak_bytes
@@ -120,6 +123,34 @@ class AmpResult(ResultMixin):
         """Whether the fp32 peak is large enough (``MEMORY_NOISE_FLOOR``, 1 MiB) for the saving to
         mean something: below it, the CPU's RSS-based figures are allocator noise."""
         return (self.memory_saving is not None and self.baseline.memory.peak_bytes >= MEMORY_NOISE_FLOOR)
+
+    @property
+    def memory_firm(self) -> bool:
+        """Whether the measurement backs a memory difference: the peaks are `memory_comparable`, and a
+        re-run would not reorder them -- on CUDA, whose allocator counts repeat exactly from run to run,
+        always; on the CPU, whose peak RSS moves by a few MiB between runs, only when the ranges of the
+        variants' memory runs (`nbaccel.amp.CPU_MEMORY_RUNS` each) do not overlap."""
+        if not self.memory_comparable:
+            return False
+        base, amp = self.baseline.memory.run_peaks, self.amp.memory.run_peaks
+        if self.baseline.memory.device.startswith("cuda"):
+            return True
+        return min(len(base), len(amp)) > 1 and (max(base) < min(amp) or max(amp) < min(base))
+
+    @property
+    def memory_same(self) -> bool:
+        """A firm comparison whose medians differ by less than `MEMORY_SAME` (0.5 %): no change to report."""
+        return self.memory_firm and abs(self.memory_saving) < MEMORY_SAME
+
+    @property
+    def baseline_reduced(self) -> list[str]:
+        """The reduced dtypes ("bf16", "fp16") matmuls or convolutions ran in during the fp32 run: the cell
+        turns on autocast or casts to them itself, so that run was not fp32 and the speedup, memory and
+        drift compare the recipe with the cell's own precision. Empty when the fp32 run was fp32."""
+        if self.baseline is None or self.baseline.ops.empty:
+            return []
+        ops = self.baseline.ops
+        return sorted(set(ops[ops["heavy"] & ops["dtype"].isin(REDUCED_DTYPES)]["dtype"]))
 
     @property
     def precision(self) -> dict:
@@ -192,9 +223,11 @@ class AmpResult(ResultMixin):
             "speedup": self.speedup,
             "speedup_uncertain": self.speedup_uncertain,
             "memory_saving": self.memory_saving,
+            "memory_firm": self.memory_firm,
             "drift": self.drift,
             "gradients": self.gradients,
             "precision": self.precision,
+            "baseline_reduced": self.baseline_reduced,
             "unaligned_matmuls": self.unaligned_matmuls,
             "snapshot_bytes": self.snapshot_bytes,
             "restored": self.restored,
@@ -212,4 +245,18 @@ def too_few_runs(result: AmpResult) -> bool:
     return result.baseline is not None and min(len(result.baseline.times.times), len(result.amp.times.times)) < MIN_RUNS
 
 
-__all__ = ["AmpResult", "Variant", "MIN_RUNS", "MEMORY_NOISE_FLOOR", "too_few_runs"]
+def memory_ranges(result) -> str:
+    """Each variant's memory runs: "fp32 22-24.1 MiB, bf16 21-25 MiB; 3 runs each"."""
+    pair = (result.baseline, result.amp)
+    parts = [f"{v.name} {byte_range(min(v.memory.run_peaks), max(v.memory.run_peaks))}" for v in pair]
+    counts = [len(v.memory.run_peaks) for v in pair]
+    each = f"{_runs(counts[0])} each" if counts[0] == counts[1] else f"{_runs(counts[0])} and {_runs(counts[1])}"
+    return f"{', '.join(parts)}; {each}"
+
+
+def _runs(n: int) -> str:
+    return f"{n} run{'' if n == 1 else 's'}"
+
+
+__all__ = ["AmpResult", "Variant", "MIN_RUNS", "MEMORY_NOISE_FLOOR", "MEMORY_SAME", "REDUCED_DTYPES", "too_few_runs",
+           "memory_ranges"]

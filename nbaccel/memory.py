@@ -37,10 +37,27 @@ class PeakMemory:
     peak_bytes: int
     method: str
     reserved_bytes: int | None = None  # CUDA only
+    # The peak of each run when ``peak_bytes`` is their median (`median_of`); empty: one run.
+    runs: tuple[int, ...] = ()
+
+    @property
+    def run_peaks(self) -> list[int]:
+        """The peak of every run behind this figure (one run: just ``peak_bytes``)."""
+        return list(self.runs) or [self.peak_bytes]
+
+    @classmethod
+    def median_of(cls, results: list[PeakMemory]) -> PeakMemory:
+        """One figure for several runs of the same code: the run with the median peak (the lower middle
+        one for an even count), every run's peak kept in ``runs``."""
+        if len(results) == 1:
+            return results[0]
+        middle = sorted(results, key=lambda r: r.peak_bytes)[(len(results) - 1) // 2]
+        return cls(middle.device, middle.peak_bytes, middle.method, middle.reserved_bytes,
+                   tuple(r.peak_bytes for r in results))
 
     def to_dict(self) -> dict:
         return {"device": self.device, "peak_bytes": self.peak_bytes, "reserved_bytes": self.reserved_bytes,
-                "method": self.method}
+                "method": self.method, "runs_bytes": self.run_peaks}
 
 
 def _status_kib(field: str) -> int | None:
@@ -242,6 +259,15 @@ def format_bytes(n: float | None) -> str:
     return f"{sign}{n} B"
 
 
+def byte_range(low: int, high: int) -> str:
+    """"22-24.1 MiB", or one size when both ends read the same."""
+    lo, hi = format_bytes(low), format_bytes(high)
+    if lo == hi:
+        return lo
+    lo_number, _, lo_unit = lo.partition(" ")
+    return f"{lo_number}-{hi}" if lo_unit == hi.partition(" ")[2] else f"{lo}-{hi}"
+
+
 def parse_bytes(text: str) -> int:
     """``'6GiB'``, ``'6 GB'``, ``'512MiB'``, ``'6G'`` (= 6GiB), ``'1e9'`` -> bytes. Raises ValueError with the
     accepted forms."""
@@ -260,7 +286,7 @@ def parse_bytes(text: str) -> int:
     return int(value)
 
 
-__all__ = ["PeakMemory", "PeakMeter", "measure_peak", "format_bytes", "parse_bytes", "current_rss"]
+__all__ = ["PeakMemory", "PeakMeter", "measure_peak", "format_bytes", "byte_range", "parse_bytes", "current_rss"]
 
 
 # --- nbaccel's own runs inside a measured cell --------------------------------------------------

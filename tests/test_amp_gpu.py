@@ -64,3 +64,35 @@ def test_the_clock_times_the_measured_device_not_the_current_one():
     seconds, _ = Clock(torch.device("cuda:1")).measure(lambda: [a @ a for _ in range(10)])
     assert torch.cuda.current_device() == 0
     assert seconds > 1e-3  # ten 4096^3 GEMMs; an empty stream on cuda:0 times ~10 µs of launches
+
+
+def test_one_cuda_memory_run_per_variant_because_the_allocator_peak_repeats():
+    # %%amp measures the CUDA peak once per variant (nbaccel.amp.memory_runs) on the ground that
+    # max_memory_allocated gives the same bytes for the same step from the same state; this checks
+    # that ground on a real training step, over runs restored from one snapshot.
+    from nbaccel.memory import PeakMeter
+    from nbaccel.precision import apply_recipe, make_recipe
+    from nbaccel.snapshot import Snapshot
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(512, 1024), torch.nn.ReLU(), torch.nn.Linear(1024, 10)).cuda()
+    opt = torch.optim.Adam(model.parameters())
+    x, y = torch.randn(256, 512, device="cuda"), torch.randint(0, 10, (256,), device="cuda")
+
+    def step():
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+
+    snapshot = Snapshot.capture(None, objects=(model, opt))
+    for dtype in ("fp32", "bf16"):
+        peaks = []
+        for _ in range(4):
+            snapshot.restore()
+            with apply_recipe(make_recipe(dtype, torch.device("cuda"))), PeakMeter(torch.device("cuda")) as meter:
+                step()
+            peaks.append(meter.result.peak_bytes)
+        assert len(set(peaks[1:])) == 1, (dtype, peaks)  # the first may still create optimizer state
+    res = nbaccel.compare_amp(step, dtype="bf16", device="cuda", repeat=3, warmup=1, state=(model, opt))
+    assert res.baseline.memory.run_peaks == [res.baseline.memory.peak_bytes] and res.memory_firm
+    assert "1 run per variant (the allocator's counts repeat exactly)" in str(res)

@@ -131,6 +131,15 @@ out.float().sum()
     shown = out.outputs[0].data
     assert "The fp32 run was not fp32" in shown["text/plain"]
     assert "The fp32 run was not fp32" in shown["text/html"]
+    # Was only in the advice: the headline showed speedup and drift unflagged and the table called
+    # the row "fp32". Now both say so where a quick reader looks.
+    text = shown["text/plain"]
+    assert ": fp32 run not fp32 (the cell runs bf16 itself): speedup" in text.splitlines()[0]
+    fp32_row = next(line for line in text.splitlines() if line.startswith("fp32 "))
+    assert "fp32 + the cell's own bf16" in fp32_row
+    assert '<div class="muted">fp32 run</div><div class="big warn">not fp32</div>' in shown["text/html"]
+    assert "fp32 + the cell&#x27;s own bf16" in shown["text/html"] or "fp32 + the cell's own bf16" in shown["text/html"]
+    assert ip.user_ns["res"].to_dict()["baseline_reduced"] == ["bf16"]
 
 
 def test_a_plain_fp32_cell_gets_no_such_note():
@@ -138,3 +147,4 @@ def test_a_plain_fp32_cell_gets_no_such_note():
     model, x = torch.nn.Linear(64, 64), torch.randn(32, 64)
     res = nbaccel.compare_amp(lambda: model(x).sum(), dtype="bf16", device="cpu", repeat=3, warmup=0)
     assert not any("was not fp32" in line for line in res.advice)
+    assert res.baseline_reduced == [] and "not fp32" not in str(res) and "cell's own" not in str(res)

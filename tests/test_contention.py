@@ -397,3 +397,18 @@ def test_profile_magic_warns_when_other_programs_compete(run_cell, other_program
     text = captured.outputs[0].data["text/plain"]
     assert "WARNING: other programs used" in text and "while the cell was profiled" in text
     assert "contention: other programs used" in text.split("method: ")[1]
+
+
+def test_a_contended_slowdown_is_not_given_a_confident_cause():
+    # Was: "No speedup (0.33x): the work is too small or memory-bound ... try a larger batch" while
+    # the warning above it said other programs took the CPU from the bf16 runs.
+    script = Script(busy_rate=lambda: 2.3 if torch.is_autocast_enabled("cpu") else 1.1, ours_rate=1.0)
+    clock = FakeClock(lambda: 0.030 if torch.is_autocast_enabled("cpu") else 0.010)
+    x, w = torch.randn(16, 64), torch.randn(64, 64)
+    result = nbaccel.compare_amp(lambda: (x @ w).sum(), repeat=4, warmup=0, clock=clock,
+                                 contention_meter=script.meter(cores=2, threads=2))
+    assert result.contention_warning is not None and not result.speedup_uncertain
+    advice = " ".join(result.advice)
+    assert ("No speedup measured (0.33x), but other programs competed for the CPU (see the warning): re-run when "
+            "the machine is quiet.") in advice
+    assert "No speedup (" not in advice and "memory-bound" not in advice and "larger batch" not in advice

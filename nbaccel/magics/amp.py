@@ -96,7 +96,7 @@ class AmpMagics(Magics):
                 skip=history_name(self.shell), silence=silenced, restore=not args.no_restore,
                 max_snapshot_fraction=args.max_snapshot,
                 on_cell_error=lambda exc, where: cell_errors.append((exc, where)),
-                on_first_run=lambda seconds, left: notes.append(_note_long_run(self.shell, seconds, left, args)),
+                on_first_run=lambda seconds, left: notes.append(_note_long_run(self.shell, seconds, left, args, device)),
             )
         except BaseException as exc:  # KeyboardInterrupt too: noted, then re-raised unchanged
             cells_own = bool(cell_errors) and cell_errors[-1][0] is exc
@@ -113,7 +113,7 @@ class AmpMagics(Magics):
         return result.value
 
 
-def _note_long_run(shell, seconds: float, runs_left: int, args):
+def _note_long_run(shell, seconds: float, runs_left: int, args, device):
     """After the first run: when all runs together will take long, say so now, and how to shorten it.
 
     In a Jupyter kernel the note is a display that the magic empties when the runs are over (as a
@@ -124,7 +124,7 @@ def _note_long_run(shell, seconds: float, runs_left: int, args):
     note = (f"nbaccel %%amp: the first run took {format_seconds(seconds)}; {runs_left} more runs (warmup, timed, "
             f"memory and audited runs per variant, then the kept run) will take about "
             f"{format_seconds(seconds * runs_left)}.")
-    fewer = _fewer_runs(args)
+    fewer = _fewer_runs(args, device)
     if fewer:
         note += f" For fewer: {fewer}."
     if in_kernel(shell):
@@ -135,13 +135,13 @@ def _note_long_run(shell, seconds: float, runs_left: int, args):
     return None
 
 
-def _fewer_runs(args) -> str | None:
+def _fewer_runs(args, device) -> str | None:
     """Options for fewer runs that still give a spread (MIN_RUNS timed runs per variant), if any."""
     repeat, warmup = min(args.repeat, MIN_RUNS), 0
     changes = [f"--repeat {repeat}"] * (repeat != args.repeat) + [f"--warmup {warmup}"] * (warmup != args.warmup)
     if not changes:
         return None
-    return f"{' '.join(changes)} ({planned_runs(warmup, repeat, not args.no_baseline)} runs in all)"
+    return f"{' '.join(changes)} ({planned_runs(warmup, repeat, not args.no_baseline, device)} runs in all)"
 
 
 def _abandon_note(exc: BaseException, where: str | None, no_restore: bool) -> str:

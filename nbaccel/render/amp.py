@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from ..memory import format_bytes
+from ..amp_result import MEMORY_NOISE_FLOOR, memory_ranges, too_few_runs
+from ..memory import byte_range, format_bytes
+from ..options import option
 from ..timing import format_seconds
 from .common import bullet_list, esc, si, table, text_table, wrap
 
@@ -14,8 +16,11 @@ def _flops(v) -> str:
 def _variant_rows(result):
     rows = []
     for v in filter(None, (result.baseline, result.amp)):
+        recipe = v.recipe.label
+        if v is result.baseline and result.baseline_reduced:  # the cell's own autocast / casts ran inside it
+            recipe += f" + the cell's own {' and '.join(result.baseline_reduced)}"
         rows.append([
-            v.name, v.recipe.label, format_seconds(v.median),
+            v.name, recipe, format_seconds(v.median),
             format_seconds(v.times.iqr) if len(v.times.times) > 1 else "n/a", len(v.times.times),
             format_bytes(v.memory.peak_bytes) if v.memory else "n/a", _flops(v),
         ])
@@ -35,6 +40,8 @@ def headline(result) -> str:
     if result.speedup is not None:
         if _no_torch_ops(result):
             parts.append(f"no torch operators ran (plain Python timed: {result.speedup:.2f}x, not an autocast effect)")
+        elif too_few_runs(result):
+            parts.append(f"speedup not claimed ({_too_few(result)})")
         else:
             flags = [w for w, on in (("uncertain", result.speedup_uncertain), ("contended", _contended(result))) if on]
             parts.append(f"speedup {result.speedup:.2f}x" + (f" ({', '.join(flags)})" if flags else ""))
@@ -43,7 +50,18 @@ def headline(result) -> str:
         parts.append(" ".join(memory))
     if result.drift:
         parts.append(drift_summary(result))
-    return ", ".join(parts) or f"{result.amp.name} only (no baseline)"
+    # One flag before every figure it qualifies: speedup, memory and drift all compare the recipe with
+    # the cell's own reduced precision, not with fp32 (the first advice line says how).
+    flag = f"fp32 run not fp32 (the cell runs {' and '.join(result.baseline_reduced)} itself): " \
+        if result.baseline_reduced else ""
+    return flag + (", ".join(parts) or f"{result.amp.name} only (no baseline)")
+
+
+def _too_few(result) -> str:
+    """Why a speedup from under MIN_RUNS timed runs per variant is not claimed (docs/amp.md, --repeat):
+    with no spread to judge by, a single descheduled run decides the ranking."""
+    runs = min(len(result.baseline.times.times), len(result.amp.times.times))
+    return f"{_count(runs, 'timed run')} per variant; use {option('repeat', 5)}"
 
 
 def _contended(result) -> bool:
@@ -54,20 +72,23 @@ def _contended(result) -> bool:
 def memory_summary(result) -> tuple[str, str] | None:
     """(label, value) of the peak-memory comparison for the headline and the KPI, or None.
 
-    The saving is shown only when fp32's peak reaches ``MEMORY_NOISE_FLOOR`` (1 MiB): below it,
-    the CPU's RSS figures are allocator noise, and "memory saved -600%" from 12 KiB vs 40 KiB
-    says nothing about the recipe."""
-    from ..amp_result import MEMORY_NOISE_FLOOR
-
+    A saving is shown only when the measurement backs it (`AmpResult.memory_firm`). Below
+    ``MEMORY_NOISE_FLOOR`` (1 MiB of fp32 peak) the CPU's RSS figures are allocator noise, and
+    "memory saved -600%" from 12 KiB vs 40 KiB says nothing about the recipe; above it, CPU peaks
+    whose runs overlap are "no firm difference", with the ranges that say why."""
     if result.baseline is None or not result.baseline.memory or not result.amp.memory:
         return None
-    if result.memory_comparable:
-        return memory_change(result.memory_saving)
-    # also when fp32's peak measured 0 B (a tiny CPU cell: no saving is defined, the sizes still are)
     base, amp = result.baseline.memory.peak_bytes, result.amp.memory.peak_bytes
-    if max(base, amp) < MEMORY_NOISE_FLOOR:
-        return "peak memory:", f"both under {format_bytes(MEMORY_NOISE_FLOOR)}"
-    return "peak memory:", f"{format_bytes(base)} -> {format_bytes(amp)}"
+    if not result.memory_comparable:
+        # also when fp32's peak measured 0 B (a tiny CPU cell: no saving is defined, the sizes still are)
+        if max(base, amp) < MEMORY_NOISE_FLOOR:
+            return "peak memory:", f"both under {format_bytes(MEMORY_NOISE_FLOOR)}"
+        return "peak memory:", f"{format_bytes(base)} -> {format_bytes(amp)}"
+    if not result.memory_firm:
+        return "peak memory:", f"no firm difference ({memory_ranges(result)})"
+    if result.memory_same:
+        return "peak memory:", f"the same ({format_bytes(base)} -> {format_bytes(amp)})"
+    return memory_change(result.memory_saving)
 
 
 def drift_summary(result) -> str:
@@ -92,14 +113,33 @@ def memory_change(saving: float) -> tuple[str, str]:
 
 
 def method(result) -> str:
-    mem = result.amp.memory.method if result.amp.memory else "not measured"
+    mem = f"{result.amp.memory.method}; {_memory_runs(result)}" if result.amp.memory else "not measured"
     state = (f"state restored from a {format_bytes(result.snapshot_bytes)} host snapshot before each run"
              if result.restored else "state NOT restored (--no-restore): each run continued from the previous one")
     runs = (f"{_count(result.warmup, 'warmup round') if result.warmup else 'no warmup'}, "
             f"{_count(result.repeat, 'timed run')} per variant"
             + (", interleaved" if result.baseline is not None else f" ({result.amp.name} only, no fp32 baseline)"))
     contention = result.contention.summary() if result.contention else "contention: not measured"
-    return f"{runs}; timer: {result.timer_method}; {contention}; memory: {mem}; {state}"
+    return f"{runs}; timer: {result.timer_method}; {contention}; memory: {mem}; {ACHIEVED_METHOD}; {state}"
+
+
+# What the "achieved" column divides by what (flops.OpAudit counts with torch's FLOP registry).
+ACHIEVED_METHOD = ("achieved: the FLOPs of the matmul, convolution and attention ops in torch.utils.flop_counter's "
+                   "registry (a multiply-add is 2; elementwise ops and reductions are not counted) in each variant's "
+                   "audited run, divided by that variant's median timed run")
+
+
+def _memory_runs(result) -> str:
+    """How many memory runs each figure is, and how far they spread: a CPU peak moves between runs."""
+    variants = [v for v in (result.baseline, result.amp) if v is not None and v.memory]
+    runs = max(len(v.memory.run_peaks) for v in variants)
+    if runs == 1:
+        why = " (the allocator's counts repeat exactly)" if result.amp.memory.device.startswith("cuda") else ""
+        return f"1 run per variant{why}"
+    spreads = ", ".join(f"{v.name} {byte_range(min(v.memory.run_peaks), max(v.memory.run_peaks))} (spread "
+                        f"{format_bytes(max(v.memory.run_peaks) - min(v.memory.run_peaks))})" for v in variants)
+    return (f"median of {runs} runs per variant{', interleaved' if len(variants) > 1 else ''}: {spreads}; "
+            "a difference is firm when the ranges do not overlap")
 
 
 def _count(n: int, noun: str) -> str:
@@ -163,7 +203,13 @@ def _drift_lines(result) -> list[str]:
 
 def _kpis(result) -> str:
     kpis = []
-    if result.speedup is not None:
+    if result.baseline_reduced:  # first: it qualifies every figure after it
+        kpis.append(f'<div class="kpi"><div class="muted">fp32 run</div><div class="big warn">not fp32</div>'
+                    f'<div class="muted">(the cell runs {esc(" and ".join(result.baseline_reduced))} itself)</div></div>')
+    if result.speedup is not None and too_few_runs(result) and not _no_torch_ops(result):
+        kpis.append(f'<div class="kpi"><div class="muted">speedup</div><div class="big warn nbaccel-speedup">'
+                    f'not claimed</div><div class="muted">({esc(_too_few(result))})</div></div>')
+    elif result.speedup is not None:
         cls = "big warn" if result.speedup_uncertain or _no_torch_ops(result) or _contended(result) else "big"
         label = "speedup (no torch ops ran)" if _no_torch_ops(result) else "speedup"
         kpis.append(f'<div class="kpi"><div class="muted">{label}</div><div class="{cls} nbaccel-speedup">'
@@ -172,7 +218,11 @@ def _kpis(result) -> str:
     if memory:
         label, value = memory
         label = label.rstrip(":") if label.startswith("peak") else f"peak {label}"
-        kpis.append(f'<div class="kpi"><div class="muted">{esc(label)}</div><div class="big">{esc(value)}</div></div>')
+        # "no firm difference (fp32 20-24 MiB, ...)": the verdict in large type, the ranges under it
+        value, _, detail = value.partition(" (")
+        detail = f'<div class="muted">({esc(detail)}</div>' if detail else ""
+        kpis.append(f'<div class="kpi"><div class="muted">{esc(label)}</div><div class="big">{esc(value)}</div>'
+                    f'{detail}</div>')
     if result.drift:
         kpis.append(f'<div class="kpi"><div class="muted">drift (max rel)</div><div class="big">'
                     f'{_max_rel(result.drift, ".1e")}</div></div>')
