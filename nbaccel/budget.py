@@ -345,12 +345,11 @@ class Watcher:
             status = "near"
         else:
             status = "ok"
-        harness = take_harness()
+        harness, harness_bytes = take_harness()
         record = CellRecord(label or self._label, self.budget, used, peak.peak_bytes if self.device.type != "cuda" else
                             (peak.reserved_bytes or 0), allocated, before, seconds, status,
                             f"{type(error).__name__}: {error}"[:200] if error is not None else None, peak.method,
-                            harness=harness[0][0] if harness else None,
-                            harness_bytes=sum(nbytes for _, nbytes in harness))
+                            harness=harness, harness_bytes=harness_bytes)
         self.records.append(record)
         return record
 

@@ -291,19 +291,22 @@ __all__ = ["PeakMemory", "PeakMeter", "measure_peak", "format_bytes", "byte_rang
 
 # --- nbaccel's own runs inside a measured cell --------------------------------------------------
 
-# (who, host bytes of nbaccel's own) for each comparison run since the budget watcher began the cell.
-_harness_runs: list[tuple[str, int]] = []
+# The comparisons run since the budget watcher began the cell: who ran the first, host bytes of all.
+# One slot, not a list: a script calling compare_amp in a loop with no budget watching must not grow it.
+_harness: dict = {}
 
 
 def note_harness(who: str, host_bytes: int) -> None:
     """compare_amp calls this: the code it was given ran several times (fp32 and the recipe, under the
     op audit) beside a host snapshot of its state, so a budget watching the cell measures nbaccel's
     comparison, not one plain run of the cell (a step that added 64 MiB added 271 MiB under %%amp)."""
-    _harness_runs.append((who, int(host_bytes)))
+    _harness.setdefault("who", who)
+    _harness["bytes"] = _harness.get("bytes", 0) + int(host_bytes)
 
 
-def take_harness() -> list[tuple[str, int]]:
-    """The comparisons noted since the last call, and forget them (the watcher's begin and end)."""
-    taken = list(_harness_runs)
-    _harness_runs.clear()
+def take_harness() -> tuple[str | None, int]:
+    """(who ran the first comparison noted since the last call, or None; their snapshots' bytes), and
+    forget them (the watcher's begin and end)."""
+    taken = (_harness.get("who"), _harness.get("bytes", 0))
+    _harness.clear()
     return taken

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 import torch
 from IPython.testing.globalipapp import start_ipython
@@ -9,12 +11,22 @@ from IPython.testing.globalipapp import start_ipython
 from nbaccel.precision import TorchGlobals, global_state
 
 
+def _process_state() -> dict:
+    """Process-wide hooks nbaccel sets while it measures: the optimizer step hook that keeps autocast's
+    weight casts fresh, and logging switched off for hidden runs."""
+    from torch.optim.optimizer import _global_optimizer_post_hooks
+
+    return {"optimizer_step_hooks": len(_global_optimizer_post_hooks), "logging.disable": logging.root.manager.disable}
+
+
 @pytest.fixture(autouse=True)
 def torch_state_unchanged():
-    """Every test must leave torch's global flags, autocast and profiler exactly as it found them."""
-    before = global_state()
+    """Every test must leave torch's global flags, autocast and profiler exactly as it found them,
+    and nbaccel's process-wide hooks removed."""
+    before, hooks_before = global_state(), _process_state()
     yield
     assert global_state() == before, "a test (or nbaccel) left torch's global state changed"
+    assert _process_state() == hooks_before, "a test (or nbaccel) left a process-wide hook behind"
 
 
 @pytest.fixture

@@ -70,7 +70,7 @@ def test_a_script_block_around_compare_amp_warns_instead_of_raising():
             del big
     assert any("the cell ran under compare_amp" in str(w.message) for w in caught)
     assert budget.history.iloc[-1]["measured_under"] == "compare_amp"
-    assert take_harness() == []  # the watcher took the note
+    assert take_harness() == (None, 0)  # the watcher took the note
 
 
 @pytest.fixture(autouse=True)
@@ -78,3 +78,12 @@ def _no_stale_notes():
     take_harness()
     yield
     take_harness()
+
+
+def test_comparisons_without_a_budget_leave_one_note_not_a_growing_list():
+    x = torch.randn(8, 8)
+    for _ in range(3):
+        nbaccel.compare_amp(lambda: x @ x, dtype="bf16", device="cpu", repeat=3, warmup=0)
+    who, nbytes = take_harness()
+    assert who == "compare_amp" and nbytes > 0
+    assert take_harness() == (None, 0)
