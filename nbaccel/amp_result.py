@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch.utils._pytree import tree_map
 
-from .contention import Contention
+from .contention import Contention, warning_line
 from .device import DeviceInfo
 from .flops import precision_summary
 from .memory import PeakMemory, byte_range
@@ -184,16 +184,12 @@ class AmpResult(ResultMixin):
     def contention_warning(self) -> str | None:
         """What other programs' CPU use did to the times, when it reached the threshold
         (`contention.MIN_OTHERS_CORES`, and more demand than cores), else None."""
-        c = self.contention
-        if c is None or not c.contended:
-            return None
         # On CUDA the kernels themselves run on the GPU, but launching them, the Python between them
         # and the data loading are host work that waits for a core like any CPU code.
         hurt = ("the times include that contention" if self.device.type == "cpu" else
                 "the times include the host-side delays it causes (kernel launches, Python, data loading)")
         claim = "the speedup may not hold" if self.baseline is not None else "they may not hold"
-        return (f"other programs used {c.figures()} during the timed runs: {hurt} and {claim}; "
-                "re-run when the machine is quiet")
+        return warning_line(self.contention, "during the timed runs", f"{hurt} and {claim}")
 
     def __deepcopy__(self, memo):
         """A copy whose ``value`` is detached: the kept run's output usually carries a ``grad_fn``, and

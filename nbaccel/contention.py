@@ -290,3 +290,11 @@ class ContentionMeter:
 
 
 __all__ = ["Contention", "ContentionMeter", "ProcReader", "MIN_OTHERS_CORES", "MIN_WINDOW_S"]
+
+
+def warning_line(contention: Contention | None, during: str, effect: str) -> str | None:
+    """The WARNING line %%amp and %%profile_gpu show when other programs took the CPU (`Contention.contended`:
+    `MIN_OTHERS_CORES` and more demand than cores), else None; ``during`` and ``effect`` word it per magic."""
+    if contention is None or not contention.contended:
+        return None
+    return f"other programs used {contention.figures()} {during}: {effect}; re-run when the machine is quiet"

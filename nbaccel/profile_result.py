@@ -21,7 +21,7 @@ from . import profile_table as pt
 from .analysis import (FlopsSummary, TraceData, achieved_flops, category_breakdown, communication_share, load_trace,
                        tensor_core_share)
 from .analysis.metrics import activity_columns, busy_rows, category_rows, kernel_rows
-from .contention import Contention
+from .contention import Contention, warning_line
 from .device import DeviceInfo
 from .op_attribution import memory_by_op, source_by_op
 from .precision import Recipe
@@ -344,13 +344,10 @@ class ProfileResult(ResultMixin):
     def contention_warning(self) -> str | None:
         """What other programs' CPU use did to the times, when it reached %%amp's threshold
         (`contention.MIN_OTHERS_CORES`, and more demand than cores), else None."""
-        c = self.contention
-        if c is None or not c.contended:
-            return None
         hurt = ("the CPU times include that contention" if self.device.type == "cpu" else
                 "the CPU times and the device's idle gaps include the host-side delays it causes "
                 "(kernel launches, Python, data loading); kernel durations do not")
-        return f"other programs used {c.figures()} while the cell was profiled: {hurt}; re-run when the machine is quiet"
+        return warning_line(self.contention, "while the cell was profiled", hurt)
 
     # -- export --
 
