@@ -45,9 +45,10 @@ from .timing import Clock, Stats
 # The CPU's peak (the process's peak RSS) moves by a few MiB between runs of the same cell: with one
 # memory run per variant, five comparisons of the quickstart's training step read anything from 31 %
 # saved to 28 % more (docs/amp.md, "Peak memory"). So the CPU takes the median of several memory
-# runs per variant and calls a difference firm only when the variants' ranges do not overlap. On CUDA, max_memory_allocated counts the bytes the
-# run's tensors ask the caching allocator for: the same ops from the same state ask for the same bytes
-# (cuDNN's autotuning is done in the warmup), so one run per variant is enough there.
+# runs per variant and calls a difference firm only when the variants' ranges do not overlap. On
+# CUDA, max_memory_allocated counts the bytes the run's tensors ask the caching allocator for: the
+# same ops from the same state ask for the same bytes (cuDNN's autotuning is done in the warmup), so
+# one run per variant is enough there.
 CPU_MEMORY_RUNS = 3
 
 
