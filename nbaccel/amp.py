@@ -37,7 +37,7 @@ from .flops import OpAudit
 from .memory import PeakMemory, PeakMeter, format_bytes, note_harness
 from .options import in_magic, option, whole_number
 from .precision import FP32, Recipe, TorchGlobals, apply_recipe, autocast_in_effect, make_recipe
-from .quiet import unlogged_and_unwarned
+from .quiet import hiding_side_channels
 from .snapshot import Snapshot, SnapshotTooLarge, available_host_memory, estimate_bytes
 from .timing import Clock, Stats
 
@@ -68,7 +68,7 @@ def planned_runs(warmup: int, repeat: int, baseline: bool = True, device="auto")
 
 @contextlib.contextmanager
 def _redirect():
-    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()), unlogged_and_unwarned():
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
         yield
 
 
@@ -308,7 +308,8 @@ def compare_amp(
     either, the *objects* ``fn`` can reach by name (its closure, and the globals named in its code
     and in the functions it calls) are snapshotted and restored in place; a global that the code
     *rebinds* (``count += 1`` inside a function) is not -- pass ``namespace=globals()`` for that.
-    ``silence``: context-manager factory that hides the measurement runs' output;
+    ``silence``: context-manager factory that hides the measurement runs' output (default: stdout and
+    stderr); those runs also neither log nor use up warnings, whichever is passed (`nbaccel.quiet`);
     ``show_output``: the one for the kept run (default: output shown).
     ``restore=False``: no snapshot; every run continues from the state the previous one left
     (for state too large to copy -- the comparison is then between different starting states).
@@ -356,7 +357,7 @@ def compare_amp(
     clock = clock or Clock(dev)
     cell = _Cell(fn)
     # Without restore, runs continue from each other's torch settings as from each other's variables.
-    runner = _Runner(cell, snapshot, torch_before if restore else None, clock, dev, silence or _redirect,
+    runner = _Runner(cell, snapshot, torch_before if restore else None, clock, dev, hiding_side_channels(silence or _redirect),
                      on_first_run, planned_runs(warmup, repeat, baseline, dev) - 1)
     order = [base_recipe, amp_recipe] if baseline else [amp_recipe]
 

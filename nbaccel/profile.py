@@ -59,6 +59,7 @@ from .options import in_magic, option
 from .precision import apply_recipe, make_recipe
 from .profile_options import ProfileError, ProfileOptions, trace_is_file, validate
 from .profile_result import ProfileResult
+from .quiet import hiding_side_channels
 from .stderr_filter import dropped_stderr_lines
 from .trace_io import _RANK_NAME, write_step_traces
 
@@ -335,15 +336,17 @@ def profile_function(fn: Callable[[], object], options: ProfileOptions | None = 
     """Run ``fn`` warmup+steps times under the profiler and return the `ProfileResult`.
 
     ``silence``: context-manager factory that hides the output of every run but the last (the
-    magic passes IPython's capture); the last run's return value is ``result.value``.
+    magic passes IPython's capture); those runs also neither log nor use up warnings (`nbaccel.quiet`).
+    The last run's return value is ``result.value``.
     """
     __tracebackhide__ = True  # noqa: F841 - IPython hides nbaccel's frames from the user's traceback
     options = options or ProfileOptions(**kwargs)
     runs = options.warmup + options.steps
+    hidden = hiding_side_channels(silence) if silence is not None else None
     with profile(options=options, contention_meter=contention_meter) as prof:
         value = None
         for i in range(runs):
-            quiet = silence() if silence is not None and i < runs - 1 else contextlib.nullcontext()
+            quiet = hidden() if hidden is not None and i < runs - 1 else contextlib.nullcontext()
             with quiet:
                 value = fn()
             prof.step()

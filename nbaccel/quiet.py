@@ -8,7 +8,7 @@ one, or the last). Capturing ``sys.stdout``/``sys.stderr`` hides prints, but not
 * warnings: Python shows a warning once per code location, so the first hidden run used it up and
   the run the user sees showed none (torch's "lr_scheduler.step() before optimizer.step()").
 
-In a hidden run, logging is disabled and warnings are recorded and dropped without touching the
+In a hidden run (`hiding_side_channels` wraps whatever silencer the caller passed), logging is disabled and warnings are recorded and dropped without touching the
 once-per-location registries (the "always" action keeps no record). Restoring the filters when
 the block ends also invalidates those registries (Python versions them with its filter list), so
 the shown run warns as a plain run would -- and may repeat a warning an earlier cell already
@@ -32,3 +32,15 @@ def unlogged_and_unwarned():
             yield
     finally:
         logging.disable(previous)
+
+
+def hiding_side_channels(silence):
+    """``silence`` (a context-manager factory that hides a run's output: the magics' capture, a
+    script's own) extended to logging and warnings, so every caller's hidden runs get both."""
+
+    @contextlib.contextmanager
+    def hidden():
+        with silence(), unlogged_and_unwarned():
+            yield
+
+    return hidden

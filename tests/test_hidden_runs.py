@@ -65,3 +65,34 @@ def test_compare_amp_in_a_script_hides_the_measurement_runs_logging(caplog):
     with caplog.at_level(logging.WARNING, logger="nbaccel-script"):
         nbaccel.compare_amp(step, dtype="bf16", device="cpu", repeat=3, warmup=0)
     assert [r.message for r in caplog.records if r.name == "nbaccel-script"] == ["step logged"]  # the kept run
+
+
+def _own_silencer():
+    import contextlib
+    import io
+
+    @contextlib.contextmanager
+    def silence():  # a script's own: stdout only, nothing about logging or warnings
+        with contextlib.redirect_stdout(io.StringIO()):
+            yield
+    return silence
+
+
+@pytest.mark.parametrize("api", ["compare_amp", "profile_function"])
+def test_a_silencer_the_caller_passes_hides_logging_and_keeps_the_warning_too(caplog, api):
+    log = logging.getLogger("nbaccel-script")
+
+    def step():
+        log.warning("step logged")
+        warnings.warn("warned by the step", UserWarning)
+        return 1.0
+
+    with caplog.at_level(logging.WARNING, logger="nbaccel-script"), warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("default")  # once per code location: a hidden run must not use it up
+        if api == "compare_amp":
+            nbaccel.compare_amp(step, dtype="bf16", device="cpu", repeat=3, warmup=0, silence=_own_silencer())
+        else:
+            from nbaccel.profile import profile_function
+            profile_function(step, warmup=1, steps=2, device="cpu", silence=_own_silencer())
+    assert [r.message for r in caplog.records if r.name == "nbaccel-script"] == ["step logged"]  # the shown run
+    assert [str(w.message) for w in seen if "warned by the step" in str(w.message)] == ["warned by the step"]

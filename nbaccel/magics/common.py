@@ -19,7 +19,6 @@ from IPython.utils.capture import capture_output
 from IPython.utils.process import arg_split
 
 from ..options import magic_spelling
-from ..quiet import unlogged_and_unwarned
 
 
 #: Mark a cell magic whose value a ';' after the cell's last expression hides, as under ``%%time``:
@@ -118,8 +117,8 @@ def cell_number(shell) -> int:
 
 @contextlib.contextmanager
 def silenced():
-    """Hide stdout, stderr, rich displays, logging and warnings of the measurement runs."""
-    with capture_output(stdout=True, stderr=True, display=True), unlogged_and_unwarned():
+    """Hide stdout, stderr and rich displays of the measurement runs (the API adds logging and warnings)."""
+    with capture_output(stdout=True, stderr=True, display=True):
         yield
 
 
