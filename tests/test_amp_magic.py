@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 from IPython.core.error import UsageError
@@ -437,8 +439,9 @@ def test_a_long_comparison_says_after_its_first_run_how_long_the_rest_takes(run_
     assert "more runs" not in captured.stderr
 
 
-def test_in_a_kernel_the_long_run_note_is_emptied_when_the_runs_end(run_cell, ip, monkeypatch):
-    # As a stderr line the note stayed under the result as a red box after the runs it announced.
+def test_in_a_kernel_the_long_run_note_becomes_how_long_the_runs_took(run_cell, ip, monkeypatch):
+    # As a stderr line the note stayed under the result as a red box after the runs it announced;
+    # emptied, it left an empty output in the saved notebook.
     from nbaccel.magics import amp as amp_magic
 
     monkeypatch.setattr(amp_magic, "LONG_RUN_SECONDS", 0.05)
@@ -449,7 +452,17 @@ def test_in_a_kernel_the_long_run_note_is_emptied_when_the_runs_end(run_cell, ip
     _, captured = run_cell("%%amp --repeat 3 --warmup 0 -q\ntime.sleep(0.02)")
     shown = [o.data["text/plain"] for o in captured.outputs if "more runs" in o.data.get("text/plain", "")]
     assert len(shown) == 1 and "more runs" not in captured.stderr
-    assert updates == [{"text/plain": ""}]
+    # 2 x (0 warmup + 3 timed + 3 memory (the CPU's) + 1 audited) + the kept run = 15
+    assert len(updates) == 1 and re.fullmatch(r"nbaccel %%amp: the 15 runs took [\d.]+ (ms|s) in all\.",
+                                              updates[0]["text/plain"]), updates
+    took = float(updates[0]["text/plain"].split(" took ")[1].split()[0])
+    assert took >= 15 * 20 if updates[0]["text/plain"].endswith("ms in all.") else took >= 0.3  # 15 sleeps of 20 ms
+
+    updates.clear()
+    run_cell("import torch")
+    run_cell("%%amp --repeat 3 --warmup 0 -q\ntime.sleep(0.02)\nif torch.is_autocast_enabled('cpu'): 1 / 0",
+             expect_error=ZeroDivisionError)  # fails in the first bf16 run, after the note
+    assert updates == [{"text/plain": ""}]  # failed: the error and its note say what happened
 
 
 def test_a_semicolon_after_the_last_expression_hides_its_value_as_under_time(run_cell, ip):

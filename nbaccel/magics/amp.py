@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+import time
 
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, magics_class
@@ -16,7 +17,8 @@ from ..render.display import display_result, in_kernel
 from ..snapshot import SnapshotTooLarge
 from ..timing import format_seconds
 from .common import (cell_function, check_name, check_name_free, help_option, history_name,
-                     output_can_be_silenced, parse_line, silenced, store_result)
+                     output_can_be_silenced, parse_line, refuse_nested_cell_magic, silenced, sole_measuring_magic,
+                     store_result)
 
 DTYPES = ("bf16", "fp16", "auto", "tf32")
 # A comparison projected (from its measured first run) to take longer than this says so, with a
@@ -77,6 +79,7 @@ class AmpMagics(Magics):
             raise UsageError(f"--max-snapshot is a fraction of available memory in (0, 1], got {args.max_snapshot}")
         if not cell.strip():
             raise UsageError("%%amp needs code in the cell below the magic line")
+        refuse_nested_cell_magic("amp", cell)
         check_name_free(self.shell, args.result, cell)
         try:
             device = resolve_device(args.device)
@@ -88,25 +91,37 @@ class AmpMagics(Magics):
             raise UsageError(str(exc)) from None
         run = cell_function(self.shell, cell)
         cell_errors = []  # (exception, which run) when the cell itself raised
-        notes = []  # the long-run note's display handle, cleared when the comparison ends
-        try:
-            result = compare_amp(
-                run, dtype=args.dtype, device=device, tf32=not args.no_tf32, warmup=args.warmup,
-                repeat=args.repeat, baseline=not args.no_baseline, namespace=self.shell.user_ns,
-                skip=history_name(self.shell), silence=silenced, restore=not args.no_restore,
-                max_snapshot_fraction=args.max_snapshot,
-                on_cell_error=lambda exc, where: cell_errors.append((exc, where)),
-                on_first_run=lambda seconds, left: notes.append(_note_long_run(self.shell, seconds, left, args, device)),
-            )
-        except BaseException as exc:  # KeyboardInterrupt too: noted, then re-raised unchanged
-            cells_own = bool(cell_errors) and cell_errors[-1][0] is exc
-            if not cells_own and isinstance(exc, (SnapshotTooLarge, DeviceError)):
-                raise UsageError(str(exc)) from None
-            print(_abandon_note(exc, cell_errors[-1][1] if cells_own else None, args.no_restore), file=sys.stderr)
-            raise
-        finally:
-            for handle in filter(None, notes):
-                handle.update({"text/plain": ""}, raw=True)  # the runs it announced are over
+        notes = []  # the long-run note's display handle, replaced when the comparison ends
+
+        def note_long_run(seconds, runs_left):
+            notes.append(_note_long_run(self.shell, seconds, runs_left, args, device))
+
+        started, finished = time.perf_counter(), False
+        with sole_measuring_magic("amp"):
+            try:
+                result = compare_amp(
+                    run, dtype=args.dtype, device=device, tf32=not args.no_tf32, warmup=args.warmup,
+                    repeat=args.repeat, baseline=not args.no_baseline, namespace=self.shell.user_ns,
+                    skip=history_name(self.shell), silence=silenced, restore=not args.no_restore,
+                    max_snapshot_fraction=args.max_snapshot,
+                    on_cell_error=lambda exc, where: cell_errors.append((exc, where)),
+                    on_first_run=note_long_run,
+                )
+                finished = True
+            except BaseException as exc:  # KeyboardInterrupt too: noted, then re-raised unchanged
+                cells_own = bool(cell_errors) and cell_errors[-1][0] is exc
+                if not cells_own and isinstance(exc, (SnapshotTooLarge, DeviceError)):
+                    raise UsageError(str(exc)) from None
+                print(_abandon_note(exc, cell_errors[-1][1] if cells_own else None, args.no_restore), file=sys.stderr)
+                raise
+            finally:
+                # The runs it announced are over: it says how long they took (or goes, when they
+                # failed: the error says why) rather than staying as it was, or as an empty output.
+                done = (f"nbaccel %%amp: the {planned_runs(args.warmup, args.repeat, not args.no_baseline, device)} "
+                        f"runs took {format_seconds(time.perf_counter() - started)} in all."
+                        if finished else "")
+                for handle in filter(None, notes):
+                    handle.update({"text/plain": done}, raw=True)
         store_result(self.shell, args.result, result)
         if not args.quiet:
             display_result(result)

@@ -122,6 +122,48 @@ def silenced():
         yield
 
 
+# --- one measuring magic at a time -------------------------------------------------------------
+
+#: The measuring magic whose cell is running now. Each runs its cell several times and measures
+#: every run, so one nested in another would be run, and measured, as the outer one's code.
+_measuring: list[str] = []
+_NESTED_CELL = re.compile(r"\A(?:\s*\n)?%%(amp|profile_gpu)\b")  # after blank lines, as IPython reads a cell magic
+_INSTEAD = {
+    ("amp", "amp"): "remove one of the two %%amp lines",
+    ("profile_gpu", "amp"): "to profile the cell under the mixed-precision recipe, use %%profile_gpu --amp bf16 "
+                            "(or fp16) alone",
+    ("amp", "profile_gpu"): "to profile the cell under the mixed-precision recipe, use %%profile_gpu --amp bf16 "
+                            "(or fp16) alone",
+    ("profile_gpu", "profile_gpu"): "remove one of the two %%profile_gpu lines",
+}
+
+
+def _nested_error(outer: str, inner: str) -> UsageError:
+    return UsageError(f"%%{inner} cannot run inside %%{outer}: %%{outer} measures every run of its cell (and may run "
+                      f"it several times), so the runs of %%{inner} would be measured as the cell's code; "
+                      f"{_INSTEAD[outer, inner]}")
+
+
+def refuse_nested_cell_magic(name: str, cell: str) -> None:
+    """A measuring magic written as the first line of this one's cell: refused before anything runs."""
+    nested = _NESTED_CELL.match(cell)
+    if nested:
+        raise _nested_error(name, nested.group(1))
+
+
+@contextlib.contextmanager
+def sole_measuring_magic(name: str):
+    """Refuse a measuring magic started from a running one's cell (``run_cell_magic`` in its code),
+    when the run reaches it; `refuse_nested_cell_magic` catches the written one earlier."""
+    if _measuring:
+        raise _nested_error(_measuring[-1], name)
+    _measuring.append(name)
+    try:
+        yield
+    finally:
+        _measuring.pop()
+
+
 def store_result(shell, name: str | None, result) -> None:
     if name:
         shell.user_ns[name] = result

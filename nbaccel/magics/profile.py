@@ -16,7 +16,8 @@ from ..op_attribution import CELL_LINE
 from ..profile_table import SORT_COLUMNS
 from ..render.display import display_result
 from .common import (cell_function, check_name, check_name_free, compile_cell, help_option,
-                     output_can_be_silenced, parse_cell, parse_line, silenced, store_result)
+                     output_can_be_silenced, parse_cell, parse_line, refuse_nested_cell_magic, silenced,
+                     sole_measuring_magic, store_result)
 
 
 @magics_class
@@ -63,6 +64,7 @@ class ProfileMagics(Magics):
         check_name(args.result)
         if not cell.strip():
             raise UsageError("%%profile_gpu needs code in the cell below the magic line")
+        refuse_nested_cell_magic("profile_gpu", cell)
         check_name_free(self.shell, args.result, cell)
         if args.amp is not None and args.amp.lower() not in DTYPES:
             raise UsageError(f"--amp {args.amp} is not supported; use one of: {', '.join(DTYPES)}")
@@ -85,7 +87,8 @@ class ProfileMagics(Magics):
                 raise
 
         try:
-            result = profile_function(cell_run, options, silence=silenced)
+            with sole_measuring_magic("profile_gpu"):
+                result = profile_function(cell_run, options, silence=silenced)
         except ProfileError as exc:  # nbaccel's: a trace Kineto wrote as invalid JSON, a profiler started meanwhile
             if exc in raised_in_cell:
                 raise
