@@ -292,6 +292,8 @@ def test_a_magic_that_refuses_after_running_code_is_still_watched(ip, run_cell):
     ("--model nothing --batch 4", "names nothing"),
     ("--model n --batch 4", "is a int, not a torch.nn.Module"),
     ("--model model", "needs --batch"),
+    ("--model model --batch -4", "--batch is the global batch size, at least 1; got -4"),  # was "needs --batch"
+    ("--model model --batch 0", "at least 1; got 0"),
     ("--model model --batch 4 --optimizer adam2", r"neither one of adamw, .* \(did you mean adam\?\)"),
     ("--near 3 1GiB", "--near is a share"),
     ("--strict", "go with a budget"),

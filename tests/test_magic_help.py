@@ -59,6 +59,14 @@ def test_nbaccel_env_help_does_not_store_a_result(run_cell, ip):
                                  "see %%profile_gpu --help for the options"),
     ("%%amp", "--dtpye bf16", "(did you mean --dtype?); see %%amp --help"),
     ("%profile_trace", "", "the following arguments are required: PATH; see %profile_trace --help"),
+    # A dtype without its option (a user trial: "unrecognized arguments: bf16" and nothing more).
+    ("%%amp", "bf16 --repeat 3", "unrecognized arguments: bf16 (did you mean --dtype bf16?)"),
+    ("%%amp", "bfloat16", "(did you mean --dtype bf16?)"),
+    ("%%amp", "fp8", "unrecognized arguments: fp8 (a dtype goes after --dtype, one of: bf16, fp16, auto, tf32)"),
+    ("%%profile_gpu", "fp16", "(did you mean --amp fp16?)"),
+    ("%%amp", "model", "unrecognized arguments: model; see %%amp --help"),  # not a dtype: no guess
+    ("%memory_budget", "offf", "cannot read 'offf' as a budget; did you mean %memory_budget off"),
+    ("%memory_budget", "of", "did you mean %memory_budget off"),
 ])
 def test_a_wrong_option_is_a_usage_error_with_the_fix(run_cell, ip, magic, line, message):
     ip.user_ns["ran"] = 0

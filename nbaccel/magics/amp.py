@@ -16,7 +16,7 @@ from ..precision import make_recipe
 from ..render.display import display_result, in_kernel
 from ..snapshot import SnapshotTooLarge
 from ..timing import format_seconds
-from .common import (cell_function, check_name, check_name_free, help_option, history_name,
+from .common import (cell_function, check_name, check_name_free, dtype_hint, help_option, history_name,
                      output_can_be_silenced, parse_line, refuse_nested_cell_magic, silenced, sole_measuring_magic,
                      store_result)
 
@@ -65,7 +65,7 @@ class AmpMagics(Magics):
             loss
         """
         __tracebackhide__ = True  # noqa: F841 - IPython hides nbaccel's frames from the user's traceback
-        args = parse_line(self.amp, line)
+        args = parse_line(self.amp, line, hint=dtype_hint("--dtype", DTYPES, dtype_name))
         if args is None:  # -h/--help: the help was printed
             return None
         args.dtype = dtype_name(args.dtype)  # bfloat16, float16, half: the long names work too

@@ -135,6 +135,10 @@ class BudgetMagics(Magics):
         if for_model:  # silently watching a budget instead of the prediction asked for would mislead
             raise UsageError(f"{_go(for_model)} with --model: "
                              "%memory_budget 80GiB --model model --batch 32 predicts that model's memory")
+        if args.budget is not None and args.budget.isalpha() and args.budget.lower() != "off" and \
+                difflib.get_close_matches(args.budget.lower(), ["off"], cutoff=0.6):  # offf, of, oof
+            raise UsageError(f"cannot read {args.budget!r} as a budget; did you mean %memory_budget off (removes the "
+                             "budget and every hook)?")
         if args.budget is not None and args.budget.lower() == "off":
             had_budget = self.watcher is not None
             recorded = len(self.watcher.records) if had_budget else 0
@@ -228,8 +232,10 @@ class BudgetMagics(Magics):
         if not isinstance(model, torch.nn.Module):
             raise UsageError(f"--model {args.model} is a {type(model).__name__}, not a torch.nn.Module; pass the "
                              "variable holding the model")
-        if args.batch is None or args.batch < 1:
+        if args.batch is None:
             raise UsageError("--model needs --batch N (the global batch size, at least 1)")
+        if args.batch < 1:
+            raise UsageError(f"--batch is the global batch size, at least 1; got {args.batch}")
         optimizer = args.optimizer or "adamw"
         if optimizer.lower() not in OPTIMIZERS:
             if optimizer not in self.shell.user_ns:  # most likely a misspelt name: list the names

@@ -11,6 +11,7 @@ import keyword
 import linecache
 import re
 import symtable
+from typing import Callable
 
 from IPython.core import magic as ipython_magic
 from IPython.core.error import UsageError
@@ -306,14 +307,30 @@ class HelpWithoutBody:
         return [lines[0].rstrip("\n") + "\n", "\n"]
 
 
-def parse_line(magic, line: str):
+_DTYPE_LIKE = re.compile(r"(b?f(p|loat)?|bfloat|half|tf|int|double|auto)\d*", re.I)
+
+
+def dtype_hint(option_name: str, accepted, normalise: Callable[[str], str]):
+    """A `parse_line` hint for a dtype written without its option (``%%amp bf16``)."""
+    def hint(token: str) -> str | None:
+        if not _DTYPE_LIKE.fullmatch(token):
+            return None
+        name = normalise(token)
+        if name in accepted:
+            return f"did you mean {option_name} {name}?"
+        return f"a dtype goes after {option_name}, one of: {', '.join(accepted)}"
+    return hint
+
+
+def parse_line(magic, line: str, hint: Callable[[str], str | None] | None = None):
     """IPython's ``parse_argstring`` with quotes removed, ``-h/--help`` and clearer mistakes.
 
     ``-h``/``--help`` prints the magic's help (what ``%name?`` shows) and returns None: the
     caller returns at once and a cell magic does not run its cell. A wrong option is a
     UsageError that names the closest real option and points to ``--help``; a shell-quoting
     mistake (an unmatched quote) is a UsageError too, where IPython's own parser lets shlex's
-    ValueError escape as a traceback.
+    ValueError escape as a traceback. ``hint(token)``: for a stray word (not an option), what the
+    user probably meant (``bf16`` -> "did you mean --dtype bf16?"), or None.
     """
     # argparse would take "--step 3" as "--steps 3"; a magic that silently guesses is worse than one
     # that says "did you mean --steps?" (below).
@@ -333,8 +350,12 @@ def parse_line(magic, line: str):
         if message.startswith(prefix):
             options = [o for action in magic.parser._actions for o in action.option_strings]
             for token in message[len(prefix):].split():
-                close = difflib.get_close_matches(token.split("=")[0], options, n=1) if token.startswith("-") else []
-                if close:
-                    message += f" (did you mean {close[0]}?)"
+                if token.startswith("-"):
+                    close = difflib.get_close_matches(token.split("=")[0], options, n=1)
+                    meant = f"did you mean {close[0]}?" if close else None
+                else:
+                    meant = hint(token) if hint is not None else None
+                if meant:
+                    message += f" ({meant})"
                     break
         raise UsageError(f"{message}; see {magic_name(magic)} --help for the options") from None

@@ -9,13 +9,14 @@ from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments
 
+from ..device import dtype_name
 from ..options import magic_spelled, magic_spelling
 from ..profile import profile_function
 from ..profile_options import DTYPES, ProfileError, ProfileOptions, validate
 from ..op_attribution import CELL_LINE
 from ..profile_table import SORT_COLUMNS
 from ..render.display import display_result
-from .common import (cell_function, check_name, check_name_free, compile_cell, help_option,
+from .common import (cell_function, check_name, check_name_free, compile_cell, dtype_hint, help_option,
                      output_can_be_silenced, parse_cell, parse_line, refuse_nested_cell_magic, silenced,
                      sole_measuring_magic, store_result)
 
@@ -58,7 +59,7 @@ class ProfileMagics(Magics):
             loss = train_step(model, batch)
         """
         __tracebackhide__ = True  # noqa: F841 - IPython hides nbaccel's frames from the user's traceback
-        args = parse_line(self.profile_gpu, line)
+        args = parse_line(self.profile_gpu, line, hint=dtype_hint("--amp", DTYPES, dtype_name))
         if args is None:  # -h/--help: the help was printed
             return None
         check_name(args.result)
@@ -66,11 +67,13 @@ class ProfileMagics(Magics):
             raise UsageError("%%profile_gpu needs code in the cell below the magic line")
         refuse_nested_cell_magic("profile_gpu", cell)
         check_name_free(self.shell, args.result, cell)
-        if args.amp is not None and args.amp.lower() not in DTYPES:
-            raise UsageError(f"--amp {args.amp} is not supported; use one of: {', '.join(DTYPES)}")
+        if args.amp is not None:
+            args.amp = dtype_name(args.amp)  # bfloat16, float16, half: the long names work too, as in %%amp
+            if args.amp not in DTYPES:
+                raise UsageError(f"--amp {args.amp} is not supported; use one of: {', '.join(DTYPES)}")
         options = ProfileOptions(top=args.top, sort=args.sort, memory=args.memory, shapes=args.shapes,
                                  stack=args.stack, warmup=args.warmup, steps=args.steps, trace=args.trace,
-                                 amp=args.amp.lower() if args.amp else None, device=args.device)
+                                 amp=args.amp, device=args.device)
         try:
             validate(options)  # every refusal happens here, before the cell runs
         except ProfileError as exc:
