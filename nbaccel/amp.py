@@ -460,6 +460,7 @@ def _build_result(info, order, times, memory, audits, amp_recipe, base_recipe, b
         restored=restore,
         state_changed=state_changed,
         nonfinite_result=bool(nonfinite),
+        made_by="%%amp" if in_magic() else "compare_amp()",
         value=value,
     )
 

@@ -93,6 +93,7 @@ class AmpResult(ResultMixin):
     outer_autocast: dict = field(default_factory=dict)
     # Other programs' CPU use during the timed runs, per variant (None: made by hand, not measured).
     contention: Contention | None = None
+    made_by: str = "compare_amp()"  # or "%%amp": what the header names (a script's report said "%%amp")
     value: object = field(default=None, repr=False)  # the kept run's value (not serialized)
 
     @property
@@ -214,6 +215,7 @@ class AmpResult(ResultMixin):
             "warmup": self.warmup,
             "repeat": self.repeat,
             "timer_method": self.timer_method,
+            "made_by": self.made_by,
             "baseline": self.baseline.to_dict() if self.baseline else None,
             "amp": self.amp.to_dict(),
             "speedup": self.speedup,

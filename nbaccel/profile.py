@@ -273,10 +273,12 @@ class profile:  # noqa: N801 - a context manager used like a function: `with nba
                 files = _save_trace(tmp, doc, opts.trace) if opts.trace else []
             finally:
                 os.unlink(tmp)
-            return ProfileResult.from_trace(doc, self.info, opts, recipe=self.recipe,
-                                            cudnn_benchmark=self._cudnn_benchmark,
-                                            trace_path=opts.trace if files else None, trace_files=files,
-                                            contention=self._meter.result)
+            result = ProfileResult.from_trace(doc, self.info, opts, recipe=self.recipe,
+                                              cudnn_benchmark=self._cudnn_benchmark,
+                                              trace_path=opts.trace if files else None, trace_files=files,
+                                              contention=self._meter.result)
+        result.made_by = "%%profile_gpu" if in_magic() else "profile()"
+        return result
 
 
 def _save_trace(exported: str, doc: dict, target: str) -> list[str]:

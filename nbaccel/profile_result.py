@@ -72,6 +72,7 @@ class ProfileResult(ResultMixin):
     loaded: dict | None = None
     # Other programs' CPU use during the active steps (a live profile); None for a loaded trace.
     contention: Contention | None = None
+    made_by: str = "profile()"  # or "%%profile_gpu": what the title names
     _grouped: dict = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod

@@ -166,7 +166,7 @@ def test_show_in_a_plain_script_prints_the_text_report(tmp_path):
     out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120,
                          env={**os.environ, "PYTHONPATH": checkout})
     assert out.returncode == 0, out.stderr
-    assert out.stdout.startswith("nbaccel %%amp on CPU") and "'text/plain'" not in out.stdout
+    assert out.stdout.startswith("nbaccel compare_amp() on CPU") and "'text/plain'" not in out.stdout
 
 
 @pytest.mark.parametrize("records, error, message", [
@@ -182,7 +182,7 @@ def test_side_by_side_refuses_non_results_when_called(amp_result):
     with pytest.raises(TypeError, match=r"side_by_side takes nbaccel results .*argument 2 is not one \(int\)"):
         nbaccel.side_by_side(amp_result, 3)
     row = nbaccel.side_by_side([amp_result, amp_result])  # a list means its items
-    assert str(row).count("nbaccel %%amp") == 2
+    assert str(row).count("nbaccel compare_amp() on") == 2
 
 
 def test_cli_version():
@@ -190,3 +190,23 @@ def test_cli_version():
 
     out = subprocess.run([sys.executable, "-m", "nbaccel", "--version"], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0 and out.stdout.strip() == f"nbaccel {nbaccel.__version__}"
+
+
+def test_a_report_names_what_made_it_the_magic_or_the_api_call(run_cell, ip):
+    # A user trial: compare_amp() and profile() in a plain script printed "nbaccel %%amp on CPU...".
+    import torch
+
+    model, x = torch.nn.Linear(8, 8), torch.randn(4, 8)
+    amp = nbaccel.compare_amp(lambda: model(x).sum(), repeat=3, warmup=0)
+    with nbaccel.profile() as prof:
+        model(x)
+    assert str(amp).startswith("nbaccel compare_amp() on CPU") and "<h4>compare_amp() on CPU" in amp._repr_html_()
+    assert str(prof.result).startswith("nbaccel profile() on CPU") and amp.to_dict()["made_by"] == "compare_amp()"
+    run_cell("import torch\nm = torch.nn.Linear(8, 8)\nx = torch.randn(4, 8)")
+    run_cell("%%amp --repeat 3 --warmup 0 -q -r a\nm(x).sum()")
+    run_cell("%%profile_gpu -q -r p\nm(x)")
+    # The API called in a magic's cell is the cell's own call, and named so.
+    run_cell("import nbaccel\ninner = nbaccel.compare_amp(lambda: m(x).sum(), repeat=3, warmup=0)")
+    assert str(ip.user_ns["inner"]).startswith("nbaccel compare_amp() on CPU")
+    assert str(ip.user_ns["a"]).startswith("nbaccel %%amp on CPU")
+    assert str(ip.user_ns["p"]).startswith("nbaccel %%profile_gpu on CPU")

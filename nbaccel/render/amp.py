@@ -171,7 +171,7 @@ def _precision_lines(result) -> list[str]:
 
 
 def text(result) -> str:
-    out = [f"nbaccel %%amp on {result.device.label}: {headline(result)}", "",
+    out = [f"nbaccel {result.made_by} on {result.device.label}: {headline(result)}", "",
            text_table(HEADERS, _variant_rows(result)), ""]
     out += _precision_lines(result)
     out += _gradient_lines(result)
@@ -234,7 +234,7 @@ def _kpis(result) -> str:
 
 def summary_html(result) -> str:
     noise = "".join(f'<div class="warn">{esc(n)}</div>' for n in result.noise_warnings)
-    return (f"<h4>%%amp on {esc(result.device.label)}</h4>{_kpis(result)}"
+    return (f"<h4>{esc(result.made_by)} on {esc(result.device.label)}</h4>{_kpis(result)}"
             + table(HEADERS, _variant_rows(result), name_columns=(0, 1)) + noise)
 
 

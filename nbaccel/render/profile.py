@@ -157,7 +157,7 @@ def title(result) -> str:
         where = f"recorded on {h['device']}" if result.on_device else "a CPU-only trace"
         return f"{h['profiled']} -- {where}; analysed from the file, not a live run"
     recipe = f", under {h['recipe']}" if h["recipe"] else ""
-    return f"%%profile_gpu on {h['device']} -- {h['profiled']}{recipe}"
+    return f"{result.made_by} on {h['device']} -- {h['profiled']}{recipe}"
 
 
 def method(result) -> str:
