@@ -249,6 +249,7 @@ def test_a_refused_magic_line_is_not_a_watched_cell(ip, run_cell):
     for line in ("0", "1.5", "abc", "150%", "2GiB --batch 4"):
         run_cell(f"%memory_budget {line}", expect_error=UsageError)
     run_cell("%%amp --dtype nope\nx + 1", expect_error=UsageError)  # any magic's refusal, a cell magic's too
+    run_cell("x = (1", expect_error=SyntaxError)  # never ran: was a row "ok, added 0 B" (a user trial)
     run_cell("y = 2")
     _, captured = run_cell("%memory_budget")
     assert "2 cells watched:" in _texts(captured)

@@ -386,14 +386,16 @@ class BudgetMagics(Magics):
             self.shell._showtraceback(BudgetExceeded, exc, stb)  # the hook ipykernel sends as an error output
 
     def _refused(self, result, record) -> bool:
-        """Whether the cell was a magic refusing its line: no row for it (mistyped ``%memory_budget 0``
-        lines crowded the real cells out of the status's last 10).
+        """Whether the cell never ran (a syntax error) or was a magic refusing its line: no row for it
+        (mistyped ``%memory_budget 0`` lines crowded the real cells out of the status's last 10).
 
         IPython's convention is that a magic raises UsageError for input it refuses, before it does anything.
         That says nothing of a cell's other lines (``x = big()`` above the magic ran), so only a cell that is
         one magic call qualifies. And not every UsageError comes first: nbaccel's own %%profile_gpu raises one
         after its runs when Kineto wrote an invalid trace, so a cell that added memory keeps its row.
         """
+        if getattr(result, "error_before_exec", None) is not None:
+            return True  # it never ran (a SyntaxError): a row "ok, added 0 B" said it did (a user trial)
         error = getattr(result, "error_in_exec", None)
         return isinstance(error, UsageError) and record.added_bytes < PUSHED and _one_magic_call(self.shell, result)
 
