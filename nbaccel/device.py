@@ -199,7 +199,9 @@ def autocast_dtype(requested: str, info: DeviceInfo, name: str = "dtype") -> tor
             return torch.bfloat16
         return torch.float16
     if requested not in _DTYPES:
-        raise DeviceError(f"{option(name, requested)} is not an autocast dtype; use bf16, fp16 or auto")
+        # compare_amp / %%amp (``dtype``) also take tf32 (TF32 alone, no autocast); the profiler's amp does not
+        choices = "bf16, fp16, auto or tf32" if name == "dtype" else "bf16, fp16 or auto"
+        raise DeviceError(f"{option(name, requested)} is not an autocast dtype; use {choices}")
     dtype = _DTYPES[requested]
     if dtype is torch.bfloat16 and not info.supports_bf16:
         raise DeviceError(f"{info.name} has no bf16 support (needs compute capability 8.0+); "

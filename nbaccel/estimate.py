@@ -29,6 +29,7 @@
 from __future__ import annotations
 
 import copy
+import difflib
 import inspect
 import math
 import weakref
@@ -118,7 +119,9 @@ def _optimizer_spec(optimizer) -> tuple[str, dict]:
                         f"got {type(optimizer).__name__}")
     name = (optimizer or "none").lower()
     if name not in OPTIMIZERS:
-        raise ValueError(f"unknown optimizer {optimizer!r}; use one of: {', '.join(OPTIMIZERS)}")
+        close = difflib.get_close_matches(name, list(OPTIMIZERS), n=1)
+        meant = f" (did you mean {close[0]}?)" if close else ""
+        raise ValueError(f"unknown optimizer {optimizer!r}{meant}; use one of: {', '.join(OPTIMIZERS)}")
     return name, {}
 
 

@@ -231,6 +231,7 @@ def test_a_model_that_fails_on_the_example_says_the_dry_run_failed():
     ({"amp_dtype": "int8"}, ValueError, r"^amp_dtype takes 'auto', 'bf16' or 'fp16'"),
     ({"loss_fn": "mse"}, TypeError, r"^loss_fn takes a function"),
     ({"optimizer": 3}, TypeError, r"^optimizer takes one of adamw"),
+    ({"optimizer": "adamz"}, ValueError, r"^unknown optimizer 'adamz' \(did you mean adam\?\); use one of: adamw"),
     ({"budget": [1]}, TypeError, r"^budget takes a size"),
     ({"budget": 1000}, ValueError, r"^budget=1000 is 1000 B: a budget under 1 MiB"),
 ])
