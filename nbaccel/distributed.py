@@ -282,7 +282,11 @@ def amp_row(result) -> dict:
            "device": result.device.label}
     if result.baseline is not None:
         row.update({"fp32_median_s": result.baseline.median, "speedup": result.speedup,
+                    "speedup_uncertain": result.speedup_uncertain,
                     "fp32_peak_bytes": result.baseline.memory.peak_bytes if result.baseline.memory else None})
+    # What the rank's own report warned of (spread, too few runs, overlapping IQRs, contention): a
+    # gathered speedup without them read as firm where no rank's own report was (a user trial).
+    row["warnings"] = result.noise_warnings
     return row
 
 
@@ -303,8 +307,16 @@ class DistributedAmp:
 
     def __str__(self) -> str:
         """The gathered table, headed by the recipe every rank ran (the options were agreed on)."""
-        dtypes = sorted({str(r.get("amp_dtype")) for r in self.report.ranks})
-        return f"{str(self.report)}\n  recipe: {', '.join(dtypes)} against strict fp32 on every rank"
+        ranks = self.report.ranks
+        dtypes = sorted({str(r.get("amp_dtype")) for r in ranks})
+        lines = [str(self.report)]
+        uncertain = [r["rank"] for r in ranks if r.get("speedup_uncertain")]
+        if uncertain:
+            which = "every rank" if len(uncertain) == len(ranks) else "rank " + ", ".join(map(str, uncertain))
+            lines.append(f"  speedup uncertain on {which}: a re-run could reorder the variants there (warnings below)")
+        lines += [f"  WARNING rank {r['rank']}: {w}" for r in ranks for w in r.get("warnings") or []]
+        lines.append(f"  recipe: {', '.join(dtypes)} against strict fp32 on every rank")
+        return "\n".join(lines)
 
 
 def compare_amp(fn, *args, group=None, **kwargs) -> DistributedAmp:

@@ -74,6 +74,14 @@ def test_gathered_amp_report_has_both_ranks(ddp_run):
     # the headline number and the recipe, which the gathered report once left out
     assert report["summary"]["speedup"]["min"] > 0 and re.search(r"speedup +[\d.]+x", r0["amp_text"])
     assert r0["amp_full"].endswith("recipe: bf16 against strict fp32 on every rank")
+    # Each rank's own warnings and uncertainty travel with its row and are shown (a user trial: the
+    # gathered "speedup 0.92x" stood alone where the rank's own report had three warnings).
+    for r in (r0, r1):
+        row = report["ranks"][r["rank"]]
+        assert row["warnings"] == r["amp_local_warnings"] and row["speedup_uncertain"] == r["amp_local_uncertain"]
+        for w in r["amp_local_warnings"]:
+            assert f"WARNING rank {row['rank']}: {w}" in r0["amp_full"]
+    assert ("speedup uncertain on" in r0["amp_full"]) == any(row["speedup_uncertain"] for row in report["ranks"])
     assert "rank 0 (" in r0["amp_text"] or "rank 1 (" in r0["amp_text"]
     assert r1["amp"] == report  # every rank holds the same gathered report
 
@@ -275,3 +283,16 @@ def test_distributed_profile_names_a_wrong_folder_or_a_trace_argument(tmp_path, 
     with pytest.raises(TypeError, match=message):
         with nd.profile(*args, **kwargs):
             pass
+
+
+def test_gathered_amp_text_carries_each_ranks_warnings_and_uncertainty():
+    rows = [{"rank": 0, "host": "h", "amp_dtype": "bf16", "amp_median_s": 0.01, "fp32_median_s": 0.009,
+             "speedup": 0.9, "speedup_uncertain": True, "warnings": ["the two variants' IQRs overlap"]},
+            {"rank": 1, "host": "h", "amp_dtype": "bf16", "amp_median_s": 0.005, "fp32_median_s": 0.01,
+             "speedup": 2.0, "speedup_uncertain": False, "warnings": []}]
+    text = str(nd.DistributedAmp(None, nd.RankReport("compare_amp", rows, ["speedup"], {"speedup": "x"})))
+    assert "speedup uncertain on rank 0: a re-run could reorder" in text
+    assert "WARNING rank 0: the two variants' IQRs overlap" in text and "WARNING rank 1" not in text
+    rows[1].update(speedup_uncertain=True)
+    assert "speedup uncertain on every rank" in str(nd.DistributedAmp(None, nd.RankReport("compare_amp", rows,
+                                                                                        ["speedup"])))
