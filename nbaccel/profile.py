@@ -270,7 +270,7 @@ class profile:  # noqa: N801 - a context manager used like a function: `with nba
             try:
                 self._prof.export_chrome_trace(tmp)
                 doc = _read_json(tmp)
-                files = _save_trace(tmp, doc, opts.trace) if opts.trace else []
+                files, created = _save_trace(tmp, doc, opts.trace) if opts.trace else ([], None)
             finally:
                 os.unlink(tmp)
             result = ProfileResult.from_trace(doc, self.info, opts, recipe=self.recipe,
@@ -278,33 +278,47 @@ class profile:  # noqa: N801 - a context manager used like a function: `with nba
                                               trace_path=opts.trace if files else None, trace_files=files,
                                               contention=self._meter.result)
         result.made_by = "%%profile_gpu" if in_magic() else "profile()"
+        result.trace_created = created
         return result
 
 
-def _save_trace(exported: str, doc: dict, target: str) -> list[str]:
-    """Write --trace (one file, or one file per step in a folder); the files written. A failure
-    is reported as a warning with the way out, and the profile is kept."""
+def _first_missing(folder: Path) -> Path | None:
+    """The outermost folder on the way to ``folder`` that does not exist yet (what ``mkdir -p`` creates)."""
+    missing = None
+    for p in (folder, *folder.parents):
+        if p.exists():
+            break
+        missing = p
+    return missing
+
+
+def _save_trace(exported: str, doc: dict, target: str) -> tuple[list[str], str | None]:
+    """Write --trace (one file, or one file per step in a folder): (the files written, the outermost
+    folder created on the way, so a mistyped path's new folders are said, not left unseen). A
+    failure is reported as a warning with the way out, and the profile is kept."""
+    path = Path(target).expanduser()
+    created = _first_missing(path.parent if trace_is_file(target) else path)
+    created = str(created) if created is not None else None
     try:
         if not trace_is_file(target):
-            return write_step_traces(doc, target)
-        path = Path(target).expanduser()
+            return write_step_traces(doc, target), created
         path.parent.mkdir(parents=True, exist_ok=True)
         if str(path).endswith(".gz"):
             path.write_bytes(gzip.compress(Path(exported).read_bytes()))
         else:
             shutil.copyfile(exported, path)
-        return [target]
+        return [target], created
     except OSError as exc:
         lost = f"nbaccel could not write the trace to {target} ({exc.strerror or exc}); the profile is shown without it"
         if in_magic():  # a warning would show nbaccel's file, line and source to a notebook user
             print(f"{lost}: keep the result with -r NAME and save it with NAME.export_chrome_trace('another/path.json')",
                   file=sys.stderr)
-            return []
+            return [], None
         with warnings.catch_warnings():
             warnings.simplefilter("always", TraceSaveWarning)  # every time: a lost file is never old news
             warnings.warn(f"{lost}: save it with result.export_chrome_trace('another/path.json')",
                           TraceSaveWarning, stacklevel=4)
-        return []
+        return [], None
 
 
 class SharedTraceWarning(UserWarning):

@@ -73,6 +73,7 @@ class ProfileResult(ResultMixin):
     # Other programs' CPU use during the active steps (a live profile); None for a loaded trace.
     contention: Contention | None = None
     made_by: str = "profile()"  # or "%%profile_gpu": what the title names
+    trace_created: str | None = None  # the outermost folder that writing the trace created, if any
     _grouped: dict = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
@@ -383,6 +384,7 @@ class ProfileResult(ResultMixin):
             "cudnn_benchmark": self.cudnn_benchmark,
             "trace_path": self.trace_path,
             "trace_files": self.trace_files,
+            "trace_created": self.trace_created,
             "loaded": self.loaded,
             "contention": self.contention.to_dict() if self.contention else None,
         }

@@ -151,6 +151,11 @@ def skipped_files_text(skipped: dict) -> str:
     return f"{len(skipped)} unreadable file{'s' if len(skipped) > 1 else ''} in the folder: " + "; ".join(shown) + more
 
 
+def trace_line(result, perfetto: str = "ui.perfetto.dev") -> str:
+    created = f"; created the folder {result.trace_created}" if result.trace_created else ""
+    return f"trace: {', '.join(result.trace_files)}  (open at {perfetto}{created})"
+
+
 def title(result) -> str:
     h = result.header
     if result.loaded:
@@ -276,7 +281,7 @@ def text(result) -> str:
     if result.advice:
         out += ["", *("advice: " + a for a in result.advice)]
     if result.trace_files:
-        out += ["", "trace: " + ", ".join(result.trace_files) + "  (open at https://ui.perfetto.dev)"]
+        out += ["", trace_line(result, "https://ui.perfetto.dev")]
     out += ["", "method: " + method(result)]
     return "\n".join(out)
 
@@ -320,8 +325,7 @@ def html(result) -> str:
     group = result.options.group
     frame = result.top_rows(result.options.top)
     advice = f"<h4>Advice</h4>{bullet_list(result.advice)}" if result.advice else ""
-    trace = (f'<div class="muted">trace: {esc(", ".join(result.trace_files))} (open at ui.perfetto.dev)</div>'
-             if result.trace_files else "")
+    trace = f'<div class="muted">{esc(trace_line(result))}</div>' if result.trace_files else ""
     rows = len(result.grouped_rows())
     return wrap(header_html(result) + advice
                 + f"<h4>Top {len(frame)} of {rows} by {esc(sort_label(result.default_sort))} (grouped by {esc(group)})</h4>"
@@ -434,7 +438,7 @@ def widget(result):
     tabs = w.Tab(children=[w.VBox([controls, status, ops]), breakdown, cores, advice])
     for i, name in enumerate(["Operators", "Breakdown", "Tensor Cores", "Advice"]):
         tabs.set_title(i, name)
-    trace = ("trace: " + esc(", ".join(result.trace_files)) + " (open at ui.perfetto.dev)<br>") if result.trace_files else ""
+    trace = esc(trace_line(result)) + "<br>" if result.trace_files else ""
     footer = w.HTML(wrap(f'<div class="muted">{trace}method: {esc(method(result))}</div>'))
     box = w.VBox([w.HTML(wrap(header_html(result))), tabs, footer])
     box.add_class("nbaccel-profile")
