@@ -457,7 +457,8 @@ def markdown(report: dict) -> str:
              f"- GPU: {env.get('gpu') or 'none (CPU)'}" + (f", sm {env['compute_capability']}" if env.get("gpu") else ""),
              f"- torch {env['torch']}, CUDA {env['cuda']}, cuDNN {env['cudnn']}, Python {env['python']}, host {env['host']}",
              f"- mode: {'dry run (CPU)' if report['dry_run'] else 'full'}, suite size {report['size']}, "
-             f"took {report['seconds']:.0f} s of a {report['budget_s']:.0f} s budget", "",
+             f"took {report['seconds']:.0f} s of a {report['budget_s']:.0f} s budget"
+             + ("" if report.get("complete", True) else " -- INCOMPLETE: the run stopped before its last check"), "",
              "| check | status | result |", "|---|---|---|"]
     for name, r in {**report["checks"], **report["targets"]}.items():
         lines.append(f"| {name} | {r['status'].upper()} | {str(r.get('summary', '')).replace('|', '/')} |")
@@ -497,20 +498,27 @@ def main(argv=None) -> int:
     unknown = set(selected) - set(CHECKS)
     if unknown:
         p.error(f"unknown check(s) {sorted(unknown)}; choose from {', '.join(CHECKS)}")
+    json_path, md_path = Path(str(stem) + ".json"), Path(str(stem) + ".md")
+
+    def write(checks: dict, tg: dict, complete: bool) -> dict:
+        # Rewritten after every check: a run cut short by the device's time limit keeps what it measured.
+        report = {"environment": env, "dry_run": args.dry_run, "size": args.size, "budget_s": args.budget,
+                  "seconds": time.monotonic() - t0, "complete": complete, "checks": checks, "targets": tg}
+        json_path.write_text(json.dumps(report, indent=1, default=str))
+        md_path.write_text(markdown(report))
+        return report
+
     checks = {}
     for name in CHECKS:
         if name not in selected:
             continue
         checks[name] = r = run_check(name, args, deadline)
         print(f"  {name:<22} {r['status'].upper():<8} {r.get('summary', '')}", flush=True)
+        write(checks, {}, complete=False)
     tg = targets(Path(args.outdir) / "suite.json", env, args.dry_run, checks)
     for name, r in tg.items():
         print(f"  {name:<22} {r['status'].upper():<8} {r.get('summary', '')}", flush=True)
-    report = {"environment": env, "dry_run": args.dry_run, "size": args.size, "budget_s": args.budget,
-              "seconds": time.monotonic() - t0, "checks": checks, "targets": tg}
-    json_path, md_path = Path(str(stem) + ".json"), Path(str(stem) + ".md")
-    json_path.write_text(json.dumps(report, indent=1, default=str))
-    md_path.write_text(markdown(report))
+    write(checks, tg, complete=True)
     bad = [n for n, r in {**checks, **tg}.items() if r["status"] in (FAIL, ERROR)]
     print(f"wrote {json_path} and {md_path}; " + (f"FAILED: {', '.join(bad)}" if bad else "no failures"))
     return 1 if bad else 0

@@ -84,3 +84,27 @@ def test_h200_targets_are_judged_only_on_an_h200(tmp_path):
     assert all(t["status"] == "skipped" and "not judged" in t["summary"] for t in other.values())
     no_check = mod.targets(path, {"cuda_available": True, "gpu": "NVIDIA H200"}, dry_run=False, checks={})
     assert no_check["gemm_bf16_fraction_of_peak"]["status"] == "skipped"
+
+
+def test_the_report_is_written_after_every_check_so_a_killed_run_keeps_its_results(tmp_path, monkeypatch):
+    # The device's time limit kills a run without warning; the report used to be written only at the end.
+    mod = _load()
+    stem = tmp_path / "r"
+    seen = []
+
+    def run_check(name, args, deadline):
+        if seen:
+            raise KeyboardInterrupt  # the kill, in the second check
+        seen.append(name)
+        return {"status": "pass", "summary": f"{name} measured"}
+
+    monkeypatch.setattr(mod, "run_check", run_check)
+    try:
+        mod.main(["--dry-run", "--out", str(stem), "--only", "gpu_tests,budget_enforce_oom"])
+    except KeyboardInterrupt:
+        pass
+    report = json.loads(stem.with_suffix(".json").read_text())
+    first = seen[0]  # in CHECKS order
+    assert report["complete"] is False and report["checks"] == {first: {"status": "pass",
+                                                                        "summary": f"{first} measured"}}
+    assert "INCOMPLETE" in stem.with_suffix(".md").read_text()
