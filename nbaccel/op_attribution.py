@@ -47,12 +47,20 @@ class OpIndex:
         return innermost_op(self._threads, self._parent, self._end.__getitem__, (pid, tid), t)
 
 
-def memory_by_op(events: list, ops: pd.DataFrame, index: OpIndex | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """(self allocated bytes, allocated bytes including child ops) per op row.
+# Kineto's ``[memory]`` events say where the bytes live: "Device Type" 0 is the host, 1 is CUDA.
+_MEMORY_DEVICE_TYPE = {"cpu": 0, "cuda": 1}
+
+
+def memory_by_op(events: list, ops: pd.DataFrame, index: OpIndex | None = None,
+                 device: str = "cpu") -> tuple[np.ndarray, np.ndarray]:
+    """(self allocated bytes, allocated bytes including child ops) per op row, on ``device``
+    ("cuda": device memory, the scarce one on a GPU profile; "cpu": host memory). A CUDA op
+    allocates on both (host-side bookkeeping, pinned staging): summed, they were neither.
 
     Allocated = the sum of positive ``[memory]`` events (frees are not subtracted: the column
     answers "how much did this op allocate", which is what drives peak memory).
     """
+    wanted = _MEMORY_DEVICE_TYPE[device]
     n = len(ops)
     self_bytes = np.zeros(n)
     if not n:
@@ -64,6 +72,8 @@ def memory_by_op(events: list, ops: pd.DataFrame, index: OpIndex | None = None) 
         args = ev.get("args") or {}
         nbytes = args.get("Bytes")
         if not isinstance(nbytes, (int, float)) or nbytes <= 0:
+            continue
+        if args.get("Device Type", wanted) != wanted:  # a trace without the field: all of it is the one device
             continue
         i = index.innermost(ev.get("pid"), ev.get("tid"), float(ev.get("ts", 0)))
         if i >= 0:

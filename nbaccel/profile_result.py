@@ -97,7 +97,7 @@ class ProfileResult(ResultMixin):
         if options.stack:
             extra["source"] = source_by_op(events, trace.ops)
         if options.memory:
-            self_mem, total_mem = memory_by_op(events, trace.ops)
+            self_mem, total_mem = memory_by_op(events, trace.ops, device="cuda" if info.type == "cuda" else "cpu")
             extra["self_memory_bytes"], extra["memory_bytes"] = self_mem, total_mem
         return cls(device=info, options=options, trace=trace, op_extra=extra,
                    recipe_label=recipe.label if recipe else None, cudnn_benchmark=cudnn_benchmark,

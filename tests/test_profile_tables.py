@@ -198,6 +198,15 @@ def test_memory_is_charged_to_the_innermost_op_and_rolled_up():
     assert list(total_b) == [1024, 1000, 0]
 
 
+def test_memory_counts_the_profiled_devices_bytes_only():
+    # A CUDA profile added host and device allocations together (an audit of the CUDA paths).
+    ops = _ops([("aten::mm", 0, 100, 100, -1)])
+    events = [{"name": "[memory]", "pid": 1, "tid": 1, "ts": 10, "args": {"Bytes": 4096, "Device Type": 1}},
+              {"name": "[memory]", "pid": 1, "tid": 1, "ts": 20, "args": {"Bytes": 64, "Device Type": 0}}]
+    assert list(op_attribution.memory_by_op(events, ops, device="cuda")[0]) == [4096]
+    assert list(op_attribution.memory_by_op(events, ops, device="cpu")[0]) == [64]
+
+
 def test_user_frames():
     assert op_attribution.is_user_frame("<cell>(3): <module>")
     assert op_attribution.is_user_frame("/tmp/ipykernel_12/3456.py(5): train_step")
