@@ -22,6 +22,7 @@ propagates unchanged.
 from __future__ import annotations
 
 import contextlib
+import gc
 import inspect
 import io
 from typing import Callable
@@ -361,7 +362,6 @@ def compare_amp(
                      on_first_run, planned_runs(warmup, repeat, baseline, dev) - 1)
     order = [base_recipe, amp_recipe] if baseline else [amp_recipe]
 
-    finished = False
     try:
         for _ in range(warmup):
             for recipe in order:
@@ -390,21 +390,65 @@ def compare_amp(
                                warmup, repeat, clock, snapshot, restore, value, fp32_again)
         result.outer_autocast = outer_autocast
         result.contention = runner.meter.result
-        finished = True
     except BaseException as exc:  # KeyboardInterrupt too; re-raised unchanged
+        # Abandoned: the variables (unless restore=False) and torch's settings as before, first, so
+        # the notes below say what is true.
+        problem = _put_back(snapshot, torch_before, exc, dev)
         if cell.failure is not None and cell.failure[0] is exc:
             if on_cell_error is not None:
                 on_cell_error(exc, cell.where(order))
             elif hasattr(exc, "add_note"):  # a script has no magic to say which run: the traceback does
-                restored = ("your variables and torch's settings are as before the call" if restore else
-                            "torch's settings are as before the call (restore=False: variables keep what the runs did)")
+                restored = ("torch's settings are as before the call, your variables not all (see the next note)"
+                            if problem else "your variables and torch's settings are as before the call" if restore
+                            else "torch's settings are as before the call (restore=False: variables keep what the runs did)")
                 exc.add_note(f"nbaccel.compare_amp: raised {cell.where(order)}; {restored}")
+        if problem and hasattr(exc, "add_note"):
+            exc.add_note(problem)
         raise
-    finally:
-        if not finished:  # abandoned: the variables (unless restore=False) and torch's settings as before
-            snapshot.restore()
-            torch_before.restore()
     return result
+
+
+# The start of the note `_put_back` adds to the user's exception when the variables could not be put back.
+NOT_RESTORED = "nbaccel: your variables could not be fully restored"
+
+
+def not_restored(exc: BaseException) -> bool:
+    """Whether `_put_back` noted on ``exc`` that the variables could not be fully restored."""
+    return any(str(note).startswith(NOT_RESTORED) for note in getattr(exc, "__notes__", ()))
+
+
+def _put_back(snapshot: Snapshot, torch_before: TorchGlobals, exc: BaseException, device: torch.device) -> str | None:
+    """Restore the variables and torch's settings after ``exc`` abandoned a comparison; None, or the
+    note for ``exc`` (starting with `NOT_RESTORED`) when the variables could not all be restored.
+
+    After an out-of-memory error the restore allocates too (an optimizer's ``load_state_dict`` puts
+    its moments back on the device) while the error's traceback still holds the failed run's frames.
+    So what can be dropped goes first: garbage (``gc.collect()``), the allocator's cached blocks, and
+    each optimizer's current state before its saved one is loaded. The frames themselves stay: they are
+    the user's code and torch's (nbaccel's own hold none of the run's activations), and ``%debug`` needs them. If the
+    restore still runs out of memory, the user's exception stays the one raised (the caller adds the
+    note that says so), rather than nbaccel's out-of-memory error with the user's as its ``__context__``.
+    """
+    from .oom import is_oom
+
+    oom = is_oom(exc)
+    if oom:
+        gc.collect()
+        if device.type == "cuda" and torch.cuda.is_initialized():
+            torch.cuda.empty_cache()
+    try:
+        snapshot.restore(drop_state_first=oom)
+    except Exception as error:  # noqa: BLE001 - only an out-of-memory error is kept from replacing the user's
+        if not (oom and is_oom(error)):
+            raise
+        first = str(error).strip().splitlines()[0] if str(error).strip() else ""
+        return (f"{NOT_RESTORED}: putting back their saved state ran out of memory too "
+                f"({type(error).__name__}: {first[:200]}). Models, optimizers and tensors may be partly "
+                "as before the call and partly as the failed run left them: re-create them (or reload a "
+                "checkpoint) before going on. torch's settings are as before the call.")
+    finally:
+        torch_before.restore()
+    return None
 
 
 def _build_result(info, order, times, memory, audits, amp_recipe, base_recipe, baseline, warmup, repeat,

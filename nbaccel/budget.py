@@ -356,32 +356,94 @@ class Watcher:
 
 # --- the CUDA cap ----------------------------------------------------------------------------------
 
-_caps: dict[int, float] = {}  # device index -> the fraction in force before nbaccel set its own
+@dataclass
+class _DeviceCaps:
+    """nbaccel's caps on one GPU. ``%memory_budget --enforce`` sets one that lasts (``lasting``); each
+    ``memory_budget(..., enforce=True)`` block adds its own for its duration (``blocks``, in the order
+    entered). The last block's cap is in force, else the lasting one, else what was there before."""
+
+    before: float  # the fraction in force before nbaccel capped this GPU
+    lasting: float | None = None
+    blocks: list = field(default_factory=list)  # [token, fraction] of the open blocks
+
+    def in_force(self) -> float:
+        if self.blocks:
+            return self.blocks[-1][1]
+        return self.lasting if self.lasting is not None else self.before
 
 
-def apply_cap(device: torch.device, budget: int) -> float:
-    """Cap the caching allocator of ``device`` at ``budget`` bytes; returns the fraction set."""
+_caps: dict[int, _DeviceCaps] = {}  # device index -> nbaccel's caps on it
+
+
+def cap_index(device: torch.device) -> int:
+    """The GPU a cap applies to: the device's index, or the current device for a bare ``cuda``."""
+    return device.index if device.index is not None else torch.cuda.current_device()
+
+
+def _cap_fraction(device: torch.device, budget: int) -> float:
     if device.type != "cuda":
         raise BudgetError(f"{option('enforce', True)} needs a CUDA device: the CPU allocator has no per-process cap, so on the CPU "
                           "only a soft budget (checked after each cell) is possible; for a hard host limit run "
                           "the kernel under a cgroup (systemd-run -p MemoryMax=6G, docker --memory 6g)")
-    total = device_memory(device)
-    fraction = min(1.0, budget / total)
-    index = device.index if device.index is not None else torch.cuda.current_device()
+    return min(1.0, budget / device_memory(device))
+
+
+def _caps_of(index: int) -> _DeviceCaps:
     if index not in _caps:
-        getter = getattr(torch.cuda, "get_per_process_memory_fraction", None)
-        _caps[index] = float(getter(index)) if getter else 1.0
-    torch.cuda.set_per_process_memory_fraction(fraction, index)
+        getter = getattr(torch.cuda, "get_per_process_memory_fraction", None)  # torch >= 2.7
+        _caps[index] = _DeviceCaps(float(getter(index)) if getter else 1.0)
+    return _caps[index]
+
+
+def _set(index: int) -> None:
+    """Put the fraction that should be in force on ``index`` into torch; forget a GPU nbaccel no longer caps."""
+    caps = _caps[index]
+    torch.cuda.set_per_process_memory_fraction(caps.in_force(), index)
+    if caps.lasting is None and not caps.blocks:
+        del _caps[index]
+
+
+def apply_cap(device: torch.device, budget: int) -> float:
+    """Cap the caching allocator of ``device`` at ``budget`` bytes until `release_cap` (``%memory_budget
+    --enforce``; a new call replaces the cap); returns the fraction set. An open `push_cap` block's cap
+    stays in force until the block ends, then this one does."""
+    fraction = _cap_fraction(device, budget)
+    index = cap_index(device)
+    _caps_of(index).lasting = fraction
+    _set(index)
     return fraction
 
 
+def push_cap(device: torch.device, budget: int) -> tuple[int, object]:
+    """Cap ``device`` at ``budget`` bytes for a block; `pop_cap` with the returned handle puts back the
+    cap that was in force before (a ``%memory_budget --enforce`` one, or an outer block's), not 1.0."""
+    fraction = _cap_fraction(device, budget)
+    index = cap_index(device)
+    token = object()
+    _caps_of(index).blocks.append([token, fraction])
+    _set(index)
+    return index, token
+
+
+def pop_cap(handle: tuple[int, object]) -> None:
+    """End a `push_cap` block's cap. A no-op when `release_cap` already removed it (``%memory_budget off``
+    inside the block): what off removed stays removed."""
+    index, token = handle
+    caps = _caps.get(index)
+    if caps is None or not any(entry[0] is token for entry in caps.blocks):
+        return
+    caps.blocks = [entry for entry in caps.blocks if entry[0] is not token]
+    _set(index)
+
+
 def release_cap(device: torch.device | None = None) -> None:
-    """Put back the fraction in force before `apply_cap` (all devices when ``device`` is None)."""
-    indices = list(_caps) if device is None else [device.index if device.index is not None else 0]
+    """Remove every cap nbaccel set on ``device`` (all GPUs when None), open blocks' too, and put back
+    the fraction in force before nbaccel's first one."""
+    indices = list(_caps) if device is None else [cap_index(device)]
     for index in indices:
-        previous = _caps.pop(index, None)
-        if previous is not None:
-            torch.cuda.set_per_process_memory_fraction(previous, index)
+        caps = _caps.pop(index, None)
+        if caps is not None:
+            torch.cuda.set_per_process_memory_fraction(caps.before, index)
 
 
 def capped_devices() -> list[int]:
@@ -506,6 +568,7 @@ class MemoryBudget:
         self.strict, self.enforce, self.namespace = strict, enforce, namespace
         self.watcher = Watcher(self.budget, self.device, near)
         self.last_oom = None
+        self._caps_open: list = []  # `push_cap` handles of the open blocks (re-entered: one each)
 
     @property
     def history(self) -> pd.DataFrame:
@@ -525,7 +588,7 @@ class MemoryBudget:
 
     def __enter__(self):
         if self.enforce:
-            apply_cap(self.device, self.budget)
+            self._caps_open.append(push_cap(self.device, self.budget))
         self.watcher.begin(f"block {len(self.watcher.records) + 1}")
         return self
 
@@ -533,8 +596,8 @@ class MemoryBudget:
         try:
             record = self.watcher.end(error=exc)
         finally:
-            if self.enforce:
-                release_cap(self.device)
+            if self._caps_open:  # the cap in force before the block: %memory_budget --enforce's, or none
+                pop_cap(self._caps_open.pop())
         from .oom import explain_oom, is_oom
 
         if exc is not None and is_oom(exc):
@@ -562,5 +625,6 @@ def memory_budget(budget, device="auto", strict: bool = False, enforce: bool = F
 
 
 __all__ = ["memory_budget", "MemoryBudget", "BudgetStatus", "CellReport", "CellRecord", "Watcher", "parse_budget",
-           "BudgetError", "BudgetExceeded", "BudgetWarning", "apply_cap", "release_cap", "device_memory", "plural",
+           "BudgetError", "BudgetExceeded", "BudgetWarning", "apply_cap", "push_cap", "pop_cap", "release_cap",
+           "cap_index", "device_memory", "plural",
            "share_text", "check_near", "size_reading", "MIN_BUDGET"]

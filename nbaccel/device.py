@@ -141,7 +141,7 @@ def device_info(device: torch.device | str = "auto") -> DeviceInfo:
             name=props.name,
             compute_capability=cc,
             total_memory=props.total_memory,
-            supports_bf16=torch.cuda.is_bf16_supported(),
+            supports_bf16=_cuda_bf16(cc),
             supports_fp16=True,
             supports_tf32=cc >= (8, 0),  # TF32 arrived with Ampere
             tensor_cores=cc >= (7, 0),  # Volta and later
@@ -163,6 +163,14 @@ def device_info(device: torch.device | str = "auto") -> DeviceInfo:
         supports_fp16=bool(features["amx_fp16"] or features["avx512_fp16"]),
         cpu_features=features,
     )
+
+
+def _cuda_bf16(cc: tuple[int, int]) -> bool:
+    """bf16 units on the device asked for: compute capability 8.0+ (Ampere), or any ROCm GPU.
+
+    Not ``torch.cuda.is_bf16_supported()``: it answers for the *current* device, and by default also
+    for emulated bf16 (a V100 or T4 runs it, slower than fp32), so ``auto`` picked bf16 there."""
+    return cc >= (8, 0) or bool(torch.version.hip)
 
 
 def _host_memory() -> int | None:

@@ -7,6 +7,7 @@ the first thing to paste into a bug report, and the facts behind every speedup n
 from __future__ import annotations
 
 import platform
+import re
 from dataclasses import dataclass
 
 import torch
@@ -34,6 +35,23 @@ def _plain(value):
 
 def _yes(flag) -> str:
     return "yes" if flag else "no"
+
+
+NVIDIA_VERSION_FILE = "/proc/driver/nvidia/version"
+
+
+def nvidia_driver_version(path: str | None = None) -> str | None:
+    """The NVIDIA kernel driver's version, e.g. "550.54.15", from the first line of
+    /proc/driver/nvidia/version (Linux: "NVRM version: NVIDIA UNIX x86_64 Kernel Module  550.54.15 ...", or
+    "... Open Kernel Module for x86_64  550.54.15 ..."); None where there is no such file or line. torch has
+    no getter for it (``torch.cuda.driver_version`` does not exist in torch 2.13). Never raises."""
+    try:
+        with open(path or NVIDIA_VERSION_FILE, encoding="utf-8", errors="replace") as f:
+            first = f.readline()
+    except (OSError, ValueError):
+        return None
+    match = re.search(r"Kernel Module(?:\s+for\s+\S+)?\s+(\d+(?:\.\d+)+)\b", first)
+    return match.group(1) if match else None
 
 
 def env_report() -> EnvReport:
@@ -68,10 +86,7 @@ def env_report() -> EnvReport:
                 "fp16": _yes(gpu.supports_fp16),
                 "TF32": _yes(gpu.supports_tf32),
             }
-        try:
-            sections["software"]["driver"] = torch.cuda.driver_version() if hasattr(torch.cuda, "driver_version") else "n/a"
-        except RuntimeError:
-            pass
+        sections["software"]["driver"] = nvidia_driver_version() or "not known"
     else:
         sections["gpu"] = {"CUDA available": "no -- nbaccel measures on the CPU (CPU autocast, CPU profiler, process RSS)"}
     sections["global precision flags (now)"] = dict(global_state())

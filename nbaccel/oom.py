@@ -32,14 +32,28 @@ from .results import ResultMixin
 OOM_TYPES = (torch.OutOfMemoryError, RuntimeError, MemoryError)
 
 _CPU_MARK = "can't allocate memory"
+# Out of memory outside PyTorch's caching allocator: the CUDA runtime (context, kernel launch, a
+# library's own cudaMalloc; torch raises torch.AcceleratorError, a RuntimeError, or a plain one) and
+# cuBLAS / cuDNN failing to allocate a handle or workspace. These messages carry no sizes.
+_CUDA_RUNTIME_MARKS = ("CUDA error: out of memory", "CUBLAS_STATUS_ALLOC_FAILED", "CUDNN_STATUS_ALLOC_FAILED")
 _SIZE = r"([0-9]*\.?[0-9]+)\s*(bytes|B|KiB|MiB|GiB|TiB|PiB|EiB)"
 
 
 def is_oom(exc: BaseException) -> bool:
-    """CUDA ``torch.OutOfMemoryError``, the CPU allocator's RuntimeError, or Python's MemoryError."""
+    """CUDA ``torch.OutOfMemoryError``, the CPU allocator's RuntimeError, Python's MemoryError, or a
+    RuntimeError (``torch.AcceleratorError`` included) saying the CUDA runtime, cuBLAS or cuDNN ran out
+    of memory outside the caching allocator."""
     if isinstance(exc, (torch.OutOfMemoryError, MemoryError)):
         return True
-    return isinstance(exc, RuntimeError) and (_CPU_MARK in str(exc) or "CUDA out of memory" in str(exc))
+    if not isinstance(exc, RuntimeError):
+        return False
+    text = str(exc)
+    return _CPU_MARK in text or "CUDA out of memory" in text or _outside_allocator(text)
+
+
+def _outside_allocator(text: str) -> bool:
+    """A CUDA out-of-memory message from outside the caching allocator (no sizes in it)."""
+    return any(mark in text for mark in _CUDA_RUNTIME_MARKS)
 
 
 def _size(number: str, unit: str) -> int:
@@ -65,6 +79,8 @@ class OomFacts:
     process_in_use: int | None = None
     allowed: int | None = None  # the per-process cap, when one was set
     gpu: int | None = None
+    # the CUDA runtime, cuBLAS or cuDNN failed outside PyTorch's caching allocator (no sizes in the message)
+    outside_allocator: bool = False
 
     def to_dict(self) -> dict:
         return dict(self.__dict__)
@@ -79,7 +95,12 @@ def parse_oom_message(text: str) -> OomFacts:
     ("Tried to allocate 2.00 GiB (GPU 0; 15.78 GiB total capacity; 13.2 GiB already allocated;
     ... free; ... allowed; ... reserved in total by PyTorch)"), the CPU allocator's ("you tried to
     allocate 1125899906842624 bytes") and numpy's ("Unable to allocate 8.00 EiB for an array").
+    An out-of-memory error from outside the caching allocator ("CUDA error: out of memory",
+    CUBLAS_STATUS_ALLOC_FAILED, CUDNN_STATUS_ALLOC_FAILED) is CUDA's with no sizes at all.
     """
+    if _outside_allocator(text) and "Tried to allocate" not in text:
+        gpu = re.search(r"GPU (\d+)", text)
+        return OomFacts("cuda", gpu=int(gpu.group(1)) if gpu else None, outside_allocator=True)
     if "CUDA out of memory" in text or "Tried to allocate" in text:
         gpu = re.search(r"GPU (\d+)", text)
         facts = OomFacts("cuda", requested=_find(r"Tried to allocate SIZE", text), gpu=int(gpu.group(1)) if gpu else None)
@@ -158,7 +179,10 @@ def _user_location(tb) -> str | None:
 
 
 def _device_of(facts: OomFacts) -> torch.device:
-    return torch.device("cuda", facts.gpu or 0) if facts.source == "cuda" else torch.device("cpu")
+    if facts.source != "cuda":
+        return torch.device("cpu")
+    # A message without a GPU number (the CUDA runtime's) is the current device's: "cuda", not a guessed index.
+    return torch.device("cuda", facts.gpu) if facts.gpu is not None else torch.device("cuda")
 
 
 def _allocated_now(device: torch.device, facts: OomFacts) -> tuple[int | None, str]:
@@ -177,7 +201,23 @@ def _limit(device: torch.device, facts: OomFacts, budget: int | None, host_total
         return budget, "the memory budget"
     if facts.capacity:
         return facts.capacity, "the GPU's total capacity (from the message)"
+    if device.type == "cuda":  # a message without sizes: the device's own figures, never the host's
+        return _cuda_limit(device)
     return host_total, "the host's physical memory"
+
+
+def _cuda_limit(device: torch.device) -> tuple[int | None, str]:
+    """The device's capacity (or the per-process cap in force on it), read from torch; (None, why) when
+    even that fails (a CUDA context broken by the error)."""
+    try:
+        total = torch.cuda.get_device_properties(device).total_memory
+        getter = getattr(torch.cuda, "get_per_process_memory_fraction", None)
+        fraction = float(getter(device)) if getter else 1.0
+    except Exception:  # noqa: BLE001 - the explanation must not fail where the user's code did
+        return None, "not known (the message has no sizes and the device could not be read)"
+    if fraction < 1.0:
+        return int(total * fraction), "the per-process cap (get_per_process_memory_fraction, read after the failure)"
+    return total, "the GPU's total memory (torch.cuda.get_device_properties)"
 
 
 def suggest(exp: OomExplanation, per_sample_bytes: int | None = None, batch: int | None = None) -> list[Suggestion]:
@@ -189,6 +229,12 @@ def suggest(exp: OomExplanation, per_sample_bytes: int | None = None, batch: int
     loose = [h for h in on_device if h.kind not in ("module", "optimizer") and h.nbytes > 0]
     held = states + sum(h.nbytes for h in loose)
     need = exp.needed_at_least
+    if exp.facts.outside_allocator:
+        out.append(Suggestion(
+            "torch.cuda.empty_cache() before the step", None,
+            "the allocation that failed was made outside PyTorch's caching allocator (the CUDA runtime, or a "
+            "cuBLAS/cuDNN handle or workspace), which cannot use the memory the allocator keeps cached: free "
+            "the cache first, or leave room beside it (a smaller batch or budget)"))
     if requested is not None and limit is not None and requested > limit:
         out.append(Suggestion("check the shape", None,
                               f"one allocation of {format_bytes(requested)} is larger than the whole limit "

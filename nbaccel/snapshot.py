@@ -181,9 +181,13 @@ class Snapshot:
         self.nbytes += sum(t.nbytes for t in _tensors_in(copied))
         self.stateful.append((obj, copied))
 
-    def restore(self):
+    def restore(self, drop_state_first: bool = False):
         """Put everything back. Safe to call many times; each call restores the same state.
-        An empty snapshot (``Snapshot(None)``, the restore-free mode) restores nothing."""
+        An empty snapshot (``Snapshot(None)``, the restore-free mode) restores nothing.
+
+        ``drop_state_first`` (after an out-of-memory error): an optimizer's current state is dropped
+        before its saved state is loaded, so its old and restored moments are never on the device
+        together. Not by default: a ``load_state_dict`` that refuses would leave the optimizer empty."""
         if not self.rng:
             return
         if self.namespace is not None:
@@ -196,6 +200,8 @@ class Snapshot:
             for sub, training in flags.items():
                 sub.training = training
         for obj, state in self.stateful:
+            if drop_state_first and isinstance(obj, torch.optim.Optimizer):
+                obj.state.clear()
             _restore_stateful(obj, state)
         for container, saved in self.containers:
             _restore_container(container, saved)

@@ -818,3 +818,106 @@ def test_a_cause_that_does_not_depend_on_the_times_stays_beside_the_hedge():
     line = next(a for a in result.advice if a.startswith("No speedup measured"))
     assert line.endswith("re-run with a larger repeat. No op ran in bf16 -- autocast had nothing here to cast "
                          "(reductions and elementwise ops stay fp32); it speeds up matmuls and convolutions.")
+
+
+CUDA_OOM = ("CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 14.57 GiB of which 1.58 GiB "
+            "is free.")
+
+
+class _OutOfMemoryOnRestore:
+    """An optimizer's load_state_dict that runs out of memory once the cell has (a restore near the limit)."""
+
+    def __init__(self, opt, monkeypatch):
+        self.opt, self.armed, self.state_when_loading = opt, False, []
+        original = opt.load_state_dict
+
+        def load_state_dict(state):
+            self.state_when_loading.append(len(opt.state))
+            if self.armed:
+                raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 MiB. GPU 0 has a total "
+                                             "capacity of 14.57 GiB of which 3.00 MiB is free.")
+            return original(state)
+
+        monkeypatch.setattr(opt, "load_state_dict", load_state_dict)
+
+
+def _stepped_adam(model):
+    opt = torch.optim.Adam(model.parameters())
+    model(torch.randn(4, 64)).sum().backward()
+    opt.step()
+    return opt
+
+
+def test_a_restore_that_runs_out_of_memory_does_not_replace_the_users_out_of_memory_error(small_model, monkeypatch):
+    """After the cell's CUDA OOM the restore (load_state_dict allocates the moments on the device) can run
+    out of memory too; the user's error must stay the one raised, with a note saying what was not restored."""
+    import gc
+
+    opt = _stepped_adam(small_model)
+    fake = _OutOfMemoryOnRestore(opt, monkeypatch)
+    collected = []
+    real_collect = gc.collect
+    monkeypatch.setattr(gc, "collect", lambda *a: collected.append(1) or real_collect(*a))
+    calls = {"n": 0}
+    flags = global_state()
+
+    def step():
+        calls["n"] += 1
+        if calls["n"] == 2:
+            fake.armed = True
+            raise torch.OutOfMemoryError(CUDA_OOM)
+        opt.step()
+
+    with pytest.raises(torch.OutOfMemoryError) as info:
+        nbaccel.compare_amp(step, repeat=2, warmup=0, state=[small_model, opt])
+    exc = info.value
+    assert str(exc) == CUDA_OOM and exc.__context__ is None, "the user's error, not nbaccel's"
+    first, second = exc.__notes__
+    assert first == ("nbaccel.compare_amp: raised under bf16 autocast (it ran in fp32); torch's settings are as "
+                     "before the call, your variables not all (see the next note)")
+    assert second.startswith("nbaccel: your variables could not be fully restored: putting back their saved state "
+                             "ran out of memory too (OutOfMemoryError: CUDA out of memory. Tried to allocate 20.00 MiB.")
+    assert collected, "garbage is collected before the restore"
+    assert fake.state_when_loading[-1] == 0, "the optimizer's current state is dropped before the saved one loads"
+    assert fake.state_when_loading[0] > 0, "but not in the restores between runs"
+    assert global_state() == flags
+    from nbaccel.amp import not_restored
+    from nbaccel.magics.amp import _abandon_note
+
+    assert not_restored(exc)
+    note = _abandon_note(exc, "under bf16 autocast (it ran in fp32)", no_restore=False)
+    assert "as they were before the magic, but not all your variables: putting them back ran out of memory" in note
+    assert "your variables and" not in note
+
+
+def test_a_restore_failure_after_another_error_is_still_raised(small_model, monkeypatch):
+    """Only an out-of-memory restore after an out-of-memory run becomes a note; nbaccel's own other
+    failures are not hidden (the magic reports them as nbaccel's bug)."""
+    opt = _stepped_adam(small_model)
+    fake = _OutOfMemoryOnRestore(opt, monkeypatch)
+
+    def step():
+        fake.armed = True
+        raise ValueError("user bug")
+
+    with pytest.raises(torch.OutOfMemoryError) as info:
+        nbaccel.compare_amp(step, repeat=2, warmup=0, state=[small_model, opt])
+    assert isinstance(info.value.__context__, ValueError)
+    assert fake.state_when_loading == [len(opt.param_groups[0]["params"])] * 2
+
+
+def test_after_a_cuda_out_of_memory_error_the_allocator_cache_is_freed_before_the_restore(small_model, monkeypatch):
+    from nbaccel.amp import _put_back
+
+    opt = _stepped_adam(small_model)
+    snapshot = Snapshot.capture(objects=[small_model, opt])
+    events = []
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: events.append("empty_cache"))
+    monkeypatch.setattr(snapshot, "restore", lambda drop_state_first=False: events.append(("restore", drop_state_first)))
+    assert _put_back(snapshot, TorchGlobals(), torch.AcceleratorError("CUDA error: out of memory"),
+                     torch.device("cuda", 0)) is None
+    assert events == ["empty_cache", ("restore", True)]
+    events.clear()
+    _put_back(snapshot, TorchGlobals(), ValueError("not memory"), torch.device("cuda", 0))
+    assert events == [("restore", False)]

@@ -455,6 +455,82 @@ def test_enforce_cap_bookkeeping_with_a_stand_in_gpu(ip, monkeypatch):
     assert budget.capped_devices() == [] and fractions[-1] == (1.0, 0)
 
 
+def test_enforced_caps_nest(ip, monkeypatch):
+    """A `memory_budget(..., enforce=True)` block inside `%memory_budget --enforce` on the same GPU: the
+    block's exit put the GPU back to 1.0 while the magic still said enforce=True. Now it puts back the
+    cap in force before it; `off` (and unload) still removes every cap nbaccel set, open blocks' too."""
+    import nbaccel
+    import nbaccel.budget as budget
+    import nbaccel.magics.budget as magic
+
+    total = 80 * 2**30
+    fractions = []
+    cuda0 = torch.device("cuda", 0)
+    for module in (magic, budget):
+        monkeypatch.setattr(module, "resolve_device", lambda spec: cuda0 if "cuda" in str(spec) else torch.device("cpu"))
+    monkeypatch.setattr(budget, "device_memory", lambda device: total)
+    monkeypatch.setattr(budget, "usage_now", lambda device: (0, 0))
+    monkeypatch.setattr(magic, "usage_now", lambda device: (0, 0))
+    monkeypatch.setattr(torch.cuda, "set_per_process_memory_fraction", lambda f, i=None: fractions.append((f, i)))
+    monkeypatch.setattr(torch.cuda, "get_per_process_memory_fraction", lambda i=None: 0.9, raising=False)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+
+    class NoWatcher:  # the block's peak meter needs a real GPU; the caps are what is tested here
+        records = []
+
+        def begin(self, label):
+            pass
+
+        def end(self, error=None):
+            return None
+
+    def block(size, device="cuda"):
+        b = nbaccel.memory_budget(size, device=device, enforce=True)
+        b.watcher = NoWatcher()
+        return b
+
+    ip.run_line_magic("memory_budget", "1GiB --enforce --device cuda -q")
+    assert fractions[-1] == (2**30 / total, 0)
+    with block("2GiB"):
+        assert fractions[-1] == (2 * 2**30 / total, 0)
+        with block("512MiB", device="cuda:0"):  # a bare "cuda" and "cuda:0" are the same GPU
+            assert fractions[-1] == (2**29 / total, 0)
+        assert fractions[-1] == (2 * 2**30 / total, 0)
+    assert fractions[-1] == (2**30 / total, 0) and budget.capped_devices() == [0]
+    ip.run_line_magic("memory_budget", "-q -r now")
+    assert ip.user_ns["now"].enforce
+    ip.run_line_magic("memory_budget", "off -q")  # the fraction from before nbaccel, not 1.0
+    assert fractions[-1] == (0.9, 0) and budget.capped_devices() == []
+
+    with block("2GiB"):  # no magic cap: back to what was there before
+        assert fractions[-1] == (2 * 2**30 / total, 0)
+    assert fractions[-1] == (0.9, 0) and budget.capped_devices() == []
+
+    ip.run_line_magic("memory_budget", "1GiB --enforce --device cuda -q")
+    with block("2GiB"):
+        ip.run_line_magic("memory_budget", "off -q")  # off inside a block removes the block's cap too
+        assert fractions[-1] == (0.9, 0) and budget.capped_devices() == []
+    assert fractions[-1] == (0.9, 0) and budget.capped_devices() == []  # and the block's end keeps it off
+
+    ip.run_line_magic("memory_budget", "1GiB --enforce --device cuda -q")
+    b = block("2GiB")
+    b.__enter__()
+    ip.run_line_magic("unload_ext", "nbaccel")
+    try:
+        assert fractions[-1] == (0.9, 0) and budget.capped_devices() == []
+    finally:
+        ip.run_line_magic("load_ext", "nbaccel")
+    b.__exit__(None, None, None)
+    assert budget.capped_devices() == []
+
+    # A device without an index is the current GPU for capping and releasing alike (release took GPU 0).
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 1)
+    budget.apply_cap(torch.device("cuda"), 2**30)
+    assert budget.capped_devices() == [1] and fractions[-1] == (2**30 / total, 1)
+    budget.release_cap(torch.device("cuda"))
+    assert budget.capped_devices() == [] and fractions[-1] == (0.9, 1)
+
+
 def test_off_without_a_budget_says_there_was_none(ip, run_cell):
     result, captured = run_cell("%memory_budget off")
     text = "".join(o.data.get("text/plain", "") for o in captured.outputs)

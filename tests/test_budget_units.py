@@ -123,6 +123,61 @@ def test_is_oom():
     assert not is_oom(RuntimeError("shape mismatch")) and not is_oom(ValueError(CPU_MSG))
 
 
+# Out of memory outside the caching allocator, as torch 2.13 raises it (torch.AcceleratorError from the
+# CUDA runtime; cuBLAS/cuDNN failing to allocate a handle or workspace): no sizes in the text.
+CUDA_RUNTIME = ("CUDA error: out of memory\nCUDA kernel errors might be asynchronously reported at some other API "
+                "call, so the stacktrace below might be incorrect.\nFor debugging consider passing "
+                "CUDA_LAUNCH_BLOCKING=1\nCompile with `TORCH_USE_CUDA_DSA` to enable device-side assertions.\n")
+CUBLAS = "CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`"
+CUDNN = "cuDNN error: CUDNN_STATUS_ALLOC_FAILED"
+
+
+@pytest.mark.parametrize("exc", [torch.AcceleratorError(CUDA_RUNTIME), RuntimeError(CUDA_RUNTIME),
+                                 RuntimeError(CUBLAS), RuntimeError(CUDNN)], ids=["accelerator", "runtime",
+                                                                                  "cublas", "cudnn"])
+def test_out_of_memory_outside_the_caching_allocator_is_recognised_without_sizes(exc):
+    assert is_oom(exc)
+    f = parse_oom_message(str(exc))
+    assert f.source == "cuda" and f.outside_allocator and f.gpu is None
+    assert all(getattr(f, name) is None for name in ("requested", "capacity", "free", "allocated",
+                                                      "reserved_unallocated", "process_in_use", "allowed"))
+    assert not is_oom(torch.AcceleratorError("CUDA error: an illegal memory access was encountered"))
+    assert not is_oom(RuntimeError("CUDA error: CUBLAS_STATUS_EXECUTION_FAILED when calling `cublasSgemm`"))
+
+
+def test_a_sizeless_cuda_oom_is_explained_with_the_devices_figures_only(monkeypatch):
+    """No made-up numbers: no request, no "needed at least", no guessed GPU index, and the limit is the GPU's
+    (read from torch), not the host's physical memory."""
+    from nbaccel.oom import explain_oom
+    from nbaccel.render.budget import oom_text
+
+    total = 16 * GiB
+    props = type("Props", (), {"total_memory": total})()
+    read = []
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda d=None: read.append(d) or props)
+    monkeypatch.setattr(torch.cuda, "get_per_process_memory_fraction", lambda d=None: 1.0, raising=False)
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda d=None: 3 * GiB)
+    exp = explain_oom(torch.AcceleratorError(CUDA_RUNTIME), {})
+    assert exp.device == "cuda" and read == [torch.device("cuda")]
+    assert exp.limit_bytes == total and "get_device_properties" in exp.limit_source
+    assert exp.needed_at_least is None and exp.allocated_bytes == 3 * GiB
+    assert [s.action for s in exp.suggestions] == ["torch.cuda.empty_cache() before the step"]
+    text = oom_text(exp)
+    assert "OUT OF MEMORY on cuda (AcceleratorError)" in text and "requested: not in the message" in text
+    assert "outside PyTorch's caching allocator; the message gives no sizes" in text
+    assert "needed at least" not in text and "GPU capacity" not in text and "physical memory" not in text
+    monkeypatch.setattr(torch.cuda, "get_per_process_memory_fraction", lambda d=None: 0.25, raising=False)
+    capped = explain_oom(RuntimeError(CUBLAS), {})
+    assert capped.limit_bytes == 4 * GiB and "per-process cap" in capped.limit_source
+
+    def broken(d=None):
+        raise RuntimeError("CUDA error: out of memory")
+    monkeypatch.setattr(torch.cuda, "get_device_properties", broken)
+    unknown = explain_oom(RuntimeError(CUDNN), {})
+    assert unknown.limit_bytes is None and unknown.limit_source.startswith("not known")
+    assert "limit:" not in oom_text(unknown)
+
+
 def test_the_cpu_allocator_refuses_an_impossible_allocation_without_touching_memory():
     with pytest.raises(RuntimeError, match="can't allocate memory") as info:
         torch.empty(2**50, dtype=torch.uint8)

@@ -9,7 +9,7 @@ from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments
 
-from ..amp import MIN_RUNS, compare_amp, planned_runs
+from ..amp import MIN_RUNS, compare_amp, not_restored, planned_runs
 from ..device import DeviceError, autocast_dtype, device_info, dtype_name, resolve_device
 from ..options import magic_spelled, whole_number
 from ..precision import make_recipe
@@ -166,7 +166,10 @@ def _abandon_note(exc: BaseException, where: str | None, no_restore: bool) -> st
     settings = ("torch's global settings (grad mode, default dtype, autocast, TF32 and cuDNN flags, matmul "
                 "precision)")
     state = (f"{settings} are as they were before the magic; your variables keep what the runs did (--no-restore)"
-             if no_restore else f"your variables and {settings} are as they were before the magic")
+             if no_restore else
+             f"{settings} are as they were before the magic, but not all your variables: putting them back ran out "
+             "of memory too (see the note under the error)" if not_restored(exc) else
+             f"your variables and {settings} are as they were before the magic")
     if where is not None:
         what = ("was interrupted (KeyboardInterrupt)" if isinstance(exc, KeyboardInterrupt)
                 else f"raised {type(exc).__name__}")

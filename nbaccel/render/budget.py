@@ -187,6 +187,9 @@ def status_html(s) -> str:
 def _oom_facts(e) -> list[str]:
     f = e.facts
     lines = [f"requested: {format_bytes(f.requested)}" if f.requested is not None else "requested: not in the message"]
+    if f.outside_allocator:
+        lines.insert(0, "source: CUDA (the runtime, cuBLAS or cuDNN), outside PyTorch's caching allocator; "
+                        "the message gives no sizes")
     if e.limit_bytes is not None:
         lines.append(f"limit: {format_bytes(e.limit_bytes)} ({e.limit_source})")
     if e.budget_bytes is not None and e.limit_source != "the memory budget":
