@@ -41,7 +41,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 from .device import DTYPE_NAMES, device_info, resolve_device
-from .memory import cuda_counters, format_bytes
+from .memory import cuda_counters, format_bytes, reset_cuda_peak
 from .options import in_magic, option
 from .results import ResultMixin
 
@@ -209,7 +209,7 @@ class _Peak:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
             self._base = cuda_counters(self.device).allocated
-            torch.cuda.reset_peak_memory_stats(self.device)
+            reset_cuda_peak(self.device)
         else:
             self._mode = LiveBytes()
             self._mode.__enter__()
@@ -220,7 +220,7 @@ class _Peak:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
             peak = cuda_counters(self.device).peak_allocated - self._base
-            torch.cuda.reset_peak_memory_stats(self.device)
+            reset_cuda_peak(self.device)
             return peak
         peak, self._mode.peak = self._mode.peak, self._mode.current
         return peak

@@ -102,6 +102,41 @@ def _can_reset_hwm() -> bool:
         return False
 
 
+# The meters measuring now, outermost first. Starting a meter resets the device's peak counter (CUDA's
+# reset_peak_memory_stats, the CPU's VmHWM), which would hide the peak reached before it from every
+# meter around it: a budget watching a cell whose %%amp memory runs (or estimator) reset the peak saw
+# only what came after the last reset. So a reset first folds the current peak into the open meters.
+_open_meters: list[PeakMeter] = []
+
+
+def _same_device(a: torch.device, b: torch.device) -> bool:
+    if a.type != b.type:
+        return False
+    if a.type != "cuda" or a.index == b.index:
+        return True
+    current = torch.cuda.current_device()  # a bare "cuda" is the current GPU
+    return (a.index if a.index is not None else current) == (b.index if b.index is not None else current)
+
+
+def reset_cuda_peak(device: torch.device) -> None:
+    """``torch.cuda.reset_peak_memory_stats(device)``, the open meters on ``device`` keeping the peak so far."""
+    if any(_same_device(m.device, device) for m in _open_meters):
+        now = cuda_counters(device)
+        for meter in _open_meters:
+            if _same_device(meter.device, device):
+                meter.fold(now.peak_allocated, now.peak_reserved)
+    torch.cuda.reset_peak_memory_stats(device)
+
+
+def _reset_cpu_peak() -> bool:
+    """Reset VmHWM to the current RSS, the open CPU meters keeping the peak so far; False where the
+    kernel does not allow it (no /proc: the RSS sampler is used instead, and nothing is reset)."""
+    for meter in _open_meters:
+        if meter.device.type == "cpu":
+            meter.fold(_status_kib("VmHWM") or 0)
+    return _can_reset_hwm()
+
+
 class _RssSampler(threading.Thread):
     """Polls RSS while a run executes, for systems where the high-water mark cannot be reset."""
 
@@ -169,13 +204,18 @@ class PeakMeter:
         self.collect = collect
         self.result: PeakMemory | None = None
         self.before: CudaCounters | None = None  # CUDA: the counters read as the run began
+        # The highest peak counters read when a meter inside this one reset them (see _open_meters).
+        self._folded = (0, 0)
+
+    def fold(self, peak: int, peak_reserved: int = 0) -> None:
+        self._folded = (max(self._folded[0], peak), max(self._folded[1], peak_reserved))
 
     @contextlib.contextmanager
     def _cuda(self):
         # The counters themselves need no synchronize (see cuda_counters); the one after the run keeps
         # an asynchronous error or the run's kernels from spilling into whatever is measured next.
         self.before = base = cuda_counters(self.device)
-        torch.cuda.reset_peak_memory_stats(self.device)
+        reset_cuda_peak(self.device)
         try:
             yield
         finally:
@@ -183,8 +223,8 @@ class PeakMeter:
             after = cuda_counters(self.device)
             self.result = PeakMemory(
                 device=str(self.device),
-                peak_bytes=after.peak_allocated - base.allocated,
-                reserved_bytes=after.peak_reserved - base.reserved,
+                peak_bytes=max(after.peak_allocated, self._folded[0]) - base.allocated,
+                reserved_bytes=max(after.peak_reserved, self._folded[1]) - base.reserved,
                 method="torch.cuda.max_memory_allocated after reset_peak_memory_stats (minus allocated before)",
             )
 
@@ -193,12 +233,12 @@ class PeakMeter:
         if self.collect:
             gc.collect()
         _malloc_trim()
-        if _can_reset_hwm():
+        if _reset_cpu_peak():
             before = current_rss() or 0
             try:
                 yield
             finally:
-                peak = _status_kib("VmHWM") or 0
+                peak = max(_status_kib("VmHWM") or 0, self._folded[0])
                 self.result = PeakMemory(
                     "cpu", max(0, peak - before),
                     "process peak RSS (VmHWM reset via /proc/self/clear_refs, malloc_trim first) minus RSS before",
@@ -220,10 +260,12 @@ class PeakMeter:
 
     def __enter__(self):
         self._cm = self._cuda() if self.device.type == "cuda" else self._cpu()
-        self._cm.__enter__()
+        self._cm.__enter__()  # resets the peak (folding it into the meters around) before joining them
+        _open_meters.append(self)
         return self
 
     def __exit__(self, *exc):
+        _open_meters.remove(self)
         return self._cm.__exit__(*exc)
 
 

@@ -13,10 +13,13 @@ from nbaccel.precision import TorchGlobals, global_state
 
 def _process_state() -> dict:
     """Process-wide hooks nbaccel sets while it measures: the optimizer step hook that keeps autocast's
-    weight casts fresh, and logging switched off for hidden runs."""
+    weight casts fresh, logging switched off for hidden runs, and the peak meters measuring now."""
     from torch.optim.optimizer import _global_optimizer_post_hooks
 
-    return {"optimizer_step_hooks": len(_global_optimizer_post_hooks), "logging.disable": logging.root.manager.disable}
+    from nbaccel.memory import _open_meters
+
+    return {"optimizer_step_hooks": len(_global_optimizer_post_hooks), "logging.disable": logging.root.manager.disable,
+            "open peak meters": len(_open_meters)}
 
 
 @pytest.fixture(autouse=True)

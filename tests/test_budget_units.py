@@ -274,6 +274,47 @@ def test_cuda_watcher_reads_the_allocator_once_per_point(monkeypatch):
     assert record.status == "ok"
 
 
+def test_a_meter_inside_another_does_not_hide_the_peak_before_it_cuda(monkeypatch):
+    """A budget watching a cell whose %%amp memory runs (or the estimator) reset the allocator's peak
+    saw only the peak after the last reset (an audit of the CUDA paths): a cell that reached 612 MiB,
+    then ran a comparison, was measured at the comparison's 110 MiB."""
+    from nbaccel.budget import Watcher
+    from nbaccel.memory import PeakMeter
+
+    MiB = 2**20
+    state = {"allocated": 100 * MiB, "reserved": 200 * MiB, "peak_a": 100 * MiB, "peak_r": 200 * MiB}
+    monkeypatch.setattr(torch.cuda, "memory_stats_as_nested_dict", lambda device=None: {
+        "allocated_bytes": {"all": {"current": state["allocated"], "peak": state["peak_a"]}},
+        "reserved_bytes": {"all": {"current": state["reserved"], "peak": state["peak_r"]}}})
+
+    def reset(device=None):
+        state["peak_a"], state["peak_r"] = state["allocated"], state["reserved"]
+
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", reset)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
+    w = Watcher(1024 * MiB, torch.device("cuda", 0))
+    w.begin("In[1]")
+    state["peak_a"], state["peak_r"] = 612 * MiB, 712 * MiB  # the cell allocated 512 MiB, then freed it
+    with PeakMeter(torch.device("cuda", 0)) as inner:  # then a memory run inside the cell
+        state["peak_a"], state["peak_r"] = 110 * MiB, 210 * MiB
+    assert inner.result.peak_bytes == 10 * MiB  # the inner meter measures its own run
+    record = w.end()
+    assert record.added_bytes == 512 * MiB and record.used_bytes == 712 * MiB
+
+
+def test_a_meter_inside_another_does_not_hide_the_peak_before_it_cpu():
+    from nbaccel.memory import PeakMeter
+
+    MiB = 2**20
+    with PeakMeter(torch.device("cpu")) as outer:
+        big = torch.ones(256 * MiB // 4)  # touched: 256 MiB resident
+        del big
+        with PeakMeter(torch.device("cpu")) as inner:  # resets VmHWM as it starts
+            torch.ones(1024).sum()
+    assert inner.result.peak_bytes < 64 * MiB
+    assert outer.result.peak_bytes >= 240 * MiB, outer.result
+
+
 @pytest.mark.parametrize("budget", [0, -1, -(2**30)])
 def test_api_refuses_a_non_positive_byte_count(budget):
     # A new user's nbaccel.memory_budget(0) was accepted and warned "over the budget of 0 B (nan%)".
