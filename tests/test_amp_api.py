@@ -147,7 +147,7 @@ def test_bad_arguments():
         nbaccel.compare_amp(lambda: None, repeat="3")
     with pytest.raises(ValueError, match="warmup takes a whole number, got 2.5"):
         nbaccel.compare_amp(lambda: None, warmup=2.5)
-    with pytest.raises(ValueError, match="bf16, fp16 or auto"):
+    with pytest.raises(ValueError, match="bf16, fp16, auto or tf32"):
         nbaccel.compare_amp(lambda: None, dtype="fp8")
 
 
