@@ -238,7 +238,7 @@ def test_syntax_error_cell_keeps_the_bookkeeping(ip, run_cell):
     run_cell("x = (", expect_error=SyntaxError)
     run_cell("y = 2")
     statuses = list(ip.user_ns["b"].history["status"])
-    assert statuses[-1] == "ok" and len(statuses) == 2
+    assert statuses == ["ok"]  # y = 2 measured as usual; the cell that never ran has no row
 
 
 def test_a_refused_magic_line_is_not_a_watched_cell(ip, run_cell):
