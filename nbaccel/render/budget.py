@@ -300,7 +300,8 @@ def _sharding_rows(e, counts=(2, 4, 8)):
 def _fit_lines(e) -> list[str]:
     """How the activations were measured and extrapolated, one line per precision."""
     def per_sample(f):
-        fixed = f" + {format_bytes(f.fixed)} at any batch" if f.fixed >= 2**20 else ""
+        # The intercept where it shows in the figure at the batch (the loss's few bytes do not).
+        fixed = f" + {format_bytes(f.fixed)} at any batch" if f.fixed > 0.01 * f.at(e.batch) else ""
         return f"{format_bytes(f.per_sample)}/sample{fixed}"
 
     return [f"{f.precision}: measured {', '.join(format_bytes(m) for m in f.measured)} at batch "
