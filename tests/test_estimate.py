@@ -382,3 +382,22 @@ def test_every_per_gpu_row_is_its_largest_phase_and_the_forward_is_not_sharded()
                 if row["peak_phase"] == "forward":
                     forward_led.append((p, s, n))
     assert ("bf16 AMP", "zero2", 8) in forward_led  # the case the old accounting got wrong
+
+
+def test_on_cuda_the_activations_are_the_allocated_bytes_after_the_forward(monkeypatch):
+    """No GPU here: a stand-in allocator checks `_Peak`'s CUDA arithmetic (live = allocated now - at enter,
+    a phase's peak = the allocator's peak since the last reset - at enter)."""
+    from nbaccel import estimate
+    from nbaccel.memory import CudaCounters
+
+    state = {"allocated": 1000, "peak": 1000}
+    monkeypatch.setattr(estimate, "cuda_counters",
+                        lambda device: CudaCounters(state["allocated"], 0, state["peak"], 0))
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats",
+                        lambda device=None: state.update(peak=state["allocated"]))
+    with estimate._Peak(torch.device("cuda", 0)) as meter:
+        state.update(allocated=1500, peak=1800)  # the forward: 800 at its peak, 500 kept
+        assert meter.phase() == 800 and meter.live() == 500
+        state.update(allocated=1200, peak=2100)  # the backward
+    assert meter.peak == 1100
