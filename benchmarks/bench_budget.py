@@ -10,8 +10,9 @@
 2. The estimator's error: for two MLP sizes, `estimate_memory` (probes at 1/8 and 1/4 of the
    batch) against a measured training step at the full batch (step 2, so optimizer states exist).
    Measured: `PeakMeter` on the device (CPU: peak RSS over the step; CUDA: allocator peak);
-   compared: what the step adds over the model states (gradients + max(activations, optimizer
-   temporaries)), and the whole peak (parameters + states + that).
+   compared: what the step adds over the model states (its largest phase: the forward's activations,
+   the backward's gradients + what it still holds, or the optimizer step's gradients + temporaries),
+   and the whole peak (parameters + states + that).
    On a Linux host the step is measured twice over, because glibc's heap decides how much of it
    the RSS shows: ``--step-repeats`` times in this process (glibc's defaults: freed tensors stay
    resident and are reused only in part; min/median/max reported), and as many times in a child
@@ -121,8 +122,8 @@ def estimator_error(width: int, depth: int, batch: int, device: torch.device, re
     torch.manual_seed(0)
     est = estimate_memory(_mlp(width, depth).to(device), optimizer="adamw", batch=batch, device=device)
     one = est.single("fp32")
-    predicted = one["grads"] + max(one["activations"], one["step_temporaries"])
     states = est.param_bytes + est.state_bytes
+    predicted = one["total"] - states  # the step's largest phase (``one["peak_phase"]``)
     measured = statistics.median(peaks)
     out = {"model": f"MLP width {width} x {depth + 1} layers", "params": est.n_params, "batch": batch,
            "probe_batches": est.fits["fp32"].batches, "predicted_step_bytes": predicted,

@@ -5,20 +5,25 @@
   per parameter tensor, on the host unless ``fused``/``capturable``; SGD with momentum one
   buffer; ...). The tests check these against what torch really allocates.
 * Activations are not guessed: one dry run of a training step on a copy of the model, at two
-  smaller batch sizes (default an eighth and a quarter of the batch), measures them, in fp32 and under autocast. On CUDA the measurement is the
-  caching allocator's peak; elsewhere a `LiveBytes` dispatch mode adds up the storages that ops
-  create and drop (exact bytes of live tensors, no allocator overhead). The activation memory at
-  the requested batch is extrapolated *linearly* from the two probes (intercept + slope x batch),
-  which the result states.
+  smaller batch sizes (default an eighth and a quarter of the batch), measures them, in fp32 and under
+  autocast. The activations are what the forward leaves alive for the backward (the bytes alive at its
+  end); the dry run also measures the forward's and the backward's peaks and the optimizer step's
+  temporaries. On CUDA the measurement is the caching allocator's counters; elsewhere a `LiveBytes`
+  dispatch mode adds up the storages that ops create and drop (exact bytes of live tensors, no allocator
+  overhead). Each is extrapolated *linearly* from the two probes to the requested batch (intercept +
+  slope x batch), which the result states.
 * On the host the prediction is the step's *tensor* peak. The process's RSS shows that when the
   heap returns freed blocks (glibc with a fixed ``MALLOC_MMAP_THRESHOLD_``: within 0.4 % on the
   benchmark's MLPs); glibc's default heap keeps freed tensors resident and reuses them only in
   part, so its RSS is higher by an amount that depends on where blocks land (the same step, five
   times: 1.5 to 2.2 times the predicted step part). It cannot exceed the sum of every tensor the
   step allocates (``total_no_reuse``, also fitted linearly); docs/memory.md has the measurements.
-* A step's peak is ``params + optimizer states + max(grads + activations, grads + the optimizer
-  step's temporaries)``: the foreach/fused optimizer kernels allocate temporaries the size of the
-  parameters while the activations are already freed, which dominates for small batches.
+* A step's peak is ``params + optimizer states + max(forward, backward, optimizer step)``: the forward
+  holds the activations (+ its temporaries) and no gradients yet; the backward the gradients + what it
+  still holds (activations not yet freed, gradient temporaries); the optimizer step the gradients + its
+  temporaries (foreach/fused kernels allocate some the size of the parameters while the activations are
+  already freed, which dominates for small batches). The activations are therefore not a term of a sum
+  with the gradients: ``per_gpu`` says which phase makes the peak (``peak_phase``).
 * Per GPU over N GPUs (the batch is the global batch, split evenly): data parallel (DDP keeps
   gradient buckets, +1x gradients), ZeRO-1 (optimizer states / N), ZeRO-2 (+ gradients / N),
   ZeRO-3 / FSDP (+ parameters / N, plus the largest layer gathered twice for prefetch).
@@ -225,6 +230,12 @@ class _Peak:
         peak, self._mode.peak = self._mode.peak, self._mode.current
         return peak
 
+    def live(self) -> int:
+        """Bytes alive now that were created since enter (the model states that existed before are not counted)."""
+        if self.device.type == "cuda":
+            return cuda_counters(self.device).allocated - self._base
+        return self._mode.current
+
     def __exit__(self, *exc):
         self.peak = self.phase()
         if self.device.type != "cuda":
@@ -251,7 +262,9 @@ def _probe(model, optimizer, example, batches, device, amp_dtype, loss_fn) -> di
         inputs = _example_batch(replica, example, b, device)
         with _autocast(device, amp_dtype):
             loss = loss_fn(replica(*inputs))
-        forward = meter.phase() if meter else None
+        # The forward's peak, and what it leaves alive for the backward: the activations (tensors saved
+        # by autograd, the input batch, the loss; under autocast also the 16-bit copies of the weights).
+        forward = (meter.phase(), meter.live()) if meter else None
         loss.backward()
         return forward
 
@@ -262,11 +275,13 @@ def _probe(model, optimizer, example, batches, device, amp_dtype, loss_fn) -> di
         opt.zero_grad(set_to_none=True)
     states_measured = sum(t.untyped_storage().nbytes() for s in (opt.state.values() if opt else [])
                           for t in s.values() if isinstance(t, torch.Tensor))
-    fwd, bwd, allocated = [], [], []
+    fwd, kept, bwd, allocated = [], [], [], []
     for b in batches:
         replica.zero_grad(set_to_none=True)
         with _Peak(device) as peak:
-            fwd.append(forward_backward(b, peak))
+            forward_peak, forward_kept = forward_backward(b, peak)
+        fwd.append(forward_peak)
+        kept.append(forward_kept)
         bwd.append(peak.peak)
         allocated.append(peak.allocated)
     step, step_allocated = 0, 0
@@ -276,7 +291,7 @@ def _probe(model, optimizer, example, batches, device, amp_dtype, loss_fn) -> di
         step, step_allocated = peak.peak, peak.allocated
     replica.zero_grad(set_to_none=True)
     del replica, opt
-    return {"forward": fwd, "backward": bwd, "step": step, "states_measured": states_measured,
+    return {"forward": fwd, "kept": kept, "backward": bwd, "step": step, "states_measured": states_measured,
             "allocated": allocated, "step_allocated": step_allocated}
 
 
@@ -287,45 +302,93 @@ def _line(batches, values) -> tuple[float, float]:
     return max(0.0, m1 - slope * b1), slope
 
 
+PHASES = ("forward", "backward", "optimizer step")
+
+
 @dataclass
 class ActivationFit:
-    """Activation bytes measured at small batches and the straight lines through them.
+    """What a training step holds beside the model states, measured at two small batches and fitted linearly.
 
-    The forward and the backward pass peak at different moments: at the end of the forward all
-    activations are alive and no gradient yet; in the backward, activations are freed while the
-    gradients appear. Each phase's peak is close to linear in the batch, their maximum is not, so
-    each is fitted on its own and the maximum is taken at the requested batch.
+    A step goes through three phases, each with its own peak over the parameters and optimizer states:
+
+    * forward: the activations (what the forward keeps for the backward: tensors saved by autograd, the
+      input batch, the loss; under autocast also 16-bit copies of the weights), plus the forward's
+      temporaries at its peak. No gradients yet (``zero_grad(set_to_none=True)``, torch's default).
+    * backward: the gradients appear while the activations are freed. Its peak is the gradients plus
+      the backward's *working memory*: the activations not yet freed and the gradient temporaries.
+    * optimizer step: the gradients plus the step's temporaries (foreach/fused kernels allocate some
+      the size of the parameters), activations all freed.
+
+    Each measured quantity is close to linear in the batch; the maximum of the phases is not, so each
+    is fitted on its own (a straight line through the two probes) and the maximum is taken at the
+    requested batch (`MemoryEstimate.per_gpu`).
     """
 
     precision: str
     batches: list[int]
     forward: list[int]  # peak during the forward pass, over the model states, per probe batch
-    backward: list[int]  # peak during the backward pass (activations still alive + gradients)
+    backward: list[int]  # peak during the backward pass (activations still alive + gradients + temporaries)
     grad_bytes: int
     step_temporaries: int
     # Off CUDA: every byte the forward+backward allocated per probe batch, and the optimizer step's,
     # freed or not (`LiveBytes.allocated`). None where the probes ran on CUDA.
     allocated: list[int] | None = None
     step_allocated: int | None = None
+    # Bytes alive at the end of the forward, per probe batch: the activations it keeps for the backward.
+    kept: list[int] | None = None
 
     @property
     def measured(self) -> list[int]:
-        """Activations (and temporaries) at each probe batch: the step's peak minus the gradients."""
-        return [max(0, max(f, b) - self.grad_bytes) for f, b in zip(self.forward, self.backward)]
+        """The activations measured at each probe batch: what the forward left alive for the backward."""
+        return list(self.kept if self.kept is not None else self.forward)
+
+    def _kept_line(self) -> tuple[float, float]:
+        return _line(self.batches, self.measured)
+
+    @property
+    def per_sample(self) -> float:
+        """Activation bytes per sample (the slope of the activations' line)."""
+        return self._kept_line()[1]
+
+    @property
+    def fixed(self) -> float:
+        """Activation bytes that do not grow with the batch (the line's intercept; under autocast mostly
+        the 16-bit copies of the weights, which the backward needs)."""
+        return self._kept_line()[0]
 
     @property
     def slopes(self) -> tuple[float, float]:
-        """Bytes per sample of the forward and of the backward peak (the two fitted lines)."""
+        """Bytes per sample of the forward's and of the backward's peak (the two phase lines)."""
         return _line(self.batches, self.forward)[1], _line(self.batches, self.backward)[1]
 
     @property
     def slope(self) -> float:
-        """Bytes per sample of the phase that dominates at large batches."""
-        return max(_line(self.batches, self.forward)[1], _line(self.batches, self.backward)[1])
+        """Bytes per sample of the phase whose peak grows fastest with the batch (forward or backward)."""
+        return max(self.slopes)
 
     def at(self, batch: int) -> int:
-        peaks = [a + s * batch for a, s in (_line(self.batches, self.forward), _line(self.batches, self.backward))]
-        return int(max(0.0, max(peaks) - self.grad_bytes))
+        """The activations at ``batch``: what the forward keeps for the backward (linear through the probes)."""
+        intercept, slope = self._kept_line()
+        return int(intercept + slope * batch)
+
+    def forward_at(self, batch: int) -> int:
+        """The forward's peak at ``batch`` over the model states: activations + the forward's temporaries."""
+        intercept, slope = _line(self.batches, self.forward)
+        return max(int(intercept + slope * batch), self.at(batch))
+
+    def backward_working_at(self, batch: int) -> int:
+        """The backward's peak beside the gradients at ``batch``: activations not yet freed + gradient
+        temporaries (the backward peak's line minus the gradients)."""
+        intercept, slope = _line(self.batches, self.backward)
+        return int(max(0.0, intercept + slope * batch - self.grad_bytes))
+
+    def phases(self, batch: int, grads: float | None = None, step_temporaries: float | None = None) -> dict:
+        """Each phase's peak over the model states at ``batch``, with ``grads`` bytes of gradients per
+        device (default all of them; ZeRO-2/3 keep a shard) and the optimizer step's temporaries."""
+        grads = self.grad_bytes if grads is None else grads
+        step = self.step_temporaries if step_temporaries is None else step_temporaries
+        return {"forward": self.forward_at(batch), "backward": grads + self.backward_working_at(batch),
+                "optimizer step": grads + step}
 
     def allocated_at(self, batch: int) -> int | None:
         """Bytes a whole step allocates at ``batch`` (forward + backward, line through the probes, plus the
@@ -342,7 +405,9 @@ class ActivationFit:
 
     def to_dict(self) -> dict:
         return {"precision": self.precision, "probe_batches": self.batches, "measured_bytes": self.measured,
+                "activation_bytes_per_sample": self.per_sample, "activation_fixed_bytes": self.fixed,
                 "forward_peak_bytes": self.forward, "backward_peak_bytes": self.backward,
+                "forward_peak_bytes_per_sample": self.slopes[0], "backward_peak_bytes_per_sample": self.slopes[1],
                 "bytes_per_sample": self.slope, "step_temporaries_bytes": self.step_temporaries,
                 "allocated_bytes": self.allocated, "step_allocated_bytes": self.step_allocated}
 
@@ -373,7 +438,14 @@ class MemoryEstimate(ResultMixin):
     note: str = ""  # shown under the headline; the magic says here that a prediction watches nothing
 
     def per_gpu(self, precision: str, strategy: str, n: int) -> dict:
-        """Bytes per GPU for one configuration, by component."""
+        """Bytes per GPU for one configuration, by component.
+
+        ``activations`` is what the forward keeps for the backward at the local batch. The peak (``total``)
+        is params + optimizer + overhead + the largest phase (``peak_phase``): forward = activations +
+        ``forward_temporaries``; backward = grads + ``backward_working`` (activations not yet freed and
+        gradient temporaries at the backward's peak); optimizer step = grads + ``step_temporaries``.
+        Sharded gradients (ZeRO-2/3) shrink the last two phases, not the forward, which has none.
+        """
         fit = self.fits[precision]
         shard = n if n > 1 else 1
         local_batch = math.ceil(self.batch / n)
@@ -386,13 +458,19 @@ class MemoryEstimate(ResultMixin):
         if strategy == "zero3" and n > 1:
             extra = 2 * self.largest_layer_bytes  # the unit being computed + the one prefetched
         step_temp = fit.step_temporaries / (shard if strategy != "ddp" else 1)
+        # The step's peak is that of its largest phase: the forward (activations, no gradients yet), the
+        # backward (gradients + what it still holds) or the optimizer step (gradients + temporaries).
+        phases = fit.phases(local_batch, grads, step_temp)
+        peak_phase = max(PHASES, key=lambda k: phases[k])
         activations = fit.at(local_batch)
-        total = params + states + grads + extra + max(activations, step_temp)
+        total = params + states + extra + phases[peak_phase]
         # Host probes only, one process: the RSS the step can reach if glibc reuses no freed block.
         allocated = fit.allocated_at(local_batch) if n == 1 else None
         return {"precision": precision, "strategy": strategy, "gpus": n, "batch_per_gpu": local_batch,
                 "params": int(params), "grads": int(grads), "optimizer": int(states), "activations": activations,
-                "step_temporaries": int(step_temp), "overhead": int(extra), "total": int(total),
+                "forward_temporaries": max(0, fit.forward_at(local_batch) - activations),
+                "backward_working": fit.backward_working_at(local_batch), "step_temporaries": int(step_temp),
+                "overhead": int(extra), "peak_phase": peak_phase, "total": int(total),
                 "total_no_reuse": None if allocated is None else int(params + states + allocated),
                 "fits": self.budget_bytes is not None and total <= self.budget_bytes}
 
@@ -594,16 +672,19 @@ def estimate_memory(model: torch.nn.Module, optimizer="adamw", batch: int = 32, 
         probe = _dry_run(model, optimizer, example, probe_batches, dev, dtype, loss_fn, name)
         allocated = None if dev.type == "cuda" else probe["allocated"]
         fits[label] = ActivationFit(label, probe_batches, probe["forward"], probe["backward"], grad_bytes, probe["step"],
-                                    allocated, None if allocated is None else probe["step_allocated"])
+                                    allocated, None if allocated is None else probe["step_allocated"],
+                                    kept=probe["kept"])
         states_measured = probe["states_measured"]
-    meter = ("CUDA caching allocator peak (max_memory_allocated)" if dev.type == "cuda"
+    meter = ("the CUDA caching allocator's counters (memory_allocated, max_memory_allocated)" if dev.type == "cuda"
              else "live tensor storages counted by a TorchDispatchMode (exact tensor bytes; the process's RSS "
                   "under glibc's default heap is higher by a placement-dependent amount, at most total_no_reuse: "
                   "every byte the step allocates, also fitted linearly)")
-    method = (f"params/grads/optimizer states: exact arithmetic on {len(params)} parameter tensors; activations: "
-              f"one dry training step on a copy of the model at batches {probe_batches[0]} and {probe_batches[1]} "
-              f"on {dev} (peak by {meter}), forward and backward peaks each extrapolated linearly to batch {batch}; sharding: ZeRO accounting, "
-              "global batch split evenly; not included: CUDA context, allocator fragmentation")
+    method = (f"params/grads/optimizer states: exact arithmetic on {len(params)} parameter tensors; activations "
+              "(bytes alive at the end of the forward), the forward's and the backward's peaks: one dry training step "
+              f"on a copy of the model at batches {probe_batches[0]} and {probe_batches[1]} on {dev} (by {meter}), "
+              f"each extrapolated linearly to batch {batch}; optimizer step temporaries: measured once after them; "
+              "sharding: ZeRO accounting, global batch split evenly; not included: CUDA context, allocator "
+              "fragmentation")
     return MemoryEstimate(
         model_name=name, optimizer=opt_name, batch=batch, n_params=sum(p.numel() for p in params),
         n_trainable=sum(p.numel() for p in trainable), param_bytes=param_bytes, grad_bytes=grad_bytes,
@@ -613,4 +694,5 @@ def estimate_memory(model: torch.nn.Module, optimizer="adamw", batch: int = 32, 
     )
 
 
-__all__ = ["estimate_memory", "MemoryEstimate", "ActivationFit", "LiveBytes", "optimizer_state_bytes", "OPTIMIZERS"]
+__all__ = ["estimate_memory", "MemoryEstimate", "ActivationFit", "LiveBytes", "optimizer_state_bytes", "OPTIMIZERS",
+           "PHASES"]

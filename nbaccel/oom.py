@@ -252,8 +252,8 @@ def suggest(exp: OomExplanation, per_sample_bytes: int | None = None, batch: int
                       f"{format_bytes(in_flight)} in flight); an upper bound, since the step may have needed more")
             if per_sample_bytes and batch:
                 fits = int(room // per_sample_bytes)
-                detail = (f"measured {format_bytes(per_sample_bytes)} per sample: batch {fits} fits "
-                          f"(was {batch}); " + detail)
+                detail = (f"the estimate measured {format_bytes(per_sample_bytes)} per sample (the steeper of "
+                          f"the forward's and the backward's peaks): at most batch {fits} fits (was {batch}); " + detail)
             out.append(Suggestion("smaller batch", int(in_flight - room) if in_flight > room else None, detail))
         else:
             out.append(Suggestion("free memory first", None,

@@ -400,6 +400,26 @@ def test_an_estimate_against_more_than_this_host_suggests_a_budget_that_can_be_w
     assert "80G read as 80 GiB" in text
 
 
+def test_an_estimate_shows_the_same_activations_and_peak_phase_in_every_rendering(ip, run_cell, mlp):
+    """The activations column is what the forward keeps (the fit line's figure at the batch), and the peak
+    is not a sum of the columns: every rendering names the phase that makes it and what it holds."""
+    from nbaccel.memory import format_bytes
+
+    _, captured = run_cell("%memory_budget 1GiB --model model --batch 32 --input x -r est")
+    est = ip.user_ns["est"]
+    one, fit = est.single("fp32"), est.fits["fp32"]
+    phase = one["peak_phase"]
+    held = {"forward": f"activations + {format_bytes(one['forward_temporaries'])} temporaries",
+            "backward": f"grads + {format_bytes(one['backward_working'])} still held",
+            "optimizer step": f"grads + {format_bytes(one['step_temporaries'])} temporaries"}[phase]
+    for shown in _estimate_renderings(ip, captured, "est"):
+        assert "peak during" in shown
+        assert f"{phase}: {held}" in shown
+        assert f"at batch 32: {format_bytes(one['activations'])} (linear extrapolation)" in shown
+        assert "what the forward keeps for the backward" in shown
+    assert one["activations"] == fit.at(32) and "bytes alive at the end of the forward" in est.method
+
+
 def test_script_context_manager():
     import warnings
 

@@ -55,8 +55,15 @@ def test_estimate_of_a_small_model_is_exact_for_states():
     assert est.states_measured == est.state_bytes  # what the dry run's optimizer really allocated
     assert set(est.fits) == {"fp32", "bf16 AMP"}
     one = est.single("fp32")
-    assert one["total"] == est.param_bytes + est.grad_bytes + est.state_bytes + max(one["activations"], one["step_temporaries"])
-    assert est.fits["fp32"].slope > 0
+    # The peak is that of the largest phase, over params + optimizer states (the activations are freed
+    # while the gradients appear, so they are no term of a sum with them).
+    fit = est.fits["fp32"]
+    phases = {"forward": one["activations"] + one["forward_temporaries"],
+              "backward": est.grad_bytes + one["backward_working"],
+              "optimizer step": est.grad_bytes + one["step_temporaries"]}
+    assert phases == fit.phases(128) and one["peak_phase"] == max(phases, key=phases.get)
+    assert one["total"] == est.param_bytes + est.state_bytes + max(phases.values())
+    assert fit.slope > 0 and fit.per_sample > 0
     assert "linearly" in est.method and est.summary.startswith("fits in fp32 (peak ")
     assert "GPU" not in est.summary  # measured on the CPU against a budget: no "fits on 1 GPU"
 
@@ -71,13 +78,76 @@ def test_probes_far_below_the_batch_can_miss_a_kernel_regime_change():
 
 
 def test_activations_extrapolate_to_a_measured_larger_batch():
-    """The lines through the probes (batches 32 and 64) predict the activations measured at batch 256."""
+    """The lines through the probes (batches 32 and 64) predict what a dry run at batch 256 measures:
+    the activations, the forward's peak and what the backward holds beside the gradients."""
     model = _mlp()
     est = estimate_memory(model, optimizer="sgd", batch=256, device="cpu")
-    assert est.fits["fp32"].batches == [32, 64]
+    fit = est.fits["fp32"]
+    assert fit.batches == [32, 64]
     direct = _probe(model, "sgd", None, [256], torch.device("cpu"), None, lambda out: out.float().sum())
-    measured = max(direct["forward"][0], direct["backward"][0]) - est.grad_bytes
-    assert abs(est.fits["fp32"].at(256) - measured) <= 0.05 * measured
+    assert abs(fit.at(256) - direct["kept"][0]) <= 0.05 * direct["kept"][0]
+    assert abs(fit.forward_at(256) - direct["forward"][0]) <= 0.05 * direct["forward"][0]
+    working = direct["backward"][0] - est.grad_bytes
+    assert abs(fit.backward_working_at(256) - working) <= 0.05 * working
+
+
+class _Keep(torch.autograd.Function):
+    """Saves ``factor`` copies of its input for the backward: a known number of bytes per sample."""
+
+    @staticmethod
+    def forward(ctx, x, factor):
+        ctx.save_for_backward(x.repeat(1, factor))
+        return x * 2
+
+    @staticmethod
+    def backward(ctx, grad):
+        (kept,) = ctx.saved_tensors
+        return grad * 2 + 0 * kept[:, :grad.shape[1]], None
+
+
+class _KeepsBytes(torch.nn.Module):
+    def __init__(self, width=16, factor=256):
+        super().__init__()
+        self.linear, self.factor = torch.nn.Linear(width, width), factor
+
+    def forward(self, x):
+        return _Keep.apply(self.linear(x), self.factor)
+
+
+def test_the_activations_figure_is_what_the_forward_keeps_for_the_backward():
+    """The user's report: "104 KiB/sample x 256 is about 26 MiB of forward activations, yet the column says
+    4 MiB" -- the column was the backward's peak minus the gradients. A model that keeps 16 KiB per sample
+    (its 16 inputs x 256 copies x 4 bytes) shows 16 KiB/sample and 256 x that at batch 256, within 3 %."""
+    torch.manual_seed(0)
+    model = _KeepsBytes()
+    est = estimate_memory(model, optimizer="sgd", batch=256, device="cpu", budget="1GiB")
+    fit, one = est.fits["fp32"], est.single("fp32")
+    known = 16 * 256 * 4  # bytes kept per sample (+ the 64-byte input the Linear saves)
+    assert abs(fit.per_sample - known) <= 0.03 * known
+    assert abs(one["activations"] - 256 * known) <= 0.03 * 256 * known
+    assert one["activations"] == fit.at(256)
+    text = str(est)
+    assert f"at batch 256: {format_bytes(one['activations'])} (linear extrapolation)" in text
+    assert f"({format_bytes(fit.per_sample)}/sample)" in text
+    # The activations are far larger than this tiny model's gradients: the peak comes at the start of the
+    # backward, while they are all still alive, and the table says so.
+    assert one["peak_phase"] == "backward" and one["backward_working"] >= one["activations"] - est.grad_bytes
+    assert f"backward: grads + {format_bytes(one['backward_working'])} still held" in text
+
+
+def test_the_notebook_mlp_activations_are_the_saved_tensors_per_sample():
+    """Linear -> GELU blocks: each Linear saves its input and each GELU its input, so the forward keeps
+    the batch (width floats) + 2 x width floats per block, per sample -- 104 KiB for the notebook's
+    2048-wide, 6-block model; here 256 wide, 3 blocks: 4 x 256 x 7 = 7 KiB."""
+    torch.manual_seed(0)
+    width = 256
+    model = torch.nn.Sequential(*[torch.nn.Sequential(torch.nn.Linear(width, width), torch.nn.GELU())
+                                  for _ in range(3)], torch.nn.Linear(width, 10))
+    est = estimate_memory(model, optimizer="adamw", batch=512, example=torch.randn(8, width), device="cpu")
+    fit = est.fits["fp32"]
+    per_sample = 4 * width * (1 + 2 * 3)
+    assert fit.per_sample == per_sample
+    assert abs(est.single("fp32")["activations"] - 512 * per_sample) <= 0.01 * 512 * per_sample
 
 
 def test_the_dry_run_leaves_the_model_untouched():
@@ -283,3 +353,52 @@ def test_models_a_training_estimate_cannot_cover_are_named(model, message):
 def test_a_single_number_where_a_tuple_goes_is_named(kwargs, message):
     with pytest.raises(TypeError, match=message):
         estimate_memory(torch.nn.Linear(4, 4), batch=4, **kwargs)
+
+
+def test_every_per_gpu_row_is_its_largest_phase_and_the_forward_is_not_sharded():
+    """Per GPU: params + optimizer + overhead + the largest phase, the gradients sharded (ZeRO-2/3) only
+    where they exist. The forward has none, so sharding them cannot shrink it: under autocast the forward
+    keeps 16-bit copies of the weights, and ZeRO-2/3 rows once came out below the forward's own peak
+    (the activations were the backward's peak minus the *unsharded* gradients)."""
+    from nbaccel.estimate import STRATEGIES
+
+    torch.manual_seed(0)
+    width = 512
+    model = torch.nn.Sequential(*[torch.nn.Sequential(torch.nn.Linear(width, width), torch.nn.GELU())
+                                  for _ in range(4)], torch.nn.Linear(width, 10))
+    est = estimate_memory(model, optimizer="adamw", batch=64, example=torch.randn(8, width), device="cpu")
+    forward_led = []
+    for p, fit in est.fits.items():
+        for s in STRATEGIES:
+            for n in (1, 2, 8):
+                if n == 1 and s != "ddp":
+                    continue
+                row = est.per_gpu(p, s, n)
+                base = row["params"] + row["optimizer"] + row["overhead"]
+                phases = fit.phases(row["batch_per_gpu"], est.per_gpu(p, s, n)["grads"] if s in ("zero2", "zero3")
+                                    else est.grad_bytes, row["step_temporaries"])
+                assert abs(row["total"] - (base + max(phases.values()))) <= 2  # the sharded shares are floats
+                assert row["peak_phase"] == max(phases, key=phases.get)
+                assert row["total"] >= base + fit.forward_at(row["batch_per_gpu"]) - 2
+                if row["peak_phase"] == "forward":
+                    forward_led.append((p, s, n))
+    assert ("bf16 AMP", "zero2", 8) in forward_led  # the case the old accounting got wrong
+
+
+def test_on_cuda_the_activations_are_the_allocated_bytes_after_the_forward(monkeypatch):
+    """No GPU here: a stand-in allocator checks `_Peak`'s CUDA arithmetic (live = allocated now - at enter,
+    a phase's peak = the allocator's peak since the last reset - at enter)."""
+    from nbaccel import estimate
+    from nbaccel.memory import CudaCounters
+
+    state = {"allocated": 1000, "peak": 1000}
+    monkeypatch.setattr(estimate, "cuda_counters",
+                        lambda device: CudaCounters(state["allocated"], 0, state["peak"], 0))
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats",
+                        lambda device=None: state.update(peak=state["allocated"]))
+    with estimate._Peak(torch.device("cuda", 0)) as meter:
+        state.update(allocated=1500, peak=1800)  # the forward: 800 at its peak, 500 kept
+        assert meter.phase() == 800 and meter.live() == 500
+        state.update(allocated=1200, peak=2100)  # the backward
+    assert meter.peak == 1100

@@ -410,6 +410,7 @@ class BudgetMagics(Magics):
         estimate = self._estimate
         per_sample = batch = None
         if estimate is not None:
+            # The fp32 fit's steeper phase (forward or backward peak): how fast the step grows with the batch.
             per_sample = int(next(iter(estimate.fits.values())).slope) or None
             batch = estimate.batch
         explanation = explain_oom(value, self.shell.user_ns, budget=self.watcher.budget if self.watcher else None,

@@ -234,7 +234,9 @@ def oom_html(e) -> str:
 
 # --- the estimate ---------------------------------------------------------------------------------------
 
-ESTIMATE_HEADERS = ["precision", "params", "grads", "optimizer", "activations", "step temporaries", "peak (1 GPU)",
+# "activations" is what the forward keeps for the backward; the peak is not a sum of the columns (the
+# activations are freed while the gradients appear): "peak during" says which phase it is and what it holds.
+ESTIMATE_HEADERS = ["precision", "params", "grads", "optimizer", "activations", "peak during", "peak (1 GPU)",
                     "fits?", "fewest GPUs"]
 
 
@@ -270,9 +272,21 @@ def _estimate_rows(e):
         fewest = "-" if e.budget_bytes is None or (one["fits"] and not e.on_gpu) else (
             f"{found[0]} ({STRATEGY_NAMES[found[1]]})" if found else f"> {e.gpu_counts[-1]}")
         rows.append([p, format_bytes(one["params"]), format_bytes(one["grads"]), format_bytes(one["optimizer"]),
-                     format_bytes(one["activations"]), format_bytes(one["step_temporaries"]), format_bytes(one["total"]),
+                     format_bytes(one["activations"]), _peak_during(one), format_bytes(one["total"]),
                      "yes" if one["fits"] else "no", fewest])
     return rows
+
+
+def _phase_parts(row) -> dict[str, str]:
+    """What each phase holds beside the params and optimizer states, in words."""
+    return {"forward": f"activations + {format_bytes(row['forward_temporaries'])} temporaries",
+            "backward": f"grads + {format_bytes(row['backward_working'])} still held",
+            "optimizer step": f"grads + {format_bytes(row['step_temporaries'])} temporaries"}
+
+
+def _peak_during(row) -> str:
+    """The phase that makes the step's peak (params + optimizer states + this)."""
+    return f"{row['peak_phase']}: {_phase_parts(row)[row['peak_phase']]}"
 
 
 def _sharding_rows(e, counts=(2, 4, 8)):
@@ -287,14 +301,46 @@ def _sharding_rows(e, counts=(2, 4, 8)):
 
 
 def _fit_lines(e) -> list[str]:
+    """How the activations were measured and extrapolated, one line per precision."""
     def per_sample(f):
-        # Both lines, since the larger of the two at the target batch need not be the steeper one.
-        fwd, bwd = f.slopes
-        return f"forward {format_bytes(fwd)}/sample, backward {format_bytes(bwd)}/sample"
+        # The intercept where it shows in the figure at the batch (the loss's few bytes do not).
+        fixed = f" + {format_bytes(f.fixed)} at any batch" if f.fixed > 0.01 * f.at(e.batch) else ""
+        return f"{format_bytes(f.per_sample)}/sample{fixed}"
 
     return [f"{f.precision}: measured {', '.join(format_bytes(m) for m in f.measured)} at batch "
-            f"{', '.join(map(str, f.batches))} (forward and backward peaks fitted separately: {per_sample(f)}); "
-            f"at batch {e.batch}: {format_bytes(f.at(e.batch))} (linear extrapolation)" for f in e.fits.values()]
+            f"{', '.join(map(str, f.batches))} ({per_sample(f)}); at batch {e.batch}: {format_bytes(f.at(e.batch))} "
+            "(linear extrapolation)" for f in e.fits.values()]
+
+
+def _phase_lines(e) -> list[str]:
+    """Each phase of the step at the batch asked for: what it holds over params + optimizer states."""
+    from ..estimate import PHASES
+
+    lines = []
+    for p, f in e.fits.items():
+        one = e.single(p)
+        # Per-sample growth of the backward's working memory: its peak's line (the gradients do not grow).
+        per = {"forward": f.slopes[0], "backward": f.slopes[1], "optimizer step": 0}
+        parts = []
+        for phase in PHASES:
+            held = {"forward": one["activations"] + one["forward_temporaries"],
+                    "backward": one["grads"] + one["backward_working"],
+                    "optimizer step": one["grads"] + one["step_temporaries"]}[phase]
+            grows = f", {format_bytes(per[phase])}/sample" if per[phase] else ""
+            mark = " <- peak" if phase == one["peak_phase"] else ""
+            parts.append(f"{phase} {format_bytes(held)} ({_phase_parts(one)[phase]}{grows}){mark}")
+        lines.append(f"{p}: " + "; ".join(parts))
+    return lines
+
+
+_ACTIVATIONS = ("activations = what the forward keeps for the backward (tensors saved by autograd, the input batch; "
+                "under autocast also 16-bit weight copies), one dry run per probe batch, fitted linearly:")
+
+
+def _phases_title(e) -> str:
+    return (f"the step's peak at batch {e.batch} = params + optimizer states + the largest of its phases (the backward "
+            "frees activations while the gradients appear; 'still held' = activations not yet freed and gradient "
+            "temporaries):")
 
 
 def _rss_line(e) -> list[str]:
@@ -315,7 +361,8 @@ def estimate_text(e) -> str:
     out = [_estimate_head(e)] + ([e.note] if e.note else [])
     out += ["", text_table(_estimate_headers(e), _estimate_rows(e)), "", _sharding_title(e) + ":",
            text_table(["precision", "strategy", "N=2", "N=4", "N=8"], _sharding_rows(e), left=(0, 1)), ""]
-    out += ["activations: " + line for line in _fit_lines(e)]
+    out += [_ACTIVATIONS] + ["  " + line for line in _fit_lines(e)]
+    out += [_phases_title(e)] + ["  " + line for line in _phase_lines(e)]
     out += _rss_line(e)
     out += ["", f"compared with: {_compared_with(e)}", "method: " + e.method]
     return "\n".join(out)
@@ -327,7 +374,9 @@ def estimate_html(e) -> str:
     return wrap(f"<h4>{esc(_estimate_head(e))}</h4>" + note + table(_estimate_headers(e), _estimate_rows(e))
                 + f"<h4>{esc(title[0].upper() + title[1:])}</h4>"
                 + table(["precision", "strategy", "N=2", "N=4", "N=8"], _sharding_rows(e), name_columns=(0, 1))
-                + bullet_list(_fit_lines(e) + _rss_line(e))
+                + f"<div>{esc(_ACTIVATIONS)}</div>" + bullet_list(_fit_lines(e))
+                + f"<div>{esc(_phases_title(e)[0].upper() + _phases_title(e)[1:])}</div>" + bullet_list(_phase_lines(e))
+                + bullet_list(_rss_line(e))
                 + f'<div class="muted">compared with: {esc(_compared_with(e))}; method: {esc(e.method)}</div>')
 
 
