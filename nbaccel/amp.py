@@ -393,7 +393,7 @@ def compare_amp(
     except BaseException as exc:  # KeyboardInterrupt too; re-raised unchanged
         # Abandoned: the variables (unless restore=False) and torch's settings as before, first, so
         # the notes below say what is true.
-        problem = _put_back(snapshot, torch_before, exc, dev)
+        problem = _put_back(snapshot, torch_before, dev)
         if cell.failure is not None and cell.failure[0] is exc:
             if on_cell_error is not None:
                 on_cell_error(exc, cell.where(order))
@@ -417,38 +417,48 @@ def not_restored(exc: BaseException) -> bool:
     return any(str(note).startswith(NOT_RESTORED) for note in getattr(exc, "__notes__", ()))
 
 
-def _put_back(snapshot: Snapshot, torch_before: TorchGlobals, exc: BaseException, device: torch.device) -> str | None:
-    """Restore the variables and torch's settings after ``exc`` abandoned a comparison; None, or the
-    note for ``exc`` (starting with `NOT_RESTORED`) when the variables could not all be restored.
+def _put_back(snapshot: Snapshot, torch_before: TorchGlobals, device: torch.device) -> str | None:
+    """Restore the variables and torch's settings after an exception abandoned a comparison; None, or
+    the note for that exception (starting with `NOT_RESTORED`) when the variables could not all be put back.
 
-    After an out-of-memory error the restore allocates too (an optimizer's ``load_state_dict`` puts
-    its moments back on the device) while the error's traceback still holds the failed run's frames.
-    So what can be dropped goes first: garbage (``gc.collect()``), the allocator's cached blocks, and
-    each optimizer's current state before its saved one is loaded. The frames themselves stay: they are
-    the user's code and torch's (nbaccel's own hold none of the run's activations), and ``%debug`` needs them. If the
-    restore still runs out of memory, the user's exception stays the one raised (the caller adds the
-    note that says so), rather than nbaccel's out-of-memory error with the user's as its ``__context__``.
+    The restore allocates (an optimizer's ``load_state_dict`` puts its moments back on the device) while
+    the exception's traceback still holds the failed run's frames, so near the memory limit it can run
+    out of memory. Then what can be dropped goes, and it is tried once more: garbage (``gc.collect()``),
+    the allocator's cached blocks, and each optimizer's current state before its saved one is loaded.
+    The frames stay: they are the user's code and torch's (nbaccel's own hold none of the run's
+    tensors), and ``%debug`` needs them. If it still runs out of memory, the user's exception stays the
+    one raised, with the returned note, rather than nbaccel's out-of-memory error with the user's as
+    its ``__context__``. Any other failure of the restore is nbaccel's, and raised.
     """
     from .oom import is_oom
 
-    oom = is_oom(exc)
-    if oom:
-        gc.collect()
-        if device.type == "cuda" and torch.cuda.is_initialized():
-            torch.cuda.empty_cache()
     try:
-        snapshot.restore(drop_state_first=oom)
-    except Exception as error:  # noqa: BLE001 - only an out-of-memory error is kept from replacing the user's
-        if not (oom and is_oom(error)):
-            raise
-        first = str(error).strip().splitlines()[0] if str(error).strip() else ""
-        return (f"{NOT_RESTORED}: putting back their saved state ran out of memory too "
-                f"({type(error).__name__}: {first[:200]}). Models, optimizers and tensors may be partly "
-                "as before the call and partly as the failed run left them: re-create them (or reload a "
-                "checkpoint) before going on. torch's settings are as before the call.")
+        try:
+            snapshot.restore()
+        except Exception as error:  # noqa: BLE001 - an out-of-memory error gets a second try, the rest is raised
+            if not is_oom(error):
+                raise
+            _free_memory(device)
+            try:
+                snapshot.restore(drop_state_first=True)
+            except Exception as again:  # noqa: BLE001 - as above
+                if not is_oom(again):
+                    raise
+                first = str(again).strip().splitlines()[0] if str(again).strip() else ""
+                return (f"{NOT_RESTORED}: putting back their saved state ran out of memory "
+                        f"({type(again).__name__}: {first[:200]}). Models, optimizers and tensors may be partly "
+                        "as before the call and partly as the failed run left them: re-create them (or reload a "
+                        "checkpoint) before going on. torch's settings are as before the call.")
     finally:
         torch_before.restore()
     return None
+
+
+def _free_memory(device: torch.device) -> None:
+    gc.collect()
+    if device.type == "cuda" and torch.cuda.is_initialized():
+        with contextlib.suppress(Exception):  # a context the error broke: the second restore says what it can
+            torch.cuda.empty_cache()
 
 
 def _build_result(info, order, times, memory, audits, amp_recipe, base_recipe, baseline, warmup, repeat,

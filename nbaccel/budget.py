@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from .device import DeviceError, device_info, resolve_device
+from .device import DeviceError, device_index, device_info, resolve_device
 from .holders import Holder, namespace_holders
 from .memory import (MAX_BYTES, NUMBER_PATTERN, UNIT_PATTERN, UNITS, PeakMeter, cuda_counters, current_rss,
                      format_bytes, take_harness)
@@ -284,8 +284,9 @@ def usage_now(device: torch.device) -> tuple[int, int | None]:
 class Watcher:
     """Measures consecutive cells: ``begin(label)`` before one, ``end(...)`` after it.
 
-    A cell that never ends (IPython skips ``post_run_cell`` after a syntax error) is dropped at
-    the next ``begin``, so the bookkeeping never carries a stale meter into the next cell.
+    A cell that never ends (``post_run_cell`` not called: an IPython that skips it after a syntax
+    error, as older ones did; 9.x calls it, and the magic drops that row) is dropped at the next
+    ``begin``, so the bookkeeping never carries a stale meter into the next cell.
     """
 
     def __init__(self, budget: int, device: torch.device, near: float = NEAR):
@@ -377,7 +378,7 @@ _caps: dict[int, _DeviceCaps] = {}  # device index -> nbaccel's caps on it
 
 def cap_index(device: torch.device) -> int:
     """The GPU a cap applies to: the device's index, or the current device for a bare ``cuda``."""
-    return device.index if device.index is not None else torch.cuda.current_device()
+    return device_index(device)
 
 
 def _cap_fraction(device: torch.device, budget: int) -> float:

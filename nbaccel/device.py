@@ -46,13 +46,20 @@ def resolve_device(spec: str | torch.device | None = "auto") -> torch.device:
                 f"{option('device', str(spec))} was asked for, but this torch ({torch.__version__}) sees no "
                 f"CUDA GPU; use {option('device', 'cpu')} (or auto) here"
             )
-        index = device.index if device.index is not None else torch.cuda.current_device()
+        index = device_index(device)
         if index >= torch.cuda.device_count():
             raise DeviceError(f"{spec} does not exist: this machine has {torch.cuda.device_count()} CUDA device(s)")
         return torch.device("cuda", index)
     if device.type != "cpu":
         raise DeviceError(f"device type {device.type!r} is not supported yet; use cpu or cuda")
     return device
+
+
+def device_index(device: torch.device) -> int | None:
+    """A CUDA device's index, the current GPU for a bare ``cuda``; None for the CPU."""
+    if device.type != "cuda":
+        return None
+    return device.index if device.index is not None else torch.cuda.current_device()
 
 
 def cpu_flags() -> set[str]:

@@ -107,6 +107,12 @@ _KNOWN = ((torch.optim.AdamW, "adamw"), (torch.optim.Adam, "adam"), (torch.optim
           (torch.optim.Adagrad, "adagrad"), (torch.optim.RMSprop, "rmsprop"))
 
 
+def closest_optimizer(name: str) -> str:
+    """" (did you mean adam?)" for a misspelt optimizer name, or ""."""
+    close = difflib.get_close_matches(name.lower(), OPTIMIZERS, n=1)
+    return f" (did you mean {close[0]}?)" if close else ""
+
+
 def _optimizer_spec(optimizer) -> tuple[str, dict]:
     """Name and hyper-parameters, from a name or an optimizer instance."""
     if isinstance(optimizer, torch.optim.Optimizer):
@@ -124,9 +130,8 @@ def _optimizer_spec(optimizer) -> tuple[str, dict]:
                         f"got {type(optimizer).__name__}")
     name = (optimizer or "none").lower()
     if name not in OPTIMIZERS:
-        close = difflib.get_close_matches(name, list(OPTIMIZERS), n=1)
-        meant = f" (did you mean {close[0]}?)" if close else ""
-        raise ValueError(f"unknown optimizer {optimizer!r}{meant}; use one of: {', '.join(OPTIMIZERS)}")
+        raise ValueError(f"unknown optimizer {optimizer!r}{closest_optimizer(name)}; use one of: "
+                         f"{', '.join(OPTIMIZERS)}")
     return name, {}
 
 
@@ -213,8 +218,9 @@ class _Peak:
     def __enter__(self):
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
-            self._base = cuda_counters(self.device).allocated
-            reset_cuda_peak(self.device)
+            now = cuda_counters(self.device)
+            self._base = now.allocated
+            reset_cuda_peak(self.device, now=now)
         else:
             self._mode = LiveBytes()
             self._mode.__enter__()
@@ -224,8 +230,9 @@ class _Peak:
         """The peak since the last phase (over the base at enter); the next phase starts from now."""
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
-            peak = cuda_counters(self.device).peak_allocated - self._base
-            reset_cuda_peak(self.device)
+            now = cuda_counters(self.device)
+            peak = now.peak_allocated - self._base
+            reset_cuda_peak(self.device, now=now)
             return peak
         peak, self._mode.peak = self._mode.peak, self._mode.current
         return peak

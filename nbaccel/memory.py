@@ -25,6 +25,8 @@ from dataclasses import dataclass
 
 import torch
 
+from .device import device_index
+
 _CLEAR_REFS = "/proc/self/clear_refs"
 _STATUS = "/proc/self/status"
 
@@ -109,31 +111,26 @@ def _can_reset_hwm() -> bool:
 _open_meters: list[PeakMeter] = []
 
 
-def _same_device(a: torch.device, b: torch.device) -> bool:
-    if a.type != b.type:
-        return False
-    if a.type != "cuda" or a.index == b.index:
-        return True
-    current = torch.cuda.current_device()  # a bare "cuda" is the current GPU
-    return (a.index if a.index is not None else current) == (b.index if b.index is not None else current)
-
-
-def reset_cuda_peak(device: torch.device) -> None:
-    """``torch.cuda.reset_peak_memory_stats(device)``, the open meters on ``device`` keeping the peak so far."""
-    if any(_same_device(m.device, device) for m in _open_meters):
-        now = cuda_counters(device)
-        for meter in _open_meters:
-            if _same_device(meter.device, device):
-                meter.fold(now.peak_allocated, now.peak_reserved)
+def reset_cuda_peak(device: torch.device, now: CudaCounters | None = None) -> None:
+    """``torch.cuda.reset_peak_memory_stats(device)``, the open meters on ``device`` keeping the peak so
+    far (``now``: the counters, when the caller has just read them)."""
+    gpu = device_index(device)
+    around = [m for m in _open_meters if m.device.type == "cuda" and device_index(m.device) == gpu]
+    if around:
+        now = now or cuda_counters(device)
+        for meter in around:
+            meter.fold(now.peak_allocated, now.peak_reserved)
     torch.cuda.reset_peak_memory_stats(device)
 
 
 def _reset_cpu_peak() -> bool:
     """Reset VmHWM to the current RSS, the open CPU meters keeping the peak so far; False where the
     kernel does not allow it (no /proc: the RSS sampler is used instead, and nothing is reset)."""
-    for meter in _open_meters:
-        if meter.device.type == "cpu":
-            meter.fold(_status_kib("VmHWM") or 0)
+    around = [m for m in _open_meters if m.device.type == "cpu"]
+    if around:
+        peak = _status_kib("VmHWM") or 0
+        for meter in around:
+            meter.fold(peak)
     return _can_reset_hwm()
 
 
@@ -215,7 +212,7 @@ class PeakMeter:
         # The counters themselves need no synchronize (see cuda_counters); the one after the run keeps
         # an asynchronous error or the run's kernels from spilling into whatever is measured next.
         self.before = base = cuda_counters(self.device)
-        reset_cuda_peak(self.device)
+        reset_cuda_peak(self.device, now=base)
         try:
             yield
         finally:
@@ -259,6 +256,7 @@ class PeakMeter:
                                      "process RSS sampled every 1 ms (may miss short spikes) minus RSS before")
 
     def __enter__(self):
+        self._folded = (0, 0)  # a meter used again starts afresh
         self._cm = self._cuda() if self.device.type == "cuda" else self._cpu()
         self._cm.__enter__()  # resets the peak (folding it into the meters around) before joining them
         _open_meters.append(self)

@@ -273,13 +273,11 @@ class profile:  # noqa: N801 - a context manager used like a function: `with nba
                 files, created = _save_trace(tmp, doc, opts.trace) if opts.trace else ([], None)
             finally:
                 os.unlink(tmp)
-            result = ProfileResult.from_trace(doc, self.info, opts, recipe=self.recipe,
-                                              cudnn_benchmark=self._cudnn_benchmark,
-                                              trace_path=opts.trace if files else None, trace_files=files,
-                                              contention=self._meter.result)
-        result.made_by = "%%profile_gpu" if in_magic() else "profile()"
-        result.trace_created = created
-        return result
+            return ProfileResult.from_trace(doc, self.info, opts, recipe=self.recipe,
+                                            cudnn_benchmark=self._cudnn_benchmark,
+                                            trace_path=opts.trace if files else None, trace_files=files,
+                                            contention=self._meter.result, trace_created=created,
+                                            made_by="%%profile_gpu" if in_magic() else "profile()")
 
 
 def _first_missing(folder: Path) -> Path | None:
@@ -310,6 +308,8 @@ def _save_trace(exported: str, doc: dict, target: str) -> tuple[list[str], str |
         return [target], created
     except OSError as exc:
         lost = f"nbaccel could not write the trace to {target} ({exc.strerror or exc}); the profile is shown without it"
+        if created is not None and Path(created).exists():  # made on the way before the write failed
+            lost += f" (the folder {created} was created on the way and is left there)"
         if in_magic():  # a warning would show nbaccel's file, line and source to a notebook user
             print(f"{lost}: keep the result with -r NAME and save it with NAME.export_chrome_trace('another/path.json')",
                   file=sys.stderr)

@@ -79,17 +79,19 @@ class ProfileResult(ResultMixin):
     @classmethod
     def from_trace(cls, doc: dict, info: DeviceInfo, options: ProfileOptions, recipe: Recipe | None = None,
                    cudnn_benchmark: bool = False, trace_path: str | None = None, trace_files=(),
-                   contention: Contention | None = None) -> "ProfileResult":
-        """Analyse a parsed Chrome trace (live, or recorded elsewhere) into a result."""
+                   contention: Contention | None = None, **fields) -> "ProfileResult":
+        """Analyse a parsed Chrome trace (live, or recorded elsewhere) into a result; ``fields``: more
+        of the result's own fields (``made_by``, ``trace_created``)."""
         return cls.from_trace_data(load_trace(doc), doc.get("traceEvents", []), info, options, recipe=recipe,
                                    cudnn_benchmark=cudnn_benchmark, trace_path=trace_path,
-                                   trace_files=trace_files, doc=doc, contention=contention)
+                                   trace_files=trace_files, doc=doc, contention=contention, **fields)
 
     @classmethod
     def from_trace_data(cls, trace: TraceData, events, info: DeviceInfo, options: ProfileOptions,
                         recipe: Recipe | None = None, cudnn_benchmark: bool | None = False,
                         trace_path: str | None = None, trace_files=(), doc: dict | None = None,
-                        loaded: dict | None = None, contention: Contention | None = None) -> "ProfileResult":
+                        loaded: dict | None = None, contention: Contention | None = None,
+                        **fields) -> "ProfileResult":
         """A result from an already parsed `TraceData`. ``events`` (raw Chrome events) are only
         read for ``options.stack`` (python_function frames) and ``options.memory`` ([memory]
         events); `nbaccel.load_trace` streams big files and passes just those events."""
@@ -102,7 +104,7 @@ class ProfileResult(ResultMixin):
         return cls(device=info, options=options, trace=trace, op_extra=extra,
                    recipe_label=recipe.label if recipe else None, cudnn_benchmark=cudnn_benchmark,
                    trace_path=trace_path, trace_files=list(trace_files), doc=doc, loaded=loaded,
-                   contention=contention)
+                   contention=contention, **fields)
 
     # -- per-op rows --
 
@@ -385,6 +387,7 @@ class ProfileResult(ResultMixin):
             "trace_path": self.trace_path,
             "trace_files": self.trace_files,
             "trace_created": self.trace_created,
+            "made_by": self.made_by,
             "loaded": self.loaded,
             "contention": self.contention.to_dict() if self.contention else None,
         }

@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import datetime as _dt
 import json
+import os
 import platform
 import subprocess
 import sys
@@ -504,8 +505,10 @@ def main(argv=None) -> int:
         # Rewritten after every check: a run cut short by the device's time limit keeps what it measured.
         report = {"environment": env, "dry_run": args.dry_run, "size": args.size, "budget_s": args.budget,
                   "seconds": time.monotonic() - t0, "complete": complete, "checks": checks, "targets": tg}
-        json_path.write_text(json.dumps(report, indent=1, default=str))
-        md_path.write_text(markdown(report))
+        for path, text in ((json_path, json.dumps(report, indent=1, default=str)), (md_path, markdown(report))):
+            partial = path.with_name(path.name + ".partial")
+            partial.write_text(text)
+            os.replace(partial, path)  # whole or not at all: a kill mid-write leaves the previous report
         return report
 
     checks = {}

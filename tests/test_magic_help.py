@@ -65,6 +65,7 @@ def test_nbaccel_env_help_does_not_store_a_result(run_cell, ip):
     ("%%amp", "fp8", "unrecognized arguments: fp8 (a dtype goes after --dtype, one of: bf16, fp16, auto, tf32)"),
     ("%%profile_gpu", "fp16", "(did you mean --amp fp16?)"),
     ("%%amp", "model", "unrecognized arguments: model; see %%amp --help"),  # not a dtype: no guess
+    ("%%amp", "fp32", "(fp32 is what the reduced dtype is compared with or replaces; give that one: --dtype bf16)"),
     ("%memory_budget", "offf", "cannot read 'offf' as a budget; did you mean %memory_budget off"),
     ("%memory_budget", "of", "did you mean %memory_budget off"),
 ])

@@ -37,6 +37,14 @@ def test_started_from_the_cells_code_it_is_refused_when_reached(run_cell, ip, ou
     run_cell("%%profile_gpu -q\nx @ x")
 
 
+def test_only_the_measuring_magics_themselves_are_refused(run_cell, ip):
+    run_cell(SETUP)
+    # %%amp-x is another magic's name (IPython would look up "amp-x"): not taken for %%amp
+    result, _ = run_cell("%%profile_gpu -q\n%%amp-x\nruns.append(1)", expect_error=BaseException)
+    assert "cannot run inside" not in str(result.error_in_exec or result.error_before_exec)
+    run_cell("%%amp --repeat 3 -q\n# %%amp in a comment is not a magic\nx @ x")
+
+
 def test_a_magic_that_failed_does_not_block_the_next_one(run_cell):
     run_cell(SETUP)
     run_cell("%%amp --repeat 3 -q\n1 / 0", expect_error=ZeroDivisionError)

@@ -485,6 +485,11 @@ def test_a_trace_that_fails_to_write_keeps_the_profile(run_cell, ip, tmp_path, m
         with nbaccel.profile(trace=str(target)):
             torch.ones(8) + 1
     assert got[0].filename == __file__
+    # A file whose folders were made on the way says so (the write failed after them).
+    if name.endswith(".json"):
+        nested = tmp_path / "new" / "deeper" / name
+        _, captured = run_cell(f"%%profile_gpu -q --trace {nested}\nx = torch.ones(8) + 1")
+        assert f"(the folder {tmp_path / 'new'} was created on the way and is left there)" in captured.stderr
 
 
 def test_empty_cell_is_a_usage_error(ip):

@@ -206,7 +206,9 @@ def test_a_report_names_what_made_it_the_magic_or_the_api_call(run_cell, ip):
     run_cell("%%amp --repeat 3 --warmup 0 -q -r a\nm(x).sum()")
     run_cell("%%profile_gpu -q -r p\nm(x)")
     # The API called in a magic's cell is the cell's own call, and named so.
-    run_cell("import nbaccel\ninner = nbaccel.compare_amp(lambda: m(x).sum(), repeat=3, warmup=0)")
+    run_cell("import nbaccel")
+    run_cell("%%profile_gpu -q\ninner = nbaccel.compare_amp(lambda: m(x).sum(), repeat=3, warmup=0)")
     assert str(ip.user_ns["inner"]).startswith("nbaccel compare_amp() on CPU")
+    assert ip.user_ns["p"].to_dict()["made_by"] == "%%profile_gpu"
     assert str(ip.user_ns["a"]).startswith("nbaccel %%amp on CPU")
     assert str(ip.user_ns["p"]).startswith("nbaccel %%profile_gpu on CPU")

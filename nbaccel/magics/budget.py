@@ -226,7 +226,7 @@ class BudgetMagics(Magics):
         return self.shell.user_ns[name]
 
     def _estimate_cmd(self, args):
-        from ..estimate import OPTIMIZERS, estimate_memory
+        from ..estimate import OPTIMIZERS, closest_optimizer, estimate_memory
 
         model = self._lookup(args.model, "--model")
         if not isinstance(model, torch.nn.Module):
@@ -239,10 +239,8 @@ class BudgetMagics(Magics):
         optimizer = args.optimizer or "adamw"
         if optimizer.lower() not in OPTIMIZERS:
             if optimizer not in self.shell.user_ns:  # most likely a misspelt name: list the names
-                close = difflib.get_close_matches(optimizer.lower(), OPTIMIZERS, n=1)
-                hint = f" (did you mean {close[0]}?)" if close else ""
-                raise UsageError(f"--optimizer {optimizer!r} is neither one of {', '.join(OPTIMIZERS)}{hint} nor a "
-                                 "variable in the namespace")
+                raise UsageError(f"--optimizer {optimizer!r} is neither one of {', '.join(OPTIMIZERS)}"
+                                 f"{closest_optimizer(optimizer)} nor a variable in the namespace")
             optimizer = self._lookup(optimizer, "--optimizer")
             if not isinstance(optimizer, torch.optim.Optimizer):
                 raise UsageError(f"--optimizer takes one of {', '.join(OPTIMIZERS)} or an optimizer variable, "

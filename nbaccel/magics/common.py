@@ -128,7 +128,7 @@ def silenced():
 #: The measuring magic whose cell is running now. Each runs its cell several times and measures
 #: every run, so one nested in another would be run, and measured, as the outer one's code.
 _measuring: list[str] = []
-_NESTED_CELL = re.compile(r"\A(?:\s*\n)?%%(amp|profile_gpu)\b")  # after blank lines, as IPython reads a cell magic
+_NESTED_CELL = re.compile(r"\A(?:\s*\n)?%%(amp|profile_gpu)(?![\w-])")  # after blank lines, as IPython reads a cell magic
 _INSTEAD = {
     ("amp", "amp"): "remove one of the two %%amp lines",
     ("profile_gpu", "amp"): "to profile the cell under the mixed-precision recipe, use %%profile_gpu --amp bf16 "
@@ -318,6 +318,8 @@ def dtype_hint(option_name: str, accepted, normalise: Callable[[str], str]):
         name = normalise(token)
         if name in accepted:
             return f"did you mean {option_name} {name}?"
+        if name == "fp32":
+            return f"fp32 is what the reduced dtype is compared with or replaces; give that one: {option_name} bf16"
         return f"a dtype goes after {option_name}, one of: {', '.join(accepted)}"
     return hint
 
