@@ -220,7 +220,8 @@ def _cuda_limit(device: torch.device) -> tuple[int | None, str]:
     return total, "the GPU's total memory (torch.cuda.get_device_properties)"
 
 
-def suggest(exp: OomExplanation, per_sample_bytes: int | None = None, batch: int | None = None) -> list[Suggestion]:
+def suggest(exp: OomExplanation, per_sample_bytes: int | None = None, batch: int | None = None,
+            per_sample_precision: str = "fp32") -> list[Suggestion]:
     """Sized suggestions from an explanation's numbers (and, if known, a measured bytes-per-sample)."""
     out: list[Suggestion] = []
     limit, requested = exp.limit_bytes, exp.facts.requested
@@ -252,8 +253,9 @@ def suggest(exp: OomExplanation, per_sample_bytes: int | None = None, batch: int
                       f"{format_bytes(in_flight)} in flight); an upper bound, since the step may have needed more")
             if per_sample_bytes and batch:
                 fits = int(room // per_sample_bytes)
-                detail = (f"the estimate measured {format_bytes(per_sample_bytes)} per sample (the steeper of "
-                          f"the forward's and the backward's peaks): at most batch {fits} fits (was {batch}); " + detail)
+                detail = (f"the estimate measured {format_bytes(per_sample_bytes)} per sample in {per_sample_precision} "
+                          f"(the steeper of the forward's and the backward's peaks): at most batch {fits} fits (was "
+                          f"{batch}); " + detail)
             out.append(Suggestion("smaller batch", int(in_flight - room) if in_flight > room else None, detail))
         else:
             out.append(Suggestion("free memory first", None,
@@ -287,8 +289,10 @@ def suggest(exp: OomExplanation, per_sample_bytes: int | None = None, batch: int
 
 def explain_oom(exc: BaseException, namespace: dict | None = None, budget: int | None = None, tb=None,
                 skip=lambda name: False, per_sample_bytes: int | None = None, batch: int | None = None,
-                top: int = 8) -> OomExplanation:
-    """Build the explanation for an out-of-memory exception (call it while the traceback is alive)."""
+                top: int = 8, per_sample_precision: str = "fp32") -> OomExplanation:
+    """Build the explanation for an out-of-memory exception (call it while the traceback is alive).
+    ``per_sample_bytes``: what the step needs per sample of ``batch`` (an estimate's, measured in
+    ``per_sample_precision``), for the largest batch that fits."""
     from .device import _host_memory
 
     message = str(exc)
@@ -302,7 +306,7 @@ def explain_oom(exc: BaseException, namespace: dict | None = None, budget: int |
         allocated_method=method, holders=namespace_holders(namespace or {}, top=top, skip=skip),
         location=_user_location(tb if tb is not None else exc.__traceback__), budget_bytes=budget,
     )
-    exp.suggestions = suggest(exp, per_sample_bytes, batch)
+    exp.suggestions = suggest(exp, per_sample_bytes, batch, per_sample_precision)
     return exp
 
 

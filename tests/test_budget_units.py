@@ -237,8 +237,11 @@ def test_oom_suggestions_are_sized_from_the_numbers():
     exp2 = explain_oom(exc, {"model": model}, budget=rss + 50 * 2**20, per_sample_bytes=2**20, batch=256)
     assert "batch" in exp2.suggestions[0].detail and "(was 256)" in exp2.suggestions[0].detail
     # Says which per-sample figure: the estimate's steeper phase, not the activations column at the batch.
-    assert exp2.suggestions[0].detail.startswith("the estimate measured 1 MiB per sample (the steeper of the "
-                                                 "forward's and the backward's peaks): at most batch ")
+    assert exp2.suggestions[0].detail.startswith("the estimate measured 1 MiB per sample in fp32 (the steeper of "
+                                                 "the forward's and the backward's peaks): at most batch ")
+    exp3 = explain_oom(exc, {"model": model}, budget=rss + 50 * 2**20, per_sample_bytes=2**20, batch=256,
+                       per_sample_precision="bf16 AMP")
+    assert exp3.suggestions[0].detail.startswith("the estimate measured 1 MiB per sample in bf16 AMP (")
 
 
 def test_cuda_watcher_reads_the_allocator_once_per_point(monkeypatch):

@@ -406,13 +406,15 @@ class BudgetMagics(Magics):
             shell.showtraceback(running_compiled_code=True)
             return None
         estimate = self._estimate
-        per_sample = batch = None
+        per_sample = batch = precision = None
         if estimate is not None:
-            # The fp32 fit's steeper phase (forward or backward peak): how fast the step grows with the batch.
-            per_sample = int(next(iter(estimate.fits.values())).slope) or None
-            batch = estimate.batch
+            # The first (fp32) fit's steeper phase (forward or backward peak): how fast the step grows with
+            # the batch. Which precision the failed cell ran in is not known here; the advice names it.
+            precision, fit = next(iter(estimate.fits.items()))
+            per_sample, batch = int(fit.slope) or None, estimate.batch
         explanation = explain_oom(value, self.shell.user_ns, budget=self.watcher.budget if self.watcher else None,
-                                  tb=tb, skip=history_name(self.shell), per_sample_bytes=per_sample, batch=batch)
+                                  tb=tb, skip=history_name(self.shell), per_sample_bytes=per_sample, batch=batch,
+                                  per_sample_precision=precision or "fp32")
         display_result(explanation)
         return None
 
