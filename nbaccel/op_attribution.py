@@ -152,19 +152,23 @@ def source_by_op(events: list, ops: pd.DataFrame) -> list[str | None]:
                 stack.pop()
             out[i] = _innermost_source(stack)
     cells = notebook_cells()
-    if cells:
-        names = {name: cell_frame_name(name, cells) for name in set(out) if name}
-        out = [names.get(name, name) for name in out]
-    return out
+    names = {name: frame_label(name, cells) for name in set(out) if name}
+    return [names.get(name, name) for name in out]
 
 
-def cell_frame_name(name: str, cells: dict[str, int]) -> str:
-    """``/tmp/ipykernel_1/456.py(4): f`` -> ``Cell In[3], line 4: f`` (IPython's traceback
-    words) for a function defined in a notebook cell; other names unchanged."""
+def frame_label(name: str, cells: dict[str, int]) -> str:
+    """A Python frame as the source column shows it: ``/tmp/ipykernel_1/456.py(4): f`` -> ``Cell In[3],
+    line 4: def f`` (IPython's traceback words for a notebook cell), ``model.py(40): forward`` ->
+    ``model.py, line 40: def forward``. The line is where the function starts (Kineto records no
+    other), so the row says ``def``: a JupyterLab trial read "line 11: forward" as the line that ran.
+    ``<listcomp>``, ``<lambda>``, ``<module>`` keep their names (their start is the line they run on).
+    Other names (the cell's own ``cell line N: ...`` ranges) are unchanged."""
     m = _FRAME.match(name)
-    if not m or m.group("file") not in cells:
+    if not m:
         return name
-    return f"{cell_label(m.group('file'), cells)}, line {m.group('line')}: {m.group('func')}"
+    func = m.group("func")
+    what = func if func.startswith("<") else f"def {func}"
+    return f"{cell_label(m.group('file'), cells)}, line {m.group('line')}: {what}"
 
 
 def _innermost_source(stack: list[tuple[float, float, str]]) -> str | None:

@@ -274,6 +274,7 @@ def test_quickstart_widgets_render_in_jupyterlab(lab, browser, screenshot_dir):
 
         _check_profiler_table(page, notebook, screenshot_dir)
         _check_memory_gauge(notebook, screenshot_dir)
+        _check_nothing_cut_off(page)
 
         body = notebook.inner_text()
         assert "Error displaying widget" not in body
@@ -319,6 +320,18 @@ def _check_profiler_table(page, notebook, screenshot_dir):
         assert first[1] <= first[0], f"ascending put {after[0]!r} above {before[0]!r}"
         times = [_seconds(r.split("\t")[column]) for r in after]
         assert times == sorted(times), f"the table is not in ascending order of self CPU: {times}"
+
+
+def _check_nothing_cut_off(page):
+    """Every nbaccel display fits the output area it is drawn in: prose wraps, only wide tables scroll
+    inside their own box. (A JupyterLab trial: the %%amp and estimate widgets grew to 1100 px in a
+    ~960 px output area, so their last column and every long line were cut off at the right edge.)"""
+    overflows = page.evaluate("""() => [...document.querySelectorAll('.jp-OutputArea-output .nbaccel')].map(el => {
+        const out = el.closest('.jp-OutputArea-output').getBoundingClientRect();
+        const box = el.getBoundingClientRect();
+        return {right: box.right, limit: out.right, text: el.innerText.slice(0, 60)};
+    }).filter(r => r.right > r.limit + 1)""")
+    assert not overflows, f"nbaccel displays wider than their output area (cut off): {overflows}"
 
 
 def _seconds(text: str) -> float:

@@ -206,7 +206,7 @@ def test_stack_attributes_ops_to_user_functions(run_cell, ip):
     sources = ip.user_ns["prof"].ops["source"].tolist()
     # Named like IPython's tracebacks name the cell, not by its code name (<ipython-input-..>
     # here, /tmp/ipykernel_../...py in a kernel), which no reader can map to a cell.
-    assert f"Cell In[{defined.execution_count}], line 2: helper" in sources, sources
+    assert f"Cell In[{defined.execution_count}], line 2: def helper" in sources, sources
 
 
 def test_warmup_and_steps_run_the_cell_that_many_times(run_cell, ip):

@@ -224,7 +224,7 @@ def test_source_grouping_counts_nested_ops_once():
                "ts": 115, "dur": 20},
               {"cat": "python_function", "name": "/home/me/m.py(7): act", "pid": 1, "tid": 1, "ts": 112, "dur": 30}]
     ops = ops.assign(source=op_attribution.source_by_op(events, ops))
-    assert list(ops["source"]) == ["cell line 1: y = m(x)"] * 2 + ["/home/me/m.py(7): act"]
+    assert list(ops["source"]) == ["cell line 1: y = m(x)"] * 2 + ["/home/me/m.py, line 7: def act"]
     table = pt.group_ops(ops, "source").set_index("source")
     line = table.loc["cell line 1: y = m(x)"]
     assert line["calls"] == 1 and line["cpu_total_us"] == 100 and line["cpu_self_us"] == 100
