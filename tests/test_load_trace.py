@@ -13,7 +13,6 @@ import json
 import os
 import warnings
 import re
-from html import unescape
 from pathlib import Path
 
 import pytest
@@ -27,7 +26,7 @@ from nbaccel.render import display as display_module
 from nbaccel.render import multirank as render_multirank
 from nbaccel.render import profile as render_profile
 from nbaccel.trace_result import MultiRankResult, TraceError, load_trace
-from widget_helpers import control, walk
+from widget_helpers import control, first_column, walk
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 TRACES = SHARED / "traces"
@@ -578,7 +577,7 @@ def test_bad_magic_lines(ip, line, message):
 # --- widgets page their tables ---------------------------------------------------------------------
 
 def _rows(html: str) -> list[str]:
-    return [unescape(n) for n in re.findall(r'<tr><td class="name">([^<]*)</td>', html)]
+    return first_column(html)
 
 
 def test_profile_widget_renders_one_page_at_a_time():

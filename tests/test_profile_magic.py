@@ -13,7 +13,7 @@ import nbaccel
 from nbaccel.analysis import load_trace
 from nbaccel.render import display as display_module
 from nbaccel.render import profile as render_profile
-from widget_helpers import control, walk
+from widget_helpers import control, first_column, walk
 
 SETUP = """
 import torch
@@ -333,12 +333,13 @@ def test_to_dict_is_json_safe(run_cell, ip):
 # --- the widget, as a user drives it -------------------------------------------------------------
 
 def _ops_html(box):
+    """The operator table's HTML, without the <wbr> break opportunities in long names (not text)."""
     tab = next(w for w in walk(box) if type(w).__name__ == "Tab")
-    return tab.children[0].children[-1].value
+    return tab.children[0].children[-1].value.replace("<wbr>", "")
 
 
 def _first_column(html):
-    return re.findall(r'<tr><td class="name">([^<]*)</td>', html)
+    return first_column(html)
 
 
 def test_widget_controls_change_the_table(run_cell, ip, monkeypatch):

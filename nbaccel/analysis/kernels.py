@@ -160,7 +160,8 @@ _MATMUL_K = re.compile(
 )
 _REDUCTION_K = re.compile(
     r"reduce|softmax|norm(?!al)|GammaBeta|bn_fw|bn_bw|cross_entropy|nll_loss|triton_red_|triton_per_"
-    r"|argmax|argmin|topk|cumsum|DeviceReduce|sum_functor|MeanOps",
+    r"|argmax|argmin|topk|cumsum|DeviceReduce|sum_functor|MeanOps"
+    r"|max_?pool|avg_?pool|adaptive_\w*pool",  # a pooling window is a small reduction
     re.IGNORECASE,
 )
 _COPY_K = re.compile(
@@ -236,8 +237,9 @@ _OP_REDUCTION = re.compile(
     r"^aten::(?:_?softmax|_?log_softmax|sum|mean|norm|linalg_vector_norm|layer_norm|native_layer_norm"
     r"|group_norm|native_group_norm|batch_norm|native_batch_norm|_batch_norm\w*|cudnn_batch_norm"
     r"|rms_norm|_fused_rms_norm|var|std|var_mean|prod|max|min|amax|amin|argmax|argmin|cumsum"
-    r"|logsumexp|topk|cross_entropy_loss|nll_loss\w*|binary_cross_entropy\w*|mse_loss|all|any)$"
-    r"|rms_norm|layer_norm|Softmax|NormBackward|SumBackward|MeanBackward",
+    r"|logsumexp|topk|cross_entropy_loss|nll_loss\w*|binary_cross_entropy\w*|mse_loss|all|any"
+    r"|max_pool\w*|avg_pool\w*|adaptive_\w*pool\w*)$"  # pooling: a reduction over each window
+    r"|rms_norm|layer_norm|Softmax|NormBackward|SumBackward|MeanBackward|MaxPool\w*Backward|AvgPool\w*Backward",
 )
 _OP_ELEMENTWISE = re.compile(
     r"^aten::(?:add|add_|sub|sub_|rsub|mul|mul_|div|div_|relu|relu_|gelu|silu|silu_|sigmoid|tanh|exp"

@@ -235,7 +235,7 @@ def _kpis(result) -> str:
 def summary_html(result) -> str:
     noise = "".join(f'<div class="warn">{esc(n)}</div>' for n in result.noise_warnings)
     return (f"<h4>{esc(result.made_by)} on {esc(result.device.label)}</h4>{_kpis(result)}"
-            + table(HEADERS, _variant_rows(result), name_columns=(0, 1)) + noise)
+            + table(HEADERS, _variant_rows(result), name_columns=(), text_columns=(0, 1)) + noise)
 
 
 def ops_rows(result, which="all"):
@@ -256,7 +256,7 @@ OPS_HEADERS = ["op", "output dtype", "calls", "FLOPs", "input dtypes"]
 
 def details_html(result) -> str:
     sections = ["<h4>Precision per operator (under the recipe)</h4>", bullet_list(_precision_lines(result)),
-                table(OPS_HEADERS, ops_rows(result)[:40])]
+                table(OPS_HEADERS, ops_rows(result)[:40], text_columns=(1, 4))]
     drift = _drift_lines(result)
     if drift:
         sections += ["<h4>Drift of the result (fp32 vs the recipe)</h4>", bullet_list(drift)]
@@ -281,7 +281,8 @@ def widget(result):
     ops = w.HTML()
 
     def refresh(_=None):
-        ops.value = wrap(bullet_list(_precision_lines(result)) + table(OPS_HEADERS, ops_rows(result, choose.value)))
+        ops.value = wrap(bullet_list(_precision_lines(result))
+                         + table(OPS_HEADERS, ops_rows(result, choose.value), text_columns=(1, 4)))
 
     choose.observe(refresh, names="value")
     refresh()

@@ -91,6 +91,7 @@ def cell_widget(report):
 
 HISTORY_HEADERS = ["cell", "peak used", "of budget", "added", "allocated peak", "status", "time"]
 HOLDER_HEADERS = ["name", "kind", "device", "dtype", "bytes", "detail"]
+HOLDER_WORDS = (0, 1, 2, 3, 5)  # the columns of words, left-aligned (the name is code)
 
 
 RANK_HEADERS = ["rank", "host", "device", "peak used", "budget", "of budget", "status"]
@@ -165,7 +166,8 @@ def status_text(s) -> str:
     if s.records:
         out += ["", _history_title(s.records) + ":", text_table(HISTORY_HEADERS, _history_rows(s.records))]
     if s.holders:
-        out += ["", "what holds memory now (largest first):", text_table(HOLDER_HEADERS, _holder_rows(s.holders))]
+        out += ["", "what holds memory now (largest first):", text_table(HOLDER_HEADERS, _holder_rows(s.holders),
+                                                                                left=HOLDER_WORDS)]
     out += ["", "method: " + s.method]
     return "\n".join(out)
 
@@ -175,9 +177,10 @@ def status_html(s) -> str:
     if s.records:
         last = s.records[-1]
         parts.append(GAUGE_CSS + f"<div>last cell: {_gauge_bar(last.fraction, last.status)}{esc(_cell_line(last))}</div>")
-        parts.append(table(HISTORY_HEADERS, _history_rows(s.records)))
+        parts.append(table(HISTORY_HEADERS, _history_rows(s.records), name_columns=(), text_columns=(0, 5)))
     if s.holders:
-        parts.append("<h4>What holds memory now</h4>" + table(HOLDER_HEADERS, _holder_rows(s.holders)))
+        parts.append("<h4>What holds memory now</h4>" + table(HOLDER_HEADERS, _holder_rows(s.holders),
+                                                                           text_columns=HOLDER_WORDS[1:]))
     parts.append(f'<div class="muted">method: {esc(s.method)}</div>')
     return wrap("".join(parts))
 
@@ -216,7 +219,8 @@ def oom_text(e) -> str:
     out = [f"OUT OF MEMORY on {e.device} ({e.error_type}) -- the kernel is still alive", "  " + e.message[:300], ""]
     out += _oom_facts(e)
     if e.holders:
-        out += ["", "largest holders in the namespace:", text_table(HOLDER_HEADERS, _holder_rows(e.holders))]
+        out += ["", "largest holders in the namespace:", text_table(HOLDER_HEADERS, _holder_rows(e.holders),
+                                                                          left=HOLDER_WORDS)]
     if e.suggestions:
         out += ["", "what to try:"] + ["  - " + s for s in _suggestion_lines(e)]
     return "\n".join(out)
@@ -226,7 +230,8 @@ def oom_html(e) -> str:
     parts = [f'<h4 class="warn">Out of memory on {esc(e.device)} ({esc(e.error_type)}) &mdash; the kernel is still '
              f'alive</h4><div class="muted">{esc(e.message[:300])}</div>', bullet_list(_oom_facts(e))]
     if e.holders:
-        parts.append("<h4>Largest holders in the namespace</h4>" + table(HOLDER_HEADERS, _holder_rows(e.holders)))
+        parts.append("<h4>Largest holders in the namespace</h4>" + table(HOLDER_HEADERS, _holder_rows(e.holders),
+                                                                                   text_columns=HOLDER_WORDS[1:]))
     if e.suggestions:
         parts.append("<h4>What to try</h4>" + bullet_list(_suggestion_lines(e)))
     return wrap('<div class="nbaccel-oom">' + "".join(parts) + "</div>")
@@ -371,9 +376,10 @@ def estimate_text(e) -> str:
 def estimate_html(e) -> str:
     title = _sharding_title(e)
     note = f'<div class="nbaccel-note">{esc(e.note)}</div>' if e.note else ""
-    return wrap(f"<h4>{esc(_estimate_head(e))}</h4>" + note + table(_estimate_headers(e), _estimate_rows(e))
+    return wrap(f"<h4>{esc(_estimate_head(e))}</h4>" + note
+                + table(_estimate_headers(e), _estimate_rows(e), name_columns=(), text_columns=(0, 5, 7, 8))
                 + f"<h4>{esc(title[0].upper() + title[1:])}</h4>"
-                + table(["precision", "strategy", "N=2", "N=4", "N=8"], _sharding_rows(e), name_columns=(0, 1))
+                + table(["precision", "strategy", "N=2", "N=4", "N=8"], _sharding_rows(e), name_columns=(), text_columns=(0, 1))
                 + f"<div>{esc(_ACTIVATIONS)}</div>" + bullet_list(_fit_lines(e))
                 + f"<div>{esc(_phases_title(e)[0].upper() + _phases_title(e)[1:])}</div>" + bullet_list(_phase_lines(e))
                 + bullet_list(_rss_line(e))

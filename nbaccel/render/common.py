@@ -3,19 +3,24 @@
 from __future__ import annotations
 
 import html as _html
+import re
 
 CSS = """
 <style>
-.nbaccel {font-family: var(--jp-ui-font-family, sans-serif); font-size: 13px; line-height: 1.4; max-width: 1100px}
+.nbaccel {font-family: var(--jp-ui-font-family, sans-serif); font-size: 13px; line-height: 1.4;
+  max-width: min(1100px, 100%); box-sizing: border-box; overflow-wrap: break-word}
+.widget-html-content:has(> .nbaccel) {flex-shrink: 1; min-width: 0; max-width: 100%}
 .nbaccel h4 {margin: 4px 0 6px 0}
 .nbaccel .scroll {overflow-x: auto; max-width: 100%}
 .nbaccel .scroll.tall {max-height: 420px; overflow-y: auto}
 .nbaccel table {border-collapse: collapse; margin: 4px 0}
-.nbaccel th, .nbaccel td {padding: 2px 8px; text-align: right; border-bottom: 1px solid #ddd; vertical-align: top;
-  white-space: nowrap}
+.nbaccel th, .nbaccel td {padding: 2px 8px; text-align: right; border-bottom: 1px solid var(--jp-border-color2, #ddd);
+  vertical-align: top; white-space: nowrap}
 .nbaccel th {cursor: default; background: rgba(127,127,127,0.08); white-space: normal; min-width: 4.5em}
-.nbaccel td.name, .nbaccel th.name {text-align: left; white-space: normal; overflow-wrap: anywhere; min-width: 22em;
+.nbaccel td.name, .nbaccel th.name {text-align: left; white-space: normal; overflow-wrap: break-word; min-width: 16em;
   max-width: 48em; font-family: var(--jp-code-font-family, monospace)}
+.nbaccel td.text, .nbaccel th.text {text-align: left; white-space: normal}
+.nbaccel th.sorted {text-decoration: underline}
 .nbaccel .big {font-size: 22px; font-weight: 600}
 .nbaccel .muted {color: #777}
 .nbaccel .warn {color: #b35900}
@@ -35,23 +40,48 @@ def bar(fraction: float, width: int = 80) -> str:
     return f'<span class="bar" style="width:{fraction * width:.0f}px"></span>'
 
 
-def table(headers: list[str], rows: list[list], name_columns=(0,), raw_columns=(), tall: bool = False) -> str:
+_BREAK_AFTER = re.compile(r"(::|_|\.|/|,|<)")
+
+
+def breakable(name) -> str:
+    """Escaped, with a line-break opportunity after ``::``, ``_``, ``.``, ``/``, ``,`` and ``<``: a long
+    code name wraps as "aten::max_pool2d_with_indices_<br>backward", not "...backwa<br>rd"."""
+    marked = _BREAK_AFTER.sub("\\1\0", str(name))  # a NUL marks each place; escaping leaves it alone
+    return esc(marked).replace("\0", "<wbr>")
+
+
+def table(headers: list[str], rows: list[list], name_columns=(0,), raw_columns=(), tall: bool = False,
+          text_columns=(), sorted_column: tuple[int, bool] | None = None, empty: str | None = None) -> str:
     """An HTML table; cells in ``raw_columns`` are inserted as HTML, the rest escaped.
 
-    Numbers never wrap and names wrap only where they must (a 22em minimum, about 36 characters of
-    code font, keeps aten names such as "aten::convolution_backward" whole): in a narrow window the
-    table scrolls sideways instead of breaking "operator" into "ope/rat/or". ``tall``: at
+    Numbers never wrap. ``name_columns`` hold code names (operators, kernels, variables): left,
+    in code font, at least 16em wide and wrapping after ``::``/``_``/``.`` (`breakable`), so in a
+    narrow window the table scrolls sideways instead of breaking "operator" into "ope/rat/or".
+    ``text_columns`` hold words (a recipe, a status): left-aligned, wrapping as prose. ``tall``: at
     most 420 px high, scrolling (kernel names are C++ templates hundreds of characters long).
+    ``sorted_column``: (index, ascending) marks the header the rows are sorted by. ``empty``: what
+    one row says when there are none (a filter that matched nothing).
     """
-    head = "".join(f'<th class="{"name" if i in name_columns else ""}">{esc(h)}</th>' for i, h in enumerate(headers))
+    def kind(i: int) -> str:
+        return "name" if i in name_columns else "text" if i in text_columns else ""
+
+    heads = []
+    for i, h in enumerate(headers):
+        label, cls = esc(h), kind(i)
+        if sorted_column is not None and sorted_column[0] == i:
+            label += " \u25b2" if sorted_column[1] else " \u25bc"
+            cls += " sorted"
+        heads.append(f'<th class="{cls.strip()}">{label}</th>')
     body = []
     for row in rows:
         cells = []
         for i, cell in enumerate(row):
-            content = cell if i in raw_columns else esc(cell)
-            cells.append(f'<td class="{"name" if i in name_columns else ""}">{content}</td>')
+            content = cell if i in raw_columns else breakable(cell) if i in name_columns else esc(cell)
+            cells.append(f'<td class="{kind(i)}">{content}</td>')
         body.append("<tr>" + "".join(cells) + "</tr>")
-    return (f'<div class="scroll{" tall" if tall else ""}"><table><thead><tr>{head}</tr></thead>'
+    if not rows and empty:
+        body.append(f'<tr><td class="text muted" colspan="{len(headers)}">{esc(empty)}</td></tr>')
+    return (f'<div class="scroll{" tall" if tall else ""}"><table><thead><tr>{"".join(heads)}</tr></thead>'
             f"<tbody>{''.join(body)}</tbody></table></div>")
 
 

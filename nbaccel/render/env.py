@@ -13,7 +13,8 @@ def text(report) -> str:
 
 
 def html(report) -> str:
-    parts = [f"<h4>{esc(title)}</h4>" + table(["key", "value"], [[k, v] for k, v in values.items()], name_columns=(0, 1))
+    parts = [f"<h4>{esc(title)}</h4>" + table(["key", "value"], [[k, v] for k, v in values.items()],
+                                                 name_columns=(), text_columns=(0, 1))
              for title, values in report.sections.items()]
     return wrap("".join(parts))
 

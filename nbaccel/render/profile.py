@@ -203,7 +203,7 @@ def categories_html(result) -> str:
     top = max(r[3] for r in rows) or 1.0
     body = [[c, bar(p / top, 240) + f" {p:.1f}%", _time(t), f"{n:,}"] for c, t, n, p in rows]
     return (f'<div class="muted">share of {basis} per category</div>'
-            + table(["category", "share", "time", "events"], body, raw_columns=(1,)))
+            + table(["category", "share", "time", "events"], body, name_columns=(), text_columns=(0,), raw_columns=(1,)))
 
 
 def tensor_core_lines(result) -> list[str]:
@@ -296,7 +296,10 @@ def header_html(result) -> str:
     return f"<h4>{esc(title(result))}</h4>{kpis}<div class=\"muted\">{esc(result.header['peak_note'])}</div>{warning}"
 
 
-def ops_table_html(result, frame, group: str) -> str:
+def ops_table_html(result, frame, group: str, sort: tuple[str, bool] | None = None, empty: str | None = None) -> str:
+    """The operator table; ``sort`` (column, ascending) marks the header the rows are sorted by (the
+    "sort by" control sorts: a trial's user looked for it on the headers), ``empty`` is what a table
+    without rows says."""
     cols = visible_columns(result, group)
     frame = records(frame)
     rows = _rows(result, frame, cols)
@@ -307,7 +310,9 @@ def ops_table_html(result, frame, group: str) -> str:
         for row, p in zip(rows, [r["percent"] for r in frame]):
             row[pct_i] = (bar(p / 100.0, 100) + " " + esc(row[pct_i])) if p == p else esc(row[pct_i])
     text_cols = tuple(i for i, c in enumerate(cols) if c[2] == "text")
-    return table([c[1] for c in cols], rows, name_columns=text_cols, raw_columns=(pct_i,) if pct_i is not None else ())
+    sorted_i = next((i for i, c in enumerate(cols) if sort is not None and c[0] == sort[0]), None)
+    return table([c[1] for c in cols], rows, name_columns=text_cols, raw_columns=(pct_i,) if pct_i is not None else (),
+                 sorted_column=(sorted_i, sort[1]) if sorted_i is not None else None, empty=empty)
 
 
 def details_html(result) -> str:
@@ -317,7 +322,7 @@ def details_html(result) -> str:
              "<h4>Matmul/conv shapes</h4>", bullet_list(unaligned_lines(result))]
     if result.kernel_count:
         parts += ["<h4>Top kernels</h4>", table(["kernel", "calls", "time", "category", "Tensor Cores"],
-                                                kernel_rows(result), tall=True)]
+                                                kernel_rows(result), tall=True, text_columns=(3, 4))]
     return "".join(parts)
 
 
@@ -416,7 +421,11 @@ def widget(result):
             status.value = wrap(f'<span class="muted">{len(limited)} of {len(frame)} rows'
                                 + (f' matching "{esc(name_filter.value)}"' if name_filter.value.strip() else "")
                                 + f" ({len(grouped)} in all){page_note(current, pages, size.value, len(limited))}</span>")
-            ops.value = wrap(ops_table_html(result, shown, group.value))
+            typed = name_filter.value.strip()
+            ops.value = wrap(ops_table_html(
+                result, shown, group.value, sort=(sort.value, ascending.value),
+                empty=f'no {"source line" if group.value == "source" else "operator"} matches "{typed}"' if typed
+                else None))
         finally:
             updating[0] = False
 
@@ -430,7 +439,7 @@ def widget(result):
                        w.HBox([size, page], layout=row)])
     breakdown = w.HTML(wrap(categories_html(result) + bullet_list(stream_lines(result))
                             + ("<h4>Top kernels</h4>" + table(["kernel", "calls", "time", "category", "Tensor Cores"],
-                                                               kernel_rows(result), tall=True)
+                                                               kernel_rows(result), tall=True, text_columns=(3, 4))
                                if result.kernel_count else "")))
     cores = w.HTML(wrap("<h4>Tensor Cores</h4>" + bullet_list(tensor_core_lines(result))
                         + "<h4>Matmul/conv shapes</h4>" + bullet_list(unaligned_lines(result))))
