@@ -25,7 +25,7 @@ CSS = """
 .nbaccel .muted {color: #777}
 .nbaccel .warn {color: #b35900}
 .nbaccel .bar {display: inline-block; height: 9px; background: #4a90d9; vertical-align: middle}
-.nbaccel .kpi {display: inline-block; margin-right: 28px}
+.nbaccel .kpi {display: inline-block; margin-right: 28px; vertical-align: top}
 .nbaccel ul {margin: 2px 0 2px 18px; padding: 0}
 </style>
 """
