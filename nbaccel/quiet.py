@@ -8,8 +8,9 @@ one, or the last). Capturing ``sys.stdout``/``sys.stderr`` hides prints, but not
 * warnings: Python shows a warning once per code location, so the first hidden run used it up and
   the run the user sees showed none (torch's "lr_scheduler.step() before optimizer.step()").
 
-In a hidden run (`hiding_side_channels` wraps whatever silencer the caller passed), logging is disabled and warnings are recorded and dropped without touching the
-once-per-location registries (the "always" action keeps no record). Restoring the filters when
+In a hidden run (`hiding_side_channels` wraps whatever silencer the caller passed), logging is
+disabled and warnings are recorded and dropped without touching the once-per-location registries
+(the "always" action keeps no record). Restoring the filters when
 the block ends also invalidates those registries (Python versions them with its filter list), so
 the shown run warns as a plain run would -- and may repeat a warning an earlier cell already
 showed once, as any change to the warning filters does.

@@ -129,20 +129,13 @@ def silenced():
 #: every run, so one nested in another would be run, and measured, as the outer one's code.
 _measuring: list[str] = []
 _NESTED_CELL = re.compile(r"\A(?:\s*\n)?%%(amp|profile_gpu)(?![\w-])")  # after blank lines, as IPython reads a cell magic
-_INSTEAD = {
-    ("amp", "amp"): "remove one of the two %%amp lines",
-    ("profile_gpu", "amp"): "to profile the cell under the mixed-precision recipe, use %%profile_gpu --amp bf16 "
-                            "(or fp16) alone",
-    ("amp", "profile_gpu"): "to profile the cell under the mixed-precision recipe, use %%profile_gpu --amp bf16 "
-                            "(or fp16) alone",
-    ("profile_gpu", "profile_gpu"): "remove one of the two %%profile_gpu lines",
-}
 
 
 def _nested_error(outer: str, inner: str) -> UsageError:
+    instead = (f"remove one of the two %%{inner} lines" if outer == inner else
+               "to profile the cell under the mixed-precision recipe, use %%profile_gpu --amp bf16 (or fp16) alone")
     return UsageError(f"%%{inner} cannot run inside %%{outer}: %%{outer} measures every run of its cell (and may run "
-                      f"it several times), so the runs of %%{inner} would be measured as the cell's code; "
-                      f"{_INSTEAD[outer, inner]}")
+                      f"it several times), so the runs of %%{inner} would be measured as the cell's code; {instead}")
 
 
 def refuse_nested_cell_magic(name: str, cell: str) -> None:
