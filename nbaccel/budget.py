@@ -376,11 +376,6 @@ class _DeviceCaps:
 _caps: dict[int, _DeviceCaps] = {}  # device index -> nbaccel's caps on it
 
 
-def cap_index(device: torch.device) -> int:
-    """The GPU a cap applies to: the device's index, or the current device for a bare ``cuda``."""
-    return device_index(device)
-
-
 def _cap_fraction(device: torch.device, budget: int) -> float:
     if device.type != "cuda":
         raise BudgetError(f"{option('enforce', True)} needs a CUDA device: the CPU allocator has no per-process cap, so on the CPU "
@@ -409,7 +404,7 @@ def apply_cap(device: torch.device, budget: int) -> float:
     --enforce``; a new call replaces the cap); returns the fraction set. An open `push_cap` block's cap
     stays in force until the block ends, then this one does."""
     fraction = _cap_fraction(device, budget)
-    index = cap_index(device)
+    index = device_index(device)
     _caps_of(index).lasting = fraction
     _set(index)
     return fraction
@@ -419,7 +414,7 @@ def push_cap(device: torch.device, budget: int) -> tuple[int, object]:
     """Cap ``device`` at ``budget`` bytes for a block; `pop_cap` with the returned handle puts back the
     cap that was in force before (a ``%memory_budget --enforce`` one, or an outer block's), not 1.0."""
     fraction = _cap_fraction(device, budget)
-    index = cap_index(device)
+    index = device_index(device)
     token = object()
     _caps_of(index).blocks.append([token, fraction])
     _set(index)
@@ -440,7 +435,7 @@ def pop_cap(handle: tuple[int, object]) -> None:
 def release_cap(device: torch.device | None = None) -> None:
     """Remove every cap nbaccel set on ``device`` (all GPUs when None), open blocks' too, and put back
     the fraction in force before nbaccel's first one."""
-    indices = list(_caps) if device is None else [cap_index(device)]
+    indices = list(_caps) if device is None else [device_index(device)]
     for index in indices:
         caps = _caps.pop(index, None)
         if caps is not None:
@@ -627,5 +622,5 @@ def memory_budget(budget, device="auto", strict: bool = False, enforce: bool = F
 
 __all__ = ["memory_budget", "MemoryBudget", "BudgetStatus", "CellReport", "CellRecord", "Watcher", "parse_budget",
            "BudgetError", "BudgetExceeded", "BudgetWarning", "apply_cap", "push_cap", "pop_cap", "release_cap",
-           "cap_index", "device_memory", "plural",
+           "device_memory", "plural",
            "share_text", "check_near", "size_reading", "MIN_BUDGET"]
