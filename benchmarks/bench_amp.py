@@ -9,7 +9,8 @@ closure and recipe, with the same warmup/repeat counts, and whether they agree w
 how many cores other programs kept busy meanwhile (`nbaccel.contention`, over both measurements of
 the workload): a disagreement on a contended machine says little about either timer.
 Then nbaccel's own costs: the harness wall clock per run beyond the run itself (target: under
-1 ms plus the snapshot copy), and the snapshot capture/restore cost per MiB of state.
+1 ms plus the snapshot copy), a whole comparison of a trivial cell beside one full garbage
+collection, and the snapshot capture/restore cost per MiB of state.
 """
 
 from __future__ import annotations
@@ -64,10 +65,12 @@ def _run(size, dev, dtype, warmup, repeat) -> dict:
     overhead = measure.harness_overhead(dev)
     state_model = measure._model_of(16 * 2**20, dev)
     overhead_state = measure.harness_overhead(dev, state=[state_model], repeat=10)
+    comparison = measure.comparison_cost(dev)
     snap = measure.snapshot_cost(dev, sizes_mb=(1, 16, 64) if size == "full" else (1, 4))
     return {"device": str(dev), "torch": torch.__version__, "threads": torch.get_num_threads(),
             "warmup": warmup, "repeat": repeat, "rows": rows, "harness": overhead,
-            "harness_with_state": overhead_state, "snapshot": snap, "contention": meter.result.to_dict(),
+            "harness_with_state": overhead_state, "comparison": comparison, "snapshot": snap,
+            "contention": meter.result.to_dict(),
             "contended": [w for w in meter.result.contended_spans() if w is not None]}
 
 
@@ -93,6 +96,11 @@ def report(res: dict) -> str:
             f"(target < 1 ms: {'PASS' if h['overhead_s'] < 1e-3 else 'FAIL'})",
             f"  trivial fn + {hs['state_bytes'] / 2**20:.1f} MiB model state: {hs['overhead_s'] * 1e3:.2f} ms per run "
             "(includes the snapshot restore)"]
+    c = res["comparison"]
+    out += [f"  whole comparison of a trivial cell ({c['runs']} runs, {c['memory_runs']} of them memory runs): "
+            f"{c['comparison_s'] * 1e3:.0f} ms; one full gc.collect() in this process ({c['objects_tracked']:,} "
+            f"objects tracked): {c['gc_collect_s'] * 1e3:.0f} ms ({c['method']})" + (
+                "; the CPU memory runs share one full collection" if res["device"] == "cpu" else "")]
     out += ["", "Snapshot cost (host copy of parameters + gradients; median of 5):",
             f"  {'state':>9} {'capture':>10} {'restore':>10} {'capture/MiB':>12} {'restore/MiB':>12}"]
     for s in res["snapshot"]:

@@ -7,13 +7,14 @@
   (``timeit(number=1)``, which runs the statement twice untimed before each timed run), with the
   same repeat count and all of torch's threads
   (Timer defaults to one thread; compare_amp uses whatever torch is set to).
-* `harness_overhead` and `snapshot_cost` measure nbaccel itself.
+* `harness_overhead`, `comparison_cost` and `snapshot_cost` measure nbaccel itself.
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
+import gc
 import statistics
 import time
 
@@ -21,6 +22,7 @@ import torch
 from torch.utils.benchmark import Timer
 
 import nbaccel
+from nbaccel.amp import memory_runs, planned_runs
 from nbaccel.analysis.peaks import lookup_gpu, peak_flops
 from nbaccel.device import device_info
 from nbaccel.precision import Recipe, apply_recipe, make_recipe
@@ -183,6 +185,26 @@ def harness_overhead(device: torch.device, state=(), repeat: int = 50) -> dict:
             "state_bytes": Snapshot.capture(objects=list(state)).nbytes if state else 0,
             "method": f"gap between consecutive timed runs' clock starts minus the run's measured time, "
                       f"median of {len(gaps)} gaps"}
+
+
+def comparison_cost(device: torch.device, trials: int = 5) -> dict:
+    """Wall clock of one whole comparison of a trivial cell, beside one full ``gc.collect()`` in the
+    same process: each CPU memory run starts with a collection, and a full one walks every object the
+    process tracks; since `nbaccel.memory.meter_series` a comparison pays one full collection, not one
+    per memory run. Medians of ``trials``."""
+    wholes, collects = [], []
+    for _ in range(trials):
+        t0 = time.perf_counter()
+        nbaccel.compare_amp(lambda: None, dtype="auto", device=device, warmup=0, repeat=3, state=[None])
+        wholes.append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        gc.collect()
+        collects.append(time.perf_counter() - t0)
+    return {"comparison_s": statistics.median(wholes), "runs": planned_runs(0, 3, device=device),
+            "memory_runs": 2 * memory_runs(device), "gc_collect_s": statistics.median(collects),
+            "objects_tracked": len(gc.get_objects()),
+            "method": f"compare_amp(lambda: None, warmup=0, repeat=3) wall clock and gc.collect() alone, "
+                      f"median of {trials} each, alternating"}
 
 
 def _model_of(nbytes: int, device) -> torch.nn.Module:

@@ -35,7 +35,7 @@ from .contention import ContentionMeter
 from .device import DTYPE_NAMES, DeviceError, device_info, dtype_name, resolve_device
 from .drift import compute_drift, runs_differ, to_host
 from .flops import OpAudit
-from .memory import PeakMemory, PeakMeter, format_bytes, note_harness
+from .memory import PeakMemory, PeakMeter, format_bytes, meter_series, note_harness
 from .options import in_magic, option, whole_number
 from .precision import FP32, Recipe, TorchGlobals, apply_recipe, autocast_in_effect, make_recipe
 from .quiet import hiding_side_channels
@@ -374,12 +374,13 @@ def compare_amp(
             for recipe in (order if i % 2 == 0 else order[::-1]):
                 times[id(recipe)].times.append(runner.timed(recipe))
         peaks, fp32_again = {id(r): [] for r in order}, None
-        for i in range(memory_runs(dev)):  # interleaved and alternating, like the timed runs
-            for recipe in (order if i % 2 == 0 else order[::-1]):
-                first_fp32 = restore and recipe is base_recipe and i == 0
-                peak, value = runner.memory(recipe, keep_value=first_fp32)
-                peaks[id(recipe)].append(peak)
-                fp32_again = value if first_fp32 else fp32_again
+        with meter_series(dev):
+            for i in range(memory_runs(dev)):  # interleaved and alternating, like the timed runs
+                for recipe in (order if i % 2 == 0 else order[::-1]):
+                    first_fp32 = restore and recipe is base_recipe and i == 0
+                    peak, value = runner.memory(recipe, keep_value=first_fp32)
+                    peaks[id(recipe)].append(peak)
+                    fp32_again = value if first_fp32 else fp32_again
         memory = {key: PeakMemory.median_of(runs) for key, runs in peaks.items()}
         audits = {id(r): runner.audited(r) for r in order}
         # The kept run: under the recipe, output shown, state left as one run leaves it.

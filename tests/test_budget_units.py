@@ -520,3 +520,51 @@ def test_kubernetes_binary_suffixes(text, expected):
 def test_a_tiny_kubernetes_size_suggests_the_next_unit():
     with pytest.raises(BudgetError, match=r"did you mean '?512Mi'?\?"):
         parse_budget("512Ki", torch.device("cpu"))
+
+
+def test_a_series_of_cpu_meters_collects_only_new_garbage_and_unfreezes():
+    """A CPU %%amp made six full gc.collect() calls, each walking every object in the process (0.17 s
+    apiece in a notebook, over a second in a long session). `meter_series` collects once, freezes what
+    is alive, and the runs' collections walk only new objects; the garbage a run leaves in a reference
+    cycle is still freed before the next run's meter starts."""
+    import gc
+    import weakref
+
+    from nbaccel.memory import PeakMeter, meter_series
+
+    class Node:
+        pass
+
+    assert gc.get_freeze_count() == 0
+    with meter_series(CPU):
+        frozen = gc.get_freeze_count()
+        assert frozen > 1000  # the process's objects, left out of the runs' collections
+        with PeakMeter(CPU):
+            a, b = Node(), Node()
+            a.other, b.other = b, a  # a cycle: only the garbage collector frees it
+            gone = weakref.ref(a)
+            del a, b
+        with PeakMeter(CPU):  # starts with a collection
+            assert gone() is None
+        assert gc.get_freeze_count() == frozen
+    assert gc.get_freeze_count() == 0
+    with pytest.raises(KeyboardInterrupt), meter_series(CPU):
+        raise KeyboardInterrupt
+    assert gc.get_freeze_count() == 0
+
+
+def test_a_series_leaves_a_process_that_froze_objects_itself_as_it_was():
+    import gc
+
+    from nbaccel.memory import meter_series
+
+    gc.freeze()  # a server that forks workers does this
+    try:
+        mine = gc.get_freeze_count()
+        with meter_series(CPU):
+            assert gc.get_freeze_count() == mine
+        assert gc.get_freeze_count() == mine
+    finally:
+        gc.unfreeze()
+    with meter_series(torch.device("cuda")):  # CUDA meters do not collect: nothing to freeze
+        assert gc.get_freeze_count() == 0
