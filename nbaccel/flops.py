@@ -28,16 +28,16 @@ if TYPE_CHECKING:
 
 # Ops that dominate training time and that Tensor Cores / AMX accelerate in reduced precision.
 HEAVY_OPS = frozenset({
-    "aten.mm", "aten.addmm", "aten.bmm", "aten.baddbmm", "aten.convolution", "aten.convolution_backward",
-    "aten._convolution", "aten._scaled_dot_product_flash_attention", "aten._scaled_dot_product_efficient_attention",
-    "aten._scaled_dot_product_cudnn_attention", "aten._flash_attention_forward", "aten._efficient_attention_forward",
-    "aten._scaled_dot_product_flash_attention_for_cpu",
+    "aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::convolution", "aten::convolution_backward",
+    "aten::_convolution", "aten::_scaled_dot_product_flash_attention", "aten::_scaled_dot_product_efficient_attention",
+    "aten::_scaled_dot_product_cudnn_attention", "aten::_flash_attention_forward", "aten::_efficient_attention_forward",
+    "aten::_scaled_dot_product_flash_attention_for_cpu",
 })
-MATMUL_OPS = frozenset({"aten.mm", "aten.addmm", "aten.bmm", "aten.baddbmm"})
+MATMUL_OPS = frozenset({"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm"})
 # View and bookkeeping ops say nothing about arithmetic precision; leaving them out keeps the table readable.
-_IGNORED = frozenset({"aten.t", "aten.view", "aten.detach", "aten.expand", "aten._unsafe_view", "aten.transpose",
-                      "aten.permute", "aten.unsqueeze", "aten.squeeze", "aten.as_strided", "aten.slice",
-                      "aten.select", "aten.alias", "aten.reshape", "aten.lift_fresh"})
+_IGNORED = frozenset({"aten::t", "aten::view", "aten::detach", "aten::expand", "aten::_unsafe_view", "aten::transpose",
+                      "aten::permute", "aten::unsqueeze", "aten::squeeze", "aten::as_strided", "aten::slice",
+                      "aten::select", "aten::alias", "aten::reshape", "aten::lift_fresh"})
 
 
 def dtype_name(dtype) -> str:
@@ -62,7 +62,9 @@ class OpAudit(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
-        name = f"{func.namespace}.{func.overloadpacket.__name__}"
+        # "aten::mm", as torch.profiler and the dispatcher's schemas name ops, so %%amp's op table and
+        # %%profile_gpu's read the same.
+        name = f"{func.namespace}::{func.overloadpacket.__name__}"
         if name in _IGNORED or func.namespace == "profiler":  # record_function markers, not math
             return out
         flat_out, _ = tree_flatten(out)

@@ -222,11 +222,11 @@ def test_a_body_that_raises_gets_every_flag_of_the_recipe_back():
 
 def _mm_dtypes(variant) -> set:
     ops = variant.ops
-    return set(ops[ops["op"] == "aten.mm"]["dtype"])
+    return set(ops[ops["op"] == "aten::mm"]["dtype"])
 
 
 def test_the_fp32_baseline_is_strict_under_an_outer_autocast():
-    # Was: the row labelled fp32 ran aten.mm in bf16 and the drift came out exactly 0, unexplained.
+    # Was: the row labelled fp32 ran aten::mm in bf16 and the drift came out exactly 0, unexplained.
     x, w = torch.randn(64, 64), torch.randn(64, 64)
     with torch.autocast("cpu", dtype=torch.bfloat16):
         res = nbaccel.compare_amp(lambda: x @ w, dtype="bf16", repeat=3, warmup=0)

@@ -12,7 +12,7 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
 
 
 def _mm_dtypes(variant) -> set:
-    return set(variant.ops[variant.ops["op"] == "aten.mm"]["dtype"])
+    return set(variant.ops[variant.ops["op"] == "aten::mm"]["dtype"])
 
 
 def test_an_outer_cuda_autocast_does_not_reach_the_fp32_run():

@@ -108,7 +108,7 @@ def test_bf16_ops_reported_on_cpu(run_cell, ip):
     run_cell(TRAIN)
     run_cell(STEP.format(opts="--dtype bf16 --device cpu -q"))
     res = ip.user_ns["res"]
-    assert "aten.addmm" in res.precision["reduced"]
+    assert "aten::addmm" in res.precision["reduced"]
     assert res.amp.flops > 0
     assert res.drift is not None and res.drift["max_rel"] < 0.1
     assert any("CPU" in a for a in res.advice)
@@ -368,7 +368,7 @@ def test_autocast_left_on_by_an_earlier_cell_does_not_leak_into_the_fp32_run(run
         ip.user_ns["ac"].__exit__(None, None, None)
     res = ip.user_ns["res"]
     ops = res.baseline.ops
-    assert set(ops[ops["op"] == "aten.mm"]["dtype"]) == {"fp32"}
+    assert set(ops[ops["op"] == "aten::mm"]["dtype"]) == {"fp32"}
     shown = captured.outputs[0].data["text/plain"]
     assert "autocast bf16 (cpu) was already on around %%amp" in shown
 

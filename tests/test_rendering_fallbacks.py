@@ -73,7 +73,7 @@ def test_widget_as_a_user_sees_it(amp_result):
     choose.value = "reduced"
     reduced_rows = ops.value.count("<tr>")
     assert 1 < reduced_rows < all_rows
-    assert "aten.addmm" in ops.value
+    assert "aten::addmm" in ops.value
 
 
 def test_to_dict_round_trips_and_loads_into_a_frame(amp_result):
