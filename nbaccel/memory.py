@@ -21,6 +21,7 @@ import functools
 import gc
 import threading
 import time
+import weakref
 from dataclasses import dataclass
 
 import torch
@@ -104,11 +105,13 @@ def _can_reset_hwm() -> bool:
         return False
 
 
-# The meters measuring now, outermost first. Starting a meter resets the device's peak counter (CUDA's
+# The meters measuring now. Starting a meter resets the device's peak counter (CUDA's
 # reset_peak_memory_stats, the CPU's VmHWM), which would hide the peak reached before it from every
 # meter around it: a budget watching a cell whose %%amp memory runs (or estimator) reset the peak saw
 # only what came after the last reset. So a reset first folds the current peak into the open meters.
-_open_meters: list[PeakMeter] = []
+# Weakly held: a meter entered and never left (``memory_budget(...).__enter__()`` typed by hand, the
+# object then dropped) leaves the set once nothing else holds it, instead of folding peaks forever.
+_open_meters: weakref.WeakSet[PeakMeter] = weakref.WeakSet()
 
 
 def reset_cuda_peak(device: torch.device, now: CudaCounters | None = None) -> None:
@@ -259,11 +262,11 @@ class PeakMeter:
         self._folded = (0, 0)  # a meter used again starts afresh
         self._cm = self._cuda() if self.device.type == "cuda" else self._cpu()
         self._cm.__enter__()  # resets the peak (folding it into the meters around) before joining them
-        _open_meters.append(self)
+        _open_meters.add(self)
         return self
 
     def __exit__(self, *exc):
-        _open_meters.remove(self)
+        _open_meters.discard(self)
         return self._cm.__exit__(*exc)
 
 

@@ -568,3 +568,18 @@ def test_a_series_leaves_a_process_that_froze_objects_itself_as_it_was():
         gc.unfreeze()
     with meter_series(torch.device("cuda")):  # CUDA meters do not collect: nothing to freeze
         assert gc.get_freeze_count() == 0
+
+
+def test_a_meter_entered_and_dropped_without_exit_is_not_kept_measuring():
+    import gc
+
+    import nbaccel
+    from nbaccel.memory import _open_meters
+
+    before = len(_open_meters)
+    block = nbaccel.memory_budget("1GiB", device="cpu")
+    block.__enter__()  # entered by hand, never exited
+    assert len(_open_meters) == before + 1
+    del block
+    gc.collect()
+    assert len(_open_meters) == before
