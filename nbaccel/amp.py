@@ -39,6 +39,7 @@ from .memory import PeakMemory, PeakMeter, format_bytes, meter_series, note_harn
 from .options import in_magic, option, whole_number
 from .precision import FP32, Recipe, TorchGlobals, apply_recipe, autocast_in_effect, make_recipe
 from .quiet import hiding_side_channels
+from .unrewindable import and_list, describe, iterators_read
 from .snapshot import Snapshot, SnapshotTooLarge, available_host_memory, estimate_bytes
 from .timing import Clock, Stats
 
@@ -183,17 +184,19 @@ class _Cell:
         return value
 
     def where(self, order) -> str:
-        """Which run raised, e.g. "under bf16 autocast (it ran in fp32)"."""
+        """Which run raised, e.g. "in the bf16 autocast run (the fp32 run had succeeded)"."""
         _, recipe, kept = self.failure
-        where = _run_words(recipe)
+        name = _run_name(recipe)
         if kept:
-            return where + " in the kept run (the measurement runs had succeeded)"
+            return f"in the kept {name} run (the measurement runs had succeeded)"
         others = [r for r in order if r != recipe and r in self.ran]
+        if others and recipe in self.ran:
+            return f"in {_a(name)} run (earlier {name} and {_run_name(others[0])} runs had succeeded)"
         if others:
-            return where + f" (it ran {_run_words(others[0])})"
+            return f"in the {name} run (the {_run_name(others[0])} run had succeeded)"
         if recipe in self.ran:
-            return where + " (an earlier run of it had succeeded)"
-        return where
+            return f"in {_a(name)} run (an earlier one had succeeded)"
+        return f"in the {name} run"
 
 
 def _amp_name(recipe: Recipe) -> str:
@@ -201,10 +204,16 @@ def _amp_name(recipe: Recipe) -> str:
     return DTYPE_NAMES.get(recipe.autocast_dtype, "tf32")
 
 
-def _run_words(recipe: Recipe) -> str:
+def _a(name: str) -> str:
+    """"an fp32", "a bf16 autocast": the article as the name is read aloud (ef-pee, bee-ef, tee-ef)."""
+    return ("an " if name.startswith("f") else "a ") + name
+
+
+def _run_name(recipe: Recipe) -> str:
+    """"bf16 autocast", "TF32" or "fp32": the run's name in "the cell raised X in the ... run"."""
     if recipe.autocast_dtype is not None:
-        return f"under {DTYPE_NAMES[recipe.autocast_dtype]} autocast"
-    return "under TF32" if recipe.tf32 else "in fp32"
+        return f"{DTYPE_NAMES[recipe.autocast_dtype]} autocast"
+    return "TF32" if recipe.tf32 else "fp32"
 
 
 def _safely(what: str, fn, *args):
@@ -317,7 +326,7 @@ def compare_amp(
     ``max_snapshot_fraction``: refuse (`SnapshotTooLarge`) when the snapshot would take more than
     this share of the host's available memory, instead of swapping the machine to death.
     ``on_cell_error(exc, where)``: called when ``fn`` itself raises, before its exception
-    propagates unchanged; ``where`` says which run raised ("under bf16 autocast (it ran in fp32)").
+    propagates unchanged; ``where`` says which run raised ("in the bf16 autocast run (the fp32 run had succeeded)").
     Without it, the exception gets that as a note (``add_note``), shown under its traceback.
     An exception without this call came from nbaccel, not from ``fn``.
     ``on_first_run(seconds, runs_left)``: called once, after the first run, with its measured time
@@ -355,6 +364,7 @@ def compare_amp(
         _check_snapshot_size(namespace, state, skip, max_snapshot_fraction)
         snapshot = Snapshot.capture(namespace, objects=state, skip=skip)
     note_harness("%%amp" if in_magic() else "compare_amp", snapshot.nbytes)
+    iterators = [describe(name, it) for name, it in iterators_read(fn, namespace).items()]
     clock = clock or Clock(dev)
     cell = _Cell(fn)
     # Without restore, runs continue from each other's torch settings as from each other's variables.
@@ -390,6 +400,7 @@ def compare_amp(
         result = _build_result(info, order, times, memory, audits, amp_recipe, base_recipe, baseline,
                                warmup, repeat, clock, snapshot, restore, value, fp32_again)
         result.outer_autocast = outer_autocast
+        result.iterators = iterators
         result.contention = runner.meter.result
     except BaseException as exc:  # KeyboardInterrupt too; re-raised unchanged
         # Abandoned: the variables (unless restore=False) and torch's settings as before, first, so
@@ -403,10 +414,19 @@ def compare_amp(
                             if problem else "your variables and torch's settings are as before the call" if restore
                             else "torch's settings are as before the call (restore=False: variables keep what the runs did)")
                 exc.add_note(f"nbaccel.compare_amp: raised {cell.where(order)}; {restored}")
+            if isinstance(exc, StopIteration) and iterators and cell.ran and hasattr(exc, "add_note"):
+                exc.add_note(used_up_note(iterators))
         if problem and hasattr(exc, "add_note"):
             exc.add_note(problem)
         raise
     return result
+
+
+def used_up_note(iterators: list[str]) -> str:
+    """Why a cell that takes one item per run raised StopIteration under the comparison."""
+    return (f"nbaccel: {and_list(iterators)} {'is an iterator' if len(iterators) == 1 else 'are iterators'} the cell "
+            "takes items from, and the comparison's runs used it up (no snapshot can rewind an iterator). Take "
+            "the batch before the magic (`batch = next(it)`) and use `batch` in the cell.")
 
 
 # The start of the note `_put_back` adds to the user's exception when the variables could not be put back.

@@ -10,6 +10,7 @@ from .amp_result import MIN_RUNS, REDUCED_DTYPES, memory_ranges, too_few_runs
 from .memory import format_bytes
 from .options import in_magic, option
 from .precision import describe
+from .unrewindable import and_list
 
 if TYPE_CHECKING:
     from .amp_result import AmpResult
@@ -19,6 +20,9 @@ def _state_reason(result: AmpResult) -> str | None:
     """Why the two variants' results may differ for reasons other than precision, if any."""
     if not result.restored:
         return "state was not restored between runs, so each run started from the state the one before left"
+    if result.iterators:
+        return (f"the cell takes items from {and_list(result.iterators)}, which no snapshot can rewind, so each run "
+                "had its own items")
     if result.state_changed:
         return ("two runs with the same settings from the same restored state gave different results, so the "
                 "cell depends on state nbaccel does not restore (an iterator it takes the next batch from, "
@@ -26,6 +30,15 @@ def _state_reason(result: AmpResult) -> str | None:
     if result.amp.ops.empty:
         return "the cell ran no torch operators, so precision cannot have changed its result"
     return None
+
+
+def _iterator_note(iterators: list[str]) -> str:
+    """The runs took their own items from the user's iterator (`nbaccel.unrewindable`)."""
+    one = len(iterators) == 1
+    return (f"{and_list(iterators)} {'is an iterator' if one else 'are iterators'} the cell takes items from, and no "
+            f"snapshot can rewind {'it' if one else 'them'}: every run took its own items, so the variants compared "
+            f"different data, and {'it has' if one else 'they have'} moved on by all the runs' items, not one run's. "
+            "To compare on one batch, take it before the magic (`batch = next(it)`) and use `batch` in the cell.")
 
 
 def _outer_autocast_note(result: AmpResult, dtype: str) -> str:
@@ -119,6 +132,8 @@ def advise(result: AmpResult) -> list[str]:
     label = f"{dtype} autocast" if autocast else dtype.upper()
     state_reason = _state_reason(result)
     drift = result.drift
+    if result.iterators:
+        notes.append(_iterator_note(result.iterators))
     if result.outer_autocast:
         notes.append(_outer_autocast_note(result, dtype))
     own = _reduced_in_baseline(result)
@@ -132,7 +147,7 @@ def advise(result: AmpResult) -> list[str]:
                    "rather than from precision, so it is no measure of accuracy")
         notes.append(f"The fp32 and {dtype} results differ (max rel {drift['max_rel']:.1%}), but {state_reason}: "
                      f"{verdict}.")
-    elif result.state_changed:
+    elif result.state_changed and not result.iterators:  # the iterator line says it
         notes.append(f"Careful: {state_reason}; the runs did not all start from the same state.")
     if result.nonfinite_result and not state_reason:
         n = drift["amp_only_nonfinite"] if drift else None

@@ -93,6 +93,9 @@ class AmpResult(ResultMixin):
     outer_autocast: dict = field(default_factory=dict)
     # Other programs' CPU use during the timed runs, per variant (None: made by hand, not measured).
     contention: Contention | None = None
+    # The iterators the cell reads, described ("`it` (a generator)"): no snapshot rewinds them, so each
+    # run took its own items (`nbaccel.unrewindable`).
+    iterators: list[str] = field(default_factory=list)
     made_by: str = "compare_amp()"  # or "%%amp": what the header names (a script's report said "%%amp")
     value: object = field(default=None, repr=False)  # the kept run's value (not serialized)
 
@@ -230,6 +233,7 @@ class AmpResult(ResultMixin):
             "snapshot_bytes": self.snapshot_bytes,
             "restored": self.restored,
             "state_changed": self.state_changed,
+            "iterators": self.iterators,
             "nonfinite_result": self.nonfinite_result,
             "drift_skipped": self.drift_skipped,
             "outer_autocast": self.outer_autocast,

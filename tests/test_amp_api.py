@@ -570,10 +570,10 @@ def test_on_cell_error_says_which_run_raised_and_the_exception_is_unchanged():
                             on_cell_error=lambda exc, where: seen.append((exc, where)))
     except TypeError as exc:
         error = exc
-    assert seen == [(error, "under bf16 autocast (it ran in fp32)")]
+    assert seen == [(error, "in the bf16 autocast run (the fp32 run had succeeded)")]
     with pytest.raises(ZeroDivisionError):
         nbaccel.compare_amp(lambda: 1 / 0, repeat=1, warmup=0, on_cell_error=lambda e, w: seen.append(w))
-    assert seen[-1] == "in fp32"
+    assert seen[-1] == "in the fp32 run"
 
 
 def test_on_cell_error_hears_of_an_interrupt_too():
@@ -588,7 +588,7 @@ def test_on_cell_error_hears_of_an_interrupt_too():
 
     with pytest.raises(KeyboardInterrupt):
         nbaccel.compare_amp(cell, repeat=2, warmup=0, on_cell_error=lambda exc, where: seen.append(where))
-    assert seen == ["under bf16 autocast (it ran in fp32)"]
+    assert seen == ["in a bf16 autocast run (earlier bf16 autocast and fp32 runs had succeeded)"]
 
 
 def test_on_first_run_gets_the_measured_first_run_and_the_runs_to_come():
@@ -711,12 +711,12 @@ def test_a_script_learns_which_run_raised_from_the_exception_note():
 
     with pytest.raises(TypeError) as info:
         nbaccel.compare_amp(to_numpy, repeat=3, warmup=0)
-    assert info.value.__notes__ == ["nbaccel.compare_amp: raised under bf16 autocast (it ran in fp32); your "
+    assert info.value.__notes__ == ["nbaccel.compare_amp: raised in the bf16 autocast run (the fp32 run had succeeded); your "
                                     "variables and torch's settings are as before the call"]
     seen = []
     with pytest.raises(TypeError) as info:
         nbaccel.compare_amp(to_numpy, repeat=3, warmup=0, on_cell_error=lambda exc, where: seen.append(where))
-    assert seen == ["under bf16 autocast (it ran in fp32)"] and not getattr(info.value, "__notes__", None)
+    assert seen == ["in the bf16 autocast run (the fp32 run had succeeded)"] and not getattr(info.value, "__notes__", None)
 
 
 def test_precision_checks_its_arguments_when_made_and_can_be_entered_again():

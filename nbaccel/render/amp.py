@@ -96,7 +96,15 @@ def drift_summary(result) -> str:
     text = f"drift max rel {_max_rel(d, '.2e')}"
     if d.get("amp_only_nonfinite"):
         text += f" ({result.amp.name} has inf/NaN where fp32 has none)"
-    return text
+    flag = _drift_flag(result)
+    return text + (f" ({flag})" if flag else "")
+
+
+def _drift_flag(result) -> str | None:
+    """Flagged where the drift is read: between runs from different states it is no measure of precision."""
+    if not result.restored:
+        return "runs not restored"
+    return "state changed between runs" if result.iterators or result.state_changed else None
 
 
 def _max_rel(drift: dict, spec: str) -> str:
@@ -224,8 +232,10 @@ def _kpis(result) -> str:
         kpis.append(f'<div class="kpi"><div class="muted">{esc(label)}</div><div class="big">{esc(value)}</div>'
                     f'{detail}</div>')
     if result.drift:
+        flag = _drift_flag(result)
         kpis.append(f'<div class="kpi"><div class="muted">drift (max rel)</div><div class="big">'
-                    f'{_max_rel(result.drift, ".1e")}</div></div>')
+                    f'{_max_rel(result.drift, ".1e")}</div>'
+                    + (f'<div class="muted warn">{esc(flag)}</div>' if flag else "") + '</div>')
         if result.drift.get("amp_only_nonfinite"):
             kpis.append(f'<div class="kpi"><div class="muted">inf/NaN only in {esc(result.amp.name)}</div>'
                         f'<div class="big warn">{result.drift["amp_only_nonfinite"]}</div></div>')
