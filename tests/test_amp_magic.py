@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 
 import pytest
@@ -145,6 +146,9 @@ def test_cuda_without_gpu_is_a_usage_error(ip):
 def test_empty_cell_is_a_usage_error(ip):
     with pytest.raises(UsageError, match="needs code"):
         ip.run_cell_magic("amp", "", "  \n")
+    # A user trial: a comment-only %%amp cell ran 21 times and reported "plain Python timed: 0.77x".
+    with pytest.raises(UsageError, match=r"needs code in the cell below the magic line \(it has only comments\)"):
+        ip.run_cell_magic("amp", "", "# model(x) once it is defined\n  # nothing else\n")
 
 
 def test_fp16_on_a_cpu_without_fp16_units_is_refused(ip, monkeypatch):
@@ -210,6 +214,9 @@ def test_env_magic_shows_report(run_cell, ip):
     text = captured.outputs[0].data["text/plain"]
     assert "torch" in text and "AMX-BF16" in text and "float32_matmul_precision" in text
     assert ip.user_ns["env"].to_dict()["kind"] == "env"
+    # A user trial: `python -m nbaccel env --json` exists, `%nbaccel_env --json` was refused.
+    _, captured = run_cell("%nbaccel_env --json")
+    assert not captured.outputs and json.loads(captured.stdout)["kind"] == "env"
 
 
 def test_large_state_is_refused_with_the_alternatives(run_cell, ip):
@@ -310,7 +317,7 @@ def test_a_failure_only_under_autocast_says_which_run_raised(run_cell, ip):
     run_cell("import torch\nx = torch.randn(4, 4)\ncounter = 0")
     result, captured = run_cell("%%amp --repeat 3\ncounter += 1\n(x @ x).numpy().sum()", expect_error=TypeError)
     assert "BFloat16" in str(result.error_in_exec)  # the user's exception, unchanged
-    assert "the cell raised TypeError under bf16 autocast (it ran in fp32)" in captured.stderr
+    assert "the cell raised TypeError in the bf16 autocast run (the fp32 run had succeeded)" in captured.stderr
     assert ip.user_ns["counter"] == 0
 
 
@@ -399,7 +406,7 @@ def test_an_interrupted_run_gets_the_same_note_and_state_is_restored(run_cell, i
     cell = ("%%amp --repeat 3\nk += 1\nbox.runs += 1\ntorch.set_grad_enabled(False)\n"
             "if box.runs == 6: raise KeyboardInterrupt\n")
     _, captured = run_cell(cell, expect_error=KeyboardInterrupt)
-    assert ("nbaccel %%amp: the cell was interrupted (KeyboardInterrupt) in fp32 (it ran under bf16 autocast); "
+    assert ("nbaccel %%amp: the cell was interrupted (KeyboardInterrupt) in an fp32 run (earlier fp32 and bf16 autocast runs had succeeded); "
             "the comparison was abandoned: your variables and torch's global settings") in captured.stderr
     assert ip.user_ns["k"] == 0 and torch.is_grad_enabled()
 
@@ -567,3 +574,57 @@ def test_the_method_line_says_how_the_achieved_column_is_made(run_cell, ip):
             "(a multiply-add is 2; elementwise ops and reductions are not counted) in each variant's audited run, "
             "divided by that variant's median timed run") in method
     assert "achieved: the FLOPs" in captured.outputs[0].data["text/html"]
+
+
+def test_a_cell_that_takes_batches_from_an_iterator_is_told_so(run_cell, ip):
+    """A user trial: `xb = next(it)` in a %%amp cell took 17 batches from a DataLoader iterator while
+    the report said the variables were as after one run, and the drift read as precision's."""
+    run_cell("import torch\nloader = torch.utils.data.DataLoader(torch.randn(400, 8), batch_size=4)\n"
+             "it = iter(loader)\nm = torch.nn.Linear(8, 1)")
+    _, captured = run_cell("%%amp --repeat 3 --warmup 0 -r res\nxb = next(it)\nm(xb).sum()")
+    res = ip.user_ns["res"]
+    assert res.iterators == ["`it` (a _SingleProcessDataLoaderIter)"] and res.to_dict()["iterators"] == res.iterators
+    assert res.advice[0].startswith("`it` (a _SingleProcessDataLoaderIter) is an iterator the cell takes items from")
+    assert "take it before the magic (`batch = next(it)`)" in res.advice[0]
+    assert "(state changed between runs)" in str(res).splitlines()[0]
+    assert "state changed between runs</div>" in captured.outputs[0].data["text/html"]
+    # A batch taken before the magic is a plain tensor: nothing to say.
+    run_cell("batch = next(it)")
+    run_cell("%%amp --repeat 3 --warmup 0 -q -r res2\nm(batch).sum()")
+    res2 = ip.user_ns["res2"]
+    assert res2.iterators == [] and "state changed" not in str(res2) and "iterator" not in " ".join(res2.advice)
+
+
+def test_an_iterator_the_runs_use_up_is_named_in_the_error(run_cell, ip):
+    run_cell("import torch\ndef batches():\n    for _ in range(4):\n        yield torch.randn(4, 8)\n"
+             "gen = batches()\nm = torch.nn.Linear(8, 1)\ndef step():\n    return m(next(gen)).sum()")
+    result, captured = run_cell("%%amp --repeat 3 --warmup 0\nstep()", expect_error=StopIteration)
+    assert "the cell raised StopIteration in " in captured.stderr
+    notes = result.error_in_exec.__notes__
+    assert any(n.startswith("nbaccel: `gen` (a generator) is an iterator the cell takes items from, and the "
+                            "comparison's runs used it up") for n in notes), notes
+
+
+def test_files_and_reiterable_loaders_are_not_iterators_to_warn_about(tmp_path):
+    from nbaccel.unrewindable import iterators_read
+
+    log = open(tmp_path / "log.txt", "w")  # noqa: SIM115 - a file the cell writes to is an iterator too
+    loader = [1, 2, 3]
+    it = iter(loader)
+
+    def cell():
+        log.write("x")
+        return sum(loader)
+
+    def inner():
+        return next(it)
+
+    def outer():
+        return inner()
+
+    try:
+        assert iterators_read(cell) == {}
+        assert iterators_read(outer) == {"it": it}  # reached through the function the cell calls
+        assert iterators_read(lambda: next(it)) == {"it": it}
+    finally:
+        log.close()
