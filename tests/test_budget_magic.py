@@ -671,3 +671,12 @@ def test_a_new_budget_over_a_watched_one_says_what_it_replaced(run_cell, ip):
     _, captured = run_cell("%memory_budget 0.8")  # the same again: nothing replaced
     assert "replaces" not in _texts(captured)
     run_cell("%memory_budget off")
+
+
+def test_asking_for_an_estimate_by_another_name_says_how(ip):
+    # A user trial: "%memory_budget --estimate --model m --batch 64" answered "did you mean --strict?".
+    with pytest.raises(UsageError, match=r"unrecognized arguments: --estimate \(an estimate is asked for with "
+                                         r"--model NAME --batch N"):
+        ip.run_line_magic("memory_budget", "--estimate --model m --batch 64")
+    with pytest.raises(UsageError, match=r"did you mean --strict\?"):  # a real misspelling still gets its match
+        ip.run_line_magic("memory_budget", "1GiB --strictt")

@@ -9,7 +9,7 @@ from IPython.core.error import UsageError
 
 # magic as typed, a cell for cell magics (None for line magics), options its help must list
 MAGICS = {
-    "%nbaccel_env": (None, ["--result"]),
+    "%nbaccel_env": (None, ["--result", "--json"]),
     "%memory_budget": (None, ["--enforce", "--strict", "--near", "--model", "--result", "--quiet", "budget"]),
     "%profile_trace": (None, ["PATH", "--top", "--sort", "--rank", "--result", "--quiet"]),
     "%%amp": ("ran += 1", ["--dtype", "--device", "--no-tf32", "--warmup", "--repeat", "--result", "--quiet"]),

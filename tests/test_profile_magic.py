@@ -496,6 +496,9 @@ def test_a_trace_that_fails_to_write_keeps_the_profile(run_cell, ip, tmp_path, m
 def test_empty_cell_is_a_usage_error(ip):
     with pytest.raises(UsageError, match="needs code"):
         ip.run_cell_magic("profile_gpu", "", "  \n")
+    # A user trial: a comment-only %%amp cell ran 21 times and reported "plain Python timed: 0.77x".
+    with pytest.raises(UsageError, match=r"needs code in the cell below the magic line \(it has only comments\)"):
+        ip.run_cell_magic("profile_gpu", "", "# model(x) once it is defined\n  # nothing else\n")
 
 
 def test_a_running_profiler_is_refused(ip):

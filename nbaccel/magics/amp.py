@@ -17,8 +17,8 @@ from ..render.display import display_result, in_kernel
 from ..snapshot import SnapshotTooLarge
 from ..timing import format_seconds
 from .common import (cell_function, check_name, check_name_free, dtype_hint, help_option, history_name,
-                     output_can_be_silenced, parse_line, refuse_nested_cell_magic, silenced, sole_measuring_magic,
-                     store_result)
+                     output_can_be_silenced, parse_line, refuse_empty_cell, refuse_nested_cell_magic, silenced,
+                     sole_measuring_magic, store_result)
 
 DTYPES = ("bf16", "fp16", "auto", "tf32")
 # A comparison projected (from its measured first run) to take longer than this says so, with a
@@ -77,8 +77,7 @@ class AmpMagics(Magics):
         check_name(args.result)
         if not 0 < args.max_snapshot <= 1:
             raise UsageError(f"--max-snapshot is a fraction of available memory in (0, 1], got {args.max_snapshot}")
-        if not cell.strip():
-            raise UsageError("%%amp needs code in the cell below the magic line")
+        refuse_empty_cell(self.shell, "amp", cell)
         refuse_nested_cell_magic("amp", cell)
         check_name_free(self.shell, args.result, cell)
         try:

@@ -42,6 +42,10 @@ _NEGATIVE = re.compile(r"^-\.?[0-9]")
 _VALUE_OPTIONS = {"--device", "--near", "--model", "--optimizer", "--batch", "--input", "-r", "--result"}
 # A cell that added at least this much memory pushed usage up: it gets the gauge or the warning, and it keeps
 # its row even when a magic refused with a UsageError. Any Python code moves RSS by a few pages.
+# "--estimate" (a user trial) read "did you mean --strict?": the estimate is asked for with --model.
+ESTIMATE_SPELLINGS = dict.fromkeys(
+    ("--estimate", "--predict", "--fit", "--fits"),
+    "an estimate is asked for with --model NAME --batch N, e.g. %memory_budget --model model --batch 64")
 PUSHED = 2**20
 CPU_ENFORCE_NOTE = ("--enforce: the CPU allocator has no per-process cap, so only a soft budget (checked after each "
                     "cell) is possible here; for a hard limit start the kernel in a cgroup "
@@ -114,7 +118,7 @@ class BudgetMagics(Magics):
         for previous, token in zip([None] + tokens, tokens):
             if _NEGATIVE.match(token) and previous not in _VALUE_OPTIONS:
                 raise UsageError(f"a budget must be positive, got {token}; write e.g. 6GiB, 512MiB or 0.8")
-        args = parse_line(self.memory_budget, line)
+        args = parse_line(self.memory_budget, line, meanings=ESTIMATE_SPELLINGS)
         if args is None:  # -h/--help: the help was printed
             return None
         check_name(args.result)

@@ -13,6 +13,7 @@ class EnvMagics(Magics):
     @magic_arguments()
     @help_option
     @argument("-r", "--result", default=None, metavar="NAME", help="store the EnvReport in this variable")
+    @argument("--json", action="store_true", help="print the report as JSON (as python -m nbaccel env --json)")
     @line_magic
     def nbaccel_env(self, line):
         """Show torch/CUDA/cuDNN versions, the device, bf16/fp16/TF32/Tensor Core/AMX support
@@ -23,4 +24,7 @@ class EnvMagics(Magics):
         check_name(args.result)
         report = env_report()
         store_result(self.shell, args.result, report)
-        display_result(report)
+        if args.json:  # to paste into a bug report
+            print(report.to_json(indent=2))
+        else:
+            display_result(report)

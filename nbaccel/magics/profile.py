@@ -17,8 +17,8 @@ from ..op_attribution import CELL_LINE
 from ..profile_table import SORT_COLUMNS
 from ..render.display import display_result
 from .common import (cell_function, check_name, check_name_free, compile_cell, dtype_hint, help_option,
-                     output_can_be_silenced, parse_cell, parse_line, refuse_nested_cell_magic, silenced,
-                     sole_measuring_magic, store_result)
+                     output_can_be_silenced, parse_cell, parse_line, refuse_empty_cell, refuse_nested_cell_magic,
+                     silenced, sole_measuring_magic, store_result)
 
 
 @magics_class
@@ -63,8 +63,7 @@ class ProfileMagics(Magics):
         if args is None:  # -h/--help: the help was printed
             return None
         check_name(args.result)
-        if not cell.strip():
-            raise UsageError("%%profile_gpu needs code in the cell below the magic line")
+        refuse_empty_cell(self.shell, "profile_gpu", cell)
         refuse_nested_cell_magic("profile_gpu", cell)
         check_name_free(self.shell, args.result, cell)
         if args.amp is not None:
