@@ -78,11 +78,20 @@ def test_categories_add_up_and_matmul_dominates(run_cell, ip):
 
 
 def test_shape_advice_pads_1001_to_1008(run_cell, ip):
-    prof, _, _ = profile_cell(run_cell, ip)
+    prof, _, _ = profile_cell(run_cell, ip, opts="-q -r prof --amp bf16")
     mm = [e for e in prof.unaligned if e["op"] == "aten::mm" and e["shapes"] == "1000x1000, 1000x1001"]
-    assert mm and mm[0]["unaligned"] == {"N": 1001} and mm[0]["pad_to"] == {"N": 1008}
+    assert mm and mm[0]["unaligned"] == {"N": 1001} and mm[0]["pad_to"] == {"N": 1008} and mm[0]["dtype"] == "bf16"
     assert any("1001 -> pad to 1008" in a for a in prof.advice)
     assert "N=1001 -> 1008" in str(prof)
+
+
+def test_fp32_on_the_cpu_is_not_told_to_pad(run_cell, ip):
+    # A user trial: an fp32 CNN on the CPU was told "3 -> pad to 8 ... fill Tensor Core / AMX tiles";
+    # AMX has no fp32 tiles, and 8 input channels would make the first convolution 2.7x the work.
+    prof, _, _ = profile_cell(run_cell, ip)
+    assert any(e["unaligned"] == {"N": 1001} and e["dtype"] == "fp32" for e in prof.unaligned)
+    assert "N=1001 -> 1008" in str(prof)  # still listed under the shapes
+    assert not any("pad to" in a for a in prof.advice)
 
 
 @pytest.mark.parametrize("share, advised", [(0.03, False), (0.10, True)])
@@ -90,7 +99,7 @@ def test_shape_advice_only_for_unaligned_ops_taking_five_percent_of_the_time(run
     """As %%amp's 5 %-of-FLOPs rule: a 10-class output layer is listed under shapes, not advised on."""
     from nbaccel.profile_advice import advise
 
-    prof, _, _ = profile_cell(run_cell, ip)
+    prof, _, _ = profile_cell(run_cell, ip, opts="-q -r prof --amp bf16")  # bf16: AMX tiles to fill
     total = sum(prof.op_columns["self_us"])
     entry = dict(prof.unaligned[0], time_us=share * total)
     prof.__dict__["unaligned"] = [entry]  # a cached property: this profile's one unaligned op, at that share
@@ -404,7 +413,7 @@ def test_widget_top_k_sort_choices_and_name_order_follow_the_grouping(run_cell, 
 
 
 def test_widget_builds_with_breakdown_and_advice_tabs(run_cell, ip):
-    prof, _, _ = profile_cell(run_cell, ip)
+    prof, _, _ = profile_cell(run_cell, ip, opts="-q -r prof --amp bf16")
     box = render_profile.widget(prof)
     tab = next(w for w in walk(box) if type(w).__name__ == "Tab")
     assert [tab.get_title(i) for i in range(4)] == ["Operators", "Breakdown", "Tensor Cores", "Advice"]
