@@ -420,6 +420,11 @@ class BudgetMagics(Magics):
                                   tb=tb, skip=history_name(self.shell), per_sample_bytes=per_sample, batch=batch,
                                   per_sample_precision=precision or "fp32")
         display_result(explanation)
+        # And the error itself, in one line, as the cell's error output: nbconvert, nbclient's
+        # CellExecutionError and papermill read that, and showed an empty traceback without it (a user
+        # trial). The full traceback stays one `%tb` away; the explanation says where it was raised.
+        stb = shell.InteractiveTB.get_exception_only(etype, value)
+        shell._showtraceback(etype, value, stb)
         return None
 
 
