@@ -7,6 +7,7 @@ DataLoader rule also runs live through IPython.
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -14,6 +15,7 @@ import pytest
 import nbaccel
 from nbaccel.analysis import kernel_category, op_category
 from nbaccel.analysis import phases
+from nbaccel.contention import Contention
 
 DATA = Path(__file__).parent / "data"
 
@@ -56,7 +58,7 @@ def test_gpu_kernel_categories_are_unchanged():
     assert kernel_category("triton_per_fused_native_layer_norm_2") == "reduction"
 
 
-def test_first_compiled_call_is_compiling_time(traces):
+def test_first_compiled_call_is_compiling_time_with_advice(traces):
     r = traces["compile_first_call"]
     compile_us = r.phase_times["compile_us"]
     assert compile_us / r.window_us > 0.99  # 20.2 s of a 20.2 s profile (a cold compile)
@@ -65,6 +67,9 @@ def test_first_compiled_call_is_compiling_time(traces):
     # every op inside the compile ranges is compile work: their self times add up to the ranges
     assert cats["compiling"] == pytest.approx(compile_us, rel=1e-6)
     assert sum(cats.values()) == pytest.approx(_self_total_plus_gaps(r))
+    advice = [a for a in r.advice if "torch.compile compiling" in a]
+    assert advice == [f"{compile_us / 1e6:.2f} s (100%) of this profile was torch.compile compiling, not running "
+                      "the cell: record a later step to see what the compiled code costs."]
 
 
 def test_ops_traced_while_compiling_add_no_flops(traces):
@@ -85,7 +90,16 @@ def test_later_compiled_call_is_compiled_region_not_other(traces):
     assert r.phase_times["compile_us"] == 0 and not any("compil" in a for a in r.advice)
 
 
-def test_waiting_for_dataloader_workers_is_a_category(traces):
+def test_live_profile_with_warmup_that_still_compiles_says_it_recompiled(traces):
+    r = traces["compile_first_call"]
+    live = dataclasses.replace(r, loaded=None, options=dataclasses.replace(r.options, warmup=1))
+    line = next(a for a in live.advice if "torch.compile compiling" in a)
+    assert "it compiled again after 1 warm-up run: " in line and "TORCH_LOGS=recompiles" in line
+    first = dataclasses.replace(r, loaded=None)
+    assert "profile a later call (--warmup 1" in next(a for a in first.advice if "torch.compile compiling" in a)
+
+
+def test_waiting_for_dataloader_workers_is_a_category_and_advice(traces):
     r = traces["dataloader_workers2"]
     t = r.phase_times
     assert t["data_loading_calls"] == 5 and t["data_loading_workers"]
@@ -93,6 +107,21 @@ def test_waiting_for_dataloader_workers_is_a_category(traces):
     # the main process waits in __next__ with no op running: all of it is data loading, counted once
     assert cats["data loading"] == pytest.approx(t["data_loading_us"], abs=1.0)
     assert sum(cats.values()) == pytest.approx(_self_total_plus_gaps(r))
+    share = t["data_loading_us"] / r.window_us
+    assert share >= 0.10
+    line = next(a for a in r.advice if a.startswith("Waiting for the DataLoader"))
+    assert line.startswith(f"Waiting for the DataLoader took {share:.0%} of the profiled time "
+                           f"({t['data_loading_us'] / 1e3:,.1f} ms in 5 calls of __next__): its worker processes")
+    assert "compete" not in line  # a loaded trace has no core count
+
+
+def test_dataloader_advice_says_workers_compete_when_torch_threads_fill_the_cores(traces):
+    r = traces["dataloader_workers2"]
+    full = dataclasses.replace(r, contention=Contention(cores=2, threads=2))
+    assert ("torch already runs 2 threads on the 2 CPU cores this process may use, so the workers compete with "
+            "the compute for the cores") in next(a for a in full.advice if a.startswith("Waiting for the DataLoader"))
+    room = dataclasses.replace(r, contention=Contention(cores=8, threads=2))
+    assert "compete" not in next(a for a in room.advice if a.startswith("Waiting for the DataLoader"))
 
 
 def test_single_process_dataloader_counts_its_ops_once(traces):
@@ -139,4 +168,5 @@ def test_live_profile_of_a_slow_single_process_loader(run_cell, ip):
     assert t["data_loading_calls"] == 3  # two batches and the call that ends the loop
     assert t["data_loading_us"] >= 8 * 5000  # the sleeps are inside __next__
     assert prof.category_rows[0][0] == "data loading"
-    assert "data loading" in str(prof)
+    line = next(a for a in prof.advice if a.startswith("Waiting for the DataLoader"))
+    assert "it loads each batch in this process" in line and "data loading" in str(prof)
