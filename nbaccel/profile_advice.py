@@ -34,6 +34,10 @@ CONV_SHARE = 0.10            # conv share of device time for the cudnn.benchmark
 SMALL_OP_US = 10.0
 MANY_SMALL_OPS = 100         # small aten op calls per step
 SMALL_OP_SHARE = 0.25        # their self time as a share of all ops' self CPU time
+# torch.compile compiling (a one-time cost, not the cell's) and waiting for the DataLoader, as shares
+# of the wall time: from a tenth on they change what the tables say the cell costs.
+COMPILE_SHARE = 0.10
+DATA_LOADING_SHARE = 0.10
 UNALIGNED_SHARE = 0.05       # below 5% of the time: listed, not advised on (%%amp: 5% of the FLOPs; a 10-class head is no target)
 _CONV = re.compile("conv", re.IGNORECASE)
 
@@ -55,6 +59,45 @@ def _per_step(count: int, steps: int, noun: str) -> str:
 CPU_TILE_DTYPES = frozenset({"bf16", "fp16", "int8"})
 
 
+def _phase_notes(result: ProfileResult) -> list[str]:
+    """torch.compile compiling, and waiting for the DataLoader: time that is not the cell's steady work."""
+    notes = []
+    times, wall = result.phase_times, result.window_us
+    if wall <= 0:
+        return notes
+    share = times["compile_us"] / wall
+    if share >= COMPILE_SHARE:
+        if result.loaded is not None:
+            fix = "record a later step to see what the compiled code costs"
+        elif result.options.warmup:
+            fix = (f"it compiled again after {result.options.warmup} warm-up run{'s' if result.options.warmup > 1 else ''}: "
+                   "a changed input shape, dtype or Python value failed the compiled code's guards "
+                   "(TORCH_LOGS=recompiles says which)")
+        else:
+            fix = "profile a later call (--warmup 1 runs the cell once before recording) to see what the compiled code costs"
+        notes.append(f"{times['compile_us'] / 1e6:.2f} s ({share:.0%}) of this profile was torch.compile compiling, "
+                     f"not running the cell: {fix}.")
+    share = times["data_loading_us"] / wall
+    if share >= DATA_LOADING_SHARE:
+        calls = times["data_loading_calls"]
+        head = (f"Waiting for the DataLoader took {share:.0%} of the profiled time "
+                f"({times['data_loading_us'] / 1e3:,.1f} ms in {calls} call{'s' if calls != 1 else ''} of __next__)")
+        if times["data_loading_workers"]:
+            fix = ("its worker processes did not have the batches ready (the first call also waits for them to start, "
+                   "the last for them to stop): more workers (num_workers), a larger prefetch_factor, "
+                   "persistent_workers=True" + (", pin_memory=True" if result.on_device else ""))
+            c = result.contention
+            if c is not None and c.cores and c.threads and c.threads >= c.cores:
+                fix += (f"; but torch already runs {c.threads} threads on the {c.cores} CPU cores this process may use, "
+                        "so the workers compete with the compute for the cores: more workers add to that, fewer "
+                        "torch threads (torch.set_num_threads) leave them room")
+        else:
+            fix = ("it loads each batch in this process, between the steps: num_workers > 0 loads the next batches "
+                   "in worker processes while this one computes")
+        notes.append(f"{head}: {fix}.")
+    return notes
+
+
 def advise(result: ProfileResult) -> list[str]:
     """One line per finding, each quoting the number that triggered it."""
     notes = []
@@ -67,6 +110,7 @@ def advise(result: ProfileResult) -> list[str]:
     if not n_ops:
         notes.append("No torch operators were recorded: torch.profiler sees torch work only; for plain Python "
                      "time use %prun or pyinstrument.")
+    notes += _phase_notes(result)
     if n_ops and total > 0:
         fp32 = pt.pairwise_sum(t for t, c, d in zip(ops[time_col], ops["category"], ops["math_dtype"])
                                if c == "matmul/conv" and d == "fp32")

@@ -20,6 +20,7 @@ import numpy as np
 from . import profile_table as pt
 from .analysis import (FlopsSummary, TraceData, achieved_flops, category_breakdown, communication_share, load_trace,
                        tensor_core_share)
+from .analysis import phases
 from .analysis.metrics import activity_columns, busy_rows, category_rows, kernel_rows
 from .contention import Contention, warning_line
 from .device import DeviceInfo
@@ -269,10 +270,11 @@ class ProfileResult(ResultMixin):
 
     @functools.cached_property
     def categories(self) -> pd.DataFrame:
-        """Time per category (device time on CUDA, self CPU time on the CPU), largest first."""
+        """Time per category (device time on CUDA, self CPU time on the CPU), largest first; on the CPU
+        torch.compile's compiling and the DataLoader's time are categories of their own (`phase_times`)."""
         if self.on_device:
             return category_breakdown(self.trace)  # built from category_rows' few rows
-        return pt.cpu_categories(self.op_events)
+        return pt.cpu_categories(self.op_events, self.op_phases, self.phase_times["data_loading_gaps"])
 
     @functools.cached_property
     def category_rows(self) -> list[tuple[str, float, int, float]]:
@@ -282,7 +284,36 @@ class ProfileResult(ResultMixin):
         if not self.python_tables:
             cats = self.categories
             return [(r.category, float(r.time_us), int(r.count), float(r.percent)) for r in cats.itertuples()]
-        return [(c, float(t), int(n), float(p)) for c, t, n, p in pt.cpu_category_rows(self.op_columns)]
+        return [(c, float(t), int(n), float(p)) for c, t, n, p in
+                pt.cpu_category_rows(self.op_columns, self.op_phases, self.phase_times["data_loading_gaps"])]
+
+    @functools.cached_property
+    def op_phases(self) -> list[str | None]:
+        """Each op event's phase: "compiling", "data loading" or None (`nbaccel.analysis.phases`)."""
+        return phases.op_phases(self.op_columns, self._annotation_columns)
+
+    @property
+    def _annotation_columns(self) -> dict[str, list]:
+        return {c: self.trace.column("annotations", c) for c in ("name", "pid", "tid", "ts_us", "dur_us", "on_device")}
+
+    @functools.cached_property
+    def phase_times(self) -> dict:
+        """What the advice quotes: torch.compile's compile time (union of its outermost ranges, us, and
+        how many), the DataLoader's ``__next__`` time (union, us), its calls, whether it had worker
+        processes, and the part of it no op covers (``data_loading_gaps``, per call)."""
+        ann = self._annotation_columns
+        compiling = phases.compile_ranges(self.op_columns, phases.compile_flags(self.op_columns["name"],
+                                                                                 self.op_columns["parent"]))
+        loaders = phases.dataloader_ranges(ann)
+        names = [n for n, dev in zip(ann["name"], ann["on_device"]) if not dev and phases.is_dataloader(n)]
+        return {
+            "compile_us": phases.union_us(compiling),
+            "compiles": len(compiling),
+            "data_loading_us": phases.union_us([r for rs in loaders.values() for r in rs]),
+            "data_loading_calls": len(names),
+            "data_loading_workers": any("MultiProcessing" in n for n in names),
+            "data_loading_gaps": phases.data_loading_gaps(self.op_columns, ann) if names else [],
+        }
 
     @functools.cached_property
     def tensor_cores(self):

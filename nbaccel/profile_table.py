@@ -17,6 +17,7 @@ import numpy as np
 from .analysis import CATEGORIES
 from .analysis.sums import desc_order, kahan_sum, pairwise_sum  # noqa: F401 - used here and re-exported
 from .analysis.metrics import category_totals
+from .analysis.phases import DATA_LOADING
 from .flops import pad_to_multiple
 
 if TYPE_CHECKING:
@@ -169,13 +170,24 @@ def select(frame: pd.DataFrame, sort: str, ascending: bool = False, filter: str 
 
 # --- categories, Tensor Cores, shapes --------------------------------------------------------------
 
-def cpu_categories(ops: pd.DataFrame) -> pd.DataFrame:
-    """Self CPU time per op category (self times add up to the profiled CPU time exactly)."""
+def cpu_categories(ops: pd.DataFrame, phases: list | None = None, gaps: list | None = None) -> pd.DataFrame:
+    """Self CPU time per op category (self times add up to the profiled CPU time exactly).
+
+    ``phases`` (`nbaccel.analysis.phases.op_phases`, row-aligned): an op's phase ("compiling",
+    "data loading") replaces its own category. ``gaps``: time inside DataLoader ranges that no op
+    covers, each one more "data loading" entry. See `cpu_category_rows`.
+    """
     import pandas as pd
     cols = ["category", "time_us", "count", "percent"]
-    if not len(ops):
+    if not len(ops) and not gaps:
         return pd.DataFrame({c: pd.Series(dtype=object) for c in cols})
-    g = ops.groupby("category")["self_us"].agg(["sum", "count"])
+    frame = ops[["category", "self_us"]]
+    if phases is not None:
+        frame = frame.assign(category=[p or c for p, c in zip(phases, frame["category"])])
+    if gaps:
+        frame = pd.concat([frame, pd.DataFrame({"category": [DATA_LOADING] * len(gaps), "self_us": gaps})],
+                          ignore_index=True)
+    g = frame.groupby("category")["self_us"].agg(["sum", "count"])
     total = float(g["sum"].sum())
     out = pd.DataFrame({"category": g.index, "time_us": g["sum"].to_numpy(), "count": g["count"].to_numpy()})
     out["percent"] = 100.0 * out["time_us"] / total if total > 0 else 0.0
@@ -397,6 +409,11 @@ def sort_rows(rows: list[dict], column: str, ascending: bool = False) -> list[di
     return sorted(present, key=lambda r: r[column], reverse=not ascending) + missing
 
 
-def cpu_category_rows(cols: dict) -> list[tuple[str, float, int, float]]:
-    """`cpu_categories` as (category, time_us, count, percent) tuples, largest first."""
-    return category_totals(cols["category"], cols["self_us"])
+def cpu_category_rows(cols: dict, phases: list | None = None, gaps: list | None = None) -> list[tuple[str, float, int, float]]:
+    """`cpu_categories` as (category, time_us, count, percent) tuples, largest first.
+
+    An op's phase (compiling, data loading) replaces its category, and the DataLoader's uncovered
+    time (``gaps``) is added as "data loading": each moment is counted once, in one category."""
+    cats = cols["category"] if phases is None else [p or c for p, c in zip(phases, cols["category"])]
+    gaps = list(gaps or ())
+    return category_totals(list(cats) + [DATA_LOADING] * len(gaps), list(cols["self_us"]) + gaps)

@@ -106,7 +106,11 @@ def _many_small_ops():
 _results: dict = {}
 
 
-@pytest.fixture(params=["mlp", "conv+memory+shapes", "small ops+amp", "H100", "A100", "B200"])
+# Recorded torch.compile and DataLoader runs (tests/data/README.md): their categories hold phases
+PHASES = {"compile": "phase_compile_first_call.json.gz", "DataLoader": "phase_dataloader_workers0.json.gz"}
+
+
+@pytest.fixture(params=["mlp", "conv+memory+shapes", "small ops+amp", "H100", "A100", "B200", *PHASES])
 def result(request):
     name = request.param
     if name not in _results:
@@ -116,6 +120,8 @@ def result(request):
             _results[name] = _live(_conv, memory=True, shapes=True)
         elif name == "small ops+amp":
             _results[name] = _live(_many_small_ops, amp="bf16")
+        elif name in PHASES:
+            _results[name] = nbaccel.load_trace(Path(__file__).parent / "data" / PHASES[name])
         else:
             path = TRACES / REFERENCE[["H100", "A100", "B200"].index(name)]
             if not path.exists():
@@ -146,7 +152,8 @@ def test_category_rows_equal_the_categories_frame(result):
     assert result.category_rows == [(r.category, float(r.time_us), int(r.count), float(r.percent))
                                     for r in cats.itertuples()]
     if not result.on_device:
-        assert result.category_rows == pt.cpu_category_rows(result.op_columns)
+        assert result.category_rows == pt.cpu_category_rows(result.op_columns, result.op_phases,
+                                                            result.phase_times["data_loading_gaps"])
 
 
 def test_header_figures_equal_the_dataframe_formulas(result):

@@ -16,6 +16,8 @@ from __future__ import annotations
 import functools
 import re
 
+from .phases import COMPILED, COMPILING, is_compiled_region, is_compiling
+
 __all__ = [
     "uses_tensor_cores",
     "kernel_category",
@@ -33,6 +35,9 @@ CATEGORIES = (
     "data transfer",
     "communication",
     "optimizer",
+    "data loading",  # the rest from here on: CPU op rows only (nbaccel.analysis.phases)
+    "compiled region",
+    "compiling",
     "other",
 )
 
@@ -266,6 +271,11 @@ def op_category(op_name: str) -> str:
     no device work, so putting them anywhere else would inflate that category's op count.
     """
     name = op_name or ""
+    # torch.compile's own ranges before the rest: "compile_fx_inner (dynamo_timed)" is no matmul
+    if is_compiling(name):
+        return COMPILING
+    if is_compiled_region(name):
+        return COMPILED
     if _COMM.search(name):
         return "communication"
     if _OPTIMIZER.search(name):

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, Mapping
 
 from .kernels import kernel_category, op_category, uses_tensor_cores
 from .op_flops import dtype_of, op_flops
+from .phases import compile_flags
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -140,6 +141,9 @@ def build_op_columns(op: dict, nest: Nesting, gpu: dict, links: list) -> dict[st
             j = parent[j]
     flops = [op_flops(nm, d, t, c) for nm, d, t, c in zip(
         op["name"], op["input_dims"], op["input_types"], op["concrete_inputs"])]
+    # Ops recorded while torch.compile compiles trace the model on fake tensors (shapes, no data):
+    # no math ran, so they have no FLOPs (analysis/phases.py).
+    flops = [None if c else f for f, c in zip(flops, compile_flags(op["name"], parent))]
     # Count FLOPs once: aten::linear -> aten::addmm both have a formula; only the innermost
     # op with a formula is counted in totals (as torch.utils.flop_counter counts dispatched ops).
     has_flop_child = [False] * n

@@ -1,0 +1,158 @@
+"""Time that is not the cell's own math: torch.compile compiling, compiled regions, the DataLoader.
+
+Found by the names torch (2.13) gives its profiler events, recorded on the CPU and checked against
+the reference CUDA traces (tests/data/README.md, "phase traces"):
+
+* **compiling**: dynamo and inductor wrap each compile step in a ``cpu_op`` range named
+  ``"<step> (dynamo_timed)"`` (``Scheduler.codegen (dynamo_timed)``, ``async_compile.wait
+  (dynamo_timed)``...), inside outer ranges named ``dynamo`` (the frame's compile, forward graph)
+  and ``inductor_compile`` (also the backward graph's, compiled lazily inside
+  ``CompiledFunctionBackward`` on the first backward). Every op recorded inside such a range is
+  compile work: dynamo and AOTAutograd trace the model on fake tensors (shapes, no data), so those
+  ``aten::mm`` calls did no math and their FLOPs are not counted.
+* **compiled region**: the compiled code's runtime wrappers (``Torch-Compiled Region: 0/0``,
+  ``CompiledFunction``, ``CompiledFunctionBackward``, guard checks). On the CPU inductor's fused
+  C++ kernels run inside them without an op of their own (the ``## Call CompiledFxGraph ... ##``
+  range around them is a ``user_annotation``, not an op), so their time is these ops' self time.
+  On CUDA the fused ``triton_*`` kernels are device activities with their own categories.
+* **data loading**: a DataLoader iterator's ``__next__`` is a ``record_function`` range
+  (``enumerate(DataLoader)#_MultiProcessingDataLoaderIter.__next__``), a ``user_annotation``, so no
+  op table row holds its time. With workers it is the main process waiting for a batch (plus the
+  workers' start and shutdown in the first and last call); without workers the loading itself, the
+  collate's ``aten::stack`` ops nested inside it.
+
+`op_phases` names each op's phase (None for the cell's own work); `data_loading_gaps` is the time
+inside DataLoader ranges that no op covers. Together they give the CPU category breakdown those
+times, each counted once: an op's self time goes to its phase instead of its own category.
+"""
+
+from __future__ import annotations
+
+import bisect
+import re
+
+COMPILING = "compiling"
+COMPILED = "compiled region"
+DATA_LOADING = "data loading"
+
+# The outer compile ranges and every dynamo_timed step (the steps are nested in the outer ones; the
+# outer ones alone would miss a step recorded without them, e.g. a recompile started elsewhere).
+_COMPILE = re.compile(r" \(dynamo_timed\)$|^(?:dynamo|inductor_compile|entire_frame_compile|entire_backward_compile"
+                      r"|backend_compile|compile_fx_inner)$")
+_COMPILED = re.compile(r"^Torch-Compiled Region|CompiledFunction|^## Call CompiledFxGraph|^TorchDynamo Cache Lookup$"
+                       r"|^AOTDispatcher Runtime Wrapper|^Pregraph bytecode$")
+_DATALOADER = re.compile(r"^enumerate\(DataLoader\)#")
+
+
+def is_compiling(name: str) -> bool:
+    return bool(_COMPILE.search(name or ""))
+
+
+def is_compiled_region(name: str) -> bool:
+    return bool(_COMPILED.search(name or ""))
+
+
+def is_dataloader(name: str) -> bool:
+    return bool(_DATALOADER.search(str(name or "")))
+
+
+def compile_flags(names: list, parent: list) -> list[bool]:
+    """Whether each op is a compile range or recorded inside one (``parent``: row of the enclosing op)."""
+    flags: list = [None] * len(names)
+    for i in range(len(names)):
+        chain = []
+        j = i
+        while j >= 0 and flags[j] is None:
+            if is_compiling(names[j]):
+                flags[j] = True
+                break
+            chain.append(j)
+            j = parent[j]
+        inside = j >= 0 and flags[j]
+        for k in chain:
+            flags[k] = inside
+    return flags
+
+
+def compile_ranges(cols: dict, flags: list[bool]) -> list[tuple[float, float]]:
+    """(start, end) of each outermost compile range: a compile op whose parent is not one."""
+    parent, ts, dur = cols["parent"], cols["ts_us"], cols["dur_us"]
+    return [(ts[i], ts[i] + dur[i]) for i, f in enumerate(flags)
+            if f and (parent[i] < 0 or not flags[parent[i]])]
+
+
+def dataloader_ranges(ann: dict) -> dict[tuple, list[tuple[float, float]]]:
+    """Host DataLoader ``__next__`` ranges per (pid, tid), sorted by start."""
+    out: dict[tuple, list] = {}
+    for name, pid, tid, ts, dur, dev in zip(ann["name"], ann["pid"], ann["tid"], ann["ts_us"], ann["dur_us"],
+                                            ann["on_device"]):
+        if not dev and is_dataloader(name):
+            out.setdefault((pid, tid), []).append((float(ts), float(ts) + float(dur)))
+    return {k: sorted(v) for k, v in out.items()}
+
+
+def _inside(ranges: list[tuple[float, float]], starts: list[float], ts: float, end: float) -> bool:
+    k = bisect.bisect_right(starts, ts) - 1
+    return k >= 0 and end <= ranges[k][1]
+
+
+def op_phases(cols: dict, ann: dict) -> list[str | None]:
+    """Each op's phase: COMPILING (in a compile range), DATA_LOADING (in a DataLoader range on its
+    thread), else None. Compiling wins: a DataLoader never runs inside a compile."""
+    flags = compile_flags(cols["name"], cols["parent"])
+    loaders = dataloader_ranges(ann)
+    starts = {k: [r[0] for r in v] for k, v in loaders.items()}
+    out: list[str | None] = []
+    for i, f in enumerate(flags):
+        key = (cols["pid"][i], cols["tid"][i])
+        if f:
+            out.append(COMPILING)
+        elif key in loaders and _inside(loaders[key], starts[key], cols["ts_us"][i],
+                                        cols["ts_us"][i] + cols["dur_us"][i]):
+            out.append(DATA_LOADING)
+        else:
+            out.append(None)
+    return out
+
+
+def data_loading_gaps(cols: dict, ann: dict) -> list[float]:
+    """Per DataLoader range, the time no op on its thread covers (waiting for a worker, Python
+    code of the dataset and sampler): what the op rows leave out."""
+    loaders = dataloader_ranges(ann)
+    gaps = []
+    for key, ranges in loaders.items():
+        spans = sorted((cols["ts_us"][i], cols["ts_us"][i] + cols["dur_us"][i])
+                       for i in range(len(cols["name"])) if (cols["pid"][i], cols["tid"][i]) == key)
+        op_starts = [s for s, _ in spans]
+        reach_before, furthest = [], float("-inf")  # furthest end of the ops starting up to each one
+        for _, e in spans:
+            furthest = max(furthest, e)
+            reach_before.append(furthest)
+        for start, end in ranges:
+            k = bisect.bisect_right(op_starts, start)
+            # An op that began before the range and runs into it covers that part (the range is then
+            # inside the op, whose self time already holds it).
+            reach = max(start, min(reach_before[k - 1], end)) if k else start
+            covered = reach - start
+            for s, e in spans[k:]:
+                if s >= end:
+                    break
+                s, e = max(s, reach), min(e, end)
+                if e > s:
+                    covered += e - s
+                    reach = e
+            gaps.append(max(0.0, end - start - covered))
+    return gaps
+
+
+def union_us(ranges: list[tuple[float, float]]) -> float:
+    """Length of the union of (start, end) intervals."""
+    total, cur_s, cur_e = 0.0, None, None
+    for s, e in sorted(ranges):
+        if cur_e is None or s > cur_e:
+            if cur_e is not None:
+                total += cur_e - cur_s
+            cur_s, cur_e = s, e
+        elif e > cur_e:
+            cur_e = e
+    return total + (cur_e - cur_s if cur_e is not None else 0.0)

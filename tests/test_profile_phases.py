@@ -1,0 +1,172 @@
+"""torch.compile compiling, compiled regions and the DataLoader in %%profile_gpu's categories and advice.
+
+The compile traces are real (tests/data/README.md, "phase traces"): a live compile takes 6-20 s on
+the 2-core VM, too slow for a test, so the rules are tested on what torch 2.13 recorded. The
+DataLoader rule also runs live through IPython.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+import nbaccel
+from nbaccel.analysis import kernel_category, op_category
+from nbaccel.analysis import phases
+from nbaccel.contention import Contention
+
+DATA = Path(__file__).parent / "data"
+
+
+@pytest.fixture(scope="module")
+def traces():
+    return {name: nbaccel.load_trace(DATA / f"phase_{name}.json.gz") for name in
+            ("compile_first_call", "compile_later_call", "dataloader_workers0", "dataloader_workers2")}
+
+
+def _cats(result) -> dict[str, float]:
+    return {c: t for c, t, _, _ in result.category_rows}
+
+
+def _self_total_plus_gaps(result) -> float:
+    return sum(result.op_columns["self_us"]) + sum(result.phase_times["data_loading_gaps"])
+
+
+@pytest.mark.parametrize("name, category", [
+    ("Scheduler.codegen (dynamo_timed)", "compiling"),
+    ("async_compile.wait (dynamo_timed)", "compiling"),
+    ("dynamo", "compiling"),
+    ("inductor_compile", "compiling"),
+    ("Torch-Compiled Region: 0/0", "compiled region"),
+    ("CompiledFunction", "compiled region"),
+    ("CompiledFunctionBackward", "compiled region"),
+    ("autograd::engine::evaluate_function: CompiledFunctionBackward", "compiled region"),
+    ("TorchDynamo Cache Lookup", "compiled region"),
+    ("triton_poi_fused_add_0", "elementwise"),  # inductor's kernels keep their categories
+    ("triton_red_fused_sum_1", "reduction"),
+    ("aten::mm", "matmul/conv"),
+])
+def test_op_categories_of_torch_compile_events(name, category):
+    assert op_category(name) == category
+
+
+def test_gpu_kernel_categories_are_unchanged():
+    assert kernel_category("triton_poi_fused_gelu_0") == "elementwise"
+    assert kernel_category("triton_red_fused_sum_1") == "reduction"
+    assert kernel_category("triton_per_fused_native_layer_norm_2") == "reduction"
+
+
+def test_first_compiled_call_is_compiling_time_with_advice(traces):
+    r = traces["compile_first_call"]
+    compile_us = r.phase_times["compile_us"]
+    assert compile_us / r.window_us > 0.99  # 20.2 s of a 20.2 s profile (a cold compile)
+    cats = _cats(r)
+    assert r.category_rows[0][0] == "compiling"
+    # every op inside the compile ranges is compile work: their self times add up to the ranges
+    assert cats["compiling"] == pytest.approx(compile_us, rel=1e-6)
+    assert sum(cats.values()) == pytest.approx(_self_total_plus_gaps(r))
+    advice = [a for a in r.advice if "torch.compile compiling" in a]
+    assert advice == [f"{compile_us / 1e6:.2f} s (100%) of this profile was torch.compile compiling, not running "
+                      "the cell: record a later step to see what the compiled code costs."]
+
+
+def test_ops_traced_while_compiling_add_no_flops(traces):
+    first, later = traces["compile_first_call"], traces["compile_later_call"]
+    cols = first.op_columns
+    fake = [i for i, (n, p) in enumerate(zip(cols["name"], first.op_phases)) if n == "aten::mm" and p == "compiling"]
+    assert len(fake) >= 10  # dynamo and AOTAutograd traced the matmuls on fake tensors
+    assert all(cols["flops"][i] is None for i in fake)
+    assert first.header["flops"] == later.header["flops"] == 2 * 64 * 32 * 16 * 3  # the real mm: forward + 2 backward
+
+
+def test_later_compiled_call_is_compiled_region_not_other(traces):
+    r = traces["compile_later_call"]
+    cats = _cats(r)
+    assert r.category_rows[0][0] == "compiled region"
+    assert cats["compiled region"] / sum(cats.values()) > 0.9  # the fused C++ kernels run inside CompiledFunction
+    assert cats.get("other", 0.0) / sum(cats.values()) < 0.05
+    assert r.phase_times["compile_us"] == 0 and not any("compil" in a for a in r.advice)
+
+
+def test_live_profile_with_warmup_that_still_compiles_says_it_recompiled(traces):
+    r = traces["compile_first_call"]
+    live = dataclasses.replace(r, loaded=None, options=dataclasses.replace(r.options, warmup=1))
+    line = next(a for a in live.advice if "torch.compile compiling" in a)
+    assert "it compiled again after 1 warm-up run: " in line and "TORCH_LOGS=recompiles" in line
+    first = dataclasses.replace(r, loaded=None)
+    assert "profile a later call (--warmup 1" in next(a for a in first.advice if "torch.compile compiling" in a)
+
+
+def test_waiting_for_dataloader_workers_is_a_category_and_advice(traces):
+    r = traces["dataloader_workers2"]
+    t = r.phase_times
+    assert t["data_loading_calls"] == 5 and t["data_loading_workers"]
+    cats = _cats(r)
+    # the main process waits in __next__ with no op running: all of it is data loading, counted once
+    assert cats["data loading"] == pytest.approx(t["data_loading_us"], abs=1.0)
+    assert sum(cats.values()) == pytest.approx(_self_total_plus_gaps(r))
+    share = t["data_loading_us"] / r.window_us
+    assert share >= 0.10
+    line = next(a for a in r.advice if a.startswith("Waiting for the DataLoader"))
+    assert line.startswith(f"Waiting for the DataLoader took {share:.0%} of the profiled time "
+                           f"({t['data_loading_us'] / 1e3:,.1f} ms in 5 calls of __next__): its worker processes")
+    assert "compete" not in line  # a loaded trace has no core count
+
+
+def test_dataloader_advice_says_workers_compete_when_torch_threads_fill_the_cores(traces):
+    r = traces["dataloader_workers2"]
+    full = dataclasses.replace(r, contention=Contention(cores=2, threads=2))
+    assert ("torch already runs 2 threads on the 2 CPU cores this process may use, so the workers compete with "
+            "the compute for the cores") in next(a for a in full.advice if a.startswith("Waiting for the DataLoader"))
+    room = dataclasses.replace(r, contention=Contention(cores=8, threads=2))
+    assert "compete" not in next(a for a in room.advice if a.startswith("Waiting for the DataLoader"))
+
+
+def test_single_process_dataloader_counts_its_ops_once(traces):
+    r = traces["dataloader_workers0"]
+    t = r.phase_times
+    assert not t["data_loading_workers"]
+    inside = [s for s, p in zip(r.op_columns["self_us"], r.op_phases) if p == "data loading"]
+    assert len(inside) > 100  # collate's aten::stack, the dataset's indexing
+    cats = _cats(r)
+    # the ops inside __next__ and the time between them make up __next__'s duration, no more (to the
+    # trace's rounding: Kineto writes times in us with 3 decimals)
+    assert cats["data loading"] == pytest.approx(t["data_loading_us"], abs=1.0)
+    assert sum(cats.values()) == pytest.approx(_self_total_plus_gaps(r))
+
+
+def test_dataloader_gap_inside_an_enclosing_op_is_not_counted_twice():
+    cols = {"name": ["outer", "aten::stack"], "pid": [1, 1], "tid": [1, 1], "ts_us": [0.0, 20.0],
+            "dur_us": [100.0, 10.0], "parent": [-1, 0]}
+    ann = {"name": ["enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__"], "pid": [1], "tid": [1],
+           "ts_us": [10.0], "dur_us": [50.0], "on_device": [False]}
+    assert phases.data_loading_gaps(cols, ann) == [0.0]  # "outer"'s self time already holds it
+    assert phases.op_phases(cols, ann) == [None, "data loading"]
+    alone = {"name": ["aten::stack"], "pid": [1], "tid": [1], "ts_us": [20.0], "dur_us": [10.0], "parent": [-1]}
+    assert phases.data_loading_gaps(alone, ann) == [40.0]
+
+
+SLOW_LOADER = """
+import time, torch
+from torch.utils.data import DataLoader, Dataset
+class Slow(Dataset):
+    def __len__(self): return 8
+    def __getitem__(self, i):
+        time.sleep(0.005)
+        return torch.full((4,), float(i))
+w = torch.randn(4, 4)
+"""
+
+
+def test_live_profile_of_a_slow_single_process_loader(run_cell, ip):
+    run_cell(SLOW_LOADER)
+    run_cell("%%profile_gpu -q -r prof\nfor xb in DataLoader(Slow(), batch_size=4):\n    (xb @ w).sum()")
+    prof = ip.user_ns["prof"]
+    t = prof.phase_times
+    assert t["data_loading_calls"] == 3  # two batches and the call that ends the loop
+    assert t["data_loading_us"] >= 8 * 5000  # the sleeps are inside __next__
+    assert prof.category_rows[0][0] == "data loading"
+    line = next(a for a in prof.advice if a.startswith("Waiting for the DataLoader"))
+    assert "it loads each batch in this process" in line and "data loading" in str(prof)
