@@ -188,7 +188,7 @@ def advise(result: AmpResult) -> list[str]:
         dims = sorted({d for m in unaligned for d in m["unaligned"]})[:6]
         notes.append("Matmul dims " + ", ".join(map(str, dims)) + " are not multiples of 8; pad them (e.g. to "
                      + ", ".join(str(-(-d // 8) * 8) for d in dims) + ") so Tensor Cores / AMX tiles are used fully.")
-    heavy = result.precision["heavy_fp32"] if autocast else []
+    heavy = result.heavy_fp32_calls if autocast else []
     if heavy:
         notes.append("Heavy ops still in fp32 under autocast: " + ", ".join(heavy)
                      + " (their inputs were cast back, or they ran outside the autocast region).")

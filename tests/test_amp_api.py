@@ -945,3 +945,27 @@ def test_the_cuda_cache_is_emptied_only_to_retry_a_restore_that_ran_out_of_memor
     tries.clear()
     fail = True
     assert _put_back(Restore(), TorchGlobals(), torch.device("cuda", 0)) is None and tries == [False, True]
+
+def test_a_heavy_op_partly_in_fp32_says_how_many_of_its_calls():
+    """A user trial: "ran in reduced precision: aten::bmm" and "heavy ops that stayed fp32: aten::bmm" in
+    one report read as a contradiction; 4 of its 12 calls (inside SDPA on the CPU) had stayed fp32."""
+    x, w = torch.randn(64, 64), torch.randn(64, 64)
+
+    def cell():
+        a = x @ w  # bf16 under the recipe
+        with torch.autocast("cpu", enabled=False):
+            b = x @ w  # fp32 whatever the recipe
+        return a.float().sum() + b.sum()
+
+    res = nbaccel.compare_amp(cell, dtype="bf16", device="cpu", repeat=3, warmup=0)
+    assert "aten::mm" in res.precision["reduced"] and res.precision["heavy_fp32"] == ["aten::mm"]
+    assert res.heavy_fp32_calls == ["aten::mm (1 of 2 calls)"]
+    assert "heavy ops that stayed fp32: aten::mm (1 of 2 calls)" in str(res)
+    assert any(a.startswith("Heavy ops still in fp32 under autocast: aten::mm (1 of 2 calls)") for a in res.advice)
+
+    def fp32_only():
+        with torch.autocast("cpu", enabled=False):
+            return (x @ w).sum()
+
+    res = nbaccel.compare_amp(fp32_only, dtype="bf16", device="cpu", repeat=3, warmup=0)
+    assert res.heavy_fp32_calls == ["aten::mm"]

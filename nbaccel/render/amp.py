@@ -174,7 +174,7 @@ def _precision_lines(result) -> list[str]:
     if p["reduced_flop_share"] is not None:
         lines.append(f"share of FLOPs in reduced precision: {p['reduced_flop_share']:.0%}")
     if p["heavy_fp32"]:
-        lines.append(f"heavy ops that stayed fp32: {', '.join(p['heavy_fp32'])}")
+        lines.append(f"heavy ops that stayed fp32: {', '.join(result.heavy_fp32_calls)}")
     return lines
 
 
