@@ -284,6 +284,14 @@ def test_a_list_inside_a_dict_is_restored(run_cell, ip):
     assert not any("differ" in a or "moved by" in a for a in res.advice)
 
 
+def test_an_inference_tensor_from_an_earlier_cell_is_restored(run_cell, ip):
+    # A tensor made under inference_mode can only change in place inside it: restoring it between
+    # runs raised "Inplace update to inference tensor outside InferenceMode" and failed every later %%amp.
+    run_cell("import torch\nwith torch.inference_mode():\n    preds = torch.zeros(3)")
+    run_cell("%%amp --repeat 2 --warmup 0 -q -r res\nwith torch.inference_mode():\n    preds += 1\npreds")
+    assert ip.user_ns["preds"].tolist() == [1.0, 1.0, 1.0]  # exactly one run's effect
+
+
 def test_state_nbaccel_cannot_restore_is_not_blamed_on_precision(run_cell, ip):
     run_cell("import types\ntr = types.SimpleNamespace(steps=0)")
     run_cell("%%amp --repeat 2 -q -r res\ntr.steps += 1\ntr.steps")
