@@ -945,3 +945,31 @@ def test_the_cuda_cache_is_emptied_only_to_retry_a_restore_that_ran_out_of_memor
     tries.clear()
     fail = True
     assert _put_back(Restore(), TorchGlobals(), torch.device("cuda", 0)) is None and tries == [False, True]
+
+@pytest.mark.parametrize("grad_mode", [torch.inference_mode, torch.no_grad, torch.enable_grad])
+def test_the_op_audit_counts_composite_ops_as_flop_counter_does_in_every_grad_mode(grad_mode):
+    """inference_mode hands the audit aten::linear / matmul / conv2d / einsum whole; it counts
+    what they decompose into, so the FLOPs match torch's FlopCounterMode and no grad mode."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from nbaccel.flops import OpAudit
+    torch.manual_seed(0)
+    lin, conv = torch.nn.Linear(16, 8), torch.nn.Conv2d(3, 8, 3)
+    x, image = torch.randn(4, 5, 16), torch.randn(2, 3, 10, 10)
+
+    def body():
+        return lin(x), torch.matmul(x, lin.weight.t()), conv(image), torch.einsum("bij,kj->bik", x, lin.weight)
+
+    with grad_mode():
+        expected = body()
+        audit, counter = OpAudit(), FlopCounterMode(display=False)
+        with audit:
+            got = body()
+        with counter:
+            body()
+    assert all(torch.equal(a, b) for a, b in zip(expected, got))
+    flops = dict(zip(audit.table()["op"], audit.table()["flops"]))
+    assert {op: f for op, f in flops.items() if f} == {
+        "aten::convolution": 2 * 2 * 8 * 8 * 8 * 3 * 3 * 3, "aten::addmm": 2 * 20 * 16 * 8,
+        "aten::mm": 2 * 20 * 16 * 8, "aten::bmm": 2 * 20 * 16 * 8}
+    assert audit.total_flops == counter.get_total_flops()

@@ -575,3 +575,24 @@ def test_the_method_line_says_how_the_achieved_column_is_made(run_cell, ip):
             "(a multiply-add is 2; elementwise ops and reductions are not counted) in each variant's audited run, "
             "divided by that variant's median timed run") in method
     assert "achieved: the FLOPs" in captured.outputs[0].data["text/html"]
+
+
+def test_an_inference_mode_cell_gets_its_flops_and_reduced_precision_share(run_cell, ip):
+    # Under inference_mode the audit's dispatch mode saw aten::linear whole, which has no FLOP
+    # formula: 0 FLOPs, "achieved" n/a, no reduced-precision share, linear not a heavy op.
+    run_cell("import torch, torch.nn as nn\n"
+             "m = nn.Sequential(nn.Linear(128, 500), nn.ReLU(), nn.Linear(500, 4)).eval()\n"
+             "X = torch.randn(64, 128)")
+    _, out = run_cell("%%amp --dtype bf16 --device cpu --repeat 1 --warmup 0 -r res\n"
+                      "with torch.inference_mode():\n    preds = m(X)")
+    res = ip.user_ns["res"]
+    flops = 2 * 64 * (128 * 500 + 500 * 4)
+    assert res.baseline.flops == res.amp.flops == flops
+    assert res.precision["reduced_flop_share"] == 1.0 and "aten::addmm" in res.precision["reduced"]
+    assert "share of FLOPs in reduced precision: 100%" in out.outputs[0].data["text/plain"]
+    assert sorted(m["unaligned"] for m in res.unaligned_matmuls) == [[4, 500], [500]]  # padding advice sees them
+    # the same cell under no_grad reads the same
+    run_cell("%%amp --dtype bf16 --device cpu --repeat 1 --warmup 0 -q -r res2\n"
+             "with torch.no_grad():\n    preds = m(X)")
+    assert ip.user_ns["res2"].amp.ops[["op", "dtype", "calls", "flops"]].equals(
+        res.amp.ops[["op", "dtype", "calls", "flops"]])
