@@ -6,6 +6,16 @@ every aten op *after* autocast cast its inputs, in forward and backward alike. F
 records the output dtype and, for ops in torch's FLOP registry (the one
 ``torch.utils.flop_counter.FlopCounterMode`` uses; a multiply-add counts as 2 FLOPs), the FLOPs.
 
+Under ``torch.inference_mode()`` the autograd dispatch keys are skipped, so composite ops
+(``aten::linear``, ``aten::matmul``, ``aten::conv2d``, ``aten::scaled_dot_product_attention``,
+``aten::einsum``...) reach the mode whole instead of as the ``addmm`` / ``mm`` / ``convolution``
+they run as, and none of them is in the FLOP registry. Like ``FlopCounterMode``, the audit then
+runs the op's own decomposition (the very kernel the op would run) with itself re-entered, so it
+sees and counts the ops underneath, and an inference-mode cell reads exactly as under
+``no_grad()``. Each aten op is seen once either way: under grad or ``no_grad`` the composite is
+decomposed before it reaches the mode, and inside ``__torch_dispatch__`` the mode is off, so a
+composite and its children are never both recorded.
+
 An audited run is slower than a plain one, so it is never the run that is timed.
 """
 
@@ -61,6 +71,13 @@ class OpAudit(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if func not in flop_registry:
+            # A composite op seen whole (inference mode, see the module docstring): record what it
+            # decomposes into instead; NotImplemented means it has no decomposition.
+            with self:
+                out = func.decompose(*args, **kwargs)
+            if out is not NotImplemented:
+                return out
         out = func(*args, **kwargs)
         # "aten::mm", as torch.profiler and the dispatcher's schemas name ops, so %%amp's op table and
         # %%profile_gpu's read the same.

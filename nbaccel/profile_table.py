@@ -61,9 +61,12 @@ def group_ops(ops: pd.DataFrame, group: str = "op", device_total_us: float = 0.0
     like ``key_averages(group_by_input_shape=True)``. Unlike ``key_averages()``, an op recorded
     inside an op of the same row (autocast and other dispatcher wrappers re-dispatch
     ``aten::matmul`` as a nested ``aten::matmul``) is the same call: it adds its self time, but
-    not a call, total time, FLOPs or total memory (see `redispatched`). ``source``: per user
+    not a call, total time or total memory (see `redispatched`). ``source``: per user
     source line; there only ops whose parent is on another line count toward calls and total
     time, so an ``aten::linear`` and the ``aten::addmm`` inside it are not counted twice.
+    ``flops`` is, in every grouping, the rows' *self* FLOPs: only the ops the header counts (the
+    innermost op with a formula), so an ``aten::linear`` whose ``aten::addmm`` carries the FLOPs
+    shows none and the column sums to the header's total (`self_flops`).
     ``percent`` is each row's share of all device time (GPU profile) or all self CPU time.
     """
     import pandas as pd
@@ -87,7 +90,7 @@ def group_ops(ops: pd.DataFrame, group: str = "op", device_total_us: float = 0.0
         frame = frame.assign(_top=top, _top_dur=np.where(top, frame["dur_us"], 0.0),
                              _top_dev=np.where(top, frame["device_total_us"], 0.0),
                              _top_mem=np.where(top, frame["memory_bytes"].fillna(0.0), 0.0),
-                             _flops=frame["flops"].where(frame["flops_counted"]))
+                             _flops=self_flops(frame))
         g = frame.groupby("source", sort=False)
         out = pd.DataFrame({
             # the line's three costliest ops by self time: what the line spends its time in
@@ -114,7 +117,7 @@ def group_ops(ops: pd.DataFrame, group: str = "op", device_total_us: float = 0.0
         once = ~again
         frame = frame.assign(_call=once, _dur=frame["dur_us"].where(once, 0.0),
                              _dev=frame["device_total_us"].where(once, 0.0),
-                             _flops=frame["flops"].where(once), _mem=frame["memory_bytes"].where(once),
+                             _flops=self_flops(frame), _mem=frame["memory_bytes"].where(once),
                              _inner_dtype=frame["math_dtype"].where(again))
         g = frame.groupby(keys, sort=False)
         out = pd.DataFrame({
@@ -140,6 +143,15 @@ def group_ops(ops: pd.DataFrame, group: str = "op", device_total_us: float = 0.0
     share = out["device_self_us"] if on_device else out["cpu_self_us"]
     out["percent"] = 100.0 * share / base if base > 0 else np.nan
     return out[COLUMNS]
+
+
+def self_flops(frame: pd.DataFrame) -> pd.Series:
+    """Each op event's own FLOPs: its formula's count where the header counts it (the innermost
+    op with a formula, ``flops_counted``), else NaN. A wrapper (``aten::linear`` over
+    ``aten::addmm``, ``aten::matmul`` over ``aten::mm``, autocast's outer ``aten::matmul``) would
+    otherwise repeat its children's FLOPs, and a table sorted by FLOPs would list the same work
+    two or three times."""
+    return frame["flops"].where(frame["flops_counted"].astype(bool))
 
 
 def sort_table(table: pd.DataFrame, column: str, ascending: bool = False) -> pd.DataFrame:
@@ -360,7 +372,7 @@ def group_rows(cols: dict, group: str = "op", device_total_us: float = 0.0) -> l
     again = redispatched(cols["parent"], keys)
     nan = float("nan")
     self_us, dur, dev_self, dev_total = cols["self_us"], cols["dur_us"], cols["device_self_us"], cols["device_total_us"]
-    flops, category, math_dtype = cols["flops"], cols["category"], cols["math_dtype"]
+    flops, counted, category, math_dtype = cols["flops"], cols["flops_counted"], cols["category"], cols["math_dtype"]
     self_mem, mem = cols.get("self_memory_bytes"), cols.get("memory_bytes")
     on_device = device_total_us > 0
     base = device_total_us if on_device else pairwise_sum(self_us)
@@ -388,7 +400,7 @@ def group_rows(cols: dict, group: str = "op", device_total_us: float = 0.0) -> l
             "cpu_total_us": total(dur, calls),
             "device_self_us": total(dev_self, rows),
             "device_total_us": total(dev_total, calls),
-            "flops": total(flops, calls, min_count=True),
+            "flops": total(flops, [i for i in rows if counted[i]], min_count=True),  # self FLOPs (`self_flops`)
             "self_memory_bytes": total(self_mem, rows, min_count=True),
             "memory_bytes": total(mem, calls, min_count=True),
             # The dtype the math ran in: a re-dispatch's (autocast's bf16 matmul inside the fp32 call).

@@ -72,7 +72,9 @@ class _TensorCopy:
 
     def restore(self):
         t = self.tensor
-        with torch.no_grad():
+        # A tensor made under torch.inference_mode() (an earlier cell's `preds`) can only be
+        # updated in place inside inference mode; outside it copy_ raises.
+        with torch.inference_mode() if t.is_inference() else torch.no_grad():
             if t.shape == self.data.shape and t.dtype == self.data.dtype:
                 t.copy_(self.data)
             else:  # the cell resized or re-typed it in place

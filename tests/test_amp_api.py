@@ -969,3 +969,32 @@ def test_a_heavy_op_partly_in_fp32_says_how_many_of_its_calls():
 
     res = nbaccel.compare_amp(fp32_only, dtype="bf16", device="cpu", repeat=3, warmup=0)
     assert res.heavy_fp32_calls == ["aten::mm"]
+
+
+@pytest.mark.parametrize("grad_mode", [torch.inference_mode, torch.no_grad, torch.enable_grad])
+def test_the_op_audit_counts_composite_ops_as_flop_counter_does_in_every_grad_mode(grad_mode):
+    """inference_mode hands the audit aten::linear / matmul / conv2d / einsum whole; it counts
+    what they decompose into, so the FLOPs match torch's FlopCounterMode and no grad mode."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from nbaccel.flops import OpAudit
+    torch.manual_seed(0)
+    lin, conv = torch.nn.Linear(16, 8), torch.nn.Conv2d(3, 8, 3)
+    x, image = torch.randn(4, 5, 16), torch.randn(2, 3, 10, 10)
+
+    def body():
+        return lin(x), torch.matmul(x, lin.weight.t()), conv(image), torch.einsum("bij,kj->bik", x, lin.weight)
+
+    with grad_mode():
+        expected = body()
+        audit, counter = OpAudit(), FlopCounterMode(display=False)
+        with audit:
+            got = body()
+        with counter:
+            body()
+    assert all(torch.equal(a, b) for a, b in zip(expected, got))
+    flops = dict(zip(audit.table()["op"], audit.table()["flops"]))
+    assert {op: f for op, f in flops.items() if f} == {
+        "aten::convolution": 2 * 2 * 8 * 8 * 8 * 3 * 3 * 3, "aten::addmm": 2 * 20 * 16 * 8,
+        "aten::mm": 2 * 20 * 16 * 8, "aten::bmm": 2 * 20 * 16 * 8}
+    assert audit.total_flops == counter.get_total_flops()

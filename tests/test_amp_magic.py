@@ -291,6 +291,14 @@ def test_a_list_inside_a_dict_is_restored(run_cell, ip):
     assert not any("differ" in a or "moved by" in a for a in res.advice)
 
 
+def test_an_inference_tensor_from_an_earlier_cell_is_restored(run_cell, ip):
+    # A tensor made under inference_mode can only change in place inside it: restoring it between
+    # runs raised "Inplace update to inference tensor outside InferenceMode" and failed every later %%amp.
+    run_cell("import torch\nwith torch.inference_mode():\n    preds = torch.zeros(3)")
+    run_cell("%%amp --repeat 2 --warmup 0 -q -r res\nwith torch.inference_mode():\n    preds += 1\npreds")
+    assert ip.user_ns["preds"].tolist() == [1.0, 1.0, 1.0]  # exactly one run's effect
+
+
 def test_state_nbaccel_cannot_restore_is_not_blamed_on_precision(run_cell, ip):
     run_cell("import types\ntr = types.SimpleNamespace(steps=0)")
     run_cell("%%amp --repeat 2 -q -r res\ntr.steps += 1\ntr.steps")
@@ -628,3 +636,24 @@ def test_files_and_reiterable_loaders_are_not_iterators_to_warn_about(tmp_path):
         assert iterators_read(lambda: next(it)) == {"it": it}
     finally:
         log.close()
+
+
+def test_an_inference_mode_cell_gets_its_flops_and_reduced_precision_share(run_cell, ip):
+    # Under inference_mode the audit's dispatch mode saw aten::linear whole, which has no FLOP
+    # formula: 0 FLOPs, "achieved" n/a, no reduced-precision share, linear not a heavy op.
+    run_cell("import torch, torch.nn as nn\n"
+             "m = nn.Sequential(nn.Linear(128, 500), nn.ReLU(), nn.Linear(500, 4)).eval()\n"
+             "X = torch.randn(64, 128)")
+    _, out = run_cell("%%amp --dtype bf16 --device cpu --repeat 1 --warmup 0 -r res\n"
+                      "with torch.inference_mode():\n    preds = m(X)")
+    res = ip.user_ns["res"]
+    flops = 2 * 64 * (128 * 500 + 500 * 4)
+    assert res.baseline.flops == res.amp.flops == flops
+    assert res.precision["reduced_flop_share"] == 1.0 and "aten::addmm" in res.precision["reduced"]
+    assert "share of FLOPs in reduced precision: 100%" in out.outputs[0].data["text/plain"]
+    assert sorted(m["unaligned"] for m in res.unaligned_matmuls) == [[4, 500], [500]]  # padding advice sees them
+    # the same cell under no_grad reads the same
+    run_cell("%%amp --dtype bf16 --device cpu --repeat 1 --warmup 0 -q -r res2\n"
+             "with torch.no_grad():\n    preds = m(X)")
+    assert ip.user_ns["res2"].amp.ops[["op", "dtype", "calls", "flops"]].equals(
+        res.amp.ops[["op", "dtype", "calls", "flops"]])

@@ -123,6 +123,19 @@ def test_h100_operator_table_flops_and_peak():
     assert h["step_times_us"] == [pytest.approx(47151.395)] and h["steps"] == 1
 
 
+@pytest.mark.parametrize("name", [H100, A100, B200, "h200"])
+def test_the_flops_column_sums_to_the_header_in_every_grouping(name):
+    # aten::linear / aten::matmul rows once repeated their aten::addmm / aten::mm children's FLOPs:
+    # sorted by FLOPs the column summed to more than the step did. Each op's own FLOPs now.
+    r = load_trace(Path(__file__).parent / "data" / "h200_bf16_transformer_step.json.gz") if name == "h200" \
+        else real(name)
+    for group in ("op", "op+shape", "source"):
+        assert r.table(group=group)["flops"].sum() == pytest.approx(r.header["flops"], rel=1e-12), group
+    by_name = r.table(group="op").set_index("name")["flops"]
+    if "aten::linear" in by_name:
+        assert by_name["aten::linear"] != by_name["aten::linear"]  # NaN: its addmm / mm carry them
+
+
 def test_a100_communication_share_and_streams():
     r = real(A100)
     assert r.communication.percent == pytest.approx(47.41, abs=0.01)

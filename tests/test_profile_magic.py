@@ -194,7 +194,9 @@ def test_autocast_redispatch_is_one_call_of_the_op(run_cell, ip):
     run_cell("%%profile_gpu -q -r prof --amp bf16\nc = (a @ a).sum()\n")
     prof = ip.user_ns["prof"]
     matmul = prof.ops.set_index("name").loc["aten::matmul"]
-    assert matmul["calls"] == 1 and matmul["flops"] == 2 * 1000**3 and matmul["dtype"] == "bf16"
+    assert matmul["calls"] == 1 and matmul["dtype"] == "bf16"
+    # the FLOPs are the aten::mm's inside, counted once there (self FLOPs)
+    assert matmul["flops"] != matmul["flops"] and prof.ops.set_index("name").loc["aten::mm", "flops"] == 2 * 1000**3
     assert matmul["cpu_total_us"] <= prof.window_us
     assert prof.table(group="op+shape").set_index("name").loc["aten::matmul", "calls"] == 1
 
@@ -716,3 +718,30 @@ def test_profile_flags_take_booleans():
     with nbaccel.profile() as prof:  # the refusal left nothing held
         torch.ones(4) + 1
     assert prof.result is not None
+
+
+def test_the_flops_column_is_each_ops_own_and_sums_to_the_header(run_cell, ip):
+    from nbaccel.render.common import si
+    # aten::linear, aten::matmul and autocast's outer matmul once repeated the FLOPs of the
+    # aten::addmm / aten::mm inside them: sorted by FLOPs the column summed to more than the step.
+    run_cell("import torch\ntorch.manual_seed(0)\nm = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), "
+             "torch.nn.Linear(128, 8))\nx = torch.randn(32, 64)\nw = torch.randn(64, 64)")
+    _, captured = run_cell("%%profile_gpu --sort flops --amp bf16 -r prof\n"
+                           "loss = m(x @ w).sum()\nloss.backward()")
+    prof = ip.user_ns["prof"]
+    ops = prof.ops.set_index("name")
+    from torch.utils.flop_counter import FlopCounterMode
+    counter = FlopCounterMode(display=False)
+    with counter, torch.autocast("cpu", dtype=torch.bfloat16):
+        ip.user_ns["m"](ip.user_ns["x"] @ ip.user_ns["w"]).sum().backward()
+    assert prof.header["flops"] == counter.get_total_flops()  # forward and backward, each op once
+    assert ops["flops"].sum() == prof.header["flops"]
+    assert ops.loc["aten::addmm", "flops"] == 2 * 32 * (64 * 128 + 128 * 8)
+    assert ops.loc["aten::linear", "flops"] != ops.loc["aten::linear", "flops"]  # NaN: its addmm has them
+    assert ops.loc["aten::matmul", "flops"] != ops.loc["aten::matmul", "flops"]
+    assert [r["flops"] for r in prof.to_dict()["ops"]] == [None if f != f else f for f in prof.ops["flops"]]
+    text = bundle(captured)["text/plain"]
+    table = text.split("time by category")[0]
+    assert "self FLOPs" in table and re.search(r"aten::linear .* - ", table)
+    assert f"({si(prof.header['flops'], 'FLOP')}, " in text.split("method: ")[0]
+    assert "the column sums to the header's FLOPs" in text.split("method: ")[1]

@@ -27,7 +27,7 @@ _COLUMNS = [
     ("device_self_us", "self device", "device time"),
     ("device_total_us", "device total", "device time"),
     ("percent", "% of total", "pct"),
-    ("flops", "FLOPs", "flops"),
+    ("flops", "self FLOPs", "flops"),  # each op's own, as the header counts them: `flops_basis`
     ("flops_per_s", "FLOP/s", "rate"),
     ("self_memory_bytes", "self mem alloc", "bytes"),
     ("memory_bytes", "mem alloc", "bytes"),
@@ -90,6 +90,15 @@ def visible_columns(result, group: str) -> list[tuple[str, str, str]]:
     return cols
 
 
+# Why self FLOPs: the profiler records wrappers and the ops they run (aten::linear -> aten::addmm,
+# aten::matmul -> aten::mm, autocast's matmul inside the user's), each with shapes a formula fits;
+# a column that gave every op its formula's count listed the same work two or three times
+# (profile_table.self_flops).
+FLOPS_BASIS = ("FLOPs from input shapes (torch.utils.flop_counter conventions); the self FLOPs column is each "
+               "op's own, counted as the header counts them: an op whose child op has a formula (aten::linear "
+               "over aten::addmm) shows \"-\", so the column sums to the header's FLOPs")
+
+
 def flops_rate_basis(result) -> str:
     """What the op table's FLOP/s column divides a row's FLOPs by (`profile_table.group_rows`)."""
     if result.on_device:
@@ -128,8 +137,9 @@ def header_items(result) -> list[tuple[str, str]]:
         items.append(("device time", "no GPU: CPU profiled"))
     items.append(("ops / kernels", f"{h['ops']:,} / {h['kernels']:,}"))
     if h["flops"]:
-        items.append(("achieved", f"{si(h['flops_per_s'], 'FLOP/s')} ({h['dominant_dtype']}, "
-                                  f"over {h['flops_per_s_basis']})"))
+        # the total FLOPs too: the table's self FLOPs column sums to it
+        items.append(("achieved", f"{si(h['flops_per_s'], 'FLOP/s')} ({si(h['flops'], 'FLOP')}, "
+                                  f"{h['dominant_dtype']}, over {h['flops_per_s_basis']})"))
     else:
         items.append(("achieved", "no FLOP formula matched an op"))
     if h["fraction_of_peak"] is not None:
@@ -172,8 +182,8 @@ def method(result) -> str:
                 + ", ".join(os.path.basename(f) for f in result.loaded["files"][:3])
                 + (f" and {len(result.loaded['files']) - 3} more" if len(result.loaded["files"]) > 3 else "")
                 + f" ({result.loaded['events']:,} events, {result.loaded['load_seconds']:.1f} s). Wall time = span of "
-                "the recorded events; device busy = union of kernel and copy intervals; FLOPs from the recorded input "
-                "shapes; peak from the trace's deviceProperties GPU; Tensor Cores judged from kernel names; events of "
+                f"the recorded events; device busy = union of kernel and copy intervals; {FLOPS_BASIS}; peak from the "
+                "trace's deviceProperties GPU; Tensor Cores judged from kernel names; events of "
                 f"unknown kinds are counted and skipped; {flops_rate_basis(result)}; contention from other programs: "
                 "not measured (loaded trace).")
     flags = ["record_shapes"] + (["profile_memory"] if o.memory else []) + (["with_stack"] if o.stack else [])
@@ -185,8 +195,8 @@ def method(result) -> str:
     return (f"torch.profiler (Kineto), {acts} activities, {', '.join(flags)}; {sched}; {contention}. Wall time = "
             "span of the "
             "recorded events; self time = op duration minus its child ops; device busy = union of kernel and copy "
-            "intervals; FLOPs from input shapes (torch.utils.flop_counter conventions, each op counted once); "
-            f"{flops_rate_basis(result)}; Tensor Cores judged from kernel names; categories by op/kernel name.")
+            f"intervals; {FLOPS_BASIS}; {flops_rate_basis(result)}; Tensor Cores judged from kernel names; "
+            "categories by op/kernel name.")
 
 
 # --- sections --------------------------------------------------------------------------------------
