@@ -447,7 +447,13 @@ class MultiRankResult(ResultMixin):
         """The op table merged over every rank (sums of calls and times; FLOP/s over the summed device time)."""
         import pandas as pd
         if group not in self._grouped:
-            frames = [r.op_events.assign(rank=k) for k, r in self.ranks.items()]
+            frames, offset = [], 0
+            for k, r in self.ranks.items():
+                # `parent` is a row number within the rank's own events: shifted past the rows before it,
+                # or rank 1's re-dispatch and source-line checks looked at rank 0's ops.
+                parent = r.op_events["parent"]
+                frames.append(r.op_events.assign(rank=k, parent=parent.where(parent < 0, parent + offset)))
+                offset += len(r.op_events)
             merged = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
             device_total = sum(r.device_time_us for r in self.ranks.values() if r.on_device)
             self._grouped[group] = pt.group_ops(merged, group, device_total)

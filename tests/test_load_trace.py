@@ -683,3 +683,21 @@ def test_step_files_of_one_run_are_not_flagged(tmp_path):
         warnings.simplefilter("error", nbaccel.trace_result.TraceWarning)
         result = load_trace(tmp_path)
     assert "far_apart" not in result.loaded
+
+
+def test_the_merged_op_table_is_the_sum_of_the_ranks_tables(tmp_path):
+    """Each rank's ops point at their parents by row; merged, rank 1's pointed into rank 0's rows, so
+    its re-dispatches and source-line totals were judged against the wrong ops. (Two different traces:
+    a copy of one rank has the same rows where the wrong pointers land.)"""
+    for rank, name in enumerate((A100, B200)):
+        doc = json.loads(gzip.decompress(real_path(name).read_bytes()))
+        with gzip.open(tmp_path / f"rank-{rank}.json.gz", "wt", compresslevel=1) as fh:
+            json.dump(_stretched(doc, 1.0, rank), fh)
+    r = load_trace(tmp_path)
+    keys = ["name", "shapes", "source"]
+    for group in ("op", "op+shape"):  # (these traces were recorded without stacks: no source lines)
+        merged = r.table(group=group).set_index(keys).sort_index()
+        per_rank = [r.table(rank=k, group=group).set_index(keys) for k in r.ranks]
+        for column in ("calls", "cpu_self_us", "cpu_total_us", "device_total_us"):
+            summed = per_rank[0][column].add(per_rank[1][column], fill_value=0).sort_index()
+            assert merged[column].tolist() == pytest.approx(summed.tolist()), (group, column)
