@@ -39,7 +39,7 @@ from .memory import PeakMemory, PeakMeter, format_bytes, meter_series, note_harn
 from .options import in_magic, option, whole_number
 from .precision import FP32, Recipe, TorchGlobals, apply_recipe, autocast_in_effect, make_recipe
 from .quiet import hiding_side_channels
-from .unrewindable import and_list, describe, iterators_read
+from .cell_reads import and_list, compiled_read, describe, iterators_read
 from .snapshot import Snapshot, SnapshotTooLarge, available_host_memory, estimate_bytes
 from .timing import Clock, Stats
 
@@ -365,6 +365,7 @@ def compare_amp(
         snapshot = Snapshot.capture(namespace, objects=state, skip=skip)
     note_harness("%%amp" if in_magic() else "compare_amp", snapshot.nbytes)
     iterators = [describe(name, it) for name, it in iterators_read(fn, namespace).items()]
+    compiled = [describe(name, it) for name, it in compiled_read(fn, namespace).items()]
     clock = clock or Clock(dev)
     cell = _Cell(fn)
     # Without restore, runs continue from each other's torch settings as from each other's variables.
@@ -400,7 +401,7 @@ def compare_amp(
         result = _build_result(info, order, times, memory, audits, amp_recipe, base_recipe, baseline,
                                warmup, repeat, clock, snapshot, restore, value, fp32_again)
         result.outer_autocast = outer_autocast
-        result.iterators = iterators
+        result.iterators, result.compiled = iterators, compiled
         result.contention = runner.meter.result
     except BaseException as exc:  # KeyboardInterrupt too; re-raised unchanged
         # Abandoned: the variables (unless restore=False) and torch's settings as before, first, so

@@ -10,7 +10,7 @@ from .amp_result import MIN_RUNS, REDUCED_DTYPES, memory_ranges, too_few_runs
 from .memory import format_bytes
 from .options import in_magic, option
 from .precision import describe
-from .unrewindable import and_list
+from .cell_reads import and_list
 
 if TYPE_CHECKING:
     from .amp_result import AmpResult
@@ -33,7 +33,7 @@ def _state_reason(result: AmpResult) -> str | None:
 
 
 def _iterator_note(iterators: list[str]) -> str:
-    """The runs took their own items from the user's iterator (`nbaccel.unrewindable`)."""
+    """The runs took their own items from the user's iterator (`nbaccel.cell_reads`)."""
     one = len(iterators) == 1
     return (f"{and_list(iterators)} {'is an iterator' if one else 'are iterators'} the cell takes items from, and no "
             f"snapshot can rewind {'it' if one else 'them'}: every run took its own items, so the variants compared "
@@ -134,6 +134,12 @@ def advise(result: AmpResult) -> list[str]:
     drift = result.drift
     if result.iterators:
         notes.append(_iterator_note(result.iterators))
+    if result.compiled:
+        one = len(result.compiled) == 1
+        notes.append(f"{and_list(result.compiled)} {'is' if one else 'are'} torch.compile'd: the times and peak "
+                     "memory are the compiled code's, but the op audit records the eager ops, so the dtypes per op, "
+                     "the FLOPs and the drift above are eager's (inductor fuses elementwise ops and may keep their "
+                     "intermediates in fp32).")
     if result.outer_autocast:
         notes.append(_outer_autocast_note(result, dtype))
     own = _reduced_in_baseline(result)

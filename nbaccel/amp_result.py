@@ -94,8 +94,10 @@ class AmpResult(ResultMixin):
     # Other programs' CPU use during the timed runs, per variant (None: made by hand, not measured).
     contention: Contention | None = None
     # The iterators the cell reads, described ("`it` (a generator)"): no snapshot rewinds them, so each
-    # run took its own items (`nbaccel.unrewindable`).
+    # run took its own items (`nbaccel.cell_reads`).
     iterators: list[str] = field(default_factory=list)
+    # The torch.compile'd models and functions it reads: the audit's dtypes, FLOPs and drift are eager's.
+    compiled: list[str] = field(default_factory=list)
     made_by: str = "compare_amp()"  # or "%%amp": what the header names (a script's report said "%%amp")
     value: object = field(default=None, repr=False)  # the kept run's value (not serialized)
 
@@ -248,6 +250,7 @@ class AmpResult(ResultMixin):
             "restored": self.restored,
             "state_changed": self.state_changed,
             "iterators": self.iterators,
+            "compiled": self.compiled,
             "nonfinite_result": self.nonfinite_result,
             "drift_skipped": self.drift_skipped,
             "outer_autocast": self.outer_autocast,

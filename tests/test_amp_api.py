@@ -998,3 +998,18 @@ def test_the_op_audit_counts_composite_ops_as_flop_counter_does_in_every_grad_mo
         "aten::convolution": 2 * 2 * 8 * 8 * 8 * 3 * 3 * 3, "aten::addmm": 2 * 20 * 16 * 8,
         "aten::mm": 2 * 20 * 16 * 8, "aten::bmm": 2 * 20 * 16 * 8}
     assert audit.total_flops == counter.get_total_flops()
+
+
+def test_a_compiled_model_is_said_to_be_audited_eagerly():
+    """A user trial: %%amp on a torch.compile'd model listed aten::gelu in bf16, which inductor fuses:
+    the audit (dtypes, FLOPs, drift) runs the eager ops while the timed runs run the compiled code.
+    backend="eager": dynamo wraps the model without a C++ compile (seconds on 2 cores)."""
+    model = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.GELU())
+    compiled, x = torch.compile(model, backend="eager"), torch.randn(4, 16)
+    res = nbaccel.compare_amp(lambda: compiled(x).sum(), dtype="bf16", device="cpu", repeat=3, warmup=0)
+    assert res.compiled == ["`compiled` (an OptimizedModule)"] and res.to_dict()["compiled"] == res.compiled
+    assert any(a.startswith("`compiled` (an OptimizedModule) is torch.compile'd: the times and peak memory are the "
+                            "compiled code's, but the op audit records the eager ops") for a in res.advice)
+    plain = nbaccel.compare_amp(lambda: model(x).sum(), dtype="bf16", device="cpu", repeat=3, warmup=0)
+    assert plain.compiled == [] and not any("torch.compile" in a for a in plain.advice)
+    torch._dynamo.reset()

@@ -614,7 +614,7 @@ def test_an_iterator_the_runs_use_up_is_named_in_the_error(run_cell, ip):
 
 
 def test_files_and_reiterable_loaders_are_not_iterators_to_warn_about(tmp_path):
-    from nbaccel.unrewindable import iterators_read
+    from nbaccel.cell_reads import iterators_read
 
     log = open(tmp_path / "log.txt", "w")  # noqa: SIM115 - a file the cell writes to is an iterator too
     loader = [1, 2, 3]
