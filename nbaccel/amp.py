@@ -39,7 +39,7 @@ from .memory import PeakMemory, PeakMeter, format_bytes, meter_series, note_harn
 from .options import in_magic, option, whole_number
 from .precision import FP32, Recipe, TorchGlobals, apply_recipe, autocast_in_effect, make_recipe
 from .quiet import hiding_side_channels
-from .cell_reads import and_list, compiled_read, describe, iterators_read
+from .cell_reads import and_list, compiled_read, describe, iterators_read, worker_loaders_read
 from .snapshot import Snapshot, SnapshotTooLarge, available_host_memory, estimate_bytes
 from .timing import Clock, Stats
 
@@ -366,6 +366,8 @@ def compare_amp(
     note_harness("%%amp" if in_magic() else "compare_amp", snapshot.nbytes)
     iterators = [describe(name, it) for name, it in iterators_read(fn, namespace).items()]
     compiled = [describe(name, it) for name, it in compiled_read(fn, namespace).items()]
+    loaders = [f"`{name}` ({loader.num_workers} worker{'s' if loader.num_workers > 1 else ''})"
+               for name, loader in worker_loaders_read(fn, namespace).items()]
     clock = clock or Clock(dev)
     cell = _Cell(fn)
     # Without restore, runs continue from each other's torch settings as from each other's variables.
@@ -401,7 +403,7 @@ def compare_amp(
         result = _build_result(info, order, times, memory, audits, amp_recipe, base_recipe, baseline,
                                warmup, repeat, clock, snapshot, restore, value, fp32_again)
         result.outer_autocast = outer_autocast
-        result.iterators, result.compiled = iterators, compiled
+        result.iterators, result.compiled, result.worker_loaders = iterators, compiled, loaders
         result.contention = runner.meter.result
     except BaseException as exc:  # KeyboardInterrupt too; re-raised unchanged
         # Abandoned: the variables (unless restore=False) and torch's settings as before, first, so

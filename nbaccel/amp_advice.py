@@ -134,6 +134,13 @@ def advise(result: AmpResult) -> list[str]:
     drift = result.drift
     if result.iterators:
         notes.append(_iterator_note(result.iterators))
+    if result.worker_loaders:
+        one = len(result.worker_loaders) == 1
+        s = "s" if one else ""
+        notes.append(f"The DataLoader{'' if one else 's'} {and_list(result.worker_loaders)} start{s} and stop{s} "
+                     f"{'its' if one else 'their'} worker processes on every iteration: each run's time includes "
+                     "that (the same cost in both variants, so it dilutes the speedup). To time the step, take a "
+                     "batch before the magic, or make the loader with persistent_workers=True.")
     if result.compiled:
         one = len(result.compiled) == 1
         notes.append(f"{and_list(result.compiled)} {'is' if one else 'are'} torch.compile'd: the times and peak "

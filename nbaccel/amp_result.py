@@ -98,6 +98,8 @@ class AmpResult(ResultMixin):
     iterators: list[str] = field(default_factory=list)
     # The torch.compile'd models and functions it reads: the audit's dtypes, FLOPs and drift are eager's.
     compiled: list[str] = field(default_factory=list)
+    # DataLoaders it reads that start worker processes on every iteration: "`loader` (2 workers)".
+    worker_loaders: list[str] = field(default_factory=list)
     made_by: str = "compare_amp()"  # or "%%amp": what the header names (a script's report said "%%amp")
     value: object = field(default=None, repr=False)  # the kept run's value (not serialized)
 
@@ -251,6 +253,7 @@ class AmpResult(ResultMixin):
             "state_changed": self.state_changed,
             "iterators": self.iterators,
             "compiled": self.compiled,
+            "worker_loaders": self.worker_loaders,
             "nonfinite_result": self.nonfinite_result,
             "drift_skipped": self.drift_skipped,
             "outer_autocast": self.outer_autocast,
