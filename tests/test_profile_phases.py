@@ -139,7 +139,7 @@ def test_single_process_dataloader_counts_its_ops_once(traces):
 
 def test_dataloader_gap_inside_an_enclosing_op_is_not_counted_twice():
     cols = {"name": ["outer", "aten::stack"], "pid": [1, 1], "tid": [1, 1], "ts_us": [0.0, 20.0],
-            "dur_us": [100.0, 10.0], "parent": [-1, 0]}
+            "dur_us": [100.0, 10.0], "parent": [-1, 0], "category": ["other", "memory copy"]}
     ann = {"name": ["enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__"], "pid": [1], "tid": [1],
            "ts_us": [10.0], "dur_us": [50.0], "on_device": [False]}
     assert phases.data_loading_gaps(cols, ann) == [0.0]  # "outer"'s self time already holds it
@@ -170,3 +170,23 @@ def test_live_profile_of_a_slow_single_process_loader(run_cell, ip):
     assert prof.category_rows[0][0] == "data loading"
     line = next(a for a in prof.advice if a.startswith("Waiting for the DataLoader"))
     assert "it loads each batch in this process" in line and "data loading" in str(prof)
+
+
+def test_the_math_inside_an_attention_op_counts_as_attention(run_cell, ip):
+    """A user trial: a transformer step read "attention 0.1 %": the CPU's scaled_dot_product_attention
+    runs its math (bmm, softmax) as child ops, filed under matmul/conv and reduction."""
+    import torch
+
+    torch.manual_seed(0)
+    ip.user_ns.update(layer=torch.nn.TransformerEncoderLayer(64, 4, 128, batch_first=True),
+                      x=torch.randn(8, 32, 64))
+    run_cell("%%profile_gpu -q -r prof\nlayer(x).sum().backward()")
+    prof = ip.user_ns["prof"]
+    cols, cats = prof.op_columns, _cats(prof)
+    inside = phases.inside_attention(cols["category"], cols["parent"])
+    bmm_inside = sum(t for name, t, i in zip(cols["name"], cols["self_us"], inside) if i and name == "aten::bmm")
+    assert bmm_inside > 0  # the forward's attention matmuls ran inside the SDPA op
+    own = sum(t for c, t in zip(cols["category"], cols["self_us"]) if c == "attention")
+    counted = sum(t for c, t, i in zip(cols["category"], cols["self_us"], inside) if c == "attention" or i)
+    assert cats["attention"] == pytest.approx(counted) and counted >= own + bmm_inside
+    assert cats["attention"] > 0.05 * sum(cats.values())

@@ -96,10 +96,32 @@ def _inside(ranges: list[tuple[float, float]], starts: list[float], ts: float, e
     return k >= 0 and end <= ranges[k][1]
 
 
+def inside_attention(categories: list, parent: list) -> list[bool]:
+    """Whether each op runs inside an attention op (``parent``: row of the enclosing op). The CPU's
+    ``scaled_dot_product_attention`` runs its math as child ops (``aten::bmm``, ``aten::_softmax``...):
+    a user trial read "attention 0.1 %" for a transformer whose attention matmuls were filed under
+    matmul/conv. (CUDA's breakdown is by kernel, and its fused attention kernels are attention already.)"""
+    state: list = [None] * len(categories)  # the op itself or an ancestor is attention
+    for i in range(len(categories)):
+        chain, j = [], i
+        while j >= 0 and state[j] is None:
+            if categories[j] == "attention":
+                state[j] = True
+                break
+            chain.append(j)
+            j = parent[j]
+        found = j >= 0 and state[j]
+        for k in chain:
+            state[k] = found
+    return [p >= 0 and state[p] for p in parent]
+
+
 def op_phases(cols: dict, ann: dict) -> list[str | None]:
     """Each op's phase: COMPILING (in a compile range), DATA_LOADING (in a DataLoader range on its
-    thread), else None. Compiling wins: a DataLoader never runs inside a compile."""
+    thread), "attention" (inside an attention op: its math), else None. Compiling wins: a DataLoader
+    never runs inside a compile."""
     flags = compile_flags(cols["name"], cols["parent"])
+    attention = inside_attention(cols["category"], cols["parent"])
     loaders = dataloader_ranges(ann)
     starts = {k: [r[0] for r in v] for k, v in loaders.items()}
     out: list[str | None] = []
@@ -111,7 +133,7 @@ def op_phases(cols: dict, ann: dict) -> list[str | None]:
                                         cols["ts_us"][i] + cols["dur_us"][i]):
             out.append(DATA_LOADING)
         else:
-            out.append(None)
+            out.append("attention" if attention[i] else None)
     return out
 
 
