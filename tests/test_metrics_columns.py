@@ -26,7 +26,8 @@ import nbaccel
 from nbaccel import profile_table as pt
 from nbaccel.analysis import (CATEGORIES, TraceData, achieved_flops, busy_time, category_breakdown,
                               communication_share, load_trace, tensor_core_share)
-from nbaccel.analysis.metrics import Share, TensorCoreShare, _intervals_union, busiest_device
+from nbaccel.analysis.metrics import Share, TensorCoreShare, busiest_device
+from nbaccel.analysis.sums import intervals_union
 from nbaccel.analysis.peaks import lookup_gpu, peak_flops
 from nbaccel.profile import ProfileOptions, ProfileResult
 from nbaccel.render import profile as render_profile
@@ -54,7 +55,7 @@ def old_busy_time(trace, by="device"):
         key = key if isinstance(key, tuple) else (key,)
         starts = grp["ts_us"].tolist()
         ends = (grp["ts_us"] + grp["dur_us"]).tolist()
-        busy = _intervals_union(starts, ends)
+        busy = intervals_union(starts, ends)
         rows.append(list(key) + [busy, float(grp["dur_us"].sum()), len(grp), window_us,
                                  (1 - busy / window_us) if window_us > 0 else None])
     return pd.DataFrame(rows, columns=cols)

@@ -24,7 +24,7 @@ import numpy as np
 
 from .kernels import CATEGORIES
 from .peaks import GpuPeaks, lookup_gpu, peak_flops
-from .sums import desc_order, kahan_sum, pairwise_sum
+from .sums import desc_order, intervals_union, kahan_sum, pairwise_sum
 from .trace import TraceData
 
 if TYPE_CHECKING:
@@ -74,21 +74,6 @@ class TensorCoreShare(Share):
     @property
     def unknown_share(self) -> float | None:
         return None if not self.total_us else self.unknown_us / self.total_us
-
-
-def _intervals_union(starts: list[float], ends: list[float]) -> float:
-    total = 0.0
-    cur_s = cur_e = None
-    for s, e in sorted(zip(starts, ends)):
-        if cur_e is None or s > cur_e:
-            if cur_e is not None:
-                total += cur_e - cur_s
-            cur_s, cur_e = s, e
-        elif e > cur_e:
-            cur_e = e
-    if cur_e is not None:
-        total += cur_e - cur_s
-    return total
 
 
 _DEVICE_KINDS = ("kernels", "memcpy", "memset")
@@ -143,7 +128,7 @@ def _busy_rows(trace: TraceData, by: str) -> list[list]:
         members = groups[key]
         starts = [float(ts[i]) for i in members]
         durs = [float(dur[i]) for i in members]
-        busy = _intervals_union(starts, [s + d for s, d in zip(starts, durs)])
+        busy = intervals_union(starts, [s + d for s, d in zip(starts, durs)])
         rows.append(list(key) + [busy, pairwise_sum(durs), len(members), window_us,
                                  (1 - busy / window_us) if window_us > 0 else None])
     return rows

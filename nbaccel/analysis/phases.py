@@ -31,6 +31,8 @@ from __future__ import annotations
 import bisect
 import re
 
+from .sums import intervals_union
+
 COMPILING = "compiling"
 COMPILED = "compiled region"
 DATA_LOADING = "data loading"
@@ -58,12 +60,17 @@ def is_dataloader(name: str) -> bool:
 
 def compile_flags(names: list, parent: list) -> list[bool]:
     """Whether each op is a compile range or recorded inside one (``parent``: row of the enclosing op)."""
-    flags: list = [None] * len(names)
-    for i in range(len(names)):
+    return _self_or_ancestor(parent, lambda j: is_compiling(names[j]))
+
+
+def _self_or_ancestor(parent: list, is_it) -> list[bool]:
+    """Whether each op, or one of the ops it is nested in, ``is_it(row)``; each row looked at once."""
+    flags: list = [None] * len(parent)
+    for i in range(len(parent)):
         chain = []
         j = i
         while j >= 0 and flags[j] is None:
-            if is_compiling(names[j]):
+            if is_it(j):
                 flags[j] = True
                 break
             chain.append(j)
@@ -101,18 +108,7 @@ def inside_attention(categories: list, parent: list) -> list[bool]:
     ``scaled_dot_product_attention`` runs its math as child ops (``aten::bmm``, ``aten::_softmax``...):
     a user trial read "attention 0.1 %" for a transformer whose attention matmuls were filed under
     matmul/conv. (CUDA's breakdown is by kernel, and its fused attention kernels are attention already.)"""
-    state: list = [None] * len(categories)  # the op itself or an ancestor is attention
-    for i in range(len(categories)):
-        chain, j = [], i
-        while j >= 0 and state[j] is None:
-            if categories[j] == "attention":
-                state[j] = True
-                break
-            chain.append(j)
-            j = parent[j]
-        found = j >= 0 and state[j]
-        for k in chain:
-            state[k] = found
+    state = _self_or_ancestor(parent, lambda j: categories[j] == "attention")
     return [p >= 0 and state[p] for p in parent]
 
 
@@ -169,12 +165,4 @@ def data_loading_gaps(cols: dict, ann: dict) -> list[float]:
 
 def union_us(ranges: list[tuple[float, float]]) -> float:
     """Length of the union of (start, end) intervals."""
-    total, cur_s, cur_e = 0.0, None, None
-    for s, e in sorted(ranges):
-        if cur_e is None or s > cur_e:
-            if cur_e is not None:
-                total += cur_e - cur_s
-            cur_s, cur_e = s, e
-        elif e > cur_e:
-            cur_e = e
-    return total + (cur_e - cur_s if cur_e is not None else 0.0)
+    return intervals_union([s for s, _ in ranges], [e for _, e in ranges])

@@ -47,3 +47,19 @@ def desc_order(values: list) -> list[int]:
     non_nan_idx = idx[~mask][::-1]
     indexer = non_nan_idx[non_nans.argsort(kind="quicksort")][::-1]
     return np.concatenate([indexer, np.nonzero(mask)[0]]).tolist()
+
+
+def intervals_union(starts: list[float], ends: list[float]) -> float:
+    """Length of the union of the intervals [start, end): time covered at least once."""
+    total = 0.0
+    cur_s = cur_e = None
+    for s, e in sorted(zip(starts, ends)):
+        if cur_e is None or s > cur_e:
+            if cur_e is not None:
+                total += cur_e - cur_s
+            cur_s, cur_e = s, e
+        elif e > cur_e:
+            cur_e = e
+    if cur_e is not None:
+        total += cur_e - cur_s
+    return total
