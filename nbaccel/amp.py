@@ -39,7 +39,7 @@ from .memory import PeakMemory, PeakMeter, format_bytes, meter_series, note_harn
 from .options import in_magic, option, whole_number
 from .precision import FP32, Recipe, TorchGlobals, apply_recipe, autocast_in_effect, make_recipe
 from .quiet import hiding_side_channels
-from .cell_reads import and_list, compiled_read, describe, iterators_read, worker_loaders_read
+from .cell_reads import and_list, describe, objects_read
 from .snapshot import Snapshot, SnapshotTooLarge, available_host_memory, estimate_bytes
 from .timing import Clock, Stats
 
@@ -364,10 +364,10 @@ def compare_amp(
         _check_snapshot_size(namespace, state, skip, max_snapshot_fraction)
         snapshot = Snapshot.capture(namespace, objects=state, skip=skip)
     note_harness("%%amp" if in_magic() else "compare_amp", snapshot.nbytes)
-    iterators = [describe(name, it) for name, it in iterators_read(fn, namespace).items()]
-    compiled = [describe(name, it) for name, it in compiled_read(fn, namespace).items()]
-    loaders = [f"`{name}` ({loader.num_workers} worker{'s' if loader.num_workers > 1 else ''})"
-               for name, loader in worker_loaders_read(fn, namespace).items()]
+    reads = objects_read(fn, namespace)  # what the report names: see cell_reads.py
+    iterators = [describe(name, it) for name, it in reads["iterators"].items()]
+    compiled = [describe(name, model) for name, model in reads["compiled"].items()]
+    loaders = [describe(name, loader) for name, loader in reads["worker_loaders"].items()]
     clock = clock or Clock(dev)
     cell = _Cell(fn)
     # Without restore, runs continue from each other's torch settings as from each other's variables.

@@ -19,10 +19,10 @@ loads, as the snapshot's own walk does for state (`amp._referenced_objects`).
 from __future__ import annotations
 
 import collections.abc
+import dis
 import io
 import sys
 import types
-from typing import Callable
 
 _DEPTH = 2  # the cell, the functions it calls, the functions they call
 
@@ -35,23 +35,19 @@ def is_unrewindable(value) -> bool:
 
 
 def is_compiled(value) -> bool:
-    """A ``torch.compile`` result: an ``OptimizedModule``, or a function dynamo wrapped. Read without
-    importing torch._dynamo (nothing is compiled unless it was imported)."""
+    """A ``torch.compile`` result: an ``OptimizedModule``, a module after ``module.compile()``, or a
+    function dynamo wrapped. Only the instance's own attributes are read (a namespace value's
+    ``__getattr__`` is not run), and torch._dynamo is not imported (nothing is compiled unless it was)."""
     if "torch._dynamo" not in sys.modules:
         return False
-    return type(value).__name__ == "OptimizedModule" or hasattr(value, "_torchdynamo_orig_callable")
-
-
-def _names_loaded(code: types.CodeType, names: set[str]) -> None:
-    names.update(code.co_names)  # globals and attributes: a superset, looked up in the namespace below
-    for const in code.co_consts:  # nested functions, lambdas and comprehensions
-        if isinstance(const, types.CodeType):
-            _names_loaded(const, names)
-
-
-def iterators_read(fn, namespace: dict | None = None) -> dict[str, object]:
-    """{name: iterator} for the iterators ``fn`` reaches by name (see `objects_read`)."""
-    return objects_read(fn, namespace, is_unrewindable)
+    if type(value).__name__ == "OptimizedModule":
+        return True
+    try:
+        attributes = object.__getattribute__(value, "__dict__")  # not a __getattr__ fallback: a Mock has all
+    except (AttributeError, TypeError):
+        return False
+    return isinstance(attributes, dict) and (attributes.get("_compiled_call_impl") is not None
+                                             or "_torchdynamo_orig_callable" in attributes)
 
 
 def starts_workers(value) -> bool:
@@ -62,23 +58,51 @@ def starts_workers(value) -> bool:
             and not value.persistent_workers)
 
 
-def worker_loaders_read(fn, namespace: dict | None = None) -> dict[str, object]:
-    """{name: DataLoader} for the loaders ``fn`` reaches by name that start workers per iteration."""
-    return objects_read(fn, namespace, starts_workers)
+# What a measured cell's report names (`amp.compare_amp`), by kind.
+KINDS = {"iterators": is_unrewindable, "compiled": is_compiled, "worker_loaders": starts_workers}
+
+_READS = {"LOAD_NAME", "LOAD_GLOBAL", "LOAD_DEREF", "LOAD_CLASSDEREF", "LOAD_FROM_DICT_OR_GLOBALS",
+          "LOAD_FROM_DICT_OR_DEREF"}
+_STORES = {"STORE_NAME", "STORE_GLOBAL", "STORE_DEREF"}
 
 
-def compiled_read(fn, namespace: dict | None = None) -> dict[str, object]:
-    """{name: compiled model or function} that ``fn`` reaches by name (see `objects_read`)."""
-    return objects_read(fn, namespace, is_compiled)
+def _names_read(code: types.CodeType, names: set[str], own: set[str] | None = None) -> None:
+    """The names ``code`` and the code nested in it (functions, lambdas, comprehensions) read as
+    variables -- not attribute names, not names only assigned. With ``own`` (the cell's top level:
+    its statements, then its last expression), a name the code stores before it reads it is the
+    cell's own (``it = iter(data)`` then ``next(it)``): the value an earlier run left in the namespace
+    is not what the cell reads."""
+    first: dict[str, str] = {}  # name -> "read" or "store", whichever the code does first
+    reads: set[str] = set()
+    for ins in dis.get_instructions(code):
+        if ins.opname in _READS:
+            reads.add(ins.argval)
+            first.setdefault(ins.argval, "read")
+        elif ins.opname in _STORES:
+            first.setdefault(ins.argval, "store")
+    if own is not None:
+        own.update(n for n, how in first.items() if how == "store")
+    names.update(reads)
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            _names_read(const, names)
 
 
-def objects_read(fn, namespace: dict | None, wanted: Callable[[object], bool]) -> dict[str, object]:
-    """{name: value} for the ``wanted`` values ``fn`` reaches by name: its closure, and the names its
-    code loads, looked up in ``namespace`` (the magic's user namespace) or else ``fn``'s globals. A
-    code object held in the closure (the magic's compiled cell) is read like ``fn``'s own code; a
-    function reached is read too, two levels deep."""
-    found: dict[str, object] = {}
+def objects_read(fn, namespace: dict | None = None, kinds: dict | None = None) -> dict[str, dict[str, object]]:
+    """{kind: {name: value}} for the values of each kind (`KINDS`: predicate per kind) that ``fn``
+    reaches by name: its closure, and the names its code reads, looked up in ``namespace`` (the
+    magic's user namespace) or else ``fn``'s globals. A code object held in the closure (the magic's
+    compiled cell) is read as the cell's top level; a function reached is read too, two levels deep.
+    One walk for every kind."""
+    kinds = KINDS if kinds is None else kinds
+    found: dict[str, dict[str, object]] = {kind: {} for kind in kinds}
     seen: set[int] = set()
+
+    def note(name: str, value) -> bool:
+        hits = [kind for kind, wanted in kinds.items() if wanted(value)]
+        for kind in hits:
+            found[kind].setdefault(name, value)
+        return bool(hits)
 
     def walk(func, scope: dict, depth: int) -> None:
         code = getattr(func, "__code__", None)
@@ -86,23 +110,20 @@ def objects_read(fn, namespace: dict | None, wanted: Callable[[object], bool]) -
             return
         seen.add(id(code))
         names: set[str] = set()
-        _names_loaded(code, names)
+        own: set[str] = set()
+        _names_read(code, names)
         for name, cell in zip(code.co_freevars, getattr(func, "__closure__", None) or ()):
             try:
                 value = cell.cell_contents
             except ValueError:  # not assigned yet
                 continue
             if isinstance(value, types.CodeType):
-                _names_loaded(value, names)
-            elif wanted(value):
-                found.setdefault(name, value)
-            elif isinstance(value, types.FunctionType):
+                _names_read(value, names, own)
+            elif not note(name, value) and isinstance(value, types.FunctionType):
                 walk(value, value.__globals__, depth + 1)
-        for name in sorted(names):
+        for name in sorted(names - own):
             value = scope.get(name)
-            if wanted(value):
-                found.setdefault(name, value)
-            elif isinstance(value, types.FunctionType):
+            if not note(name, value) and isinstance(value, types.FunctionType):
                 walk(value, value.__globals__, depth + 1)
 
     walk(fn, namespace if namespace is not None else getattr(fn, "__globals__", {}), 0)
@@ -110,7 +131,9 @@ def objects_read(fn, namespace: dict | None, wanted: Callable[[object], bool]) -
 
 
 def describe(name: str, value) -> str:
-    """"`it` (a _SingleProcessDataLoaderIter)", "`model` (an OptimizedModule)"."""
+    """"`it` (a _SingleProcessDataLoaderIter)", "`model` (an OptimizedModule)", "`loader` (2 workers)"."""
+    if starts_workers(value):
+        return f"`{name}` ({value.num_workers} worker{'s' if value.num_workers > 1 else ''})"
     kind = type(value).__name__
     return f"`{name}` ({'an' if kind[:1].lower() in 'aeiou' else 'a'} {kind})"
 
@@ -120,5 +143,4 @@ def and_list(items: list[str]) -> str:
     return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
 
 
-__all__ = ["iterators_read", "compiled_read", "worker_loaders_read", "starts_workers", "objects_read", "is_unrewindable", "is_compiled", "describe",
-           "and_list"]
+__all__ = ["objects_read", "KINDS", "is_unrewindable", "is_compiled", "starts_workers", "describe", "and_list"]

@@ -613,9 +613,13 @@ def test_an_iterator_the_runs_use_up_is_named_in_the_error(run_cell, ip):
                             "comparison's runs used it up") for n in notes), notes
 
 
-def test_files_and_reiterable_loaders_are_not_iterators_to_warn_about(tmp_path):
-    from nbaccel.cell_reads import iterators_read
+def iterators_read(fn, namespace=None):
+    from nbaccel.cell_reads import objects_read
 
+    return objects_read(fn, namespace)["iterators"]
+
+
+def test_files_and_reiterable_loaders_are_not_iterators_to_warn_about(tmp_path):
     log = open(tmp_path / "log.txt", "w")  # noqa: SIM115 - a file the cell writes to is an iterator too
     loader = [1, 2, 3]
     it = iter(loader)
@@ -636,6 +640,34 @@ def test_files_and_reiterable_loaders_are_not_iterators_to_warn_about(tmp_path):
         assert iterators_read(lambda: next(it)) == {"it": it}
     finally:
         log.close()
+
+
+def test_only_names_the_cell_reads_are_iterators_it_takes_from(run_cell, ip):
+    """A review: the names were the code's co_names -- names it assigns and attribute names too. A cell
+    making its own iterator (`it = iter(data)`) was told it took items from the `it` an earlier run
+    left in the namespace, and `obj.gen` named a global generator `gen`."""
+    run_cell("import torch\ndata = [torch.ones(2)] * 50\nm = torch.nn.Linear(2, 1)\n"
+             "def gen_fn():\n    yield 1\ngen = gen_fn()\nclass Obj:\n    gen = 3\nobj = Obj()")
+    for _ in range(2):  # the second time an `it` from the first is in the namespace
+        run_cell("%%amp --repeat 3 --warmup 0 -q -r res\nit = iter(data)\nm(next(it)).sum() + obj.gen")
+        assert ip.user_ns["res"].iterators == []
+    run_cell("it = iter(data)")
+    run_cell("%%amp --repeat 3 --warmup 0 -q -r res\nm(next(it)).sum()")
+    assert ip.user_ns["res"].iterators == ["`it` (a list_iterator)"]
+
+
+def test_a_module_compiled_in_place_is_found():
+    import torch
+
+    from nbaccel.cell_reads import is_compiled
+
+    model = torch.nn.Linear(2, 2)
+    assert not is_compiled(model)
+    model.compile(backend="eager")  # the module stays a Linear; no compile happens until it is called
+    assert is_compiled(model) and is_compiled(torch.compile(lambda x: x, backend="eager"))
+    from unittest import mock
+
+    assert not is_compiled(mock.Mock())  # attributes read statically: a Mock has every attribute
 
 
 def test_an_inference_mode_cell_gets_its_flops_and_reduced_precision_share(run_cell, ip):
