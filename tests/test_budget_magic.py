@@ -219,6 +219,8 @@ def test_out_of_memory_is_explained_and_the_kernel_lives_on(ip, run_cell):
     run_cell("alive = 1")
     assert ip.user_ns["alive"] == 1
     assert list(ip.user_ns["b"].history["status"])[-2:] == ["oom", "ok"]
+    _, shown = run_cell("%tb")  # the full traceback, as the docs promise
+    assert "z = torch.empty(2**50" in shown.stdout and "No traceback available" not in shown.stdout, shown.stdout
 
 
 def _normalise(text):

@@ -19,6 +19,7 @@ from __future__ import annotations
 import ast
 import difflib
 import re
+import sys
 from dataclasses import replace
 
 from IPython.core.error import UsageError
@@ -40,12 +41,12 @@ _NEGATIVE = re.compile(r"^-\.?[0-9]")
 # Options that take a value: a negative number after one of them is that option's value (--near -0.5),
 # not a negative budget.
 _VALUE_OPTIONS = {"--device", "--near", "--model", "--optimizer", "--batch", "--input", "-r", "--result"}
-# A cell that added at least this much memory pushed usage up: it gets the gauge or the warning, and it keeps
-# its row even when a magic refused with a UsageError. Any Python code moves RSS by a few pages.
 # "--estimate" (a user trial) read "did you mean --strict?": the estimate is asked for with --model.
 ESTIMATE_SPELLINGS = dict.fromkeys(
     ("--estimate", "--predict", "--fit", "--fits"),
     "an estimate is asked for with --model NAME --batch N, e.g. %memory_budget --model model --batch 64")
+# A cell that added at least this much memory pushed usage up: it gets the gauge or the warning, and it keeps
+# its row even when a magic refused with a UsageError. Any Python code moves RSS by a few pages.
 PUSHED = 2**20
 CPU_ENFORCE_NOTE = ("--enforce: the CPU allocator has no per-process cap, so only a soft budget (checked after each "
                     "cell) is possible here; for a hard limit start the kernel in a cgroup "
@@ -422,7 +423,11 @@ class BudgetMagics(Magics):
         display_result(explanation)
         # And the error itself, in one line, as the cell's error output: nbconvert, nbclient's
         # CellExecutionError and papermill read that, and showed an empty traceback without it (a user
-        # trial). The full traceback stays one `%tb` away; the explanation says where it was raised.
+        # trial). The full traceback is one `%tb` away: IPython's custom-handler path does not record
+        # the exception where %tb (and %debug) look for it, so it is recorded here.
+        sys.last_type, sys.last_value, sys.last_traceback = etype, value, tb
+        if sys.version_info >= (3, 12):
+            sys.last_exc = value
         stb = shell.InteractiveTB.get_exception_only(etype, value)
         shell._showtraceback(etype, value, stb)
         return None
