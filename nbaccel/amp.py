@@ -39,7 +39,7 @@ from .memory import PeakMemory, PeakMeter, format_bytes, meter_series, note_harn
 from .options import in_magic, option, whole_number
 from .precision import FP32, Recipe, TorchGlobals, apply_recipe, autocast_in_effect, make_recipe
 from .quiet import hiding_side_channels
-from .cell_reads import and_list, describe, objects_read
+from .cell_reads import and_list, describe, objects_read, take_first
 from .snapshot import Snapshot, SnapshotTooLarge, available_host_memory, estimate_bytes
 from .timing import Clock, Stats
 
@@ -429,7 +429,7 @@ def used_up_note(iterators: list[str]) -> str:
     """Why a cell that takes one item per run raised StopIteration under the comparison."""
     return (f"nbaccel: {and_list(iterators)} {'is an iterator' if len(iterators) == 1 else 'are iterators'} the cell "
             "takes items from, and the comparison's runs used it up (no snapshot can rewind an iterator). Take "
-            "the batch before the magic (`batch = next(it)`) and use `batch` in the cell.")
+            f"the batch before the magic ({take_first(iterators)}) and use `batch` in the cell.")
 
 
 # The start of the note `_put_back` adds to the user's exception when the variables could not be put back.

@@ -10,7 +10,7 @@ from .amp_result import MIN_RUNS, REDUCED_DTYPES, memory_ranges, too_few_runs
 from .memory import format_bytes
 from .options import in_magic, option
 from .precision import describe
-from .cell_reads import and_list
+from .cell_reads import and_list, take_first
 
 if TYPE_CHECKING:
     from .amp_result import AmpResult
@@ -38,7 +38,7 @@ def _iterator_note(iterators: list[str]) -> str:
     return (f"{and_list(iterators)} {'is an iterator' if one else 'are iterators'} the cell takes items from, and no "
             f"snapshot can rewind {'it' if one else 'them'}: every run took its own items, so the variants compared "
             f"different data, and {'it has' if one else 'they have'} moved on by all the runs' items, not one run's. "
-            "To compare on one batch, take it before the magic (`batch = next(it)`) and use `batch` in the cell.")
+            f"To compare on one batch, take it before the magic ({take_first(iterators)}) and use `batch` in the cell.")
 
 
 def _outer_autocast_note(result: AmpResult, dtype: str) -> str:
@@ -115,6 +115,9 @@ def _no_speedup(result: AmpResult, speedup: float, dtype: str) -> str:
                 "autocast keeps in fp32.")
     else:
         fact = None  # the cause below is inferred from the times
+    if fact is None and result.worker_loaders:  # the start-up named above, not the batch size
+        fact = ("the DataLoader workers' start and stop (see above) may be most of each run; time the step "
+                "without them before reading a speedup.")
     hedge = _unfirm_timing(result)
     if hedge is None:
         return f"No speedup ({speedup:.2f}x): " + (fact or f"the work is too small or memory-bound for {dtype} to "
@@ -138,9 +141,10 @@ def advise(result: AmpResult) -> list[str]:
         one = len(result.worker_loaders) == 1
         s = "s" if one else ""
         notes.append(f"The DataLoader{'' if one else 's'} {and_list(result.worker_loaders)} start{s} and stop{s} "
-                     f"{'its' if one else 'their'} worker processes on every iteration: each run's time includes "
-                     "that (the same cost in both variants, so it dilutes the speedup). To time the step, take a "
-                     "batch before the magic, or make the loader with persistent_workers=True.")
+                     f"{'its' if one else 'their'} worker processes on every iteration: if the cell loops over "
+                     f"{'it' if one else 'them'}, each run's time includes that (the same cost in both variants, so "
+                     "it dilutes the speedup). To time the step, take a batch before the magic, or make the loader "
+                     "with persistent_workers=True.")
     if result.compiled:
         one = len(result.compiled) == 1
         notes.append(f"{and_list(result.compiled)} {'is' if one else 'are'} torch.compile'd: the times and peak "

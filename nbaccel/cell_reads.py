@@ -138,9 +138,16 @@ def describe(name: str, value) -> str:
     return f"`{name}` ({'an' if kind[:1].lower() in 'aeiou' else 'a'} {kind})"
 
 
+def take_first(descriptions: list[str]) -> str:
+    """"`batch = next(loader_it)`" for the first of `describe`'s "`loader_it` (a ...)" descriptions."""
+    name = descriptions[0].split("`")[1]
+    return f"`batch = next({name})`"
+
+
 def and_list(items: list[str]) -> str:
     """"a", "a and b", "a, b and c"."""
     return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
 
 
-__all__ = ["objects_read", "KINDS", "is_unrewindable", "is_compiled", "starts_workers", "describe", "and_list"]
+__all__ = ["objects_read", "KINDS", "is_unrewindable", "is_compiled", "starts_workers", "describe", "take_first",
+           "and_list"]

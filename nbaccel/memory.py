@@ -110,7 +110,8 @@ def _can_reset_hwm() -> bool:
 # meter around it: a budget watching a cell whose %%amp memory runs (or estimator) reset the peak saw
 # only what came after the last reset. So a reset first folds the current peak into the open meters.
 # Weakly held: a meter entered and never left (``memory_budget(...).__enter__()`` typed by hand, the
-# object then dropped) leaves the set once nothing else holds it, instead of folding peaks forever.
+# object then dropped) leaves the set when the garbage collector frees it (an entered meter is in a
+# reference cycle with its context generator), instead of folding peaks forever.
 _open_meters: weakref.WeakSet[PeakMeter] = weakref.WeakSet()
 
 
@@ -278,13 +279,14 @@ def meter_series(device: torch.device):
     then ``gc.freeze()``, and each run's collection walks only the objects made since, which is where
     the earlier runs' garbage is. An object from before that dies inside in a reference cycle waits for
     the end (the same bytes under every run, so the peaks, taken over each run's start, are unchanged).
-    A process that froze objects itself (``gc.get_freeze_count()``) is left as it is."""
+    A process that froze objects itself (``gc.get_freeze_count()``) is left as it is; a cell that calls
+    ``gc.freeze()`` during the runs has its objects unfrozen with nbaccel's at the end."""
     if device.type == "cuda" or gc.get_freeze_count():
         yield
         return
     gc.collect()
-    gc.freeze()
     try:
+        gc.freeze()  # inside the try: a Ctrl-C right after it still unfreezes (unfreezing nothing is harmless)
         yield
     finally:
         gc.unfreeze()

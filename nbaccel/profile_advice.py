@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from . import profile_table as pt
+from .options import option
 
 if TYPE_CHECKING:
     from .profile_result import ProfileResult
@@ -74,7 +75,8 @@ def _phase_notes(result: ProfileResult) -> list[str]:
                    "a changed input shape, dtype or Python value failed the compiled code's guards "
                    "(TORCH_LOGS=recompiles says which)")
         else:
-            fix = "profile a later call (--warmup 1 runs the cell once before recording) to see what the compiled code costs"
+            fix = (f"profile a later call ({option('warmup', 1)} runs it once before recording) to see what the "
+                   "compiled code costs")
         notes.append(f"{times['compile_us'] / 1e6:.2f} s ({share:.0%}) of this profile was torch.compile compiling, "
                      f"not running the cell: {fix}.")
     share = times["data_loading_us"] / wall

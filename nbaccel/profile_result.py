@@ -289,7 +289,8 @@ class ProfileResult(ResultMixin):
 
     @functools.cached_property
     def op_phases(self) -> list[str | None]:
-        """Each op event's phase: "compiling", "data loading" or None (`nbaccel.analysis.phases`)."""
+        """Each op event's phase: "compiling", "data loading", "attention" (inside an attention op) or None
+        (`nbaccel.analysis.phases`)."""
         return phases.op_phases(self.op_columns, self._annotation_columns)
 
     @property

@@ -183,7 +183,8 @@ def select(frame: pd.DataFrame, sort: str, ascending: bool = False, filter: str 
 # --- categories, Tensor Cores, shapes --------------------------------------------------------------
 
 def cpu_categories(ops: pd.DataFrame, phases: list | None = None, gaps: list | None = None) -> pd.DataFrame:
-    """Self CPU time per op category (self times add up to the profiled CPU time exactly).
+    """Self CPU time per op category (self times add up to the profiled CPU time exactly; with
+    ``gaps``, the DataLoader time no op covers is added as "data loading").
 
     ``phases`` (`nbaccel.analysis.phases.op_phases`, row-aligned): an op's phase ("compiling",
     "data loading") replaces its own category. ``gaps``: time inside DataLoader ranges that no op

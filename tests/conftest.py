@@ -58,7 +58,11 @@ def ip(_ipython):
     shell.run_line_magic("unload_ext", "nbaccel")
     # reset() ends with a full gc.collect(), which walks every object this process tracks (0.2-0.5 s
     # once torch, IPython, pandas and JupyterLab's modules are in; nearly 200 tests use this shell).
-    # The collector's own generational runs free the same garbage later.
+    # The collector's own generational runs free the same garbage later. Not with a GPU: a test's CUDA
+    # tensors in reference cycles would stay in the allocator for the next test's memory figures.
+    if torch.cuda.is_available():
+        shell.reset(new_session=False)
+        return
     with mock.patch.object(gc, "collect", lambda generation=2: 0):
         shell.reset(new_session=False)
 

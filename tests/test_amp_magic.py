@@ -240,6 +240,7 @@ def test_no_restore_runs_continue_from_each_other(run_cell, ip):
 
 # --- found by a new-user trial --------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("last", ["np.ones(3)", "{'a': np.ones(2)}", "[np.ones(2)]", "(x @ x).float().numpy()"])
 def test_a_numpy_result_is_compared_like_a_tensor(run_cell, ip, last):
     # Was: TypeError "only 0-dimensional arrays can be converted to Python scalars" from nbaccel's

@@ -60,6 +60,7 @@ def labels() -> dict[str, bool]:
 
 # --- one real trace through the API ------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("name, gpu, ops, kernels, rank", [
     (H100, "NVIDIA H100 80GB HBM3", 4186, 1465, None),
     (A100, "NVIDIA A100-SXM4-80GB", 25185, 6080, 0),
@@ -155,6 +156,7 @@ def test_kernels_keep_their_launching_op():
 
 # --- the streaming reader ------------------------------------------------------------------------
 
+
 def test_streaming_gives_the_same_trace_at_every_chunk_boundary(tmp_path, monkeypatch):
     """Events and header keys cut at every possible place by the read chunk must decode the same."""
     events = [{"ph": "X", "cat": "cpu_op", "name": f"aten::mm{i}", "pid": 1, "tid": 1, "ts": 10.0 * i, "dur": 5.5,
@@ -205,6 +207,7 @@ def test_unknown_event_kinds_are_counted_and_shown(tmp_path):
 
 
 # --- folders: steps of one rank, several ranks -------------------------------------------------------
+
 
 def test_step_files_of_one_rank_load_as_one_trace_with_its_steps(tmp_path):
     from benchmarks.bench_trace import make_trace
@@ -350,6 +353,7 @@ def test_tensorboard_names_use_distributed_info(tmp_path):
 
 # --- through the magic -----------------------------------------------------------------------------
 
+
 def test_magic_shows_a_loaded_trace(run_cell, ip):
     path = real_path(H100)
     _, captured = run_cell(f"%profile_trace {path} --top 3 -r tr")
@@ -386,6 +390,7 @@ def test_magic_help_is_accurate(ip):
 
 
 # --- bad input ----------------------------------------------------------------------------------------
+
 
 def _truncated_gz(tmp_path):
     data = gzip.compress(json.dumps({"traceEvents": [{"ph": "X", "cat": "cpu_op", "name": "aten::mm", "ts": i,
@@ -458,6 +463,7 @@ def test_folder_mixing_ranked_and_unranked_files_is_refused(tmp_path):
 
 
 # --- a folder with some bad files: the good ones load, each bad one is a warning naming it -----------
+
 
 def _op_trace(name: str, **header) -> str:
     ev = {"ph": "X", "cat": "cpu_op", "name": name, "pid": 1, "tid": 1, "ts": 0, "dur": 1}
@@ -588,6 +594,7 @@ def test_bad_magic_lines(ip, line, message):
 
 
 # --- widgets page their tables ---------------------------------------------------------------------
+
 
 def _rows(html: str) -> list[str]:
     return first_column(html)

@@ -48,6 +48,7 @@ def bundle(captured):
 
 # --- what it shows -------------------------------------------------------------------------------
 
+
 def test_default_profile_on_cpu_says_so_and_shows_full_names(run_cell, ip):
     prof, result, captured = profile_cell(run_cell, ip, opts="-r prof")
     data = bundle(captured)
@@ -343,6 +344,7 @@ def test_to_dict_is_json_safe(run_cell, ip):
 
 # --- the widget, as a user drives it -------------------------------------------------------------
 
+
 def _ops_html(box):
     """The operator table's HTML, without the <wbr> break opportunities in long names (not text)."""
     tab = next(w for w in walk(box) if type(w).__name__ == "Tab")
@@ -424,6 +426,7 @@ def test_widget_builds_with_breakdown_and_advice_tabs(run_cell, ip):
 
 
 # --- bad input and faults ------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("line, message", [
     ("--steps 0", "--steps must be at least 1"),
@@ -582,6 +585,7 @@ def test_unload_removes_the_magic(ip):
 
 
 # --- the plain API -------------------------------------------------------------------------------
+
 
 def test_context_manager_api_for_scripts():
     a = torch.randn(64, 72)
