@@ -293,7 +293,7 @@ class ProfileResult(ResultMixin):
         (`nbaccel.analysis.phases`)."""
         return phases.op_phases(self.op_columns, self._annotation_columns)
 
-    @property
+    @functools.cached_property
     def _annotation_columns(self) -> dict[str, list]:
         return {c: self.trace.column("annotations", c) for c in ("name", "pid", "tid", "ts_us", "dur_us", "on_device")}
 
@@ -303,8 +303,7 @@ class ProfileResult(ResultMixin):
         how many), the DataLoader's ``__next__`` time (union, us), its calls, whether it had worker
         processes, and the part of it no op covers (``data_loading_gaps``, per call)."""
         ann = self._annotation_columns
-        compiling = phases.compile_ranges(self.op_columns, phases.compile_flags(self.op_columns["name"],
-                                                                                 self.op_columns["parent"]))
+        compiling = phases.compile_ranges(self.op_columns, self.op_columns["compiling"])
         loaders = phases.dataloader_ranges(ann)
         names = [n for n, dev in zip(ann["name"], ann["on_device"]) if not dev and phases.is_dataloader(n)]
         return {

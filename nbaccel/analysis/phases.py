@@ -116,7 +116,7 @@ def op_phases(cols: dict, ann: dict) -> list[str | None]:
     """Each op's phase: COMPILING (in a compile range), DATA_LOADING (in a DataLoader range on its
     thread), "attention" (inside an attention op: its math), else None. Compiling wins: a DataLoader
     never runs inside a compile."""
-    flags = compile_flags(cols["name"], cols["parent"])
+    flags = cols["compiling"] if "compiling" in cols else compile_flags(cols["name"], cols["parent"])
     attention = inside_attention(cols["category"], cols["parent"])
     loaders = dataloader_ranges(ann)
     starts = {k: [r[0] for r in v] for k, v in loaders.items()}

@@ -143,7 +143,8 @@ def build_op_columns(op: dict, nest: Nesting, gpu: dict, links: list) -> dict[st
         op["name"], op["input_dims"], op["input_types"], op["concrete_inputs"])]
     # Ops recorded while torch.compile compiles trace the model on fake tensors (shapes, no data):
     # no math ran, so they have no FLOPs (analysis/phases.py).
-    flops = [None if c else f for f, c in zip(flops, compile_flags(op["name"], parent))]
+    compiling = compile_flags(op["name"], parent)
+    flops = [None if c else f for f, c in zip(flops, compiling)]
     # Count FLOPs once: aten::linear -> aten::addmm both have a formula; only the innermost
     # op with a formula is counted in totals (as torch.utils.flop_counter counts dispatched ops).
     has_flop_child = [False] * n
@@ -169,6 +170,7 @@ def build_op_columns(op: dict, nest: Nesting, gpu: dict, links: list) -> dict[st
         "concrete_inputs": op["concrete_inputs"],
         "category": [op_category(x) for x in op["name"]],
         "parent": parent,
+        "compiling": compiling,  # in a torch.compile range (analysis/phases.py); kept for the categories
         "dtype": dtypes,
         "flops": flops,
         "flops_counted": [f is not None and not has_flop_child[i] for i, f in enumerate(flops)],
