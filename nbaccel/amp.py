@@ -31,6 +31,7 @@ import torch
 
 from .amp_advice import advise
 from .amp_result import MEMORY_NOISE_FLOOR, MEMORY_SAME, MIN_RUNS, AmpResult, Variant
+from .cell_reads import KINDS, and_list, describe, objects_read, take_first
 from .contention import ContentionMeter
 from .device import DTYPE_NAMES, DeviceError, device_info, dtype_name, resolve_device
 from .drift import compute_drift, runs_differ, to_host
@@ -39,7 +40,6 @@ from .memory import PeakMemory, PeakMeter, format_bytes, meter_series, note_harn
 from .options import in_magic, option, whole_number
 from .precision import FP32, Recipe, TorchGlobals, apply_recipe, autocast_in_effect, make_recipe
 from .quiet import hiding_side_channels
-from .cell_reads import and_list, describe, objects_read, take_first
 from .snapshot import Snapshot, SnapshotTooLarge, available_host_memory, estimate_bytes
 from .timing import Clock, Stats
 
@@ -364,7 +364,8 @@ def compare_amp(
         _check_snapshot_size(namespace, state, skip, max_snapshot_fraction)
         snapshot = Snapshot.capture(namespace, objects=state, skip=skip)
     note_harness("%%amp" if in_magic() else "compare_amp", snapshot.nbytes)
-    reads = objects_read(fn, namespace)  # what the report names: see cell_reads.py
+    # What the report names (cell_reads.py); nbaccel's own reading never fails the user's comparison.
+    reads = _safely("read the names the cell uses", objects_read, fn, namespace)[0] or dict.fromkeys(KINDS, {})
     iterators = [describe(name, it) for name, it in reads["iterators"].items()]
     compiled = [describe(name, model) for name, model in reads["compiled"].items()]
     loaders = [describe(name, loader) for name, loader in reads["worker_loaders"].items()]

@@ -7,10 +7,10 @@ from typing import TYPE_CHECKING
 import torch
 
 from .amp_result import MIN_RUNS, REDUCED_DTYPES, memory_ranges, too_few_runs
+from .cell_reads import and_list, take_first
 from .memory import format_bytes
 from .options import in_magic, option
 from .precision import describe
-from .cell_reads import and_list, take_first
 
 if TYPE_CHECKING:
     from .amp_result import AmpResult
@@ -39,6 +39,25 @@ def _iterator_note(iterators: list[str]) -> str:
             f"snapshot can rewind {'it' if one else 'them'}: every run took its own items, so the variants compared "
             f"different data, and {'it has' if one else 'they have'} moved on by all the runs' items, not one run's. "
             f"To compare on one batch, take it before the magic ({take_first(iterators)}) and use `batch` in the cell.")
+
+
+def _worker_loader_note(loaders: list[str]) -> str:
+    """Each run of a cell that loops over these loaders starts and stops their workers."""
+    one = len(loaders) == 1
+    s = "s" if one else ""
+    return (f"The DataLoader{'' if one else 's'} {and_list(loaders)} start{s} and stop{s} "
+            f"{'its' if one else 'their'} worker processes on every iteration: if the cell loops over "
+            f"{'it' if one else 'them'}, each run's time includes that (the same cost in both variants, so "
+            "it dilutes the speedup). To time the step, take a batch before the magic, or make the loader "
+            "with persistent_workers=True.")
+
+
+def _compiled_note(compiled: list[str]) -> str:
+    """The timed runs run compiled code; the op audit sees eager ops."""
+    return (f"{and_list(compiled)} {'is' if len(compiled) == 1 else 'are'} torch.compile'd: the times and peak "
+            "memory are the compiled code's, but the op audit records the eager ops, so the dtypes per op, "
+            "the FLOPs and the drift above are eager's (inductor fuses elementwise ops and may keep their "
+            "intermediates in fp32).")
 
 
 def _outer_autocast_note(result: AmpResult, dtype: str) -> str:
@@ -138,19 +157,9 @@ def advise(result: AmpResult) -> list[str]:
     if result.iterators:
         notes.append(_iterator_note(result.iterators))
     if result.worker_loaders:
-        one = len(result.worker_loaders) == 1
-        s = "s" if one else ""
-        notes.append(f"The DataLoader{'' if one else 's'} {and_list(result.worker_loaders)} start{s} and stop{s} "
-                     f"{'its' if one else 'their'} worker processes on every iteration: if the cell loops over "
-                     f"{'it' if one else 'them'}, each run's time includes that (the same cost in both variants, so "
-                     "it dilutes the speedup). To time the step, take a batch before the magic, or make the loader "
-                     "with persistent_workers=True.")
+        notes.append(_worker_loader_note(result.worker_loaders))
     if result.compiled:
-        one = len(result.compiled) == 1
-        notes.append(f"{and_list(result.compiled)} {'is' if one else 'are'} torch.compile'd: the times and peak "
-                     "memory are the compiled code's, but the op audit records the eager ops, so the dtypes per op, "
-                     "the FLOPs and the drift above are eager's (inductor fuses elementwise ops and may keep their "
-                     "intermediates in fp32).")
+        notes.append(_compiled_note(result.compiled))
     if result.outer_autocast:
         notes.append(_outer_autocast_note(result, dtype))
     own = _reduced_in_baseline(result)

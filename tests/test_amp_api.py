@@ -1042,3 +1042,17 @@ def test_a_loader_that_starts_workers_every_iteration_is_named():
     # The no-speedup verdict names the workers, not the batch size.
     verdict = next(a for a in res.advice if a.startswith("No speedup"))
     assert "DataLoader workers' start and stop" in verdict and "larger batch" not in verdict
+
+
+def test_reading_the_cells_names_never_fails_the_comparison(monkeypatch):
+    """cell_reads looks at whatever the namespace holds; if that ever raises, the comparison still runs
+    (nbaccel's own analysis must not turn into a failure of the user's cell)."""
+    import nbaccel.amp
+
+    def odd(*args, **kwargs):
+        raise RuntimeError("an object whose isinstance check raised")
+
+    monkeypatch.setattr(nbaccel.amp, "objects_read", odd)
+    x = torch.randn(8, 8)
+    res = nbaccel.compare_amp(lambda: (x @ x).sum(), dtype="bf16", device="cpu", repeat=3, warmup=0)
+    assert res.iterators == res.compiled == res.worker_loaders == [] and res.speedup is not None
