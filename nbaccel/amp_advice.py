@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from .amp_result import MIN_RUNS, REDUCED_DTYPES, memory_ranges, too_few_runs
+from .amp_result import MIN_RUNS, NO_SPEEDUP_BELOW, REDUCED_DTYPES, memory_ranges, too_few_runs
 from .cell_reads import and_list, take_first
 from .memory import format_bytes
 from .options import in_magic, option
@@ -118,17 +118,21 @@ def _unfirm_timing(result: AmpResult) -> str | None:
     return f"{why} (see the warning{'s' if overlap and contended else ''}): re-run {fix}"
 
 
+def _nothing_to_cast(dtype: str) -> str:
+    return (f"no op ran in {dtype} -- autocast had nothing here to cast (reductions and elementwise ops stay "
+            "fp32); it speeds up matmuls and convolutions")
+
+
 def _no_speedup(result: AmpResult, speedup: float, dtype: str) -> str:
-    """The advice for a speedup under 1.05x. A cause read from the op audit or the CPU's features is
-    a fact whatever the timing; "too small or memory-bound" is read from the timing itself, so it is
-    said only when the times are firm (no overlap, no contention)."""
+    """The advice for a speedup under `NO_SPEEDUP_BELOW` (1.05x). A cause read from the op audit or the
+    CPU's features is a fact whatever the timing; "too small or memory-bound" is read from the timing
+    itself, so it is said only when the times are firm (no overlap, no contention)."""
     info, precision = result.device, result.precision
     if info.type == "cpu" and not (info.has_bf16_units if dtype == "bf16" else info.has_fp16_units):
         fact = (f"this CPU lacks {dtype} units (AMX / AVX512-{dtype.upper()}), so autocast only adds casts. "
                 "Measure on a GPU with Tensor Cores.")
     elif not precision["reduced"]:
-        fact = (f"no op ran in {dtype} -- autocast had nothing here to cast (reductions and elementwise ops stay "
-                "fp32); it speeds up matmuls and convolutions.")
+        fact = _nothing_to_cast(dtype) + "."
     elif precision["reduced_flop_share"] is not None and precision["reduced_flop_share"] < 0.5:
         fact = (f"only {precision['reduced_flop_share']:.0%} of the FLOPs ran in {dtype}; the time goes to ops "
                 "autocast keeps in fp32.")
@@ -193,6 +197,10 @@ def advise(result: AmpResult) -> list[str]:
         notes.append("The cell ran no torch operators, so autocast had nothing to change: %%amp compares "
                      "torch code (the times are of plain Python).")
         speedup = None  # a "speedup" of plain Python is noise; say nothing more about it
+    if result.speedup_from_noise and speedup is not None:
+        notes.append(f"No speedup: {_nothing_to_cast(dtype)}. Both variants ran the same fp32 kernels, so the "
+                     f"{speedup:.2f}x between their times is run-to-run variation, not an effect of {dtype}.")
+        speedup = None
     if result.nonfinite_result:
         speedup = None  # a wrong answer faster is not a finding: the overflow note above is the advice
     if speedup is not None and too_few_runs(result):
@@ -201,7 +209,7 @@ def advise(result: AmpResult) -> list[str]:
                      f"({speedup:.2f}x measured): use {option('repeat', 5)} or more (at least {MIN_RUNS}).")
         speedup = None
     if speedup is not None:
-        if speedup < 1.05:
+        if speedup < NO_SPEEDUP_BELOW:
             notes.append(_no_speedup(result, speedup, dtype))
         elif not result.speedup_uncertain and result.contention_warning:
             # Not "is faster": the warning says other programs took the CPU during the timed runs.

@@ -28,6 +28,7 @@ MEMORY_NOISE_FLOOR = 1 << 20  # fp32 peak below which a memory saving is not rep
 # A change of the peak smaller than this share reads as "the same": 3.99 MiB -> 4 MiB printed "+0%".
 MEMORY_SAME = 0.005
 REDUCED_DTYPES = ("bf16", "fp16")
+NO_SPEEDUP_BELOW = 1.05  # a measured ratio under this is reported as no speedup
 
 
 def _empty_frame() -> pd.DataFrame:
@@ -161,6 +162,19 @@ class AmpResult(ResultMixin):
         return sorted(set(ops[ops["heavy"] & ops["dtype"].isin(REDUCED_DTYPES)]["dtype"]))
 
     @property
+    def nothing_cast(self) -> bool:
+        """Torch operators ran under an autocast recipe, yet none in reduced precision: both variants ran
+        the same fp32 kernels, so a gap between their times is run-to-run variation, not a speedup (a
+        user trial read "speedup 6.48x" on a cell of means and concatenations)."""
+        return (self.amp.recipe.autocast_dtype is not None and not self.amp.ops.empty
+                and not self.precision["reduced"])
+
+    @property
+    def speedup_from_noise(self) -> bool:
+        """A speedup (at least `NO_SPEEDUP_BELOW`) measured where `nothing_cast`: not claimed."""
+        return self.nothing_cast and self.speedup is not None and self.speedup >= NO_SPEEDUP_BELOW
+
+    @property
     def heavy_fp32_calls(self) -> list[str]:
         """The heavy ops that stayed fp32 under the recipe, each with its share of the op's calls where the
         op also ran in reduced precision ("aten::bmm (4 of 12 calls)"): the same name in both lists read as
@@ -247,6 +261,7 @@ class AmpResult(ResultMixin):
             "gradients": self.gradients,
             "precision": self.precision,
             "baseline_reduced": self.baseline_reduced,
+            "nothing_cast": self.nothing_cast,
             "unaligned_matmuls": self.unaligned_matmuls,
             "snapshot_bytes": self.snapshot_bytes,
             "restored": self.restored,
@@ -280,5 +295,5 @@ def _runs(n: int) -> str:
     return f"{n} run{'' if n == 1 else 's'}"
 
 
-__all__ = ["AmpResult", "Variant", "MIN_RUNS", "MEMORY_NOISE_FLOOR", "MEMORY_SAME", "REDUCED_DTYPES", "too_few_runs",
-           "memory_ranges"]
+__all__ = ["AmpResult", "Variant", "MIN_RUNS", "NO_SPEEDUP_BELOW", "MEMORY_NOISE_FLOOR", "MEMORY_SAME",
+           "REDUCED_DTYPES", "too_few_runs", "memory_ranges"]

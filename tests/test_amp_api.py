@@ -644,6 +644,30 @@ def test_no_speedup_when_nothing_ran_in_reduced_precision_says_so():
     assert not any("larger batch" in a for a in result.advice)
 
 
+def test_a_speedup_where_nothing_ran_in_reduced_precision_is_not_claimed():
+    """A user trial read "speedup 6.48x" on a cell of means and concatenations: nothing was cast, both
+    variants ran the same fp32 kernels, so the gap is the machine's, not bf16's (here: scripted 3x)."""
+    from nbaccel.render import amp as amp_render
+
+    clock = FakeClock(lambda: 0.010 if torch.is_autocast_enabled("cpu") else 0.030)
+    data = torch.randn(64, 32)
+    result = nbaccel.compare_amp(lambda: torch.cat([data - data.mean(0), data ** 2], 1), repeat=4, warmup=0,
+                                 clock=clock, dtype="bf16", device="cpu")
+    assert result.speedup == pytest.approx(3.0) and not result.speedup_uncertain  # firm, yet no finding
+    assert result.nothing_cast and result.speedup_from_noise and result.to_dict()["nothing_cast"]
+    assert amp_render.headline(result).startswith(
+        "speedup not claimed (no op ran in bf16; 3.00x is run-to-run variation)")
+    assert "not claimed" in amp_render.html(result) and "3.00x is run-to-run variation" in amp_render.html(result)
+    verdict = next(a for a in result.advice if a.startswith("No speedup"))
+    assert "Both variants ran the same fp32 kernels, so the 3.00x between their times is run-to-run variation" \
+        in verdict
+    assert not any("faster" in a for a in result.advice)
+    # A matmul does run in bf16: the same scripted times are a speedup.
+    w = torch.randn(32, 32)
+    cast = nbaccel.compare_amp(lambda: data @ w, repeat=4, warmup=0, clock=clock, dtype="bf16", device="cpu")
+    assert not cast.nothing_cast and amp_render.headline(cast).startswith("speedup 3.00x")
+
+
 @pytest.mark.parametrize("call, error, message", [
     # Each once failed deep inside torch or nbaccel, or passed a string as True.
     (lambda m, x: nbaccel.compare_amp(m), TypeError, r"got a Linear module, which needs its input: pass "

@@ -40,6 +40,8 @@ def headline(result) -> str:
     if result.speedup is not None:
         if _no_torch_ops(result):
             parts.append(f"no torch operators ran (plain Python timed: {result.speedup:.2f}x, not an autocast effect)")
+        elif result.speedup_from_noise:
+            parts.append(f"speedup not claimed ({_nothing_cast(result)})")
         elif too_few_runs(result):
             parts.append(f"speedup not claimed ({_too_few(result)})")
         else:
@@ -55,6 +57,11 @@ def headline(result) -> str:
     flag = f"fp32 run not fp32 (the cell runs {' and '.join(result.baseline_reduced)} itself): " \
         if result.baseline_reduced else ""
     return flag + (", ".join(parts) or f"{result.amp.name} only (no baseline)")
+
+
+def _nothing_cast(result) -> str:
+    """Why a speedup measured where no op ran in reduced precision is not claimed (the advice says more)."""
+    return f"no op ran in {result.amp.name}; {result.speedup:.2f}x is run-to-run variation"
 
 
 def _too_few(result) -> str:
@@ -214,9 +221,11 @@ def _kpis(result) -> str:
     if result.baseline_reduced:  # first: it qualifies every figure after it
         kpis.append(f'<div class="kpi"><div class="muted">fp32 run</div><div class="big warn">not fp32</div>'
                     f'<div class="muted">(the cell runs {esc(" and ".join(result.baseline_reduced))} itself)</div></div>')
-    if result.speedup is not None and too_few_runs(result) and not _no_torch_ops(result):
+    too_few = result.speedup is not None and too_few_runs(result) and not _no_torch_ops(result)
+    unclaimed = _nothing_cast(result) if result.speedup_from_noise else _too_few(result) if too_few else None
+    if unclaimed:
         kpis.append(f'<div class="kpi"><div class="muted">speedup</div><div class="big warn nbaccel-speedup">'
-                    f'not claimed</div><div class="muted">({esc(_too_few(result))})</div></div>')
+                    f'not claimed</div><div class="muted">({esc(unclaimed)})</div></div>')
     elif result.speedup is not None:
         cls = "big warn" if result.speedup_uncertain or _no_torch_ops(result) or _contended(result) else "big"
         label = "speedup (no torch ops ran)" if _no_torch_ops(result) else "speedup"
