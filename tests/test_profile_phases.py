@@ -194,4 +194,7 @@ def test_the_math_inside_an_attention_op_counts_as_attention(run_cell, ip):
     own = sum(t for c, t in zip(cols["category"], cols["self_us"]) if c == "attention")
     counted = sum(t for c, t, i in zip(cols["category"], cols["self_us"], inside) if c == "attention" or i)
     assert cats["attention"] == pytest.approx(counted) and counted >= own + bmm_inside
-    assert cats["attention"] > 0.05 * sum(cats.values())
+    # Every op inside the attention op is filed as attention, whatever the timing. (A share of the
+    # measured time, asserted here before, fell under its bound when other programs took the CPU.)
+    assert [p for p, i in zip(prof.op_phases, inside) if i] == ["attention"] * sum(inside)
+    assert {"aten::bmm", "aten::_softmax"} <= {n for n, i in zip(cols["name"], inside) if i}
