@@ -7,11 +7,13 @@ script or under torchrun with no frontend at all.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 from typing import TYPE_CHECKING
 
 from . import __version__
+from .options import magic_spelling
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -27,9 +29,17 @@ class ResultMixin:
     def to_dict(self) -> dict:
         """The result as plain JSON: NaN and inf become None (JSON has neither; ``json.dumps``
         would write the non-standard ``NaN`` that other readers refuse)."""
-        payload = {"kind": self.kind, "schema_version": SCHEMA_VERSION, "nbaccel_version": __version__,
-                   **self._payload()}
+        with self._spelling():
+            payload = {"kind": self.kind, "schema_version": SCHEMA_VERSION, "nbaccel_version": __version__,
+                       **self._payload()}
         return json_safe(payload)
+
+    def _spelling(self):
+        """Advice and warnings are worded when read, and name options (`nbaccel.options.option`) the way
+        the result's maker took them: ``--repeat`` for a ``%%amp`` result printed later from Python (it
+        read "use a larger repeat" under a header saying %%amp), ``repeat`` for ``compare_amp``'s."""
+        made_by = getattr(self, "made_by", None)
+        return magic_spelling(made_by.startswith("%")) if isinstance(made_by, str) else contextlib.nullcontext()
 
     def to_json(self, **kwargs) -> str:
         return json.dumps(self.to_dict(), **kwargs)
@@ -37,7 +47,8 @@ class ResultMixin:
     def __str__(self) -> str:
         from .render.text import render_text
 
-        return render_text(self)
+        with self._spelling():
+            return render_text(self)
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
@@ -52,13 +63,15 @@ class ResultMixin:
     def _repr_html_(self) -> str:
         from .render.html import render_html
 
-        return render_html(self)
+        with self._spelling():
+            return render_html(self)
 
     def show(self):
         """Display as an ipywidget where a widget frontend exists, else as HTML/text."""
         from .render.display import display_result
 
-        display_result(self)
+        with self._spelling():
+            display_result(self)
 
 
 def json_safe(value):

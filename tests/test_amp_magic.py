@@ -690,3 +690,22 @@ def test_an_inference_mode_cell_gets_its_flops_and_reduced_precision_share(run_c
              "with torch.no_grad():\n    preds = m(X)")
     assert ip.user_ns["res2"].amp.ops[["op", "dtype", "calls", "flops"]].equals(
         res.amp.ops[["op", "dtype", "calls", "flops"]])
+
+
+def test_a_stored_result_names_options_as_its_magic_took_them(run_cell, ip):
+    """A user trial: a %%amp result kept with -r and printed later read "use a larger repeat" (Python's
+    spelling, from the cell that printed it) under a header saying %%amp."""
+    import torch
+
+    ip.user_ns.update(torch=torch, w=torch.randn(16, 16))
+    run_cell("%%amp --repeat 2 --warmup 0 -q -r res\n(w @ w).sum()")
+    _, out = run_cell("print(res)")
+    assert "nbaccel %%amp" in out.stdout and "use --repeat 5" in out.stdout and "repeat=5" not in out.stdout
+    assert any("--repeat 5" in a for a in ip.user_ns["res"].to_dict()["advice"])
+    assert "use --repeat 5" in ip.user_ns["res"]._repr_html_()
+    # The API's result reads as Python, even when shown while a magic's spelling is on.
+    from nbaccel.options import magic_spelling
+
+    api = nbaccel.compare_amp(lambda: (ip.user_ns["w"] @ ip.user_ns["w"]).sum(), repeat=2, warmup=0)
+    with magic_spelling():
+        assert "repeat=5" in str(api) and "--repeat" not in str(api)
