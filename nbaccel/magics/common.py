@@ -130,7 +130,8 @@ def cell_number(shell) -> int:
 
 @contextlib.contextmanager
 def silenced():
-    """Hide stdout, stderr and rich displays of the measurement runs (the API adds logging and warnings)."""
+    """Hide stdout, stderr and rich displays of the measurement runs (the API adds logging, warnings and
+    pyplot figures: `nbaccel.quiet`)."""
     with capture_output(stdout=True, stderr=True, display=True):
         yield
 
