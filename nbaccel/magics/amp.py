@@ -47,7 +47,8 @@ class AmpMagics(Magics):
     @argument("--max-snapshot", type=float, default=0.5, metavar="FRACTION",
               help="refuse when the state snapshot would exceed this fraction of available host memory (default 0.5)")
     @argument("-r", "--result", default=None, metavar="NAME", help="store the AmpResult in this variable")
-    @argument("-q", "--quiet", action="store_true", help="do not display the result")
+    @argument("-q", "--quiet", action="store_true",
+              help="do not display the result, nor the note on how long a long comparison will take")
     @cell_magic
     @magic_spelled  # errors name options as typed: --top, not top=
     def amp(self, line, cell):
@@ -104,7 +105,7 @@ class AmpMagics(Magics):
                     skip=history_name(self.shell), silence=silenced, restore=not args.no_restore,
                     max_snapshot_fraction=args.max_snapshot,
                     on_cell_error=lambda exc, where: cell_errors.append((exc, where)),
-                    on_first_run=note_long_run,
+                    on_first_run=None if args.quiet else note_long_run,  # -q: a progress note is output too
                 )
                 finished = True
             except BaseException as exc:  # KeyboardInterrupt too: noted, then re-raised unchanged
