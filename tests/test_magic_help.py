@@ -76,6 +76,25 @@ def test_a_wrong_option_is_a_usage_error_with_the_fix(run_cell, ip, magic, line,
     assert ip.user_ns["ran"] == 0
 
 
+@pytest.mark.parametrize("magic, line, message", [
+    # A user trial: pasted from a document, "—repeat" got only "unrecognized arguments: —repeat 3".
+    ("%%amp", "—repeat 3", "—repeat starts with an em dash (—), a typographic dash that documents put in place of "
+                           "two hyphens; type the option with plain hyphens: --repeat; see %%amp --help"),
+    ("%%amp", "--dtype bf16 –repeat=3", "starts with an en dash (–), a typographic dash that documents put in place "
+                                        "of two hyphens; type the option with plain hyphens: --repeat=3"),
+    ("%%amp", "—q", "plain hyphens: -q;"),  # a one-letter option has one hyphen
+    ("%%profile_gpu", "—steps 2", "plain hyphens: --steps; see %%profile_gpu --help"),
+    ("%memory_budget", "1GiB —strict", "plain hyphens: --strict; see %memory_budget --help"),
+    ("%profile_trace", "t.json −−top 3", "a minus sign (−)"),
+    ("%nbaccel_env", "—bogus", "plain hyphens: --bogus; see %nbaccel_env --help for the options"),
+])
+def test_a_typographic_dash_is_named_with_the_option_to_type(run_cell, ip, magic, line, message):
+    ip.user_ns["ran"] = 0
+    _, captured = run_cell(_source(magic, line), expect_error=UsageError)
+    assert message in captured.stderr
+    assert ip.user_ns["ran"] == 0
+
+
 @pytest.mark.parametrize("magic, line, suggestion", [
     ("%%profile_gpu", "--step 3", "--steps"),  # argparse would have run it as --steps 3
     ("%%amp", "--rep 3", "--repeat"),
