@@ -463,12 +463,16 @@ def test_unused_gradscaler_in_scope_is_not_counted_as_scaling():
     assert result.gradients["grad_scaler"] is True
 
 
-@pytest.mark.parametrize("dtype", [torch.bfloat16, "bfloat16", "BF16", " bf16 "])
-def test_dtype_as_people_write_it(dtype):
+@pytest.mark.parametrize("dtype, expected", [
+    (torch.bfloat16, torch.bfloat16), ("bfloat16", torch.bfloat16), ("BF16", torch.bfloat16),
+    (" bf16 ", torch.bfloat16),
+    ("torch.bfloat16", torch.bfloat16), ("torch.float16", torch.float16),  # a user trial: refused as strings
+])
+def test_dtype_as_people_write_it(dtype, expected):
     # A new user's compare_amp(fn, dtype=torch.bfloat16) crashed with "'torch.dtype' has no attribute 'lower'".
     x = torch.randn(32, 32)
     result = nbaccel.compare_amp(lambda: x @ x, dtype=dtype, device="cpu", repeat=1, warmup=0)
-    assert result.amp.recipe.autocast_dtype is torch.bfloat16
+    assert result.amp.recipe.autocast_dtype is expected
 
 
 def test_a_dtype_that_is_not_an_autocast_dtype_is_refused_clearly():
@@ -538,7 +542,7 @@ def test_every_result_kind_is_strict_json():
     json.dumps(prof.result.to_dict(), allow_nan=False)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, "fp32", "float32"])
+@pytest.mark.parametrize("dtype", [torch.float32, "fp32", "float32", "torch.float32"])
 def test_fp32_is_refused_as_the_compared_dtype(dtype):
     with pytest.raises(ValueError, match=r"fp32 is the baseline.*dtype='bf16'.*dtype='tf32' on an Ampere\+ CUDA"):
         nbaccel.compare_amp(lambda: None, dtype=dtype, repeat=1, warmup=0)

@@ -99,10 +99,14 @@ def test_no_baseline_runs_only_the_recipe(run_cell, ip):
     assert ip.user_ns["counter"] == 1
 
 
-def test_long_dtype_names_work_in_the_magic(run_cell, ip):
+@pytest.mark.parametrize("dtype, expected", [
+    ("bfloat16", torch.bfloat16),
+    ("torch.bfloat16", torch.bfloat16), ("torch.float16", torch.float16),  # as code writes them (a user trial)
+])
+def test_long_dtype_names_work_in_the_magic(run_cell, ip, dtype, expected):
     run_cell("import torch\nx = torch.randn(16, 16)")
-    run_cell("%%amp --dtype bfloat16 --device cpu --repeat 1 --warmup 0 -q -r res\nx @ x")
-    assert ip.user_ns["res"].amp.recipe.autocast_dtype is torch.bfloat16
+    run_cell(f"%%amp --dtype {dtype} --device cpu --repeat 1 --warmup 0 -q -r res\nx @ x")
+    assert ip.user_ns["res"].amp.recipe.autocast_dtype is expected
 
 
 def test_bf16_ops_reported_on_cpu(run_cell, ip):

@@ -62,6 +62,7 @@ def test_nbaccel_env_help_does_not_store_a_result(run_cell, ip):
     # A dtype without its option (a user trial: "unrecognized arguments: bf16" and nothing more).
     ("%%amp", "bf16 --repeat 3", "unrecognized arguments: bf16 (did you mean --dtype bf16?)"),
     ("%%amp", "bfloat16", "(did you mean --dtype bf16?)"),
+    ("%%amp", "torch.bfloat16", "(did you mean --dtype bf16?)"),
     ("%%amp", "fp8", "unrecognized arguments: fp8 (a dtype goes after --dtype, one of: bf16, fp16, auto, tf32)"),
     ("%%profile_gpu", "fp16", "(did you mean --amp fp16?)"),
     ("%%amp", "model", "unrecognized arguments: model; see %%amp --help"),  # not a dtype: no guess

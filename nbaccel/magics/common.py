@@ -313,7 +313,7 @@ class HelpWithoutBody:
         return [lines[0].rstrip("\n") + "\n", "\n"]
 
 
-_DTYPE_LIKE = re.compile(r"(b?f(p|loat)?|bfloat|half|tf|int|double|auto)\d*", re.I)
+_DTYPE_LIKE = re.compile(r"(torch\.)?(b?f(p|loat)?|bfloat|half|tf|int|double|auto)\d*", re.I)
 
 
 def dtype_hint(option_name: str, accepted, normalise: Callable[[str], str]):
