@@ -724,6 +724,20 @@ def test_a_script_learns_which_run_raised_from_the_exception_note():
     assert seen == ["in the bf16 autocast run (the fp32 run had succeeded)"] and not getattr(info.value, "__notes__", None)
 
 
+def test_a_script_learns_how_to_avoid_an_fp16_overflow_from_the_exception_note():
+    q, mask = torch.randn(2, 4, 8), torch.rand(2, 4, 4) > 0.5
+
+    def attention_scores():
+        return (q @ q.transpose(1, 2)).masked_fill(~mask, -1e9)  # -1e9 does not fit in fp16
+
+    with pytest.raises(RuntimeError, match="Half without overflow") as info:
+        nbaccel.compare_amp(attention_scores, dtype="fp16", device="cpu", repeat=3, warmup=0)
+    assert info.value.__notes__[1] == (
+        "nbaccel.compare_amp: fp16's largest finite value is 65504, so a constant beyond it (such as -1e9 for a mask) "
+        "cannot be written into an fp16 tensor: use torch.finfo(x.dtype).min (the most negative value x's own dtype "
+        "holds), or bf16 (dtype='bf16'), whose range is fp32's")
+
+
 def test_precision_checks_its_arguments_when_made_and_can_be_entered_again():
     with pytest.raises(TypeError, match=r"cudnn_benchmark takes True, False or None .*got 'yes'"):
         nbaccel.precision("bf16", cudnn_benchmark="yes")

@@ -334,6 +334,18 @@ def test_a_failure_only_under_autocast_says_which_run_raised(run_cell, ip):
     assert ip.user_ns["counter"] == 0
 
 
+def test_an_fp16_overflow_says_what_to_write_instead(run_cell, ip):
+    # A user trial: "value cannot be converted to type c10::Half without overflow" from an attention mask.
+    run_cell("import torch\nq = torch.randn(2, 4, 8)\nmask = torch.rand(2, 4, 4) > 0.5")
+    result, captured = run_cell("%%amp --dtype fp16 --repeat 3 --warmup 0\nscores = q @ q.transpose(1, 2)\n"
+                                "scores.masked_fill(~mask, -1e9)", expect_error=RuntimeError)
+    assert "c10::Half without overflow" in str(result.error_in_exec)  # the user's exception, unchanged
+    assert ("in the fp16 autocast run (the fp32 run had succeeded); the comparison was abandoned" in captured.stderr
+            and "Hint: fp16's largest finite value is 65504, so a constant beyond it (such as -1e9 for a mask) cannot "
+                "be written into an fp16 tensor: use torch.finfo(x.dtype).min" in captured.stderr
+            and "or bf16 (--dtype bf16), whose range is fp32's." in captured.stderr), captured.stderr
+
+
 def test_one_timed_run_is_not_a_speedup_claim(run_cell, ip):
     run_cell("import torch")
     _, captured = run_cell("%%amp --repeat 1 --warmup 0 -r res\ntorch.ones(64, 64) @ torch.ones(64, 64)")

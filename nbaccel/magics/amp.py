@@ -9,7 +9,7 @@ from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments
 
-from ..amp import MIN_RUNS, compare_amp, not_restored, planned_runs
+from ..amp import MIN_RUNS, compare_amp, not_restored, overflow_hint, planned_runs
 from ..device import DeviceError, autocast_dtype, device_info, dtype_name, resolve_device
 from ..options import magic_spelled, whole_number
 from ..precision import make_recipe
@@ -173,7 +173,9 @@ def _abandon_note(exc: BaseException, where: str | None, no_restore: bool) -> st
     if where is not None:
         what = ("was interrupted (KeyboardInterrupt)" if isinstance(exc, KeyboardInterrupt)
                 else f"raised {type(exc).__name__}")
-        return f"nbaccel %%amp: the cell {what} {where}; the comparison was abandoned: {state}."
+        hint = overflow_hint(exc)
+        return (f"nbaccel %%amp: the cell {what} {where}; the comparison was abandoned: {state}."
+                + (f" Hint: {hint}." if hint else ""))
     if not isinstance(exc, Exception):  # Ctrl-C while nbaccel's own code ran: nobody's bug
         return (f"nbaccel %%amp: interrupted ({type(exc).__name__}) while nbaccel was comparing, not in the cell; "
                 f"the comparison was abandoned: {state}.")
