@@ -25,6 +25,7 @@ import contextlib
 import gc
 import inspect
 import io
+import re
 from typing import Callable
 
 import torch
@@ -319,7 +320,8 @@ def compare_amp(
     and in the functions it calls) are snapshotted and restored in place; a global that the code
     *rebinds* (``count += 1`` inside a function) is not -- pass ``namespace=globals()`` for that.
     ``silence``: context-manager factory that hides the measurement runs' output (default: stdout and
-    stderr); those runs also neither log nor use up warnings, whichever is passed (`nbaccel.quiet`);
+    stderr); those runs also neither log, nor use up warnings, nor leave pyplot figures open, whichever is
+    passed (`nbaccel.quiet`);
     ``show_output``: the one for the kept run (default: output shown).
     ``restore=False``: no snapshot; every run continues from the state the previous one left
     (for state too large to copy -- the comparison is then between different starting states).
@@ -418,6 +420,9 @@ def compare_amp(
                             if problem else "your variables and torch's settings are as before the call" if restore
                             else "torch's settings are as before the call (restore=False: variables keep what the runs did)")
                 exc.add_note(f"nbaccel.compare_amp: raised {cell.where(order)}; {restored}")
+                hint = overflow_hint(exc)
+                if hint:
+                    exc.add_note(f"nbaccel.compare_amp: {hint}")
             if isinstance(exc, StopIteration) and iterators and cell.ran and hasattr(exc, "add_note"):
                 exc.add_note(used_up_note(iterators))
         if problem and hasattr(exc, "add_note"):
@@ -431,6 +436,22 @@ def used_up_note(iterators: list[str]) -> str:
     return (f"nbaccel: {and_list(iterators)} {'is an iterator' if len(iterators) == 1 else 'are iterators'} the cell "
             "takes items from, and the comparison's runs used it up (no snapshot can rewind an iterator). Take "
             f"the batch before the magic ({take_first(iterators)}) and use `batch` in the cell.")
+
+
+# torch's words when a Python number is written into an fp16 tensor and is out of its range (at:: before 2.1).
+_HALF_OVERFLOW = re.compile(r"cannot be converted to type (c10|at)::Half without overflow")
+
+
+def overflow_hint(exc: BaseException) -> str | None:
+    """The fix for a number fp16 cannot hold, when ``exc`` is torch's refusal to write one, else None.
+
+    The usual case is a mask's "minus infinity" (``scores.masked_fill(~mask, -1e9)``): fine in fp32,
+    but under fp16 autocast ``scores`` is fp16, and torch raises rather than round -1e9 to -inf."""
+    if not _HALF_OVERFLOW.search(str(exc)):
+        return None
+    return ("fp16's largest finite value is 65504, so a constant beyond it (such as -1e9 for a mask) cannot be "
+            "written into an fp16 tensor: use torch.finfo(x.dtype).min (the most negative value x's own dtype "
+            f"holds), or bf16 ({option('dtype', 'bf16')}), whose range is fp32's")
 
 
 # The start of the note `_put_back` adds to the user's exception when the variables could not be put back.

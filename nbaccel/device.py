@@ -189,7 +189,8 @@ def _host_memory() -> int | None:
 
 def dtype_name(requested) -> str:
     """``bf16|fp16|auto|tf32|fp32`` from what people pass: those names in any case, their long
-    spellings (bfloat16, float16, half, float32) or a torch dtype (torch.bfloat16, torch.float16)."""
+    spellings (bfloat16, float16, half, float32), a torch dtype (torch.bfloat16, torch.float16) or
+    its name as code writes it (``"torch.bfloat16"``: ``--dtype torch.bfloat16`` in a magic)."""
     if isinstance(requested, torch.dtype):
         names = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
         if requested not in names:
@@ -200,7 +201,7 @@ def dtype_name(requested) -> str:
         return "auto"
     if not isinstance(requested, str):
         raise DeviceError(f"dtype must be 'bf16', 'fp16', 'auto' or 'tf32' (or a torch dtype), got {requested!r}")
-    name = requested.strip().lower()
+    name = requested.strip().lower().removeprefix("torch.")
     aliases = {"bfloat16": "bf16", "float16": "fp16", "half": "fp16", "float32": "fp32", "float": "fp32"}
     return aliases.get(name, name)
 

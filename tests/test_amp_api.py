@@ -463,12 +463,16 @@ def test_unused_gradscaler_in_scope_is_not_counted_as_scaling():
     assert result.gradients["grad_scaler"] is True
 
 
-@pytest.mark.parametrize("dtype", [torch.bfloat16, "bfloat16", "BF16", " bf16 "])
-def test_dtype_as_people_write_it(dtype):
+@pytest.mark.parametrize("dtype, expected", [
+    (torch.bfloat16, torch.bfloat16), ("bfloat16", torch.bfloat16), ("BF16", torch.bfloat16),
+    (" bf16 ", torch.bfloat16),
+    ("torch.bfloat16", torch.bfloat16), ("torch.float16", torch.float16),  # a user trial: refused as strings
+])
+def test_dtype_as_people_write_it(dtype, expected):
     # A new user's compare_amp(fn, dtype=torch.bfloat16) crashed with "'torch.dtype' has no attribute 'lower'".
     x = torch.randn(32, 32)
     result = nbaccel.compare_amp(lambda: x @ x, dtype=dtype, device="cpu", repeat=1, warmup=0)
-    assert result.amp.recipe.autocast_dtype is torch.bfloat16
+    assert result.amp.recipe.autocast_dtype is expected
 
 
 def test_a_dtype_that_is_not_an_autocast_dtype_is_refused_clearly():
@@ -538,7 +542,7 @@ def test_every_result_kind_is_strict_json():
     json.dumps(prof.result.to_dict(), allow_nan=False)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, "fp32", "float32"])
+@pytest.mark.parametrize("dtype", [torch.float32, "fp32", "float32", "torch.float32"])
 def test_fp32_is_refused_as_the_compared_dtype(dtype):
     with pytest.raises(ValueError, match=r"fp32 is the baseline.*dtype='bf16'.*dtype='tf32' on an Ampere\+ CUDA"):
         nbaccel.compare_amp(lambda: None, dtype=dtype, repeat=1, warmup=0)
@@ -742,6 +746,20 @@ def test_a_script_learns_which_run_raised_from_the_exception_note():
     with pytest.raises(TypeError) as info:
         nbaccel.compare_amp(to_numpy, repeat=3, warmup=0, on_cell_error=lambda exc, where: seen.append(where))
     assert seen == ["in the bf16 autocast run (the fp32 run had succeeded)"] and not getattr(info.value, "__notes__", None)
+
+
+def test_a_script_learns_how_to_avoid_an_fp16_overflow_from_the_exception_note():
+    q, mask = torch.randn(2, 4, 8), torch.rand(2, 4, 4) > 0.5
+
+    def attention_scores():
+        return (q @ q.transpose(1, 2)).masked_fill(~mask, -1e9)  # -1e9 does not fit in fp16
+
+    with pytest.raises(RuntimeError, match="Half without overflow") as info:
+        nbaccel.compare_amp(attention_scores, dtype="fp16", device="cpu", repeat=3, warmup=0)
+    assert info.value.__notes__[1] == (
+        "nbaccel.compare_amp: fp16's largest finite value is 65504, so a constant beyond it (such as -1e9 for a mask) "
+        "cannot be written into an fp16 tensor: use torch.finfo(x.dtype).min (the most negative value x's own dtype "
+        "holds), or bf16 (dtype='bf16'), whose range is fp32's")
 
 
 def test_precision_checks_its_arguments_when_made_and_can_be_entered_again():

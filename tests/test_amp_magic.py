@@ -99,10 +99,14 @@ def test_no_baseline_runs_only_the_recipe(run_cell, ip):
     assert ip.user_ns["counter"] == 1
 
 
-def test_long_dtype_names_work_in_the_magic(run_cell, ip):
+@pytest.mark.parametrize("dtype, expected", [
+    ("bfloat16", torch.bfloat16),
+    ("torch.bfloat16", torch.bfloat16), ("torch.float16", torch.float16),  # as code writes them (a user trial)
+])
+def test_long_dtype_names_work_in_the_magic(run_cell, ip, dtype, expected):
     run_cell("import torch\nx = torch.randn(16, 16)")
-    run_cell("%%amp --dtype bfloat16 --device cpu --repeat 1 --warmup 0 -q -r res\nx @ x")
-    assert ip.user_ns["res"].amp.recipe.autocast_dtype is torch.bfloat16
+    run_cell(f"%%amp --dtype {dtype} --device cpu --repeat 1 --warmup 0 -q -r res\nx @ x")
+    assert ip.user_ns["res"].amp.recipe.autocast_dtype is expected
 
 
 def test_bf16_ops_reported_on_cpu(run_cell, ip):
@@ -330,6 +334,18 @@ def test_a_failure_only_under_autocast_says_which_run_raised(run_cell, ip):
     assert ip.user_ns["counter"] == 0
 
 
+def test_an_fp16_overflow_says_what_to_write_instead(run_cell, ip):
+    # A user trial: "value cannot be converted to type c10::Half without overflow" from an attention mask.
+    run_cell("import torch\nq = torch.randn(2, 4, 8)\nmask = torch.rand(2, 4, 4) > 0.5")
+    result, captured = run_cell("%%amp --dtype fp16 --repeat 3 --warmup 0\nscores = q @ q.transpose(1, 2)\n"
+                                "scores.masked_fill(~mask, -1e9)", expect_error=RuntimeError)
+    assert "c10::Half without overflow" in str(result.error_in_exec)  # the user's exception, unchanged
+    assert ("in the fp16 autocast run (the fp32 run had succeeded); the comparison was abandoned" in captured.stderr
+            and "Hint: fp16's largest finite value is 65504, so a constant beyond it (such as -1e9 for a mask) cannot "
+                "be written into an fp16 tensor: use torch.finfo(x.dtype).min" in captured.stderr
+            and "or bf16 (--dtype bf16), whose range is fp32's." in captured.stderr), captured.stderr
+
+
 def test_one_timed_run_is_not_a_speedup_claim(run_cell, ip):
     run_cell("import torch")
     _, captured = run_cell("%%amp --repeat 1 --warmup 0 -r res\ntorch.ones(64, 64) @ torch.ones(64, 64)")
@@ -442,7 +458,7 @@ def test_a_long_comparison_says_after_its_first_run_how_long_the_rest_takes(run_
 
     monkeypatch.setattr(amp_magic, "LONG_RUN_SECONDS", 0.2)  # instead of 5 s, to keep the test short
     run_cell("import time")
-    _, captured = run_cell("%%amp --repeat 4 --warmup 1 -q\ntime.sleep(0.02)")
+    _, captured = run_cell("%%amp --repeat 4 --warmup 1\ntime.sleep(0.02)")  # not -q: it hides the note
     notes = [line for line in captured.stderr.splitlines() if "more runs" in line]
     assert len(notes) == 1
     # 2 x (1 warmup + 4 timed + 3 memory (the CPU's) + 1 audited) + the kept run = 19, one done.
@@ -451,7 +467,7 @@ def test_a_long_comparison_says_after_its_first_run_how_long_the_rest_takes(run_
     assert 20 <= first < 500 and rest == pytest.approx(18 * first, rel=0.01)  # measured, not guessed
     assert "--repeat 3 --warmup 0 (15 runs in all)" in notes[0]
     # A cell whose 19 runs stay under the threshold gets no note.
-    _, captured = run_cell("%%amp --repeat 4 --warmup 1 -q\n1 + 1")
+    _, captured = run_cell("%%amp --repeat 4 --warmup 1\n1 + 1")
     assert "more runs" not in captured.stderr
 
 
@@ -465,7 +481,7 @@ def test_in_a_kernel_the_long_run_note_becomes_how_long_the_runs_took(run_cell, 
     updates = []
     monkeypatch.setattr("IPython.display.DisplayHandle.update", lambda self, obj, **kw: updates.append(obj))
     run_cell("import time")
-    _, captured = run_cell("%%amp --repeat 3 --warmup 0 -q\ntime.sleep(0.02)")
+    _, captured = run_cell("%%amp --repeat 3 --warmup 0\ntime.sleep(0.02)")  # not -q: it hides the note
     shown = [o.data["text/plain"] for o in captured.outputs if "more runs" in o.data.get("text/plain", "")]
     assert len(shown) == 1 and "more runs" not in captured.stderr
     # 2 x (0 warmup + 3 timed + 3 memory (the CPU's) + 1 audited) + the kept run = 15
@@ -476,9 +492,22 @@ def test_in_a_kernel_the_long_run_note_becomes_how_long_the_runs_took(run_cell, 
 
     updates.clear()
     run_cell("import torch")
-    run_cell("%%amp --repeat 3 --warmup 0 -q\ntime.sleep(0.02)\nif torch.is_autocast_enabled('cpu'): 1 / 0",
+    run_cell("%%amp --repeat 3 --warmup 0\ntime.sleep(0.02)\nif torch.is_autocast_enabled('cpu'): 1 / 0",
              expect_error=ZeroDivisionError)  # fails in the first bf16 run, after the note
     assert updates == [{"text/plain": ""}]  # failed: the error and its note say what happened
+
+
+@pytest.mark.parametrize("kernel", [False, True], ids=["terminal", "kernel"])
+def test_quiet_hides_the_long_run_note_too(run_cell, ip, monkeypatch, kernel):
+    # A user trial: "%%amp -q" still printed "the first run took 370 ms; 14 more runs ...".
+    from nbaccel.magics import amp as amp_magic
+
+    monkeypatch.setattr(amp_magic, "LONG_RUN_SECONDS", 0.05)
+    if kernel:
+        monkeypatch.setattr(ip, "kernel", object(), raising=False)  # the note would be a display there
+    run_cell("import time")
+    _, captured = run_cell("%%amp --repeat 3 --warmup 0 -q\ntime.sleep(0.02)")
+    assert captured.stderr == "" and captured.outputs == []
 
 
 def test_a_semicolon_after_the_last_expression_hides_its_value_as_under_time(run_cell, ip):

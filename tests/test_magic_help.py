@@ -62,6 +62,7 @@ def test_nbaccel_env_help_does_not_store_a_result(run_cell, ip):
     # A dtype without its option (a user trial: "unrecognized arguments: bf16" and nothing more).
     ("%%amp", "bf16 --repeat 3", "unrecognized arguments: bf16 (did you mean --dtype bf16?)"),
     ("%%amp", "bfloat16", "(did you mean --dtype bf16?)"),
+    ("%%amp", "torch.bfloat16", "(did you mean --dtype bf16?)"),
     ("%%amp", "fp8", "unrecognized arguments: fp8 (a dtype goes after --dtype, one of: bf16, fp16, auto, tf32)"),
     ("%%profile_gpu", "fp16", "(did you mean --amp fp16?)"),
     ("%%amp", "model", "unrecognized arguments: model; see %%amp --help"),  # not a dtype: no guess
@@ -70,6 +71,25 @@ def test_nbaccel_env_help_does_not_store_a_result(run_cell, ip):
     ("%memory_budget", "of", "did you mean %memory_budget off"),
 ])
 def test_a_wrong_option_is_a_usage_error_with_the_fix(run_cell, ip, magic, line, message):
+    ip.user_ns["ran"] = 0
+    _, captured = run_cell(_source(magic, line), expect_error=UsageError)
+    assert message in captured.stderr
+    assert ip.user_ns["ran"] == 0
+
+
+@pytest.mark.parametrize("magic, line, message", [
+    # A user trial: pasted from a document, "—repeat" got only "unrecognized arguments: —repeat 3".
+    ("%%amp", "—repeat 3", "—repeat starts with an em dash (—), a typographic dash that documents put in place of "
+                           "two hyphens; type the option with plain hyphens: --repeat; see %%amp --help"),
+    ("%%amp", "--dtype bf16 –repeat=3", "starts with an en dash (–), a typographic dash that documents put in place "
+                                        "of two hyphens; type the option with plain hyphens: --repeat=3"),
+    ("%%amp", "—q", "plain hyphens: -q;"),  # a one-letter option has one hyphen
+    ("%%profile_gpu", "—steps 2", "plain hyphens: --steps; see %%profile_gpu --help"),
+    ("%memory_budget", "1GiB —strict", "plain hyphens: --strict; see %memory_budget --help"),
+    ("%profile_trace", "t.json −−top 3", "a minus sign (−)"),
+    ("%nbaccel_env", "—bogus", "plain hyphens: --bogus; see %nbaccel_env --help for the options"),
+])
+def test_a_typographic_dash_is_named_with_the_option_to_type(run_cell, ip, magic, line, message):
     ip.user_ns["ran"] = 0
     _, captured = run_cell(_source(magic, line), expect_error=UsageError)
     assert message in captured.stderr

@@ -282,7 +282,7 @@ def test_trace_folder_has_one_file_per_step_in_tensorboard_layout(run_cell, ip, 
     assert len({f.name.split(".")[1] for f in files}) == 3  # distinct span names
 
 
-@pytest.mark.parametrize("amp", ["bf16", "bfloat16", "BF16"])  # the long names, as %%amp --dtype takes them
+@pytest.mark.parametrize("amp", ["bf16", "bfloat16", "BF16", "torch.bfloat16"])  # the long names, as %%amp --dtype takes them
 def test_amp_profiles_under_the_recipe_and_restores_it(run_cell, ip, amp):
     prof, _, _ = profile_cell(run_cell, ip, opts=f"-q -r prof --amp {amp}")
     assert "autocast bf16" in prof.header["recipe"]

@@ -9,7 +9,7 @@ from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments
 
-from ..amp import MIN_RUNS, compare_amp, not_restored, planned_runs
+from ..amp import MIN_RUNS, compare_amp, not_restored, overflow_hint, planned_runs
 from ..device import DeviceError, autocast_dtype, device_info, dtype_name, resolve_device
 from ..options import magic_spelled, whole_number
 from ..precision import make_recipe
@@ -47,7 +47,8 @@ class AmpMagics(Magics):
     @argument("--max-snapshot", type=float, default=0.5, metavar="FRACTION",
               help="refuse when the state snapshot would exceed this fraction of available host memory (default 0.5)")
     @argument("-r", "--result", default=None, metavar="NAME", help="store the AmpResult in this variable")
-    @argument("-q", "--quiet", action="store_true", help="do not display the result")
+    @argument("-q", "--quiet", action="store_true",
+              help="do not display the result, nor the note on how long a long comparison will take")
     @cell_magic
     @magic_spelled  # errors name options as typed: --top, not top=
     def amp(self, line, cell):
@@ -104,7 +105,7 @@ class AmpMagics(Magics):
                     skip=history_name(self.shell), silence=silenced, restore=not args.no_restore,
                     max_snapshot_fraction=args.max_snapshot,
                     on_cell_error=lambda exc, where: cell_errors.append((exc, where)),
-                    on_first_run=note_long_run,
+                    on_first_run=None if args.quiet else note_long_run,  # -q: a progress note is output too
                 )
                 finished = True
             except BaseException as exc:  # KeyboardInterrupt too: noted, then re-raised unchanged
@@ -172,7 +173,9 @@ def _abandon_note(exc: BaseException, where: str | None, no_restore: bool) -> st
     if where is not None:
         what = ("was interrupted (KeyboardInterrupt)" if isinstance(exc, KeyboardInterrupt)
                 else f"raised {type(exc).__name__}")
-        return f"nbaccel %%amp: the cell {what} {where}; the comparison was abandoned: {state}."
+        hint = overflow_hint(exc)
+        return (f"nbaccel %%amp: the cell {what} {where}; the comparison was abandoned: {state}."
+                + (f" Hint: {hint}." if hint else ""))
     if not isinstance(exc, Exception):  # Ctrl-C while nbaccel's own code ran: nobody's bug
         return (f"nbaccel %%amp: interrupted ({type(exc).__name__}) while nbaccel was comparing, not in the cell; "
                 f"the comparison was abandoned: {state}.")

@@ -130,7 +130,8 @@ def cell_number(shell) -> int:
 
 @contextlib.contextmanager
 def silenced():
-    """Hide stdout, stderr and rich displays of the measurement runs (the API adds logging and warnings)."""
+    """Hide stdout, stderr and rich displays of the measurement runs (the API adds logging, warnings and
+    pyplot figures: `nbaccel.quiet`)."""
     with capture_output(stdout=True, stderr=True, display=True):
         yield
 
@@ -312,7 +313,7 @@ class HelpWithoutBody:
         return [lines[0].rstrip("\n") + "\n", "\n"]
 
 
-_DTYPE_LIKE = re.compile(r"(b?f(p|loat)?|bfloat|half|tf|int|double|auto)\d*", re.I)
+_DTYPE_LIKE = re.compile(r"(torch\.)?(b?f(p|loat)?|bfloat|half|tf|int|double|auto)\d*", re.I)
 
 
 def dtype_hint(option_name: str, accepted, normalise: Callable[[str], str]):
@@ -329,6 +330,29 @@ def dtype_hint(option_name: str, accepted, normalise: Callable[[str], str]):
     return hint
 
 
+# Documents and web pages turn "--" into a typographic dash; pasted into a magic's line, "—repeat" was
+# a stray word to argparse ("unrecognized arguments: —repeat 3", nothing more: a user trial).
+_DASHES = {"\u2014": "an em dash", "\u2013": "an en dash", "\u2212": "a minus sign", "\u2012": "a figure dash",
+           "\u2015": "a horizontal bar", "\u2010": "a Unicode hyphen", "\u2011": "a non-breaking hyphen"}
+_DASHED_WORD = re.compile(f"[-{''.join(_DASHES)}]+(?=[A-Za-z])")
+
+
+def refuse_typographic_dash(magic, tokens: list[str]) -> None:
+    """A UsageError for the first token that starts like an option but with a typographic dash, with
+    the option as it is typed. Checked before parsing: an option taking a value could have swallowed it."""
+    options = {o for action in magic.parser._actions for o in action.option_strings}
+    for token in tokens:
+        start = _DASHED_WORD.match(token)
+        dash = next((c for c in start.group() if c in _DASHES), None) if start else None
+        if dash is None:
+            continue
+        name, equals, value = token[start.end():].partition("=")
+        meant = "-" + name if len(name) == 1 and "-" + name in options else "--" + name  # -q, -r: one hyphen
+        # parse_line adds "see %%amp --help", which also covers a name that is no option at all
+        raise UsageError(f"{token} starts with {_DASHES[dash]} ({dash}), a typographic dash that documents put in "
+                         f"place of two hyphens; type the option with plain hyphens: {meant}{equals}{value}")
+
+
 def parse_line(magic, line: str, hint: Callable[[str], str | None] | None = None,
                meanings: dict[str, str] | None = None):
     """IPython's ``parse_argstring`` with quotes removed, ``-h/--help`` and clearer mistakes.
@@ -338,7 +362,8 @@ def parse_line(magic, line: str, hint: Callable[[str], str | None] | None = None
     UsageError that names the closest real option and points to ``--help``; a shell-quoting
     mistake (an unmatched quote) is a UsageError too, where IPython's own parser lets shlex's
     ValueError escape as a traceback. ``hint(token)``: for a stray word (not an option), what the
-    user probably meant (``bf16`` -> "did you mean --dtype bf16?"), or None. ``meanings``: options a
+    user probably meant (``bf16`` -> "did you mean --dtype bf16?"), or None. An option written with a
+    typographic dash (``—repeat``, pasted from a document) is refused with its plain spelling. ``meanings``: options a
     user may expect that mean something else here (``--estimate`` -> how to ask for an estimate),
     said instead of the closest spelling (``--estimate`` is closest to ``--strict``).
     """
@@ -346,7 +371,9 @@ def parse_line(magic, line: str, hint: Callable[[str], str | None] | None = None
     # that says "did you mean --steps?" (below).
     magic.parser.allow_abbrev = False
     try:
-        return magic.parser.parse_args(split_line(line))
+        tokens = split_line(line)
+        refuse_typographic_dash(magic, tokens)
+        return magic.parser.parse_args(tokens)
     except _HelpRequested:
         # IPython formats a magic's help as reST for `%name?` (a "::" literal-block marker, then
         # the usage indented); printed as the answer to -h, it reads as plain text.
