@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 
 import pytest
 import torch
@@ -267,6 +268,37 @@ def test_trace_file_in_folders_that_do_not_exist_yet(run_cell, ip, tmp_path):
     profile_cell(run_cell, ip, opts=f"-q -r prof --warmup 1 --steps 1 --trace {folder}")
     assert ip.user_ns["prof"].trace_created == str(tmp_path / "steps")
 
+
+def test_export_chrome_trace_creates_missing_folders(tmp_path):
+    # A user trial: --trace made the folders, result.export_chrome_trace('out/nested/e.json') raised
+    # pathlib's FileNotFoundError. A loaded trace (copied from its file) is written the same way.
+    with nbaccel.profile() as prof:
+        torch.ones(4, 4) @ torch.ones(4, 4)
+    path = tmp_path / "out" / "nested" / "e.json"
+    assert prof.result.export_chrome_trace(str(path)) == str(path)
+    assert "aten::mm" in set(load_trace(str(path)).ops["name"])
+    copy = tmp_path / "again" / "deeper" / "e.json.gz"
+    assert nbaccel.load_trace(str(path)).export_chrome_trace(str(copy)) == str(copy)
+    assert "aten::mm" in set(load_trace(str(copy)).ops["name"])
+
+
+@pytest.mark.parametrize("where", ["proc", "file"])
+def test_export_chrome_trace_that_cannot_be_written_names_the_path(tmp_path, where):
+    # Not pathlib's FileNotFoundError (which reads as if the trace were missing): what failed, and the fix.
+    from nbaccel.profile import ProfileError
+
+    with nbaccel.profile() as prof:
+        torch.ones(4, 4) @ torch.ones(4, 4)
+    if where == "proc":
+        if not Path("/proc/self").exists():
+            pytest.skip("no /proc here")
+        path, failed = "/proc/nbaccel_test/e.json", "/proc/nbaccel_test"
+    else:
+        (tmp_path / "a_file").write_text("")
+        path, failed = str(tmp_path / "a_file" / "e.json"), str(tmp_path / "a_file")
+    with pytest.raises(ProfileError, match=f"cannot write the trace to {re.escape(path)}: could not create "
+                                                   f"{re.escape(failed)} .*choose another path"):
+        prof.result.export_chrome_trace(path)
 
 def test_trace_folder_has_one_file_per_step_in_tensorboard_layout(run_cell, ip, tmp_path):
     folder = tmp_path / "runs" / "profile"
