@@ -317,6 +317,17 @@ def test_rank_that_is_not_a_whole_number_is_refused(two_ranks, rank):
         load_trace(folder, rank=rank)
 
 
+def test_stack_with_shapes_is_refused_when_loading_too(ip):
+    # As for a live profile: two groupings of one table, and --shapes was silently dropped.
+    from nbaccel.profile import ProfileError
+
+    path = Path(__file__).parent / "data" / "h200_bf16_transformer_step.json.gz"
+    with pytest.raises(ProfileError, match=r"^stack=True and shapes=True both choose how the table is grouped"):
+        load_trace(path, stack=True, shapes=True)
+    with pytest.raises(UsageError, match=r"^--stack and --shapes both choose how the table is grouped"):
+        ip.run_line_magic("profile_trace", f"{path} --stack --shapes -q")
+
+
 def test_rank_in_a_folder_without_readable_traces_names_the_files_error(tmp_path):
     (tmp_path / "a.json").write_text("not json")
     with pytest.raises(TraceError, match=r"a\.json: not (valid )?JSON") as info:

@@ -478,6 +478,10 @@ def test_widget_builds_with_breakdown_and_advice_tabs(run_cell, ip):
     # Root passes os.access everywhere; /proc refuses new files (the trace was lost after the run).
     ("--trace /proc/nope.json", "--trace /proc/nope.json: cannot write into /proc ("),
     ("--trace /proc/steps", "--trace /proc/steps: cannot write into /proc ("),
+    # Two groupings of one table: --shapes was silently dropped (a user trial). The fix is in the message.
+    ("--stack --shapes", "--stack and --shapes both choose how the table is grouped (--stack: by source line, "
+                         "--shapes: by op and input shapes); give one. A --stack profile can show the op+shape "
+                         "grouping afterwards: keep the result with -r NAME and call NAME.table(group='op+shape')"),
 ])
 def test_bad_input_is_a_usage_error_before_the_cell_runs(ip, line, message):
     if "device" in line and torch.cuda.is_available():
@@ -486,6 +490,18 @@ def test_bad_input_is_a_usage_error_before_the_cell_runs(ip, line, message):
     with pytest.raises(UsageError, match=re.escape(message)):
         ip.run_cell_magic("profile_gpu", line, "ran += 1")
     assert ip.user_ns["ran"] == 0
+
+
+def test_stack_with_shapes_is_refused_by_the_api_before_the_code_runs():
+    from nbaccel.profile import ProfileError
+
+    ran = []
+    with pytest.raises(ProfileError, match=re.escape(
+            "stack=True and shapes=True both choose how the table is grouped") + ".*give one.*"
+            + re.escape("result.table(group='op+shape')")):
+        with nbaccel.profile(stack=True, shapes=True):
+            ran.append(1)
+    assert not ran
 
 
 def test_unwritable_trace_folder_is_refused(ip, tmp_path, monkeypatch):
