@@ -62,8 +62,11 @@ def group_ops(ops: pd.DataFrame, group: str = "op", device_total_us: float = 0.0
     inside an op of the same row (autocast and other dispatcher wrappers re-dispatch
     ``aten::matmul`` as a nested ``aten::matmul``) is the same call: it adds its self time, but
     not a call, total time or total memory (see `redispatched`). ``source``: per user
-    source line; there only ops whose parent is on another line count toward calls and total
-    time, so an ``aten::linear`` and the ``aten::addmm`` inside it are not counted twice.
+    source line; ``calls`` counts every op call made on the line, nested ones included, as the
+    other groupings count them (so the rows' calls add up to the same total), while total time
+    and memory count only ops whose parent is on another line, so an ``aten::linear`` and the
+    ``aten::addmm`` inside it are not counted twice. (Calls once counted only those outermost ops:
+    a user trial read "1" beside the line's three costliest ops, none of them the one counted.)
     ``flops`` is, in every grouping, the rows' *self* FLOPs: only the ops the header counts (the
     innermost op with a formula), so an ``aten::linear`` whose ``aten::addmm`` carries the FLOPs
     shows none and the column sums to the header's total (`self_flops`).
@@ -87,7 +90,8 @@ def group_ops(ops: pd.DataFrame, group: str = "op", device_total_us: float = 0.0
         src = frame["source"].to_numpy()
         parent = frame["parent"].to_numpy()
         top = np.array([p < 0 or src[p] != src[i] for i, p in enumerate(parent)], dtype=bool)
-        frame = frame.assign(_top=top, _top_dur=np.where(top, frame["dur_us"], 0.0),
+        again = np.array(redispatched(parent.tolist(), list(zip(src, frame["name"]))), dtype=bool)
+        frame = frame.assign(_call=~again, _top_dur=np.where(top, frame["dur_us"], 0.0),
                              _top_dev=np.where(top, frame["device_total_us"], 0.0),
                              _top_mem=np.where(top, frame["memory_bytes"].fillna(0.0), 0.0),
                              _flops=self_flops(frame))
@@ -96,7 +100,7 @@ def group_ops(ops: pd.DataFrame, group: str = "op", device_total_us: float = 0.0
             # the line's three costliest ops by self time: what the line spends its time in
             "name": g[["name", "self_us"]].apply(
                 lambda d: ", ".join(d.groupby("name")["self_us"].sum().nlargest(3).index)),
-            "calls": g["_top"].sum(),
+            "calls": g["_call"].sum(),  # every op call on the line: what its costliest ops are drawn from
             "cpu_self_us": g["self_us"].sum(),
             "cpu_total_us": g["_top_dur"].sum(),
             "device_self_us": g["device_self_us"].sum(),

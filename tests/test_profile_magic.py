@@ -185,8 +185,32 @@ def test_stack_groups_by_cell_line(run_cell, ip):
     assert "aten::mm" in table.iloc[0]["name"]
     lines = set(table["source"])
     assert "cell line 4: z = m(x).relu().sum()" in lines
-    # An op and the ops inside it are one call of the line, not several.
-    assert table.iloc[0]["calls"] == 1
+    # Every op call the line made: aten::matmul, the aten::mm it runs, ... (the CPU total counts them once).
+    made = (prof.op_events["source"] == "cell line 3: y = a @ b").sum()
+    assert made > 1 and table.iloc[0]["calls"] == made
+    assert table.iloc[0]["cpu_total_us"] == prof.op_events.set_index("name").loc["aten::matmul", "dur_us"]
+
+
+def test_stack_op_calls_count_the_ops_the_line_made(run_cell, ip):
+    # A user trial read "1" op call beside a line's three costliest ops (aten::addmm, aten::t,
+    # aten::copy_) and "14" beside loss.backward(): the column counted the line's outermost ops only
+    # (aten::linear; the autograd engine's nodes), not the ops whose names it showed.
+    prof, _, captured = profile_cell(run_cell, ip, opts="-r prof --stack")
+    by_line = prof.table(group="source").set_index("source")
+    events = prof.op_events
+    line = "cell line 4: z = m(x).relu().sum()"
+    # its op events, less re-dispatches (an op inside an op of its name is one call, as in the op grouping)
+    again = nbaccel.profile_table.redispatched(events["parent"].tolist(), events["name"].tolist())
+    made = sum(1 for src, inner in zip(events["source"], again) if src == line and not inner)
+    assert made > 3 and by_line.loc[line, "calls"] == made
+    assert by_line["calls"].sum() == prof.table(group="op")["calls"].sum()  # the same calls, grouped otherwise
+    text = bundle(captured)["text/plain"]
+    assert "op calls" in next(r for r in text.splitlines() if r.startswith("source line"))  # the table's header
+    row = next(r for r in text.splitlines() if r.startswith(line))
+    assert f" {made} " in row
+    assert ">op calls<" in bundle(captured)["text/html"]
+    box = render_profile.widget(prof)  # its table and its "sort by" name the column as the header does
+    assert ">op calls<" in _ops_html(box) and ("op calls", "calls") in control(box, "Dropdown", "sort by").options
 
 
 def test_autocast_redispatch_is_one_call_of_the_op(run_cell, ip):

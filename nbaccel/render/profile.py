@@ -32,7 +32,6 @@ _COLUMNS = [
     ("self_memory_bytes", "self mem alloc", "bytes"),
     ("memory_bytes", "mem alloc", "bytes"),
 ]
-SORTABLE = [(label, col) for col, label, _ in _COLUMNS]
 _TEXT_COLUMNS = {col for col, _, kind in _COLUMNS if kind == "text"}
 
 
@@ -83,7 +82,7 @@ def visible_columns(result, group: str) -> list[tuple[str, str, str]]:
         if col == "name" and group == "source":
             label = "costliest ops there"  # a source row is a cell line or a function (def line)
         if col == "calls" and group == "source":
-            label = "op calls"  # a line's top-level ops, not how often the line ran
+            label = "op calls"  # every op call the line made (profile_table.group_ops), not how often it ran
         if col == "flops_per_s":
             label = f"FLOP/s ({'device' if result.on_device else 'CPU'} total)"  # the divisor: flops_rate_basis
         cols.append((col, label, kind))
@@ -389,8 +388,8 @@ def widget(result):
     groups = ["op", "op+shape"] + (["source"] if result.options.stack else [])
     default_col = SORT_COLUMNS.get(result.default_sort, result.default_sort)
 
-    def sort_options(grouping):  # only the columns the table shows in that grouping
-        return [(label, col) for label, col in SORTABLE if col in {c[0] for c in visible_columns(result, grouping)}]
+    def sort_options(grouping):  # the columns the table shows in that grouping, named as its headers name them
+        return [(label, col) for col, label, _ in visible_columns(result, grouping)]
 
     sort = w.Dropdown(options=sort_options(result.options.group), value=default_col, description="sort by")
     ascending = w.Checkbox(value=False, description="ascending", indent=False)
