@@ -368,6 +368,21 @@ def test_a_semicolon_after_the_last_expression_hides_its_value(run_cell, ip):
     assert isinstance(result.result, torch.Tensor) and "Out[" in captured.stdout
 
 
+def test_a_cell_without_torch_ops_says_so_instead_of_empty_sections(run_cell, ip):
+    # A user trial: a cell of plain Python showed a table header without rows and a bare
+    # "time by category:" before the advice, read as a display fault.
+    _, captured = run_cell("%%profile_gpu -r prof\nx = sum(range(1000))\n")
+    said = "were recorded, so there is no operator table or time by category"
+    text, html = bundle(captured)["text/plain"], bundle(captured)["text/html"]
+    assert said in text and "time by category:" not in text and "top 0 of 0" not in text and "calls" not in text
+    assert said in html and "<table" not in html and "Time by category" not in html
+    assert "advice: No torch operators were recorded" in text  # what to use instead is still said
+    box = render_profile.widget(ip.user_ns["prof"])
+    tab = next(w for w in walk(box) if type(w).__name__ == "Tab")
+    assert said in tab.children[0].value and said in tab.children[1].value  # Operators, Breakdown
+    assert not [w for w in walk(box) if type(w).__name__ == "Dropdown"]  # no controls over no rows
+
+
 def test_device_cpu_and_quiet(run_cell, ip):
     _, _, captured = profile_cell(run_cell, ip, opts="-q -r prof --device cpu")
     assert not [o for o in captured.outputs if "text/html" in o.data]

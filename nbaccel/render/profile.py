@@ -200,6 +200,16 @@ def method(result) -> str:
 
 # --- sections --------------------------------------------------------------------------------------
 
+def nothing_recorded(result) -> str | None:
+    """The line a profile without a single op or kernel (a cell of plain Python) shows instead of
+    an operator table and a time-by-category section with no rows; None when there is something.
+    A user trial read the bare table header and "time by category:" as a display fault."""
+    if result.op_count or result.kernel_count:
+        return None
+    what = "torch operators or GPU kernels" if result.device.type == "cuda" else "torch operators"
+    return f"no {what} were recorded, so there is no operator table or time by category"
+
+
 def category_rows(result):
     return result.category_rows
 
@@ -265,6 +275,23 @@ def kernel_rows(result, top=15):
 
 # --- text ------------------------------------------------------------------------------------------
 
+def _table_text(result) -> list[str]:
+    group = result.options.group
+    cols = visible_columns(result, group)
+    frame = result.top_rows(result.options.top)
+    return [f"top {len(frame)} of {len(result.grouped_rows())} rows by {sort_label(result.default_sort)} "
+            f"(grouped by {group}):",
+            text_table([c[1] for c in cols], _rows(result, frame, cols),
+                       left=tuple(i for i, c in enumerate(cols) if c[2] == "text"))]
+
+
+def _category_text(result) -> list[str]:
+    rows = category_rows(result)
+    top = max((r[3] for r in rows), default=1.0) or 1.0
+    width = max((len(r[0]) for r in rows), default=0)
+    return [f"  {c.ljust(width)}  {'#' * max(1, round(30 * p / top))} {p:.1f}%  ({_time(t)})" for c, t, n, p in rows]
+
+
 def text(result) -> str:
     out = ["nbaccel " + title(result),
            " | ".join(f"{k}: {v}" for k, v in header_items(result)),
@@ -272,17 +299,11 @@ def text(result) -> str:
     if result.contention_warning:
         out.append("WARNING: " + result.contention_warning)
     out.append("")
-    group = result.options.group
-    cols = visible_columns(result, group)
-    frame = result.top_rows(result.options.top)
-    out.append(f"top {len(frame)} of {len(result.grouped_rows())} rows by {sort_label(result.default_sort)} (grouped by {group}):")
-    out.append(text_table([c[1] for c in cols], _rows(result, frame, cols),
-                          left=tuple(i for i, c in enumerate(cols) if c[2] == "text")))
-    out += ["", "time by category:"]
-    rows = category_rows(result)
-    top = max((r[3] for r in rows), default=1.0) or 1.0
-    width = max((len(r[0]) for r in rows), default=0)
-    out += [f"  {c.ljust(width)}  {'#' * max(1, round(30 * p / top))} {p:.1f}%  ({_time(t)})" for c, t, n, p in rows]
+    empty = nothing_recorded(result)
+    if empty:
+        out.append(empty)
+    else:
+        out += _table_text(result) + ["", "time by category:", *_category_text(result)]
     if result.on_device:
         out += ["", "device busy per stream:", *("  " + s for s in stream_lines(result))]
     out += ["", *tensor_core_lines(result)]
@@ -325,7 +346,8 @@ def ops_table_html(result, frame, group: str, sort: tuple[str, bool] | None = No
 
 
 def details_html(result) -> str:
-    parts = ["<h4>Time by category</h4>", categories_html(result),
+    time_by_category = [] if nothing_recorded(result) else ["<h4>Time by category</h4>", categories_html(result)]
+    parts = [*time_by_category,
              *(["<h4>Device busy per stream</h4>", bullet_list(stream_lines(result))] if result.on_device else []),
              "<h4>Tensor Cores</h4>", bullet_list(tensor_core_lines(result)),
              "<h4>Matmul/conv shapes</h4>", bullet_list(unaligned_lines(result))]
@@ -340,10 +362,11 @@ def html(result) -> str:
     frame = result.top_rows(result.options.top)
     advice = f"<h4>Advice</h4>{bullet_list(result.advice)}" if result.advice else ""
     trace = f'<div class="muted">{esc(trace_line(result))}</div>' if result.trace_files else ""
-    rows = len(result.grouped_rows())
-    return wrap(header_html(result) + advice
-                + f"<h4>Top {len(frame)} of {rows} by {esc(sort_label(result.default_sort))} (grouped by {esc(group)})</h4>"
-                + ops_table_html(result, frame, group) + details_html(result) + trace
+    empty = nothing_recorded(result)
+    ops = (f"<p>{esc(empty)}</p>" if empty else
+           f"<h4>Top {len(frame)} of {len(result.grouped_rows())} by {esc(sort_label(result.default_sort))} "
+           f"(grouped by {esc(group)})</h4>" + ops_table_html(result, frame, group))
+    return wrap(header_html(result) + advice + ops + details_html(result) + trace
                 + f'<div class="muted">method: {esc(method(result))}</div>')
 
 
@@ -446,14 +469,17 @@ def widget(result):
     row = w.Layout(flex_flow="row wrap")
     controls = w.VBox([w.HBox([sort, ascending, top], layout=row), w.HBox([name_filter, group], layout=row),
                        w.HBox([size, page], layout=row)])
-    breakdown = w.HTML(wrap(categories_html(result) + bullet_list(stream_lines(result))
+    empty = nothing_recorded(result)  # then one line, not controls over a table without rows
+    operators = w.HTML(wrap(f"<p>{esc(empty)}</p>")) if empty else w.VBox([controls, status, ops])
+    breakdown = w.HTML(wrap((f"<p>{esc(empty)}</p>" if empty else categories_html(result))
+                            + bullet_list(stream_lines(result))
                             + ("<h4>Top kernels</h4>" + table(["kernel", "calls", "time", "category", "Tensor Cores"],
                                                                kernel_rows(result), tall=True, text_columns=(3, 4))
                                if result.kernel_count else "")))
     cores = w.HTML(wrap("<h4>Tensor Cores</h4>" + bullet_list(tensor_core_lines(result))
                         + "<h4>Matmul/conv shapes</h4>" + bullet_list(unaligned_lines(result))))
     advice = w.HTML(wrap(bullet_list(result.advice) or "<i>nothing to report</i>"))
-    tabs = w.Tab(children=[w.VBox([controls, status, ops]), breakdown, cores, advice])
+    tabs = w.Tab(children=[operators, breakdown, cores, advice])
     for i, name in enumerate(["Operators", "Breakdown", "Tensor Cores", "Advice"]):
         tabs.set_title(i, name)
     trace = esc(trace_line(result)) + "<br>" if result.trace_files else ""
