@@ -351,7 +351,17 @@ class ProfileResult(ResultMixin):
 
     @functools.cached_property
     def unaligned(self) -> list[dict]:
-        return pt.unaligned_shapes(self.op_columns)
+        """Matmul/conv calls with dims to pad (`profile_table.unaligned_shapes`), each with its
+        ``share`` of the time the advice weighs it against: device time on a GPU profile, self CPU
+        time on the CPU. Listed on any device; `profile_advice.padding_pays_here` says which count now."""
+        return pt.unaligned_shapes(self.op_columns, self.time_total_us)
+
+    @property
+    def time_total_us(self) -> float:
+        """What a share of "the time" is of: all device time on a GPU profile, all ops' self CPU time on the CPU."""
+        if self.on_device:
+            return self.device_time_us
+        return pt.pairwise_sum(self.op_columns["self_us"]) if self.op_count else 0.0
 
     @functools.cached_property
     def kernels(self) -> pd.DataFrame:

@@ -297,19 +297,21 @@ def _gemm_dims(name: str, dims) -> dict | None:
     return {"M": a[-2], "K": a[-1], "N": b[-1]}
 
 
-def unaligned_shapes(ops) -> list[dict]:
+def unaligned_shapes(ops, total_us: float | None = None) -> list[dict]:
     """Matmul/conv calls whose GEMM dims are not multiples of 8 (16 for int8), with padded sizes.
 
-    Tensor Cores (and CPU AMX tiles) process fixed-size tiles; a dim of 1001 runs as 1008 with
-    the tail wasted, and cuBLAS may fall back to slower kernels for odd leading dimensions.
-    Each distinct (op, shapes) is listed once, with its calls and time. ``ops``: the op rows as
-    a DataFrame or as column lists (`TraceData.op_columns`).
+    Tensor Cores (and CPU AMX tiles, which take bf16/fp16/int8 but not fp32) process fixed-size
+    tiles; a dim of 1001 runs as 1008 with the tail wasted, and cuBLAS may fall back to slower
+    kernels for odd leading dimensions. Each distinct (op, shapes) is listed once, with its calls,
+    time (device total on a GPU profile, CPU total on the CPU), self FLOPs and, given the profile's
+    ``total_us``, ``share`` of it (else None); most time first, then most FLOPs. ``ops``: the op
+    rows as a DataFrame or as column lists (`TraceData.op_columns`).
     """
     if not len(ops["name"]):
         return []
     col = ops.__getitem__ if isinstance(ops, dict) else (lambda c: ops[c].tolist())  # lists or a DataFrame
     names, dims_col, dtypes = col("name"), col("input_dims"), col("dtype")
-    dev_total, dur = col("device_total_us"), col("dur_us")
+    dev_total, dur, flops = col("device_total_us"), col("dur_us"), col("flops")
     found: dict[tuple, dict] = {}
     on_device = any(v > 0 for v in col("device_self_us"))
     for i, (cat, counted) in enumerate(zip(col("category"), col("flops_counted"))):
@@ -328,10 +330,13 @@ def unaligned_shapes(ops) -> list[dict]:
         entry = found.setdefault(key, {
             "op": name, "shapes": key[1], "dtype": dtype, "multiple": multiple, "dims": dims,
             "unaligned": bad, "pad_to": {k: pad_to_multiple(v, multiple) for k, v in bad.items()},
-            "calls": 0, "time_us": 0.0})
+            "calls": 0, "time_us": 0.0, "flops": 0.0})
         entry["calls"] += 1
         entry["time_us"] += float(dev_total[i] if on_device else dur[i])
-    return sorted(found.values(), key=lambda e: -e["time_us"])
+        entry["flops"] += 0.0 if _isnan(flops[i]) else float(flops[i])  # counted ops only: their self FLOPs
+    for entry in found.values():
+        entry["share"] = entry["time_us"] / total_us if total_us else None
+    return sorted(found.values(), key=lambda e: (-e["time_us"], -e["flops"]))
 
 
 # --- the same tables from plain column lists -------------------------------------------------------

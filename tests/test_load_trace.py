@@ -377,6 +377,16 @@ def test_magic_shows_a_loaded_trace(run_cell, ip):
     assert isinstance(tr, ProfileResult) and tr.options.top == 3
 
 
+def test_gpu_shapes_list_keeps_its_rows_and_states_their_share():
+    # A GPU trace's padding rows are tasks as they were (Tensor Cores take fp32 via TF32); each now says
+    # its share of the device time, the order it is listed in.
+    r = real(A100)
+    lines = render_profile.unaligned_lines(r)
+    assert lines[0] == ("aten::mm [64x4096, 4096x2798] x5 (732 µs, 0.2% of device time): N=2798 -> 2800 "
+                        "(multiple of 8 for fp32)")
+    assert len(lines) == 5 and all(line.endswith("(multiple of 8 for fp32)") for line in lines)
+
+
 def test_magic_sort_and_quiet(run_cell, ip):
     path = real_path(B200)
     _, captured = run_cell(f"%profile_trace {path} --sort calls -q -r tr")

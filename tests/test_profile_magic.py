@@ -96,6 +96,39 @@ def test_fp32_on_the_cpu_is_not_told_to_pad(run_cell, ip):
     assert not any("pad to" in a for a in prof.advice)
 
 
+def test_cpu_shapes_list_says_fp32_padding_counts_on_a_gpu_or_under_bf16(run_cell, ip):
+    # A user trial: a CPU profile listed "C_in=3 -> 8 (multiple of 8 for fp32)" and "N=10 -> 16" as if
+    # they were things to do; fp32 fills no tile on the CPU (AMX takes bf16/fp16/int8).
+    prof, _, _ = profile_cell(run_cell, ip, opts="-q -r prof --device cpu")
+    lines = render_profile.unaligned_lines(prof)
+    row = next(line for line in lines if "N=1001 -> 1008" in line)
+    assert row.endswith("(for a GPU or bf16 autocast; not fp32 on the CPU)") and "multiple of" not in row
+    assert lines[0].startswith("fp32 matmul/conv on the CPU run on the vector units, not on tiles") and \
+        "on a GPU (Tensor Cores) or under bf16 autocast" in lines[0]
+    assert row in str(prof) and "not fp32 on the CPU" in prof._repr_html_()
+    # Under bf16 autocast the CPU's AMX tiles do take the op: a task for now, said as before.
+    prof, _, _ = profile_cell(run_cell, ip, opts="-q -r prof --device cpu --amp bf16")
+    row = next(line for line in render_profile.unaligned_lines(prof) if "N=1001 -> 1008" in line)
+    assert row.endswith("(multiple of 8 for bf16)")
+
+
+def test_shapes_list_is_ordered_by_share_of_the_time_and_capped(run_cell, ip):
+    run_cell("import torch\nws = [(torch.randn(256, n), torch.randn(n, 8 + 64 * i)) for i, n in enumerate(range(9, 41, 2))]")
+    run_cell("%%profile_gpu -q -r prof --device cpu\nfor a, b in ws:\n    a @ b\n")
+    prof = ip.user_ns["prof"]
+    found = prof.unaligned
+    assert len(found) == 16
+    total = sum(prof.op_columns["self_us"])
+    assert [e["share"] for e in found] == sorted((e["share"] for e in found), reverse=True)
+    assert all(e["share"] == pytest.approx(e["time_us"] / total) for e in found)
+    lines = render_profile.unaligned_lines(prof)
+    rows = [line for line in lines if line.startswith("aten::")]
+    assert len(rows) == render_profile.UNALIGNED_ROWS == 12
+    assert f"{found[0]['share']:.1%} of CPU time" in rows[0]
+    assert lines[-1].startswith("... and 4 more, each at most ") and lines[-1].endswith(
+        "of CPU time (result.unaligned lists them all)")
+
+
 @pytest.mark.parametrize("share, advised", [(0.03, False), (0.10, True)])
 def test_shape_advice_only_for_unaligned_ops_taking_five_percent_of_the_time(run_cell, ip, share, advised):
     """As %%amp's 5 %-of-FLOPs rule: a 10-class output layer is listed under shapes, not advised on."""

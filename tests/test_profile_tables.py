@@ -244,6 +244,16 @@ def test_unaligned_shapes_use_16_for_int8_and_skip_aligned():
     assert found["aten::convolution"]["unaligned"] == {"C_in": 3} and found["aten::convolution"]["pad_to"] == {"C_in": 8}
 
 
+def test_unaligned_shapes_carry_their_share_and_come_most_time_then_most_flops_first():
+    ops = _ops([("aten::mm", 0, 10, 10, -1), ("aten::mm", 20, 30, 30, -1), ("aten::mm", 60, 10, 10, -1)])
+    ops = ops.assign(category="matmul/conv", flops_counted=True, dtype="fp32", flops=[2e3, 6e3, 9e3],
+                     input_dims=[[[9, 8], [8, 8]], [[8, 8], [8, 9]], [[8, 10], [10, 8]]])
+    found = pt.unaligned_shapes(ops, total_us=100.0)
+    assert [e["shapes"] for e in found] == ["8x8, 8x9", "8x10, 10x8", "9x8, 8x8"]  # 30 us; then 10 us, more FLOPs first
+    assert [e["share"] for e in found] == [0.3, 0.1, 0.1] and [e["flops"] for e in found] == [6e3, 9e3, 2e3]
+    assert pt.unaligned_shapes(ops)[0]["share"] is None  # no total given: no share to state
+
+
 def test_filter_is_plain_text_and_sort_handles_text_columns():
     table = pd.DataFrame({"name": ["aten::mm", "aten::add_", "Optimizer.step#SGD.step"], "source": [None, None, None],
                           "calls": [1, 3, 2]})

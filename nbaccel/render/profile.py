@@ -255,12 +255,42 @@ def stream_lines(result, limit: int = 8) -> list[str]:
     return lines
 
 
-def unaligned_lines(result) -> list[str]:
+def _share(fraction: float) -> str:
+    """A share as the shapes list says it: "0.2%", and "<0.1%" rather than a "0.0%" that reads as none."""
+    return "0%" if fraction == 0 else "<0.1%" if fraction < 0.001 else f"{fraction:.1%}"
+
+
+# Rows of the shapes list shown; the rest are counted ("... and 3 more") and all are in result.unaligned.
+UNALIGNED_ROWS = 12
+
+
+def unaligned_lines(result, limit: int = UNALIGNED_ROWS) -> list[str]:
+    """The shapes list: matmul/conv calls with dims to pad, most time first, ``limit`` of them.
+
+    On a CPU profile an fp32 row is no task for now: fp32 GEMMs run on the vector units, where a
+    padded dim fills no tile and only adds work (AMX takes bf16/fp16/int8). Such rows say where the
+    padding would count -- on a GPU, or under bf16 autocast -- and one line before them says why.
+    A user trial read "C_in=3 -> 8 (multiple of 8 for fp32)" on a CPU profile as advice."""
+    from ..profile_advice import padding_pays_here
+
+    entries = result.unaligned
+    where = "device" if result.on_device else "CPU"
     out = []
-    for e in result.unaligned[:12]:
+    later = sorted({e["dtype"] for e in entries if not padding_pays_here(result, e)})
+    if later:
+        out.append(f"{'/'.join(later)} matmul/conv on the CPU run on the vector units, not on tiles: padding their "
+                   "dims would only add work here. Their padded sizes count on a GPU (Tensor Cores) or under bf16 "
+                   "autocast (AMX tiles; %%amp):")
+    for e in entries[:limit]:
         fixes = ", ".join(f"{k}={v} -> {e['pad_to'][k]}" for k, v in e["unaligned"].items())
-        out.append(f"{e['op']} [{e['shapes']}] x{e['calls']} ({_time(e['time_us'])}): {fixes} "
-                   f"(multiple of {e['multiple']} for {e['dtype']})")
+        share = f", {_share(e['share'])} of {where} time" if e.get("share") is not None else ""
+        when = (f"multiple of {e['multiple']} for {e['dtype']}" if padding_pays_here(result, e)
+                else f"for a GPU or bf16 autocast; not {e['dtype']} on the CPU")
+        out.append(f"{e['op']} [{e['shapes']}] x{e['calls']} ({_time(e['time_us'])}{share}): {fixes} ({when})")
+    if len(entries) > limit:
+        most = entries[limit - 1].get("share")
+        each = f", each at most {_share(most)} of {where} time" if most is not None else ""
+        out.append(f"... and {len(entries) - limit} more{each} (result.unaligned lists them all)")
     if out:
         return out
     if "matmul/conv" not in result.op_columns["category"]:
