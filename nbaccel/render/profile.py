@@ -276,7 +276,7 @@ def unaligned_lines(result, limit: int = UNALIGNED_ROWS) -> list[str]:
     entries = result.unaligned
     where = "device" if result.on_device else "CPU"
     out = []
-    later = sorted({e["dtype"] for e in entries if not padding_pays_here(result, e)})
+    later = sorted({e["dtype"] for e in entries[:limit] if not padding_pays_here(result, e)})  # rows shown
     if later:
         out.append(f"{'/'.join(later)} matmul/conv on the CPU run on the vector units, not on tiles: padding their "
                    "dims would only add work here. Their padded sizes count on a GPU (Tensor Cores) or under bf16 "
