@@ -60,6 +60,13 @@ def _per_step(count: int, steps: int, noun: str) -> str:
 CPU_TILE_DTYPES = frozenset({"bf16", "fp16", "int8"})
 
 
+def padding_pays_here(result: ProfileResult, entry: dict) -> bool:
+    """Whether padding an `unaligned` entry's dims fills tiles on the profiled device: always on a GPU
+    (Tensor Cores), on the CPU only for the dtypes AMX takes. The shapes list shows the others as what
+    matters on a GPU or under bf16 autocast, and the advice leaves them out."""
+    return result.device.type != "cpu" or entry["dtype"] in CPU_TILE_DTYPES
+
+
 def _phase_notes(result: ProfileResult) -> list[str]:
     """torch.compile compiling, and waiting for the DataLoader: time that is not the cell's steady work."""
     notes = []
@@ -167,7 +174,7 @@ def advise(result: ProfileResult) -> list[str]:
                      "of device time: "
                      f"{names}); enable TF32 (torch.backends.cuda.matmul.fp32_precision = 'tf32') or use %%amp.")
     significant = [e for e in result.unaligned if total > 0 and e["time_us"] / total >= UNALIGNED_SHARE
-                   and (result.device.type != "cpu" or e["dtype"] in CPU_TILE_DTYPES)]
+                   and padding_pays_here(result, e)]
     if significant:
         pairs = {}
         for entry in significant:

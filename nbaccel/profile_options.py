@@ -17,7 +17,7 @@ import torch
 
 from . import profile_table as pt
 from .device import DeviceError, DeviceInfo, device_info, resolve_device
-from .options import option, whole_number
+from .options import in_magic, option, whole_number
 from .precision import Recipe, make_recipe
 
 DTYPES = ("bf16", "fp16", "auto")
@@ -45,7 +45,7 @@ class ProfileOptions:
     device: str = "auto"
 
     @property
-    def group(self) -> str:
+    def group(self) -> str:  # stack with shapes is refused (check_grouping)
         return "source" if self.stack else "op+shape" if self.shapes else "op"
 
     @property
@@ -94,6 +94,20 @@ def check_trace_path(path: str) -> None:
                            "choose another path") from None
 
 
+def check_grouping(stack, shapes) -> None:
+    """Refuse ``stack`` with ``shapes``: each picks how the table is grouped (by source line, by op and
+    input shapes), and the table has one grouping. Unchecked, ``--shapes`` was silently dropped (a
+    user trial). A ``stack`` result can show the op+shape grouping afterwards, which the message says."""
+    if not (stack is True and shapes is True):
+        return
+    later = ("keep the result with -r NAME and call NAME.table(group='op+shape') (a single profile's widget also "
+             "has 'group by' buttons)" if in_magic() else "result.table(group='op+shape')")
+    raise ProfileError(f"{option('stack', True)} and {option('shapes', True)} both choose how the table is grouped "
+                       f"({option('stack', True)}: by source line, {option('shapes', True)}: by op and input shapes); "
+                       f"give one. A {option('stack', True)} profile can show the op+shape grouping afterwards: "
+                       f"{later}")
+
+
 def profiler_running() -> bool:
     return bool(torch._C._autograd._profiler_enabled())
 
@@ -123,6 +137,7 @@ def validate(options: ProfileOptions) -> tuple[torch.device, DeviceInfo, Recipe 
     for flag in ("memory", "shapes", "stack"):  # memory="no" reached torch's ProfilerConfig as a type error
         if not isinstance(getattr(options, flag), bool):
             raise ProfileError(f"{option(flag)} takes True or False, got {getattr(options, flag)!r}")
+    check_grouping(options.stack, options.shapes)
     if options.trace is not None and not isinstance(options.trace, (str, os.PathLike)):
         raise ProfileError(f"{option('trace')} takes a file or folder path, got {options.trace!r}")
     if options.sort is not None and options.sort not in pt.SORT_COLUMNS:

@@ -351,7 +351,17 @@ class ProfileResult(ResultMixin):
 
     @functools.cached_property
     def unaligned(self) -> list[dict]:
-        return pt.unaligned_shapes(self.op_columns)
+        """Matmul/conv calls with dims to pad (`profile_table.unaligned_shapes`), each with its
+        ``share`` of the time the advice weighs it against: device time on a GPU profile, self CPU
+        time on the CPU. Listed on any device; `profile_advice.padding_pays_here` says which count now."""
+        return pt.unaligned_shapes(self.op_columns, self.time_total_us)
+
+    @property
+    def time_total_us(self) -> float:
+        """What a share of "the time" is of: all device time on a GPU profile, all ops' self CPU time on the CPU."""
+        if self.on_device:
+            return self.device_time_us
+        return pt.pairwise_sum(self.op_columns["self_us"]) if self.op_count else 0.0
 
     @functools.cached_property
     def kernels(self) -> pd.DataFrame:
@@ -387,14 +397,17 @@ class ProfileResult(ResultMixin):
     # -- export --
 
     def export_chrome_trace(self, path: str) -> str:
-        """Write the Chrome/Perfetto trace (``.json``, or gzipped ``.json.gz``); open it at ui.perfetto.dev."""
+        """Write the Chrome/Perfetto trace to ``path`` and return it; open the file at ui.perfetto.dev.
+
+        A name ending in ``.gz`` (``step.json.gz``) is written gzipped, any other as plain JSON. Missing
+        folders on the way are created, as ``--trace`` / ``trace=`` creates them. A path that cannot be
+        written (a folder of that name, a read-only place such as ``/proc``, a full disk) raises
+        `ProfileError` naming the path and the reason. A loaded trace (`nbaccel.load_trace`) is copied
+        from its file, which must be one file, not a folder of steps.
+        """
         if self.doc is None:  # a loaded trace: copy its file rather than keep the parsed document
             return _copy_trace_file(self.trace_files, path)
-        data = json.dumps(self.doc).encode()
-        if str(path).endswith(".gz"):
-            data = gzip.compress(data)
-        Path(path).expanduser().write_bytes(data)
-        return str(path)
+        return _write_trace(json.dumps(self.doc).encode(), path)
 
     def _payload(self) -> dict:
         def clean(frame: pd.DataFrame) -> list[dict]:
@@ -432,7 +445,21 @@ def _copy_trace_file(sources: list, path: str) -> str:
         data = fh.read()
     if data[:2] == b"\x1f\x8b":
         data = gzip.decompress(data)
+    return _write_trace(data, path)
+
+
+def _write_trace(data: bytes, path: str) -> str:
+    """Write a trace's JSON to ``path`` (gzipped for a ``.gz`` name), creating missing folders on the
+    way. pathlib's own FileNotFoundError for a new folder read as if the trace were missing (a user
+    trial), so every failure is a `ProfileError` that names the path and the reason."""
+    target = Path(path).expanduser()
     if str(path).endswith(".gz"):
         data = gzip.compress(data)
-    Path(path).expanduser().write_bytes(data)
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(data)
+    except OSError as exc:
+        # the part that failed: a folder on the way (/proc/runs) or the file itself
+        raise ProfileError(f"cannot write the trace to {path}: could not create {exc.filename or target} "
+                           f"({exc.strerror or exc}); choose another path") from None
     return str(path)

@@ -62,8 +62,11 @@ def group_ops(ops: pd.DataFrame, group: str = "op", device_total_us: float = 0.0
     inside an op of the same row (autocast and other dispatcher wrappers re-dispatch
     ``aten::matmul`` as a nested ``aten::matmul``) is the same call: it adds its self time, but
     not a call, total time or total memory (see `redispatched`). ``source``: per user
-    source line; there only ops whose parent is on another line count toward calls and total
-    time, so an ``aten::linear`` and the ``aten::addmm`` inside it are not counted twice.
+    source line; ``calls`` counts every op call made on the line, nested ones included, as the
+    other groupings count them (so the rows' calls add up to the same total), while total time
+    and memory count only ops whose parent is on another line, so an ``aten::linear`` and the
+    ``aten::addmm`` inside it are not counted twice. (Calls once counted only those outermost ops:
+    a user trial read "1" beside the line's three costliest ops, none of them the one counted.)
     ``flops`` is, in every grouping, the rows' *self* FLOPs: only the ops the header counts (the
     innermost op with a formula), so an ``aten::linear`` whose ``aten::addmm`` carries the FLOPs
     shows none and the column sums to the header's total (`self_flops`).
@@ -87,7 +90,8 @@ def group_ops(ops: pd.DataFrame, group: str = "op", device_total_us: float = 0.0
         src = frame["source"].to_numpy()
         parent = frame["parent"].to_numpy()
         top = np.array([p < 0 or src[p] != src[i] for i, p in enumerate(parent)], dtype=bool)
-        frame = frame.assign(_top=top, _top_dur=np.where(top, frame["dur_us"], 0.0),
+        again = np.array(redispatched(parent.tolist(), list(zip(src, frame["name"]))), dtype=bool)
+        frame = frame.assign(_call=~again, _top_dur=np.where(top, frame["dur_us"], 0.0),
                              _top_dev=np.where(top, frame["device_total_us"], 0.0),
                              _top_mem=np.where(top, frame["memory_bytes"].fillna(0.0), 0.0),
                              _flops=self_flops(frame))
@@ -96,7 +100,7 @@ def group_ops(ops: pd.DataFrame, group: str = "op", device_total_us: float = 0.0
             # the line's three costliest ops by self time: what the line spends its time in
             "name": g[["name", "self_us"]].apply(
                 lambda d: ", ".join(d.groupby("name")["self_us"].sum().nlargest(3).index)),
-            "calls": g["_top"].sum(),
+            "calls": g["_call"].sum(),  # every op call on the line: what its costliest ops are drawn from
             "cpu_self_us": g["self_us"].sum(),
             "cpu_total_us": g["_top_dur"].sum(),
             "device_self_us": g["device_self_us"].sum(),
@@ -293,19 +297,21 @@ def _gemm_dims(name: str, dims) -> dict | None:
     return {"M": a[-2], "K": a[-1], "N": b[-1]}
 
 
-def unaligned_shapes(ops) -> list[dict]:
+def unaligned_shapes(ops, total_us: float | None = None) -> list[dict]:
     """Matmul/conv calls whose GEMM dims are not multiples of 8 (16 for int8), with padded sizes.
 
-    Tensor Cores (and CPU AMX tiles) process fixed-size tiles; a dim of 1001 runs as 1008 with
-    the tail wasted, and cuBLAS may fall back to slower kernels for odd leading dimensions.
-    Each distinct (op, shapes) is listed once, with its calls and time. ``ops``: the op rows as
-    a DataFrame or as column lists (`TraceData.op_columns`).
+    Tensor Cores (and CPU AMX tiles, which take bf16/fp16/int8 but not fp32) process fixed-size
+    tiles; a dim of 1001 runs as 1008 with the tail wasted, and cuBLAS may fall back to slower
+    kernels for odd leading dimensions. Each distinct (op, shapes) is listed once, with its calls,
+    time (device total on a GPU profile, CPU total on the CPU), self FLOPs and, given the profile's
+    ``total_us``, ``share`` of it (else None); most time first, then most FLOPs. ``ops``: the op
+    rows as a DataFrame or as column lists (`TraceData.op_columns`).
     """
     if not len(ops["name"]):
         return []
     col = ops.__getitem__ if isinstance(ops, dict) else (lambda c: ops[c].tolist())  # lists or a DataFrame
     names, dims_col, dtypes = col("name"), col("input_dims"), col("dtype")
-    dev_total, dur = col("device_total_us"), col("dur_us")
+    dev_total, dur, flops = col("device_total_us"), col("dur_us"), col("flops")
     found: dict[tuple, dict] = {}
     on_device = any(v > 0 for v in col("device_self_us"))
     for i, (cat, counted) in enumerate(zip(col("category"), col("flops_counted"))):
@@ -324,10 +330,13 @@ def unaligned_shapes(ops) -> list[dict]:
         entry = found.setdefault(key, {
             "op": name, "shapes": key[1], "dtype": dtype, "multiple": multiple, "dims": dims,
             "unaligned": bad, "pad_to": {k: pad_to_multiple(v, multiple) for k, v in bad.items()},
-            "calls": 0, "time_us": 0.0})
+            "calls": 0, "time_us": 0.0, "flops": 0.0})
         entry["calls"] += 1
         entry["time_us"] += float(dev_total[i] if on_device else dur[i])
-    return sorted(found.values(), key=lambda e: -e["time_us"])
+        entry["flops"] += 0.0 if _isnan(flops[i]) else float(flops[i])  # counted ops only: their self FLOPs
+    for entry in found.values():
+        entry["share"] = entry["time_us"] / total_us if total_us else None
+    return sorted(found.values(), key=lambda e: (-e["time_us"], -e["flops"]))
 
 
 # --- the same tables from plain column lists -------------------------------------------------------

@@ -42,7 +42,7 @@ from .analysis.metrics import busiest_device
 from .analysis.trace import TraceData, TraceError, TraceWarning, _build, _metadata, paused_gc
 from .device import DeviceInfo
 from .options import option, whole_number
-from .profile_options import ProfileError, ProfileOptions, check_table_args
+from .profile_options import ProfileError, ProfileOptions, check_grouping, check_table_args
 from .profile_result import ProfileResult
 from .results import ResultMixin
 from .trace_io import TraceStream, peek_rank, trace_files
@@ -70,6 +70,7 @@ def load_trace(path: str | os.PathLike, *, rank: int | None = None, top: int = 1
     if sort == "memory" and not memory:
         raise ProfileError(f"{option('sort', 'memory')} needs {option('memory', True)}: memory events are only read "
                            "when asked")
+    check_grouping(stack, shapes)
     if rank is not None:
         whole_number("rank", rank, 0, ProfileError)  # rank="1" would otherwise be "not found" among ranks 0, 1
     p = _trace_location(path)

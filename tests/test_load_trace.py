@@ -317,6 +317,17 @@ def test_rank_that_is_not_a_whole_number_is_refused(two_ranks, rank):
         load_trace(folder, rank=rank)
 
 
+def test_stack_with_shapes_is_refused_when_loading_too(ip):
+    # As for a live profile: two groupings of one table, and --shapes was silently dropped.
+    from nbaccel.profile import ProfileError
+
+    path = Path(__file__).parent / "data" / "h200_bf16_transformer_step.json.gz"
+    with pytest.raises(ProfileError, match=r"^stack=True and shapes=True both choose how the table is grouped"):
+        load_trace(path, stack=True, shapes=True)
+    with pytest.raises(UsageError, match=r"^--stack and --shapes both choose how the table is grouped"):
+        ip.run_line_magic("profile_trace", f"{path} --stack --shapes -q")
+
+
 def test_rank_in_a_folder_without_readable_traces_names_the_files_error(tmp_path):
     (tmp_path / "a.json").write_text("not json")
     with pytest.raises(TraceError, match=r"a\.json: not (valid )?JSON") as info:
@@ -364,6 +375,16 @@ def test_magic_shows_a_loaded_trace(run_cell, ip):
     assert "989 TFLOP/s" in text  # the recorded GPU's bf16 peak
     tr = ip.user_ns["tr"]
     assert isinstance(tr, ProfileResult) and tr.options.top == 3
+
+
+def test_gpu_shapes_list_keeps_its_rows_and_states_their_share():
+    # A GPU trace's padding rows are tasks as they were (Tensor Cores take fp32 via TF32); each now says
+    # its share of the device time, the order it is listed in.
+    r = real(A100)
+    lines = render_profile.unaligned_lines(r)
+    assert lines[0] == ("aten::mm [64x4096, 4096x2798] x5 (732 µs, 0.2% of device time): N=2798 -> 2800 "
+                        "(multiple of 8 for fp32)")
+    assert len(lines) == 5 and all(line.endswith("(multiple of 8 for fp32)") for line in lines)
 
 
 def test_magic_sort_and_quiet(run_cell, ip):

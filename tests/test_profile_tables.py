@@ -217,7 +217,7 @@ def test_user_frames():
     assert not op_attribution.is_user_frame("nn.Module: Linear_0")
 
 
-def test_source_grouping_counts_nested_ops_once():
+def test_source_grouping_counts_every_op_call_and_nested_time_once():
     ops = _ops([("aten::linear", 0, 100, 10, -1), ("aten::addmm", 5, 90, 90, 0), ("aten::relu", 120, 10, 10, -1)])
     events = [{"cat": "user_annotation", "name": "cell line 1: y = m(x)", "pid": 1, "tid": 1, "ts": 0, "dur": 110},
               {"cat": "python_function", "name": "torch/nn/functional.py(1): relu", "pid": 1, "tid": 1,
@@ -227,7 +227,8 @@ def test_source_grouping_counts_nested_ops_once():
     assert list(ops["source"]) == ["cell line 1: y = m(x)"] * 2 + ["/home/me/m.py, line 7: def act"]
     table = pt.group_ops(ops, "source").set_index("source")
     line = table.loc["cell line 1: y = m(x)"]
-    assert line["calls"] == 1 and line["cpu_total_us"] == 100 and line["cpu_self_us"] == 100
+    # two op calls (aten::linear and its aten::addmm), whose time is the linear's 100 us, not 190
+    assert line["calls"] == 2 and line["cpu_total_us"] == 100 and line["cpu_self_us"] == 100
     assert line["name"].startswith("aten::addmm")
 
 
@@ -241,6 +242,16 @@ def test_unaligned_shapes_use_16_for_int8_and_skip_aligned():
     assert found["aten::mm"]["pad_to"] == {"N": 1008}
     assert found["aten::_int_mm"]["multiple"] == 16 and found["aten::_int_mm"]["pad_to"] == {"K": 32}
     assert found["aten::convolution"]["unaligned"] == {"C_in": 3} and found["aten::convolution"]["pad_to"] == {"C_in": 8}
+
+
+def test_unaligned_shapes_carry_their_share_and_come_most_time_then_most_flops_first():
+    ops = _ops([("aten::mm", 0, 10, 10, -1), ("aten::mm", 20, 30, 30, -1), ("aten::mm", 60, 10, 10, -1)])
+    ops = ops.assign(category="matmul/conv", flops_counted=True, dtype="fp32", flops=[2e3, 6e3, 9e3],
+                     input_dims=[[[9, 8], [8, 8]], [[8, 8], [8, 9]], [[8, 10], [10, 8]]])
+    found = pt.unaligned_shapes(ops, total_us=100.0)
+    assert [e["shapes"] for e in found] == ["8x8, 8x9", "8x10, 10x8", "9x8, 8x8"]  # 30 us; then 10 us, more FLOPs first
+    assert [e["share"] for e in found] == [0.3, 0.1, 0.1] and [e["flops"] for e in found] == [6e3, 9e3, 2e3]
+    assert pt.unaligned_shapes(ops)[0]["share"] is None  # no total given: no share to state
 
 
 def test_filter_is_plain_text_and_sort_handles_text_columns():

@@ -142,10 +142,10 @@ def widget(result):
 
     first = next(iter(result.ranks.values()))
     group = result.options.group
-    cols = {c[0] for c in single.visible_columns(first, group)}
+    cols = single.visible_columns(first, group)
     rank = w.Dropdown(options=[("all ranks (merged)", -1)] + [(f"rank {r}", r) for r in result.ranks],
                       value=-1, description="ranks")
-    sort = w.Dropdown(options=[(label, col) for label, col in single.SORTABLE if col in cols],
+    sort = w.Dropdown(options=[(label, col) for col, label, _ in cols],  # named as the table's headers are
                       value=SORT_COLUMNS.get(result.default_sort, result.default_sort), description="sort by")
     ascending = w.Checkbox(value=False, description="ascending", indent=False)
     name_filter = w.Text(value="", placeholder="part of an op name", description="filter")

@@ -32,7 +32,6 @@ _COLUMNS = [
     ("self_memory_bytes", "self mem alloc", "bytes"),
     ("memory_bytes", "mem alloc", "bytes"),
 ]
-SORTABLE = [(label, col) for col, label, _ in _COLUMNS]
 _TEXT_COLUMNS = {col for col, _, kind in _COLUMNS if kind == "text"}
 
 
@@ -83,7 +82,7 @@ def visible_columns(result, group: str) -> list[tuple[str, str, str]]:
         if col == "name" and group == "source":
             label = "costliest ops there"  # a source row is a cell line or a function (def line)
         if col == "calls" and group == "source":
-            label = "op calls"  # a line's top-level ops, not how often the line ran
+            label = "op calls"  # every op call the line made (profile_table.group_ops), not how often it ran
         if col == "flops_per_s":
             label = f"FLOP/s ({'device' if result.on_device else 'CPU'} total)"  # the divisor: flops_rate_basis
         cols.append((col, label, kind))
@@ -201,6 +200,16 @@ def method(result) -> str:
 
 # --- sections --------------------------------------------------------------------------------------
 
+def nothing_recorded(result) -> str | None:
+    """The line a profile without a single op or kernel (a cell of plain Python) shows instead of
+    an operator table and a time-by-category section with no rows; None when there is something.
+    A user trial read the bare table header and "time by category:" as a display fault."""
+    if result.op_count or result.kernel_count:
+        return None
+    what = "torch operators or GPU kernels" if result.device.type == "cuda" else "torch operators"
+    return f"no {what} were recorded, so there is no operator table or time by category"
+
+
 def category_rows(result):
     return result.category_rows
 
@@ -246,12 +255,42 @@ def stream_lines(result, limit: int = 8) -> list[str]:
     return lines
 
 
-def unaligned_lines(result) -> list[str]:
+def _share(fraction: float) -> str:
+    """A share as the shapes list says it: "0.2%", and "<0.1%" rather than a "0.0%" that reads as none."""
+    return "0%" if fraction == 0 else "<0.1%" if fraction < 0.001 else f"{fraction:.1%}"
+
+
+# Rows of the shapes list shown; the rest are counted ("... and 3 more") and all are in result.unaligned.
+UNALIGNED_ROWS = 12
+
+
+def unaligned_lines(result, limit: int = UNALIGNED_ROWS) -> list[str]:
+    """The shapes list: matmul/conv calls with dims to pad, most time first, ``limit`` of them.
+
+    On a CPU profile an fp32 row is no task for now: fp32 GEMMs run on the vector units, where a
+    padded dim fills no tile and only adds work (AMX takes bf16/fp16/int8). Such rows say where the
+    padding would count -- on a GPU, or under bf16 autocast -- and one line before them says why.
+    A user trial read "C_in=3 -> 8 (multiple of 8 for fp32)" on a CPU profile as advice."""
+    from ..profile_advice import padding_pays_here
+
+    entries = result.unaligned
+    where = "device" if result.on_device else "CPU"
     out = []
-    for e in result.unaligned[:12]:
+    later = sorted({e["dtype"] for e in entries[:limit] if not padding_pays_here(result, e)})  # rows shown
+    if later:
+        out.append(f"{'/'.join(later)} matmul/conv on the CPU run on the vector units, not on tiles: padding their "
+                   "dims would only add work here. Their padded sizes count on a GPU (Tensor Cores) or under bf16 "
+                   "autocast (AMX tiles; %%amp):")
+    for e in entries[:limit]:
         fixes = ", ".join(f"{k}={v} -> {e['pad_to'][k]}" for k, v in e["unaligned"].items())
-        out.append(f"{e['op']} [{e['shapes']}] x{e['calls']} ({_time(e['time_us'])}): {fixes} "
-                   f"(multiple of {e['multiple']} for {e['dtype']})")
+        share = f", {_share(e['share'])} of {where} time" if e.get("share") is not None else ""
+        when = (f"multiple of {e['multiple']} for {e['dtype']}" if padding_pays_here(result, e)
+                else f"for a GPU or bf16 autocast; not {e['dtype']} on the CPU")
+        out.append(f"{e['op']} [{e['shapes']}] x{e['calls']} ({_time(e['time_us'])}{share}): {fixes} ({when})")
+    if len(entries) > limit:
+        most = entries[limit - 1].get("share")
+        each = f", each at most {_share(most)} of {where} time" if most is not None else ""
+        out.append(f"... and {len(entries) - limit} more{each} (result.unaligned lists them all)")
     if out:
         return out
     if "matmul/conv" not in result.op_columns["category"]:
@@ -266,6 +305,23 @@ def kernel_rows(result, top=15):
 
 # --- text ------------------------------------------------------------------------------------------
 
+def _table_text(result) -> list[str]:
+    group = result.options.group
+    cols = visible_columns(result, group)
+    frame = result.top_rows(result.options.top)
+    return [f"top {len(frame)} of {len(result.grouped_rows())} rows by {sort_label(result.default_sort)} "
+            f"(grouped by {group}):",
+            text_table([c[1] for c in cols], _rows(result, frame, cols),
+                       left=tuple(i for i, c in enumerate(cols) if c[2] == "text"))]
+
+
+def _category_text(result) -> list[str]:
+    rows = category_rows(result)
+    top = max((r[3] for r in rows), default=1.0) or 1.0
+    width = max((len(r[0]) for r in rows), default=0)
+    return [f"  {c.ljust(width)}  {'#' * max(1, round(30 * p / top))} {p:.1f}%  ({_time(t)})" for c, t, n, p in rows]
+
+
 def text(result) -> str:
     out = ["nbaccel " + title(result),
            " | ".join(f"{k}: {v}" for k, v in header_items(result)),
@@ -273,17 +329,11 @@ def text(result) -> str:
     if result.contention_warning:
         out.append("WARNING: " + result.contention_warning)
     out.append("")
-    group = result.options.group
-    cols = visible_columns(result, group)
-    frame = result.top_rows(result.options.top)
-    out.append(f"top {len(frame)} of {len(result.grouped_rows())} rows by {sort_label(result.default_sort)} (grouped by {group}):")
-    out.append(text_table([c[1] for c in cols], _rows(result, frame, cols),
-                          left=tuple(i for i, c in enumerate(cols) if c[2] == "text")))
-    out += ["", "time by category:"]
-    rows = category_rows(result)
-    top = max((r[3] for r in rows), default=1.0) or 1.0
-    width = max((len(r[0]) for r in rows), default=0)
-    out += [f"  {c.ljust(width)}  {'#' * max(1, round(30 * p / top))} {p:.1f}%  ({_time(t)})" for c, t, n, p in rows]
+    empty = nothing_recorded(result)
+    if empty:
+        out.append(empty)
+    else:
+        out += _table_text(result) + ["", "time by category:", *_category_text(result)]
     if result.on_device:
         out += ["", "device busy per stream:", *("  " + s for s in stream_lines(result))]
     out += ["", *tensor_core_lines(result)]
@@ -326,7 +376,8 @@ def ops_table_html(result, frame, group: str, sort: tuple[str, bool] | None = No
 
 
 def details_html(result) -> str:
-    parts = ["<h4>Time by category</h4>", categories_html(result),
+    time_by_category = [] if nothing_recorded(result) else ["<h4>Time by category</h4>", categories_html(result)]
+    parts = [*time_by_category,
              *(["<h4>Device busy per stream</h4>", bullet_list(stream_lines(result))] if result.on_device else []),
              "<h4>Tensor Cores</h4>", bullet_list(tensor_core_lines(result)),
              "<h4>Matmul/conv shapes</h4>", bullet_list(unaligned_lines(result))]
@@ -341,10 +392,11 @@ def html(result) -> str:
     frame = result.top_rows(result.options.top)
     advice = f"<h4>Advice</h4>{bullet_list(result.advice)}" if result.advice else ""
     trace = f'<div class="muted">{esc(trace_line(result))}</div>' if result.trace_files else ""
-    rows = len(result.grouped_rows())
-    return wrap(header_html(result) + advice
-                + f"<h4>Top {len(frame)} of {rows} by {esc(sort_label(result.default_sort))} (grouped by {esc(group)})</h4>"
-                + ops_table_html(result, frame, group) + details_html(result) + trace
+    empty = nothing_recorded(result)
+    ops = (f"<p>{esc(empty)}</p>" if empty else
+           f"<h4>Top {len(frame)} of {len(result.grouped_rows())} by {esc(sort_label(result.default_sort))} "
+           f"(grouped by {esc(group)})</h4>" + ops_table_html(result, frame, group))
+    return wrap(header_html(result) + advice + ops + details_html(result) + trace
                 + f'<div class="muted">method: {esc(method(result))}</div>')
 
 
@@ -389,8 +441,8 @@ def widget(result):
     groups = ["op", "op+shape"] + (["source"] if result.options.stack else [])
     default_col = SORT_COLUMNS.get(result.default_sort, result.default_sort)
 
-    def sort_options(grouping):  # only the columns the table shows in that grouping
-        return [(label, col) for label, col in SORTABLE if col in {c[0] for c in visible_columns(result, grouping)}]
+    def sort_options(grouping):  # the columns the table shows in that grouping, named as its headers name them
+        return [(label, col) for col, label, _ in visible_columns(result, grouping)]
 
     sort = w.Dropdown(options=sort_options(result.options.group), value=default_col, description="sort by")
     ascending = w.Checkbox(value=False, description="ascending", indent=False)
@@ -447,14 +499,17 @@ def widget(result):
     row = w.Layout(flex_flow="row wrap")
     controls = w.VBox([w.HBox([sort, ascending, top], layout=row), w.HBox([name_filter, group], layout=row),
                        w.HBox([size, page], layout=row)])
-    breakdown = w.HTML(wrap(categories_html(result) + bullet_list(stream_lines(result))
+    empty = nothing_recorded(result)  # then one line, not controls over a table without rows
+    operators = w.HTML(wrap(f"<p>{esc(empty)}</p>")) if empty else w.VBox([controls, status, ops])
+    breakdown = w.HTML(wrap((f"<p>{esc(empty)}</p>" if empty else categories_html(result))
+                            + bullet_list(stream_lines(result))
                             + ("<h4>Top kernels</h4>" + table(["kernel", "calls", "time", "category", "Tensor Cores"],
                                                                kernel_rows(result), tall=True, text_columns=(3, 4))
                                if result.kernel_count else "")))
     cores = w.HTML(wrap("<h4>Tensor Cores</h4>" + bullet_list(tensor_core_lines(result))
                         + "<h4>Matmul/conv shapes</h4>" + bullet_list(unaligned_lines(result))))
     advice = w.HTML(wrap(bullet_list(result.advice) or "<i>nothing to report</i>"))
-    tabs = w.Tab(children=[w.VBox([controls, status, ops]), breakdown, cores, advice])
+    tabs = w.Tab(children=[operators, breakdown, cores, advice])
     for i, name in enumerate(["Operators", "Breakdown", "Tensor Cores", "Advice"]):
         tabs.set_title(i, name)
     trace = esc(trace_line(result)) + "<br>" if result.trace_files else ""
