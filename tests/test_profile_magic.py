@@ -158,13 +158,19 @@ def test_small_op_advice_is_about_their_share_of_the_time_per_step(run_cell, ip,
     from nbaccel.profile_advice import SMALL_OP_SHARE, SMALL_OP_US
 
     run_cell("import torch\ntiny = torch.ones(8)\nbig = torch.ones(4000, 4000)")
-    run_cell(SMALL_OPS_CELL.format(steps=steps, big=big))
-    prof = ip.user_ns["prof"]
-    cols = prof.op_columns
-    small = sum(t for n, t in zip(cols["name"], cols["self_us"]) if n.startswith("aten::") and t < SMALL_OP_US)
-    share = small / sum(cols["self_us"])
-    assert (share >= SMALL_OP_SHARE) == advised  # the cells are far from the threshold either way
-    lines = [a for a in prof.advice if "aten op calls" in a]
+    # A tiny op descheduled by another program is no longer under SMALL_OP_US: on a loaded machine the
+    # tiny-ops cell is re-profiled (up to 3 times) until its tiny ops measured as tiny.
+    for _ in range(3):
+        run_cell(SMALL_OPS_CELL.format(steps=steps, big=big))
+        prof = ip.user_ns["prof"]
+        cols = prof.op_columns
+        small = sum(t for n, t in zip(cols["name"], cols["self_us"]) if n.startswith("aten::") and t < SMALL_OP_US)
+        share = small / sum(cols["self_us"])
+        lines = [a for a in prof.advice if "aten op calls" in a]
+        assert bool(lines) == (share >= SMALL_OP_SHARE)  # the advice follows its rule on the measured times
+        if (share >= SMALL_OP_SHARE) == advised:
+            break
+    assert (share >= SMALL_OP_SHARE) == advised  # the cells are far from the threshold on a quiet machine
     assert bool(lines) == advised
     if advised:
         assert f"take {share:.0%} of the self CPU time" in lines[0]
