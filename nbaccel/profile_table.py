@@ -285,11 +285,15 @@ def _gemm_dims(name: str, dims) -> dict | None:
             return None
         return {"M": int(np.prod(a[:-1])) if len(a) > 1 else 1, "K": a[-1], "N": w[0]}
     elif "conv" in base:
-        x, w = shape(0), shape(1)
+        # convolution_backward takes (grad_output, input, weight, ...): its input and weight come second
+        # (read as (input, weight), the batch size passed for C_out and was "padded").
+        x, w = (shape(1), shape(2)) if base.endswith("_backward") else (shape(0), shape(1))
         if x is None or w is None or len(w) < 3:
             return None
-        # Implicit GEMM: K = C_in/groups * kernel volume, N = C_out; the channels are what to pad.
-        return {"C_in": x[1] if len(x) > 1 else None, "C_out": w[0]}
+        # Implicit GEMM: K = C_in/groups * kernel volume, N = C_out; the channels are what to pad. A
+        # transposed convolution's weight is (C_in, C_out/groups, ...).
+        c_out = w[1] if "transpose" in base else w[0]
+        return {"C_in": x[1] if len(x) > 1 else None, "C_out": c_out}
     else:
         return None
     if a is None or b is None or len(a) < 2 or len(b) < 2:

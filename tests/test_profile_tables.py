@@ -244,6 +244,20 @@ def test_unaligned_shapes_use_16_for_int8_and_skip_aligned():
     assert found["aten::convolution"]["unaligned"] == {"C_in": 3} and found["aten::convolution"]["pad_to"] == {"C_in": 8}
 
 
+def test_convolution_backward_and_transposed_convolutions_read_their_own_channels():
+    """convolution_backward takes (grad_output, input, weight): read as a forward convolution's (input,
+    weight), a batch of 10 became "C_out=10 -> 16" and grad_output's channels became C_in."""
+    ops = _ops([("aten::convolution_backward", 0, 10, 10, -1), ("aten::convolution", 20, 10, 10, -1),
+                ("aten::conv_transpose2d", 40, 10, 10, -1)])
+    ops = ops.assign(category="matmul/conv", flops_counted=True, dtype="bf16",
+                     input_dims=[[[10, 64, 8, 8], [10, 24, 8, 8], [64, 24, 3, 3]],
+                                 [[10, 24, 8, 8], [64, 24, 3, 3]],
+                                 [[10, 64, 8, 8], [64, 12, 3, 3]]])  # transposed: weight (C_in, C_out, k, k)
+    found = {e["op"]: e for e in pt.unaligned_shapes(ops)}
+    assert "aten::convolution_backward" not in found and "aten::convolution" not in found  # 24 and 64: aligned
+    assert found["aten::conv_transpose2d"]["unaligned"] == {"C_out": 12}
+
+
 def test_unaligned_shapes_carry_their_share_and_come_most_time_then_most_flops_first():
     ops = _ops([("aten::mm", 0, 10, 10, -1), ("aten::mm", 20, 30, 30, -1), ("aten::mm", 60, 10, 10, -1)])
     ops = ops.assign(category="matmul/conv", flops_counted=True, dtype="fp32", flops=[2e3, 6e3, 9e3],
