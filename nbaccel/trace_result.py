@@ -17,7 +17,8 @@ How a path is read:
   splits into per-step files: loading the folder gives back the profile with all its
   ``ProfilerStep`` ranges. Several distinct ranks give a `MultiRankResult`; ``rank=N`` picks
   one rank's files and returns its `ProfileResult`. Files with a rank mixed with files without
-  one are refused (nbaccel cannot tell which process they belong to).
+  one are refused (nbaccel cannot tell which process they belong to), and so are files that
+  cannot be one run: different world sizes, or one rank's files naming different GPUs.
 
 Bad input is a `TraceError` naming the file and the problem; in a folder, an unreadable file is
 skipped instead (a `TraceWarning` naming it, ``skipped`` in the result) and the others load.
@@ -45,7 +46,7 @@ from .options import option, whole_number
 from .profile_options import ProfileError, ProfileOptions, check_table_args
 from .profile_result import ProfileResult
 from .results import ResultMixin
-from .trace_io import TraceStream, peek_rank, trace_files
+from .trace_io import TraceIdentity, TraceStream, peek_identity, trace_files
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -162,15 +163,17 @@ def _load_skipping(files: list[Path], opts: dict, source: str, skipped: dict) ->
 
 
 def _group_by_rank(folder: Path, skipped: dict) -> dict[int | None, list[Path]]:
-    """Trace files by rank; a file whose start cannot be read goes to ``skipped`` (file -> error)."""
+    """Trace files by rank; a file whose start cannot be read goes to ``skipped`` (file -> error).
+    Files that cannot be one run are refused (`_refuse_other_runs`)."""
     groups: dict[int | None, list[Path]] = {}
+    identities: dict[Path, TraceIdentity] = {}
     for f in trace_files(folder):
         try:
-            r, _ws, _how = peek_rank(f)
+            identities[f] = peek_identity(f)
         except TraceError as exc:
             skipped[f] = exc
             continue
-        groups.setdefault(r, []).append(f)
+        groups.setdefault(identities[f].rank, []).append(f)
     if None in groups and len(groups) > 1:
         # Unranked JSON next to ranked traces is often not a trace at all (a config, a metrics
         # dump): those are skipped like unreadable files; real traces without a rank are refused.
@@ -181,7 +184,38 @@ def _group_by_rank(folder: Path, skipped: dict) -> dict[int | None, list[Path]]:
         unknown = ", ".join(f.name for f in groups[None][:4])
         raise TraceError(f"{folder}: cannot tell the rank of {unknown} (no distributedInfo.rank and no 'rank' in "
                          "the name) while other files have one; move them out or load them one by one")
+    _refuse_other_runs(folder, groups, identities)
     return groups
+
+
+def _refuse_other_runs(folder: Path, groups: dict, identities: dict) -> None:
+    """A `TraceError` when the folder's files cannot all be one run, listing what each names.
+
+    Only what cannot hold within one run is refused: one job has one world size, and one process
+    (one rank's files, or the unranked step files of one run) sees the same GPUs in every file it
+    writes. Ranks on different GPU models are allowed (a job may span them), and files far apart
+    in time stay a warning (`_far_apart`): a profiler schedule's cycles of one long job are too.
+    """
+    files = [f for fs in groups.values() for f in fs]
+    sizes = sorted({identities[f].world_size for f in files} - {None})
+    reasons = [f"different world sizes: {', '.join(map(str, sizes))}"] if len(sizes) > 1 else []
+    for r, fs in groups.items():
+        if len({identities[f].gpus for f in fs} - {()}) > 1:  # a file naming no GPU contradicts none
+            whose = f"rank {r}'s files" if r is not None else "the files without a rank"
+            reasons.append(f"{whose} name different GPUs")
+    if not reasons:
+        return
+    by_kind: dict[str, list[str]] = {}
+    for f in files:
+        ident = identities[f]
+        gpus = " + ".join(ident.gpus) or "no GPU named"
+        size = f"world size {ident.world_size}" if ident.world_size else "no world size"
+        by_kind.setdefault(f"{gpus}, {size}", []).append(f.name)
+    listing = "; ".join(f"{kind}: {', '.join(names[:3])}" + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+                        for kind, names in by_kind.items())
+    raise TraceError(f"{folder}: these trace files are not one run ({'; '.join(reasons)}): {listing}. "
+                     "Load each run on its own: one file, or one folder per run (a folder holds one job's "
+                     "per-rank files, or one process's step files)")
 
 
 # --- one rank: a file, or the step files of one process ------------------------------------------
