@@ -42,7 +42,7 @@ from . import profile_table as pt
 from .analysis.metrics import busiest_device
 from .analysis.trace import TraceData, TraceError, TraceWarning, _build, _metadata, paused_gc
 from .device import DeviceInfo
-from .options import option, whole_number
+from .options import in_magic, option, whole_number
 from .profile_options import ProfileError, ProfileOptions, check_table_args
 from .profile_result import ProfileResult
 from .results import ResultMixin
@@ -74,7 +74,9 @@ def load_trace(path: str | os.PathLike, *, rank: int | None = None, top: int = 1
     if rank is not None:
         whole_number("rank", rank, 0, ProfileError)  # rank="1" would otherwise be "not found" among ranks 0, 1
     p = _trace_location(path)
-    opts = dict(top=top, sort=sort, shapes=shapes, stack=stack, memory=memory)
+    # made_by: what the report is headed with and to_dict() keeps; the magic calls this under its spelling.
+    made_by = "%profile_trace" if in_magic() else "load_trace()"
+    opts = dict(top=top, sort=sort, shapes=shapes, stack=stack, memory=memory, made_by=made_by)
     if p.is_file():
         if rank is not None:
             raise ProfileError(f"{option('rank', rank)} selects a rank in a folder of traces; {path} is one file")
@@ -109,7 +111,8 @@ def load_trace(path: str | os.PathLike, *, rank: int | None = None, top: int = 1
         (result,) = results.values()
         result.loaded["skipped"] = reasons
         return result
-    return MultiRankResult(folder=str(path), ranks=results, load_seconds=time.perf_counter() - t0, skipped=reasons)
+    return MultiRankResult(folder=str(path), ranks=results, load_seconds=time.perf_counter() - t0, skipped=reasons,
+                           made_by=made_by)
 
 
 def _trace_location(path) -> Path:
@@ -293,7 +296,8 @@ def _load_rank(files: list[Path], opts: dict, source: str) -> ProfileResult:
         loaded["far_apart"] = apart
         warnings.warn(f"{source}: {apart}", TraceWarning, stacklevel=3)
     result = ProfileResult.from_trace_data(trace, side, info, options, cudnn_benchmark=None,
-                                           trace_path=source, trace_files=[str(f) for f in files], loaded=loaded)
+                                           trace_path=source, trace_files=[str(f) for f in files], loaded=loaded,
+                                           made_by=opts["made_by"])
     loaded["load_seconds"] = time.perf_counter() - t0
     return result
 
@@ -407,6 +411,7 @@ class MultiRankResult(ResultMixin):
     ranks: dict = field(repr=False)
     load_seconds: float = 0.0
     skipped: dict = field(default_factory=dict)  # file name -> why it was not loaded
+    made_by: str = "load_trace()"  # or "%profile_trace": what the title names
     _grouped: dict = field(default_factory=dict, repr=False, compare=False)
 
     @property
@@ -534,4 +539,5 @@ class MultiRankResult(ResultMixin):
             "ranks": {str(k): r.header for k, r in self.ranks.items()},
             "files": {str(k): r.trace_files for k, r in self.ranks.items()},
             "skipped": dict(self.skipped),
+            "made_by": self.made_by,
         }

@@ -385,6 +385,25 @@ def test_magic_multi_rank_folder(run_cell, ip, two_ranks):
     assert ip.user_ns["r0"].loaded["rank"] == 0
 
 
+def test_a_loaded_trace_names_what_loaded_it(tmp_path, run_cell, ip):
+    # A user trial: load_trace(file).made_by said "profile()", and a folder's report was headed
+    # "%profile_trace job/" from a plain script.
+    single = _write(tmp_path / "step.json", _op_trace("aten::mm"))
+    job = _mkdir(tmp_path / "job")
+    for rank in (0, 1):
+        _write(job / f"rank-{rank}.json", _op_trace("aten::add", distributedInfo={"rank": rank, "world_size": 2}))
+    for path, head in ((single, "{}: loaded trace step.json -- "), (job, "{} job/ -- 2 ranks of world size 2")):
+        api = load_trace(path)
+        run_cell(f"%profile_trace {path} -q -r tr")
+        magic = ip.user_ns["tr"]
+        for result, made_by in ((api, "load_trace()"), (magic, "%profile_trace")):
+            assert result.made_by == made_by and result.to_dict()["made_by"] == made_by
+            assert str(result).startswith("nbaccel " + head.format(made_by))
+            assert f"<h4>{head.format(made_by)}" in result._repr_html_()
+            for one in getattr(result, "ranks", {}).values():
+                assert one.made_by == made_by
+
+
 def test_magic_help_is_accurate(ip):
     doc = ip.magics_manager.magics["line"]["profile_trace"].__doc__
     for option in ("PATH", "--top", "--sort", "--shapes", "--stack", "--memory", "--rank", "--result", "--quiet"):
