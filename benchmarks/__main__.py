@@ -3,7 +3,7 @@
     python -m benchmarks                          # full size, on the GPU if present (< 3 min)
     python -m benchmarks --size small             # CI smoke size (< 60 s on 2 CPU cores)
     python -m benchmarks --out results/suite.json # JSON + PNG plot (same name, .png)
-    python -m benchmarks compare old.json new.json [--threshold 0.10]   # exit 1 on a regression
+    python -m benchmarks compare old.json new.json [--threshold 0.10]   # exit 1 on a regression, 2 on a bad file
     python -m benchmarks markdown suite.json      # the tables as Markdown, for docs/benchmarks.md
     python -m benchmarks.bench_amp                # issue 2's %%amp-vs-Timer benchmark
 """
@@ -29,14 +29,22 @@ def main(argv=None) -> int:
         p.add_argument("--threshold", type=float, default=0.10,
                        help="a median more than this fraction slower is a regression (default 0.10)")
         a = p.parse_args(argv[1:])
-        text, regressions = suite.compare(suite.load(a.old), suite.load(a.new), a.threshold)
+        try:
+            old, new = suite.load(a.old), suite.load(a.new)
+        except suite.SuiteFileError as exc:
+            return _bad_file(p, exc)
+        text, regressions = suite.compare(old, new, a.threshold)
         print(text)
         return 1 if regressions else 0
     if argv[:1] == ["markdown"]:
         p = argparse.ArgumentParser(prog="python -m benchmarks markdown",
                                     description="Print a suite JSON file as Markdown tables (for docs/benchmarks.md).")
         p.add_argument("result")
-        print(suite.markdown(suite.load(p.parse_args(argv[1:]).result)))
+        try:
+            result = suite.load(p.parse_args(argv[1:]).result)
+        except suite.SuiteFileError as exc:
+            return _bad_file(p, exc)
+        print(suite.markdown(result))
         return 0
     p = argparse.ArgumentParser(prog="python -m benchmarks", description=suite.__doc__.split("\n\n")[0],
                                 epilog="Subcommand: python -m benchmarks compare OLD.json NEW.json")
@@ -68,6 +76,13 @@ def main(argv=None) -> int:
         except ImportError as exc:  # matplotlib is in the [lab] and [test] extras, not a core dependency
             print(f"no plot: {exc} (pip install matplotlib)")
     return 0
+
+
+def _bad_file(parser: argparse.ArgumentParser, exc: Exception) -> int:
+    """One line naming the file, status 2 like argparse's own errors: compare's 1 means a regression,
+    so a CI step must not read a missing or foreign file as one."""
+    print(f"{parser.prog}: error: {exc}", file=sys.stderr)
+    return 2
 
 
 if __name__ == "__main__":

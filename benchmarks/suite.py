@@ -365,11 +365,22 @@ def compare(old: dict, new: dict, threshold: float = 0.10) -> tuple[str, list]:
     return "\n".join(lines), regressions
 
 
+class SuiteFileError(ValueError):
+    """A file that is not a readable suite result, named in the message (the CLI prints it, exit 2)."""
+
+
 def load(path: str) -> dict:
-    with open(path, encoding="utf-8") as f:
-        data = json.load(f)
-    if data.get("schema") != SCHEMA:
-        raise SystemExit(f"{path}: not an nbaccel suite result (schema {data.get('schema')!r}, expected {SCHEMA})")
+    """A suite result saved by `save`; `SuiteFileError` naming the file for anything else."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except OSError as exc:
+        raise SuiteFileError(f"{path}: cannot read it ({exc.strerror or exc})") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise SuiteFileError(f"{path}: not JSON ({exc})") from None
+    schema = data.get("schema") if isinstance(data, dict) else None
+    if schema != SCHEMA:
+        raise SuiteFileError(f"{path}: not an nbaccel suite result (schema {schema!r}, expected {SCHEMA})")
     return data
 
 

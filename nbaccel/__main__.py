@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 
@@ -19,7 +20,25 @@ def main(argv=None) -> int:
         from .environment import env_report
 
         report = env_report()
-        print(report.to_json(indent=2) if args.json else str(report))
+        return _print(report.to_json(indent=2) if args.json else str(report))
+    return 0
+
+
+def _print(text: str) -> int:
+    """Print ``text``; 0, or 1 when the reader closed the pipe first (``nbaccel env | head -1``).
+
+    A closed stdout is the reader's choice, not an error to show a traceback for. As the Python
+    docs' "Note on SIGPIPE" advises, stdout is pointed at devnull so that the interpreter's own
+    flush at exit cannot raise again, and the exit status is 1, as Python's own on EPIPE: the
+    output was cut short.
+    """
+    try:
+        print(text)
+        sys.stdout.flush()  # a pipe is block-buffered: the write that fails is this flush
+    except BrokenPipeError:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 1
     return 0
 
 

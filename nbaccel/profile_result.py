@@ -73,7 +73,7 @@ class ProfileResult(ResultMixin):
     loaded: dict | None = None
     # Other programs' CPU use during the active steps (a live profile); None for a loaded trace.
     contention: Contention | None = None
-    made_by: str = "profile()"  # or "%%profile_gpu": what the title names
+    made_by: str = "profile()"  # or "%%profile_gpu"; a loaded trace: "load_trace()", "%profile_trace"
     trace_created: str | None = None  # the outermost folder that writing the trace created, if any
     _grouped: dict = field(default_factory=dict, repr=False, compare=False)
 

@@ -11,10 +11,10 @@ Every failure is a `TraceError` naming the file and what was wrong: no such file
 an empty file, binary data, invalid JSON (with the character offset), a truncated gzip stream,
 JSON that is not a trace.
 
-Folders: `trace_files` finds ``*.json``/``*.json.gz`` traces and `peek_rank` reads a file's
-``distributedInfo.rank`` cheaply (from the top of the file, where Kineto writes it; else from
-the last MiB, where some writers put their header keys), falling back to the file name
-(``rank-0.json.gz``, ``*.rank0.*``, ``rank_3``).
+Folders: `trace_files` finds ``*.json``/``*.json.gz`` traces and `peek_identity` reads a file's
+``distributedInfo`` (rank, world size) and ``deviceProperties`` GPU names cheaply (from the top of
+the file, where Kineto writes them; else from the last MiB, where some writers put their header
+keys), the rank falling back to the file name (``rank-0.json.gz``, ``*.rank0.*``, ``rank_3``).
 """
 
 from __future__ import annotations
@@ -28,12 +28,13 @@ import socket
 import time
 import zlib
 from bisect import bisect_right
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
 from .analysis.trace import TraceError
 
-__all__ = ["TraceStream", "trace_files", "peek_rank", "rank_from_name"]
+__all__ = ["TraceStream", "TraceIdentity", "trace_files", "peek_identity", "peek_rank", "rank_from_name"]
 
 _CHUNK = 1 << 20  # characters decoded per read; a Kineto event is at most a few kB
 _WS = re.compile(r"[ \t\n\r]*")
@@ -260,6 +261,8 @@ class TraceStream:
 _TRACE_NAME = re.compile(r"\.json(\.gz)?$", re.IGNORECASE)
 _RANK_NAME = re.compile(r"(?:^|[^a-z0-9])rank[-_.]?(\d+)(?:[^0-9]|$)", re.IGNORECASE)
 _DIST_INFO = re.compile(r'"distributedInfo"\s*:\s*(\{[^{}]*\})')
+# Kineto's deviceProperties entries hold only scalars: the list ends at the first ']'.
+_DEVICE_PROPS = re.compile(r'"deviceProperties"\s*:\s*(\[[^\[\]]*\])')
 
 
 def trace_files(folder: str | Path) -> list[Path]:
@@ -292,24 +295,58 @@ def rank_from_name(name: str) -> int | None:
     return int(m.group(1)) if m else None
 
 
-def peek_rank(path: Path) -> tuple[int | None, int | None, str]:
-    """(rank, world size, where it came from) of one trace file, without loading its events."""
+@dataclass(frozen=True)
+class TraceIdentity:
+    """What a trace file's header says about the run that wrote it, read without its events.
+
+    ``gpus`` are the distinct ``deviceProperties`` names, in order (the GPUs the process saw;
+    empty when the file names none): one process writes the same list into every file.
+    """
+
+    rank: int | None
+    world_size: int | None
+    rank_from: str  # "distributedInfo", "file name" or "unknown"
+    gpus: tuple[str, ...] = ()
+
+
+def peek_identity(path: Path) -> TraceIdentity:
+    """Rank, world size and GPU names of one trace file, without loading its events.
+
+    Kineto writes these header keys before the events; TraceLens-style writers put them after,
+    so when ``distributedInfo`` is not at the top the file's last MiB is searched too.
+    """
     stream = TraceStream(path)
     header = stream.peek_header()
-    info = header.get("distributedInfo")
+    info, props = header.get("distributedInfo"), header.get("deviceProperties")
     if not isinstance(info, dict):
-        # Header keys after the events (TraceLens writes them there): look at the file's end.
-        m = _DIST_INFO.search(stream.tail_text())
-        if m:
-            try:
-                info = json.loads(m.group(1))
-            except json.JSONDecodeError:
-                info = None
+        tail = stream.tail_text()
+        info = _json_match(_DIST_INFO, tail)
+        if not isinstance(props, list):
+            props = _json_match(_DEVICE_PROPS, tail)
+    gpus = tuple(dict.fromkeys(str(d["name"]) for d in props if isinstance(d, dict) and d.get("name"))) \
+        if isinstance(props, list) else ()
     if isinstance(info, dict) and isinstance(info.get("rank"), int):
         ws = info.get("world_size")
-        return info["rank"], ws if isinstance(ws, int) else None, "distributedInfo"
+        return TraceIdentity(info["rank"], ws if isinstance(ws, int) else None, "distributedInfo", gpus)
     rank = rank_from_name(path.name)
-    return rank, None, ("file name" if rank is not None else "unknown")
+    return TraceIdentity(rank, None, "file name" if rank is not None else "unknown", gpus)
+
+
+def peek_rank(path: Path) -> tuple[int | None, int | None, str]:
+    """(rank, world size, where it came from) of one trace file, without loading its events."""
+    ident = peek_identity(path)
+    return ident.rank, ident.world_size, ident.rank_from
+
+
+def _json_match(pattern: re.Pattern, text: str):
+    """The JSON value ``pattern``'s first group finds in ``text``; None when absent or not JSON."""
+    m = pattern.search(text)
+    if not m:
+        return None
+    try:
+        return json.loads(m.group(1))
+    except json.JSONDecodeError:
+        return None
 
 
 # --- writing: one file per step ---------------------------------------------------------------

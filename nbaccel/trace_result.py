@@ -17,7 +17,8 @@ How a path is read:
   splits into per-step files: loading the folder gives back the profile with all its
   ``ProfilerStep`` ranges. Several distinct ranks give a `MultiRankResult`; ``rank=N`` picks
   one rank's files and returns its `ProfileResult`. Files with a rank mixed with files without
-  one are refused (nbaccel cannot tell which process they belong to).
+  one are refused (nbaccel cannot tell which process they belong to), and so are files that
+  cannot be one run: different world sizes, or one rank's files naming different GPUs.
 
 Bad input is a `TraceError` naming the file and the problem; in a folder, an unreadable file is
 skipped instead (a `TraceWarning` naming it, ``skipped`` in the result) and the others load.
@@ -41,11 +42,11 @@ from . import profile_table as pt
 from .analysis.metrics import busiest_device
 from .analysis.trace import TraceData, TraceError, TraceWarning, _build, _metadata, paused_gc
 from .device import DeviceInfo
-from .options import option, whole_number
+from .options import in_magic, option, whole_number
 from .profile_options import ProfileError, ProfileOptions, check_grouping, check_table_args
 from .profile_result import ProfileResult
 from .results import ResultMixin
-from .trace_io import TraceStream, peek_rank, trace_files
+from .trace_io import TraceIdentity, TraceStream, peek_identity, trace_files
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -74,7 +75,9 @@ def load_trace(path: str | os.PathLike, *, rank: int | None = None, top: int = 1
     if rank is not None:
         whole_number("rank", rank, 0, ProfileError)  # rank="1" would otherwise be "not found" among ranks 0, 1
     p = _trace_location(path)
-    opts = dict(top=top, sort=sort, shapes=shapes, stack=stack, memory=memory)
+    # made_by: what the report is headed with and to_dict() keeps; the magic calls this under its spelling.
+    made_by = "%profile_trace" if in_magic() else "load_trace()"
+    opts = dict(top=top, sort=sort, shapes=shapes, stack=stack, memory=memory, made_by=made_by)
     if p.is_file():
         if rank is not None:
             raise ProfileError(f"{option('rank', rank)} selects a rank in a folder of traces; {path} is one file")
@@ -109,7 +112,8 @@ def load_trace(path: str | os.PathLike, *, rank: int | None = None, top: int = 1
         (result,) = results.values()
         result.loaded["skipped"] = reasons
         return result
-    return MultiRankResult(folder=str(path), ranks=results, load_seconds=time.perf_counter() - t0, skipped=reasons)
+    return MultiRankResult(folder=str(path), ranks=results, load_seconds=time.perf_counter() - t0, skipped=reasons,
+                           made_by=made_by)
 
 
 def _trace_location(path) -> Path:
@@ -163,15 +167,17 @@ def _load_skipping(files: list[Path], opts: dict, source: str, skipped: dict) ->
 
 
 def _group_by_rank(folder: Path, skipped: dict) -> dict[int | None, list[Path]]:
-    """Trace files by rank; a file whose start cannot be read goes to ``skipped`` (file -> error)."""
+    """Trace files by rank; a file whose start cannot be read goes to ``skipped`` (file -> error).
+    Files that cannot be one run are refused (`_refuse_other_runs`)."""
     groups: dict[int | None, list[Path]] = {}
+    identities: dict[Path, TraceIdentity] = {}
     for f in trace_files(folder):
         try:
-            r, _ws, _how = peek_rank(f)
+            identities[f] = peek_identity(f)
         except TraceError as exc:
             skipped[f] = exc
             continue
-        groups.setdefault(r, []).append(f)
+        groups.setdefault(identities[f].rank, []).append(f)
     if None in groups and len(groups) > 1:
         # Unranked JSON next to ranked traces is often not a trace at all (a config, a metrics
         # dump): those are skipped like unreadable files; real traces without a rank are refused.
@@ -182,7 +188,38 @@ def _group_by_rank(folder: Path, skipped: dict) -> dict[int | None, list[Path]]:
         unknown = ", ".join(f.name for f in groups[None][:4])
         raise TraceError(f"{folder}: cannot tell the rank of {unknown} (no distributedInfo.rank and no 'rank' in "
                          "the name) while other files have one; move them out or load them one by one")
+    _refuse_other_runs(folder, groups, identities)
     return groups
+
+
+def _refuse_other_runs(folder: Path, groups: dict, identities: dict) -> None:
+    """A `TraceError` when the folder's files cannot all be one run, listing what each names.
+
+    Only what cannot hold within one run is refused: one job has one world size, and one process
+    (one rank's files, or the unranked step files of one run) sees the same GPUs in every file it
+    writes. Ranks on different GPU models are allowed (a job may span them), and files far apart
+    in time stay a warning (`_far_apart`): a profiler schedule's cycles of one long job are too.
+    """
+    files = [f for fs in groups.values() for f in fs]
+    sizes = sorted({identities[f].world_size for f in files} - {None})
+    reasons = [f"different world sizes: {', '.join(map(str, sizes))}"] if len(sizes) > 1 else []
+    for r, fs in groups.items():
+        if len({identities[f].gpus for f in fs} - {()}) > 1:  # a file naming no GPU contradicts none
+            whose = f"rank {r}'s files" if r is not None else "the files without a rank"
+            reasons.append(f"{whose} name different GPUs")
+    if not reasons:
+        return
+    by_kind: dict[str, list[str]] = {}
+    for f in files:
+        ident = identities[f]
+        gpus = " + ".join(ident.gpus) or "no GPU named"
+        size = f"world size {ident.world_size}" if ident.world_size else "no world size"
+        by_kind.setdefault(f"{gpus}, {size}", []).append(f.name)
+    listing = "; ".join(f"{kind}: {', '.join(names[:3])}" + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+                        for kind, names in by_kind.items())
+    raise TraceError(f"{folder}: these trace files are not one run ({'; '.join(reasons)}): {listing}. "
+                     "Load each run on its own: one file, or one folder per run (a folder holds one job's "
+                     "per-rank files, or one process's step files)")
 
 
 # --- one rank: a file, or the step files of one process ------------------------------------------
@@ -260,7 +297,8 @@ def _load_rank(files: list[Path], opts: dict, source: str) -> ProfileResult:
         loaded["far_apart"] = apart
         warnings.warn(f"{source}: {apart}", TraceWarning, stacklevel=3)
     result = ProfileResult.from_trace_data(trace, side, info, options, cudnn_benchmark=None,
-                                           trace_path=source, trace_files=[str(f) for f in files], loaded=loaded)
+                                           trace_path=source, trace_files=[str(f) for f in files], loaded=loaded,
+                                           made_by=opts["made_by"])
     loaded["load_seconds"] = time.perf_counter() - t0
     return result
 
@@ -374,6 +412,7 @@ class MultiRankResult(ResultMixin):
     ranks: dict = field(repr=False)
     load_seconds: float = 0.0
     skipped: dict = field(default_factory=dict)  # file name -> why it was not loaded
+    made_by: str = "load_trace()"  # or "%profile_trace": what the title names
     _grouped: dict = field(default_factory=dict, repr=False, compare=False)
 
     @property
@@ -501,4 +540,5 @@ class MultiRankResult(ResultMixin):
             "ranks": {str(k): r.header for k, r in self.ranks.items()},
             "files": {str(k): r.trace_files for k, r in self.ranks.items()},
             "skipped": dict(self.skipped),
+            "made_by": self.made_by,
         }

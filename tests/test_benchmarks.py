@@ -96,8 +96,39 @@ def test_markdown_table(small_suite, tmp_path, capsys):
 def test_compare_refuses_foreign_json(tmp_path):
     bad = tmp_path / "x.json"
     bad.write_text("{}")
-    with pytest.raises(SystemExit):
+    with pytest.raises(suite.SuiteFileError, match=r"x\.json: not an nbaccel suite result \(schema None, expected"):
         suite.load(str(bad))
+
+
+BAD_SUITE_FILES = {
+    "missing": (None, r"cannot read it \(No such file or directory\)"),
+    "not JSON": ("not json", r"not JSON \(Expecting value"),
+    "binary": (b"\xff\xfe\x00", r"not JSON \('utf-8' codec can't decode"),
+    "foreign JSON": ('{"lr": 0.1}', r"not an nbaccel suite result \(schema None, expected 1\)"),
+    "a JSON list": ("[1, 2]", r"not an nbaccel suite result \(schema None, expected 1\)"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_SUITE_FILES))
+@pytest.mark.parametrize("command", ["compare", "markdown"])
+def test_a_file_that_is_no_suite_result_is_one_line_and_status_2(tmp_path, capsys, command, case):
+    """A user trial: `compare x.json /nonexist.json` printed a FileNotFoundError traceback (a
+    JSONDecodeError for a non-JSON file), and a foreign JSON file exited 1, compare's "regression"."""
+    import re
+
+    content, why = BAD_SUITE_FILES[case]
+    bad = tmp_path / "bad.json"
+    if isinstance(content, bytes):
+        bad.write_bytes(content)
+    elif content is not None:
+        bad.write_text(content)
+    good = tmp_path / "good.json"
+    good.write_text(json.dumps({"schema": suite.SCHEMA}))
+    args = [command, str(good), str(bad)] if command == "compare" else [command, str(bad)]
+    assert cli.main(args) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.count("\n") == 1, err
+    assert re.match(rf"python -m benchmarks {command}: error: {re.escape(str(bad))}: {why}", err), err
 
 
 def test_cli_writes_json_and_png(tmp_path, monkeypatch, capsys):

@@ -47,3 +47,22 @@ def test_the_report_shows_it_with_a_gpu(tmp_path, monkeypatch):
     assert env_report().sections["software"]["driver"] == "550.54.15"
     monkeypatch.setattr(environment, "NVIDIA_VERSION_FILE", str(tmp_path / "missing"))
     assert env_report().sections["software"]["driver"] == "not known"
+
+
+@pytest.mark.parametrize("args", [["env"], ["env", "--json"]])
+def test_the_cli_stops_quietly_when_its_reader_has_gone(args):
+    """A user trial: `python -m nbaccel env | head -1` ended with a BrokenPipeError traceback. Here
+    the pipe's reading end is closed before the report is written, as when the reader exits first."""
+    import os
+    import subprocess
+    import sys
+
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        proc = subprocess.run([sys.executable, "-m", "nbaccel", *args], stdout=write_end, stderr=subprocess.PIPE,
+                              text=True, timeout=120)
+    finally:
+        os.close(write_end)
+    assert "Traceback" not in proc.stderr and "BrokenPipeError" not in proc.stderr, proc.stderr
+    assert proc.returncode == 1  # as Python's own exit status on EPIPE (its docs' "Note on SIGPIPE")

@@ -227,8 +227,9 @@ def test_step_files_of_one_rank_load_as_one_trace_with_its_steps(tmp_path):
     assert f"({len(files)} step files)" in str(r).splitlines()[0]
 
 
-def _stretched(doc: dict, factor: float, rank: int) -> dict:
-    """A copy of ``doc`` as another rank that is ``factor`` times slower in everything."""
+def _stretched(doc: dict, factor: float, rank: int, **dist_info) -> dict:
+    """A copy of ``doc`` as another rank that is ``factor`` times slower in everything (``dist_info``:
+    more distributedInfo keys)."""
     t0 = min(e["ts"] for e in doc["traceEvents"] if "ts" in e)
     events = []
     for e in doc["traceEvents"]:
@@ -238,7 +239,8 @@ def _stretched(doc: dict, factor: float, rank: int) -> dict:
         if "dur" in e:
             e["dur"] = e["dur"] * factor
         events.append(e)
-    return {**doc, "traceEvents": events, "distributedInfo": {**doc.get("distributedInfo", {}), "rank": rank}}
+    return {**doc, "traceEvents": events,
+            "distributedInfo": {**doc.get("distributedInfo", {}), "rank": rank, **dist_info}}
 
 
 @pytest.fixture(scope="module")
@@ -402,6 +404,25 @@ def test_magic_multi_rank_folder(run_cell, ip, two_ranks):
     assert "slowest rank: 1" in text and isinstance(ip.user_ns["job"], MultiRankResult)
     run_cell(f"%profile_trace {folder} --rank 0 -q -r r0")
     assert ip.user_ns["r0"].loaded["rank"] == 0
+
+
+def test_a_loaded_trace_names_what_loaded_it(tmp_path, run_cell, ip):
+    # A user trial: load_trace(file).made_by said "profile()", and a folder's report was headed
+    # "%profile_trace job/" from a plain script.
+    single = _write(tmp_path / "step.json", _op_trace("aten::mm"))
+    job = _mkdir(tmp_path / "job")
+    for rank in (0, 1):
+        _write(job / f"rank-{rank}.json", _op_trace("aten::add", distributedInfo={"rank": rank, "world_size": 2}))
+    for path, head in ((single, "{}: loaded trace step.json -- "), (job, "{} job/ -- 2 ranks of world size 2")):
+        api = load_trace(path)
+        run_cell(f"%profile_trace {path} -q -r tr")
+        magic = ip.user_ns["tr"]
+        for result, made_by in ((api, "load_trace()"), (magic, "%profile_trace")):
+            assert result.made_by == made_by and result.to_dict()["made_by"] == made_by
+            assert str(result).startswith("nbaccel " + head.format(made_by))
+            assert f"<h4>{head.format(made_by)}" in result._repr_html_()
+            for one in getattr(result, "ranks", {}).values():
+                assert one.made_by == made_by
 
 
 def test_magic_help_is_accurate(ip):
@@ -713,6 +734,68 @@ def test_step_files_of_one_run_are_not_flagged(tmp_path):
     assert "far_apart" not in result.loaded
 
 
+def _on(gpu: str | None, rank: int | None = None, world: int | None = None, ts: float = 0,
+        header_last: bool = False) -> str:
+    """One op's trace recorded on ``gpu`` (deviceProperties; None: none named), as ``rank`` of ``world``;
+    ``header_last``: those keys after the events, where TraceLens writes them."""
+    header = {"deviceProperties": [{"id": 0, "name": gpu, "computeMajor": 8, "computeMinor": 0}]} if gpu else {}
+    if rank is not None:
+        header["distributedInfo"] = {"backend": "nccl", "rank": rank, "world_size": world}
+    events = {"traceEvents": [{"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 1, "tid": 1, "ts": ts,
+                               "dur": 100}]}
+    return json.dumps({**events, **header} if header_last else {**header, **events})
+
+
+@pytest.mark.parametrize("header_last", [False, True])
+def test_files_naming_different_gpus_are_not_joined_into_one_run(tmp_path, header_last):
+    # A user trial: an A100 and a B200 trace in one folder became "rank 0 of 16 -- recorded on
+    # NVIDIA A100-SXM4-80GB", the B200's FLOPs judged against the A100's peak.
+    _write(tmp_path / "monday.json", _on("NVIDIA A100-SXM4-80GB", header_last=header_last))
+    _write(tmp_path / "tuesday.json", _on("NVIDIA B200", ts=200, header_last=header_last))
+    message = (r"these trace files are not one run \(the files without a rank name different GPUs\): "
+               r"NVIDIA A100-SXM4-80GB, no world size: monday\.json; NVIDIA B200, no world size: tuesday\.json\. "
+               r"Load each run on its own: one file, or one folder per run")
+    with pytest.raises(TraceError, match=message):
+        load_trace(tmp_path)
+    with pytest.raises(TraceError, match=message):  # --rank does not get around it
+        load_trace(tmp_path, rank=0)
+
+
+def test_ranks_of_different_world_sizes_are_not_one_job(tmp_path):
+    _write(tmp_path / "rank-0.json", _on("NVIDIA H100 80GB HBM3", rank=0, world=16))
+    _write(tmp_path / "rank-1.json", _on("NVIDIA H100 80GB HBM3", rank=1, world=8))
+    with pytest.raises(TraceError, match=r"not one run \(different world sizes: 8, 16\): NVIDIA H100 80GB HBM3, world "
+                                         r"size 16: rank-0\.json; NVIDIA H100 80GB HBM3, world size 8: rank-1\.json"):
+        load_trace(tmp_path)
+
+
+def test_the_same_rank_of_two_jobs_on_different_gpus_is_refused_from_the_real_traces(tmp_path, ip):
+    # The finding's folder: the A100 trace (rank 0 of 16) and the B200 trace (rank 0 of 8).
+    for name in (A100, B200):
+        (tmp_path / name).write_bytes(real_path(name).read_bytes())
+    message = (r"not one run \(different world sizes: 8, 16; rank 0's files name different GPUs\): NVIDIA "
+               r"A100-SXM4-80GB, world size 16: hta_a100.*; NVIDIA B200, world size 8: tracelens_b200")
+    with pytest.raises(TraceError, match=message):
+        load_trace(tmp_path)
+    with pytest.raises(UsageError, match=message):
+        ip.run_line_magic("profile_trace", str(tmp_path))
+
+
+def test_one_runs_files_still_load_when_they_name_gpus(tmp_path):
+    # Step files of one process name the same GPUs; a file naming none contradicts nothing; ranks of
+    # one job may sit on different GPU models.
+    steps = _mkdir(tmp_path / "steps")
+    _write(steps / "w.1.pt.trace.json", _on("NVIDIA H200", ts=0))
+    _write(steps / "w.2.pt.trace.json", _on("NVIDIA H200", ts=200))
+    _write(steps / "w.3.pt.trace.json", _on(None, ts=400))
+    assert load_trace(steps).loaded["files"] == [str(f) for f in sorted(steps.iterdir())]
+    job = _mkdir(tmp_path / "job")
+    _write(job / "nbaccel.rank0.pt.trace.json", _on("NVIDIA A100-SXM4-80GB", rank=0, world=2))
+    _write(job / "nbaccel.rank1.pt.trace.json", _on("NVIDIA H100 80GB HBM3", rank=1, world=2))
+    result = load_trace(job)
+    assert isinstance(result, MultiRankResult) and sorted(result.ranks) == [0, 1]
+
+
 def test_the_merged_op_table_is_the_sum_of_the_ranks_tables(tmp_path):
     """Each rank's ops point at their parents by row; merged, rank 1's pointed into rank 0's rows, so
     its re-dispatches and source-line totals were judged against the wrong ops. (Two different traces:
@@ -720,7 +803,8 @@ def test_the_merged_op_table_is_the_sum_of_the_ranks_tables(tmp_path):
     for rank, name in enumerate((A100, B200)):
         doc = json.loads(gzip.decompress(real_path(name).read_bytes()))
         with gzip.open(tmp_path / f"rank-{rank}.json.gz", "wt", compresslevel=1) as fh:
-            json.dump(_stretched(doc, 1.0, rank), fh)
+            # as two ranks of one job (their own world sizes, 16 and 8, would be refused as two jobs)
+            json.dump(_stretched(doc, 1.0, rank, world_size=2), fh)
     r = load_trace(tmp_path)
     keys = ["name", "shapes", "source"]
     for group in ("op", "op+shape"):  # (these traces were recorded without stacks: no source lines)

@@ -24,7 +24,7 @@ def title(result) -> str:
     # A CPU-only trace's device name is already a phrase ("recorded on the CPU (...)"), not a GPU.
     where = (f"on {', '.join(result.gpus)}" if result.on_device
              else "recorded on the CPU (no device activity in the traces)")
-    return (f"%profile_trace {os.path.basename(os.path.normpath(result.folder))}/ -- {n} ranks{of} {where}; "
+    return (f"{result.made_by} {os.path.basename(os.path.normpath(result.folder))}/ -- {n} ranks{of} {where}; "
             "analysed from the files, not a live run")
 
 

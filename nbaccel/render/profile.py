@@ -169,7 +169,7 @@ def title(result) -> str:
     h = result.header
     if result.loaded:
         where = f"recorded on {h['device']}" if result.on_device else "a CPU-only trace"
-        return f"{h['profiled']} -- {where}; analysed from the file, not a live run"
+        return f"{result.made_by}: {h['profiled']} -- {where}; analysed from the file, not a live run"
     recipe = f", under {h['recipe']}" if h["recipe"] else ""
     return f"{result.made_by} on {h['device']} -- {h['profiled']}{recipe}"
 
