@@ -8,7 +8,7 @@ FloatProgress carrying the same class) so browser tests can find it. The CSS tar
 
 from __future__ import annotations
 
-from ..budget import harness_words, plural, share_text
+from ..budget import PUSHED, harness_words, plural, share_text
 from ..memory import format_bytes
 from ..timing import format_seconds
 from .common import bullet_list, esc, table, text_table, wrap
@@ -32,7 +32,8 @@ def _view(result) -> str:
 
 def _gauge_bar(fraction: float | None, status: str) -> str:
     width = max(0.0, min(1.0, fraction or 0.0)) * 100
-    return (f'<span class="nbaccel-gauge {esc(status)}" title="{share_text(fraction)}"><span style="width:{width:.0f}%">'
+    colour = status.split()[-1]  # "already over" is coloured as over: the bar shows usage, not blame
+    return (f'<span class="nbaccel-gauge {esc(colour)}" title="{share_text(fraction)}"><span style="width:{width:.0f}%">'
             '</span></span>')
 
 
@@ -41,10 +42,21 @@ def _text_gauge(fraction: float | None, width: int = 30) -> str:
     return "[" + "#" * filled + "." * (width - filled) + "]"
 
 
+def _change(r, added: str = "") -> str:
+    """What the cell did to usage, for the "added" column: its peak over the start ("700 MiB"), and what
+    it gave back by its end where that is more than noise ("freed 700 MiB" for ``del b``, which added 0 B).
+    ``added`` goes before the first figure ("added 700 MiB") in a sentence."""
+    grew = added + format_bytes(r.added_bytes)
+    if r.freed_bytes < PUSHED:
+        return grew
+    freed = f"freed {format_bytes(r.freed_bytes)}"
+    return freed if r.added_bytes < PUSHED else f"{grew}, {freed}"
+
+
 def _cell_line(r) -> str:
     extra = f", allocated peak {format_bytes(r.allocated_peak_bytes)}" if r.allocated_peak_bytes is not None else ""
-    return (f"{format_bytes(r.used_bytes)} of {format_bytes(r.budget_bytes)} ({share_text(r.fraction)}); the cell added "
-            f"{format_bytes(r.added_bytes)}{extra}")
+    return (f"{format_bytes(r.used_bytes)} of {format_bytes(r.budget_bytes)} ({share_text(r.fraction)}); the cell "
+            f"{_change(r, 'added ')}{extra}")
 
 
 def free_memory_hint(device: str) -> str:
@@ -95,7 +107,9 @@ HOLDER_WORDS = (0, 1, 2, 3, 5)  # the columns of words, left-aligned (the name i
 
 
 RANK_HEADERS = ["rank", "host", "device", "peak used", "budget", "of budget", "status"]
-_VERDICTS = {"over": "over the budget", "near": "near the budget ({near} of it or more)", "ok": "within the budget"}
+_VERDICTS = {"over": "over the budget", "already over": "already over the budget as the block began (it added none)",
+             "near": "near the budget ({near} of it or more)",
+             "already near": "already near the budget as the block began (it added none)", "ok": "within the budget"}
 
 
 def _ranks_named(ranks: list[int]) -> str:
@@ -109,7 +123,7 @@ def ranks_verdict(rows) -> str:
     for row in rows:
         by_status.setdefault(row.get("status") or "not measured", []).append(row["rank"])
     near = share_text(next((row["near"] for row in rows if row.get("near") is not None), None))
-    order = ["over", "near", "ok"]
+    order = list(_VERDICTS)  # worst first
     parts = []
     for status in sorted(by_status, key=lambda s: order.index(s) if s in order else -1):
         words = _VERDICTS.get(status, status).format(near=near)
@@ -129,7 +143,7 @@ def ranks_text(rows) -> str:
 
 
 def _history_rows(records, last=10):
-    return [[r.label, format_bytes(r.used_bytes), share_text(r.fraction), format_bytes(r.added_bytes),
+    return [[r.label, format_bytes(r.used_bytes), share_text(r.fraction), _change(r),
              format_bytes(r.allocated_peak_bytes) if r.allocated_peak_bytes is not None else "-",
              r.status + (f" (under {r.harness})" if r.harness else ""), format_seconds(r.seconds)]
             for r in records[-last:]]
