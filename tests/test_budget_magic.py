@@ -369,6 +369,27 @@ def test_status_without_a_budget(run_cell, ip):
     assert not _nbaccel_callbacks(ip)
 
 
+def test_status_by_name_is_the_bare_line(run_cell, ip):
+    """The docs and the help call bare `%memory_budget` "the status"; a user trial's `%memory_budget status` was
+    refused ("cannot read 'status' as a budget")."""
+    _, captured = run_cell("%memory_budget status")
+    assert "memory budget: off" in _texts(captured)
+    run_cell("%memory_budget 0.9 -q")
+    run_cell("import torch\nm = torch.nn.Linear(4, 2)")
+    _, captured = run_cell("%memory_budget Status -r s")
+    s = ip.user_ns["s"]
+    assert s.active and s.view == "status" and "1 cell watched:" in _texts(captured)
+    _, captured = run_cell("%memory_budget status -q")
+    assert not captured.outputs and ip.user_ns["s"] is s  # -q hides it; nothing else changed
+    for line, message in [("statsu", "did you mean %memory_budget status (shows the budget"),
+                          ("status --strict", "--enforce and --strict go with a budget"),
+                          ("status --model m --batch 2", "cannot read 'status' as a budget")]:  # a prediction
+        _, captured = run_cell(f"%memory_budget {line}", expect_error=UsageError)
+        assert message in captured.stderr, (line, captured.stderr)
+    run_cell("%memory_budget off -q")
+    assert not _nbaccel_callbacks(ip)
+
+
 def test_estimate_magic(ip, run_cell):
     run_cell("import torch\ntorch.manual_seed(0)\nmodel = torch.nn.Sequential(torch.nn.Linear(64, 128), "
              "torch.nn.ReLU(), torch.nn.Linear(128, 8))\nopt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)")

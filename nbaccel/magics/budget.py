@@ -67,7 +67,7 @@ class BudgetMagics(Magics):
     @argument("budget", nargs="?", default=None,
               help="6GiB, 6GB, 512MiB, 6G (= 6GiB, as docker and systemd read it), or a share of the device such as "
                    "0.8 or 80%% (the CPU: of physical memory); "
-                   "'off' removes the budget and every hook; nothing: show the status")
+                   "'off' removes the budget and every hook; nothing (or 'status'): show the status")
     @argument("--device", default="auto", help="auto, cpu or cuda[:N] (default: cuda when present)")
     @argument("--enforce", action="store_true",
               help="CUDA: cap the allocator at the budget (set_per_process_memory_fraction), so a cell that "
@@ -96,7 +96,8 @@ class BudgetMagics(Magics):
             %memory_budget 6GiB            # from now on, every cell is measured against 6 GiB
             %memory_budget 0.8 --strict    # 80% of the device; going over fails the cell
             %memory_budget 20GiB --enforce # CUDA: the allocator is capped at 20 GiB
-            %memory_budget                 # status: budget, last cells' peaks, what holds memory now
+            %memory_budget                 # status (also: %memory_budget status): budget, last cells' peaks,
+                                           # what holds memory now
             %memory_budget off             # remove the budget, its hooks, handler and cap
             %memory_budget 80GiB --model model --optimizer adamw --batch 32 --input x
 
@@ -139,10 +140,14 @@ class BudgetMagics(Magics):
         if for_model:  # silently watching a budget instead of the prediction asked for would mislead
             raise UsageError(f"{_go(for_model)} with --model: "
                              "%memory_budget 80GiB --model model --batch 32 predicts that model's memory")
-        if args.budget is not None and args.budget.isalpha() and args.budget.lower() != "off" and \
-                difflib.get_close_matches(args.budget.lower(), ["off"], cutoff=0.6):  # offf, of, oof
-            raise UsageError(f"cannot read {args.budget!r} as a budget; did you mean %memory_budget off (removes the "
-                             "budget and every hook)?")
+        words = {"off": "removes the budget and every hook", "status": "shows the budget and the cells watched"}
+        if args.budget is not None and args.budget.isalpha() and args.budget.lower() not in words:
+            meant = difflib.get_close_matches(args.budget.lower(), list(words), n=1, cutoff=0.6)  # offf, of, statsu
+            if meant:
+                raise UsageError(f"cannot read {args.budget!r} as a budget; did you mean %memory_budget {meant[0]} "
+                                 f"({words[meant[0]]})?")
+        if args.budget is not None and args.budget.lower() == "status":
+            args.budget = None  # the docs and the help call the bare line "the status": both spellings work
         if args.budget is not None and args.budget.lower() == "off":
             had_budget = self.watcher is not None
             recorded = len(self.watcher.records) if had_budget else 0
