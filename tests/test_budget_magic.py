@@ -197,7 +197,8 @@ def test_over_a_strict_budget_fails_the_cell(ip, run_cell):
     assert "over the memory budget" not in _texts(captured)
     run_cell("pass")
     statuses = list(ip.user_ns["b"].history["status"])
-    assert statuses[-3:-1] == ["over", "already over"] and statuses[-1] in ("ok", "near")  # back under the budget
+    # Back under the budget (a budget 150 MB above a large process's RSS leaves it near, from before the cell).
+    assert statuses[-3:-1] == ["over", "already over"] and statuses[-1] in ("ok", "already near")
 
 
 def test_history_and_live_output_agree_on_a_cell_that_frees_memory(ip, run_cell):
