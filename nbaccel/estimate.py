@@ -453,6 +453,9 @@ class MemoryEstimate(ResultMixin):
         gradient temporaries at the backward's peak); optimizer step = grads + ``step_temporaries``.
         Sharded gradients (ZeRO-2/3) shrink the last two phases, not the forward, which has none.
         """
+        if n > self.batch:
+            raise ValueError(f"a global batch of {self.batch} cannot be split over {n} GPUs (each needs at least one "
+                             f"sample): use at most {self.batch} GPUs, or a larger batch")
         fit = self.fits[precision]
         shard = n if n > 1 else 1
         local_batch = math.ceil(self.batch / n)
@@ -481,9 +484,17 @@ class MemoryEstimate(ResultMixin):
                 "total_no_reuse": None if allocated is None else int(params + states + allocated),
                 "fits": self.budget_bytes is not None and total <= self.budget_bytes}
 
+    @property
+    def usable_gpu_counts(self) -> tuple[int, ...]:
+        """The GPU counts of ``gpu_counts`` the global batch can be split over: at most one GPU per sample.
+        Every strategy here is data parallel, so a batch of 16 on 32 GPUs would leave half of them without
+        data (the table once had such rows, ``batch_per_gpu=1``, that the display did not show)."""
+        return tuple(n for n in self.gpu_counts if n <= self.batch)
+
     def table(self) -> pd.DataFrame:
+        """One row per precision, strategy and usable GPU count (`usable_gpu_counts`)."""
         import pandas as pd
-        rows = [self.per_gpu(p, s, n) for p in self.fits for s in STRATEGIES for n in self.gpu_counts
+        rows = [self.per_gpu(p, s, n) for p in self.fits for s in STRATEGIES for n in self.usable_gpu_counts
                 if not (n == 1 and s != "ddp")]
         return pd.DataFrame(rows)
 
@@ -496,11 +507,18 @@ class MemoryEstimate(ResultMixin):
         """Fewest GPUs (and the simplest strategy at that count) whose per-GPU total fits the budget."""
         if self.budget_bytes is None:
             return None
-        for n in self.gpu_counts:
+        for n in self.usable_gpu_counts:
             for s in STRATEGIES:
                 if (n > 1 or s == "ddp") and self.per_gpu(precision, s, n)["fits"]:
                     return n, s
         return None
+
+    def most_gpus_text(self) -> str:
+        """The largest GPU count tried, in words: "64 GPUs", or "16 GPUs (a batch of 16 splits over at most 16)"
+        where the batch stopped the counts short."""
+        most = self.usable_gpu_counts[-1]
+        words = f"{most} GPU{'s' if most > 1 else ''}"
+        return words if most == self.gpu_counts[-1] else f"{words} (a batch of {self.batch} splits over at most {most})"
 
     @property
     def on_gpu(self) -> bool:
@@ -517,7 +535,7 @@ class MemoryEstimate(ResultMixin):
         for p in self.fits:
             found = self.min_gpus(p)
             if found is None:
-                parts.append(f"does not fit on {self.gpu_counts[-1]} GPUs in {p}")
+                parts.append(f"does not fit in {p} on {self.most_gpus_text()}")
             elif found[0] == 1:
                 parts.append(f"fits on 1 GPU in {p}")
             else:
@@ -534,7 +552,7 @@ class MemoryEstimate(ResultMixin):
             if not one["fits"]:
                 found = self.min_gpus(p)
                 gpus.append(f"{p} needs {found[0]} ({STRATEGY_NAMES[found[1]]})" if found else
-                            f"{p} does not fit on {self.gpu_counts[-1]}")
+                            f"{p} does not fit on {self.most_gpus_text()}")
         budget = format_bytes(self.budget_bytes)
         text = ", ".join(parts) + f" -- budget {budget} ({self.budget_source}), measured on {self.probe_device}"
         return text + (f"; on GPUs with {budget} each: {', '.join(gpus)}" if gpus else "")
@@ -577,6 +595,9 @@ def _check_arguments(batch, example, probe_batches, amp_dtype, loss_fn, name, gp
     if not isinstance(gpu_counts, (list, tuple, range)) or not gpu_counts or not all(whole(n) and n >= 1
                                                                                     for n in gpu_counts):
         raise TypeError(f"{option('gpu_counts')} takes GPU counts such as (1, 2, 4, 8), got {gpu_counts!r}")
+    if min(gpu_counts) > batch:  # data parallel: each GPU takes at least one sample of the global batch
+        raise ValueError(f"{option('gpu_counts')} {tuple(gpu_counts)} are all more GPUs than the batch of {batch} "
+                         f"can be split over; give counts of at most {batch}")
 
 
 def _check_parameters(model: torch.nn.Module, params: list, name: str) -> None:

@@ -179,6 +179,38 @@ def test_sharding_arithmetic_and_fewest_gpus():
     assert on_gpu.summary.startswith("needs 2 in fp32") and "per GPU" in on_gpu.summary
 
 
+def test_no_gpu_count_the_batch_cannot_be_split_over():
+    """A user trial: a global batch of 16 had DataFrame rows for 32 and 64 GPUs at batch_per_gpu=1 (an
+    impossible split, not shown in the display). Every strategy is data parallel: a GPU needs a sample."""
+    import re
+
+    est = estimate_memory(_mlp(), optimizer="adamw", batch=16, device="cpu")
+    frame = est.to_dataframe()
+    assert sorted(set(frame["gpus"])) == [1, 2, 4, 8, 16] and (frame["batch_per_gpu"] * frame["gpus"] >= 16).all()
+    assert [row["gpus"] for row in est.to_dict()["table"]] == list(frame["gpus"])
+    with pytest.raises(ValueError, match="a global batch of 16 cannot be split over 32 GPUs"):
+        est.per_gpu("fp32", "ddp", 32)
+    est.budget_bytes = 1024  # fits nowhere: the most GPUs tried is the batch's limit, and said so
+    assert est.min_gpus("fp32") is None
+    assert "fp32 does not fit on 16 GPUs (a batch of 16 splits over at most 16)" in est.summary
+    on_gpu = dataclasses.replace(est, probe_device="cuda:0")
+    assert on_gpu.summary.startswith("does not fit in fp32 on 16 GPUs (a batch of 16 splits over at most 16)")
+    assert "none: batch 16 splits over at most 16" in str(est) and "> 64" not in str(est)
+    # A batch of 4: the sharding table's columns are the counts it can have, in the text and the HTML alike.
+    small = estimate_memory(_mlp(), optimizer="adamw", batch=4, device="cpu")
+    assert sorted(set(small.to_dataframe()["gpus"])) == [1, 2, 4]
+    (header,) = [ln for ln in str(small).splitlines() if ln.startswith("precision  strategy")]
+    assert header.split()[2:] == ["N=2", "N=4"]
+    (ddp,) = [ln for ln in str(small).splitlines() if ln.startswith("fp32") and "data parallel (DDP)" in ln]
+    assert len(re.findall(r"[\d.]+ (?:B|KiB|MiB)", ddp)) == 2, ddp  # a figure under each header
+    html = small._repr_html_()
+    assert "N=4" in html and "N=8" not in html
+    assert re.search(r"N=2.*N=4", html, re.S)
+    one = estimate_memory(_mlp(), optimizer="adamw", batch=1, device="cpu", probe_batches=(1, 2))
+    assert list(one.to_dataframe()["gpus"]) == [1, 1] and "cannot be split over 2 or more GPUs" in str(one)
+    assert "cannot be split over 2 or more GPUs" in one._repr_html_()
+
+
 def test_conv_model_needs_an_example_batch():
     model = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.Flatten())
     with pytest.raises(ValueError, match="pass an example"):
@@ -304,6 +336,8 @@ def test_a_model_that_fails_on_the_example_says_the_dry_run_failed():
     ({"optimizer": "adamz"}, ValueError, r"^unknown optimizer 'adamz' \(did you mean adam\?\); use one of: adamw"),
     ({"budget": [1]}, TypeError, r"^budget takes a size"),
     ({"budget": 1000}, ValueError, r"^budget=1000 is 1000 B: a budget under 1 MiB"),
+    ({"gpu_counts": (16, 32)}, ValueError, r"^gpu_counts \(16, 32\) are all more GPUs than the batch of 8 can be "
+                                           r"split over; give counts of at most 8"),
 ])
 def test_wrong_arguments_are_named(kwargs, error, message):
     with pytest.raises(error, match=message):

@@ -289,11 +289,18 @@ def _estimate_rows(e):
         one = e.single(p)
         found = e.min_gpus(p)
         fewest = "-" if e.budget_bytes is None or (one["fits"] and not e.on_gpu) else (
-            f"{found[0]} ({STRATEGY_NAMES[found[1]]})" if found else f"> {e.gpu_counts[-1]}")
+            f"{found[0]} ({STRATEGY_NAMES[found[1]]})" if found else _none_fits(e))
         rows.append([p, format_bytes(one["params"]), format_bytes(one["grads"]), format_bytes(one["optimizer"]),
                      format_bytes(one["activations"]), _peak_during(one), format_bytes(one["total"]),
                      "yes" if one["fits"] else "no", fewest])
     return rows
+
+
+def _none_fits(e) -> str:
+    """The "fewest GPUs" cell where no count tried fits: more than the most tried, unless the batch is what
+    stopped the counts (more GPUs than samples is no data-parallel split)."""
+    most = e.usable_gpu_counts[-1]
+    return f"> {most}" if most == e.gpu_counts[-1] else f"none: batch {e.batch} splits over at most {most}"
 
 
 def _phase_parts(row) -> dict[str, str]:
@@ -308,14 +315,23 @@ def _peak_during(row) -> str:
     return f"{row['peak_phase']}: {_phase_parts(row)[row['peak_phase']]}"
 
 
-def _sharding_rows(e, counts=(2, 4, 8)):
+def _sharding_counts(e, shown=(2, 4, 8)) -> list[int]:
+    """The GPU counts the sharding table shows: the table's (`usable_gpu_counts`) among 2, 4, 8."""
+    return [n for n in shown if n in e.usable_gpu_counts]
+
+
+def _sharding_headers(e) -> list[str]:
+    return ["precision", "strategy"] + [f"N={n}" for n in _sharding_counts(e)]
+
+
+def _sharding_rows(e):
     from ..estimate import STRATEGIES, STRATEGY_NAMES
 
     rows = []
     for p in e.fits:
         for s in STRATEGIES:
             rows.append([p, STRATEGY_NAMES[s]] + [format_bytes(e.per_gpu(p, s, n)["total"]) + (
-                "" if e.per_gpu(p, s, n)["fits"] else " *") for n in counts if n in e.gpu_counts])
+                "" if e.per_gpu(p, s, n)["fits"] else " *") for n in _sharding_counts(e)])
     return rows
 
 
@@ -378,8 +394,11 @@ def _estimate_head(e) -> str:
 
 def estimate_text(e) -> str:
     out = [_estimate_head(e)] + ([e.note] if e.note else [])
-    out += ["", text_table(_estimate_headers(e), _estimate_rows(e)), "", _sharding_title(e) + ":",
-           text_table(["precision", "strategy", "N=2", "N=4", "N=8"], _sharding_rows(e), left=(0, 1)), ""]
+    out += ["", text_table(_estimate_headers(e), _estimate_rows(e)), ""]
+    if _sharding_counts(e):
+        out += [_sharding_title(e) + ":", text_table(_sharding_headers(e), _sharding_rows(e), left=(0, 1)), ""]
+    else:
+        out += [_unsplit_line(e), ""]
     out += [_ACTIVATIONS] + ["  " + line for line in _fit_lines(e)]
     out += [_phases_title(e)] + ["  " + line for line in _phase_lines(e)]
     out += _rss_line(e)
@@ -387,13 +406,20 @@ def estimate_text(e) -> str:
     return "\n".join(out)
 
 
+def _unsplit_line(e) -> str:
+    """In place of the sharding table when the batch is too small to split over 2 GPUs."""
+    return f"no sharding table: a batch of {e.batch} cannot be split over 2 or more GPUs (one sample each at least)"
+
+
 def estimate_html(e) -> str:
     title = _sharding_title(e)
     note = f'<div class="nbaccel-note">{esc(e.note)}</div>' if e.note else ""
+    sharding = (f"<h4>{esc(title[0].upper() + title[1:])}</h4>"
+                + table(_sharding_headers(e), _sharding_rows(e), name_columns=(), text_columns=(0, 1))
+                if _sharding_counts(e) else f"<div>{esc(_unsplit_line(e))}</div>")
     return wrap(f"<h4>{esc(_estimate_head(e))}</h4>" + note
                 + table(_estimate_headers(e), _estimate_rows(e), name_columns=(), text_columns=(0, 5, 7, 8))
-                + f"<h4>{esc(title[0].upper() + title[1:])}</h4>"
-                + table(["precision", "strategy", "N=2", "N=4", "N=8"], _sharding_rows(e), name_columns=(), text_columns=(0, 1))
+                + sharding
                 + f"<div>{esc(_ACTIVATIONS)}</div>" + bullet_list(_fit_lines(e))
                 + f"<div>{esc(_phases_title(e)[0].upper() + _phases_title(e)[1:])}</div>" + bullet_list(_phase_lines(e))
                 + bullet_list(_rss_line(e))
