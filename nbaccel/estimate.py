@@ -18,7 +18,7 @@
   part, so its RSS is higher by an amount that depends on where blocks land (the same step, five
   times: 1.5 to 2.2 times the predicted step part). It cannot exceed the sum of every tensor the
   step allocates (``total_no_reuse``, also fitted linearly); docs/memory.md has the measurements.
-* A step's peak is ``params + optimizer states + max(forward, backward, optimizer step)``: the forward
+* A step's peak is ``params + buffers + optimizer states + max(forward, backward, optimizer step)``: the forward
   holds the activations (+ its temporaries) and no gradients yet; the backward the gradients + what it
   still holds (activations not yet freed, gradient temporaries); the optimizer step the gradients + its
   temporaries (foreach/fused kernels allocate some the size of the parameters while the activations are
@@ -443,12 +443,15 @@ class MemoryEstimate(ResultMixin):
     states_measured: int | None = None
     gpu_counts: tuple = GPU_COUNTS
     note: str = ""  # shown under the headline; the magic says here that a prediction watches nothing
+    # The module's buffers (BatchNorm's running statistics, ...): state beside ``param_bytes``, in every step's
+    # peak, never sharded (DDP broadcasts them, FSDP keeps them whole on each rank).
+    buffer_bytes: int = 0
 
     def per_gpu(self, precision: str, strategy: str, n: int) -> dict:
         """Bytes per GPU for one configuration, by component.
 
         ``activations`` is what the forward keeps for the backward at the local batch. The peak (``total``)
-        is params + optimizer + overhead + the largest phase (``peak_phase``): forward = activations +
+        is params + buffers + optimizer + overhead + the largest phase (``peak_phase``): forward = activations +
         ``forward_temporaries``; backward = grads + ``backward_working`` (activations not yet freed and
         gradient temporaries at the backward's peak); optimizer step = grads + ``step_temporaries``.
         Sharded gradients (ZeRO-2/3) shrink the last two phases, not the forward, which has none.
@@ -473,15 +476,17 @@ class MemoryEstimate(ResultMixin):
         phases = fit.phases(local_batch, grads, step_temp)
         peak_phase = max(PHASES, key=lambda k: phases[k])
         activations = fit.at(local_batch)
-        total = params + states + extra + phases[peak_phase]
+        held = params + self.buffer_bytes + states  # through the whole step
+        total = held + extra + phases[peak_phase]
         # Host probes only, one process: the RSS the step can reach if glibc reuses no freed block.
         allocated = fit.allocated_at(local_batch) if n == 1 else None
         return {"precision": precision, "strategy": strategy, "gpus": n, "batch_per_gpu": local_batch,
-                "params": int(params), "grads": int(grads), "optimizer": int(states), "activations": activations,
+                "params": int(params), "buffers": self.buffer_bytes, "grads": int(grads), "optimizer": int(states),
+                "activations": activations,
                 "forward_temporaries": max(0, fit.forward_at(local_batch) - activations),
                 "backward_working": fit.backward_working_at(local_batch), "step_temporaries": int(step_temp),
                 "overhead": int(extra), "peak_phase": peak_phase, "total": int(total),
-                "total_no_reuse": None if allocated is None else int(params + states + allocated),
+                "total_no_reuse": None if allocated is None else int(held + allocated),
                 "fits": self.budget_bytes is not None and total <= self.budget_bytes}
 
     @property
@@ -559,7 +564,8 @@ class MemoryEstimate(ResultMixin):
 
     def _payload(self) -> dict:
         return {"model": self.model_name, "optimizer": self.optimizer, "batch": self.batch, "n_params": self.n_params,
-                "n_trainable": self.n_trainable, "param_bytes": self.param_bytes, "grad_bytes": self.grad_bytes,
+                "n_trainable": self.n_trainable, "param_bytes": self.param_bytes, "buffer_bytes": self.buffer_bytes,
+                "grad_bytes": self.grad_bytes,
                 "state_bytes": self.state_bytes, "state_host_bytes": self.state_host_bytes,
                 "states_measured": self.states_measured, "largest_layer_bytes": self.largest_layer_bytes,
                 "activations": {k: v.to_dict() for k, v in self.fits.items()},
@@ -682,8 +688,11 @@ def estimate_memory(model: torch.nn.Module, optimizer="adamw", batch: int = 32, 
     params = list(model.parameters())
     _check_parameters(model, params, name)
     trainable = [p for p in params if p.requires_grad]
-    param_bytes = sum(p.numel() * p.element_size() for p in params) + sum(
-        b.numel() * b.element_size() for b in model.buffers())
+    # Parameters alone, as the headline counts them; buffers apart (they were once in "params": 81,720 B
+    # beside 20,234 parameters of 80,936 B for a CNN with BatchNorm).
+    param_bytes = sum(p.numel() * p.element_size() for p in params)
+    buffers = list(model.buffers())
+    buffer_bytes = sum(b.numel() * b.element_size() for b in buffers)
     grad_bytes = sum(p.numel() * p.element_size() for p in trainable)
     state_device, state_host = optimizer_state_bytes(trainable, optimizer)
     if dev.type == "cpu":
@@ -707,7 +716,8 @@ def estimate_memory(model: torch.nn.Module, optimizer="adamw", batch: int = 32, 
              else "live tensor storages counted by a TorchDispatchMode (exact tensor bytes; the process's RSS "
                   "under glibc's default heap is higher by a placement-dependent amount, at most total_no_reuse: "
                   "every byte the step allocates, also fitted linearly)")
-    method = (f"params/grads/optimizer states: exact arithmetic on {len(params)} parameter tensors; activations "
+    tensors = f"{len(params)} parameter tensors" + (f" and {len(buffers)} buffers" if buffers else "")
+    method = (f"params/buffers/grads/optimizer states: exact arithmetic on {tensors}; activations "
               "(bytes alive at the end of the forward), the forward's and the backward's peaks: one dry training step "
               f"on a copy of the model at batches {probe_batches[0]} and {probe_batches[1]} on {dev} (by {meter}), "
               f"each extrapolated linearly to batch {batch}; optimizer step temporaries: measured once after them; "
@@ -718,7 +728,7 @@ def estimate_memory(model: torch.nn.Module, optimizer="adamw", batch: int = 32, 
         n_trainable=sum(p.numel() for p in trainable), param_bytes=param_bytes, grad_bytes=grad_bytes,
         state_bytes=state_device, state_host_bytes=state_host, largest_layer_bytes=_largest_leaf_bytes(model),
         fits=fits, budget_bytes=budget_bytes, budget_source=source, probe_device=str(dev), method=method,
-        states_measured=states_measured, gpu_counts=tuple(gpu_counts),
+        states_measured=states_measured, gpu_counts=tuple(gpu_counts), buffer_bytes=buffer_bytes,
     )
 
 

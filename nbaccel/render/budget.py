@@ -255,16 +255,27 @@ def oom_html(e) -> str:
 
 # "activations" is what the forward keeps for the backward; the peak is not a sum of the columns (the
 # activations are freed while the gradients appear): "peak during" says which phase it is and what it holds.
-ESTIMATE_HEADERS = ["precision", "params", "grads", "optimizer", "activations", "peak during", "peak (1 GPU)",
-                    "fits?", "fewest GPUs"]
+# "buffers" (BatchNorm's running statistics, ...) only where the model has some: most have none.
+ESTIMATE_HEADERS = ["precision", "params", "buffers", "grads", "optimizer", "activations", "peak during",
+                    "peak (1 GPU)", "fits?", "fewest GPUs"]
+_ESTIMATE_WORDS = ("precision", "peak during", "fits?", "fewest GPUs")  # left-aligned, wrapping as prose
+
+
+def _estimate_columns(e) -> list[str]:
+    return [h for h in ESTIMATE_HEADERS if h != "buffers" or e.buffer_bytes]
 
 
 def _estimate_headers(e) -> list[str]:
     # The single-device figures are for the device the dry runs ran on: one GPU, or this host.
     if e.on_gpu:
-        return ESTIMATE_HEADERS
+        return _estimate_columns(e)
     return [{"peak (1 GPU)": f"peak ({e.probe_device})", "fewest GPUs": "GPUs if over"}.get(h, h)
-            for h in ESTIMATE_HEADERS]
+            for h in _estimate_columns(e)]
+
+
+def _states_words(e) -> str:
+    """What a step holds throughout: "params + optimizer states", with the buffers where there are some."""
+    return "params + buffers + optimizer states" if e.buffer_bytes else "params + optimizer states"
 
 
 def _compared_with(e) -> str:
@@ -290,9 +301,12 @@ def _estimate_rows(e):
         found = e.min_gpus(p)
         fewest = "-" if e.budget_bytes is None or (one["fits"] and not e.on_gpu) else (
             f"{found[0]} ({STRATEGY_NAMES[found[1]]})" if found else _none_fits(e))
-        rows.append([p, format_bytes(one["params"]), format_bytes(one["grads"]), format_bytes(one["optimizer"]),
-                     format_bytes(one["activations"]), _peak_during(one), format_bytes(one["total"]),
-                     "yes" if one["fits"] else "no", fewest])
+        cells = {"precision": p, "params": format_bytes(one["params"]), "buffers": format_bytes(one["buffers"]),
+                 "grads": format_bytes(one["grads"]), "optimizer": format_bytes(one["optimizer"]),
+                 "activations": format_bytes(one["activations"]), "peak during": _peak_during(one),
+                 "peak (1 GPU)": format_bytes(one["total"]), "fits?": "yes" if one["fits"] else "no",
+                 "fewest GPUs": fewest}
+        rows.append([cells[h] for h in _estimate_columns(e)])
     return rows
 
 
@@ -311,7 +325,7 @@ def _phase_parts(row) -> dict[str, str]:
 
 
 def _peak_during(row) -> str:
-    """The phase that makes the step's peak (params + optimizer states + this)."""
+    """The phase that makes the step's peak (params + buffers + optimizer states + this)."""
     return f"{row['peak_phase']}: {_phase_parts(row)[row['peak_phase']]}"
 
 
@@ -348,7 +362,7 @@ def _fit_lines(e) -> list[str]:
 
 
 def _phase_lines(e) -> list[str]:
-    """Each phase of the step at the batch asked for: what it holds over params + optimizer states."""
+    """Each phase of the step at the batch asked for: what it holds over params (+ buffers) + optimizer states."""
     from ..estimate import PHASES
 
     lines = []
@@ -373,7 +387,7 @@ _ACTIVATIONS = ("activations = what the forward keeps for the backward (tensors 
 
 
 def _phases_title(e) -> str:
-    return (f"the step's peak at batch {e.batch} = params + optimizer states + the largest of its phases (the backward "
+    return (f"the step's peak at batch {e.batch} = {_states_words(e)} + the largest of its phases (the backward "
             "frees activations while the gradients appear; 'still held' = activations not yet freed and gradient "
             "temporaries):")
 
@@ -388,8 +402,9 @@ def _rss_line(e) -> list[str]:
 
 
 def _estimate_head(e) -> str:
-    return (f"{e.model_name}: {e.n_params:,} parameters ({e.n_trainable:,} trainable), {e.optimizer}, batch {e.batch}"
-            f" -- {e.summary}")
+    buffers = f" + {format_bytes(e.buffer_bytes)} of buffers" if e.buffer_bytes else ""
+    return (f"{e.model_name}: {e.n_params:,} parameters ({e.n_trainable:,} trainable){buffers}, {e.optimizer}, "
+            f"batch {e.batch} -- {e.summary}")
 
 
 def estimate_text(e) -> str:
@@ -418,7 +433,8 @@ def estimate_html(e) -> str:
                 + table(_sharding_headers(e), _sharding_rows(e), name_columns=(), text_columns=(0, 1))
                 if _sharding_counts(e) else f"<div>{esc(_unsplit_line(e))}</div>")
     return wrap(f"<h4>{esc(_estimate_head(e))}</h4>" + note
-                + table(_estimate_headers(e), _estimate_rows(e), name_columns=(), text_columns=(0, 5, 7, 8))
+                + table(_estimate_headers(e), _estimate_rows(e), name_columns=(),
+                        text_columns=tuple(i for i, h in enumerate(_estimate_columns(e)) if h in _ESTIMATE_WORDS))
                 + sharding
                 + f"<div>{esc(_ACTIVATIONS)}</div>" + bullet_list(_fit_lines(e))
                 + f"<div>{esc(_phases_title(e)[0].upper() + _phases_title(e)[1:])}</div>" + bullet_list(_phase_lines(e))
