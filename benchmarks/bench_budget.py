@@ -122,7 +122,7 @@ def estimator_error(width: int, depth: int, batch: int, device: torch.device, re
     torch.manual_seed(0)
     est = estimate_memory(_mlp(width, depth).to(device), optimizer="adamw", batch=batch, device=device)
     one = est.single("fp32")
-    states = est.param_bytes + est.state_bytes
+    states = est.param_bytes + est.buffer_bytes + est.state_bytes
     predicted = one["total"] - states  # the step's largest phase (``one["peak_phase"]``)
     measured = statistics.median(peaks)
     out = {"model": f"MLP width {width} x {depth + 1} layers", "params": est.n_params, "batch": batch,

@@ -38,6 +38,9 @@ if TYPE_CHECKING:
     import pandas as pd
 
 NEAR = 0.75  # a cell that used at least this share of the budget gets a gauge
+# A cell whose peak rose at least this much above the usage it started from pushed usage up; less is noise
+# (any Python code moves RSS by a few pages). See `verdict`.
+PUSHED = 2**20
 
 
 class BudgetError(ValueError):
@@ -245,11 +248,18 @@ class CellRecord:
     allocated_peak_bytes: int | None  # CUDA only: peak of what tensors held
     before_bytes: int
     seconds: float
-    status: str  # ok | near | over | error | oom
+    status: str  # ok | near | over | already near | already over | error | oom (see `verdict`)
     error: str | None = None
     method: str = ""
     harness: str | None = None  # "%%amp" / "compare_amp": the peak is of its comparison runs, not one plain run
     harness_bytes: int = 0  # the host snapshot that comparison held (process memory: counted by a CPU budget)
+    after_bytes: int | None = None  # usage when the cell ended (CUDA reserved / CPU RSS); None: not read
+
+    @property
+    def freed_bytes(self) -> int:
+        """What the cell gave back: usage at its start minus usage at its end (0 when it ended higher).
+        ``added_bytes`` is the peak over the start, so it is 0 for a cell that only freed memory."""
+        return max(0, self.before_bytes - self.after_bytes) if self.after_bytes is not None else 0
 
     @property
     def fraction(self) -> float | None:
@@ -261,7 +271,24 @@ class CellRecord:
                 "added_bytes": self.added_bytes, "allocated_peak_bytes": self.allocated_peak_bytes,
                 "before_bytes": self.before_bytes, "budget_bytes": self.budget_bytes, "status": self.status,
                 "seconds": self.seconds, "error": self.error, "measured_under": self.harness,
-                "harness_bytes": self.harness_bytes}
+                "harness_bytes": self.harness_bytes, "after_bytes": self.after_bytes, "freed_bytes": self.freed_bytes}
+
+
+def verdict(used: int, before: int, added: int, budget: int, near: float) -> str:
+    """A cell's status from its peak (``used``), the usage it started from (``before``) and what its peak
+    added over that (``added``).
+
+    ``over`` / ``near`` blame the cell: its peak went over (came near) the budget and it either added
+    memory (`PUSHED` or more) or started below the line. A cell that started over (near) the budget and
+    added less is ``already over`` (``already near``): the memory was held before it ran (``del x`` after
+    an over cell, a status query), so it gets no warning, no gauge and no ``--strict`` failure -- the
+    live output and the history say the same.
+    """
+    if used > budget:
+        return "already over" if before > budget and added < PUSHED else "over"
+    if used >= near * budget:
+        return "already near" if before >= near * budget and added < PUSHED else "near"
+    return "ok"
 
 
 def harness_words(record: CellRecord, device: str) -> str:
@@ -332,25 +359,22 @@ class Watcher:
         before, before_alloc = self._before
         if self.device.type == "cuda":
             # PeakMeter reports deltas over what was allocated/reserved before the cell.
-            used = before + (peak.reserved_bytes or 0)
+            added = peak.reserved_bytes or 0
             allocated = (before_alloc or 0) + peak.peak_bytes
+            after = meter.after.reserved if meter.after is not None else None
         else:
-            used, allocated = before + peak.peak_bytes, None
+            added, allocated, after = peak.peak_bytes, None, meter.rss_after
+        used = before + added
         from .oom import is_oom
 
         if error is not None:
             status = "oom" if is_oom(error) else "error"
-        elif used > self.budget:
-            status = "over"
-        elif used >= self.near * self.budget:
-            status = "near"
         else:
-            status = "ok"
+            status = verdict(used, before, added, self.budget, self.near)
         harness, harness_bytes = take_harness()
-        record = CellRecord(label or self._label, self.budget, used, peak.peak_bytes if self.device.type != "cuda" else
-                            (peak.reserved_bytes or 0), allocated, before, seconds, status,
+        record = CellRecord(label or self._label, self.budget, used, added, allocated, before, seconds, status,
                             f"{type(error).__name__}: {error}"[:200] if error is not None else None, peak.method,
-                            harness=harness, harness_bytes=harness_bytes)
+                            harness=harness, harness_bytes=harness_bytes, after_bytes=after)
         self.records.append(record)
         return record
 
@@ -451,7 +475,8 @@ def capped_devices() -> list[int]:
 def history_frame(records: list[CellRecord]) -> pd.DataFrame:
     import pandas as pd
     columns = ["cell", "used_bytes", "fraction", "added_bytes", "allocated_peak_bytes", "before_bytes",
-               "budget_bytes", "status", "seconds", "error", "measured_under", "harness_bytes"]
+               "budget_bytes", "status", "seconds", "error", "measured_under", "harness_bytes", "after_bytes",
+               "freed_bytes"]
     return pd.DataFrame([r.to_dict() for r in records], columns=columns)
 
 
@@ -621,6 +646,7 @@ def memory_budget(budget, device="auto", strict: bool = False, enforce: bool = F
 
 
 __all__ = ["memory_budget", "MemoryBudget", "BudgetStatus", "CellReport", "CellRecord", "Watcher", "parse_budget",
+           "verdict", "PUSHED",
            "BudgetError", "BudgetExceeded", "BudgetWarning", "apply_cap", "push_cap", "pop_cap", "release_cap",
            "device_memory", "plural",
            "share_text", "check_near", "size_reading", "MIN_BUDGET"]

@@ -408,7 +408,7 @@ def _measured(make, group, options: dict, what: str):
 @dataclass
 class BudgetReport(RankReport):
     """The gathered `memory_budget` report: the peak's min / median / max, then every rank's budget,
-    peak and status in the words of ``%memory_budget``'s history (ok / near / over). A share budget
+    peak and status in the words of ``%memory_budget``'s history (ok / near / over / already ...). A share budget
     (0.8) is a different size on a smaller GPU, and a summary of peaks alone cannot say which rank
     went over its own budget."""
 
@@ -421,7 +421,7 @@ class BudgetReport(RankReport):
 @contextlib.contextmanager
 def memory_budget(budget, group=None, **kwargs):
     """`nbaccel.memory_budget` on every rank; afterwards ``.report`` (a `BudgetReport`) holds every
-    rank's budget, peak of the block and status (ok / near / over), and the peak's min / median /
+    rank's budget, peak of the block and status (ok / near / over / already ...), and the peak's min / median /
     max with the rank of the largest named.
 
     A budget refused on any rank ("8 parsecs") raises on every rank before the body runs."""

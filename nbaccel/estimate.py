@@ -18,7 +18,7 @@
   part, so its RSS is higher by an amount that depends on where blocks land (the same step, five
   times: 1.5 to 2.2 times the predicted step part). It cannot exceed the sum of every tensor the
   step allocates (``total_no_reuse``, also fitted linearly); docs/memory.md has the measurements.
-* A step's peak is ``params + optimizer states + max(forward, backward, optimizer step)``: the forward
+* A step's peak is ``params + buffers + optimizer states + max(forward, backward, optimizer step)``: the forward
   holds the activations (+ its temporaries) and no gradients yet; the backward the gradients + what it
   still holds (activations not yet freed, gradient temporaries); the optimizer step the gradients + its
   temporaries (foreach/fused kernels allocate some the size of the parameters while the activations are
@@ -443,16 +443,22 @@ class MemoryEstimate(ResultMixin):
     states_measured: int | None = None
     gpu_counts: tuple = GPU_COUNTS
     note: str = ""  # shown under the headline; the magic says here that a prediction watches nothing
+    # The module's buffers (BatchNorm's running statistics, ...): state beside ``param_bytes``, in every step's
+    # peak, never sharded (DDP broadcasts them, FSDP keeps them whole on each rank).
+    buffer_bytes: int = 0
 
     def per_gpu(self, precision: str, strategy: str, n: int) -> dict:
         """Bytes per GPU for one configuration, by component.
 
         ``activations`` is what the forward keeps for the backward at the local batch. The peak (``total``)
-        is params + optimizer + overhead + the largest phase (``peak_phase``): forward = activations +
+        is params + buffers + optimizer + overhead + the largest phase (``peak_phase``): forward = activations +
         ``forward_temporaries``; backward = grads + ``backward_working`` (activations not yet freed and
         gradient temporaries at the backward's peak); optimizer step = grads + ``step_temporaries``.
         Sharded gradients (ZeRO-2/3) shrink the last two phases, not the forward, which has none.
         """
+        if n > self.batch:
+            raise ValueError(f"a global batch of {self.batch} cannot be split over {n} GPUs (each needs at least one "
+                             f"sample): use at most {self.batch} GPUs, or a larger batch")
         fit = self.fits[precision]
         shard = n if n > 1 else 1
         local_batch = math.ceil(self.batch / n)
@@ -470,20 +476,30 @@ class MemoryEstimate(ResultMixin):
         phases = fit.phases(local_batch, grads, step_temp)
         peak_phase = max(PHASES, key=lambda k: phases[k])
         activations = fit.at(local_batch)
-        total = params + states + extra + phases[peak_phase]
+        held = params + self.buffer_bytes + states  # through the whole step
+        total = held + extra + phases[peak_phase]
         # Host probes only, one process: the RSS the step can reach if glibc reuses no freed block.
         allocated = fit.allocated_at(local_batch) if n == 1 else None
         return {"precision": precision, "strategy": strategy, "gpus": n, "batch_per_gpu": local_batch,
-                "params": int(params), "grads": int(grads), "optimizer": int(states), "activations": activations,
+                "params": int(params), "buffers": self.buffer_bytes, "grads": int(grads), "optimizer": int(states),
+                "activations": activations,
                 "forward_temporaries": max(0, fit.forward_at(local_batch) - activations),
                 "backward_working": fit.backward_working_at(local_batch), "step_temporaries": int(step_temp),
                 "overhead": int(extra), "peak_phase": peak_phase, "total": int(total),
-                "total_no_reuse": None if allocated is None else int(params + states + allocated),
+                "total_no_reuse": None if allocated is None else int(held + allocated),
                 "fits": self.budget_bytes is not None and total <= self.budget_bytes}
 
+    @property
+    def usable_gpu_counts(self) -> tuple[int, ...]:
+        """The GPU counts of ``gpu_counts`` the global batch can be split over: at most one GPU per sample.
+        Every strategy here is data parallel, so a batch of 16 on 32 GPUs would leave half of them without
+        data (the table once had such rows, ``batch_per_gpu=1``, that the display did not show)."""
+        return tuple(n for n in self.gpu_counts if n <= self.batch)
+
     def table(self) -> pd.DataFrame:
+        """One row per precision, strategy and usable GPU count (`usable_gpu_counts`)."""
         import pandas as pd
-        rows = [self.per_gpu(p, s, n) for p in self.fits for s in STRATEGIES for n in self.gpu_counts
+        rows = [self.per_gpu(p, s, n) for p in self.fits for s in STRATEGIES for n in self.usable_gpu_counts
                 if not (n == 1 and s != "ddp")]
         return pd.DataFrame(rows)
 
@@ -496,11 +512,18 @@ class MemoryEstimate(ResultMixin):
         """Fewest GPUs (and the simplest strategy at that count) whose per-GPU total fits the budget."""
         if self.budget_bytes is None:
             return None
-        for n in self.gpu_counts:
+        for n in self.usable_gpu_counts:
             for s in STRATEGIES:
                 if (n > 1 or s == "ddp") and self.per_gpu(precision, s, n)["fits"]:
                     return n, s
         return None
+
+    def most_gpus_text(self) -> str:
+        """The largest GPU count tried, in words: "64 GPUs", or "16 GPUs (a batch of 16 splits over at most 16)"
+        where the batch stopped the counts short."""
+        most = self.usable_gpu_counts[-1]
+        words = f"{most} GPU{'s' if most > 1 else ''}"
+        return words if most == self.gpu_counts[-1] else f"{words} (a batch of {self.batch} splits over at most {most})"
 
     @property
     def on_gpu(self) -> bool:
@@ -517,7 +540,7 @@ class MemoryEstimate(ResultMixin):
         for p in self.fits:
             found = self.min_gpus(p)
             if found is None:
-                parts.append(f"does not fit on {self.gpu_counts[-1]} GPUs in {p}")
+                parts.append(f"does not fit in {p} on {self.most_gpus_text()}")
             elif found[0] == 1:
                 parts.append(f"fits on 1 GPU in {p}")
             else:
@@ -534,14 +557,15 @@ class MemoryEstimate(ResultMixin):
             if not one["fits"]:
                 found = self.min_gpus(p)
                 gpus.append(f"{p} needs {found[0]} ({STRATEGY_NAMES[found[1]]})" if found else
-                            f"{p} does not fit on {self.gpu_counts[-1]}")
+                            f"{p} does not fit on {self.most_gpus_text()}")
         budget = format_bytes(self.budget_bytes)
         text = ", ".join(parts) + f" -- budget {budget} ({self.budget_source}), measured on {self.probe_device}"
         return text + (f"; on GPUs with {budget} each: {', '.join(gpus)}" if gpus else "")
 
     def _payload(self) -> dict:
         return {"model": self.model_name, "optimizer": self.optimizer, "batch": self.batch, "n_params": self.n_params,
-                "n_trainable": self.n_trainable, "param_bytes": self.param_bytes, "grad_bytes": self.grad_bytes,
+                "n_trainable": self.n_trainable, "param_bytes": self.param_bytes, "buffer_bytes": self.buffer_bytes,
+                "grad_bytes": self.grad_bytes,
                 "state_bytes": self.state_bytes, "state_host_bytes": self.state_host_bytes,
                 "states_measured": self.states_measured, "largest_layer_bytes": self.largest_layer_bytes,
                 "activations": {k: v.to_dict() for k, v in self.fits.items()},
@@ -577,6 +601,9 @@ def _check_arguments(batch, example, probe_batches, amp_dtype, loss_fn, name, gp
     if not isinstance(gpu_counts, (list, tuple, range)) or not gpu_counts or not all(whole(n) and n >= 1
                                                                                     for n in gpu_counts):
         raise TypeError(f"{option('gpu_counts')} takes GPU counts such as (1, 2, 4, 8), got {gpu_counts!r}")
+    if min(gpu_counts) > batch:  # data parallel: each GPU takes at least one sample of the global batch
+        raise ValueError(f"{option('gpu_counts')} {tuple(gpu_counts)} are all more GPUs than the batch of {batch} "
+                         f"can be split over; give counts of at most {batch}")
 
 
 def _check_parameters(model: torch.nn.Module, params: list, name: str) -> None:
@@ -661,8 +688,11 @@ def estimate_memory(model: torch.nn.Module, optimizer="adamw", batch: int = 32, 
     params = list(model.parameters())
     _check_parameters(model, params, name)
     trainable = [p for p in params if p.requires_grad]
-    param_bytes = sum(p.numel() * p.element_size() for p in params) + sum(
-        b.numel() * b.element_size() for b in model.buffers())
+    # Parameters alone, as the headline counts them; buffers apart (they were once in "params": 81,720 B
+    # beside 20,234 parameters of 80,936 B for a CNN with BatchNorm).
+    param_bytes = sum(p.numel() * p.element_size() for p in params)
+    buffers = list(model.buffers())
+    buffer_bytes = sum(b.numel() * b.element_size() for b in buffers)
     grad_bytes = sum(p.numel() * p.element_size() for p in trainable)
     state_device, state_host = optimizer_state_bytes(trainable, optimizer)
     if dev.type == "cpu":
@@ -686,7 +716,8 @@ def estimate_memory(model: torch.nn.Module, optimizer="adamw", batch: int = 32, 
              else "live tensor storages counted by a TorchDispatchMode (exact tensor bytes; the process's RSS "
                   "under glibc's default heap is higher by a placement-dependent amount, at most total_no_reuse: "
                   "every byte the step allocates, also fitted linearly)")
-    method = (f"params/grads/optimizer states: exact arithmetic on {len(params)} parameter tensors; activations "
+    tensors = f"{len(params)} parameter tensors" + (f" and {len(buffers)} buffers" if buffers else "")
+    method = (f"params/buffers/grads/optimizer states: exact arithmetic on {tensors}; activations "
               "(bytes alive at the end of the forward), the forward's and the backward's peaks: one dry training step "
               f"on a copy of the model at batches {probe_batches[0]} and {probe_batches[1]} on {dev} (by {meter}), "
               f"each extrapolated linearly to batch {batch}; optimizer step temporaries: measured once after them; "
@@ -697,7 +728,7 @@ def estimate_memory(model: torch.nn.Module, optimizer="adamw", batch: int = 32, 
         n_trainable=sum(p.numel() for p in trainable), param_bytes=param_bytes, grad_bytes=grad_bytes,
         state_bytes=state_device, state_host_bytes=state_host, largest_layer_bytes=_largest_leaf_bytes(model),
         fits=fits, budget_bytes=budget_bytes, budget_source=source, probe_device=str(dev), method=method,
-        states_measured=states_measured, gpu_counts=tuple(gpu_counts),
+        states_measured=states_measured, gpu_counts=tuple(gpu_counts), buffer_bytes=buffer_bytes,
     )
 
 

@@ -63,15 +63,24 @@ class PeakMemory:
                 "method": self.method, "runs_bytes": self.run_peaks}
 
 
-def _status_kib(field: str) -> int | None:
+def _status_kibs(*fields: str) -> dict[str, int]:
+    """Several ``/proc/self/status`` sizes (in bytes) from one read; a field that is not there is left out."""
+    found = {}
     try:
         with open(_STATUS, encoding="ascii") as f:
             for line in f:
-                if line.startswith(field + ":"):
-                    return int(line.split()[1]) * 1024
+                name = line.split(":", 1)[0]
+                if name in fields:
+                    found[name] = int(line.split()[1]) * 1024
+                    if len(found) == len(fields):
+                        break
     except OSError:
-        return None
-    return None
+        return {}
+    return found
+
+
+def _status_kib(field: str) -> int | None:
+    return _status_kibs(field).get(field)
 
 
 def current_rss() -> int | None:
@@ -205,6 +214,10 @@ class PeakMeter:
         self.collect = collect
         self.result: PeakMemory | None = None
         self.before: CudaCounters | None = None  # CUDA: the counters read as the run began
+        # What the device held when the run ended (CUDA: the counters, CPU: RSS), read with the peak: a
+        # watcher tells a cell that freed memory from one that only held it.
+        self.after: CudaCounters | None = None
+        self.rss_after: int | None = None
         # The highest peak counters read when a meter inside this one reset them (see _open_meters).
         self._folded = (0, 0)
 
@@ -221,7 +234,7 @@ class PeakMeter:
             yield
         finally:
             torch.cuda.synchronize(self.device)
-            after = cuda_counters(self.device)
+            self.after = after = cuda_counters(self.device)
             self.result = PeakMemory(
                 device=str(self.device),
                 peak_bytes=max(after.peak_allocated, self._folded[0]) - base.allocated,
@@ -239,7 +252,8 @@ class PeakMeter:
             try:
                 yield
             finally:
-                peak = max(_status_kib("VmHWM") or 0, self._folded[0])
+                now = _status_kibs("VmHWM", "VmRSS")  # one read for both: this runs after every watched cell
+                peak, self.rss_after = max(now.get("VmHWM", 0), self._folded[0]), now.get("VmRSS")
                 self.result = PeakMemory(
                     "cpu", max(0, peak - before),
                     "process peak RSS (VmHWM reset via /proc/self/clear_refs, malloc_trim first) minus RSS before",
@@ -256,11 +270,13 @@ class PeakMeter:
         try:
             yield
         finally:
-            self.result = PeakMemory("cpu", max(0, sampler.stop() - before),
+            peak, self.rss_after = sampler.stop(), reader()
+            self.result = PeakMemory("cpu", max(0, peak - before),
                                      "process RSS sampled every 1 ms (may miss short spikes) minus RSS before")
 
     def __enter__(self):
         self._folded = (0, 0)  # a meter used again starts afresh
+        self.after = self.rss_after = None
         self._cm = self._cuda() if self.device.type == "cuda" else self._cpu()
         self._cm.__enter__()  # resets the peak (folding it into the meters around) before joining them
         _open_meters.add(self)

@@ -280,6 +280,55 @@ def test_cuda_watcher_reads_the_allocator_once_per_point(monkeypatch):
     assert record.status == "ok"
 
 
+def test_a_cuda_cell_is_blamed_only_for_what_it_adds(monkeypatch):
+    """The CUDA path of the user trial's `del b` (history said "over", added 0 B, for the cell that freed the
+    memory): its status comes from the same rule as the CPU's, on the reserved bytes the budget compares."""
+    from nbaccel.budget import Watcher
+
+    state = {"allocated": 1100 * MiB, "reserved": 1200 * MiB, "peak_a": 1100 * MiB, "peak_r": 1200 * MiB}
+    reads = []
+
+    def stats(device=None):
+        reads.append(device)
+        return {"allocated_bytes": {"all": {"current": state["allocated"], "peak": state["peak_a"]}},
+                "reserved_bytes": {"all": {"current": state["reserved"], "peak": state["peak_r"]}}}
+
+    def reset(device=None):
+        state["peak_a"], state["peak_r"] = state["allocated"], state["reserved"]
+
+    monkeypatch.setattr(torch.cuda, "memory_stats_as_nested_dict", stats)
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", reset)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
+    w = Watcher(1024 * MiB, torch.device("cuda", 0))
+    w.begin("In[1]")  # starts over the 1 GiB budget; `del b; torch.cuda.empty_cache()` gives 700 MiB back
+    state["allocated"], state["reserved"] = 400 * MiB, 500 * MiB
+    freed = w.end()
+    assert (freed.status, freed.added_bytes, freed.freed_bytes, freed.used_bytes) == (
+        "already over", 0, 700 * MiB, 1200 * MiB)
+    w.begin("In[2]")  # goes over: 600 MiB more reserved, kept in the cache after its tensors are freed
+    state["peak_a"], state["peak_r"] = 1000 * MiB, 1100 * MiB
+    state["reserved"] = 1100 * MiB
+    assert (w.end().status, w.records[-1].freed_bytes) == ("over", 0)
+    w.begin("In[3]")  # holds those 1100 MiB and adds nothing: already over, not over
+    assert (w.end().status, w.records[-1].added_bytes) == ("already over", 0)
+    w.begin("In[4]")  # starts over and adds 512 MiB at its peak: to blame again
+    state["peak_a"], state["peak_r"] = 912 * MiB, 1612 * MiB
+    assert w.end().status == "over"
+    assert len(reads) == 8  # the end usage comes from the meter's own read: still one read per point
+
+
+@pytest.mark.parametrize("before, added, expected", [
+    (1100, 0, "already over"), (1100, 0.9, "already over"), (1100, 1, "over"),  # started over: blamed from 1 MiB
+    (1023.5, 0.9, "over"),  # started within the budget: crossing it at all is the cell's doing
+    (900, 0, "already near"), (700, 100, "near"), (767.8, 0.5, "near"), (900, 200, "over"), (100, 0, "ok"),
+])
+def test_a_status_blames_a_cell_only_for_what_it_adds(before, added, expected):
+    from nbaccel.budget import verdict
+
+    before, added = int(before * MiB), int(added * MiB)
+    assert verdict(before + added, before, added, 1024 * MiB, 0.75) == expected
+
+
 def test_a_meter_inside_another_does_not_hide_the_peak_before_it_cuda(monkeypatch):
     """A budget watching a cell whose %%amp memory runs (or the estimator) reset the allocator's peak
     saw only the peak after the last reset (an audit of the CUDA paths): a cell that reached 612 MiB,
@@ -403,6 +452,20 @@ def test_no_nan_or_absurd_share_is_shown():
     text = str(CellReport(record, "cpu"))
     assert "nan" not in text and "(n/a)" in text
     assert share_text(0.93) == "93%" and share_text(250.4) == "250x" and share_text(float("nan")) == "n/a"
+
+
+def test_what_a_cell_freed_is_said_beside_what_it_added():
+    from nbaccel.budget import BudgetStatus, CellRecord, CellReport
+
+    def record(added, after):  # started at 900 MiB of a 1 GiB budget
+        return CellRecord("In[1]", GiB, 900 * MiB + added, added, None, 900 * MiB, 0.1, "near", after_bytes=after)
+
+    assert "the cell freed 700 MiB" in str(CellReport(record(0, 200 * MiB), "cpu"))  # del b: not "added 0 B"
+    assert "the cell added 100 MiB, freed 500 MiB" in str(CellReport(record(100 * MiB, 400 * MiB), "cpu"))
+    assert "the cell added 100 MiB;" not in str(CellReport(record(100 * MiB, 400 * MiB), "cpu"))
+    assert "freed" not in str(CellReport(record(100 * MiB, 900 * MiB - 2**19), "cpu"))  # under 1 MiB: noise
+    table = str(BudgetStatus(True, "cpu", GiB, 16 * GiB, records=[record(0, 200 * MiB)]))
+    assert "freed 700 MiB" in table
 
 
 def test_the_context_manager_says_what_it_is():

@@ -262,6 +262,16 @@ def test_gathered_budget_report_words_each_status_as_the_history_does():
     assert str(report).endswith(ranks_text(rows))
 
 
+def test_gathered_budget_report_says_which_ranks_only_held_memory_from_before():
+    from nbaccel.render.budget import ranks_verdict
+
+    rows = [{"rank": r, "status": status, "near": 0.75} for r, status in
+            enumerate(["ok", "already over", "over", "already near"])]
+    assert ranks_verdict(rows).split("; ") == [
+        "over the budget on rank 2", "already over the budget as the block began (it added none) on rank 1",
+        "already near the budget as the block began (it added none) on rank 3", "within the budget on rank 0"]
+
+
 def test_budget_report_without_process_group_has_its_one_rank():
     import torch
 

@@ -62,7 +62,7 @@ def test_estimate_of_a_small_model_is_exact_for_states():
               "backward": est.grad_bytes + one["backward_working"],
               "optimizer step": est.grad_bytes + one["step_temporaries"]}
     assert phases == fit.phases(128) and one["peak_phase"] == max(phases, key=phases.get)
-    assert one["total"] == est.param_bytes + est.state_bytes + max(phases.values())
+    assert one["total"] == est.param_bytes + est.buffer_bytes + est.state_bytes + max(phases.values())
     assert fit.slope > 0 and fit.per_sample > 0
     assert "linearly" in est.method and est.summary.startswith("fits in fp32 (peak ")
     assert "GPU" not in est.summary  # measured on the CPU against a budget: no "fits on 1 GPU"
@@ -179,6 +179,72 @@ def test_sharding_arithmetic_and_fewest_gpus():
     assert on_gpu.summary.startswith("needs 2 in fp32") and "per GPU" in on_gpu.summary
 
 
+def test_no_gpu_count_the_batch_cannot_be_split_over():
+    """A user trial: a global batch of 16 had DataFrame rows for 32 and 64 GPUs at batch_per_gpu=1 (an
+    impossible split, not shown in the display). Every strategy is data parallel: a GPU needs a sample."""
+    import re
+
+    est = estimate_memory(_mlp(), optimizer="adamw", batch=16, device="cpu")
+    frame = est.to_dataframe()
+    assert sorted(set(frame["gpus"])) == [1, 2, 4, 8, 16] and (frame["batch_per_gpu"] * frame["gpus"] >= 16).all()
+    assert [row["gpus"] for row in est.to_dict()["table"]] == list(frame["gpus"])
+    with pytest.raises(ValueError, match="a global batch of 16 cannot be split over 32 GPUs"):
+        est.per_gpu("fp32", "ddp", 32)
+    est.budget_bytes = 1024  # fits nowhere: the most GPUs tried is the batch's limit, and said so
+    assert est.min_gpus("fp32") is None
+    assert "fp32 does not fit on 16 GPUs (a batch of 16 splits over at most 16)" in est.summary
+    on_gpu = dataclasses.replace(est, probe_device="cuda:0")
+    assert on_gpu.summary.startswith("does not fit in fp32 on 16 GPUs (a batch of 16 splits over at most 16)")
+    assert "none: batch 16 splits over at most 16" in str(est) and "> 64" not in str(est)
+    # A batch of 4: the sharding table's columns are the counts it can have, in the text and the HTML alike.
+    small = estimate_memory(_mlp(), optimizer="adamw", batch=4, device="cpu")
+    assert sorted(set(small.to_dataframe()["gpus"])) == [1, 2, 4]
+    (header,) = [ln for ln in str(small).splitlines() if ln.startswith("precision  strategy")]
+    assert header.split()[2:] == ["N=2", "N=4"]
+    (ddp,) = [ln for ln in str(small).splitlines() if ln.startswith("fp32") and "data parallel (DDP)" in ln]
+    assert len(re.findall(r"[\d.]+ (?:B|KiB|MiB)", ddp)) == 2, ddp  # a figure under each header
+    html = small._repr_html_()
+    assert "N=4" in html and "N=8" not in html
+    assert re.search(r"N=2.*N=4", html, re.S)
+    one = estimate_memory(_mlp(), optimizer="adamw", batch=1, device="cpu", probe_batches=(1, 2))
+    assert list(one.to_dataframe()["gpus"]) == [1, 1] and "cannot be split over 2 or more GPUs" in str(one)
+    assert "cannot be split over 2 or more GPUs" in one._repr_html_()
+
+
+def test_buffers_are_their_own_figure_not_counted_as_params():
+    """A user trial: "params" read 81,720 B beside "20,234 parameters" (80,936 B) for a CNN with BatchNorm:
+    the column held the 784 B of running statistics too."""
+    import re
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.BatchNorm2d(8), torch.nn.ReLU(),
+                                torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(), torch.nn.Linear(8, 4))
+    est = estimate_memory(model, batch=16, example=torch.randn(4, 3, 8, 8), device="cpu")
+    params = sum(p.numel() * p.element_size() for p in model.parameters())
+    buffers = sum(b.numel() * b.element_size() for b in model.buffers())
+    assert buffers == 2 * 8 * 4 + 8  # running mean and var, num_batches_tracked (int64)
+    assert est.param_bytes == params == 4 * est.n_params and est.buffer_bytes == buffers
+    assert est.to_dict()["buffer_bytes"] == buffers
+    frame = est.to_dataframe()
+    assert (frame["params"].where(frame["strategy"] != "zero3", params) == params).all()
+    assert (frame["buffers"] == buffers).all()  # never sharded: every rank keeps them whole
+    one = est.single("fp32")
+    assert one["total"] == params + buffers + est.state_bytes + est.fits["fp32"].phases(16)[one["peak_phase"]]
+    z3 = est.per_gpu("fp32", "zero3", 4)
+    assert z3["params"] == params // 4 and z3["buffers"] == buffers
+    text = str(est)
+    assert f"{est.n_params:,} parameters ({est.n_trainable:,} trainable) + {format_bytes(buffers)} of buffers" in text
+    header = next(ln for ln in text.splitlines() if ln.startswith("precision    params"))
+    assert header.split()[:3] == ["precision", "params", "buffers"]
+    fp32 = next(ln for ln in text.splitlines() if ln.startswith("fp32   "))
+    assert fp32.split()[1:5] == [*format_bytes(params).split(), *format_bytes(buffers).split()]
+    assert "= params + buffers + optimizer states + the largest" in text
+    headers = re.findall(r"<th[^>]*>([^<]*)</th>", est._repr_html_())
+    assert headers[:3] == ["precision", "params", "buffers"] and headers[6] == "peak during"
+    plain = str(estimate_memory(_mlp(), batch=8, device="cpu"))  # no buffers: no column, no words
+    assert "buffers" not in plain.split("method:")[0]
+
+
 def test_conv_model_needs_an_example_batch():
     model = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.Flatten())
     with pytest.raises(ValueError, match="pass an example"):
@@ -225,7 +291,7 @@ peaks, _ = measure_step(1024, 2, 256, torch.device("cpu"), 3)
 torch.manual_seed(0)
 est = estimate_memory(_mlp(1024, 2), optimizer="adamw", batch=256, device="cpu")
 one = est.single("fp32")
-states = est.param_bytes + est.state_bytes
+states = est.param_bytes + est.buffer_bytes + est.state_bytes
 print(json.dumps({"peaks": peaks, "predicted": one["total"] - states, "bound": one["total_no_reuse"] - states}))
 """
 
@@ -304,6 +370,8 @@ def test_a_model_that_fails_on_the_example_says_the_dry_run_failed():
     ({"optimizer": "adamz"}, ValueError, r"^unknown optimizer 'adamz' \(did you mean adam\?\); use one of: adamw"),
     ({"budget": [1]}, TypeError, r"^budget takes a size"),
     ({"budget": 1000}, ValueError, r"^budget=1000 is 1000 B: a budget under 1 MiB"),
+    ({"gpu_counts": (16, 32)}, ValueError, r"^gpu_counts \(16, 32\) are all more GPUs than the batch of 8 can be "
+                                           r"split over; give counts of at most 8"),
 ])
 def test_wrong_arguments_are_named(kwargs, error, message):
     with pytest.raises(error, match=message):
@@ -374,7 +442,7 @@ def test_every_per_gpu_row_is_its_largest_phase_and_the_forward_is_not_sharded()
                 if n == 1 and s != "ddp":
                     continue
                 row = est.per_gpu(p, s, n)
-                base = row["params"] + row["optimizer"] + row["overhead"]
+                base = row["params"] + row["buffers"] + row["optimizer"] + row["overhead"]
                 phases = fit.phases(row["batch_per_gpu"], est.per_gpu(p, s, n)["grads"] if s in ("zero2", "zero3")
                                     else est.grad_bytes, row["step_temporaries"])
                 assert abs(row["total"] - (base + max(phases.values()))) <= 2  # the sharded shares are floats

@@ -28,8 +28,8 @@ from IPython.core.magic_arguments import argument, magic_arguments
 
 import torch
 
-from ..budget import (NEAR, usage_now, BudgetError, BudgetExceeded, CellReport, Watcher, apply_cap, capped_devices,
-                      parse_budget, plural, release_cap, share_text, size_reading, status)
+from ..budget import (NEAR, PUSHED, usage_now, BudgetError, BudgetExceeded, CellReport, Watcher, apply_cap,
+                      capped_devices, parse_budget, plural, release_cap, share_text, size_reading, status)
 from ..device import DeviceError, resolve_device
 from ..memory import format_bytes
 from ..oom import OOM_TYPES, explain_oom, is_oom
@@ -45,9 +45,6 @@ _VALUE_OPTIONS = {"--device", "--near", "--model", "--optimizer", "--batch", "--
 ESTIMATE_SPELLINGS = dict.fromkeys(
     ("--estimate", "--predict", "--fit", "--fits"),
     "an estimate is asked for with --model NAME --batch N, e.g. %memory_budget --model model --batch 64")
-# A cell that added at least this much memory pushed usage up: it gets the gauge or the warning, and it keeps
-# its row even when a magic refused with a UsageError. Any Python code moves RSS by a few pages.
-PUSHED = 2**20
 CPU_ENFORCE_NOTE = ("--enforce: the CPU allocator has no per-process cap, so only a soft budget (checked after each "
                     "cell) is possible here; for a hard limit start the kernel in a cgroup "
                     "(systemd-run --user -p MemoryMax=6G jupyter lab, or docker --memory 6g)")
@@ -70,12 +67,14 @@ class BudgetMagics(Magics):
     @argument("budget", nargs="?", default=None,
               help="6GiB, 6GB, 512MiB, 6G (= 6GiB, as docker and systemd read it), or a share of the device such as "
                    "0.8 or 80%% (the CPU: of physical memory); "
-                   "'off' removes the budget and every hook; nothing: show the status")
+                   "'off' removes the budget and every hook; nothing (or 'status'): show the status")
     @argument("--device", default="auto", help="auto, cpu or cuda[:N] (default: cuda when present)")
     @argument("--enforce", action="store_true",
               help="CUDA: cap the allocator at the budget (set_per_process_memory_fraction), so a cell that "
                    "would exceed it fails fast; the CPU has no such cap (only a soft budget)")
-    @argument("--strict", action="store_true", help="a cell that pushes usage over the budget (adds memory and ends over) is marked as failed")
+    @argument("--strict", action="store_true",
+              help="a cell that pushes usage over the budget is marked as failed (not one that only holds memory "
+                   "from before it: 'already over')")
     @argument("--near", type=float, default=None,
               help=f"show a gauge after cells that used at least this share of the budget (default {NEAR})")
     @argument("--model", default=None, metavar="NAME",
@@ -97,7 +96,8 @@ class BudgetMagics(Magics):
             %memory_budget 6GiB            # from now on, every cell is measured against 6 GiB
             %memory_budget 0.8 --strict    # 80% of the device; going over fails the cell
             %memory_budget 20GiB --enforce # CUDA: the allocator is capped at 20 GiB
-            %memory_budget                 # status: budget, last cells' peaks, what holds memory now
+            %memory_budget                 # status (also: %memory_budget status): budget, last cells' peaks,
+                                           # what holds memory now
             %memory_budget off             # remove the budget, its hooks, handler and cap
             %memory_budget 80GiB --model model --optimizer adamw --batch 32 --input x
 
@@ -140,10 +140,14 @@ class BudgetMagics(Magics):
         if for_model:  # silently watching a budget instead of the prediction asked for would mislead
             raise UsageError(f"{_go(for_model)} with --model: "
                              "%memory_budget 80GiB --model model --batch 32 predicts that model's memory")
-        if args.budget is not None and args.budget.isalpha() and args.budget.lower() != "off" and \
-                difflib.get_close_matches(args.budget.lower(), ["off"], cutoff=0.6):  # offf, of, oof
-            raise UsageError(f"cannot read {args.budget!r} as a budget; did you mean %memory_budget off (removes the "
-                             "budget and every hook)?")
+        words = {"off": "removes the budget and every hook", "status": "shows the budget and the cells watched"}
+        if args.budget is not None and args.budget.isalpha() and args.budget.lower() not in words:
+            meant = difflib.get_close_matches(args.budget.lower(), list(words), n=1, cutoff=0.6)  # offf, of, statsu
+            if meant:
+                raise UsageError(f"cannot read {args.budget!r} as a budget; did you mean %memory_budget {meant[0]} "
+                                 f"({words[meant[0]]})?")
+        if args.budget is not None and args.budget.lower() == "status":
+            args.budget = None  # the docs and the help call the bare line "the status": both spellings work
         if args.budget is not None and args.budget.lower() == "off":
             had_budget = self.watcher is not None
             recorded = len(self.watcher.records) if had_budget else 0
@@ -206,8 +210,8 @@ class BudgetMagics(Magics):
         if used > budget:
             notes.append(
                 f"already over: {format_bytes(used)} in use now, more than the {format_bytes(budget)} budget, "
-                "so every cell that adds memory will be reported over (and each is recorded over in the history) "
-                "until memory is freed or the budget raised")
+                "so every cell that adds memory will be reported over until memory is freed or the budget raised "
+                "(a cell that adds none is recorded 'already over', and not failed)")
         self._show(args, self._status(device, "; ".join(filter(None, notes))))
 
     def _replaced(self, budget: int, strict: bool, enforce: bool) -> str:
@@ -366,16 +370,12 @@ class BudgetMagics(Magics):
         if record is not None and self._refused(result, record):
             self.watcher.drop(record)
             return
+        # The status says whether the cell is to blame (`budget.verdict`): a cell that starts near or over and
+        # adds nothing (`del x`) is "already near"/"already over", shown nothing and never failed, and the
+        # history row says the same as what was (not) shown. An error cell's status is error/oom.
         if record is None or record.status not in ("near", "over"):
             return
-        # Only the cells that pushed usage up (added memory) get a gauge, a warning or a --strict failure,
-        # not every later cell that starts near or over: `del x` must run without being told it is over,
-        # and the history still records every cell.
-        pushed = record.added_bytes >= PUSHED
-        if not pushed and error is None:
-            return
-        failing = record.status == "over" and self.strict and pushed and error is None \
-            and result.error_before_exec is None and not record.harness
+        failing = record.status == "over" and self.strict and result.error_before_exec is None and not record.harness
         report = CellReport(record, str(self.watcher.device), strict=failing)
         display_result(report)
         if failing:

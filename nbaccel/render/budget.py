@@ -8,7 +8,7 @@ FloatProgress carrying the same class) so browser tests can find it. The CSS tar
 
 from __future__ import annotations
 
-from ..budget import harness_words, plural, share_text
+from ..budget import PUSHED, harness_words, plural, share_text
 from ..memory import format_bytes
 from ..timing import format_seconds
 from .common import bullet_list, esc, table, text_table, wrap
@@ -32,7 +32,8 @@ def _view(result) -> str:
 
 def _gauge_bar(fraction: float | None, status: str) -> str:
     width = max(0.0, min(1.0, fraction or 0.0)) * 100
-    return (f'<span class="nbaccel-gauge {esc(status)}" title="{share_text(fraction)}"><span style="width:{width:.0f}%">'
+    colour = status.split()[-1]  # "already over" is coloured as over: the bar shows usage, not blame
+    return (f'<span class="nbaccel-gauge {esc(colour)}" title="{share_text(fraction)}"><span style="width:{width:.0f}%">'
             '</span></span>')
 
 
@@ -41,10 +42,21 @@ def _text_gauge(fraction: float | None, width: int = 30) -> str:
     return "[" + "#" * filled + "." * (width - filled) + "]"
 
 
+def _change(r, added: str = "") -> str:
+    """What the cell did to usage, for the "added" column: its peak over the start ("700 MiB"), and what
+    it gave back by its end where that is more than noise ("freed 700 MiB" for ``del b``, which added 0 B).
+    ``added`` goes before the first figure ("added 700 MiB") in a sentence."""
+    grew = added + format_bytes(r.added_bytes)
+    if r.freed_bytes < PUSHED:
+        return grew
+    freed = f"freed {format_bytes(r.freed_bytes)}"
+    return freed if r.added_bytes < PUSHED else f"{grew}, {freed}"
+
+
 def _cell_line(r) -> str:
     extra = f", allocated peak {format_bytes(r.allocated_peak_bytes)}" if r.allocated_peak_bytes is not None else ""
-    return (f"{format_bytes(r.used_bytes)} of {format_bytes(r.budget_bytes)} ({share_text(r.fraction)}); the cell added "
-            f"{format_bytes(r.added_bytes)}{extra}")
+    return (f"{format_bytes(r.used_bytes)} of {format_bytes(r.budget_bytes)} ({share_text(r.fraction)}); the cell "
+            f"{_change(r, 'added ')}{extra}")
 
 
 def free_memory_hint(device: str) -> str:
@@ -95,7 +107,9 @@ HOLDER_WORDS = (0, 1, 2, 3, 5)  # the columns of words, left-aligned (the name i
 
 
 RANK_HEADERS = ["rank", "host", "device", "peak used", "budget", "of budget", "status"]
-_VERDICTS = {"over": "over the budget", "near": "near the budget ({near} of it or more)", "ok": "within the budget"}
+_VERDICTS = {"over": "over the budget", "already over": "already over the budget as the block began (it added none)",
+             "near": "near the budget ({near} of it or more)",
+             "already near": "already near the budget as the block began (it added none)", "ok": "within the budget"}
 
 
 def _ranks_named(ranks: list[int]) -> str:
@@ -109,7 +123,7 @@ def ranks_verdict(rows) -> str:
     for row in rows:
         by_status.setdefault(row.get("status") or "not measured", []).append(row["rank"])
     near = share_text(next((row["near"] for row in rows if row.get("near") is not None), None))
-    order = ["over", "near", "ok"]
+    order = list(_VERDICTS)  # worst first
     parts = []
     for status in sorted(by_status, key=lambda s: order.index(s) if s in order else -1):
         words = _VERDICTS.get(status, status).format(near=near)
@@ -129,7 +143,7 @@ def ranks_text(rows) -> str:
 
 
 def _history_rows(records, last=10):
-    return [[r.label, format_bytes(r.used_bytes), share_text(r.fraction), format_bytes(r.added_bytes),
+    return [[r.label, format_bytes(r.used_bytes), share_text(r.fraction), _change(r),
              format_bytes(r.allocated_peak_bytes) if r.allocated_peak_bytes is not None else "-",
              r.status + (f" (under {r.harness})" if r.harness else ""), format_seconds(r.seconds)]
             for r in records[-last:]]
@@ -241,16 +255,27 @@ def oom_html(e) -> str:
 
 # "activations" is what the forward keeps for the backward; the peak is not a sum of the columns (the
 # activations are freed while the gradients appear): "peak during" says which phase it is and what it holds.
-ESTIMATE_HEADERS = ["precision", "params", "grads", "optimizer", "activations", "peak during", "peak (1 GPU)",
-                    "fits?", "fewest GPUs"]
+# "buffers" (BatchNorm's running statistics, ...) only where the model has some: most have none.
+ESTIMATE_HEADERS = ["precision", "params", "buffers", "grads", "optimizer", "activations", "peak during",
+                    "peak (1 GPU)", "fits?", "fewest GPUs"]
+_ESTIMATE_WORDS = ("precision", "peak during", "fits?", "fewest GPUs")  # left-aligned, wrapping as prose
+
+
+def _estimate_columns(e) -> list[str]:
+    return [h for h in ESTIMATE_HEADERS if h != "buffers" or e.buffer_bytes]
 
 
 def _estimate_headers(e) -> list[str]:
     # The single-device figures are for the device the dry runs ran on: one GPU, or this host.
     if e.on_gpu:
-        return ESTIMATE_HEADERS
+        return _estimate_columns(e)
     return [{"peak (1 GPU)": f"peak ({e.probe_device})", "fewest GPUs": "GPUs if over"}.get(h, h)
-            for h in ESTIMATE_HEADERS]
+            for h in _estimate_columns(e)]
+
+
+def _states_words(e) -> str:
+    """What a step holds throughout: "params + optimizer states", with the buffers where there are some."""
+    return "params + buffers + optimizer states" if e.buffer_bytes else "params + optimizer states"
 
 
 def _compared_with(e) -> str:
@@ -275,11 +300,21 @@ def _estimate_rows(e):
         one = e.single(p)
         found = e.min_gpus(p)
         fewest = "-" if e.budget_bytes is None or (one["fits"] and not e.on_gpu) else (
-            f"{found[0]} ({STRATEGY_NAMES[found[1]]})" if found else f"> {e.gpu_counts[-1]}")
-        rows.append([p, format_bytes(one["params"]), format_bytes(one["grads"]), format_bytes(one["optimizer"]),
-                     format_bytes(one["activations"]), _peak_during(one), format_bytes(one["total"]),
-                     "yes" if one["fits"] else "no", fewest])
+            f"{found[0]} ({STRATEGY_NAMES[found[1]]})" if found else _none_fits(e))
+        cells = {"precision": p, "params": format_bytes(one["params"]), "buffers": format_bytes(one["buffers"]),
+                 "grads": format_bytes(one["grads"]), "optimizer": format_bytes(one["optimizer"]),
+                 "activations": format_bytes(one["activations"]), "peak during": _peak_during(one),
+                 "peak (1 GPU)": format_bytes(one["total"]), "fits?": "yes" if one["fits"] else "no",
+                 "fewest GPUs": fewest}
+        rows.append([cells[h] for h in _estimate_columns(e)])
     return rows
+
+
+def _none_fits(e) -> str:
+    """The "fewest GPUs" cell where no count tried fits: more than the most tried, unless the batch is what
+    stopped the counts (more GPUs than samples is no data-parallel split)."""
+    most = e.usable_gpu_counts[-1]
+    return f"> {most}" if most == e.gpu_counts[-1] else f"none: batch {e.batch} splits over at most {most}"
 
 
 def _phase_parts(row) -> dict[str, str]:
@@ -290,18 +325,27 @@ def _phase_parts(row) -> dict[str, str]:
 
 
 def _peak_during(row) -> str:
-    """The phase that makes the step's peak (params + optimizer states + this)."""
+    """The phase that makes the step's peak (params + buffers + optimizer states + this)."""
     return f"{row['peak_phase']}: {_phase_parts(row)[row['peak_phase']]}"
 
 
-def _sharding_rows(e, counts=(2, 4, 8)):
+def _sharding_counts(e, shown=(2, 4, 8)) -> list[int]:
+    """The GPU counts the sharding table shows: the table's (`usable_gpu_counts`) among 2, 4, 8."""
+    return [n for n in shown if n in e.usable_gpu_counts]
+
+
+def _sharding_headers(e) -> list[str]:
+    return ["precision", "strategy"] + [f"N={n}" for n in _sharding_counts(e)]
+
+
+def _sharding_rows(e):
     from ..estimate import STRATEGIES, STRATEGY_NAMES
 
     rows = []
     for p in e.fits:
         for s in STRATEGIES:
             rows.append([p, STRATEGY_NAMES[s]] + [format_bytes(e.per_gpu(p, s, n)["total"]) + (
-                "" if e.per_gpu(p, s, n)["fits"] else " *") for n in counts if n in e.gpu_counts])
+                "" if e.per_gpu(p, s, n)["fits"] else " *") for n in _sharding_counts(e)])
     return rows
 
 
@@ -318,7 +362,7 @@ def _fit_lines(e) -> list[str]:
 
 
 def _phase_lines(e) -> list[str]:
-    """Each phase of the step at the batch asked for: what it holds over params + optimizer states."""
+    """Each phase of the step at the batch asked for: what it holds over params (+ buffers) + optimizer states."""
     from ..estimate import PHASES
 
     lines = []
@@ -343,7 +387,7 @@ _ACTIVATIONS = ("activations = what the forward keeps for the backward (tensors 
 
 
 def _phases_title(e) -> str:
-    return (f"the step's peak at batch {e.batch} = params + optimizer states + the largest of its phases (the backward "
+    return (f"the step's peak at batch {e.batch} = {_states_words(e)} + the largest of its phases (the backward "
             "frees activations while the gradients appear; 'still held' = activations not yet freed and gradient "
             "temporaries):")
 
@@ -358,14 +402,18 @@ def _rss_line(e) -> list[str]:
 
 
 def _estimate_head(e) -> str:
-    return (f"{e.model_name}: {e.n_params:,} parameters ({e.n_trainable:,} trainable), {e.optimizer}, batch {e.batch}"
-            f" -- {e.summary}")
+    buffers = f" + {format_bytes(e.buffer_bytes)} of buffers" if e.buffer_bytes else ""
+    return (f"{e.model_name}: {e.n_params:,} parameters ({e.n_trainable:,} trainable){buffers}, {e.optimizer}, "
+            f"batch {e.batch} -- {e.summary}")
 
 
 def estimate_text(e) -> str:
     out = [_estimate_head(e)] + ([e.note] if e.note else [])
-    out += ["", text_table(_estimate_headers(e), _estimate_rows(e)), "", _sharding_title(e) + ":",
-           text_table(["precision", "strategy", "N=2", "N=4", "N=8"], _sharding_rows(e), left=(0, 1)), ""]
+    out += ["", text_table(_estimate_headers(e), _estimate_rows(e)), ""]
+    if _sharding_counts(e):
+        out += [_sharding_title(e) + ":", text_table(_sharding_headers(e), _sharding_rows(e), left=(0, 1)), ""]
+    else:
+        out += [_unsplit_line(e), ""]
     out += [_ACTIVATIONS] + ["  " + line for line in _fit_lines(e)]
     out += [_phases_title(e)] + ["  " + line for line in _phase_lines(e)]
     out += _rss_line(e)
@@ -373,13 +421,21 @@ def estimate_text(e) -> str:
     return "\n".join(out)
 
 
+def _unsplit_line(e) -> str:
+    """In place of the sharding table when the batch is too small to split over 2 GPUs."""
+    return f"no sharding table: a batch of {e.batch} cannot be split over 2 or more GPUs (one sample each at least)"
+
+
 def estimate_html(e) -> str:
     title = _sharding_title(e)
     note = f'<div class="nbaccel-note">{esc(e.note)}</div>' if e.note else ""
+    sharding = (f"<h4>{esc(title[0].upper() + title[1:])}</h4>"
+                + table(_sharding_headers(e), _sharding_rows(e), name_columns=(), text_columns=(0, 1))
+                if _sharding_counts(e) else f"<div>{esc(_unsplit_line(e))}</div>")
     return wrap(f"<h4>{esc(_estimate_head(e))}</h4>" + note
-                + table(_estimate_headers(e), _estimate_rows(e), name_columns=(), text_columns=(0, 5, 7, 8))
-                + f"<h4>{esc(title[0].upper() + title[1:])}</h4>"
-                + table(["precision", "strategy", "N=2", "N=4", "N=8"], _sharding_rows(e), name_columns=(), text_columns=(0, 1))
+                + table(_estimate_headers(e), _estimate_rows(e), name_columns=(),
+                        text_columns=tuple(i for i, h in enumerate(_estimate_columns(e)) if h in _ESTIMATE_WORDS))
+                + sharding
                 + f"<div>{esc(_ACTIVATIONS)}</div>" + bullet_list(_fit_lines(e))
                 + f"<div>{esc(_phases_title(e)[0].upper() + _phases_title(e)[1:])}</div>" + bullet_list(_phase_lines(e))
                 + bullet_list(_rss_line(e))
