@@ -45,7 +45,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-from .device import DTYPE_NAMES, device_info, resolve_device
+from .device import DTYPE_NAMES, DeviceError, device_info, dtype_name, resolve_device
 from .memory import cuda_counters, format_bytes, reset_cuda_peak
 from .options import in_magic, option
 from .results import ResultMixin
@@ -456,6 +456,9 @@ class MemoryEstimate(ResultMixin):
         gradient temporaries at the backward's peak); optimizer step = grads + ``step_temporaries``.
         Sharded gradients (ZeRO-2/3) shrink the last two phases, not the forward, which has none.
         """
+        precision = self.precision_key(precision)
+        if strategy not in STRATEGIES:
+            raise ValueError(f"strategy {strategy!r} is not one of {', '.join(map(repr, STRATEGIES))}")
         if n > self.batch:
             raise ValueError(f"a global batch of {self.batch} cannot be split over {n} GPUs (each needs at least one "
                              f"sample): use at most {self.batch} GPUs, or a larger batch")
@@ -488,6 +491,21 @@ class MemoryEstimate(ResultMixin):
                 "overhead": int(extra), "peak_phase": peak_phase, "total": int(total),
                 "total_no_reuse": None if allocated is None else int(held + allocated),
                 "fits": self.budget_bytes is not None and total <= self.budget_bytes}
+
+    def precision_key(self, precision: str) -> str:
+        """The key of ``fits`` that ``precision`` names: the key itself ("fp32", "bf16 AMP"), or its dtype
+        alone ("bf16", "torch.bfloat16": a new user's `single("bf16")` was a bare KeyError)."""
+        if precision in self.fits:
+            return precision
+        keys = list(self.fits)
+        try:
+            wanted = dtype_name(precision)
+        except DeviceError:
+            wanted = None
+        match = [k for k in keys if k.split()[0] == wanted]
+        if len(match) == 1:
+            return match[0]
+        raise ValueError(f"precision {precision!r} is not one of this estimate's: {', '.join(map(repr, keys))}")
 
     @property
     def usable_gpu_counts(self) -> tuple[int, ...]:

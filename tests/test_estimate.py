@@ -470,3 +470,14 @@ def test_on_cuda_the_activations_are_the_allocated_bytes_after_the_forward(monke
         assert meter.phase() == 800 and meter.live() == 500
         state.update(allocated=1200, peak=2100)  # the backward
     assert meter.peak == 1100
+
+
+def test_a_precision_is_named_by_its_dtype_too():
+    """`single("bf16")` was a bare KeyError: the key is "bf16 AMP"."""
+    est = estimate_memory(_mlp(), batch=8, device="cpu", amp_dtype="bf16")
+    assert est.single("bf16") == est.single("bf16 AMP") == est.single("torch.bfloat16")
+    assert est.single("fp32")["precision"] == "fp32"
+    with pytest.raises(ValueError, match=r"precision 'fp16' is not one of this estimate's: 'fp32', 'bf16 AMP'"):
+        est.single("fp16")
+    with pytest.raises(ValueError, match=r"strategy 'fsdp' is not one of 'ddp', 'zero1', 'zero2', 'zero3'"):
+        est.per_gpu("fp32", "fsdp", 2)
