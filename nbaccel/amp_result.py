@@ -196,10 +196,15 @@ class AmpResult(ResultMixin):
     def advice(self) -> list[str]:
         from .amp_advice import advise  # the rules read this class: imported on use, not in a cycle
 
-        return advise(self)
+        with self._spelling():  # options as the maker took them: --repeat for %%amp's result
+            return advise(self)
 
     @property
     def noise_warnings(self) -> list[str]:
+        with self._spelling():
+            return self._noise_warnings()
+
+    def _noise_warnings(self) -> list[str]:
         notes = []
         for v in filter(None, (self.baseline, self.amp)):
             if v.times.noisy:

@@ -383,7 +383,8 @@ class ProfileResult(ResultMixin):
 
     @functools.cached_property
     def advice(self) -> list[str]:
-        return advise(self)
+        with self._spelling():  # options as the maker took them: --top for %%profile_gpu's result
+            return advise(self)
 
     @property
     def contention_warning(self) -> str | None:
