@@ -244,15 +244,10 @@ def test_oom_suggestions_are_sized_from_the_numbers():
     assert exp3.suggestions[0].detail.startswith("the estimate measured 1 MiB per sample in bf16 AMP (")
 
 
-def test_cuda_watcher_reads_the_allocator_once_per_point(monkeypatch):
-    """On CUDA each torch getter (memory_allocated, max_memory_reserved, ...) flattens the whole
-    statistics dict; an H200 measured 1.2 ms per watched cell with six of them. The watcher now reads
-    the nested dict once before and once after a cell. A stand-in allocator checks the reads and
-    the arithmetic on a CPU machine."""
-    from nbaccel.budget import Watcher
-
-    MiB = 2**20
-    state = {"allocated": 100 * MiB, "reserved": 200 * MiB, "peak_a": 100 * MiB, "peak_r": 200 * MiB}
+def _stand_in_allocator(monkeypatch, allocated: int, reserved: int) -> tuple[dict, list]:
+    """torch.cuda's allocator statistics on a CPU machine: (its state, to set; the devices each read asked
+    for). Only the nested dict the watcher reads and the peak reset are there."""
+    state = {"allocated": allocated, "reserved": reserved, "peak_a": allocated, "peak_r": reserved}
     reads = []
 
     def stats(device=None):
@@ -266,6 +261,17 @@ def test_cuda_watcher_reads_the_allocator_once_per_point(monkeypatch):
     monkeypatch.setattr(torch.cuda, "memory_stats_as_nested_dict", stats)
     monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", reset)
     monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
+    return state, reads
+
+
+def test_cuda_watcher_reads_the_allocator_once_per_point(monkeypatch):
+    """On CUDA each torch getter (memory_allocated, max_memory_reserved, ...) flattens the whole
+    statistics dict; an H200 measured 1.2 ms per watched cell with six of them. The watcher now reads
+    the nested dict once before and once after a cell. A stand-in allocator checks the reads and
+    the arithmetic on a CPU machine."""
+    from nbaccel.budget import Watcher
+
+    state, reads = _stand_in_allocator(monkeypatch, allocated=100 * MiB, reserved=200 * MiB)
     for name in ("memory_stats", "memory_allocated", "memory_reserved", "max_memory_allocated",
                  "max_memory_reserved"):
         monkeypatch.setattr(torch.cuda, name, lambda *a, **k: pytest.fail("a flattening getter was called"))
@@ -285,20 +291,7 @@ def test_a_cuda_cell_is_blamed_only_for_what_it_adds(monkeypatch):
     memory): its status comes from the same rule as the CPU's, on the reserved bytes the budget compares."""
     from nbaccel.budget import Watcher
 
-    state = {"allocated": 1100 * MiB, "reserved": 1200 * MiB, "peak_a": 1100 * MiB, "peak_r": 1200 * MiB}
-    reads = []
-
-    def stats(device=None):
-        reads.append(device)
-        return {"allocated_bytes": {"all": {"current": state["allocated"], "peak": state["peak_a"]}},
-                "reserved_bytes": {"all": {"current": state["reserved"], "peak": state["peak_r"]}}}
-
-    def reset(device=None):
-        state["peak_a"], state["peak_r"] = state["allocated"], state["reserved"]
-
-    monkeypatch.setattr(torch.cuda, "memory_stats_as_nested_dict", stats)
-    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", reset)
-    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
+    state, reads = _stand_in_allocator(monkeypatch, allocated=1100 * MiB, reserved=1200 * MiB)
     w = Watcher(1024 * MiB, torch.device("cuda", 0))
     w.begin("In[1]")  # starts over the 1 GiB budget; `del b; torch.cuda.empty_cache()` gives 700 MiB back
     state["allocated"], state["reserved"] = 400 * MiB, 500 * MiB
@@ -336,17 +329,7 @@ def test_a_meter_inside_another_does_not_hide_the_peak_before_it_cuda(monkeypatc
     from nbaccel.budget import Watcher
     from nbaccel.memory import PeakMeter
 
-    MiB = 2**20
-    state = {"allocated": 100 * MiB, "reserved": 200 * MiB, "peak_a": 100 * MiB, "peak_r": 200 * MiB}
-    monkeypatch.setattr(torch.cuda, "memory_stats_as_nested_dict", lambda device=None: {
-        "allocated_bytes": {"all": {"current": state["allocated"], "peak": state["peak_a"]}},
-        "reserved_bytes": {"all": {"current": state["reserved"], "peak": state["peak_r"]}}})
-
-    def reset(device=None):
-        state["peak_a"], state["peak_r"] = state["allocated"], state["reserved"]
-
-    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", reset)
-    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
+    state, _ = _stand_in_allocator(monkeypatch, allocated=100 * MiB, reserved=200 * MiB)
     w = Watcher(1024 * MiB, torch.device("cuda", 0))
     w.begin("In[1]")
     state["peak_a"], state["peak_r"] = 612 * MiB, 712 * MiB  # the cell allocated 512 MiB, then freed it

@@ -69,15 +69,6 @@ def test_nbaccel_env_help_does_not_store_a_result(run_cell, ip):
     ("%%amp", "fp32", "(fp32 is what the reduced dtype is compared with or replaces; give that one: --dtype bf16)"),
     ("%memory_budget", "offf", "cannot read 'offf' as a budget; did you mean %memory_budget off"),
     ("%memory_budget", "of", "did you mean %memory_budget off"),
-])
-def test_a_wrong_option_is_a_usage_error_with_the_fix(run_cell, ip, magic, line, message):
-    ip.user_ns["ran"] = 0
-    _, captured = run_cell(_source(magic, line), expect_error=UsageError)
-    assert message in captured.stderr
-    assert ip.user_ns["ran"] == 0
-
-
-@pytest.mark.parametrize("magic, line, message", [
     # A user trial: pasted from a document, "—repeat" got only "unrecognized arguments: —repeat 3".
     ("%%amp", "—repeat 3", "—repeat starts with an em dash (—), a typographic dash that documents put in place of "
                            "two hyphens; type the option with plain hyphens: --repeat; see %%amp --help"),
@@ -89,7 +80,7 @@ def test_a_wrong_option_is_a_usage_error_with_the_fix(run_cell, ip, magic, line,
     ("%profile_trace", "t.json −−top 3", "a minus sign (−)"),
     ("%nbaccel_env", "—bogus", "plain hyphens: --bogus; see %nbaccel_env --help for the options"),
 ])
-def test_a_typographic_dash_is_named_with_the_option_to_type(run_cell, ip, magic, line, message):
+def test_a_wrong_option_is_a_usage_error_with_the_fix(run_cell, ip, magic, line, message):
     ip.user_ns["ran"] = 0
     _, captured = run_cell(_source(magic, line), expect_error=UsageError)
     assert message in captured.stderr
