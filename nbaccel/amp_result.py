@@ -163,15 +163,19 @@ class AmpResult(ResultMixin):
 
     @property
     def nothing_cast(self) -> bool:
-        """Torch operators ran under an autocast recipe, yet none in reduced precision: both variants ran
-        the same fp32 kernels, so a gap between their times is run-to-run variation, not a speedup (a
-        user trial read "speedup 6.48x" on a cell of means and concatenations)."""
-        return (self.amp.recipe.autocast_dtype is not None and not self.amp.ops.empty
-                and not self.precision["reduced"])
+        """Torch operators ran under an autocast recipe, yet the recipe changed none of their math: none
+        ran in reduced precision, and no heavy fp32 op ran where the recipe also switches TF32 or
+        cudnn.benchmark on (CUDA: those speed up fp32 matmuls and convolutions by themselves). Both
+        variants then ran the same kernels, so their times say nothing about the recipe (a user trial
+        read "speedup 6.48x" on a cell of means and concatenations)."""
+        recipe = self.amp.recipe
+        if recipe.autocast_dtype is None or self.amp.ops.empty or self.precision["reduced"]:
+            return False
+        return not ((recipe.tf32 or recipe.cudnn_benchmark) and self.precision["heavy_fp32"])
 
     @property
     def speedup_from_noise(self) -> bool:
-        """A speedup (at least `NO_SPEEDUP_BELOW`) measured where `nothing_cast`: not claimed."""
+        """A speedup (at least `NO_SPEEDUP_BELOW`) measured where `nothing_cast`: run-to-run variation."""
         return self.nothing_cast and self.speedup is not None and self.speedup >= NO_SPEEDUP_BELOW
 
     @property

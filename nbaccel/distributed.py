@@ -287,6 +287,9 @@ def amp_row(result) -> dict:
     # What the rank's own report warned of (spread, too few runs, overlapping IQRs, contention): a
     # gathered speedup without them read as firm where no rank's own report was (a user trial).
     row["warnings"] = result.noise_warnings
+    if result.nothing_cast and result.speedup is not None:  # the rank's own headline does not claim it either
+        row["warnings"].append(f"no op ran in {result.amp.name}: the {result.speedup:.2f}x between the variants is "
+                               "not the recipe's (they ran the same kernels)")
     return row
 
 

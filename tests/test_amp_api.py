@@ -659,17 +659,35 @@ def test_a_speedup_where_nothing_ran_in_reduced_precision_is_not_claimed():
                                  clock=clock, dtype="bf16", device="cpu")
     assert result.speedup == pytest.approx(3.0) and not result.speedup_uncertain  # firm, yet no finding
     assert result.nothing_cast and result.speedup_from_noise and result.to_dict()["nothing_cast"]
-    assert amp_render.headline(result).startswith(
-        "speedup not claimed (no op ran in bf16; 3.00x is run-to-run variation)")
-    assert "not claimed" in amp_render.html(result) and "3.00x is run-to-run variation" in amp_render.html(result)
+    assert amp_render.headline(result).startswith("speedup not claimed (no op ran in bf16; 3.00x measured)")
+    assert "not claimed" in amp_render.html(result) and "3.00x measured" in amp_render.html(result)
     verdict = next(a for a in result.advice if a.startswith("No speedup"))
     assert "Both variants ran the same fp32 kernels, so the 3.00x between their times is run-to-run variation" \
         in verdict
     assert not any("faster" in a for a in result.advice)
+    # torchrun's gathered report reads the row, not the headline: the row says it too.
+    from nbaccel.distributed import amp_row
+
+    assert any("no op ran in bf16: the 3.00x between the variants is not the recipe's" in w
+               for w in amp_row(result)["warnings"])
+    # Nor is a slowdown claimed where nothing changed (the advice: "No speedup (0.33x): no op ran in bf16").
+    slower = nbaccel.compare_amp(lambda: torch.cat([data, data ** 2], 1), repeat=4, warmup=0, dtype="bf16",
+                                 device="cpu", clock=FakeClock(lambda: 0.030 if torch.is_autocast_enabled("cpu")
+                                                               else 0.010))
+    assert amp_render.headline(slower).startswith("speedup not claimed (no op ran in bf16; 0.33x measured)")
     # A matmul does run in bf16: the same scripted times are a speedup.
     w = torch.randn(32, 32)
     cast = nbaccel.compare_amp(lambda: data @ w, repeat=4, warmup=0, clock=clock, dtype="bf16", device="cpu")
     assert not cast.nothing_cast and amp_render.headline(cast).startswith("speedup 3.00x")
+    # On CUDA the recipe also turns TF32 on: a heavy op kept in fp32 can speed up without any cast.
+    import dataclasses
+
+    tf32 = dataclasses.replace(result.amp.recipe, tf32=True)
+    heavy = dataclasses.replace(result, amp=dataclasses.replace(result.amp, recipe=tf32))
+    heavy.amp.ops = cast.amp.ops.assign(dtype="fp32")  # the matmul, in fp32 under the recipe
+    assert heavy.precision["heavy_fp32"] and not heavy.nothing_cast
+    heavy.amp.ops = result.amp.ops  # no heavy op: TF32 had nothing to speed up either
+    assert heavy.nothing_cast
 
 
 @pytest.mark.parametrize("call, error, message", [

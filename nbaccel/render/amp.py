@@ -40,7 +40,7 @@ def headline(result) -> str:
     if result.speedup is not None:
         if _no_torch_ops(result):
             parts.append(f"no torch operators ran (plain Python timed: {result.speedup:.2f}x, not an autocast effect)")
-        elif result.speedup_from_noise:
+        elif result.nothing_cast:
             parts.append(f"speedup not claimed ({_nothing_cast(result)})")
         elif too_few_runs(result):
             parts.append(f"speedup not claimed ({_too_few(result)})")
@@ -60,8 +60,8 @@ def headline(result) -> str:
 
 
 def _nothing_cast(result) -> str:
-    """Why a speedup measured where no op ran in reduced precision is not claimed (the advice says more)."""
-    return f"no op ran in {result.amp.name}; {result.speedup:.2f}x is run-to-run variation"
+    """Why a ratio measured where the recipe changed no op is not claimed, either way (the advice says more)."""
+    return f"no op ran in {result.amp.name}; {result.speedup:.2f}x measured"
 
 
 def _too_few(result) -> str:
@@ -222,7 +222,8 @@ def _kpis(result) -> str:
         kpis.append(f'<div class="kpi"><div class="muted">fp32 run</div><div class="big warn">not fp32</div>'
                     f'<div class="muted">(the cell runs {esc(" and ".join(result.baseline_reduced))} itself)</div></div>')
     too_few = result.speedup is not None and too_few_runs(result) and not _no_torch_ops(result)
-    unclaimed = _nothing_cast(result) if result.speedup_from_noise else _too_few(result) if too_few else None
+    unclaimed = (_nothing_cast(result) if result.nothing_cast and result.speedup is not None
+                 else _too_few(result) if too_few else None)
     if unclaimed:
         kpis.append(f'<div class="kpi"><div class="muted">speedup</div><div class="big warn nbaccel-speedup">'
                     f'not claimed</div><div class="muted">({esc(unclaimed)})</div></div>')
