@@ -734,6 +734,8 @@ def test_a_stored_result_names_options_as_its_magic_took_them(run_cell, ip):
     assert "nbaccel %%amp" in out.stdout and "use --repeat 5" in out.stdout and "repeat=5" not in out.stdout
     assert any("--repeat 5" in a for a in ip.user_ns["res"].to_dict()["advice"])
     assert "use --repeat 5" in ip.user_ns["res"]._repr_html_()
+    row = nbaccel.side_by_side(ip.user_ns["res"], ip.user_ns["res"])  # rendered by the row, not the result
+    assert "use --repeat 5" in str(row) and "repeat=5" not in str(row) + row._repr_html_()
     # The API's result reads as Python, even when shown while a magic's spelling is on.
     from nbaccel.options import magic_spelling
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 from . import renderer
 from .common import wrap
 
@@ -23,25 +25,32 @@ def side_by_side(*results):
     return _Row(results)
 
 
+def _render(result, how: str):
+    """One result's text, html or widget, its options spelled as its maker took them (`ResultMixin._spelling`)."""
+    spelling = result._spelling() if hasattr(result, "_spelling") else contextlib.nullcontext()
+    with spelling:
+        return getattr(renderer(result), how)(result)
+
+
 class _Row:
     def __init__(self, results):
         self.results = results
 
     def __str__(self) -> str:
-        return "\n\n".join(renderer(r).text(r) for r in self.results)
+        return "\n\n".join(_render(r, "text") for r in self.results)
 
     def _repr_pretty_(self, printer, cycle):
         printer.text(str(self))
 
     def _repr_html_(self) -> str:
-        columns = "".join(f'<div style="flex:1; min-width:0; overflow-x:auto">{renderer(r).html(r)}</div>'
+        columns = "".join(f'<div style="flex:1; min-width:0; overflow-x:auto">{_render(r, "html")}</div>'
                           for r in self.results)
         return wrap(f'<div style="display:flex; gap:16px; align-items:flex-start">{columns}</div>')
 
     def widget(self):
         import ipywidgets as w
 
-        box = w.HBox([renderer(r).widget(r) for r in self.results])
+        box = w.HBox([_render(r, "widget") for r in self.results])
         box.add_class("nbaccel-side-by-side")
         return box
 
