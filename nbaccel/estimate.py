@@ -541,7 +541,12 @@ class MemoryEstimate(ResultMixin):
         where the batch stopped the counts short."""
         most = self.usable_gpu_counts[-1]
         words = f"{most} GPU{'s' if most > 1 else ''}"
-        return words if most == self.gpu_counts[-1] else f"{words} (a batch of {self.batch} splits over at most {most})"
+        return f"{words} (a batch of {self.batch} splits over at most {most})" if self.batch_limits_gpus else words
+
+    @property
+    def batch_limits_gpus(self) -> bool:
+        """Whether the batch, not ``gpu_counts``, stopped the GPU counts tried (`usable_gpu_counts`)."""
+        return self.usable_gpu_counts[-1] != self.gpu_counts[-1]
 
     @property
     def on_gpu(self) -> bool:

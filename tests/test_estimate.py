@@ -209,6 +209,12 @@ def test_no_gpu_count_the_batch_cannot_be_split_over():
     one = estimate_memory(_mlp(), optimizer="adamw", batch=1, device="cpu", probe_batches=(1, 2))
     assert list(one.to_dataframe()["gpus"]) == [1, 1] and "cannot be split over 2 or more GPUs" in str(one)
     assert "cannot be split over 2 or more GPUs" in one._repr_html_()
+    # Counts other than 2, 4, 8 asked for: the table shows them; none above 1: said so, not the batch blamed.
+    wide = estimate_memory(_mlp(), optimizer="adamw", batch=32, device="cpu", gpu_counts=(1, 16))
+    (header,) = [ln for ln in str(wide).splitlines() if ln.startswith("precision  strategy")]
+    assert header.split()[2:] == ["N=16"] and "cannot be split" not in str(wide)
+    single = estimate_memory(_mlp(), optimizer="adamw", batch=32, device="cpu", gpu_counts=(1,))
+    assert "no GPU count above 1 was asked for (gpu_counts=(1,))" in str(single)
 
 
 def test_buffers_are_their_own_figure_not_counted_as_params():

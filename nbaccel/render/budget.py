@@ -314,7 +314,7 @@ def _none_fits(e) -> str:
     """The "fewest GPUs" cell where no count tried fits: more than the most tried, unless the batch is what
     stopped the counts (more GPUs than samples is no data-parallel split)."""
     most = e.usable_gpu_counts[-1]
-    return f"> {most}" if most == e.gpu_counts[-1] else f"none: batch {e.batch} splits over at most {most}"
+    return f"none: batch {e.batch} splits over at most {most}" if e.batch_limits_gpus else f"> {most}"
 
 
 def _phase_parts(row) -> dict[str, str]:
@@ -330,8 +330,10 @@ def _peak_during(row) -> str:
 
 
 def _sharding_counts(e, shown=(2, 4, 8)) -> list[int]:
-    """The GPU counts the sharding table shows: the table's (`usable_gpu_counts`) among 2, 4, 8."""
-    return [n for n in shown if n in e.usable_gpu_counts]
+    """The GPU counts the sharding table shows: 2, 4 and 8 where the estimate has them
+    (`usable_gpu_counts`), else its first three counts above 1 (``gpu_counts=(1, 16)``: 16)."""
+    multi = [n for n in e.usable_gpu_counts if n > 1]
+    return [n for n in shown if n in multi] or multi[:3]
 
 
 def _sharding_headers(e) -> list[str]:
@@ -422,8 +424,11 @@ def estimate_text(e) -> str:
 
 
 def _unsplit_line(e) -> str:
-    """In place of the sharding table when the batch is too small to split over 2 GPUs."""
-    return f"no sharding table: a batch of {e.batch} cannot be split over 2 or more GPUs (one sample each at least)"
+    """In place of the sharding table when no GPU count above 1 is left: the batch too small to split,
+    or none asked for (``gpu_counts=(1,)``)."""
+    if e.batch < 2:
+        return f"no sharding table: a batch of {e.batch} cannot be split over 2 or more GPUs (one sample each at least)"
+    return f"no sharding table: no GPU count above 1 was asked for (gpu_counts={tuple(e.gpu_counts)})"
 
 
 def estimate_html(e) -> str:
