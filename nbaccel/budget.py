@@ -274,9 +274,9 @@ class CellRecord:
                 "harness_bytes": self.harness_bytes, "after_bytes": self.after_bytes, "freed_bytes": self.freed_bytes}
 
 
-def verdict(used: int, before: int, added: int, budget: int, near: float) -> str:
-    """A cell's status from its peak (``used``), the usage it started from (``before``) and what its peak
-    added over that (``added``).
+def verdict(before: int, added: int, budget: int, near: float) -> str:
+    """A cell's status from the usage it started from (``before``) and what its peak added over that
+    (``added``; the peak is ``before + added``).
 
     ``over`` / ``near`` blame the cell: its peak went over (came near) the budget and it either added
     memory (`PUSHED` or more) or started below the line. A cell that started over (near) the budget and
@@ -284,6 +284,7 @@ def verdict(used: int, before: int, added: int, budget: int, near: float) -> str
     an over cell, a status query), so it gets no warning, no gauge and no ``--strict`` failure -- the
     live output and the history say the same.
     """
+    used = before + added
     if used > budget:
         return "already over" if before > budget and added < PUSHED else "over"
     if used >= near * budget:
@@ -370,7 +371,7 @@ class Watcher:
         if error is not None:
             status = "oom" if is_oom(error) else "error"
         else:
-            status = verdict(used, before, added, self.budget, self.near)
+            status = verdict(before, added, self.budget, self.near)
         harness, harness_bytes = take_harness()
         record = CellRecord(label or self._label, self.budget, used, added, allocated, before, seconds, status,
                             f"{type(error).__name__}: {error}"[:200] if error is not None else None, peak.method,

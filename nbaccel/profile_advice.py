@@ -114,7 +114,7 @@ def advise(result: ProfileResult) -> list[str]:
     n_ops = len(ops["name"])
     on_device = result.on_device
     time_col = "device_self_us" if on_device else "self_us"
-    total = result.device_time_us if on_device else pt.pairwise_sum(ops["self_us"]) if n_ops else 0.0
+    total = result.time_total_us
     where = "device" if on_device else "CPU"
     if not n_ops:
         notes.append("No torch operators were recorded: torch.profiler sees torch work only; for plain Python "
@@ -173,8 +173,7 @@ def advise(result: ProfileResult) -> list[str]:
         notes.append(f"fp32 matmul/conv ops ran without Tensor Cores ({pt.pairwise_sum([m[4] for m in misses]):.0%} "
                      "of device time: "
                      f"{names}); enable TF32 (torch.backends.cuda.matmul.fp32_precision = 'tf32') or use %%amp.")
-    significant = [e for e in result.unaligned if total > 0 and e["time_us"] / total >= UNALIGNED_SHARE
-                   and padding_pays_here(result, e)]
+    significant = [e for e in result.unaligned if (e["share"] or 0) >= UNALIGNED_SHARE and padding_pays_here(result, e)]
     if significant:
         pairs = {}
         for entry in significant:

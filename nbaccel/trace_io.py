@@ -34,7 +34,7 @@ from typing import Any, Iterator
 
 from .analysis.trace import TraceError
 
-__all__ = ["TraceStream", "TraceIdentity", "trace_files", "peek_identity", "peek_rank", "rank_from_name"]
+__all__ = ["TraceStream", "TraceIdentity", "trace_files", "peek_identity", "rank_from_name"]
 
 _CHUNK = 1 << 20  # characters decoded per read; a Kineto event is at most a few kB
 _WS = re.compile(r"[ \t\n\r]*")
@@ -330,12 +330,6 @@ def peek_identity(path: Path) -> TraceIdentity:
         return TraceIdentity(info["rank"], ws if isinstance(ws, int) else None, "distributedInfo", gpus)
     rank = rank_from_name(path.name)
     return TraceIdentity(rank, None, "file name" if rank is not None else "unknown", gpus)
-
-
-def peek_rank(path: Path) -> tuple[int | None, int | None, str]:
-    """(rank, world size, where it came from) of one trace file, without loading its events."""
-    ident = peek_identity(path)
-    return ident.rank, ident.world_size, ident.rank_from
 
 
 def _json_match(pattern: re.Pattern, text: str):

@@ -319,7 +319,7 @@ def test_a_status_blames_a_cell_only_for_what_it_adds(before, added, expected):
     from nbaccel.budget import verdict
 
     before, added = int(before * MiB), int(added * MiB)
-    assert verdict(before + added, before, added, 1024 * MiB, 0.75) == expected
+    assert verdict(before, added, 1024 * MiB, 0.75) == expected
 
 
 def test_a_meter_inside_another_does_not_hide_the_peak_before_it_cuda(monkeypatch):

@@ -358,7 +358,8 @@ def test_tensorboard_names_use_distributed_info(tmp_path):
         d = _stretched(doc, factor, rank)
         d["distributedInfo"]["world_size"] = 2
         (tmp_path / f"host-a_{100 + rank}.1700000000{rank}.pt.trace.json").write_text(json.dumps(d))
-    assert trace_io.peek_rank(next(tmp_path.glob("*_101.*")))[:2] == (1, 2)
+    ident = trace_io.peek_identity(next(tmp_path.glob("*_101.*")))
+    assert (ident.rank, ident.world_size) == (1, 2)
     r = load_trace(tmp_path)
     assert isinstance(r, MultiRankResult) and r.straggler["rank"] == 1
     assert r.straggler["excess_fraction"] == pytest.approx(0.10, abs=1e-6)

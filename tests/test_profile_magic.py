@@ -136,7 +136,7 @@ def test_shape_advice_only_for_unaligned_ops_taking_five_percent_of_the_time(run
 
     prof, _, _ = profile_cell(run_cell, ip, opts="-q -r prof --amp bf16")  # bf16: AMX tiles to fill
     total = sum(prof.op_columns["self_us"])
-    entry = dict(prof.unaligned[0], time_us=share * total)
+    entry = dict(prof.unaligned[0], time_us=share * total, share=share)
     prof.__dict__["unaligned"] = [entry]  # a cached property: this profile's one unaligned op, at that share
     assert any("pad to" in line for line in advise(prof)) == advised
 
