@@ -42,7 +42,6 @@ import gzip
 import json
 import os
 import re
-import shutil
 import sys
 import tempfile
 import threading
@@ -61,7 +60,7 @@ from .profile_options import ProfileError, ProfileOptions, trace_is_file, valida
 from .profile_result import ProfileResult
 from .quiet import hiding_side_channels
 from .stderr_filter import dropped_stderr_lines
-from .trace_io import _RANK_NAME, write_step_traces
+from .trace_io import _RANK_NAME, write_step_traces, write_trace_bytes
 
 # --- Kineto's fd-2 chatter -----------------------------------------------------------------------
 
@@ -300,11 +299,7 @@ def _save_trace(exported: str, doc: dict, target: str) -> tuple[list[str], str |
     try:
         if not trace_is_file(target):
             return write_step_traces(doc, target), created
-        path.parent.mkdir(parents=True, exist_ok=True)
-        if str(path).endswith(".gz"):
-            path.write_bytes(gzip.compress(Path(exported).read_bytes()))
-        else:
-            shutil.copyfile(exported, path)
+        write_trace_bytes(Path(exported).read_bytes(), path)
         return [target], created
     except OSError as exc:
         lost = f"nbaccel could not write the trace to {target} ({exc.strerror or exc}); the profile is shown without it"

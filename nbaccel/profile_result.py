@@ -12,7 +12,6 @@ import functools
 import gzip
 import json
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -29,6 +28,7 @@ from .precision import Recipe
 from .profile_advice import advise
 from .profile_options import ProfileError, ProfileOptions, check_table_args
 from .results import ResultMixin
+from .trace_io import write_trace_bytes
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -453,14 +453,10 @@ def _write_trace(data: bytes, path: str) -> str:
     """Write a trace's JSON to ``path`` (gzipped for a ``.gz`` name), creating missing folders on the
     way. pathlib's own FileNotFoundError for a new folder read as if the trace were missing (a user
     trial), so every failure is a `ProfileError` that names the path and the reason."""
-    target = Path(path).expanduser()
-    if str(path).endswith(".gz"):
-        data = gzip.compress(data)
     try:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_bytes(data)
+        write_trace_bytes(data, path)
     except OSError as exc:
         # the part that failed: a folder on the way (/proc/runs) or the file itself
-        raise ProfileError(f"cannot write the trace to {path}: could not create {exc.filename or target} "
+        raise ProfileError(f"cannot write the trace to {path}: could not create {exc.filename or path} "
                            f"({exc.strerror or exc}); choose another path") from None
     return str(path)

@@ -34,7 +34,7 @@ from typing import Any, Iterator
 
 from .analysis.trace import TraceError
 
-__all__ = ["TraceStream", "TraceIdentity", "trace_files", "peek_identity", "rank_from_name"]
+__all__ = ["TraceStream", "TraceIdentity", "trace_files", "peek_identity", "rank_from_name", "write_trace_bytes"]
 
 _CHUNK = 1 << 20  # characters decoded per read; a Kineto event is at most a few kB
 _WS = re.compile(r"[ \t\n\r]*")
@@ -385,6 +385,14 @@ def split_by_step(doc: dict) -> list[tuple[str, float | None, dict]]:
         buckets[corr_step.get(corr, step_of(e["ts"]))].append(e)
     header = {k: v for k, v in doc.items() if k != "traceEvents"}
     return [(name, start, {**header, "traceEvents": common + bucket}) for (start, name), bucket in zip(steps, buckets)]
+
+
+def write_trace_bytes(data: bytes, path: str | Path) -> None:
+    """Write a trace's JSON bytes to ``path``, gzipped for a ``.gz`` name, creating missing folders on
+    the way; an OSError says what failed (``--trace`` warns, ``export_chrome_trace`` raises)."""
+    target = Path(path).expanduser()
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_bytes(gzip.compress(data) if str(path).endswith(".gz") else data)
 
 
 def write_step_traces(doc: dict, folder: str) -> list[str]:

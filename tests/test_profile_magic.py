@@ -606,7 +606,6 @@ def test_a_trace_that_fails_to_write_keeps_the_profile(run_cell, ip, tmp_path, m
     def refuse(*args, **kwargs):
         raise PermissionError(13, "Permission denied")
 
-    monkeypatch.setattr(module.shutil, "copyfile", refuse)
     monkeypatch.setattr(module.Path, "write_bytes", refuse)
     monkeypatch.setattr(module, "write_step_traces", refuse)
     target = tmp_path / name
