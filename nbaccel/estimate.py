@@ -196,7 +196,7 @@ def _example_batch(model: torch.nn.Module, example, batch: int, device: torch.de
     if isinstance(first, torch.nn.Linear):
         return (torch.randn(batch, first.in_features, device=device, dtype=first.weight.dtype),)
     raise EstimateError(f"cannot make an input for a model whose first layer is {type(first).__name__}: pass an "
-                        "example batch (example=x, or --input x) whose first dimension is the batch")
+                        f"example batch ({_example_option()} x) whose first dimension is the batch")
 
 
 def _default_loss(output) -> torch.Tensor:
@@ -457,6 +457,7 @@ class MemoryEstimate(ResultMixin):
         Sharded gradients (ZeRO-2/3) shrink the last two phases, not the forward, which has none.
         """
         precision = self.precision_key(precision)
+        strategy = strategy.lower() if isinstance(strategy, str) else strategy  # "DDP", as the display names it
         if strategy not in STRATEGIES:
             raise ValueError(f"strategy {strategy!r} is not one of {', '.join(map(repr, STRATEGIES))}")
         if n > self.batch:

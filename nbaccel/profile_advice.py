@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from . import profile_table as pt
-from .options import option
+from .options import in_magic, option
 
 if TYPE_CHECKING:
     from .profile_result import ProfileResult
@@ -107,6 +107,13 @@ def _phase_notes(result: ProfileResult) -> list[str]:
     return notes
 
 
+def _amp_words(result: ProfileResult) -> str:
+    """Where mixed precision is tried, as the result's maker would: the magic or the API, and profiling again
+    under the recipe -- except for a loaded trace, which cannot be re-run from here."""
+    again = "" if result.loaded else f" (or {option('amp', 'bf16')} here)"
+    return ("%%amp" if in_magic() else "nbaccel.compare_amp") + again
+
+
 def advise(result: ProfileResult) -> list[str]:
     """One line per finding, each quoting the number that triggered it."""
     notes = []
@@ -126,8 +133,7 @@ def advise(result: ProfileResult) -> list[str]:
         if fp32 / total >= FP32_MATMUL_SHARE:
             hint = ("bf16/fp16 run on Tensor Cores" if on_device else
                     "bf16 helps on CPUs with AMX/AVX512-BF16 units; on others it only adds casts")
-            notes.append(f"fp32 matmul/conv take {fp32 / total:.0%} of {where} time: try %%amp "
-                         f"(or --amp bf16 here) -- {hint}.")
+            notes.append(f"fp32 matmul/conv take {fp32 / total:.0%} of {where} time: try {_amp_words(result)} -- {hint}.")
     busy = result.busy
     idle = 1 - busy["busy_fraction"] if busy and busy["busy_fraction"] is not None else None
     steps = _steps(result)
@@ -172,7 +178,8 @@ def advise(result: ProfileResult) -> list[str]:
         names = ", ".join(sorted({m[0] for m in misses}))
         notes.append(f"fp32 matmul/conv ops ran without Tensor Cores ({pt.pairwise_sum([m[4] for m in misses]):.0%} "
                      "of device time: "
-                     f"{names}); enable TF32 (torch.backends.cuda.matmul.fp32_precision = 'tf32') or use %%amp.")
+                     f"{names}); enable TF32 (torch.backends.cuda.matmul.fp32_precision = 'tf32') or use "
+                     f"{'%%amp' if in_magic() else 'nbaccel.compare_amp'}.")
     significant = [e for e in result.unaligned if (e["share"] or 0) >= UNALIGNED_SHARE and padding_pays_here(result, e)]
     if significant:
         pairs = {}

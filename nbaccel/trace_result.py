@@ -185,11 +185,16 @@ def _group_by_rank(folder: Path, skipped: dict) -> dict[int | None, list[Path]]:
         if unranked:
             groups[None] = unranked
     if None in groups and len(groups) > 1:
+        # Files of different GPUs are the likelier story (two jobs' traces in one folder): said first.
+        _refuse_other_runs(folder, {_ALL: [f for fs in groups.values() for f in fs]}, identities)
         unknown = ", ".join(f.name for f in groups[None][:4])
         raise TraceError(f"{folder}: cannot tell the rank of {unknown} (no distributedInfo.rank and no 'rank' in "
                          "the name) while other files have one; move them out or load them one by one")
     _refuse_other_runs(folder, groups, identities)
     return groups
+
+
+_ALL = "all"  # `_refuse_other_runs` group key: every file, ranked or not
 
 
 def _refuse_other_runs(folder: Path, groups: dict, identities: dict) -> None:
@@ -205,7 +210,7 @@ def _refuse_other_runs(folder: Path, groups: dict, identities: dict) -> None:
     reasons = [f"different world sizes: {', '.join(map(str, sizes))}"] if len(sizes) > 1 else []
     for r, fs in groups.items():
         if len({identities[f].gpus for f in fs} - {()}) > 1:  # a file naming no GPU contradicts none
-            whose = f"rank {r}'s files" if r is not None else "the files without a rank"
+            whose = "the files" if r is _ALL else f"rank {r}'s files" if r is not None else "the files without a rank"
             reasons.append(f"{whose} name different GPUs")
     if not reasons:
         return

@@ -487,3 +487,16 @@ def test_a_precision_is_named_by_its_dtype_too():
         est.single("fp16")
     with pytest.raises(ValueError, match=r"strategy 'fsdp' is not one of 'ddp', 'zero1', 'zero2', 'zero3'"):
         est.per_gpu("fp32", "fsdp", 2)
+
+
+def test_a_strategy_is_read_in_any_case_and_a_missing_input_is_asked_for_as_the_caller_writes_it(ip):
+    from IPython.core.error import UsageError
+
+    est = estimate_memory(_mlp(), batch=8, device="cpu")
+    assert est.per_gpu("fp32", "DDP", 2) == est.per_gpu("fp32", "ddp", 2)  # "data parallel (DDP)" in the display
+    conv = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.Flatten())
+    with pytest.raises(Exception, match=r"pass an example batch \(example x\)"):
+        estimate_memory(conv, batch=8, device="cpu")
+    ip.user_ns["conv"] = conv
+    with pytest.raises(UsageError, match=r"pass an example batch \(--input x\)"):
+        ip.run_line_magic("memory_budget", "--model conv --batch 8")

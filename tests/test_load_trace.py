@@ -814,3 +814,12 @@ def test_the_merged_op_table_is_the_sum_of_the_ranks_tables(tmp_path):
         for column in ("calls", "cpu_self_us", "cpu_total_us", "device_total_us"):
             summed = per_rank[0][column].add(per_rank[1][column], fill_value=0).sort_index()
             assert merged[column].tolist() == pytest.approx(summed.tolist()), (group, column)
+
+
+def test_a_folder_with_an_unranked_trace_of_another_gpu_says_so_first(tmp_path):
+    """A user trial: the H100 trace (no rank) beside the B200 one (rank 0) was refused for the H100 file's
+    missing rank only; that the two name different GPUs is the likelier story, and said first."""
+    for name in (H100, B200):
+        (tmp_path / name).write_bytes(real_path(name).read_bytes())
+    with pytest.raises(TraceError, match=r"not one run \(the files name different GPUs\): NVIDIA B200.*NVIDIA H100"):
+        load_trace(tmp_path)

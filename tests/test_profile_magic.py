@@ -874,3 +874,20 @@ def test_the_flops_column_is_each_ops_own_and_sums_to_the_header(run_cell, ip):
     assert "self FLOPs" in table and re.search(r"aten::linear .* - ", table)
     assert f"({si(prof.header['flops'], 'FLOP')}, " in text.split("method: ")[0]
     assert "the column sums to the header's FLOPs" in text.split("method: ")[1]
+
+
+def test_the_mixed_precision_advice_names_what_its_maker_would_run(run_cell, ip, tmp_path):
+    """A user trial: `nbaccel.profile()` and a loaded trace were told "try %%amp (or --amp bf16 here)"."""
+    w = torch.randn(512, 512)
+    ip.user_ns["w"] = w
+    run_cell("%%profile_gpu -q -r prof --trace " + str(tmp_path / "t.json") + "\nfor _ in range(3): w @ w")
+    magic = next(a for a in ip.user_ns["prof"].advice if a.startswith("fp32 matmul/conv take"))
+    assert "try %%amp (or --amp bf16 here) -- " in magic
+    with nbaccel.profile() as prof:
+        for _ in range(3):
+            w @ w
+    api = next(a for a in prof.result.advice if a.startswith("fp32 matmul/conv take"))
+    assert "try nbaccel.compare_amp (or amp='bf16' here) -- " in api
+    loaded = next(a for a in nbaccel.load_trace(str(tmp_path / "t.json")).advice
+                  if a.startswith("fp32 matmul/conv take"))
+    assert "try nbaccel.compare_amp -- " in loaded  # a file cannot be profiled again under a recipe
