@@ -118,9 +118,11 @@ def _unfirm_timing(result: AmpResult) -> str | None:
     return f"{why} (see the warning{'s' if overlap and contended else ''}): re-run {fix}"
 
 
-def _nothing_to_cast(dtype: str) -> str:
-    return (f"no op ran in {dtype} -- autocast had nothing here to cast (reductions and elementwise ops stay "
-            "fp32); it speeds up matmuls and convolutions")
+def _nothing_to_cast(result: AmpResult) -> str:
+    if result.precision["reduced"]:  # the cell's own bf16 tensors: the same ops in both variants
+        return result.nothing_cast_words + " (autocast casts matmuls and convolutions)"
+    return (f"{result.nothing_cast_words} -- autocast had nothing here to cast (reductions and elementwise ops "
+            "stay fp32); it speeds up matmuls and convolutions")
 
 
 def _no_speedup(result: AmpResult, speedup: float, dtype: str) -> str:
@@ -131,8 +133,8 @@ def _no_speedup(result: AmpResult, speedup: float, dtype: str) -> str:
     if info.type == "cpu" and not (info.has_bf16_units if dtype == "bf16" else info.has_fp16_units):
         fact = (f"this CPU lacks {dtype} units (AMX / AVX512-{dtype.upper()}), so autocast only adds casts. "
                 "Measure on a GPU with Tensor Cores.")
-    elif not precision["reduced"]:
-        fact = _nothing_to_cast(dtype) + "."
+    elif result.nothing_cast:
+        fact = _nothing_to_cast(result) + "."
     elif precision["reduced_flop_share"] is not None and precision["reduced_flop_share"] < 0.5:
         fact = (f"only {precision['reduced_flop_share']:.0%} of the FLOPs ran in {dtype}; the time goes to ops "
                 "autocast keeps in fp32.")
@@ -198,7 +200,7 @@ def advise(result: AmpResult) -> list[str]:
                      "torch code (the times are of plain Python).")
         speedup = None  # a "speedup" of plain Python is noise; say nothing more about it
     if result.speedup_from_noise and speedup is not None:
-        notes.append(f"No speedup: {_nothing_to_cast(dtype)}. Both variants ran the same fp32 kernels, so the "
+        notes.append(f"No speedup: {_nothing_to_cast(result)}. Both variants ran the same kernels, so the "
                      f"{speedup:.2f}x between their times is run-to-run variation, not an effect of {dtype}.")
         speedup = None
     if result.nonfinite_result:

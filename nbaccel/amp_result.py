@@ -169,9 +169,40 @@ class AmpResult(ResultMixin):
         variants then ran the same kernels, so their times say nothing about the recipe (a user trial
         read "speedup 6.48x" on a cell of means and concatenations)."""
         recipe = self.amp.recipe
-        if recipe.autocast_dtype is None or self.amp.ops.empty or self.precision["reduced"]:
-            return False
+        if recipe.autocast_dtype is None or self.amp.ops.empty or self.reduced_by_recipe or self.baseline_reduced:
+            return False  # (a cell running its own autocast has a flag of its own: `baseline_reduced`)
         return not ((recipe.tf32 or recipe.cudnn_benchmark) and self.precision["heavy_fp32"])
+
+    @property
+    def speedup_claimed(self) -> bool:
+        """Whether the report states ``speedup`` as the recipe's: not with fewer than `MIN_RUNS` timed runs,
+        where the recipe changed nothing (`nothing_cast`), where the fp32 run was not fp32
+        (`baseline_reduced`) or where no torch op ran. ``speedup`` keeps the measured ratio either way;
+        a table of results (`results_frame`) has both."""
+        return (self.speedup is not None and not too_few_runs(self) and not self.nothing_cast
+                and not self.baseline_reduced and not self.amp.ops.empty)
+
+    @property
+    def reduced_by_recipe(self) -> list[str]:
+        """The ops that ran in reduced precision under the recipe but not in the fp32 run ("op (dtype)"):
+        what the recipe changed. A cell that makes bf16 tensors itself (``x.to(torch.bfloat16)``) runs
+        those ops in bf16 in both variants; a user trial was told "bf16 autocast is 1.80x faster" there."""
+        def reduced(ops) -> set:
+            if ops is None or ops.empty:
+                return set()
+            rows = ops[ops["dtype"].isin(REDUCED_DTYPES)]
+            return set(zip(rows["op"], rows["dtype"]))
+
+        base = reduced(self.baseline.ops) if self.baseline is not None else set()
+        return sorted(f"{op} ({dtype})" for op, dtype in reduced(self.amp.ops) - base)
+
+    @property
+    def nothing_cast_words(self) -> str:
+        """Why `nothing_cast`, in words: "no op ran in bf16", or that the bf16 ops ran in the fp32 run too."""
+        name = self.amp.name
+        if self.precision["reduced"]:
+            return f"the recipe cast no op: the {name} ops ran in {name} in the fp32 run too"
+        return f"no op ran in {name}"
 
     @property
     def speedup_from_noise(self) -> bool:
@@ -264,6 +295,7 @@ class AmpResult(ResultMixin):
             "amp": self.amp.to_dict(),
             "speedup": self.speedup,
             "speedup_uncertain": self.speedup_uncertain,
+            "speedup_claimed": self.speedup_claimed,
             "memory_saving": self.memory_saving,
             "memory_firm": self.memory_firm,
             "drift": self.drift,
@@ -271,6 +303,7 @@ class AmpResult(ResultMixin):
             "precision": self.precision,
             "baseline_reduced": self.baseline_reduced,
             "nothing_cast": self.nothing_cast,
+            "reduced_by_recipe": self.reduced_by_recipe,
             "unaligned_matmuls": self.unaligned_matmuls,
             "snapshot_bytes": self.snapshot_bytes,
             "restored": self.restored,

@@ -288,7 +288,7 @@ def amp_row(result) -> dict:
     # gathered speedup without them read as firm where no rank's own report was (a user trial).
     row["warnings"] = result.noise_warnings
     if result.nothing_cast and result.speedup is not None:  # the rank's own headline does not claim it either
-        row["warnings"].append(f"no op ran in {result.amp.name}: the {result.speedup:.2f}x between the variants is "
+        row["warnings"].append(f"{result.nothing_cast_words}: the {result.speedup:.2f}x between the variants is "
                                "not the recipe's (they ran the same kernels)")
     return row
 

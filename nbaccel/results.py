@@ -91,7 +91,8 @@ def json_safe(value):
 # Headline fields per kind, as dotted paths into ``to_dict()``; `results_frame` reads these, so a
 # saved notebook's results load the same way in later nbaccel versions.
 _HEADLINES = {
-    "amp": {"device": "device.name", "dtype": "amp.name", "speedup": "speedup", "memory_saving": "memory_saving",
+    "amp": {"device": "device.name", "dtype": "amp.name", "speedup": "speedup", "speedup_claimed": "speedup_claimed",
+            "memory_saving": "memory_saving",
             "fp32_median_s": "baseline.time.median_s", "amp_median_s": "amp.time.median_s",
             "drift_max_rel": "drift.max_rel"},
     "profile": {"device": "header.device", "dtype": "header.dominant_dtype", "wall_us": "header.wall_us", "device_time_us": "header.device_time_us",

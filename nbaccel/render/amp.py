@@ -61,7 +61,7 @@ def headline(result) -> str:
 
 def _nothing_cast(result) -> str:
     """Why a ratio measured where the recipe changed no op is not claimed, either way (the advice says more)."""
-    return f"no op ran in {result.amp.name}; {result.speedup:.2f}x measured"
+    return f"{result.nothing_cast_words}; {result.speedup:.2f}x measured"
 
 
 def _too_few(result) -> str:
