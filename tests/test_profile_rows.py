@@ -163,6 +163,17 @@ def test_header_figures_equal_the_dataframe_formulas(result):
     assert trace.window() == (min(float(df["ts_us"].min()) for df in frames),
                               max(float((df["ts_us"] + df["dur_us"]).max()) for df in frames))
     assert result.op_count == len(trace.ops) and result.kernel_count == len(trace.kernels)
+    # The header's "op calls" is the sum of the op table's calls column, re-dispatches not counted twice.
+    assert result.header["ops"] == int(result.grouped("op")["calls"].sum()) <= result.op_count
+
+
+def test_the_header_counts_op_calls_as_the_table_does():
+    # Under autocast a wrapper re-dispatches one call (aten::copy_ inside aten::copy_, ...): the header
+    # once said 29 ops beside a table whose calls summed to 27.
+    r = _results.get("small ops+amp") or _live(_many_small_ops, amp="bf16")
+    calls = sum(row["calls"] for row in r.grouped_rows("op"))
+    assert r.header["ops"] == calls < r.op_count
+    assert f"op calls / kernels: {calls:,} / 0" in render_profile.text(r)
 
 
 def test_unaligned_shapes_from_columns_equal_the_dataframe_version(result):

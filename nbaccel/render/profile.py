@@ -134,7 +134,7 @@ def header_items(result) -> list[tuple[str, str]]:
         items.append(("device busy", "-" if busy is None else f"{busy:.0%}"))
     else:
         items.append(("device time", "no GPU: CPU profiled"))
-    items.append(("ops / kernels", f"{h['ops']:,} / {h['kernels']:,}"))
+    items.append(("op calls / kernels", f"{h['ops']:,} / {h['kernels']:,}"))
     if h["flops"]:
         # the total FLOPs too: the table's self FLOPs column sums to it
         items.append(("achieved", f"{si(h['flops_per_s'], 'FLOP/s')} ({si(h['flops'], 'FLOP')}, "
