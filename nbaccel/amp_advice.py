@@ -219,6 +219,8 @@ def advise(result: AmpResult) -> list[str]:
                          "(see the warning): re-run when the machine is quiet before relying on it.")
         elif not result.speedup_uncertain:
             notes.append(f"{label} is {speedup:.2f}x faster here.")
+        else:  # the headline says "uncertain"; the advice says why and what settles it (a trial found it silent)
+            notes.append(f"{label} measured {speedup:.2f}x faster, but {_unfirm_timing(result)} before relying on it.")
     unaligned = _significant_unaligned(result)
     if unaligned:
         dims = sorted({d for m in unaligned for d in m["unaligned"]})[:6]

@@ -880,6 +880,17 @@ def test_a_slowdown_within_the_noise_is_not_given_a_confident_cause():
         assert any(a.startswith("No speedup (0.83x): the work is too small or memory-bound") for a in firm.advice)
 
 
+def test_an_uncertain_speedup_is_named_with_what_settles_it():
+    # Was: nothing about speed in the advice when the IQRs overlapped at >= 1.05x (the headline said
+    # "uncertain", the advice went on to padding and memory as if the speed had been judged).
+    x, w = torch.randn(64, 64), torch.randn(64, 64)
+    result = _slower_under_autocast([0.012, 0.016, 0.011, 0.015], [0.010, 0.012, 0.014, 0.011], lambda: x @ w)
+    assert result.speedup >= 1.05 and result.speedup_uncertain and result.contention_warning is None
+    assert f"bf16 autocast measured {result.speedup:.2f}x faster, but the two variants' IQRs overlap (see the " \
+           "warning): re-run with a larger repeat before relying on it." in result.advice
+    assert not any("faster here" in a for a in result.advice)
+
+
 def test_a_cause_that_does_not_depend_on_the_times_stays_beside_the_hedge():
     # "no op ran in bf16" is read from the op audit, true however noisy the times.
     x = torch.randn(256, 256)
