@@ -40,6 +40,7 @@ import numpy as np
 
 from . import profile_table as pt
 from .analysis.metrics import busiest_device
+from .analysis.sums import intervals_union
 from .analysis.trace import TraceData, TraceError, TraceWarning, _build, _metadata, paused_gc
 from .device import DeviceInfo
 from .options import in_magic, option, whole_number
@@ -353,21 +354,6 @@ def _rank_of_extreme(per_rank, column: str, largest: bool) -> int | None:
     return int(per_rank.loc[int(i), "rank"])
 
 
-def _union_us(starts: np.ndarray, ends: np.ndarray) -> float:
-    """Length of the union of intervals (concurrent streams are counted once)."""
-    if not len(starts):
-        return 0.0
-    order = np.argsort(starts, kind="stable")
-    s, e = starts[order], ends[order]
-    reach = np.maximum.accumulate(e)
-    new = np.empty(len(s), dtype=bool)
-    new[0] = True
-    new[1:] = s[1:] > reach[:-1]
-    first = np.flatnonzero(new)
-    last = np.r_[first[1:] - 1, len(s) - 1]
-    return float((reach[last] - s[first]).sum())
-
-
 def time_split(result: ProfileResult) -> dict:
     """Compute / exposed communication / idle time of one rank's device over its steps.
 
@@ -394,8 +380,8 @@ def time_split(result: ProfileResult) -> dict:
     s = np.clip(acts["ts_us"].to_numpy(float), lo, hi)
     e = np.clip((acts["ts_us"] + acts["dur_us"]).to_numpy(float), lo, hi)
     comm = acts["category"].eq("communication").to_numpy()
-    busy = _union_us(s, e)
-    compute = _union_us(s[~comm], e[~comm])
+    busy = intervals_union(s.tolist(), e.tolist())  # concurrent streams count once
+    compute = intervals_union(s[~comm].tolist(), e[~comm].tolist())
     out.update(compute_us=compute, communication_us=busy - compute, idle_us=span - busy,
                communication_kernel_us=float((e[comm] - s[comm]).sum()))
     return out
