@@ -168,3 +168,13 @@ def test_attention_backward_from_a_real_h200_trace_shape():
     # the seq-first kernels' own layout [B, L, H, D]
     seq_first = [[16, 512, 16, 64]] * 5
     assert op_flops("aten::_flash_attention_backward", seq_first) == 2 * 16 * 16 * 512 * 512 * 5 * 64
+
+
+def test_fused_linear_and_matrix_vector_products():
+    # aten::_addmm_activation (bias, mat1, mat2): TransformerEncoderLayer's fast-path linear + ReLU
+    assert op_flops("aten::_addmm_activation", [[32], [20, 16], [16, 32], [], [], []]) == 2 * 20 * 16 * 32
+    assert op_flops("aten::mv", [[24, 16], [16]]) == 2 * 24 * 16
+    # aten::addmv_ as aten::mv records it (self, mat, vec, beta, alpha)
+    assert op_flops("aten::addmv_", [[24], [24, 16], [16], [], []]) == 2 * 24 * 16
+    assert op_flops("aten::mv", [[24, 16], [15]]) is None
+

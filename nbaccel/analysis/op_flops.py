@@ -10,6 +10,15 @@ FLOP/s includes them: attention backward is the five batched matmuls of the reco
 gradients; ``convolution_backward`` is one forward's worth per gradient it computes (input,
 weight; from ``output_mask``). Backward matmuls show up as plain ``aten::mm`` already.
 
+Beyond ``flop_counter``'s registry, with the same conventions:
+``aten::_scaled_dot_product_flash_attention_for_cpu`` (and its backward), the CPU's attention
+kernel, which the registry lacks, so ``FlopCounterMode`` counts 0 for attention on the CPU;
+``aten::_addmm_activation``, the fused linear + ReLU/GELU of ``nn.TransformerEncoderLayer``'s
+inference fast path (an addmm); ``aten::mv``/``aten::addmv``, matrix-vector products (``A @ v``
+and its backward). Where the registry is wrong, nbaccel is not: ``flop_counter`` counts a grouped
+convolution's weight gradient ``groups`` times over (it multiplies by all input channels, not
+those of one group).
+
 Every function returns ``None`` when the shapes do not determine the answer; a made-up number
 would end up in a FLOP/s figure.
 """
@@ -73,6 +82,12 @@ def _mm(a: list[int] | None, b: list[int] | None) -> int | None:
         return None
     (m, k), (k2, n) = a, b
     return 2 * m * k * n if k == k2 else None
+
+
+def _mv(a: list[int] | None, v: list[int] | None) -> int | None:
+    if a is None or v is None or len(a) != 2 or len(v) != 1:
+        return None
+    return 2 * a[0] * a[1] if a[1] == v[0] else None
 
 
 def _bmm(a: list[int] | None, b: list[int] | None) -> int | None:
@@ -258,7 +273,8 @@ _SEQ_FIRST_ATTN_BWD = {"aten::_flash_attention_backward", "aten::_efficient_atte
 
 #: Op names for which :func:`op_flops` knows a formula.
 FLOP_OPS = frozenset(
-    {"aten::mm", "aten::bmm", "aten::addmm", "aten::matmul", "aten::linear", "aten::baddbmm"}
+    {"aten::mm", "aten::bmm", "aten::addmm", "aten::matmul", "aten::linear", "aten::baddbmm",
+     "aten::_addmm_activation", "aten::mv", "aten::addmv", "aten::addmv_"}
     | set(_CONV_ARGS)
     | _HEADS_FIRST_ATTN
     | _SEQ_FIRST_ATTN
@@ -288,8 +304,12 @@ def op_flops(
     s = lambda i: _shape(input_dims, i)  # noqa: E731 - tiny local accessor
     if name == "aten::mm":
         return _mm(s(0), s(1))
-    if name == "aten::addmm":
+    if name in ("aten::addmm", "aten::_addmm_activation"):
         return _mm(s(1), s(2))
+    if name == "aten::mv":
+        return _mv(s(0), s(1))
+    if name in ("aten::addmv", "aten::addmv_"):
+        return _mv(s(1), s(2))
     if name == "aten::bmm":
         return _bmm(s(0), s(1))
     if name == "aten::baddbmm":
