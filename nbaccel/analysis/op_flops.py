@@ -15,7 +15,7 @@ Beyond ``flop_counter``'s registry, with the same conventions:
 kernel, which the registry lacks, so ``FlopCounterMode`` counts 0 for attention on the CPU;
 ``aten::_addmm_activation``, the fused linear + ReLU/GELU of ``nn.TransformerEncoderLayer``'s
 inference fast path (an addmm); ``aten::mv``/``aten::addmv``, matrix-vector products (``A @ v``
-and its backward). Where the registry is wrong, nbaccel is not: ``flop_counter`` counts a grouped
+and its backward); recurrent layers (`rnn_flops`: LSTM, GRU, RNN). Where the registry is wrong, nbaccel is not: ``flop_counter`` counts a grouped
 convolution's weight gradient ``groups`` times over (it multiplies by all input channels, not
 those of one group).
 
@@ -27,6 +27,8 @@ from __future__ import annotations
 import ast
 from math import prod
 from typing import Any, Sequence
+
+from .rnn_flops import RNN_OPS, rnn_flops
 
 __all__ = ["op_flops", "dtype_of", "FLOP_OPS"]
 
@@ -281,6 +283,7 @@ FLOP_OPS = frozenset(
     | _HEADS_FIRST_ATTN_BWD
     | _SEQ_FIRST_ATTN_BWD
     | {"aten::convolution_backward"}
+    | RNN_OPS
 )
 
 
@@ -330,4 +333,6 @@ def op_flops(
         return _attention(s(1), s(2), s(3), heads_first=False, backward=True)
     if name == "aten::convolution_backward":
         return _conv_backward(input_dims, concrete_inputs)
+    if name in RNN_OPS:
+        return rnn_flops(name, input_dims, concrete_inputs, _parse_concrete)
     return None
