@@ -10,12 +10,13 @@ FLOP/s includes them: attention backward is the five batched matmuls of the reco
 gradients; ``convolution_backward`` is one forward's worth per gradient it computes (input,
 weight; from ``output_mask``). Backward matmuls show up as plain ``aten::mm`` already.
 
-Beyond ``flop_counter``'s registry, with the same conventions:
-``aten::_scaled_dot_product_flash_attention_for_cpu`` (and its backward), the CPU's attention
-kernel, which the registry lacks, so ``FlopCounterMode`` counts 0 for attention on the CPU;
-``aten::_addmm_activation``, the fused linear + ReLU/GELU of ``nn.TransformerEncoderLayer``'s
-inference fast path (an addmm); ``aten::mv``/``aten::addmv``, matrix-vector products (``A @ v``
-and its backward); recurrent layers (`rnn_flops`: LSTM, GRU, RNN). Where the registry is wrong, nbaccel is not: ``flop_counter`` counts a grouped
+Beyond ``flop_counter``'s registry, with the same conventions (checked against it on the CPU in
+``tests/test_flops_reference.py``): ``aten::_scaled_dot_product_flash_attention_for_cpu`` (and its
+backward), the CPU's attention kernel, which the registry lacks, so ``FlopCounterMode`` counts 0
+for attention on the CPU; ``aten::_addmm_activation``, the fused linear + ReLU/GELU of
+``nn.TransformerEncoderLayer``'s inference fast path (an addmm); ``aten::mv``/``aten::addmv``,
+matrix-vector products (``A @ v`` and its backward); recurrent layers (`rnn_flops`: LSTM, GRU,
+RNN). Where the registry is wrong, nbaccel is not: ``flop_counter`` counts a grouped
 convolution's weight gradient ``groups`` times over (it multiplies by all input channels, not
 those of one group).
 
