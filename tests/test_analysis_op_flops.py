@@ -168,3 +168,60 @@ def test_attention_backward_from_a_real_h200_trace_shape():
     # the seq-first kernels' own layout [B, L, H, D]
     seq_first = [[16, 512, 16, 64]] * 5
     assert op_flops("aten::_flash_attention_backward", seq_first) == 2 * 16 * 16 * 512 * 512 * 5 * 64
+
+
+def test_fused_linear_and_matrix_vector_products():
+    # aten::_addmm_activation (bias, mat1, mat2): TransformerEncoderLayer's fast-path linear + ReLU
+    assert op_flops("aten::_addmm_activation", [[32], [20, 16], [16, 32], [], [], []]) == 2 * 20 * 16 * 32
+    assert op_flops("aten::mv", [[24, 16], [16]]) == 2 * 24 * 16
+    # aten::addmv_ as aten::mv records it (self, mat, vec, beta, alpha)
+    assert op_flops("aten::addmv_", [[24], [24, 16], [16], [], []]) == 2 * 24 * 16
+    assert op_flops("aten::mv", [[24, 16], [15]]) is None
+
+
+# Recurrent layers: 2 FLOPs per weight-matrix element per token (T*B), whatever the gate count.
+LSTM_PARAMS = [[96, 16], [96, 24], [96], [96], [96, 24], [96, 24], [96], [96]]  # 2 layers, H=24, I=16
+LSTM_FORWARD = 2 * (10 * 2) * (96 * 16 + 96 * 24 + 96 * 24 + 96 * 24)
+
+
+def test_rnn_layer_ops_from_recorded_cpu_shapes():
+    # aten::lstm.input(input [T=10, B=2, I], hx [h0, c0], params, has_biases, num_layers, ...)
+    lstm = [[10, 2, 16], [[2, 2, 24], [2, 2, 24]], LSTM_PARAMS, [], [], [], [], [], []]
+    assert op_flops("aten::lstm", lstm) == LSTM_FORWARD
+    # aten::lstm.data (packed: data [17 tokens, I], batch_sizes, hx, params, ...)
+    packed = [[17, 16], [10], [[1, 2, 24], [1, 2, 24]], [[96, 16], [96, 24], [96], [96]], [], [], [], [], []]
+    assert op_flops("aten::lstm", packed) == 2 * 17 * (96 * 16 + 96 * 24)
+    # GRU (3 gates) and an LSTM with projections (w_hr [P=8, H=24]) need nothing special
+    assert op_flops("aten::gru", [[5, 3, 16], [1, 3, 24], [[72, 16], [72, 24], [72], [72]]]) == \
+        2 * 15 * (72 * 16 + 72 * 24)
+    proj = [[10, 2, 16], [[1, 2, 8], [1, 2, 24]], [[96, 16], [96, 8], [96], [96], [8, 24]]]
+    assert op_flops("aten::lstm", proj) == 2 * 20 * (96 * 16 + 96 * 8 + 8 * 24)
+    assert op_flops("aten::lstm", [[10, 2, 16], [[2, 2, 24]], [[96], [96]]]) is None  # no matrices
+    assert op_flops("aten::rnn_tanh", [[10, 2, 16]]) is None
+
+
+def test_mkldnn_rnn_layer_reads_only_the_two_weight_matrices():
+    # Bidirectional without biases: the bias slots (weight2/3) carry the reverse direction's matrices.
+    layer = [[10, 2, 16], [96, 16], [96, 24], [96, 16], [96, 24], [2, 24], [2, 24]] + [[]] * 9
+    assert op_flops("aten::mkldnn_rnn_layer", layer) == 2 * 20 * (96 * 16 + 96 * 24)
+    backward = [[10, 2, 16], [96, 16], [96, 24], [96], [96], [2, 24], [2, 24], [10, 2, 24], [2, 24], [2, 24],
+                [10, 2, 24]] + [[]] * 11 + [[53248]]
+    assert op_flops("aten::mkldnn_rnn_layer_backward", backward) == 2 * 2 * 20 * (96 * 16 + 96 * 24)
+
+
+def test_cudnn_rnn_from_its_schema():
+    # _cudnn_rnn(input, weight[], weight_stride0, weight_buf, hx, cx, mode, hidden_size, proj_size,
+    #            num_layers, batch_first, dropout, train, bidirectional, batch_sizes, dropout_state)
+    forward = [[10, 2, 16], LSTM_PARAMS, [], [25344], [2, 2, 24], [2, 2, 24]] + [[]] * 10
+    assert op_flops("aten::_cudnn_rnn", forward) == LSTM_FORWARD
+    # _cudnn_rnn_backward(input, weight[], weight_stride0, weight_buf, hx, cx, output, grad_output,
+    #   grad_hy, grad_cy, mode, ..., reserve, output_mask[input, hx, cx, weight]): backward-data
+    # always runs (one forward's worth), backward-weights when output_mask[3].
+    dims = [[10, 2, 16], LSTM_PARAMS, [], [25344], [2, 2, 24], [2, 2, 24], [10, 2, 24], [10, 2, 24],
+            [], [], [], [], [], [], [], [], [], [], [], [], [1024], []]
+    concrete = [""] * 10 + ["2", "24", "0", "2", "False", "0.", "True", "False", "[]", "", "",
+                            "[True, True, True, True]"]
+    assert op_flops("aten::_cudnn_rnn_backward", dims, None, concrete) == 2 * LSTM_FORWARD
+    frozen = concrete[:21] + ["[True, True, True, False]"]
+    assert op_flops("aten::_cudnn_rnn_backward", dims, None, frozen) == LSTM_FORWARD
+    assert op_flops("aten::_cudnn_rnn_backward", dims, None, concrete[:21]) is None  # mask unknown

@@ -10,6 +10,16 @@ FLOP/s includes them: attention backward is the five batched matmuls of the reco
 gradients; ``convolution_backward`` is one forward's worth per gradient it computes (input,
 weight; from ``output_mask``). Backward matmuls show up as plain ``aten::mm`` already.
 
+Beyond ``flop_counter``'s registry, with the same conventions (checked against it on the CPU in
+``tests/test_flops_reference.py``): ``aten::_scaled_dot_product_flash_attention_for_cpu`` (and its
+backward), the CPU's attention kernel, which the registry lacks, so ``FlopCounterMode`` counts 0
+for attention on the CPU; ``aten::_addmm_activation``, the fused linear + ReLU/GELU of
+``nn.TransformerEncoderLayer``'s inference fast path (an addmm); ``aten::mv``/``aten::addmv``,
+matrix-vector products (``A @ v`` and its backward); recurrent layers (`rnn_flops`: LSTM, GRU,
+RNN). Where the registry is wrong, nbaccel is not: ``flop_counter`` counts a grouped
+convolution's weight gradient ``groups`` times over (it multiplies by all input channels, not
+those of one group).
+
 Every function returns ``None`` when the shapes do not determine the answer; a made-up number
 would end up in a FLOP/s figure.
 """
@@ -18,6 +28,8 @@ from __future__ import annotations
 import ast
 from math import prod
 from typing import Any, Sequence
+
+from .rnn_flops import RNN_OPS, rnn_flops
 
 __all__ = ["op_flops", "dtype_of", "FLOP_OPS"]
 
@@ -73,6 +85,12 @@ def _mm(a: list[int] | None, b: list[int] | None) -> int | None:
         return None
     (m, k), (k2, n) = a, b
     return 2 * m * k * n if k == k2 else None
+
+
+def _mv(a: list[int] | None, v: list[int] | None) -> int | None:
+    if a is None or v is None or len(a) != 2 or len(v) != 1:
+        return None
+    return 2 * a[0] * a[1] if a[1] == v[0] else None
 
 
 def _bmm(a: list[int] | None, b: list[int] | None) -> int | None:
@@ -258,13 +276,15 @@ _SEQ_FIRST_ATTN_BWD = {"aten::_flash_attention_backward", "aten::_efficient_atte
 
 #: Op names for which :func:`op_flops` knows a formula.
 FLOP_OPS = frozenset(
-    {"aten::mm", "aten::bmm", "aten::addmm", "aten::matmul", "aten::linear", "aten::baddbmm"}
+    {"aten::mm", "aten::bmm", "aten::addmm", "aten::matmul", "aten::linear", "aten::baddbmm",
+     "aten::_addmm_activation", "aten::mv", "aten::addmv", "aten::addmv_"}
     | set(_CONV_ARGS)
     | _HEADS_FIRST_ATTN
     | _SEQ_FIRST_ATTN
     | _HEADS_FIRST_ATTN_BWD
     | _SEQ_FIRST_ATTN_BWD
     | {"aten::convolution_backward"}
+    | RNN_OPS
 )
 
 
@@ -288,8 +308,12 @@ def op_flops(
     s = lambda i: _shape(input_dims, i)  # noqa: E731 - tiny local accessor
     if name == "aten::mm":
         return _mm(s(0), s(1))
-    if name == "aten::addmm":
+    if name in ("aten::addmm", "aten::_addmm_activation"):
         return _mm(s(1), s(2))
+    if name == "aten::mv":
+        return _mv(s(0), s(1))
+    if name in ("aten::addmv", "aten::addmv_"):
+        return _mv(s(1), s(2))
     if name == "aten::bmm":
         return _bmm(s(0), s(1))
     if name == "aten::baddbmm":
@@ -310,4 +334,6 @@ def op_flops(
         return _attention(s(1), s(2), s(3), heads_first=False, backward=True)
     if name == "aten::convolution_backward":
         return _conv_backward(input_dims, concrete_inputs)
+    if name in RNN_OPS:
+        return rnn_flops(name, input_dims, concrete_inputs, _parse_concrete)
     return None
