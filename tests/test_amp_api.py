@@ -560,6 +560,10 @@ def test_fewer_than_three_timed_runs_claim_no_speedup(repeat):
     result = nbaccel.compare_amp(lambda: x @ x, repeat=repeat, warmup=0, clock=clock)
     assert result.speedup == pytest.approx(3.0) and result.speedup_uncertain
     assert not any("faster here" in a for a in result.advice)
+    # In the HTML the flag is in words, not only orange (nbaccel's <style> is stripped on GitHub).
+    from nbaccel.render import amp as render_amp
+
+    assert f'{result.speedup:.2f}x</div><div class="muted warn">(uncertain)</div>' in render_amp.html(result)
     assert any("repeat=5 or more (at least 3)" in a for a in result.advice)
     assert any("too few for a spread" in n for n in result.noise_warnings)
     result = nbaccel.compare_amp(lambda: x @ x, repeat=3, warmup=0, clock=clock)
@@ -889,6 +893,10 @@ def test_an_uncertain_speedup_is_named_with_what_settles_it():
     assert f"bf16 autocast measured {result.speedup:.2f}x faster, but the two variants' IQRs overlap (see the " \
            "warning): re-run with a larger repeat before relying on it." in result.advice
     assert not any("faster here" in a for a in result.advice)
+    # In the HTML the flag is in words, not only orange (nbaccel's <style> is stripped on GitHub).
+    from nbaccel.render import amp as render_amp
+
+    assert f'{result.speedup:.2f}x</div><div class="muted warn">(uncertain)</div>' in render_amp.html(result)
 
 
 def test_a_cause_that_does_not_depend_on_the_times_stays_beside_the_hedge():

@@ -35,6 +35,11 @@ def _no_torch_ops(result) -> bool:
     return result.amp.ops.empty and (result.baseline is None or result.baseline.ops.empty)
 
 
+def _speedup_flags(result) -> list[str]:
+    """What qualifies a measured speedup: its variants' IQRs overlap, other programs took the CPU."""
+    return [w for w, on in (("uncertain", result.speedup_uncertain), ("contended", _contended(result))) if on]
+
+
 def headline(result) -> str:
     parts = []
     if result.speedup is not None:
@@ -45,7 +50,7 @@ def headline(result) -> str:
         elif too_few_runs(result):
             parts.append(f"speedup not claimed ({_too_few(result)})")
         else:
-            flags = [w for w, on in (("uncertain", result.speedup_uncertain), ("contended", _contended(result))) if on]
+            flags = _speedup_flags(result)
             parts.append(f"speedup {result.speedup:.2f}x" + (f" ({', '.join(flags)})" if flags else ""))
     memory = memory_summary(result)
     if memory:
@@ -230,8 +235,12 @@ def _kpis(result) -> str:
     elif result.speedup is not None:
         cls = "big warn" if result.speedup_uncertain or _no_torch_ops(result) or _contended(result) else "big"
         label = "speedup (no torch ops ran)" if _no_torch_ops(result) else "speedup"
+        # The flags in words too: the orange alone is lost where nbaccel's <style> is stripped (GitHub,
+        # nbviewer), and a trial read an uncertain 1.20x there as a firm claim.
+        flags = _speedup_flags(result)
+        flag = f'<div class="muted warn">({", ".join(flags)})</div>' if flags else ""
         kpis.append(f'<div class="kpi"><div class="muted">{label}</div><div class="{cls} nbaccel-speedup">'
-                    f'{result.speedup:.2f}x</div></div>')
+                    f'{result.speedup:.2f}x</div>{flag}</div>')
     memory = memory_summary(result)
     if memory:
         label, value = memory
