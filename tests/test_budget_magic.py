@@ -753,3 +753,11 @@ def test_asking_for_an_estimate_by_another_name_says_how(ip):
         ip.run_line_magic("memory_budget", "--estimate --model m --batch 64")
     with pytest.raises(UsageError, match=r"did you mean --strict\?"):  # a real misspelling still gets its match
         ip.run_line_magic("memory_budget", "1GiB --strictt")
+
+
+def test_a_budget_given_as_an_option_says_it_is_the_first_word(ip):
+    # A user trial: "%memory_budget --budget 2GiB" answered "did you mean --quiet?".
+    for line in ("--budget 2GiB", "--budget=2GiB", "--limit 2GiB"):
+        with pytest.raises(UsageError, match=r"\(the budget is written without an option: %memory_budget 2GiB\)"):
+            ip.run_line_magic("memory_budget", line)
+    assert ip.find_line_magic("memory_budget").__self__.watcher is None  # nothing was set

@@ -41,10 +41,15 @@ _NEGATIVE = re.compile(r"^-\.?[0-9]")
 # Options that take a value: a negative number after one of them is that option's value (--near -0.5),
 # not a negative budget.
 _VALUE_OPTIONS = {"--device", "--near", "--model", "--optimizer", "--batch", "--input", "-r", "--result"}
+# Options a user may expect that mean something else here, said instead of the closest spelling.
 # "--estimate" (a user trial) read "did you mean --strict?": the estimate is asked for with --model.
-ESTIMATE_SPELLINGS = dict.fromkeys(
+OPTION_MEANINGS = dict.fromkeys(
     ("--estimate", "--predict", "--fit", "--fits"),
     "an estimate is asked for with --model NAME --batch N, e.g. %memory_budget --model model --batch 64")
+# "--budget 2GiB" (a user trial) read "did you mean --quiet?": the budget is the magic's first word.
+OPTION_MEANINGS.update(dict.fromkeys(
+    ("--budget", "--size", "--limit", "--max", "--memory", "--set"),
+    "the budget is written without an option: %memory_budget 2GiB"))
 CPU_ENFORCE_NOTE = ("--enforce: the CPU allocator has no per-process cap, so only a soft budget (checked after each "
                     "cell) is possible here; for a hard limit start the kernel in a cgroup "
                     "(systemd-run --user -p MemoryMax=6G jupyter lab, or docker --memory 6g)")
@@ -119,7 +124,7 @@ class BudgetMagics(Magics):
         for previous, token in zip([None] + tokens, tokens):
             if _NEGATIVE.match(token) and previous not in _VALUE_OPTIONS:
                 raise UsageError(f"a budget must be positive, got {token}; write e.g. 6GiB, 512MiB or 0.8")
-        args = parse_line(self.memory_budget, line, meanings=ESTIMATE_SPELLINGS)
+        args = parse_line(self.memory_budget, line, meanings=OPTION_MEANINGS)
         if args is None:  # -h/--help: the help was printed
             return None
         check_name(args.result)
