@@ -96,8 +96,10 @@ def _unitless_fix(raw: str, value: float, where: str) -> str:
             f"{share}")
 
 
-def _too_large(size: float, where: str, total: int, device: torch.device) -> BudgetError:
-    return BudgetError(f"a budget of {format_bytes(size)} is larger than {where} ({format_bytes(total)} on "
+def _too_large(size: float, where: str, total: int, device: torch.device, raw: str | None = None) -> BudgetError:
+    # The size as the user wrote it first: a trial's "6TB" was echoed as "5.46 TiB", a number they never typed.
+    asked = f"{raw} ({format_bytes(size)})" if raw and format_bytes(size) != raw else format_bytes(size)
+    return BudgetError(f"a budget of {asked} is larger than {where} ({format_bytes(total)} on "
                        f"{device}); use at most {format_bytes(total)}, or a share such as 0.9")
 
 
@@ -131,7 +133,7 @@ def _sized(raw: str, where: str, total: int | None, device: torch.device) -> int
                           + (f" (this one uses {format_bytes(rss)} now)" if rss else "")
                           + f"; did you mean {_quote(number + bigger)}?")
     if total and value > total:
-        raise _too_large(value, where, total, device)
+        raise _too_large(value, where, total, device, raw)
     if value > MAX_BYTES:  # where no total was given to compare with (a per-GPU budget of estimate_memory)
         raise BudgetError(f"{raw!r} is larger than any machine's memory; write e.g. {_quote('6GiB')}")
     return int(value)

@@ -490,6 +490,14 @@ def test_petabytes_and_exabytes_are_read_and_found_too_large(text):
         parse_budget(text, CPU, total=16 * GiB)
 
 
+def test_a_size_that_is_too_large_is_named_as_written():
+    # A trial's "6TB" was refused as "a budget of 5.46 TiB", a number the user never typed.
+    with pytest.raises(BudgetError, match=r"^a budget of 6TB \(5.46 TiB\) is larger than this host's"):
+        parse_budget("6TB", CPU, total=16 * GiB)
+    with pytest.raises(BudgetError, match=r"^a budget of 32 GiB is larger"):  # from Python: bytes, no text to echo
+        parse_budget(32 * GiB, CPU, total=16 * GiB)
+
+
 def test_a_per_gpu_budget_may_be_petabytes_but_not_beyond_any_memory():
     # estimate_memory reads its per-GPU budget without the device limit.
     assert parse_budget("1PiB", CPU, total=16 * GiB, limit=False) == 2**50
