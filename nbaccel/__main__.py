@@ -1,4 +1,8 @@
-"""``python -m nbaccel env``: the environment report in a terminal."""
+"""``python -m nbaccel``: the environment report and trace analysis in a terminal.
+
+``env`` is what ``%nbaccel_env`` shows; ``trace PATH`` is what ``%profile_trace PATH`` shows, for a
+trace on a cluster's login node or in CI where no notebook runs. Both are the plain API, printed.
+"""
 
 from __future__ import annotations
 
@@ -12,16 +16,50 @@ def main(argv=None) -> int:
 
     parser = argparse.ArgumentParser(prog="nbaccel", description="PyTorch performance in Jupyter")
     parser.add_argument("--version", action="version", version=f"nbaccel {__version__}")
-    sub = parser.add_subparsers(dest="command", required=True)
+    sub = parser.add_subparsers(dest="command")
     env = sub.add_parser("env", help="versions, device capabilities and precision flags")
     env.add_argument("--json", action="store_true", help="print JSON instead of text")
+    trace = sub.add_parser("trace", help="analyse a torch.profiler Chrome trace (what %%profile_trace shows)",
+                           description="Analyse a torch.profiler Chrome trace file, or a folder of per-rank traces: "
+                                       "the operator table, time by category, Tensor Core share, FLOP/s and advice.")
+    trace.add_argument("path", metavar="PATH", help="a .json / .json.gz trace file, or a folder of them")
+    trace.add_argument("--top", type=int, default=15, help="rows of the operator table (default 15)")
+    trace.add_argument("--sort", default=None, help="cpu, self, device, calls, memory or flops "
+                                                    "(default: device when the trace has kernels, else self)")
+    trace.add_argument("--shapes", action="store_true", help="group the table by op and input shapes")
+    trace.add_argument("--rank", type=int, default=None, help="in a folder of several ranks, only this rank")
+    trace.add_argument("--json", action="store_true", help="print the result's to_dict() as JSON")
     args = parser.parse_args(argv)
+    if args.command is None:  # `python -m nbaccel` alone: what there is, not "arguments are required"
+        parser.print_help()
+        return 0
     if args.command == "env":
         from .environment import env_report
 
         report = env_report()
         return _print(report.to_json(indent=2) if args.json else str(report))
-    return 0
+    return _trace(args)
+
+
+def _trace(args) -> int:
+    """Errors a user can fix (a wrong path, an option that cannot apply) are one line and status 2."""
+    import warnings
+
+    from .options import CLI_TRACE, magic_spelling
+    from .profile_options import ProfileError
+    from .trace_result import TraceError, TraceWarning, load_trace
+
+    try:
+        with magic_spelling(), warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", TraceWarning)
+            result = load_trace(args.path, rank=args.rank, top=args.top, sort=args.sort, shapes=args.shapes)
+    except (TraceError, ProfileError) as exc:
+        print(f"nbaccel trace: {exc}", file=sys.stderr)
+        return 2
+    for w in caught:  # skipped files and the like: said as plain lines, not as a source location
+        print(f"nbaccel trace: {w.message}", file=sys.stderr)
+    result.made_by = CLI_TRACE  # "nbaccel trace: ..."; its advice spells options as this command line (--top)
+    return _print(result.to_json(indent=2, default=str) if args.json else str(result))
 
 
 def _print(text: str) -> int:

@@ -23,6 +23,16 @@ def in_magic() -> bool:
     return _IN_MAGIC.get()
 
 
+# ``made_by`` of a result made by ``python -m nbaccel trace``: its header reads "nbaccel trace: ...".
+CLI_TRACE = "trace"
+
+
+def command_line_made(made_by: str) -> bool:
+    """Whether a result's maker took its options on a command line (``--top``): a magic
+    (``%%amp``, ``%profile_trace``) or ``python -m nbaccel trace``; else Python keywords (``top=``)."""
+    return made_by.startswith("%") or made_by == CLI_TRACE
+
+
 def option(name: str, value=_NAME_ONLY) -> str:
     """``--name value`` (``--name`` for a flag set to True) inside a magic, ``name=value`` outside."""
     if _IN_MAGIC.get():

@@ -13,7 +13,7 @@ import math
 from typing import TYPE_CHECKING
 
 from . import __version__
-from .options import magic_spelling
+from .options import command_line_made, magic_spelling
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -39,7 +39,7 @@ class ResultMixin:
         the result's maker took them: ``--repeat`` for a ``%%amp`` result printed later from Python (it
         read "use a larger repeat" under a header saying %%amp), ``repeat`` for ``compare_amp``'s."""
         made_by = getattr(self, "made_by", None)
-        return magic_spelling(made_by.startswith("%")) if isinstance(made_by, str) else contextlib.nullcontext()
+        return magic_spelling(command_line_made(made_by)) if isinstance(made_by, str) else contextlib.nullcontext()
 
     def to_json(self, **kwargs) -> str:
         return json.dumps(self.to_dict(), **kwargs)

@@ -1,0 +1,45 @@
+"""``python -m nbaccel``: help without a command, and ``trace`` (what %profile_trace shows) in a terminal."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from nbaccel.__main__ import main
+
+H200 = Path(__file__).parent / "data" / "h200_bf16_transformer_step.json.gz"
+
+
+def test_no_command_shows_the_commands_instead_of_an_error(capsys):
+    # A user trial: `python -m nbaccel` exited 2 with "the following arguments are required: command".
+    assert main([]) == 0
+    out = capsys.readouterr().out
+    assert "env" in out and "trace" in out and "usage: nbaccel" in out
+
+
+def test_trace_prints_the_report_a_notebook_shows(capsys):
+    assert main(["trace", str(H200), "--top", "3", "--sort", "flops"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("nbaccel trace: loaded trace h200_bf16_transformer_step.json.gz -- recorded on NVIDIA H200")
+    assert "top 3 of 94 rows by self FLOPs" in out and "Tensor Core share of kernel time: 45.3%" in out
+
+
+def test_trace_json_is_the_results_to_dict(capsys):
+    assert main(["trace", str(H200), "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["made_by"] == "trace" and data["header"]["kernels"] == 140
+
+
+def test_trace_mistakes_are_one_line_with_the_options_as_typed(capsys, tmp_path):
+    assert main(["trace", str(tmp_path / "missing.json")]) == 2
+    assert capsys.readouterr().err.strip() == f"nbaccel trace: {tmp_path / 'missing.json'}: no such file or folder"
+    assert main(["trace", str(H200), "--top", "0"]) == 2
+    assert capsys.readouterr().err.strip() == "nbaccel trace: --top must be at least 1, got 0"
+
+
+def test_the_module_runs_as_a_command():
+    proc = subprocess.run([sys.executable, "-m", "nbaccel", "trace", str(H200), "--top", "1"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and proc.stdout.startswith("nbaccel trace: ") and not proc.stderr
