@@ -229,16 +229,29 @@ class RankReport:
                 "summary": self.summary, "units": self.units}
 
     def __str__(self) -> str:
+        # "max on": the rank holding the largest value, the slowest for a time but the best for a speedup
+        # (the column was "max at (slowest / largest)", which a trial read as wrong on the speedup row).
         lines = [f"nbaccel {self.kind} across {self.world_size} rank(s):",
-                 f"  {'metric':<22} {'min':>12} {'median':>12} {'max':>12}  max at (slowest / largest)"]
+                 f"  {'metric':<22} {'min':>12} {'median':>12} {'max':>12}  max on"]
         for m in self.metrics:
             s = self.stats(m)
             if s["min"] is None:
                 continue
             fmt = _formatter(self.units.get(m))
-            lines.append(f"  {m:<22} {fmt(s['min']):>12} {fmt(s['median']):>12} {fmt(s['max']):>12}  "
+            lines.append(f"  {self.label(m):<22} {fmt(s['min']):>12} {fmt(s['median']):>12} {fmt(s['max']):>12}  "
                          f"{self._max_at(s)}")
         return "\n".join(lines)
+
+    def label(self, metric: str) -> str:
+        """A metric's name as a reader says it: its unit is in the figures (``fp32_median_s`` shown as
+        "11.3 ms" read as a mistake), and an AMP row names its dtype ("bf16 median", not "amp median")."""
+        unit = self.units.get(metric)
+        suffix = {"s": "_s", "us": "_us", "bytes": "_bytes"}.get(unit, "")
+        name = metric[: -len(suffix)] if suffix and metric.endswith(suffix) else metric
+        dtypes = {r.get("amp_dtype") for r in self.ranks} - {None}
+        if name.startswith("amp_") and len(dtypes) == 1:
+            name = f"{dtypes.pop()}_{name[4:]}"
+        return name.replace("_", " ")
 
     def _max_at(self, s: dict) -> str:
         if s["min"] == s["max"] and self.world_size > 1:

@@ -70,7 +70,7 @@ def test_gathered_amp_report_has_both_ranks(ddp_run):
         assert s["slowest_rank"] in (0, 1)
         assert s["max"] == max(row[metric] for row in report["ranks"])
     assert all(row["amp_dtype"] == "bf16" for row in report["ranks"])
-    assert "across 2 rank(s)" in r0["amp_text"] and "max at (slowest" in r0["amp_text"]
+    assert "across 2 rank(s)" in r0["amp_text"] and "max on" in r0["amp_text"]
     # the headline number and the recipe, which the gathered report once left out
     assert report["summary"]["speedup"]["min"] > 0 and re.search(r"speedup +[\d.]+x", r0["amp_text"])
     assert r0["amp_full"].endswith("recipe: bf16 against strict fp32 on every rank")
@@ -235,8 +235,8 @@ def test_failed_rank_keeps_its_own_error_when_the_exchange_fails(monkeypatch):
 def test_report_names_no_slowest_rank_when_all_ranks_are_equal():
     rows = [{"rank": r, "host": "h", "peak_bytes": 2**20, "t_s": 0.1 * (r + 1)} for r in range(3)]
     text = str(nd.RankReport("memory_budget", rows, ["peak_bytes", "t_s"], {"peak_bytes": "bytes", "t_s": "s"}))
-    peak_line = next(line for line in text.splitlines() if "peak_bytes" in line)
-    time_line = next(line for line in text.splitlines() if "t_s" in line)
+    peak_line = next(line for line in text.splitlines() if line.startswith("  peak "))
+    time_line = next(line for line in text.splitlines() if line.startswith("  t "))
     assert peak_line.endswith("equal on every rank") and "rank 2" not in peak_line
     assert time_line.endswith("rank 2 (h)")
 
@@ -293,6 +293,18 @@ def test_distributed_profile_names_a_wrong_folder_or_a_trace_argument(tmp_path, 
     with pytest.raises(TypeError, match=message):
         with nd.profile(*args, **kwargs):
             pass
+
+
+def test_gathered_rows_are_named_as_read_not_by_their_keys():
+    # A trial: "fp32_median_s 11.3 ms" and a "max at (slowest / largest)" column naming the best speedup.
+    rows = [{"rank": r, "host": "h", "amp_dtype": "bf16", "amp_median_s": 0.005 * (r + 1), "fp32_median_s": 0.0113,
+             "speedup": 2.0 - r, "amp_peak_bytes": 2**20} for r in (0, 1)]
+    report = nd.RankReport("compare_amp", rows, nd._AMP_METRICS, nd._AMP_UNITS)
+    text = str(report)
+    assert "max on" in text and "slowest" not in text and "_s " not in text and "_bytes" not in text
+    lines = {line.split("  ")[1].strip(): line for line in text.splitlines()[2:]}
+    assert set(lines) == {"fp32 median", "bf16 median", "speedup", "bf16 peak"}
+    assert "11.3 ms" in lines["fp32 median"] and lines["speedup"].endswith("rank 0 (h)")
 
 
 def test_gathered_amp_text_carries_each_ranks_warnings_and_uncertainty():
