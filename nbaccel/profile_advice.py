@@ -107,16 +107,16 @@ def _phase_notes(result: ProfileResult) -> list[str]:
     return notes
 
 
-def _amp_name() -> str:
+def amp_comparison_name() -> str:
     """The mixed-precision comparison as the result's maker would run it: the magic or the API."""
     return "%%amp" if in_magic() else "nbaccel.compare_amp"
 
 
 def _amp_words(result: ProfileResult) -> str:
-    """`_amp_name`, and profiling again under the recipe -- except for a loaded trace, which cannot be
+    """`amp_comparison_name`, and profiling again under the recipe -- except for a loaded trace, which cannot be
     re-run from here."""
     again = "" if result.loaded else f" (or {option('amp', 'bf16')} here)"
-    return _amp_name() + again
+    return amp_comparison_name() + again
 
 
 def advise(result: ProfileResult) -> list[str]:
@@ -184,7 +184,7 @@ def advise(result: ProfileResult) -> list[str]:
         notes.append(f"fp32 matmul/conv ops ran without Tensor Cores ({pt.pairwise_sum([m[4] for m in misses]):.0%} "
                      "of device time: "
                      f"{names}); enable TF32 (torch.backends.cuda.matmul.fp32_precision = 'tf32') or use "
-                     f"{_amp_name()}.")
+                     f"{amp_comparison_name()}.")
     significant = [e for e in result.unaligned if (e["share"] or 0) >= UNALIGNED_SHARE and padding_pays_here(result, e)]
     if significant:
         pairs = {}

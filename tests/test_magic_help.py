@@ -114,6 +114,16 @@ def test_help_is_plain_text_not_restructuredtext(run_cell):
     assert captured.stdout.lstrip().startswith("%nbaccel_env [-h]")
 
 
+def test_help_shows_choices_and_optional_values_as_the_usage_line_does(run_cell):
+    # IPython wraps them in <> for reST: "--sort <{cpu,self,...}>", "--amp <[DTYPE]>" (a user trial).
+    _, captured = run_cell("%%profile_gpu -h\n1")
+    lines = captured.stdout.splitlines()
+    assert "<" not in captured.stdout.replace("<=", "")
+    assert any(line.startswith("  --sort {cpu,self,device,calls,memory,flops}") for line in lines)
+    amp, device = (next(line for line in lines if line.startswith(f"  --{o} ")) for o in ("amp", "device"))
+    assert amp.startswith("  --amp [DTYPE]  ") and amp.index("profile under") == device.index("auto, cpu")
+
+
 @pytest.mark.parametrize("source", ["%%amp -h", "%%amp --help", "%%profile_gpu -h", "%%profile_gpu --help\n",
                                     "%%amp -r res -q --help", "%%profile_gpu --top 3 -h"])
 def test_help_prints_with_an_empty_cell_body(run_cell, ip, source):

@@ -106,6 +106,11 @@ def test_cpu_shapes_list_says_fp32_padding_counts_on_a_gpu_or_under_bf16(run_cel
     assert lines[0].startswith("fp32 matmul/conv on the CPU run on the vector units, not on tiles") and \
         "on a GPU (Tensor Cores) or under bf16 autocast" in lines[0]
     assert row in str(prof) and "not fp32 on the CPU" in prof._repr_html_()
+    # The comparison to run is named as the result's maker would run it (a trial: "%%amp" from Python).
+    assert "autocast (AMX tiles; %%amp):" in str(prof)
+    with nbaccel.profile(device="cpu") as api:
+        ip.user_ns["a"] @ ip.user_ns["b"]
+    assert "autocast (AMX tiles; nbaccel.compare_amp):" in str(api.result)
     # Under bf16 autocast the CPU's AMX tiles do take the op: a task for now, said as before.
     prof, _, _ = profile_cell(run_cell, ip, opts="-q -r prof --device cpu --amp bf16")
     row = next(line for line in render_profile.unaligned_lines(prof) if "N=1001 -> 1008" in line)

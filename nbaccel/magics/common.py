@@ -269,6 +269,17 @@ class _HelpAction(argparse.Action):
 help_option = argument("-h", "--help", action=_HelpAction, help="show this help and do nothing else")
 
 
+_BRACKETED = r"<([\[{][^<>\n]*[\]}])>"
+
+
+def plain_help(text: str) -> str:
+    """A magic's help without the <> IPython wraps around a value that is not a plain name, for reST
+    ("--sort <{cpu,self}>", "--amp <[DTYPE]>"; a user trial found them odd): the usage line shows the
+    plain form. The option's help text stays in its column. Used for ``-h`` and for ``%name?``."""
+    text = re.sub(_BRACKETED + r"(?= )", r"\1  ", text)
+    return re.sub(_BRACKETED, r"\1", text)
+
+
 def magic_name(magic) -> str:
     """``%name`` or ``%%name``, as the user types it."""
     name = real_name(magic)
@@ -377,7 +388,7 @@ def parse_line(magic, line: str, hint: Callable[[str], str | None] | None = None
     except _HelpRequested:
         # IPython formats a magic's help as reST for `%name?` (a "::" literal-block marker, then
         # the usage indented); printed as the answer to -h, it reads as plain text.
-        print(re.sub(r"^::\s*\n", "", magic.parser.format_help().lstrip()).rstrip())
+        print(plain_help(re.sub(r"^::\s*\n", "", magic.parser.format_help().lstrip()).rstrip()))
         return None
     except ValueError as exc:
         raise UsageError(f"cannot parse the options {line!r}: {exc}; check the quotes") from None

@@ -173,7 +173,8 @@ def _gradient_lines(result) -> list[str]:
     lines = [f"{g['tensors_with_grad']} tensors got gradients; overflow (inf/NaN): {g['overflow_tensors']} tensors, "
              f"{g['overflow_elements']} elements"]
     if g["underflow_fraction"] is not None:
-        lines.append(f"underflow: {g['underflow_elements']} entries nonzero in fp32 became 0 in {g['dtype']} "
+        n = g["underflow_elements"]
+        lines.append(f"underflow: {n} {'entry' if n == 1 else 'entries'} nonzero in fp32 became 0 in {g['dtype']} "
                      f"({g['underflow_fraction']:.3%})")
     lines.append("GradScaler: " + ("used" if g["grad_scaler"] else "not used")
                  + (" -- it skipped this step (inf/NaN found)" if g.get("scaler_skipped_step") else ""))

@@ -271,7 +271,7 @@ def unaligned_lines(result, limit: int = UNALIGNED_ROWS) -> list[str]:
     padded dim fills no tile and only adds work (AMX takes bf16/fp16/int8). Such rows say where the
     padding would count -- on a GPU, or under bf16 autocast -- and one line before them says why.
     A user trial read "C_in=3 -> 8 (multiple of 8 for fp32)" on a CPU profile as advice."""
-    from ..profile_advice import padding_pays_here
+    from ..profile_advice import amp_comparison_name, padding_pays_here
 
     entries = result.unaligned
     where = "device" if result.on_device else "CPU"
@@ -280,7 +280,7 @@ def unaligned_lines(result, limit: int = UNALIGNED_ROWS) -> list[str]:
     if later:
         out.append(f"{'/'.join(later)} matmul/conv on the CPU run on the vector units, not on tiles: padding their "
                    "dims would only add work here. Their padded sizes count on a GPU (Tensor Cores) or under bf16 "
-                   "autocast (AMX tiles; %%amp):")
+                   f"autocast (AMX tiles; {amp_comparison_name()}):")
     for e in entries[:limit]:
         fixes = ", ".join(f"{k}={v} -> {e['pad_to'][k]}" for k, v in e["unaligned"].items())
         share = f", {_share(e['share'])} of {where} time" if e.get("share") is not None else ""
