@@ -26,3 +26,12 @@ def test_format_bytes(n, text):
 ])
 def test_format_seconds(seconds, text):
     assert format_seconds(seconds) == text
+
+
+def test_text_tables_end_their_lines_without_padding():
+    # A terminal trial: %nbaccel_env and the holders table padded every row to the last column's width.
+    from nbaccel.render.common import text_table
+
+    text = text_table(["name", "detail"], [["opt", "AdamW state for 4 params"], ["x", ""]], left=(0, 1))
+    assert text.splitlines() == ["name  detail", "----  ------------------------", "opt   AdamW state for 4 params",
+                                 "x"]

@@ -99,7 +99,9 @@ def text_table(headers: list[str], rows: list[list], left=(0,)) -> str:
     widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
     lines = []
     for n, row in enumerate(cells):
-        lines.append("  ".join(c.ljust(w) if i in left else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths))))
+        # rstrip: a left-aligned last column padded every line with trailing spaces (a terminal trial)
+        lines.append("  ".join(c.ljust(w) if i in left else c.rjust(w)
+                               for i, (c, w) in enumerate(zip(row, widths))).rstrip())
         if n == 0:
             lines.append("  ".join("-" * w for w in widths))
     return "\n".join(lines)
