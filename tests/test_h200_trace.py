@@ -52,6 +52,19 @@ def test_gemm_flops_by_hand(h200):
     assert row["calls"] == 2 and row["flops"] == 2 * 2 * 8192 * 1024 * 4096
 
 
+def test_cudnn_attention_flops_sit_on_the_ops_that_hold_the_device_time(h200):
+    # _scaled_dot_product_cudnn_attention(_backward) run aten::_cudnn_attention_forward(_backward),
+    # which hold the kernels: the FLOPs were on the parents' rows (0 device self time), "-" on these.
+    t = h200.table(group="op").set_index("name")
+    b, h, s, d = 16, 16, 512, 64
+    forward = 2 * 2 * b * h * s * s * d  # Q K^T and P V, torch.utils.flop_counter's sdpa formula
+    assert t.loc["aten::_cudnn_attention_forward", "flops"] == 2 * forward  # 2 active steps
+    assert t.loc["aten::_cudnn_attention_backward", "flops"] == 2 * forward * 5 // 2  # 5 products
+    assert t.loc[["aten::_scaled_dot_product_cudnn_attention",
+                  "aten::_scaled_dot_product_cudnn_attention_backward"], "flops"].isna().all()
+    assert h200.header["flops"] == 1_254_130_450_432  # counted once, as before
+
+
 def test_an_op_recorded_inside_itself_is_one_call(h200):
     # Autocast re-dispatches aten::mm inside aten::mm: counted twice (as key_averages() does), the
     # mm row once showed 30 calls and 1.55 TFLOP, more than the whole step's 1.25 TFLOP.

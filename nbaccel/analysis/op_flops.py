@@ -263,6 +263,9 @@ _HEADS_FIRST_ATTN = {
     "aten::_scaled_dot_product_cudnn_attention",
     "aten::_scaled_dot_product_flash_attention_for_cpu",
     "aten::_scaled_dot_product_attention_math",
+    # cuDNN's kernel op under _scaled_dot_product_cudnn_attention (H100/H200 bf16): counting it, the
+    # innermost op, puts the FLOPs on the row that holds the device time (they were on its parent).
+    "aten::_cudnn_attention_forward",
 }
 _SEQ_FIRST_ATTN = {"aten::_flash_attention_forward", "aten::_efficient_attention_forward"}
 # Backward ops take (grad_out, query, key, value, ...): the shapes start one position later.
@@ -271,6 +274,7 @@ _HEADS_FIRST_ATTN_BWD = {
     "aten::_scaled_dot_product_efficient_attention_backward",
     "aten::_scaled_dot_product_cudnn_attention_backward",
     "aten::_scaled_dot_product_flash_attention_for_cpu_backward",
+    "aten::_cudnn_attention_backward",  # (grad_out, query, key, value, out, logsumexp, ...)
 }
 _SEQ_FIRST_ATTN_BWD = {"aten::_flash_attention_backward", "aten::_efficient_attention_backward"}
 
