@@ -15,6 +15,19 @@ def test_syntax_error_in_a_magic_cell_is_a_usage_error_naming_the_line(ip):
             ip.run_cell_magic(magic, "", "x = 1\nloss = train_step(\n")
 
 
+@pytest.mark.parametrize("magic", ["amp", "profile_gpu"])
+@pytest.mark.parametrize("cell, message", [
+    # What Python says, at the line of the opening bracket; IPython's parse said "(incomplete input) at line 2: "
+    # for the first (a terminal cell ends in a blank line): no excerpt, the wrong line (a user trial).
+    ("loss = train_step(\n\n", r"\('\(' was never closed\) at line 1: loss = train_step\(; fix it"),
+    ("x = [1,\n     2,\n", r"\('\[' was never closed\) at line 1: x = \[1,; fix it"),
+    ("s = \"\"\"abc\n", r"\(unterminated triple-quoted string literal \(detected at line 1\)\) at line 1: s = "),
+])
+def test_an_unclosed_bracket_is_reported_as_python_reports_it(ip, magic, cell, message):
+    with pytest.raises(UsageError, match=r"^SyntaxError in the cell " + message):
+        ip.run_cell_magic(magic, "", cell)
+
+
 @pytest.mark.parametrize("body, message", [
     # These parse but fail to compile outside a function: they escaped as a SyntaxError through nbaccel and codeop.
     ("x = 1\nreturn x", r"\('return' outside function\) at line 2: return x; a cell's top level is not a function "
