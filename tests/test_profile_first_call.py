@@ -1,4 +1,5 @@
-"""A profile of a first call says so: an optimizer creating its state, in the advice (a user trial: a first AdamW step read
+"""A profile of a first call says so: an optimizer creating its state in the advice, and "no warm-up"
+in the header and method (a user trial: a first AdamW step read
 ``aten::fill_ 46.6 ms`` as the #2 op, wall 386 ms against about 20 ms later, and nothing said why).
 """
 
@@ -82,6 +83,10 @@ def test_first_step_advice_through_the_magic(ip, run_cell):
     most = next(iter(inner))
     assert (f"of the wall time, most of it {most} in the op table)" in line) == (most != "aten::zeros_like")
     assert _first_call_lines(second) == []
+    # the header and the method say there was no warm-up, in the magic's spelling
+    text = str(first)
+    assert "(1 step, no warm-up)" in text and "; one run, no warm-up: had the code not run before" in text
+    assert "and --warmup 1 profiles a later run" in text
 
 
 def test_a_warm_up_run_leaves_the_first_step_out(ip, run_cell):
@@ -89,6 +94,8 @@ def test_a_warm_up_run_leaves_the_first_step_out(ip, run_cell):
     run_cell("%%profile_gpu -q -r prof --warmup 1\nstep()")
     prof = ip.user_ns["prof"]
     assert _first_call_lines(prof) == [] and prof.phase_times["optimizer_steps"] == 1
+    text = str(prof)
+    assert "no warm-up" not in text and "(1 step after 1 warmup)" in text
 
 
 def test_an_optimizer_made_in_every_run_is_named_after_the_warm_up(ip, run_cell):
@@ -104,6 +111,7 @@ def test_the_api_spells_the_option_as_python(ip):
     [line] = _first_call_lines(result)
     assert "(4 aten::clone in Optimizer.step#SGD.step: " in line  # its momentum buffers: a cheap state ...
     assert "profile a later step (warmup=1 runs the code once" in line  # ... said all the same: the step is a first
+    assert "and warmup=1 profiles a later run" in str(result)
 
 
 def test_one_first_step_among_many_is_not_advised_on():
