@@ -39,6 +39,15 @@ SMALL_OP_SHARE = 0.25        # their self time as a share of all ops' self CPU t
 # of the wall time: from a tenth on they change what the tables say the cell costs.
 COMPILE_SHARE = 0.10
 DATA_LOADING_SHARE = 0.10
+# An optimizer creating its state happens on its first step only (`phases.optimizer_state_rows`): the
+# evidence that the profile holds a first call, whose one-time costs the trace cannot separate
+# (oneDNN/cuDNN setup, allocator growth). Said when such steps are at least half of the profile's
+# optimizer steps (a one-step profile of a first step: the small CNN's SGD made its momentum buffers
+# in 80 us, 0.3% of a 31 ms step that took 20 ms the next time), or when creating the state took at
+# least OPTIMIZER_STATE_SHARE of the wall time (the MLP's first AdamW step: 12 aten::zeros_like, 10%).
+# Not for one first step among many: it hardly counts there (a loop of 20 of the MLP's AdamW steps from
+# a fresh optimizer: 1 of 20 steps, 0.05% of the wall time; of 3 steps: 1 of 3, 2.8%).
+OPTIMIZER_STATE_SHARE = 0.05
 UNALIGNED_SHARE = 0.05       # below 5% of the time: listed, not advised on (%%amp: 5% of the FLOPs; a 10-class head is no target)
 _CONV = re.compile("conv", re.IGNORECASE)
 
@@ -86,6 +95,7 @@ def _phase_notes(result: ProfileResult) -> list[str]:
                    "compiled code costs")
         notes.append(f"{times['compile_us'] / 1e6:.2f} s ({share:.0%}) of this profile was torch.compile compiling, "
                      f"not running the cell: {fix}.")
+    notes += _first_call_notes(result)
     share = times["data_loading_us"] / wall
     if share >= DATA_LOADING_SHARE:
         calls = times["data_loading_calls"]
@@ -105,6 +115,55 @@ def _phase_notes(result: ProfileResult) -> list[str]:
                    "in worker processes while this one computes")
         notes.append(f"{head}: {fix}.")
     return notes
+
+
+def _first_call_notes(result: ProfileResult) -> list[str]:
+    """A profile of an optimizer's first step (it created its state), with how to profile a later one.
+
+    (A first step much slower than the later ones of ``--steps 3`` was tried as evidence too, and
+    dropped: the profiler's own first recorded step is slower, 0.9 / 0.3 / 0.4 ms for a warm 8-element
+    add on the 2-core VM, and on a loaded machine a warm one came out over 5 ms and 1.5x slower.)"""
+    times, wall, opts = result.phase_times, result.window_us, result.options
+    state_us = times["optimizer_state_us"]
+    first_steps, all_steps = times["optimizer_state_steps"], times["optimizer_steps"]
+    if first_steps and (2 * first_steps >= all_steps or state_us / wall >= OPTIMIZER_STATE_SHARE):
+        by = " and ".join(times["optimizer_state_by"])
+        ops = ", ".join(f"{n} {name}" for name, n in sorted(times["optimizer_state_ops"].items()))
+        ranges = ", ".join(f"Optimizer.step#{o}.step" for o in times["optimizer_state_by"])
+        of = f"; {first_steps} of the profile's {all_steps} optimizer steps" if first_steps < all_steps else ""
+        # the op table shows self time: AdamW's zeros_like is mostly its aten::fill_ row there (a user trial
+        # read "aten::fill_ 46.6 ms" as the #2 op and could not tell where it came from)
+        most = next(iter(times["optimizer_state_self"]), None)
+        shown = f", most of it {most} in the op table" if most and most not in times["optimizer_state_ops"] else ""
+        found = (f"This profile holds the first step of {by}: it created its state ({ops} in {ranges}: "
+                 f"{_ms(state_us)}, {_pct(state_us / wall)} of the wall time{shown}{of})")
+        if opts.warmup and result.loaded is None:
+            runs = f"{opts.warmup} warm-up run{'s' if opts.warmup > 1 else ''}"
+            return [f"{found} after {runs}: an optimizer does that on its first step only, so the warm-up did not "
+                    "step it, or the profiled code makes a new optimizer (or new parameters) each run; create it "
+                    "once, outside the profiled code, to profile the steady step."]
+        fix = ("record a later step" if result.loaded is not None else
+               f"profile a later step ({option('warmup', 1)} runs the code once before recording)")
+        return [f"{found}: an optimizer does that on its first step only, and a first call also pays one-time "
+                f"setup the trace cannot separate ({_setup_words(result)}), so these times are likely "
+                f"higher than a later step's; {fix}."]
+    return []
+
+
+def _setup_words(result: ProfileResult) -> str:
+    """What a first call sets up, on the profiled device (the trace shows it only as slower ops)."""
+    if result.on_device:
+        return "cuDNN/cuBLAS handles and algorithm choice, the CUDA caching allocator's first blocks"
+    return "oneDNN primitives, the allocator's first blocks"
+
+
+def _ms(us: float) -> str:
+    return f"{us / 1e3:,.1f} ms" if us >= 1e3 else f"{us:,.0f} µs"
+
+
+def _pct(share: float) -> str:
+    """A share as the advice quotes it: a small one keeps a decimal (0.3%, not a "0%" that reads as none)."""
+    return f"{share:.0%}" if share >= 0.095 else f"{share:.1%}" if share >= 0.001 else "<0.1%"
 
 
 def amp_comparison_name() -> str:

@@ -309,12 +309,28 @@ class ProfileResult(ResultMixin):
     def phase_times(self) -> dict:
         """What the advice quotes: torch.compile's compile time (union of its outermost ranges, us, and
         how many), the DataLoader's ``__next__`` time (union, us), its calls, whether it had worker
-        processes, and the part of it no op covers (``data_loading_gaps``, per call)."""
+        processes, and the part of it no op covers (``data_loading_gaps``, per call); the optimizers'
+        state creation (`phases.optimizer_state_rows`: its ops' summed CPU durations, us, their names
+        and calls, the self time of the ops in them by name -- how the op table shows them --, the
+        optimizer classes, the ``Optimizer.step`` ranges it happened in) and how many
+        ``Optimizer.step`` ranges the trace holds."""
         ann = self._annotation_columns
         compiling = phases.compile_ranges(self.op_columns, self.op_columns["compiling"])
         loaders = phases.dataloader_ranges(ann)
         names = [n for n, dev in zip(ann["name"], ann["on_device"]) if not dev and phases.is_dataloader(n)]
+        cols = self.op_columns
+        state = phases.optimizer_state_rows(cols, ann)
+        state_ops: dict[str, int] = {}
+        for i in state:
+            state_ops[cols["name"][i]] = state_ops.get(cols["name"][i], 0) + 1
         return {
+            "optimizer_state_us": pt.pairwise_sum([cols["dur_us"][i] for i in state]),
+            "optimizer_state_ops": state_ops,
+            "optimizer_state_self": phases.self_time_by_name(cols, phases.inside_rows(cols["parent"], state))
+            if state else {},
+            "optimizer_state_by": sorted({by for by, _ in state.values()}),
+            "optimizer_state_steps": len({step for _, step in state.values()}),
+            "optimizer_steps": len(phases.optimizer_steps(ann)),
             "compile_us": phases.union_us(compiling),
             "compiles": len(compiling),
             "data_loading_us": phases.union_us([r for rs in loaders.values() for r in rs]),

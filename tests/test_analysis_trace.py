@@ -184,6 +184,21 @@ def test_op_table_and_flops_h100():
     assert fl.peak_source and "Lightning" in fl.peak_source
 
 
+def test_op_table_of_a_cpu_trace_puts_the_slowest_ops_first():
+    """A CPU-only trace has no device time: sorted by it (the old default), the rows came out in
+    first-seen order and op_table(t, top=N) could leave out the slowest ops (a user trial)."""
+    doc = {"traceEvents": [_op("aten::t", 0, 5, 1), _op("aten::expand", 10, 3, 2), _op("aten::addmm", 20, 400, 3),
+                           _op("aten::relu", 500, 50, 4)]}
+    trace = load_trace(doc)
+    assert not trace.has_device_activity
+    assert op_table(trace, top=2)["name"].tolist() == ["aten::addmm", "aten::relu"]
+    assert op_table(trace)["cpu_self_us"].tolist() == [400, 50, 5, 3]
+    # an explicit sort is still the user's
+    assert op_table(trace, sort_by="device_self_us")["name"].tolist()[:2] == ["aten::t", "aten::expand"]
+    h100, _ = _real(H100)  # with device time the default stays the device's
+    assert op_table(h100, top=5)["device_self_us"].is_monotonic_decreasing
+
+
 def test_fp32_ops_on_tensor_cores_count_as_tf32():
     a100, _ = _real(A100)
     fl = achieved_flops(a100)

@@ -15,6 +15,19 @@ def test_syntax_error_in_a_magic_cell_is_a_usage_error_naming_the_line(ip):
             ip.run_cell_magic(magic, "", "x = 1\nloss = train_step(\n")
 
 
+@pytest.mark.parametrize("magic", ["amp", "profile_gpu"])
+@pytest.mark.parametrize("cell, message", [
+    # What Python says, at the line of the opening bracket; IPython's parse said "(incomplete input) at line 2: "
+    # for the first (a terminal cell ends in a blank line): no excerpt, the wrong line (a user trial).
+    ("loss = train_step(\n\n", r"\('\(' was never closed\) at line 1: loss = train_step\(; fix it"),
+    ("x = [1,\n     2,\n", r"\('\[' was never closed\) at line 1: x = \[1,; fix it"),
+    ("s = \"\"\"abc\n", r"\(unterminated triple-quoted string literal \(detected at line 1\)\) at line 1: s = "),
+])
+def test_an_unclosed_bracket_is_reported_as_python_reports_it(ip, magic, cell, message):
+    with pytest.raises(UsageError, match=r"^SyntaxError in the cell " + message):
+        ip.run_cell_magic(magic, "", cell)
+
+
 @pytest.mark.parametrize("body, message", [
     # These parse but fail to compile outside a function: they escaped as a SyntaxError through nbaccel and codeop.
     ("x = 1\nreturn x", r"\('return' outside function\) at line 2: return x; a cell's top level is not a function "
@@ -104,7 +117,7 @@ def test_plain_python_cells_get_honest_advice():
     text = str(prof.result)
     assert "No torch operators were recorded" in text
     assert "no matmul/conv ops were recorded" in text
-    assert "wall time: none recorded (1 step)" in text  # not "0", which reads as measured
+    assert "wall time: none recorded (1 step, no warm-up)" in text  # not "0", which reads as measured
 
 
 def test_matrix_vector_products_are_not_told_to_pad():

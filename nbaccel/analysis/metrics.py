@@ -257,14 +257,18 @@ def _mode(values) -> Any:
     return c.most_common(1)[0][0] if c else None
 
 
-def op_table(trace: TraceData, sort_by: str = "device_self_us", top: int | None = None) -> pd.DataFrame:
-    """Ops aggregated by name, like ``prof.key_averages()`` plus FLOPs.
+def op_table(trace: TraceData, sort_by: str | None = None, top: int | None = None) -> pd.DataFrame:
+    """Ops aggregated by name, like ``prof.key_averages()`` plus FLOPs, largest ``sort_by`` first.
 
     Columns: name, category, calls, cpu_total_us, cpu_self_us, device_self_us (GPU time of
     kernels/memcpys the op launched itself), device_total_us (including its child ops),
     tc_device_us, dtype (most common), flops (sum over calls whose shapes give a formula),
     flops_per_s (flops / device_total_us; over cpu_total_us in a CPU-only trace),
     device_self_pct (of all device activity time), cpu_self_pct (of all op self time).
+
+    ``sort_by`` (any column) defaults to ``device_self_us`` when the trace has device activity and
+    to ``cpu_self_us`` when it has none: a CPU-only trace's device columns are 0 for every op, and
+    sorting by them left the rows in first-seen order, so ``top`` could cut off the slowest ops.
     """
     import pandas as pd
     ops = trace.ops
@@ -293,6 +297,8 @@ def op_table(trace: TraceData, sort_by: str = "device_self_us", top: int | None 
     self_total = float(ops["self_us"].sum())
     out["cpu_self_pct"] = 100.0 * out["cpu_self_us"] / self_total if self_total > 0 else None
     out = out.reset_index().rename(columns={"index": "name"})
+    if sort_by is None:
+        sort_by = "device_self_us" if trace.has_device_activity else "cpu_self_us"
     if sort_by not in out.columns:
         raise ValueError(f"sort_by must be one of {', '.join(out.columns)}")
     out = out.sort_values(sort_by, ascending=False, kind="stable").reset_index(drop=True)

@@ -21,9 +21,21 @@ the reference CUDA traces (tests/data/README.md, "phase traces"):
   workers' start and shutdown in the first and last call); without workers the loading itself, the
   collate's ``aten::stack`` ops nested inside it.
 
+* **optimizer state**: ``torch.optim`` optimizers create their state lazily, in their first
+  ``step()``, inside its ``Optimizer.step#<Class>.step`` range (a ``user_annotation``): Adam, AdamW,
+  NAdam, RAdam, Adamax, RMSprop, Adadelta, Rprop, ASGD, Adafactor call ``aten::zeros_like`` /
+  ``aten::zeros`` / ``aten::full_like`` / ``aten::new_zeros`` (fused AdamW too), SGD with momentum
+  ``aten::clone`` (its momentum buffer). Recorded on torch 2.13 (CPU), steps 1-3 of each: those ops
+  ran in the first step only, and none of them in a later step, while Rprop and Adafactor clone on
+  every step (so ``aten::clone`` counts for SGD only). LBFGS is left out: its step runs the closure,
+  the model's forward and backward, inside the range. On CUDA only later steps were checked: the
+  A100 reference trace's five ``Optimizer.step#FusedAdam.step`` (apex) hold none of these ops.
+
 `op_phases` names each op's phase (None for the cell's own work); `data_loading_gaps` is the time
 inside DataLoader ranges that no op covers. Together they give the CPU category breakdown those
 times, each counted once: an op's self time goes to its phase instead of its own category.
+`optimizer_state_rows` finds the ops that created optimizer state (the advice's evidence that a
+profile holds an optimizer's first step).
 """
 
 from __future__ import annotations
@@ -44,6 +56,9 @@ _COMPILE = re.compile(r" \(dynamo_timed\)$|^(?:dynamo|inductor_compile|entire_fr
 _COMPILED = re.compile(r"^Torch-Compiled Region|CompiledFunction|^## Call CompiledFxGraph|^TorchDynamo Cache Lookup$"
                        r"|^AOTDispatcher Runtime Wrapper|^Pregraph bytecode$")
 _DATALOADER = re.compile(r"^enumerate\(DataLoader\)#")
+_OPTIMIZER_STEP = re.compile(r"^Optimizer\.step#(.+)\.step$")
+_STATE_OPS = frozenset({"aten::zeros_like", "aten::zeros", "aten::full_like", "aten::new_zeros"})
+_STATE_OPS_BY_OPTIMIZER = {"SGD": _STATE_OPS | {"aten::clone"}, "LBFGS": frozenset()}
 
 
 def is_compiling(name: str) -> bool:
@@ -81,6 +96,20 @@ def _self_or_ancestor(parent: list, is_it) -> list[bool]:
     return flags
 
 
+def inside_rows(parent: list, rows) -> list[int]:
+    """``rows`` and every op nested in one of them (``parent``: row of the enclosing op)."""
+    rows = set(rows)
+    return [i for i, f in enumerate(_self_or_ancestor(parent, rows.__contains__)) if f]
+
+
+def self_time_by_name(cols: dict, rows: list[int]) -> dict[str, float]:
+    """Self time (us) of ``rows`` summed by op name, largest first."""
+    out: dict[str, float] = {}
+    for i in rows:
+        out[cols["name"][i]] = out.get(cols["name"][i], 0.0) + cols["self_us"][i]
+    return dict(sorted(out.items(), key=lambda kv: -kv[1]))
+
+
 def compile_ranges(cols: dict, flags: list[bool]) -> list[tuple[float, float]]:
     """(start, end) of each outermost compile range: a compile op whose parent is not one."""
     parent, ts, dur = cols["parent"], cols["ts_us"], cols["dur_us"]
@@ -90,12 +119,54 @@ def compile_ranges(cols: dict, flags: list[bool]) -> list[tuple[float, float]]:
 
 def dataloader_ranges(ann: dict) -> dict[tuple, list[tuple[float, float]]]:
     """Host DataLoader ``__next__`` ranges per (pid, tid), sorted by start."""
+    return {k: [r[:2] for r in v] for k, v in _host_ranges(ann, is_dataloader).items()}
+
+
+def _host_ranges(ann: dict, is_it) -> dict[tuple, list[tuple[float, float, str]]]:
+    """Host annotation ranges whose name ``is_it``, per (pid, tid): (start, end, name), sorted by start."""
     out: dict[tuple, list] = {}
     for name, pid, tid, ts, dur, dev in zip(ann["name"], ann["pid"], ann["tid"], ann["ts_us"], ann["dur_us"],
                                             ann["on_device"]):
-        if not dev and is_dataloader(name):
-            out.setdefault((pid, tid), []).append((float(ts), float(ts) + float(dur)))
+        if not dev and is_it(name):
+            out.setdefault((pid, tid), []).append((float(ts), float(ts) + float(dur), str(name)))
     return {k: sorted(v) for k, v in out.items()}
+
+
+def optimizer_steps(ann: dict) -> list[str]:
+    """The optimizer class of each host ``Optimizer.step#<Class>.step`` range, in no set order."""
+    return [m.group(1) for name, dev in zip(ann["name"], ann["on_device"])
+            if not dev and (m := _OPTIMIZER_STEP.match(str(name or "")))]
+
+
+def optimizer_state_rows(cols: dict, ann: dict) -> dict[int, tuple]:
+    """The ops that created optimizer state (see the module docstring), row -> (optimizer class, its
+    step range as (pid, tid, start)): each such op inside an ``Optimizer.step#<Class>.step`` range on
+    its thread, outermost only (the ``aten::zero_`` inside ``aten::zeros_like`` is part of it, not
+    another one)."""
+    steps = _host_ranges(ann, lambda name: bool(_OPTIMIZER_STEP.match(str(name or ""))))
+    if not steps:
+        return {}
+    starts = {k: [r[0] for r in v] for k, v in steps.items()}
+    names, found = cols["name"], {}
+    for i, name in enumerate(names):
+        key = (cols["pid"][i], cols["tid"][i])
+        if (name not in _STATE_OPS and name != "aten::clone") or key not in steps:
+            continue
+        ts, end = cols["ts_us"][i], cols["ts_us"][i] + cols["dur_us"][i]
+        k = bisect.bisect_right(starts[key], ts) - 1
+        if k < 0 or end > steps[key][k][1]:
+            continue
+        optimizer = _OPTIMIZER_STEP.match(steps[key][k][2]).group(1)
+        if name in _STATE_OPS_BY_OPTIMIZER.get(optimizer, _STATE_OPS):
+            found[i] = (optimizer, (*key, steps[key][k][0]))
+    outermost = {}
+    for i, optimizer in found.items():
+        j = cols["parent"][i]
+        while j >= 0 and j not in found:
+            j = cols["parent"][j]
+        if j < 0:
+            outermost[i] = optimizer
+    return outermost
 
 
 def _inside(ranges: list[tuple[float, float]], starts: list[float], ts: float, end: float) -> bool:

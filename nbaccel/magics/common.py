@@ -86,7 +86,7 @@ def parse_cell(shell, cell: str):
     try:
         tree = shell.transform_ast(shell.compile.ast_parse(source))
     except SyntaxError as exc:
-        raise _syntax_usage_error(exc) from None
+        raise _syntax_usage_error(_plain_syntax_error(exc, source)) from None
     filename = shell.compile.cache(source, cell_number(shell), raw_code=cell)
     return source, tree, filename
 
@@ -99,6 +99,21 @@ def compile_cell(shell, node, filename: str, mode: str):
         return shell.compile(node, filename, mode)
     except SyntaxError as exc:
         raise _syntax_usage_error(exc, linecache.getline(filename, exc.lineno or 0)) from None
+
+
+def _plain_syntax_error(exc: SyntaxError, source: str) -> SyntaxError:
+    """Python's own error for ``source`` where IPython's says only "incomplete input".
+
+    IPython's compiler parses with codeop's allow-incomplete-input flag (made for a prompt that waits
+    for more lines), so an unclosed bracket read "(incomplete input) at line 2: " -- the blank line
+    after the cell, no excerpt. A plain parse says "'(' was never closed" at the bracket's line."""
+    if exc.msg != "incomplete input":
+        return exc
+    try:
+        ast.parse(source)
+    except SyntaxError as plain:
+        return plain
+    return exc
 
 
 def _syntax_usage_error(exc: SyntaxError, line: str = "") -> UsageError:

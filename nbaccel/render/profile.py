@@ -13,6 +13,7 @@ import os
 from ..analysis import CATEGORIES
 from ..analysis.sums import desc_order
 from ..memory import format_bytes
+from ..options import option
 from ..timing import format_seconds
 from .common import bar, bullet_list, esc, si, table, text_table, wrap
 
@@ -120,7 +121,9 @@ def _rows(result, frame, cols):
 
 def header_items(result) -> list[tuple[str, str]]:
     h = result.header
-    steps = f"{h['steps']} step{'s' if h['steps'] > 1 else ''}" + (f" after {h['warmup']} warmup" if h["warmup"] else "")
+    # "no warm-up" where it is so: the step may be the code's first call (see `method`)
+    steps = f"{h['steps']} step{'s' if h['steps'] > 1 else ''}" + (f" after {h['warmup']} warmup" if h["warmup"]
+                                                                  else ", no warm-up")
     if result.loaded:
         steps = (f"{h['steps']} ProfilerStep range{'s' if h['steps'] > 1 else ''}" if h["steps"]
                  else "no ProfilerStep ranges")
@@ -189,6 +192,10 @@ def method(result) -> str:
     acts = "CPU+CUDA" if result.device.type == "cuda" else "CPU"
     sched = (f"schedule(warmup={o.warmup}, active={o.steps}): the code ran {o.warmup + o.steps} times, "
              f"{o.steps} analysed" if o.scheduled else "one run")
+    if not o.warmup:
+        # A user trial profiled a CNN's first call: 49 ms, then 20 ms the next time, and nothing said why.
+        sched += (", no warm-up: had the code not run before, its one-time setup (oneDNN/cuDNN, lazy optimizer "
+                  f"state, allocator growth) is in these times, and {option('warmup', 1)} profiles a later run")
     contention = (result.contention.summary("the profiled steps", " while the cell was profiled")
                   if result.contention else "contention: not measured")
     return (f"torch.profiler (Kineto), {acts} activities, {', '.join(flags)}; {sched}; {contention}. Wall time = "
