@@ -320,8 +320,8 @@ def compare_amp(
     and in the functions it calls) are snapshotted and restored in place; a global that the code
     *rebinds* (``count += 1`` inside a function) is not -- pass ``namespace=globals()`` for that.
     ``silence``: context-manager factory that hides the measurement runs' output (default: stdout and
-    stderr); those runs also neither log, nor use up warnings, nor leave pyplot figures open, whichever is
-    passed (`nbaccel.quiet`);
+    stderr); those runs also neither log, nor use up warnings, nor leave pyplot figures open, nor write to
+    fds 1 and 2 (subprocesses, C code), whichever is passed (`nbaccel.quiet`);
     ``show_output``: the one for the kept run (default: output shown).
     ``restore=False``: no snapshot; every run continues from the state the previous one left
     (for state too large to copy -- the comparison is then between different starting states).

@@ -377,7 +377,7 @@ def profile_function(fn: Callable[[], object], options: ProfileOptions | None = 
 
     ``silence``: context-manager factory that hides the output of every run but the last (the
     magic passes IPython's capture); those runs also neither log, nor use up warnings, nor leave pyplot
-    figures open (`nbaccel.quiet`).
+    figures open, nor write to fds 1 and 2 (subprocesses, C code) (`nbaccel.quiet`).
     The last run's return value is ``result.value``.
     """
     __tracebackhide__ = True  # noqa: F841 - IPython hides nbaccel's frames from the user's traceback
