@@ -411,7 +411,12 @@ def compare_amp(
     except BaseException as exc:  # KeyboardInterrupt too; re-raised unchanged
         # Abandoned: the variables (unless restore=False) and torch's settings as before, first, so
         # the notes below say what is true.
-        problem = _put_back(snapshot, torch_before, dev)
+        try:
+            problem = _put_back(snapshot, torch_before, dev)
+        except KeyboardInterrupt as again:  # a second Ctrl-C while the variables are put back (that takes a while)
+            if restore:
+                again.add_note(INTERRUPTED_RESTORE)
+            raise
         if cell.failure is not None and cell.failure[0] is exc:
             if on_cell_error is not None:
                 on_cell_error(exc, cell.where(order))
@@ -456,6 +461,11 @@ def overflow_hint(exc: BaseException) -> str | None:
 
 # The start of the note `_put_back` adds to the user's exception when the variables could not be put back.
 NOT_RESTORED = "nbaccel: your variables could not be fully restored"
+
+
+INTERRUPTED_RESTORE = (f"{NOT_RESTORED}: a second interrupt stopped nbaccel while it put them back. Models, "
+                       "optimizers and tensors may be partly as before the call and partly as the runs left them: "
+                       "re-create them (or reload a checkpoint) before going on. torch's settings are as before the call.")
 
 
 def not_restored(exc: BaseException) -> bool:

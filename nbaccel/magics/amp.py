@@ -169,8 +169,9 @@ def _abandon_note(exc: BaseException, where: str | None, no_restore: bool) -> st
                 "precision)")
     state = (f"{settings} are as they were before the magic; your variables keep what the runs did (--no-restore)"
              if no_restore else
-             f"{settings} are as they were before the magic, but not all your variables: putting them back ran out "
-             "of memory too (see the note under the error)" if not_restored(exc) else
+             f"{settings} are as they were before the magic, but not all your variables: putting them back "
+             f"{'was interrupted' if isinstance(exc, KeyboardInterrupt) else 'ran out of memory too'} (see the note "
+             "under the error)" if not_restored(exc) else
              f"your variables and {settings} are as they were before the magic")
     if where is not None:
         what = ("was interrupted (KeyboardInterrupt)" if isinstance(exc, KeyboardInterrupt)
