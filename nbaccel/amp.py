@@ -320,8 +320,8 @@ def compare_amp(
     and in the functions it calls) are snapshotted and restored in place; a global that the code
     *rebinds* (``count += 1`` inside a function) is not -- pass ``namespace=globals()`` for that.
     ``silence``: context-manager factory that hides the measurement runs' output (default: stdout and
-    stderr); those runs also neither log, nor use up warnings, nor leave pyplot figures open, whichever is
-    passed (`nbaccel.quiet`);
+    stderr); those runs also neither log, nor use up warnings, nor leave pyplot figures open, nor write to
+    fds 1 and 2 (subprocesses, C code), whichever is passed (`nbaccel.quiet`);
     ``show_output``: the one for the kept run (default: output shown).
     ``restore=False``: no snapshot; every run continues from the state the previous one left
     (for state too large to copy -- the comparison is then between different starting states).
@@ -411,7 +411,12 @@ def compare_amp(
     except BaseException as exc:  # KeyboardInterrupt too; re-raised unchanged
         # Abandoned: the variables (unless restore=False) and torch's settings as before, first, so
         # the notes below say what is true.
-        problem = _put_back(snapshot, torch_before, dev)
+        try:
+            problem = _put_back(snapshot, torch_before, dev)
+        except KeyboardInterrupt as again:  # a second Ctrl-C while the variables are put back (that takes a while)
+            if restore:
+                again.add_note(INTERRUPTED_RESTORE)
+            raise
         if cell.failure is not None and cell.failure[0] is exc:
             if on_cell_error is not None:
                 on_cell_error(exc, cell.where(order))
@@ -456,6 +461,11 @@ def overflow_hint(exc: BaseException) -> str | None:
 
 # The start of the note `_put_back` adds to the user's exception when the variables could not be put back.
 NOT_RESTORED = "nbaccel: your variables could not be fully restored"
+
+
+INTERRUPTED_RESTORE = (f"{NOT_RESTORED}: a second interrupt stopped nbaccel while it put them back. Models, "
+                       "optimizers and tensors may be partly as before the call and partly as the runs left them: "
+                       "re-create them (or reload a checkpoint) before going on. torch's settings are as before the call.")
 
 
 def not_restored(exc: BaseException) -> bool:

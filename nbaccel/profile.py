@@ -142,6 +142,9 @@ class profile:  # noqa: N801 - a context manager used like a function: `with nba
         # readings, ~55 us each), never per op. Tests pass a meter with scripted readers.
         self._meter = contention_meter
         self._span = None
+        # An exception raised by nbaccel's own code inside the block (the profiler's step, the magic's
+        # loop between runs), not by the profiled code: __exit__ must not blame the code for it.
+        self._own_failure: BaseException | None = None
 
     def __enter__(self) -> "profile":
         opts = self.options
@@ -204,6 +207,13 @@ class profile:  # noqa: N801 - a context manager used like a function: `with nba
     def step(self) -> None:
         """End one iteration (``prof.step()`` of torch.profiler): advances warmup -> active steps."""
         self.steps_done += 1
+        try:
+            self._step()
+        except BaseException as exc:  # a Ctrl-C in Kineto's step (it stops the recording after the last one)
+            self._own_failure = exc
+            raise
+
+    def _step(self) -> None:
         if self.options.scheduled:
             # The span opens as the last warmup step ends and closes as the last active step ends,
             # before the profiler's step() that stops the recording (its post-processing is not the cell).
@@ -238,7 +248,17 @@ class profile:  # noqa: N801 - a context manager used like a function: `with nba
         except Exception:
             if exc_type is None:
                 raise
+        except KeyboardInterrupt:
+            if exc_type is None:
+                self._say_interrupted("while the profiler stopped")
+            raise
         if exc_type is not None:
+            if exc is self._own_failure:
+                what = ("interrupted (KeyboardInterrupt) in nbaccel's profiler" if isinstance(exc, KeyboardInterrupt)
+                        else f"nbaccel's profiler failed ({exc_type.__name__})")
+                print(f"nbaccel: {what}, not in the profiled code; the profiler was stopped and the partial profile "
+                      f"discarded. {self._what_stays()}", file=sys.stderr)
+                return False
             runs = self.options.warmup + self.options.steps
             which = f" in run {self.steps_done + 1} of {runs}" if runs > 1 else ""
             print(f"nbaccel: the profiled code raised {exc_type.__name__}{which}; the profiler was stopped and the "
@@ -248,8 +268,17 @@ class profile:  # noqa: N801 - a context manager used like a function: `with nba
         if self.options.scheduled and self.steps_done < needed:
             raise ProfileError(f"profile(warmup={self.options.warmup}, steps={self.options.steps}) needs {needed} "
                                f"calls to .step(); got {self.steps_done}, so no active step was completed")
-        self.result = self._build()
+        try:
+            self.result = self._build()
+        except KeyboardInterrupt:
+            self._say_interrupted("while nbaccel read the profile")
+            raise
         return False
+
+    def _say_interrupted(self, when: str) -> None:
+        """A Ctrl-C after the code's last run, in nbaccel's own work: said, as the code's own failures are."""
+        print(f"nbaccel: interrupted (KeyboardInterrupt) {when}, after the profiled code had finished; the profile "
+              f"was discarded. {self._what_stays()}", file=sys.stderr)
 
     def _what_stays(self) -> str:
         # A profile keeps the runs' effects (no snapshot): the message must not suggest otherwise.
@@ -348,20 +377,35 @@ def profile_function(fn: Callable[[], object], options: ProfileOptions | None = 
 
     ``silence``: context-manager factory that hides the output of every run but the last (the
     magic passes IPython's capture); those runs also neither log, nor use up warnings, nor leave pyplot
-    figures open (`nbaccel.quiet`).
+    figures open, nor write to fds 1 and 2 (subprocesses, C code) (`nbaccel.quiet`).
     The last run's return value is ``result.value``.
     """
     __tracebackhide__ = True  # noqa: F841 - IPython hides nbaccel's frames from the user's traceback
     options = options or ProfileOptions(**kwargs)
     runs = options.warmup + options.steps
     hidden = hiding_side_channels(silence) if silence is not None else None
+    raised = []  # what fn itself raised; anything else in the block is nbaccel's (prof.step marks its own)
+
+    def code():
+        __tracebackhide__ = True  # noqa: F841 - IPython hides nbaccel's frames from the user's traceback
+        try:
+            return fn()
+        except BaseException as exc:  # noted, then re-raised unchanged
+            raised.append(exc)
+            raise
+
     with profile(options=options, contention_meter=contention_meter) as prof:
         value = None
-        for i in range(runs):
-            quiet = hidden() if hidden is not None and i < runs - 1 else contextlib.nullcontext()
-            with quiet:
-                value = fn()
-            prof.step()
+        try:
+            for i in range(runs):
+                quiet = hidden() if hidden is not None and i < runs - 1 else contextlib.nullcontext()
+                with quiet:
+                    value = code()
+                prof.step()
+        except BaseException as exc:  # a Ctrl-C between runs, in the hiding: the profile must not blame fn
+            if not any(exc is e for e in raised):
+                prof._own_failure = exc
+            raise
     prof.result.value = value
     return prof.result
 

@@ -19,12 +19,20 @@ ends (`new_figures_closed`; figures open before it are left alone). Restoring th
 the block ends also invalidates those registries (Python versions them with its filter list), so
 the shown run warns as a plain run would -- and may repeat a warning an earlier cell already
 showed once, as any change to the warning filters does.
+
+Nor does capturing ``sys.stdout`` hide what is written to file descriptors 1 and 2 themselves: a
+subprocess (``!cmd`` in terminal IPython is ``os.system``; ``subprocess.run``), C/C++ code, ``os.write``.
+A user trial's ``!echo`` printed 15 times under ``%%amp``. ipykernel forwards fds 1 and 2 into the
+cell's output too (its ``!cmd`` goes through ``sys.stdout``, which the capture hides, but a subprocess
+or C code writes to the fd). So a hidden run also has fds 1 and 2 pointed at the null device
+(`fd_output_discarded`); the kept run writes to them as a plain run does.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import sys
 import warnings
 
@@ -63,14 +71,109 @@ def new_figures_closed():
             sys.modules["matplotlib.pyplot"].close(manager.canvas.figure)
 
 
+_C_FFLUSH = []  # [libc fflush] once looked up, [None] where there is none to call
+
+
+def _flush_c_stdio() -> None:
+    """``fflush(NULL)``: what C code (an extension's ``printf``) has buffered goes to the fd it was
+    written for, before that fd is switched. Nothing where no C library can be found (Windows)."""
+    if not _C_FFLUSH:
+        try:
+            import ctypes
+
+            _C_FFLUSH.append(ctypes.CDLL(None).fflush)  # the process's own C library (POSIX)
+        except (OSError, TypeError, AttributeError):  # Windows: CDLL(None) is refused
+            _C_FFLUSH.append(None)
+    if _C_FFLUSH[0] is not None:
+        _C_FFLUSH[0](None)
+
+
+def _flush_python_streams() -> None:
+    """Flush the Python streams that write to fds 1 and 2 (the interpreter's own, and ``sys.stdout`` /
+    ``sys.stderr`` when they are those fds: terminal IPython, a script). ipykernel's streams are not
+    (they send messages), nor is a capture: flushing them would only cost time."""
+    for stream in {id(s): s for s in (sys.__stdout__, sys.__stderr__, sys.stdout, sys.stderr)}.values():
+        try:
+            if stream is not None and stream.fileno() in (1, 2):
+                stream.flush()
+        except (AttributeError, OSError, ValueError):  # io.UnsupportedOperation is both; a closed stream
+            pass
+
+
+class fd_output_discarded:  # noqa: N801 - a context manager, named like the generator-based ones here
+    """Point fds 1 and 2 at the null device for the block, and back at what they were afterwards.
+
+    Python's and C's buffers are flushed on the way in (earlier output goes where it was meant to) and
+    on the way out (the block's own goes to the null device). The fds are put back with ``dup2`` of
+    copies taken on the way in, so whatever they were -- a terminal, ipykernel's pipe, the pipe of
+    ``stderr_filter.dropped_stderr_lines`` around a profile -- they are again, and blocks nest. An fd
+    that is not open, or a null device that cannot be opened, is left alone: the block runs, and its
+    fd output shows as it did before this existed.
+
+    The fds are the process's: for the block, output that any thread writes to them is dropped (a
+    hidden run is short, and Python-level output is captured anyway). A crash during the block loses
+    its message on fd 2 (faulthandler's dump), as does a CUDA device-side assert's ``printf``.
+    A class, not a generator: a Ctrl-C that lands while the fds are put back must not leave fd 1 on
+    the null device for the rest of the session, so ``__exit__`` puts them back again before it lets
+    the interrupt through.
+    """
+
+    def __enter__(self):
+        self._saved: list[tuple[int, int]] = []  # (fd, a copy of what it was)
+        try:
+            self._null = os.open(os.devnull, os.O_WRONLY)
+        except OSError:
+            self._null = None
+            return self
+        try:
+            _flush_python_streams()
+            _flush_c_stdio()
+            for fd in (1, 2):
+                try:
+                    copy = os.dup(fd)
+                except OSError:  # not open (pythonw, a daemon)
+                    continue
+                self._saved.append((fd, copy))
+                os.dup2(self._null, fd)
+        except BaseException:
+            self.__exit__(None, None, None)
+            raise
+        return self
+
+    def __exit__(self, *exc) -> bool:
+        if self._null is None:
+            return False
+        try:
+            if self._saved:
+                _flush_python_streams()
+                _flush_c_stdio()
+        finally:
+            try:
+                self._put_back()
+            except KeyboardInterrupt:
+                self._put_back()  # idempotent: the copies are still open
+                raise
+            finally:
+                for _, copy in self._saved:
+                    os.close(copy)
+                os.close(self._null)
+                self._saved, self._null = [], None
+        return False
+
+    def _put_back(self) -> None:
+        for fd, copy in self._saved:
+            os.dup2(copy, fd)
+
+
 def hiding_side_channels(silence):
     """``silence`` (a context-manager factory that hides a run's output: the magics' capture, a
-    script's own) extended to logging, warnings and pyplot figures, so every caller's hidden runs
-    get all three."""
+    script's own) extended to fd-level output, logging, warnings and pyplot figures, so every
+    caller's hidden runs get all of them. The fds are switched outside the silencer: the streams it
+    replaces are flushed to the real fds first, and the block's leftovers to the null device after."""
 
     @contextlib.contextmanager
     def hidden():
-        with silence(), unlogged_and_unwarned(), new_figures_closed():
+        with fd_output_discarded(), silence(), unlogged_and_unwarned(), new_figures_closed():
             yield
 
     return hidden

@@ -452,6 +452,30 @@ def test_an_interrupt_outside_the_cell_is_not_blamed_on_it(run_cell, ip, monkeyp
     assert "the cell was interrupted" not in captured.stderr and ip.user_ns["counter"] == 0
 
 
+def test_a_second_interrupt_while_the_variables_are_put_back_is_said(run_cell, ip, monkeypatch):
+    # Restoring takes a while, so a user who pressed Ctrl-C may press it again while nbaccel puts the
+    # variables back. The note said "your variables ... are as they were" though they were not.
+    from nbaccel.snapshot import Snapshot
+
+    original, calls = Snapshot.restore, []
+
+    def restore(self, *args, **kwargs):
+        calls.append(1)
+        if len(calls) in (4, 5):  # before the 4th run, then the put-back after it
+            raise KeyboardInterrupt
+        return original(self, *args, **kwargs)
+
+    run_cell("import torch\nw = torch.ones(3)\ncounter = 0")
+    monkeypatch.setattr(Snapshot, "restore", restore)
+    _, captured = run_cell("%%amp --repeat 3 --warmup 0\ncounter += 1\nw.mul_(2)\n", expect_error=KeyboardInterrupt)
+    assert ip.user_ns["counter"] == 1, "the put-back was interrupted: the 3rd run's state stays"
+    assert "your variables and torch's global settings" not in captured.stderr, captured.stderr
+    assert ("are as they were before the magic, but not all your variables: putting them back was interrupted (see "
+            "the note under the error)") in captured.stderr
+    assert "nbaccel: your variables could not be fully restored: a second interrupt stopped nbaccel" in captured.stdout
+    assert "File " not in captured.stdout, "still no nbaccel frame"
+
+
 def test_a_long_comparison_says_after_its_first_run_how_long_the_rest_takes(run_cell, monkeypatch):
     # Was: a 0.5 s cell ran 17 times (10.6 s) without a word.
     import re

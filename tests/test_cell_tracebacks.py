@@ -27,3 +27,77 @@ def test_failing_line_is_labelled_with_this_cells_number(run_cell, magic):
     assert {int(n) for n, _ in labels} == {result.execution_count}, labels
     assert "raise ValueError('boom')" in captured.stdout
     assert "contextlib" not in captured.stdout  # no frame of nbaccel's own decorators
+
+
+# --- Ctrl-C: in the cell, the user's line; in nbaccel's own code, no frame of nbaccel's -----------
+
+INTERRUPTED_CELLS = {
+    # the 3rd run, a hidden one (%%amp restores the namespace, not the attributes of `box`)
+    "amp": "%%amp --repeat 2 --warmup 0\nbox.runs += 1\nif box.runs == 3:\n    raise KeyboardInterrupt\n",
+    "profile_gpu": "%%profile_gpu --warmup 1 --steps 2 -q\nbox.runs += 1\nif box.runs == 2:\n    raise KeyboardInterrupt\n",
+}
+
+
+@pytest.mark.parametrize("magic", sorted(INTERRUPTED_CELLS))
+def test_an_interrupt_in_the_cell_shows_the_users_line(run_cell, magic):
+    run_cell("import types\nbox = types.SimpleNamespace(runs=0)")
+    result, captured = run_cell(INTERRUPTED_CELLS[magic], expect_error=KeyboardInterrupt)
+    assert f"Cell In[{result.execution_count}], line 3" in captured.stdout, captured.stdout
+    assert "----> 3     raise KeyboardInterrupt" in captured.stdout
+
+
+def _interrupt_once(monkeypatch, owner, name, on_call=1):
+    """Make ``owner.name`` raise KeyboardInterrupt on its ``on_call``-th call, as a Ctrl-C landing there does."""
+    original, calls = getattr(owner, name), []
+
+    def interrupted(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == on_call:
+            raise KeyboardInterrupt
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(owner, name, interrupted)
+
+
+def _no_frames(stdout: str) -> None:
+    """IPython's rendering of an interrupt that shows the magic's line and nothing of nbaccel's."""
+    assert "KeyboardInterrupt" in stdout
+    assert "get_ipython().run_cell_magic(" in stdout, stdout
+    assert "File " not in stdout and "nbaccel" not in stdout and "skipping hidden" not in stdout, stdout
+
+
+def test_an_interrupt_while_amp_restores_its_snapshot_shows_no_nbaccel_frame(run_cell, ip, monkeypatch):
+    # A user trial: Ctrl-C during %%amp --repeat 300 mostly lands in Snapshot.restore (restoring takes
+    # time), and the good note was followed by ~25 lines through amp.py and snapshot.py: an nbaccel crash
+    # to the user's eyes.
+    from nbaccel.snapshot import Snapshot
+
+    run_cell("import torch\nw = torch.ones(3)\ncounter = 0")
+    _interrupt_once(monkeypatch, Snapshot, "restore", on_call=4)  # before the 4th run
+    result, captured = run_cell("%%amp --repeat 3 --warmup 0\ncounter += 1\nw.mul_(2)\n", expect_error=KeyboardInterrupt)
+    _no_frames(captured.stdout)
+    assert "nbaccel %%amp: interrupted (KeyboardInterrupt) while nbaccel was comparing, not in the cell" in captured.stderr
+    assert ip.user_ns["counter"] == 0 and ip.user_ns["w"].tolist() == [1.0, 1.0, 1.0], "the state is restored"
+    assert isinstance(result.error_in_exec.__context__, KeyboardInterrupt), "the original stays reachable"
+
+
+@pytest.mark.parametrize("where", ["step", "read"])
+def test_an_interrupt_in_the_profiler_shows_no_nbaccel_frame_nor_blames_the_cell(run_cell, ip, monkeypatch, where):
+    import importlib
+
+    import torch
+
+    if where == "step":  # Kineto's step, which stops the recording after the last active step
+        _interrupt_once(monkeypatch, torch.profiler.profile, "step", on_call=2)
+    else:  # reading the trace Kineto wrote, after every run
+        _interrupt_once(monkeypatch, importlib.import_module("nbaccel.profile"), "_read_json")
+    run_cell("counter = 0")
+    _, captured = run_cell("%%profile_gpu --warmup 1 --steps 2 -q\ncounter += 1\n", expect_error=KeyboardInterrupt)
+    _no_frames(captured.stdout)
+    assert "the profiled code raised" not in captured.stderr, captured.stderr
+    said = {"step": "nbaccel: interrupted (KeyboardInterrupt) in nbaccel's profiler, not in the profiled code; the "
+                    "profiler was stopped and the partial profile discarded.",
+            "read": "nbaccel: interrupted (KeyboardInterrupt) while nbaccel read the profile, after the profiled code "
+                    "had finished; the profile was discarded."}[where]
+    assert said in captured.stderr, captured.stderr
+    assert ip.user_ns["counter"] == {"step": 2, "read": 3}[where]

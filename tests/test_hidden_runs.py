@@ -5,6 +5,7 @@ matplotlib figure (user trials)."""
 from __future__ import annotations
 
 import logging
+import os
 import sys
 import warnings
 
@@ -127,3 +128,99 @@ def test_compare_amp_in_a_script_leaves_the_kept_runs_figure_only():
         assert plt.get_fignums() == [figures[-1].number]  # the kept run's, the last
     finally:
         plt.close("all")
+
+
+# --- fd-level output: subprocesses, C code, os.write ------------------------------------------------
+
+@pytest.fixture
+def terminal_streams(ip, monkeypatch):
+    """The shell as terminal IPython runs it: sys.stdout/sys.stderr write to fds 1 and 2 (pytest's capfd
+    then sees everything at the fd), and ``!cmd`` is ``os.system``-like (ipykernel's goes through
+    sys.stdout, which the capture already hides)."""
+    import io
+
+    for name, fd in (("stdout", 1), ("stderr", 2)):
+        monkeypatch.setattr(sys, name, io.TextIOWrapper(io.FileIO(fd, "w", closefd=False), write_through=True))
+    monkeypatch.setattr(ip, "system", ip.system_raw)
+
+
+FD_CELL = """{magic}
+import os, subprocess
+libc.fprintf(c_stdout, b"c-stdio\\n")  # C's stdio: buffered until flushed
+!echo from-the-shell
+subprocess.run("echo subprocess-err >&2", shell=True)
+os.write(1, b"os-write-1\\n")
+os.write(2, b"os-write-2\\n")
+print("printed")
+"""
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="a POSIX shell in the cell")
+@pytest.mark.parametrize("magic", ["%%amp --repeat 3 --warmup 0 -q", "%%profile_gpu --warmup 1 --steps 2 -q",
+                                   "%%profile_gpu --memory --warmup 1 --steps 2 -q"])  # inside the fd-2 filter
+def test_fd_output_of_the_hidden_runs_is_hidden_too(ip, terminal_streams, capfd, magic):
+    # A user trial: `!echo hello-from-shell` under %%amp --repeat 3 --warmup 0 printed 15 times, the
+    # cell's print once. Now every run but the kept one is hidden at the fds too.
+    import ctypes
+
+    libc = ctypes.CDLL(None)
+    libc.fdopen.restype = ctypes.c_void_p
+    # A C stream on fd 1, fully buffered (fd 1 is no terminal here) whatever PYTHONUNBUFFERED did to C's stdout.
+    ip.user_ns.update(libc=libc, c_stdout=ctypes.c_void_p(libc.fdopen(1, b"w")))
+    capfd.readouterr()
+    result = ip.run_cell(FD_CELL.format(magic=magic), store_history=True)
+    libc.fflush(None)  # the kept run's line, still in the buffer
+    out, err = capfd.readouterr()
+    assert result.success, (out, err)
+    assert (out.count("from-the-shell"), out.count("os-write-1"), out.count("printed")) == (1, 1, 1), out
+    assert out.count("c-stdio") == 1, out  # the hidden runs' lines were flushed into the null device
+    assert (err.count("subprocess-err"), err.count("os-write-2")) == (1, 1), err
+    os.write(1, b"fd 1 is back\n")
+    os.write(2, b"fd 2 is back\n")
+    out, err = capfd.readouterr()
+    assert (out, err) == ("fd 1 is back\n", "fd 2 is back\n")
+
+
+@pytest.mark.parametrize("magic", ["%%amp --repeat 3 --warmup 0", "%%profile_gpu --warmup 1 --steps 2"])
+def test_a_hidden_run_that_raises_is_still_reported_at_the_fds(ip, terminal_streams, capfd, magic):
+    # The note and the traceback come after the hidden run's fds are put back: in terminal IPython
+    # they are written to fds 1 and 2.
+    ip.run_cell("import types\nbox = types.SimpleNamespace(runs=0)")
+    capfd.readouterr()
+    result = ip.run_cell(f"{magic}\nbox.runs += 1\nif box.runs == 2:\n    raise ValueError('boom in a hidden run')\n",
+                         store_history=True)
+    out, err = capfd.readouterr()
+    assert isinstance(result.error_in_exec, ValueError)
+    assert "ValueError: boom in a hidden run" in out and "raise ValueError('boom in a hidden run')" in out, out
+    assert "raised ValueError in run 2 of 3" in err or "raised ValueError in the bf16 autocast run" in err, err
+
+
+def test_compare_amp_in_a_script_hides_the_hidden_runs_fd_output(capfd):
+    def step():
+        os.write(1, b"step\n")
+        return 1.0
+
+    nbaccel.compare_amp(step, dtype="bf16", device="cpu", repeat=3, warmup=0)
+    assert capfd.readouterr().out == "step\n"  # the kept run's
+
+
+def test_without_the_fds_the_hidden_runs_still_run(monkeypatch, capsys):
+    # No null device, an fd that is not open (pythonw), a sys.stdout without fileno (capsys): the
+    # block runs and nothing is switched.
+    from nbaccel.quiet import fd_output_discarded
+
+    def what(fd):  # the file an fd is open on
+        return os.fstat(fd).st_dev, os.fstat(fd).st_ino
+
+    real_dup = os.dup
+    monkeypatch.setattr(os, "dup", lambda fd: (_ for _ in ()).throw(OSError(9, "Bad file descriptor")) if fd == 1
+                        else real_dup(fd))
+    before = what(1), what(2)
+    with fd_output_discarded():
+        print("through sys.stdout")
+        assert what(1) == before[0] and what(2) != before[1]  # only fd 2 was open to switch
+    assert (what(1), what(2)) == before
+    monkeypatch.setattr(os, "open", lambda *args, **kwargs: (_ for _ in ()).throw(OSError(2, "no null device")))
+    with fd_output_discarded():
+        assert (what(1), what(2)) == before
+    assert capsys.readouterr().out == "through sys.stdout\n"

@@ -17,8 +17,8 @@ from ..render.display import display_result, in_kernel
 from ..snapshot import SnapshotTooLarge
 from ..timing import format_seconds
 from .common import (cell_function, check_name, check_name_free, dtype_hint, help_option, history_name,
-                     output_can_be_silenced, parse_line, refuse_empty_cell, refuse_nested_cell_magic, silenced,
-                     sole_measuring_magic, store_result)
+                     interrupt_without_frames, output_can_be_silenced, parse_line, refuse_empty_cell,
+                     refuse_nested_cell_magic, silenced, sole_measuring_magic, store_result)
 
 DTYPES = ("bf16", "fp16", "auto", "tf32")
 # A comparison projected (from its measured first run) to take longer than this says so, with a
@@ -113,6 +113,8 @@ class AmpMagics(Magics):
                 if not cells_own and isinstance(exc, (SnapshotTooLarge, DeviceError)):
                     raise UsageError(str(exc)) from None
                 print(_abandon_note(exc, cell_errors[-1][1] if cells_own else None, args.no_restore), file=sys.stderr)
+                if isinstance(exc, KeyboardInterrupt) and not cells_own:
+                    raise interrupt_without_frames(exc) from None  # the note says it all; no nbaccel frames
                 raise
             finally:
                 # The runs it announced are over: it says how long they took (or goes, when they
@@ -167,8 +169,9 @@ def _abandon_note(exc: BaseException, where: str | None, no_restore: bool) -> st
                 "precision)")
     state = (f"{settings} are as they were before the magic; your variables keep what the runs did (--no-restore)"
              if no_restore else
-             f"{settings} are as they were before the magic, but not all your variables: putting them back ran out "
-             "of memory too (see the note under the error)" if not_restored(exc) else
+             f"{settings} are as they were before the magic, but not all your variables: putting them back "
+             f"{'was interrupted' if isinstance(exc, KeyboardInterrupt) else 'ran out of memory too'} (see the note "
+             "under the error)" if not_restored(exc) else
              f"your variables and {settings} are as they were before the magic")
     if where is not None:
         what = ("was interrupted (KeyboardInterrupt)" if isinstance(exc, KeyboardInterrupt)

@@ -11,6 +11,7 @@ import keyword
 import linecache
 import re
 import symtable
+import types
 from typing import Callable
 
 from IPython.core import magic as ipython_magic
@@ -61,6 +62,44 @@ def cell_function(shell, cell: str):
             return eval(expr, shell.user_global_ns, ns) if expr is not None else None  # noqa: S307
 
     return run_cell
+
+
+def interrupt_without_frames(exc: KeyboardInterrupt) -> KeyboardInterrupt:
+    """A fresh KeyboardInterrupt, with ``exc``'s notes, for a Ctrl-C that landed in nbaccel's own code
+    (restoring a snapshot, reading a trace) rather than in the cell; the magic raises it ``from None``
+    after its note. IPython then shows the magic's line and ``KeyboardInterrupt``, not 25 lines through
+    nbaccel's internals that read as a crash of nbaccel (a user trial). The original stays reachable as
+    ``__context__``. An interrupt inside the cell is re-raised as it is: its traceback shows the user's line.
+
+    Raised from the magic, the traceback still ends in the magic's frame, and IPython shows the frame an
+    exception was raised in even when it is hidden (``__tracebackhide__``, IPython 9). So the exception
+    renders itself through IPython's ``_render_traceback_`` protocol (the one ipyparallel's remote errors
+    use): IPython's own formatting, of the traceback cut after the last frame that is not hidden."""
+    fresh = KeyboardInterrupt(*exc.args)
+    for note in getattr(exc, "__notes__", ()):
+        fresh.add_note(note)
+    fresh._render_traceback_ = lambda: _without_hidden_tail(fresh)
+    return fresh
+
+
+def _without_hidden_tail(exc: BaseException) -> list[str]:
+    try:
+        from IPython import get_ipython
+
+        formatter = get_ipython().InteractiveTB
+        tb = exc.__traceback__
+        if getattr(formatter, "skip_hidden", True):  # the user turned hiding off: every frame, as IPython would
+            entries = []
+            while tb is not None:
+                entries.append(tb)
+                tb = tb.tb_next
+            while entries and entries[-1].tb_frame.f_locals.get("__tracebackhide__"):
+                entries.pop()
+            for entry in reversed(entries):  # rebuilt, not cut in place: %debug still has every frame
+                tb = types.TracebackType(tb, entry.tb_frame, entry.tb_lasti, entry.tb_lineno)
+        return formatter.structured_traceback(type(exc), exc, tb)
+    except Exception:  # noqa: BLE001 - IPython prints "Unexpected exception formatting exception" otherwise
+        return ["\n".join([type(exc).__name__, *getattr(exc, "__notes__", ())])]
 
 
 def refuse_empty_cell(shell, magic: str, cell: str) -> None:

@@ -17,8 +17,8 @@ from ..op_attribution import CELL_LINE
 from ..profile_table import SORT_COLUMNS
 from ..render.display import display_result
 from .common import (cell_function, check_name, check_name_free, compile_cell, dtype_hint, help_option,
-                     output_can_be_silenced, parse_cell, parse_line, refuse_empty_cell, refuse_nested_cell_magic,
-                     silenced, sole_measuring_magic, store_result)
+                     interrupt_without_frames, output_can_be_silenced, parse_cell, parse_line, refuse_empty_cell,
+                     refuse_nested_cell_magic, silenced, sole_measuring_magic, store_result)
 
 
 @magics_class
@@ -78,13 +78,13 @@ class ProfileMagics(Magics):
         except ProfileError as exc:
             raise UsageError(str(exc)) from None
         run = annotated_cell_function(self.shell, cell) if args.stack else cell_function(self.shell, cell)
-        raised_in_cell = []
+        raised_in_cell = []  # what the cell itself raised: its own, shown as it is
 
         def cell_run():
             __tracebackhide__ = True  # noqa: F841 - IPython hides this frame
             try:
                 return run()
-            except ProfileError as exc:  # the cell's own nbaccel.profile(...) call: the user's error, as is
+            except BaseException as exc:  # noted, then re-raised unchanged
                 raised_in_cell.append(exc)
                 raise
 
@@ -92,9 +92,13 @@ class ProfileMagics(Magics):
             with sole_measuring_magic("profile_gpu"):
                 result = profile_function(cell_run, options, silence=silenced)
         except ProfileError as exc:  # nbaccel's: a trace Kineto wrote as invalid JSON, a profiler started meanwhile
-            if exc in raised_in_cell:
+            if any(exc is e for e in raised_in_cell):  # the cell's own nbaccel.profile(...) call: the user's error
                 raise
             raise UsageError(str(exc)) from None
+        except KeyboardInterrupt as exc:  # the profile said where it landed (nbaccel.profile.__exit__)
+            if any(exc is e for e in raised_in_cell):
+                raise
+            raise interrupt_without_frames(exc) from None  # in nbaccel's profiler: no nbaccel frames
         store_result(self.shell, args.result, result)
         if not args.quiet:
             display_result(result)
