@@ -24,8 +24,8 @@ Nor does capturing ``sys.stdout`` hide what is written to file descriptors 1 and
 subprocess (``!cmd`` in terminal IPython is ``os.system``; ``subprocess.run``), C/C++ code, ``os.write``.
 A user trial's ``!echo`` printed 15 times under ``%%amp``. ipykernel forwards fds 1 and 2 into the
 cell's output too (its ``!cmd`` goes through ``sys.stdout``, which the capture hides, but a subprocess
-or C code writes to the fd). So a hidden run also has fds 1 and 2 pointed at the null device
-(`fd_output_discarded`); the kept run writes to them as a plain run does.
+or C code writes to the fd). So a hidden run also has fds 1 and 2 pointed at a file of the process's
+(`fd_output_hidden`), replayed when the run fails; the kept run writes to them as a plain run does.
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ import contextlib
 import logging
 import os
 import sys
+import tempfile
 import warnings
 
 
@@ -100,30 +101,34 @@ def _flush_python_streams() -> None:
             pass
 
 
-class fd_output_discarded:  # noqa: N801 - a context manager, named like the generator-based ones here
-    """Point fds 1 and 2 at the null device for the block, and back at what they were afterwards.
+class fd_output_hidden:  # noqa: N801 - a context manager, named like the generator-based ones here
+    """Point fds 1 and 2 at a file of this process's for the block, and back at what they were afterwards.
+
+    The file is ``<tempdir>/nbaccel-hidden-run-<pid>-<random>.log``, made at the block's start and
+    removed at its end. Not the null device: when the block raises, the last `REPLAYED_BYTES` it wrote are
+    written to fd 2 after the fds are back -- a CUDA device-side assert prints its message (which
+    assertion, which index) there and raises only "device-side assert triggered", and the first run
+    of a ``%%amp`` comparison is a hidden one. If the process dies in the block (a segfault), the
+    file stays, with faulthandler's dump in it. An interrupt replays nothing.
 
     Python's and C's buffers are flushed on the way in (earlier output goes where it was meant to) and
-    on the way out (the block's own goes to the null device). The fds are put back with ``dup2`` of
-    copies taken on the way in, so whatever they were -- a terminal, ipykernel's pipe, the pipe of
+    on the way out (the block's own goes to the file). The fds are put back with ``dup2`` of copies
+    taken on the way in, so whatever they were -- a terminal, ipykernel's pipe, the pipe of
     ``stderr_filter.dropped_stderr_lines`` around a profile -- they are again, and blocks nest. An fd
-    that is not open, or a null device that cannot be opened, is left alone: the block runs, and its
-    fd output shows as it did before this existed.
-
-    The fds are the process's: for the block, output that any thread writes to them is dropped (a
-    hidden run is short, and Python-level output is captured anyway). A crash during the block loses
-    its message on fd 2 (faulthandler's dump), as does a CUDA device-side assert's ``printf``.
+    that is not open, or a file that cannot be created, is left alone: the block runs, and its fd
+    output shows as it did before this existed. The fds are the process's: for the block, what any
+    thread writes to them goes to the file (a hidden run is short).
     A class, not a generator: a Ctrl-C that lands while the fds are put back must not leave fd 1 on
-    the null device for the rest of the session, so ``__exit__`` puts them back again before it lets
-    the interrupt through.
+    the file for the rest of the session, so ``__exit__`` puts them back again before it lets the
+    interrupt through.
     """
 
     def __enter__(self):
         self._saved: list[tuple[int, int]] = []  # (fd, a copy of what it was)
-        try:
-            self._null = os.open(os.devnull, os.O_WRONLY)
+        try:  # a file of its own: blocks may nest (a profile's hidden run inside a comparison's)
+            self._sink, self.path = tempfile.mkstemp(prefix=f"nbaccel-hidden-run-{os.getpid()}-", suffix=".log")
         except OSError:
-            self._null = None
+            self._sink = None
             return self
         try:
             _flush_python_streams()
@@ -134,14 +139,14 @@ class fd_output_discarded:  # noqa: N801 - a context manager, named like the gen
                 except OSError:  # not open (pythonw, a daemon)
                     continue
                 self._saved.append((fd, copy))
-                os.dup2(self._null, fd)
+                os.dup2(self._sink, fd)
         except BaseException:
             self.__exit__(None, None, None)
             raise
         return self
 
-    def __exit__(self, *exc) -> bool:
-        if self._null is None:
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        if self._sink is None:
             return False
         try:
             if self._saved:
@@ -156,24 +161,45 @@ class fd_output_discarded:  # noqa: N801 - a context manager, named like the gen
             finally:
                 for _, copy in self._saved:
                     os.close(copy)
-                os.close(self._null)
-                self._saved, self._null = [], None
+                failed = exc_type is not None and not issubclass(exc_type, KeyboardInterrupt)
+                try:
+                    if failed and self._saved:
+                        self._replay()
+                finally:
+                    os.close(self._sink)
+                    self._saved, self._sink = [], None
+                    with contextlib.suppress(OSError):
+                        os.unlink(self.path)
         return False
 
     def _put_back(self) -> None:
         for fd, copy in self._saved:
             os.dup2(copy, fd)
 
+    def _replay(self) -> None:
+        end = os.lseek(self._sink, 0, os.SEEK_END)
+        if not end:
+            return
+        os.lseek(self._sink, max(0, end - REPLAYED_BYTES), os.SEEK_SET)
+        text = os.read(self._sink, REPLAYED_BYTES)
+        cut = f"last {REPLAYED_BYTES // 1024} KiB of " if end > REPLAYED_BYTES else ""
+        head = f"nbaccel: the failing hidden run wrote this ({cut}its fd 1 and 2 output):\n".encode()
+        with contextlib.suppress(OSError):
+            os.write(2, head + text + (b"" if text.endswith(b"\n") else b"\n"))
+
+
+REPLAYED_BYTES = 16 * 1024  # a device-side assert's lines, a C library's error; not a whole log
+
 
 def hiding_side_channels(silence):
     """``silence`` (a context-manager factory that hides a run's output: the magics' capture, a
     script's own) extended to fd-level output, logging, warnings and pyplot figures, so every
     caller's hidden runs get all of them. The fds are switched outside the silencer: the streams it
-    replaces are flushed to the real fds first, and the block's leftovers to the null device after."""
+    replaces are flushed to the real fds first, and the block's leftovers to its file after."""
 
     @contextlib.contextmanager
     def hidden():
-        with fd_output_discarded(), silence(), unlogged_and_unwarned(), new_figures_closed():
+        with fd_output_hidden(), silence(), unlogged_and_unwarned(), new_figures_closed():
             yield
 
     return hidden

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import os
+import tempfile
 import sys
 import warnings
 
@@ -173,7 +174,7 @@ def test_fd_output_of_the_hidden_runs_is_hidden_too(ip, terminal_streams, capfd,
     out, err = capfd.readouterr()
     assert result.success, (out, err)
     assert (out.count("from-the-shell"), out.count("os-write-1"), out.count("printed")) == (1, 1, 1), out
-    assert out.count("c-stdio") == 1, out  # the hidden runs' lines were flushed into the null device
+    assert out.count("c-stdio") == 1, out  # the hidden runs' lines were flushed into their file
     assert (err.count("subprocess-err"), err.count("os-write-2")) == (1, 1), err
     os.write(1, b"fd 1 is back\n")
     os.write(2, b"fd 2 is back\n")
@@ -195,6 +196,22 @@ def test_a_hidden_run_that_raises_is_still_reported_at_the_fds(ip, terminal_stre
     assert "raised ValueError in run 2 of 3" in err or "raised ValueError in the bf16 autocast run" in err, err
 
 
+def test_a_failing_hidden_runs_fd_output_is_shown_after_it(ip, terminal_streams, capfd):
+    # A CUDA device-side assert prints which assertion failed at fd level and raises only "device-side
+    # assert triggered"; %%amp's first run is a hidden one, so that message was dropped with the run.
+    ip.run_cell("import os, types\nbox = types.SimpleNamespace(runs=0)")
+    capfd.readouterr()
+    result = ip.run_cell("%%amp --repeat 3 --warmup 0\nbox.runs += 1\nos.write(2, b'Assertion `t < n_classes` "
+                         "failed.\\n')\nif box.runs == 2:\n    raise RuntimeError('device-side assert triggered')\n")
+    out, err = capfd.readouterr()
+    assert isinstance(result.error_in_exec, RuntimeError)
+    assert err.count("Assertion `t < n_classes` failed.") == 1, err  # run 1 ran fine (hidden), run 2 failed: shown
+    assert "nbaccel: the failing hidden run wrote this (its fd 1 and 2 output):\nAssertion `t < n_classes` failed.\n" \
+        in err
+    leftover = [f for f in os.listdir(tempfile.gettempdir()) if f.startswith(f"nbaccel-hidden-run-{os.getpid()}-")]
+    assert not leftover  # removed after each hidden run
+
+
 def test_compare_amp_in_a_script_hides_the_hidden_runs_fd_output(capfd):
     def step():
         os.write(1, b"step\n")
@@ -205,9 +222,9 @@ def test_compare_amp_in_a_script_hides_the_hidden_runs_fd_output(capfd):
 
 
 def test_without_the_fds_the_hidden_runs_still_run(monkeypatch, capsys):
-    # No null device, an fd that is not open (pythonw), a sys.stdout without fileno (capsys): the
+    # No file for the output, an fd that is not open (pythonw), a sys.stdout without fileno (capsys): the
     # block runs and nothing is switched.
-    from nbaccel.quiet import fd_output_discarded
+    from nbaccel.quiet import fd_output_hidden
 
     def what(fd):  # the file an fd is open on
         return os.fstat(fd).st_dev, os.fstat(fd).st_ino
@@ -216,11 +233,11 @@ def test_without_the_fds_the_hidden_runs_still_run(monkeypatch, capsys):
     monkeypatch.setattr(os, "dup", lambda fd: (_ for _ in ()).throw(OSError(9, "Bad file descriptor")) if fd == 1
                         else real_dup(fd))
     before = what(1), what(2)
-    with fd_output_discarded():
+    with fd_output_hidden():
         print("through sys.stdout")
         assert what(1) == before[0] and what(2) != before[1]  # only fd 2 was open to switch
     assert (what(1), what(2)) == before
-    monkeypatch.setattr(os, "open", lambda *args, **kwargs: (_ for _ in ()).throw(OSError(2, "no null device")))
-    with fd_output_discarded():
+    monkeypatch.setattr(os, "open", lambda *args, **kwargs: (_ for _ in ()).throw(OSError(13, "no temporary folder")))
+    with fd_output_hidden():
         assert (what(1), what(2)) == before
     assert capsys.readouterr().out == "through sys.stdout\n"
