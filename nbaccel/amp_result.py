@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch.utils._pytree import tree_map
 
-from .contention import Contention, warning_line
+from .contention import MIN_OTHERS_CORES, Contention, warning_line
 from .device import DeviceInfo
 from .flops import precision_summary
 from .memory import PeakMemory, byte_range
@@ -241,10 +241,17 @@ class AmpResult(ResultMixin):
 
     def _noise_warnings(self) -> list[str]:
         notes = []
+        # A trial read "other programs used 0.0 of the 2 CPU cores" beside an IQR of 100% as reassurance:
+        # when the meter saw (almost) nobody else, the noise is said to come from somewhere it cannot see.
+        others = self.contention.others_cores() if self.contention is not None else None
+        idle = others is not None and others < MIN_OTHERS_CORES / 2
+        unseen = (" (other programs on this machine used almost no CPU meanwhile: the variation is the "
+                  "cell's own, or comes from what /proc/stat cannot see -- a VM's host, CPU frequency changes)"
+                  if idle else "")
         for v in filter(None, (self.baseline, self.amp)):
             if v.times.noisy:
                 notes.append(f"{v.name}: the IQR is {v.times.relative_spread:.0%} of the median; "
-                             f"the machine is noisy, use a larger {option('repeat')}")
+                             f"the machine is noisy, use a larger {option('repeat')}{unseen}")
         if too_few_runs(self):
             runs = min(len(self.baseline.times.times), len(self.amp.times.times))
             notes.append(f"only {runs} timed run{'s' if runs != 1 else ''} per variant: too few for a spread, the "

@@ -172,3 +172,20 @@ def test_the_noise_warning_names_repeat_as_the_caller_writes_it():
         assert any(w.endswith("the machine is noisy, use a larger repeat") for w in result.noise_warnings)
     result.made_by = "%%amp"  # the magic's result, read anywhere: the magic's spelling
     assert any(w.endswith("the machine is noisy, use a larger --repeat") for w in result.noise_warnings)
+
+
+def test_a_noisy_run_beside_an_idle_machine_says_the_noise_came_from_elsewhere():
+    # A trial read "other programs used 0.0 of the 2 CPU cores" beside an IQR of 100 % as reassurance.
+    from nbaccel.contention import Contention
+    from nbaccel.timing import Stats
+
+    x = torch.randn(4, 4)
+    result = nbaccel.compare_amp(lambda: x @ x, repeat=3, warmup=0)
+    result.baseline.times = Stats([0.010, 0.020, 0.030, 0.040])
+    result.contention = Contention(cores=2, threads=2, wall_s={"fp32": 1.0, "bf16": 1.0},
+                                   others_s={"fp32": 0.01, "bf16": 0.0})
+    noisy = next(w for w in result.noise_warnings if "the machine is noisy" in w)
+    assert noisy.endswith("(other programs on this machine used almost no CPU meanwhile: the variation is the cell's "
+                          "own, or comes from what /proc/stat cannot see -- a VM's host, CPU frequency changes)")
+    result.contention = Contention(cores=2, threads=1, wall_s={"fp32": 1.0}, others_s={"fp32": 0.2})  # seen: no aside
+    assert next(w for w in result.noise_warnings if "noisy" in w).endswith("use a larger repeat")
