@@ -560,10 +560,6 @@ def test_fewer_than_three_timed_runs_claim_no_speedup(repeat):
     result = nbaccel.compare_amp(lambda: x @ x, repeat=repeat, warmup=0, clock=clock)
     assert result.speedup == pytest.approx(3.0) and result.speedup_uncertain
     assert not any("faster here" in a for a in result.advice)
-    # In the HTML the flag is in words, not only orange (nbaccel's <style> is stripped on GitHub).
-    from nbaccel.render import amp as render_amp
-
-    assert f'{result.speedup:.2f}x</div><div class="muted warn">(uncertain)</div>' in render_amp.html(result)
     assert any("repeat=5 or more (at least 3)" in a for a in result.advice)
     assert any("too few for a spread" in n for n in result.noise_warnings)
     result = nbaccel.compare_amp(lambda: x @ x, repeat=3, warmup=0, clock=clock)
