@@ -39,7 +39,8 @@ from .drift import compute_drift, runs_differ, to_host
 from .flops import OpAudit
 from .memory import PeakMemory, PeakMeter, format_bytes, meter_series, note_harness
 from .options import in_magic, option, whole_number
-from .precision import FP32, Recipe, TorchGlobals, apply_recipe, autocast_in_effect, make_recipe
+from .precision import (FP32, Recipe, TorchGlobals, apply_recipe, autocast_in_effect, make_recipe,
+                        relaxed_fp32_settings)
 from .quiet import hiding_side_channels
 from .snapshot import Snapshot, SnapshotTooLarge, available_host_memory, estimate_bytes
 from .timing import Clock, Stats
@@ -357,6 +358,7 @@ def compare_amp(
     amp_recipe = make_recipe(dtype, dev, tf32=tf32)
     base_recipe = make_recipe(FP32, dev)
     outer_autocast = autocast_in_effect(dev.type)  # before any run: the user's, not ours
+    fp32_overridden = relaxed_fp32_settings(dev.type)  # likewise
     torch_before = TorchGlobals()
     if namespace is None and not state:
         state = _referenced_objects(fn)
@@ -405,7 +407,7 @@ def compare_amp(
             value = cell()
         result = _build_result(info, order, times, memory, audits, amp_recipe, base_recipe, baseline,
                                warmup, repeat, clock, snapshot, restore, value, fp32_again)
-        result.outer_autocast = outer_autocast
+        result.outer_autocast, result.fp32_overridden = outer_autocast, fp32_overridden
         result.iterators, result.compiled, result.worker_loaders = iterators, compiled, loaders
         result.contention = runner.meter.result
     except BaseException as exc:  # KeyboardInterrupt too; re-raised unchanged

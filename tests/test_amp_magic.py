@@ -742,3 +742,22 @@ def test_a_stored_result_names_options_as_its_magic_took_them(run_cell, ip):
     api = nbaccel.compare_amp(lambda: (ip.user_ns["w"] @ ip.user_ns["w"]).sum(), repeat=2, warmup=0)
     with magic_spelling():
         assert "repeat=5" in str(api) and "--repeat" not in str(api)
+
+
+def test_the_fp32_row_is_strict_fp32_under_the_users_medium_matmul_precision(run_cell, ip, flags_set_by_the_cell):
+    # Was (a user trial, AMX CPU): with torch.set_float32_matmul_precision("medium") the "fp32" runs
+    # read "medium" inside the cell and ran their matmuls in bf16 (error vs float64 0.26, not 5e-5);
+    # the row said fp32 and nothing said otherwise.
+    run_cell("import types, torch\ntorch.manual_seed(0)\na = torch.randn(256, 256); b = torch.randn(256, 256)\n"
+             "ref = a.double() @ b.double()\nbox = types.SimpleNamespace(seen=[])\n"
+             "torch.set_float32_matmul_precision('medium')")
+    _, captured = run_cell("%%amp --repeat 3 --warmup 0 -r res\nc = a @ b\n"
+                           "box.seen.append((torch.is_autocast_enabled('cpu'), torch.get_float32_matmul_precision(),"
+                           " float((c.double() - ref).abs().max())))\nc")
+    fp32 = [seen for seen in ip.user_ns["box"].seen if not seen[0]]
+    assert len(fp32) == 3 + 3 + 1  # timed, memory, audited
+    assert {precision for _, precision, _ in fp32} == {"highest"}
+    assert max(error for _, _, error in fp32) < 1e-3  # strict fp32 (bf16 math: about 0.2)
+    assert torch.get_float32_matmul_precision() == "medium", "the user's setting is back"
+    shown = captured.outputs[0].data["text/plain"]
+    assert 'not as your torch.set_float32_matmul_precision("medium") asks' in shown

@@ -135,7 +135,19 @@ def method(result) -> str:
             f"{_count(result.repeat, 'timed run')} per variant"
             + (", interleaved" if result.baseline is not None else f" ({result.amp.name} only, no fp32 baseline)"))
     contention = result.contention.summary() if result.contention else "contention: not measured"
-    return f"{runs}; timer: {result.timer_method}; {contention}; memory: {mem}; {ACHIEVED_METHOD}; {state}"
+    return (f"{runs}; timer: {result.timer_method}; {contention}; memory: {mem}; {ACHIEVED_METHOD}; {state}"
+            + _fp32_overridden(result))
+
+
+def _fp32_overridden(result) -> str:
+    """The user's own reduced fp32 precision, which the comparison did not use: said, since their
+    "fp32" elsewhere is not the fp32 here (a user trial's "medium" ran fp32 matmuls in bf16)."""
+    if not result.fp32_overridden:
+        return ""
+    where = ("the fp32 run and the ops autocast leaves in fp32" if result.device.type == "cpu"
+             and result.amp.recipe.autocast_dtype is not None else "the fp32 run")
+    return (f"; fp32 math: strict IEEE fp32 in {where}, not as your {' and '.join(result.fp32_overridden)} "
+            "asks (back in place now)")
 
 
 # What the "achieved" column divides by what (flops.OpAudit counts with torch's FLOP registry).
