@@ -14,7 +14,8 @@ The order of runs is the method, so it is spelled out here:
    that of one run of the code under the recipe.
 
 Every run starts with ``snapshot.restore()`` and `TorchGlobals.restore()`: the same variables and
-the same torch settings (grad mode, default dtype, autocast, TF32/cuDNN flags). If any run raises
+the same torch settings (grad mode, default dtype, autocast, TF32/cuDNN flags); with
+``restore=False`` there is no snapshot, but torch's settings are still put back. If any run raises
 (or is interrupted), both are restored -- the state from before the call -- and the exception
 propagates unchanged.
 """
@@ -230,7 +231,7 @@ def _safely(what: str, fn, *args):
 class _Runner:
     """Runs the code under one recipe from the snapshot; the small engine behind compare_amp."""
 
-    def __init__(self, cell: _Cell, snapshot: Snapshot, torch_globals: TorchGlobals | None, clock: Clock,
+    def __init__(self, cell: _Cell, snapshot: Snapshot, torch_globals: TorchGlobals, clock: Clock,
                  device: torch.device, silence, on_first_run=None, runs_after_first: int = 0):
         self.cell, self.snapshot, self.torch_globals = cell, snapshot, torch_globals
         self.clock, self.device, self.silence = clock, device, silence
@@ -241,8 +242,7 @@ class _Runner:
     def start(self, recipe: Recipe, kept: bool = False) -> None:
         """Every run starts from the same variables and the same torch settings."""
         self.snapshot.restore()
-        if self.torch_globals is not None:
-            self.torch_globals.restore()
+        self.torch_globals.restore()
         self.cell.recipe, self.cell.kept = recipe, kept
 
     def timed(self, recipe: Recipe) -> float:
@@ -324,8 +324,9 @@ def compare_amp(
     stderr); those runs also neither log, nor use up warnings, nor leave pyplot figures open, whichever is
     passed (`nbaccel.quiet`);
     ``show_output``: the one for the kept run (default: output shown).
-    ``restore=False``: no snapshot; every run continues from the state the previous one left
-    (for state too large to copy -- the comparison is then between different starting states).
+    ``restore=False``: no snapshot of the variables; every run continues from the variables the
+    previous one left (for state too large to copy -- the comparison is then between different
+    starting states). torch's global settings are still put back before each run.
     ``max_snapshot_fraction``: refuse (`SnapshotTooLarge`) when the snapshot would take more than
     this share of the host's available memory, instead of swapping the machine to death.
     ``on_cell_error(exc, where)``: called when ``fn`` itself raises, before its exception
@@ -375,8 +376,10 @@ def compare_amp(
     loaders = [describe(name, loader) for name, loader in reads["worker_loaders"].items()]
     clock = clock or Clock(dev)
     cell = _Cell(fn)
-    # Without restore, runs continue from each other's torch settings as from each other's variables.
-    runner = _Runner(cell, snapshot, torch_before if restore else None, clock, dev, hiding_side_channels(silence or _redirect),
+    # torch's settings are put back before every run also with restore=False: that skips the copy of
+    # the variables (too large to copy), and costs nothing here. Without it, a run that turned grad mode
+    # off left it off for the next, and its error was blamed on that run (a user trial).
+    runner = _Runner(cell, snapshot, torch_before, clock, dev, hiding_side_channels(silence or _redirect),
                      on_first_run, planned_runs(warmup, repeat, baseline, dev) - 1)
     order = [base_recipe, amp_recipe] if baseline else [amp_recipe]
 

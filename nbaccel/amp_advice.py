@@ -19,7 +19,8 @@ if TYPE_CHECKING:
 def _state_reason(result: AmpResult) -> str | None:
     """Why the two variants' results may differ for reasons other than precision, if any."""
     if not result.restored:
-        return "state was not restored between runs, so each run started from the state the one before left"
+        return ("your variables were not restored between runs (no snapshot), so each run started from the "
+                "variables the one before left")
     if result.iterators:
         return (f"the cell takes items from {and_list(result.iterators)}, which no snapshot can rewind, so each run "
                 "had its own items")

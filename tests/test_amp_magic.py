@@ -316,7 +316,7 @@ def test_state_nbaccel_cannot_restore_is_not_blamed_on_precision(run_cell, ip):
     run_cell("import torch\nw = torch.ones(4)")
     run_cell("%%amp --repeat 3 --no-restore -q -r res\nw.mul_(1.5)\nw.sum()")
     advice = " ".join(ip.user_ns["res"].advice)
-    assert "moved by" not in advice and "state was not restored" in advice and "rather than from precision" in advice
+    assert "moved by" not in advice and "variables were not restored" in advice and "rather than from precision" in advice
 
 
 def test_no_torch_ops_and_equal_results_give_no_drift_advice(run_cell, ip):
@@ -761,3 +761,30 @@ def test_the_fp32_row_is_strict_fp32_under_the_users_medium_matmul_precision(run
     assert torch.get_float32_matmul_precision() == "medium", "the user's setting is back"
     shown = captured.outputs[0].data["text/plain"]
     assert 'not as your torch.set_float32_matmul_precision("medium") asks' in shown
+
+
+def test_no_restore_still_puts_torchs_settings_back_before_every_run(run_cell, ip, flags_set_by_the_cell):
+    # Was (a user trial): --no-restore also stopped restoring torch's settings, so after the first run
+    # every run -- fp32 ones too -- ran with grad off and "medium" matmuls the cell had left.
+    run_cell("import types, torch\nbox = types.SimpleNamespace(seen=[])")
+    run_cell("%%amp --repeat 3 --warmup 0 --no-restore -q\n"
+             "box.seen.append((torch.is_grad_enabled(), torch.get_float32_matmul_precision()))\n"
+             "torch.set_grad_enabled(False)\ntorch.set_float32_matmul_precision('medium')\n"
+             "torch.ones(8, 8) @ torch.ones(8, 8)")
+    seen = ip.user_ns["box"].seen
+    assert len(seen) == nbaccel.amp.planned_runs(0, 3, device="cpu")
+    assert set(seen) == {(True, "highest")}
+    # The kept run's own changes stay, as after one run of the cell (as without --no-restore).
+    assert not torch.is_grad_enabled() and torch.get_float32_matmul_precision() == "medium"
+
+
+def test_no_restore_on_a_training_step_that_turns_grad_off_is_not_blamed_on_bf16(run_cell, ip, flags_set_by_the_cell):
+    # Was: "the cell raised RuntimeError in the bf16 autocast run (the fp32 run had succeeded) ...
+    # element 0 of tensors does not require grad": the fp32 run had left grad mode off.
+    run_cell(TRAIN)
+    _, captured = run_cell("%%amp --repeat 3 --warmup 0 --no-restore -r res\nopt.zero_grad()\n"
+                           "loss = torch.nn.functional.cross_entropy(model(x), y)\nloss.backward()\nopt.step()\n"
+                           "torch.set_grad_enabled(False)  # for an evaluation after it\nloss")
+    assert "raised" not in captured.stderr
+    res = ip.user_ns["res"]
+    assert "torch's settings were put back before each run" in str(res)

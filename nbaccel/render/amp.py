@@ -110,7 +110,7 @@ def drift_summary(result) -> str:
 def _drift_flag(result) -> str | None:
     """Flagged where the drift is read: between runs from different states it is no measure of precision."""
     if not result.restored:
-        return "runs not restored"
+        return "variables not restored"
     return "state changed between runs" if result.iterators or result.state_changed else None
 
 
@@ -130,7 +130,8 @@ def memory_change(saving: float) -> tuple[str, str]:
 def method(result) -> str:
     mem = f"{result.amp.memory.method}; {_memory_runs(result)}" if result.amp.memory else "not measured"
     state = (f"state restored from a {format_bytes(result.snapshot_bytes)} host snapshot before each run"
-             if result.restored else "state NOT restored (--no-restore): each run continued from the previous one")
+             if result.restored else "variables NOT restored (--no-restore): each run continued from the variables "
+             "the previous one left; torch's settings were put back before each run")
     runs = (f"{_count(result.warmup, 'warmup round') if result.warmup else 'no warmup'}, "
             f"{_count(result.repeat, 'timed run')} per variant"
             + (", interleaved" if result.baseline is not None else f" ({result.amp.name} only, no fp32 baseline)"))
