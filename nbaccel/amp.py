@@ -36,7 +36,7 @@ from .amp_result import MEMORY_NOISE_FLOOR, MEMORY_SAME, MIN_RUNS, AmpResult, Va
 from .cell_reads import KINDS, and_list, describe, objects_read, take_first
 from .contention import ContentionMeter
 from .device import DTYPE_NAMES, DeviceError, device_info, dtype_name, resolve_device
-from .drift import compute_drift, runs_differ, to_host
+from .drift import compute_drift, leaf_magnitudes, resolution, runs_differ, to_host
 from .flops import OpAudit
 from .memory import PeakMemory, PeakMeter, format_bytes, meter_series, note_harness
 from .options import in_magic, option, whole_number
@@ -281,13 +281,15 @@ class _Runner:
         with self.silence(), apply_recipe(recipe), probe, audit, _ScalerUse() as scaler_use:
             value = self.cell()
         host = _safely("copy the result to the host", to_host, value)
+        # read now, while the value's tensors are alive: the audit keys them weakly
+        magnitudes = _safely("read the result's magnitudes", leaf_magnitudes, value, audit.magnitude_of)[0] or {}
         scales_after = _scaler_scales(self.snapshot)
         scaler_info = {
             "grad_scaler": scaler_use.calls > 0,
             # GradScaler halves its scale when it finds inf/NaN gradients and skips that optimizer step.
             "scaler_skipped_step": any(a < b for a, b in zip(scales_after, scales_before)) if scales_before else None,
         }
-        return audit, probe, host, scaler_info
+        return audit, probe, host, scaler_info, magnitudes
 
 
 def compare_amp(
@@ -520,26 +522,30 @@ def _build_result(info, order, times, memory, audits, amp_recipe, base_recipe, b
 
     amp_variant = variant(_amp_name(amp_recipe), amp_recipe)
     base_variant = variant("fp32", base_recipe) if baseline else None
-    amp_audit, amp_probe, (amp_value, amp_error), scaler_info = audits[id(amp_recipe)]
+    amp_audit, amp_probe, (amp_value, amp_error), scaler_info, amp_magnitudes = audits[id(amp_recipe)]
     base_probe = audits[id(base_recipe)][1] if baseline else None
     drift, why = None, amp_error
     if baseline:
-        base_value, base_error = audits[id(base_recipe)][2]
+        (base_value, base_error), base_magnitudes = audits[id(base_recipe)][2], audits[id(base_recipe)][4]
         why = why or base_error
         if why is None:
-            drift, why = _safely("compare the two results", compute_drift, base_value, amp_value)
+            # near 0 is judged against the fp32 run's values, at the recipe's rounding (drift.py)
+            drift, why = _safely("compare the two results", compute_drift, base_value, amp_value, base_magnitudes,
+                                 resolution(amp_recipe))
     state_changed = False
     if restore and why is None:
         # Two runs under the recipe from the restored state (the audited one and the kept one) must
         # agree; if they do not, the code depends on state the snapshot does not restore.
         kept, _ = _safely("copy the result to the host", to_host, value)
-        same, _ = _safely("compare the two results", compute_drift, amp_value, kept)
+        same, _ = _safely("compare the two results", compute_drift, amp_value, kept, amp_magnitudes,
+                          resolution(amp_recipe))
         state_changed = runs_differ(same, amp_recipe)
         if baseline and not state_changed and fp32_again is not None:
             # Two fp32 runs repeat far more closely than two reduced-precision ones, so they catch a
             # change the bf16 tolerance (4 units of 2**-8) lets through: the next batch's loss from
             # an iterator the snapshot cannot rewind moves it by ~1.5 %, not 3 %.
-            again, _ = _safely("compare the two results", compute_drift, base_value, fp32_again)
+            again, _ = _safely("compare the two results", compute_drift, base_value, fp32_again, base_magnitudes,
+                               resolution(base_recipe))
             state_changed = runs_differ(again, base_recipe)
     if baseline and drift is None and why is None and amp_value is None:
         # said, not left out: a user whose drift line vanished took it for a bug

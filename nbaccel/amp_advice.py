@@ -10,6 +10,7 @@ from .amp_result import MIN_RUNS, NO_SPEEDUP_BELOW, REDUCED_DTYPES, memory_range
 from .cell_reads import and_list, take_first
 from .memory import format_bytes
 from .options import in_magic, option
+from .drift import near_zero_figures, resolution
 from .precision import describe
 
 if TYPE_CHECKING:
@@ -89,6 +90,21 @@ def _reduced_in_baseline(result: AmpResult) -> str | None:
             "run reduced-precision code, so the speedup, memory and drift compare the recipe with the cell's own "
             "precision, not with fp32; take the autocast (or the .to(torch.bfloat16)) out of the cell to compare "
             "against fp32.")
+
+
+def _near_zero_notes(result: AmpResult, drift: dict, dtype: str) -> list[str]:
+    """For a near-zero result whose relative change would have read as an alarm: why it is none.
+    A sum of normalized outputs cancels to about 0 (a user trial: "moved by 100%")."""
+    notes = []
+    for leaf in drift["leaves"]:
+        if leaf.get("near_zero") and leaf["max_rel"] > 0.05:
+            name = "The result" if leaf["name"] == "value" else f"The result {leaf['name']}"
+            figures = near_zero_figures(leaf, dtype, resolution(result.amp.recipe))
+            notes.append(f"{name} is near 0 ({figures}), so its relative change under "
+                         f"{dtype} ({leaf['max_rel']:.1%}) says nothing about accuracy; the absolute change is "
+                         f"{leaf['max_abs']:.2e}. To judge accuracy, compare a result of normal size (the output "
+                         "itself, or a loss).")
+    return notes
 
 
 def _drift_differs(drift: dict | None) -> bool:
@@ -178,7 +194,9 @@ def advise(result: AmpResult) -> list[str]:
         verdict = ("the difference comes from state that changed between runs, not from precision"
                    if result.amp.ops.empty else "the difference may come from state that changed between runs "
                    "rather than from precision, so it is no measure of accuracy")
-        notes.append(f"The fp32 and {dtype} results differ (max rel {drift['max_rel']:.1%}), but {state_reason}: "
+        size = (f"max rel {drift['max_rel']:.1%}" if drift["max_rel"] is not None
+                else f"max abs {drift['max_abs']:.2e}")
+        notes.append(f"The fp32 and {dtype} results differ ({size}), but {state_reason}: "
                      f"{verdict}.")
     elif result.state_changed and not result.iterators:  # the iterator line says it
         notes.append(f"Careful: {state_reason}; the runs did not all start from the same state.")
@@ -242,9 +260,11 @@ def advise(result: AmpResult) -> list[str]:
         elif not grads["grad_scaler"]:
             notes.append("fp16 training without torch.amp.GradScaler: no overflow this step, but small gradients "
                          "can underflow later; GradScaler guards against it.")
-    if drift and drift["max_rel"] > 0.05 and not state_reason:
+    if drift and drift["max_rel"] is not None and drift["max_rel"] > 0.05 and not state_reason:
         notes.append(f"The result moved by {result.drift['max_rel']:.1%} (relative) under {dtype}; check that "
                      "this accuracy is acceptable (e.g. keep loss/softmax in fp32).")
+    if drift and not state_reason:
+        notes += _near_zero_notes(result, drift, dtype)
     mem = result.memory_saving
     if mem is not None and result.memory_comparable:
         sizes = f"{format_bytes(result.baseline.memory.peak_bytes)} -> {format_bytes(result.amp.memory.peak_bytes)}"

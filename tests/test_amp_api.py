@@ -95,6 +95,76 @@ def test_drift_of_scalars_tensors_and_containers():
     assert compute_drift(3.0, 3.3)["max_rel"] == pytest.approx(0.1)
 
 
+def test_a_result_near_0_next_to_the_values_it_came_from_has_no_relative_drift():
+    eps = torch.finfo(torch.bfloat16).eps
+    # The fp32 value -4e-4, computed from values up to 4.6: one unit of bf16's rounding there is 0.036.
+    base = {"sum": -4e-4, "out": torch.tensor([1.0, -2.0])}
+    amp = {"sum": 0.0, "out": torch.tensor([1.0, -2.02])}
+    drift = compute_drift(base, amp, magnitudes={"value['sum']": 4.6}, eps=eps)
+    near, normal = drift["leaves"]
+    assert near["near_zero"] and near["max_rel"] == pytest.approx(1.0) and near["sources"] == 4.6
+    assert not normal["near_zero"] and normal["sources"] is None
+    assert drift["max_rel"] == pytest.approx(0.01) and drift["near_zero"] == ["value['sum']"]
+    assert drift["max_abs"] == pytest.approx(0.02)
+    # Every leaf near 0: no relative figure at all, rather than 100 %.
+    alone = compute_drift(-4e-4, 0.0, magnitudes={"value": 4.6}, eps=eps)
+    assert alone["max_rel"] is None and alone["max_abs"] == pytest.approx(4e-4)
+    # A value of normal size next to the same values is judged relatively, as before.
+    assert not compute_drift(2.0, 2.2, magnitudes={"value": 4.6}, eps=eps)["leaves"][0]["near_zero"]
+    # Without the magnitudes (a large result, or one not made in the audited run): as before.
+    assert compute_drift(-4e-4, 0.0)["max_rel"] == pytest.approx(1.0)
+
+
+def test_two_runs_of_a_near_0_result_differ_by_the_rounding_of_what_it_came_from():
+    from nbaccel.drift import runs_differ
+
+    bf16 = make_recipe("bf16", "cpu")
+    eps = torch.finfo(torch.bfloat16).eps
+    same_recipe = compute_drift(-4e-4, -1e-4, magnitudes={"value": 4.6}, eps=eps)
+    assert not runs_differ(same_recipe, bf16), "well within 4 units of bf16's rounding of 4.6"
+    assert runs_differ(compute_drift(-4e-4, 0.2, magnitudes={"value": 4.6}, eps=eps), bf16)
+    assert runs_differ(compute_drift(-4e-4, -1e-4), bf16), "without the magnitudes: relative, as before"
+
+
+def test_the_audit_follows_a_small_result_back_to_the_values_it_came_from():
+    from nbaccel.flops import OpAudit
+
+    out = torch.tensor([[4.0, -4.0], [2.5, -2.5 + 1e-6]])
+    big = torch.randn(64, 64)
+    with OpAudit() as audit:
+        total = out.sum()  # cancels to ~1e-6
+        passed_on = total.detach() / 2
+        number = passed_on.item()
+        mean = big.mean()
+        count = torch.tensor(3.0) * 2  # made and computed from lone numbers only
+    assert audit.magnitude_of(total) == audit.magnitude_of(passed_on) == audit.magnitude_of(number) == 4.0
+    assert audit.magnitude_of(mean) == pytest.approx(float(big.abs().max()))
+    assert audit.magnitude_of(count) == 6.0  # its own size: a constant is no rounded data
+    assert audit.magnitude_of(big) is None and audit.magnitude_of(1.5) is None  # large, or not made there
+
+
+def test_a_near_0_result_is_not_reported_as_a_drift_but_a_real_one_is():
+    # A user trial: out.sum() of a TransformerEncoderLayer's output, fp32 4.3e-4 and bf16 0.0, read
+    # "drift max rel 1.00e+00" and "The result moved by 100.0% (relative) under bf16".
+    torch.manual_seed(0)
+    layer = torch.nn.TransformerEncoderLayer(64, 4, 128, batch_first=True, dropout=0.0)
+    src = torch.randn(4, 16, 64)
+    res = nbaccel.compare_amp(lambda: layer(src).sum(), dtype="bf16", repeat=3, warmup=0)
+    leaf = res.drift["leaves"][0]
+    assert leaf["near_zero"] and leaf["max_rel"] > 0.05 and res.drift["max_rel"] is None
+    assert leaf["sources"] == pytest.approx(float(layer(src).detach().abs().max()), rel=0.05)
+    text = str(res)
+    assert f"drift max abs {res.drift['max_abs']:.2e} (result near 0, no relative figure)" in text
+    assert not any("moved by" in a for a in res.advice)
+    assert any(a.startswith("The result is near 0 (fp32 ") and "says nothing about accuracy" in a for a in res.advice)
+    assert json.loads(json.dumps(res.to_dict(), allow_nan=False))["drift"]["max_rel"] is None
+    # A result of normal size that bf16 really moves: 20.06 is 20.0 in bf16, so exp(.) moves by 6 %.
+    x, one = torch.tensor([[20.06]]), torch.ones(1, 1)
+    real = nbaccel.compare_amp(lambda: torch.exp(x @ one), dtype="bf16", repeat=3, warmup=0)
+    assert not real.drift["leaves"][0]["near_zero"] and real.drift["max_rel"] > 0.05
+    assert any(a.startswith("The result moved by 6.0% (relative) under bf16") for a in real.advice)
+
+
 def test_fp16_overflow_reported_with_gradscaler_advice():
     # A loss scaled far beyond fp16's range makes its gradients inf under fp16 autocast.
     w = torch.nn.Parameter(torch.ones(16, 16))
