@@ -93,17 +93,18 @@ def _reduced_in_baseline(result: AmpResult) -> str | None:
 
 
 def _near_zero_notes(result: AmpResult, drift: dict, dtype: str) -> list[str]:
-    """For a near-zero result whose relative change would have read as an alarm: why it is none.
+    """For a near-zero result whose relative change would have read as an alarm: what it measures.
     A sum of normalized outputs cancels to about 0 (a user trial: "moved by 100%")."""
     notes = []
     for leaf in drift["leaves"]:
         if leaf.get("near_zero") and leaf["max_rel"] > 0.05:
             name = "The result" if leaf["name"] == "value" else f"The result {leaf['name']}"
             figures = near_zero_figures(leaf, dtype, resolution(result.amp.recipe))
-            notes.append(f"{name} is near 0 ({figures}), so its relative change under "
-                         f"{dtype} ({leaf['max_rel']:.1%}) says nothing about accuracy; the absolute change is "
-                         f"{leaf['max_abs']:.2e}. To judge accuracy, compare a result of normal size (the output "
-                         "itself, or a loss).")
+            notes.append(f"{name} is near 0 ({figures}): its relative change under {dtype} "
+                         f"({leaf['max_rel']:.1%}) measures that rounding, not {dtype}'s accuracy on your data; "
+                         f"the absolute change is {leaf['max_abs']:.2e}. Judge accuracy on a result of normal size "
+                         f"(the output itself, or a loss); if this near-0 value itself matters, {dtype} is too "
+                         "coarse for it.")
     return notes
 
 

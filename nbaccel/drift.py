@@ -6,9 +6,9 @@ inf/NaN in one run only is counted apart (``amp_only_nonfinite``, ``fp32_only_no
 folded into the error figures, where it would turn them into NaN.
 
 The relative error of a leaf is its largest absolute difference over the fp32 value's largest
-magnitude. That is no measure of accuracy for a result far smaller than the values it was computed
-from: ``out.sum()`` of LayerNorm outputs up to 4.6 came to -4e-4 in fp32 and -3e-5 under bf16, "92 %",
-where bf16's rounding of one of those outputs alone is 4.6 * 2**-7 = 0.036. The op audit knows those
+magnitude. For a result far smaller than the values it was computed from, that measures rounding,
+not accuracy on the data: ``out.sum()`` of LayerNorm outputs up to 4.6 came to -4e-4 in fp32 and
+-3e-5 under bf16, "92 %", where bf16's resolution at one of those outputs alone is 4.6 * 2**-7 = 0.036. The op audit knows those
 values for a small result (`flops.OpAudit.magnitude_of`); a leaf whose fp32 value is within one unit
 of the recipe's rounding of them (|fp32| <= eps * their magnitude) is ``near_zero``: its relative
 error is kept in the leaf but left out of ``max_rel``, and the report gives its absolute difference.
@@ -152,7 +152,7 @@ def resolution(recipe) -> float:
 
 
 def near_zero_figures(leaf: dict, name: str, eps: float) -> str:
-    """Why a near-zero leaf's relative drift is no measure of accuracy, in figures: "fp32 -0.000397,
+    """Why a near-zero leaf's relative drift measures rounding, in figures: "fp32 -0.000397,
     next to values up to 4.59 it was computed from; bf16's resolution at that size is 0.036 (2**-7 x
     4.59)". ``name``: the recipe's dtype; ``eps``: its `resolution`."""
     value = f"{leaf['base']:.3g}" if leaf.get("base") is not None else f"up to {leaf['largest']:.3g}"

@@ -804,4 +804,4 @@ def test_a_sum_that_cancels_to_near_0_is_not_read_as_a_100_percent_drift(run_cel
     assert "moved by" not in shown["text/plain"] and "drift max rel" not in shown["text/plain"]
     assert "result near 0: max abs" in shown["text/html"]
     near = next(a for a in res.advice if "is near 0" in a)
-    assert "bf16's resolution at that size is" in near and "compare a result of normal size" in near
+    assert "bf16's resolution at that size is" in near and "Judge accuracy on a result of normal size" in near
