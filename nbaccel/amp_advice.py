@@ -8,9 +8,9 @@ import torch
 
 from .amp_result import MIN_RUNS, NO_SPEEDUP_BELOW, REDUCED_DTYPES, memory_ranges, too_few_runs
 from .cell_reads import and_list, take_first
+from .drift import near_zero_figures, resolution
 from .memory import format_bytes
 from .options import in_magic, option
-from .drift import near_zero_figures, resolution
 from .precision import describe
 
 if TYPE_CHECKING:

@@ -339,12 +339,14 @@ def test_the_report_says_the_fp32_it_ran_is_not_the_users_relaxed_one():
         torch.set_float32_matmul_precision("medium")
         res = nbaccel.compare_amp(lambda: a @ b, dtype="bf16", repeat=3, warmup=0)
         assert torch.get_float32_matmul_precision() == "medium", "back in place after the comparison"
+        alone = nbaccel.compare_amp(lambda: a @ b, dtype="bf16", repeat=3, warmup=0, baseline=False)
     finally:
         saved.restore()
     assert res.fp32_overridden == ['torch.set_float32_matmul_precision("medium")']
     assert res.to_dict()["fp32_overridden"] == res.fp32_overridden
     assert ('fp32 math: strict IEEE fp32 in the fp32 run and the ops autocast leaves in fp32, not as your '
             'torch.set_float32_matmul_precision("medium") asks (back in place now)') in str(res)
+    assert "fp32 math: strict IEEE fp32 in the ops autocast leaves in fp32, not as your" in str(alone)
 
 
 def _matmul_tf32():

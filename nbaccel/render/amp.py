@@ -128,7 +128,7 @@ def _all_near_zero(drift: dict) -> bool:
     return drift.get("compared") != 0 and drift["max_rel"] is None
 
 
-def near_zero_words(result, leaf: dict) -> str:
+def _near_zero_words(result, leaf: dict) -> str:
     return near_zero_figures(leaf, result.amp.name, resolution(result.amp.recipe))
 
 
@@ -158,10 +158,13 @@ def _fp32_overridden(result) -> str:
     "fp32" elsewhere is not the fp32 here (a user trial's "medium" ran fp32 matmuls in bf16)."""
     if not result.fp32_overridden:
         return ""
-    where = ("the fp32 run and the ops autocast leaves in fp32" if result.device.type == "cpu"
-             and result.amp.recipe.autocast_dtype is not None else "the fp32 run")
-    return (f"; fp32 math: strict IEEE fp32 in {where}, not as your {' and '.join(result.fp32_overridden)} "
-            "asks (back in place now)")
+    where = [w for w, on in (("the fp32 run", result.baseline is not None),
+                             ("the ops autocast leaves in fp32", result.device.type == "cpu"
+                              and result.amp.recipe.autocast_dtype is not None)) if on]
+    if not where:  # CUDA without a baseline: the recipe's TF32 is no strict fp32 to tell of
+        return ""
+    return (f"; fp32 math: strict IEEE fp32 in {' and '.join(where)}, not as your "
+            f"{' and '.join(result.fp32_overridden)} asks (back in place now)")
 
 
 # What the "achieved" column divides by what (flops.OpAudit counts with torch's FLOP registry).
@@ -238,7 +241,7 @@ def _drift_lines(result) -> list[str]:
         for leaf in d["leaves"]:
             if leaf.get("near_zero"):
                 name = "" if leaf["name"] == "value" else f" {leaf['name']}"
-                lines.append(f"near 0:{name} {near_zero_words(result, leaf)}: its relative change "
+                lines.append(f"near 0:{name} {_near_zero_words(result, leaf)}: its relative change "
                              f"({leaf['max_rel']:.2e}) is left out, its absolute change is {leaf['max_abs']:.2e}")
     if d.get("amp_only_nonfinite"):
         lines.append(f"{result.amp.name} produced inf/NaN where fp32 did not: {d['amp_only_nonfinite']} element(s)")
