@@ -14,7 +14,8 @@ The order of runs is the method, so it is spelled out here:
    that of one run of the code under the recipe.
 
 Every run starts with ``snapshot.restore()`` and `TorchGlobals.restore()`: the same variables and
-the same torch settings (grad mode, default dtype, autocast, TF32/cuDNN flags). If any run raises
+the same torch settings (grad mode, default dtype, autocast, TF32/cuDNN flags); with
+``restore=False`` there is no snapshot, but torch's settings are still put back. If any run raises
 (or is interrupted), both are restored -- the state from before the call -- and the exception
 propagates unchanged.
 """
@@ -35,11 +36,12 @@ from .amp_result import MEMORY_NOISE_FLOOR, MEMORY_SAME, MIN_RUNS, AmpResult, Va
 from .cell_reads import KINDS, and_list, describe, objects_read, take_first
 from .contention import ContentionMeter
 from .device import DTYPE_NAMES, DeviceError, device_info, dtype_name, resolve_device
-from .drift import compute_drift, runs_differ, to_host
+from .drift import compute_drift, leaf_magnitudes, resolution, runs_differ, to_host
 from .flops import OpAudit
 from .memory import PeakMemory, PeakMeter, format_bytes, meter_series, note_harness
 from .options import in_magic, option, whole_number
-from .precision import FP32, Recipe, TorchGlobals, apply_recipe, autocast_in_effect, make_recipe
+from .precision import (FP32, Recipe, TorchGlobals, apply_recipe, autocast_in_effect, make_recipe,
+                        relaxed_fp32_settings)
 from .quiet import hiding_side_channels
 from .snapshot import Snapshot, SnapshotTooLarge, available_host_memory, estimate_bytes
 from .timing import Clock, Stats
@@ -229,7 +231,7 @@ def _safely(what: str, fn, *args):
 class _Runner:
     """Runs the code under one recipe from the snapshot; the small engine behind compare_amp."""
 
-    def __init__(self, cell: _Cell, snapshot: Snapshot, torch_globals: TorchGlobals | None, clock: Clock,
+    def __init__(self, cell: _Cell, snapshot: Snapshot, torch_globals: TorchGlobals, clock: Clock,
                  device: torch.device, silence, on_first_run=None, runs_after_first: int = 0):
         self.cell, self.snapshot, self.torch_globals = cell, snapshot, torch_globals
         self.clock, self.device, self.silence = clock, device, silence
@@ -240,8 +242,7 @@ class _Runner:
     def start(self, recipe: Recipe, kept: bool = False) -> None:
         """Every run starts from the same variables and the same torch settings."""
         self.snapshot.restore()
-        if self.torch_globals is not None:
-            self.torch_globals.restore()
+        self.torch_globals.restore()
         self.cell.recipe, self.cell.kept = recipe, kept
 
     def timed(self, recipe: Recipe) -> float:
@@ -280,13 +281,15 @@ class _Runner:
         with self.silence(), apply_recipe(recipe), probe, audit, _ScalerUse() as scaler_use:
             value = self.cell()
         host = _safely("copy the result to the host", to_host, value)
+        # read now, while the value's tensors are alive: the audit keys them weakly
+        magnitudes = _safely("read the result's magnitudes", leaf_magnitudes, value, audit.magnitude_of)[0] or {}
         scales_after = _scaler_scales(self.snapshot)
         scaler_info = {
             "grad_scaler": scaler_use.calls > 0,
             # GradScaler halves its scale when it finds inf/NaN gradients and skips that optimizer step.
             "scaler_skipped_step": any(a < b for a, b in zip(scales_after, scales_before)) if scales_before else None,
         }
-        return audit, probe, host, scaler_info
+        return audit, probe, host, scaler_info, magnitudes
 
 
 def compare_amp(
@@ -323,8 +326,9 @@ def compare_amp(
     stderr); those runs also neither log, nor use up warnings, nor leave pyplot figures open, nor write to
     fds 1 and 2 (subprocesses, C code), whichever is passed (`nbaccel.quiet`);
     ``show_output``: the one for the kept run (default: output shown).
-    ``restore=False``: no snapshot; every run continues from the state the previous one left
-    (for state too large to copy -- the comparison is then between different starting states).
+    ``restore=False``: no snapshot of the variables; every run continues from the variables the
+    previous one left (for state too large to copy -- the comparison is then between different
+    starting states). torch's global settings are still put back before each run.
     ``max_snapshot_fraction``: refuse (`SnapshotTooLarge`) when the snapshot would take more than
     this share of the host's available memory, instead of swapping the machine to death.
     ``on_cell_error(exc, where)``: called when ``fn`` itself raises, before its exception
@@ -357,6 +361,7 @@ def compare_amp(
     amp_recipe = make_recipe(dtype, dev, tf32=tf32)
     base_recipe = make_recipe(FP32, dev)
     outer_autocast = autocast_in_effect(dev.type)  # before any run: the user's, not ours
+    fp32_overridden = relaxed_fp32_settings(dev.type)  # likewise
     torch_before = TorchGlobals()
     if namespace is None and not state:
         state = _referenced_objects(fn)
@@ -373,8 +378,10 @@ def compare_amp(
     loaders = [describe(name, loader) for name, loader in reads["worker_loaders"].items()]
     clock = clock or Clock(dev)
     cell = _Cell(fn)
-    # Without restore, runs continue from each other's torch settings as from each other's variables.
-    runner = _Runner(cell, snapshot, torch_before if restore else None, clock, dev, hiding_side_channels(silence or _redirect),
+    # torch's settings are put back before every run also with restore=False: that skips the copy of
+    # the variables (too large to copy), and costs nothing here. Without it, a run that turned grad mode
+    # off left it off for the next, and its error was blamed on that run (a user trial).
+    runner = _Runner(cell, snapshot, torch_before, clock, dev, hiding_side_channels(silence or _redirect),
                      on_first_run, planned_runs(warmup, repeat, baseline, dev) - 1)
     order = [base_recipe, amp_recipe] if baseline else [amp_recipe]
 
@@ -405,7 +412,7 @@ def compare_amp(
             value = cell()
         result = _build_result(info, order, times, memory, audits, amp_recipe, base_recipe, baseline,
                                warmup, repeat, clock, snapshot, restore, value, fp32_again)
-        result.outer_autocast = outer_autocast
+        result.outer_autocast, result.fp32_overridden = outer_autocast, fp32_overridden
         result.iterators, result.compiled, result.worker_loaders = iterators, compiled, loaders
         result.contention = runner.meter.result
     except BaseException as exc:  # KeyboardInterrupt too; re-raised unchanged
@@ -525,26 +532,30 @@ def _build_result(info, order, times, memory, audits, amp_recipe, base_recipe, b
 
     amp_variant = variant(_amp_name(amp_recipe), amp_recipe)
     base_variant = variant("fp32", base_recipe) if baseline else None
-    amp_audit, amp_probe, (amp_value, amp_error), scaler_info = audits[id(amp_recipe)]
+    amp_audit, amp_probe, (amp_value, amp_error), scaler_info, amp_magnitudes = audits[id(amp_recipe)]
     base_probe = audits[id(base_recipe)][1] if baseline else None
     drift, why = None, amp_error
     if baseline:
-        base_value, base_error = audits[id(base_recipe)][2]
+        (base_value, base_error), base_magnitudes = audits[id(base_recipe)][2], audits[id(base_recipe)][4]
         why = why or base_error
         if why is None:
-            drift, why = _safely("compare the two results", compute_drift, base_value, amp_value)
+            # near 0 is judged against the fp32 run's values, at the recipe's rounding (drift.py)
+            drift, why = _safely("compare the two results", compute_drift, base_value, amp_value, base_magnitudes,
+                                 resolution(amp_recipe))
     state_changed = False
     if restore and why is None:
         # Two runs under the recipe from the restored state (the audited one and the kept one) must
         # agree; if they do not, the code depends on state the snapshot does not restore.
         kept, _ = _safely("copy the result to the host", to_host, value)
-        same, _ = _safely("compare the two results", compute_drift, amp_value, kept)
+        same, _ = _safely("compare the two results", compute_drift, amp_value, kept, amp_magnitudes,
+                          resolution(amp_recipe))
         state_changed = runs_differ(same, amp_recipe)
         if baseline and not state_changed and fp32_again is not None:
             # Two fp32 runs repeat far more closely than two reduced-precision ones, so they catch a
             # change the bf16 tolerance (4 units of 2**-8) lets through: the next batch's loss from
             # an iterator the snapshot cannot rewind moves it by ~1.5 %, not 3 %.
-            again, _ = _safely("compare the two results", compute_drift, base_value, fp32_again)
+            again, _ = _safely("compare the two results", compute_drift, base_value, fp32_again, base_magnitudes,
+                               resolution(base_recipe))
             state_changed = runs_differ(again, base_recipe)
     if baseline and drift is None and why is None and amp_value is None:
         # said, not left out: a user whose drift line vanished took it for a bug

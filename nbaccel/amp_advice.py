@@ -8,6 +8,7 @@ import torch
 
 from .amp_result import MIN_RUNS, NO_SPEEDUP_BELOW, REDUCED_DTYPES, memory_ranges, too_few_runs
 from .cell_reads import and_list, take_first
+from .drift import near_zero_figures, resolution
 from .memory import format_bytes
 from .options import in_magic, option
 from .precision import describe
@@ -19,7 +20,8 @@ if TYPE_CHECKING:
 def _state_reason(result: AmpResult) -> str | None:
     """Why the two variants' results may differ for reasons other than precision, if any."""
     if not result.restored:
-        return "state was not restored between runs, so each run started from the state the one before left"
+        return ("your variables were not restored between runs (no snapshot), so each run started from the "
+                "variables the one before left")
     if result.iterators:
         return (f"the cell takes items from {and_list(result.iterators)}, which no snapshot can rewind, so each run "
                 "had its own items")
@@ -88,6 +90,22 @@ def _reduced_in_baseline(result: AmpResult) -> str | None:
             "run reduced-precision code, so the speedup, memory and drift compare the recipe with the cell's own "
             "precision, not with fp32; take the autocast (or the .to(torch.bfloat16)) out of the cell to compare "
             "against fp32.")
+
+
+def _near_zero_notes(result: AmpResult, drift: dict, dtype: str) -> list[str]:
+    """For a near-zero result whose relative change would have read as an alarm: what it measures.
+    A sum of normalized outputs cancels to about 0 (a user trial: "moved by 100%")."""
+    notes = []
+    for leaf in drift["leaves"]:
+        if leaf.get("near_zero") and leaf["max_rel"] > 0.05:
+            name = "The result" if leaf["name"] == "value" else f"The result {leaf['name']}"
+            figures = near_zero_figures(leaf, dtype, resolution(result.amp.recipe))
+            notes.append(f"{name} is near 0 ({figures}): its relative change under {dtype} "
+                         f"({leaf['max_rel']:.1%}) measures that rounding, not {dtype}'s accuracy on your data; "
+                         f"the absolute change is {leaf['max_abs']:.2e}. Judge accuracy on a result of normal size "
+                         f"(the output itself, or a loss); if this near-0 value itself matters, {dtype} is too "
+                         "coarse for it.")
+    return notes
 
 
 def _drift_differs(drift: dict | None) -> bool:
@@ -177,7 +195,9 @@ def advise(result: AmpResult) -> list[str]:
         verdict = ("the difference comes from state that changed between runs, not from precision"
                    if result.amp.ops.empty else "the difference may come from state that changed between runs "
                    "rather than from precision, so it is no measure of accuracy")
-        notes.append(f"The fp32 and {dtype} results differ (max rel {drift['max_rel']:.1%}), but {state_reason}: "
+        size = (f"max rel {drift['max_rel']:.1%}" if drift["max_rel"] is not None
+                else f"max abs {drift['max_abs']:.2e}")
+        notes.append(f"The fp32 and {dtype} results differ ({size}), but {state_reason}: "
                      f"{verdict}.")
     elif result.state_changed and not result.iterators:  # the iterator line says it
         notes.append(f"Careful: {state_reason}; the runs did not all start from the same state.")
@@ -241,9 +261,11 @@ def advise(result: AmpResult) -> list[str]:
         elif not grads["grad_scaler"]:
             notes.append("fp16 training without torch.amp.GradScaler: no overflow this step, but small gradients "
                          "can underflow later; GradScaler guards against it.")
-    if drift and drift["max_rel"] > 0.05 and not state_reason:
+    if drift and drift["max_rel"] is not None and drift["max_rel"] > 0.05 and not state_reason:
         notes.append(f"The result moved by {result.drift['max_rel']:.1%} (relative) under {dtype}; check that "
                      "this accuracy is acceptable (e.g. keep loss/softmax in fp32).")
+    if drift and not state_reason:
+        notes += _near_zero_notes(result, drift, dtype)
     mem = result.memory_saving
     if mem is not None and result.memory_comparable:
         sizes = f"{format_bytes(result.baseline.memory.peak_bytes)} -> {format_bytes(result.amp.memory.peak_bytes)}"

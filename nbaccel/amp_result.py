@@ -101,6 +101,9 @@ class AmpResult(ResultMixin):
     compiled: list[str] = field(default_factory=list)
     # DataLoaders it reads that start worker processes on every iteration: "`loader` (2 workers)".
     worker_loaders: list[str] = field(default_factory=list)
+    # The user's settings that run fp32 math below IEEE fp32 (`precision.relaxed_fp32_settings`, as
+    # code): the recipes did not use them (the fp32 run is strict), and the method line says so.
+    fp32_overridden: list[str] = field(default_factory=list)
     made_by: str = "compare_amp()"  # or "%%amp": what the header names (a script's report said "%%amp")
     value: object = field(default=None, repr=False)  # the kept run's value (not serialized)
 
@@ -321,6 +324,7 @@ class AmpResult(ResultMixin):
             "nonfinite_result": self.nonfinite_result,
             "drift_skipped": self.drift_skipped,
             "outer_autocast": self.outer_autocast,
+            "fp32_overridden": self.fp32_overridden,
             "advice": self.advice,
             "noise_warnings": self.noise_warnings,
             "contention": self.contention.to_dict() if self.contention else None,

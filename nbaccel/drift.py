@@ -4,6 +4,14 @@ A value is walked like a pytree (lists, tuples, dicts); float tensors, float num
 numbers are compared in float64 on the host. inf/NaN in the same place in both runs are equal;
 inf/NaN in one run only is counted apart (``amp_only_nonfinite``, ``fp32_only_nonfinite``), never
 folded into the error figures, where it would turn them into NaN.
+
+The relative error of a leaf is its largest absolute difference over the fp32 value's largest
+magnitude. For a result far smaller than the values it was computed from, that measures rounding,
+not accuracy on the data: ``out.sum()`` of LayerNorm outputs up to 4.6 came to -4e-4 in fp32 and
+-3e-5 under bf16, "92 %", where bf16's resolution at one of those outputs alone is 4.6 * 2**-7 = 0.036. The op audit knows those
+values for a small result (`flops.OpAudit.magnitude_of`); a leaf whose fp32 value is within one unit
+of the recipe's rounding of them (|fp32| <= eps * their magnitude) is ``near_zero``: its relative
+error is kept in the leaf but left out of ``max_rel``, and the report gives its absolute difference.
 """
 
 from __future__ import annotations
@@ -40,6 +48,16 @@ def to_host(value):
     return value
 
 
+def leaf_magnitudes(value, magnitude_of) -> dict[str, float]:
+    """{leaf path: ``magnitude_of(leaf)``} for the leaves of a run's value it knows (not None)."""
+    found = {}
+    for path, leaf in _leaves(value):
+        size = magnitude_of(leaf)
+        if size is not None:
+            found[path] = size
+    return found
+
+
 def _leaves(value, prefix="value"):
     if isinstance(value, (list, tuple)):
         for i, v in enumerate(value):
@@ -72,7 +90,7 @@ def _as_float64(leaf) -> torch.Tensor | None:
     return None
 
 
-def _leaf_drift(path: str, b: torch.Tensor, a: torch.Tensor) -> dict:
+def _leaf_drift(path: str, b: torch.Tensor, a: torch.Tensor, sources: float | None, eps: float | None) -> dict:
     """Errors where both values are finite; inf/NaN in the same place in both count as equal, and
     inf/NaN in one variant only is counted, not folded into the error (it would make it NaN)."""
     finite_b, finite_a = torch.isfinite(b), torch.isfinite(a)
@@ -86,14 +104,24 @@ def _leaf_drift(path: str, b: torch.Tensor, a: torch.Tensor) -> dict:
     return {"name": path, "shape": list(b.shape), "max_abs": max_abs,
             "max_rel": max_abs / scale if scale else (math.inf if max_abs else 0.0),
             "base": b.item() if b.numel() == 1 else None, "amp": a.item() if a.numel() == 1 else None,
-            "amp_only_nonfinite": amp_only, "fp32_only_nonfinite": base_only, "compared": int(both.sum())}
+            "amp_only_nonfinite": amp_only, "fp32_only_nonfinite": base_only, "compared": int(both.sum()),
+            # the fp32 value's largest magnitude (what max_rel divides by), and that of the values it was
+            # computed from (None: not known, a large result or not made in the audited run)
+            "largest": scale, "sources": sources,
+            "near_zero": sources is not None and eps is not None and scale <= eps * sources}
 
 
-def compute_drift(base, amp) -> dict | None:
+def compute_drift(base, amp, magnitudes: dict | None = None, eps: float | None = None) -> dict | None:
     """Max abs / relative error between the two variants' results, per tensor, float numpy array or
     number leaf. Positions that are inf/NaN in one variant only are counted separately
-    (``amp_only_nonfinite``, ``fp32_only_nonfinite``); positions equal-nonfinite in both are equal."""
+    (``amp_only_nonfinite``, ``fp32_only_nonfinite``); positions equal-nonfinite in both are equal.
+
+    ``magnitudes`` ({leaf path: magnitude of the values the fp32 leaf was computed from},
+    `leaf_magnitudes`) and ``eps`` (the recipe's rounding, `resolution`) mark the ``near_zero``
+    leaves; ``max_rel`` is the largest relative error of the others, None when every leaf is near zero.
+    """
     base, amp = to_host(base), to_host(amp)
+    magnitudes = magnitudes or {}
     leaves = []
     for (path, b), (_, a) in zip(_leaves(base), _leaves(amp)):
         number = not isinstance(b, torch.Tensor)
@@ -102,11 +130,13 @@ def compute_drift(base, amp) -> dict | None:
         b, a = _as_float64(b), _as_float64(a)
         if b is None or a is None or b.shape != a.shape or b.numel() == 0:
             continue
-        leaves.append(_leaf_drift(path, b, a))
+        leaves.append(_leaf_drift(path, b, a, magnitudes.get(path), eps))
     if not leaves:
         return None
-    worst = max(leaves, key=lambda leaf: leaf["max_rel"])
-    return {"leaves": leaves, "max_abs": max(leaf["max_abs"] for leaf in leaves), "max_rel": worst["max_rel"],
+    judged = [leaf["max_rel"] for leaf in leaves if not leaf["near_zero"]]
+    return {"leaves": leaves, "max_abs": max(leaf["max_abs"] for leaf in leaves),
+            "max_rel": max(judged) if judged else None,
+            "near_zero": [leaf["name"] for leaf in leaves if leaf["near_zero"]],
             "amp_only_nonfinite": sum(leaf["amp_only_nonfinite"] for leaf in leaves),
             "fp32_only_nonfinite": sum(leaf["fp32_only_nonfinite"] for leaf in leaves),
             # elements finite in both runs: with none (an fp16 overflow made every one inf), the
@@ -114,12 +144,33 @@ def compute_drift(base, amp) -> dict | None:
             "compared": sum(leaf["compared"] for leaf in leaves)}
 
 
+def resolution(recipe) -> float:
+    """The relative rounding of a recipe's math: its autocast dtype's eps (bf16 2**-7, fp16 2**-10),
+    TF32's 2**-10 without autocast (the fp32 recipe's runs get the same: fused vs unfused kernels and
+    reduction order move fp32 by far less)."""
+    return torch.finfo(recipe.autocast_dtype).eps if recipe.autocast_dtype is not None else 2.0**-10
+
+
+def near_zero_figures(leaf: dict, name: str, eps: float) -> str:
+    """Why a near-zero leaf's relative drift measures rounding, in figures: "fp32 -0.000397,
+    next to values up to 4.59 it was computed from; bf16's resolution at that size is 0.036 (2**-7 x
+    4.59)". ``name``: the recipe's dtype; ``eps``: its `resolution`."""
+    value = f"{leaf['base']:.3g}" if leaf.get("base") is not None else f"up to {leaf['largest']:.3g}"
+    sources = f"{leaf['sources']:.3g}"
+    return (f"fp32 {value}, next to values up to {sources} it was computed from; {name}'s resolution at "
+            f"that size is {eps * leaf['sources']:.2g} (2**{round(math.log2(eps))} x {sources})")
+
+
 def runs_differ(drift: dict | None, recipe) -> bool:
     """Whether two runs under the same recipe gave different values, beyond the run-to-run noise of
     nondeterministic kernels (atomics on the GPU) at that recipe's precision."""
     if drift is None:
         return False
+    if drift["amp_only_nonfinite"] or drift["fp32_only_nonfinite"]:
+        return True
     # A few units of the recipe's rounding (TF32 keeps 10 mantissa bits): reduction order, fused
-    # vs unfused kernels under the audit's dispatch mode, atomics.
-    eps = torch.finfo(recipe.autocast_dtype).eps if recipe.autocast_dtype is not None else 2.0**-10
-    return drift["max_rel"] > 4 * eps or bool(drift["amp_only_nonfinite"] or drift["fp32_only_nonfinite"])
+    # vs unfused kernels under the audit's dispatch mode, atomics. Of the value's own size, or, for a
+    # near-zero result, of the values it was computed from, whose rounding it inherits.
+    eps = resolution(recipe)
+    return any(leaf["max_abs"] > 4 * eps * (leaf["sources"] if leaf["near_zero"] else leaf["largest"])
+               for leaf in drift["leaves"])

@@ -16,6 +16,10 @@ sees and counts the ops underneath, and an inference-mode cell reads exactly as 
 decomposed before it reaches the mode, and inside ``__torch_dispatch__`` the mode is off, so a
 composite and its children are never both recorded.
 
+It also follows small results back to the values they were computed from (`magnitude_of`): a
+sum of LayerNorm outputs up to 4.8 came to 4e-4, whose relative drift under bf16 is rounding of
+those values, not a measure of accuracy (``drift.compute_drift``).
+
 An audited run is slower than a plain one, so it is never the run that is timed.
 """
 
@@ -29,6 +33,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 from torch.utils.flop_counter import flop_registry
+from torch.utils.weak import WeakTensorKeyDictionary
 
 from .analysis.op_flops import op_flops
 from .device import DTYPE_NAMES
@@ -50,6 +55,18 @@ _IGNORED = frozenset({"aten::t", "aten::view", "aten::detach", "aten::expand", "
                       "aten::select", "aten::alias", "aten::reshape", "aten::lift_fresh"})
 
 
+# Outputs of at most this many elements (a loss, a sum, a few metrics) get the magnitude of the values
+# they were computed from: a result that small can be a cancellation; a larger one is judged by its
+# own largest element.
+SMALL_RESULT = 16
+
+
+def _largest(t: torch.Tensor) -> float:
+    """The largest finite magnitude in ``t`` (0.0 when there is none)."""
+    a = t.detach().abs()
+    return float(torch.where(torch.isfinite(a), a, 0).amax()) if a.numel() else 0.0
+
+
 def dtype_name(dtype) -> str:
     return DTYPE_NAMES.get(dtype, str(dtype).replace("torch.", "") if dtype is not None else "none")
 
@@ -68,6 +85,11 @@ class OpAudit(TorchDispatchMode):
     def __init__(self):
         super().__init__()
         self.records: dict[tuple[str, str], _OpRecord] = defaultdict(_OpRecord)
+        # small float output -> the largest magnitude among it and the values it was computed from,
+        # following small inputs back to what made them (sum -> detach -> div); a Python number from
+        # .item() is keyed by its value
+        self._magnitudes = WeakTensorKeyDictionary()
+        self._number_magnitudes: dict[float, float] = {}
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -79,6 +101,7 @@ class OpAudit(TorchDispatchMode):
             if out is not NotImplemented:
                 return out
         out = func(*args, **kwargs)
+        self._follow_magnitudes(args, kwargs, out)  # views and detach too: they pass a result on
         # "aten::mm", as torch.profiler and the dispatcher's schemas name ops, so %%amp's op table and
         # %%profile_gpu's read the same.
         name = f"{func.namespace}::{func.overloadpacket.__name__}"
@@ -102,6 +125,40 @@ class OpAudit(TorchDispatchMode):
             shapes = tuple(tuple(t.shape) for t in flat_in if isinstance(t, torch.Tensor))
             record.shapes.add(shapes)
         return out
+
+    def _follow_magnitudes(self, args, kwargs, out) -> None:
+        small = [t for t in tree_flatten(out)[0]
+                 if isinstance(t, torch.Tensor) and t.is_floating_point() and 0 < t.numel() <= SMALL_RESULT]
+        if not small and not isinstance(out, float):  # a float: .item() (aten::_local_scalar_dense)
+            return
+        if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+            return  # reading a value would break the capture of a CUDA graph
+        try:
+            sources = 0.0
+            for t in tree_flatten((args, kwargs))[0]:
+                if not isinstance(t, torch.Tensor) or not t.is_floating_point():
+                    continue
+                known = self._magnitudes.get(t)
+                if known is not None:
+                    sources = max(sources, known)
+                elif t.numel() > 1:  # a lone number made elsewhere is a constant, not rounded data
+                    sources = max(sources, _largest(t))
+            if isinstance(out, float):
+                self._number_magnitudes[out] = max(abs(out), sources)
+            for t in small:  # each output its own size: nll_loss's second one is a count, not data
+                self._magnitudes[t] = max(_largest(t), sources)
+        except Exception:  # noqa: BLE001 - sparse, meta or subclass tensors: no magnitude, never a failed cell
+            pass
+
+    def magnitude_of(self, value) -> float | None:
+        """For a small float result of the audited run (a tensor of at most `SMALL_RESULT` elements,
+        or a number from ``.item()``): the largest magnitude among it and the values it was computed
+        from, back through the small results that led to it; None for anything else."""
+        if isinstance(value, torch.Tensor):
+            return self._magnitudes.get(value)
+        if isinstance(value, float):
+            return self._number_magnitudes.get(value)
+        return None
 
     def table(self) -> pd.DataFrame:
         import pandas as pd

@@ -1,16 +1,18 @@
 """Apply a mixed-precision recipe and put every global flag back afterwards.
 
 A recipe touches process-wide torch state: autocast, TF32 for matmul and cuDNN, float32 matmul
-precision and ``cudnn.benchmark``. A notebook kernel lives for hours, so a cell that raises or is
-interrupted must not leave any of it changed. `precision()` saves what it touches and restores it
-in ``finally`` -- all of it when the body raised; when it succeeded, a setting the body changed
-itself stays, as running that code once would leave it. `TorchGlobals` captures the wider set a
+precision (the CPU's too: strict IEEE for the ops it leaves in fp32) and ``cudnn.benchmark``. A
+notebook kernel lives for hours, so a cell that raises or is interrupted must not leave any of it
+changed. `precision()` saves what it touches and restores it in ``finally`` -- all of it when the
+body raised; when it succeeded, a setting the body changed itself stays, as running that code once
+would leave it. `TorchGlobals` captures the wider set a
 cell can change (grad mode, default dtype, ...) so ``%%amp`` can start every run from it.
 
-torch 2.9 added a new TF32 API (``torch.backends.*.fp32_precision``) and made mixing it with the
-legacy one (``allow_tf32``, ``set_float32_matmul_precision``) an error at read time. So we set and
-restore through the new API when the user's torch has it, and through the legacy one otherwise;
-set-then-restore through one family leaves every reading, in both families, as it was.
+torch 2.9 added a new API for the precision of fp32 ops (``torch.backends.*.fp32_precision``, per
+backend and op) beside the legacy one (``set_float32_matmul_precision``, ``allow_tf32``), whose
+setters write the new values too, and made reading a legacy setting an error when the two disagree.
+So a recipe writes both families (the legacy one first, then the per-op values), to settings they
+agree on, and every setting goes back in that order, each only where it reads otherwise.
 """
 
 from __future__ import annotations
@@ -33,11 +35,18 @@ class Recipe:
 
     device_type: str
     autocast_dtype: torch.dtype | None
-    tf32: bool | None = None  # True: TF32 on; False: strict IEEE fp32; None: as the user has it
+    # CUDA's fp32 matmuls and cuDNN convolutions/RNNs. True: TF32; False: strict IEEE fp32; None: as
+    # the user has them.
+    tf32: bool | None = None
     cudnn_benchmark: bool | None = None
     # Device types whose autocast is forced off inside the recipe: an autocast the user left on
     # around it must not turn the fp32 baseline (or the other device's ops) into reduced precision.
     autocast_off: tuple[str, ...] = ()
+    # The CPU's (oneDNN's) fp32 matmuls, convolutions and RNNs in strict IEEE fp32 (True), or as the
+    # user has them (False). torch.set_float32_matmul_precision("medium") makes oneDNN run fp32
+    # matmuls in bf16 on a CPU with AMX: a user trial's "fp32" baseline was bf16 math, labelled fp32.
+    # There is no TF32 on a CPU to trade for speed, so every recipe keeps the ops it leaves in fp32 exact.
+    cpu_strict: bool = True
 
     @property
     def label(self) -> str:
@@ -47,7 +56,7 @@ class Recipe:
         if self.tf32:
             parts.append("TF32 matmul+cuDNN")
         elif self.tf32 is False:
-            parts.append("strict fp32 (TF32 off)")
+            parts.append("strict fp32 (TF32 off)" if self.device_type == "cuda" else "strict fp32")
         if self.cudnn_benchmark:
             parts.append("cudnn.benchmark")
         return " + ".join(parts) or "fp32"
@@ -61,9 +70,10 @@ def make_recipe(dtype: str = "auto", device="auto", tf32: bool = True, cudnn_ben
                 name: str = "dtype") -> Recipe:
     """Build the recipe ``%%amp`` uses: autocast at ``dtype`` plus Tensor Core settings on CUDA.
 
-    ``dtype="fp32"`` gives the baseline: no autocast and, where TF32 exists, TF32 forced off, so
-    the comparison is against strict IEEE fp32 whatever the user's flags say. TF32 only exists on
-    CUDA (Ampere+), so elsewhere ``tf32`` is left alone (None), and the result says so.
+    ``dtype="fp32"`` gives the baseline: no autocast, TF32 off on CUDA and the CPU's oneDNN at IEEE
+    fp32, so the comparison is against strict IEEE fp32 whatever the user's flags say (on CUDA too
+    when the CPU is compared: a CPU cell can reach CUDA tensors). TF32 only exists on CUDA
+    (Ampere+), so an autocast recipe elsewhere leaves CUDA's TF32 alone (None).
     ``name`` is the option an error names (``dtype``, or ``amp`` for the profiler).
     """
     dev = resolve_device(device)
@@ -76,8 +86,7 @@ def make_recipe(dtype: str = "auto", device="auto", tf32: bool = True, cudnn_ben
                               f"Use {option(name, 'bf16')} here")
         return Recipe(dev.type, None, tf32=True, autocast_off=autocast_device_types(dev.type))
     if dtype == FP32:
-        return Recipe(dev.type, None, tf32=False if info.supports_tf32 else None,
-                      autocast_off=autocast_device_types(dev.type))
+        return Recipe(dev.type, None, tf32=False, autocast_off=autocast_device_types(dev.type))
     return Recipe(
         device_type=dev.type,
         autocast_dtype=autocast_dtype(dtype, info, name),
@@ -156,43 +165,93 @@ def _fp32_precision_knob(path: str):
     return (lambda: owner().fp32_precision), (lambda v: setattr(owner(), "fp32_precision", v))
 
 
-def _legacy_tf32_knob():
-    """The legacy TF32 switches as one setting.
+def _legacy_knobs() -> dict:
+    """The legacy TF32 switches: ``set_float32_matmul_precision`` and ``cudnn.allow_tf32``.
 
-    torch keeps a value of its own behind ``set_float32_matmul_precision`` and behind
-    ``cudnn.allow_tf32`` (on torch >= 2.9 beside the new API's values, which these setters also
-    change), so both are written, together. ``cuda.matmul.allow_tf32`` is only read: it is the
-    matmul precision seen as a bool. A reading torch refuses (the two API families mixed) is
-    written back as torch's default ("highest", True): the user set the new API, not these.
+    torch keeps a value of its own behind each (on torch >= 2.9 beside the new API's per-op values,
+    which these setters also rewrite), so they are written before those. ``cuda.matmul.allow_tf32``
+    is not one: it is the matmul precision seen as a bool. A reading torch refuses (the two API
+    families mixed) is written back as torch's default ("highest", True): the user set the new API,
+    not these, and the per-op values written after it put back what they set.
     """
-    readers = (torch.get_float32_matmul_precision, lambda: torch.backends.cudnn.allow_tf32,
-               lambda: torch.backends.cuda.matmul.allow_tf32)
+    def write_precision(value):
+        torch.set_float32_matmul_precision("highest" if value is _UNREADABLE else value)
 
-    def write(values):
-        precision, cudnn_tf32, _ = values
-        torch.backends.cudnn.allow_tf32 = True if cudnn_tf32 is _UNREADABLE else cudnn_tf32
-        torch.set_float32_matmul_precision("highest" if precision is _UNREADABLE else precision)
+    def write_cudnn(value):
+        torch.backends.cudnn.allow_tf32 = True if value is _UNREADABLE else value
 
-    return (lambda: tuple(_reading(read) for read in readers)), write
+    return {"float32_matmul_precision": (torch.get_float32_matmul_precision, write_precision),
+            "cudnn.allow_tf32": (lambda: torch.backends.cudnn.allow_tf32, write_cudnn)}
 
 
-def _tf32_knobs():
-    """The TF32 switches a recipe sets, in the user's torch's own API family."""
+# The per-op fp32 precisions a recipe sets (torch >= 2.9): CUDA's by the recipe's ``tf32``, the CPU's
+# (oneDNN) by its ``cpu_strict``. Each is set at the op itself, so no backend-wide or generic value
+# the user set ("none" falls back to those) can reach it.
+_CUDA_OP_PATHS = ("cuda.matmul", "cudnn.conv", "cudnn.rnn")
+_CPU_OP_PATHS = ("mkldnn.matmul", "mkldnn.conv", "mkldnn.rnn")
+
+
+def _precision_knobs(paths=_CUDA_OP_PATHS + _CPU_OP_PATHS) -> dict:
+    """name -> (read, write) of the float32 precision settings, legacy ones first, then the new API's
+    ``paths``, in the order they must be written (see `_legacy_knobs`)."""
+    knobs = _legacy_knobs()
     if NEW_TF32_API:
-        return {name: _fp32_precision_knob(name.removesuffix(".fp32_precision"))
-                for name in ("cuda.matmul.fp32_precision", "cudnn.conv.fp32_precision")}
-    return {
-        "float32_matmul_precision": (torch.get_float32_matmul_precision, torch.set_float32_matmul_precision),
-        "cuda.matmul.allow_tf32": _attribute_knob(torch.backends.cuda.matmul, "allow_tf32"),
-        "cudnn.allow_tf32": _attribute_knob(torch.backends.cudnn, "allow_tf32"),
-    }
+        knobs.update({f"{path}.fp32_precision": _fp32_precision_knob(path) for path in paths})
+    return knobs
 
 
-def _tf32_values(on: bool):
+def _precision_values(recipe: Recipe) -> dict:
+    """The values ``recipe`` gives the `_precision_knobs` it sets; the others it leaves alone.
+
+    Both API families are written, so that code in the cell reads the recipe's settings through
+    either and torch never finds them mixed (it raises on reading the legacy ones then): the
+    legacy matmul precision is "high" where CUDA's matmuls run TF32, "highest" where they are
+    strict. The per-op values written after it say the rest (the CPU's "ieee" beside "high").
+    """
+    values = {}
+    if recipe.tf32 is not None:
+        values["float32_matmul_precision"] = "high" if recipe.tf32 else "highest"
+        values["cudnn.allow_tf32"] = recipe.tf32
+    elif recipe.cpu_strict and _reading(torch.get_float32_matmul_precision) == "medium":
+        # "medium" is TF32 for CUDA's matmuls, which this recipe leaves alone, and bf16 for the
+        # CPU's, which it does not: "high" is the same on CUDA and leaves the CPU's in fp32.
+        values["float32_matmul_precision"] = "high"
     if NEW_TF32_API:
-        value = "tf32" if on else "ieee"
-        return {"cuda.matmul.fp32_precision": value, "cudnn.conv.fp32_precision": value}
-    return {"float32_matmul_precision": "high" if on else "highest", "cuda.matmul.allow_tf32": on, "cudnn.allow_tf32": on}
+        if recipe.tf32 is not None:
+            values.update({f"{path}.fp32_precision": "tf32" if recipe.tf32 else "ieee" for path in _CUDA_OP_PATHS})
+        if recipe.cpu_strict:
+            values.update({f"{path}.fp32_precision": "ieee" for path in _CPU_OP_PATHS})
+    return values
+
+
+def _resolved_fp32_precision(path: str) -> str:
+    """What an op's fp32 precision comes to: its own value, else its backend's, else the generic one."""
+    backend, _ = path.split(".")
+    for owner in (path, "cudnn" if backend in ("cuda", "cudnn") else backend, ""):
+        value = _reading(_fp32_precision_knob(owner)[0])
+        if value not in ("none", _UNREADABLE):
+            return value
+    return "ieee"
+
+
+def relaxed_fp32_settings(device_type: str) -> list[str]:
+    """The user's settings, as code, that run fp32 matmuls, convolutions or RNNs on ``device_type``
+    below IEEE fp32 where torch's defaults would not: what the fp32 recipe overrides, for the report
+    (``['torch.set_float32_matmul_precision("medium")']``). TF32 on the CPU is not one: oneDNN uses
+    it on Intel GPUs only; nor cuDNN's TF32, on by torch's default."""
+    found = []
+    legacy = _reading(torch.get_float32_matmul_precision)
+    if legacy == "medium" or (legacy == "high" and device_type == "cuda"):
+        found.append(f'torch.set_float32_matmul_precision("{legacy}")')
+    if NEW_TF32_API:
+        if device_type == "cuda":
+            relaxed = {"cuda.matmul": "tf32"} if legacy not in ("high", "medium") else {}
+        else:
+            relaxed = {path: "bf16" for path in _CPU_OP_PATHS if not (path == "mkldnn.matmul" and legacy == "medium")}
+        for path, low in relaxed.items():
+            if _resolved_fp32_precision(path) == low:
+                found.append(f'torch.backends.{path}.fp32_precision = "{low}"')
+    return found
 
 
 def global_state() -> dict:
@@ -245,13 +304,7 @@ class TorchGlobals:
         self._values = _readings(self._knobs)
 
     def restore(self) -> None:
-        # Only what changed is written: writing an fp32_precision that reads the same would turn a
-        # "none" (falling back to its backend's value) into a fixed one, and the legacy setters also
-        # rewrite the new API's values.
-        for name, (read, write) in self._knobs.items():
-            value = self._values[name]
-            if value is not _UNREADABLE and _reading(read) != value:
-                write(value)
+        _write_changed(self._knobs, self._values)
         # Autocast casts weights once per region and keeps the copies until the outermost region
         # exits; a run that entered autocast and never left would hand stale casts of the weights
         # the snapshot just put back to the next run.
@@ -267,10 +320,8 @@ def _global_knobs() -> dict:
                                      lambda v: torch.use_deterministic_algorithms(v[0], warn_only=v[1])),
         **{f"cudnn.{flag}": _attribute_knob(torch.backends.cudnn, flag)
            for flag in ("benchmark", "deterministic", "enabled")},
-        "legacy_tf32": _legacy_tf32_knob(),  # before the new API's values: its setters rewrite them
+        **_precision_knobs(_FP32_PRECISION_PATHS),  # the legacy ones before the new API's: their setters rewrite them
     }
-    if NEW_TF32_API:
-        knobs.update({f"{path}.fp32_precision": _fp32_precision_knob(path) for path in _FP32_PRECISION_PATHS})
     knobs.update({f"autocast.{t}": _autocast_knob(t) for t in ("cpu", "cuda")})  # cuda's is settable anywhere
     knobs["autocast.cache"] = (torch.is_autocast_cache_enabled, torch.set_autocast_cache_enabled)
     return knobs
@@ -322,14 +373,14 @@ def apply_recipe(recipe: Recipe):
     (``torch.backends.cudnn.benchmark = True`` in the cell), and code run once under the recipe
     keeps what it did. When the body raises, every setting goes back.
     """
-    flags = _recipe_flags(recipe)
-    watched = {name: (read, write) for name, (read, write, _) in flags.items()}
-    watched.update({f"autocast.{t}": _autocast_knob(t) for t in _autocast_types(recipe)})
-    before = {name: read() for name, (read, _, _) in flags.items()}
+    knobs, values = _recipe_settings(recipe)
+    watched = {**knobs, **{f"autocast.{t}": _autocast_knob(t) for t in _autocast_types(recipe)}}
+    before = _readings(knobs)
     changed_by_body: dict = {}
     try:
-        for _, write, value in flags.values():
-            write(value)
+        for name, (_, write) in knobs.items():
+            if name in values:
+                write(values[name])
         with contextlib.ExitStack() as autocast:  # torch.autocast's own exit restores autocast
             for context in _autocast_contexts(recipe):
                 autocast.enter_context(context)
@@ -340,7 +391,7 @@ def apply_recipe(recipe: Recipe):
             changed_by_body = {name: value for name, value in _readings(watched).items()
                                if value is not _UNREADABLE and value != as_set[name]}
     finally:
-        _put_back(flags, before, watched, changed_by_body)
+        _put_back(knobs, before, watched, changed_by_body)
 
 
 @contextlib.contextmanager
@@ -363,20 +414,17 @@ def _fresh_casts_after_optimizer_steps():
         handle.remove()
 
 
-def _recipe_flags(recipe: Recipe) -> dict:
-    """name -> (read, write, the recipe's value), in the order they are set.
+def _recipe_settings(recipe: Recipe) -> tuple[dict, dict]:
+    """(name -> (read, write) of every setting the recipe manages, in the order they are written;
+    name -> the recipe's value for those it sets).
 
-    ``cudnn.benchmark`` is always managed, at the user's own value when the recipe leaves it alone,
-    so a body that raises never leaves it changed.
+    All the float32 precision settings are managed, also those this recipe leaves alone: a legacy
+    setter it calls rewrites some of them. ``cudnn.benchmark`` is always set, at the user's own
+    value when the recipe leaves it alone, so a body that raises never leaves it changed.
     """
-    flags = {}
-    if recipe.tf32 is not None:
-        knobs = _tf32_knobs()
-        for key, value in _tf32_values(recipe.tf32).items():
-            flags[key] = (*knobs[key], value)
+    knobs = {**_precision_knobs(), "cudnn.benchmark": _attribute_knob(torch.backends.cudnn, "benchmark")}
     benchmark = recipe.cudnn_benchmark if recipe.cudnn_benchmark is not None else torch.backends.cudnn.benchmark
-    flags["cudnn.benchmark"] = (*_attribute_knob(torch.backends.cudnn, "benchmark"), benchmark)
-    return flags
+    return knobs, {**_precision_values(recipe), "cudnn.benchmark": benchmark}
 
 
 def _autocast_types(recipe: Recipe) -> list[str]:
@@ -390,13 +438,21 @@ def _autocast_contexts(recipe: Recipe) -> list:
     return contexts
 
 
-def _put_back(flags: dict, before: dict, watched: dict, changed_by_body: dict) -> None:
-    # Reverse order of setting: the legacy matmul precision and allow_tf32 overlap, so restoring one
-    # can overwrite the other; the body's own values are written last for the same reason.
-    for name in reversed(list(flags)):
-        if name not in changed_by_body:
-            flags[name][1](before[name])
-    for name, value in changed_by_body.items():
+def _write_changed(knobs: dict, values: dict) -> None:
+    """Write each of ``values`` whose setting reads otherwise now, in the knobs' order.
+
+    Only what differs is written: writing an fp32_precision that reads the same would turn a "none"
+    (falling back to its backend's value) into a fixed one. The order puts the legacy settings first:
+    their setters also rewrite the new API's per-op values, which are then put back after them.
+    """
+    for name, (read, write) in knobs.items():
+        if name in values and _reading(read) != values[name]:
+            write(values[name])
+
+
+def _put_back(knobs: dict, before: dict, watched: dict, changed_by_body: dict) -> None:
+    _write_changed({name: knob for name, knob in knobs.items() if name not in changed_by_body}, before)
+    for name, value in changed_by_body.items():  # the body's own values last: a legacy one rewrites others
         watched[name][1](value)
 
 

@@ -95,6 +95,77 @@ def test_drift_of_scalars_tensors_and_containers():
     assert compute_drift(3.0, 3.3)["max_rel"] == pytest.approx(0.1)
 
 
+def test_a_result_near_0_next_to_the_values_it_came_from_has_no_relative_drift():
+    eps = torch.finfo(torch.bfloat16).eps
+    # The fp32 value -4e-4, computed from values up to 4.6: one unit of bf16's rounding there is 0.036.
+    base = {"sum": -4e-4, "out": torch.tensor([1.0, -2.0])}
+    amp = {"sum": 0.0, "out": torch.tensor([1.0, -2.02])}
+    drift = compute_drift(base, amp, magnitudes={"value['sum']": 4.6}, eps=eps)
+    near, normal = drift["leaves"]
+    assert near["near_zero"] and near["max_rel"] == pytest.approx(1.0) and near["sources"] == 4.6
+    assert not normal["near_zero"] and normal["sources"] is None
+    assert drift["max_rel"] == pytest.approx(0.01) and drift["near_zero"] == ["value['sum']"]
+    assert drift["max_abs"] == pytest.approx(0.02)
+    # Every leaf near 0: no relative figure at all, rather than 100 %.
+    alone = compute_drift(-4e-4, 0.0, magnitudes={"value": 4.6}, eps=eps)
+    assert alone["max_rel"] is None and alone["max_abs"] == pytest.approx(4e-4)
+    # A value of normal size next to the same values is judged relatively, as before.
+    assert not compute_drift(2.0, 2.2, magnitudes={"value": 4.6}, eps=eps)["leaves"][0]["near_zero"]
+    # Without the magnitudes (a large result, or one not made in the audited run): as before.
+    assert compute_drift(-4e-4, 0.0)["max_rel"] == pytest.approx(1.0)
+
+
+def test_two_runs_of_a_near_0_result_differ_by_the_rounding_of_what_it_came_from():
+    from nbaccel.drift import runs_differ
+
+    bf16 = make_recipe("bf16", "cpu")
+    eps = torch.finfo(torch.bfloat16).eps
+    same_recipe = compute_drift(-4e-4, -1e-4, magnitudes={"value": 4.6}, eps=eps)
+    assert not runs_differ(same_recipe, bf16), "well within 4 units of bf16's rounding of 4.6"
+    assert runs_differ(compute_drift(-4e-4, 0.2, magnitudes={"value": 4.6}, eps=eps), bf16)
+    assert runs_differ(compute_drift(-4e-4, -1e-4), bf16), "without the magnitudes: relative, as before"
+
+
+def test_the_audit_follows_a_small_result_back_to_the_values_it_came_from():
+    from nbaccel.flops import OpAudit
+
+    out = torch.tensor([[4.0, -4.0], [2.5, -2.5 + 1e-6]])
+    big = torch.randn(64, 64)
+    with OpAudit() as audit:
+        total = out.sum()  # cancels to ~1e-6
+        passed_on = total.detach() / 2
+        number = passed_on.item()
+        mean = big.mean()
+        count = torch.tensor(3.0) * 2  # made and computed from lone numbers only
+    assert audit.magnitude_of(total) == audit.magnitude_of(passed_on) == audit.magnitude_of(number) == 4.0
+    assert audit.magnitude_of(mean) == pytest.approx(float(big.abs().max()))
+    assert audit.magnitude_of(count) == 6.0  # its own size: a constant is no rounded data
+    assert audit.magnitude_of(big) is None and audit.magnitude_of(1.5) is None  # large, or not made there
+
+
+def test_a_near_0_result_is_not_reported_as_a_drift_but_a_real_one_is():
+    # A user trial: out.sum() of a TransformerEncoderLayer's output, fp32 4.3e-4 and bf16 0.0, read
+    # "drift max rel 1.00e+00" and "The result moved by 100.0% (relative) under bf16".
+    torch.manual_seed(0)
+    layer = torch.nn.TransformerEncoderLayer(64, 4, 128, batch_first=True, dropout=0.0)
+    src = torch.randn(4, 16, 64)
+    res = nbaccel.compare_amp(lambda: layer(src).sum(), dtype="bf16", repeat=3, warmup=0)
+    leaf = res.drift["leaves"][0]
+    assert leaf["near_zero"] and leaf["max_rel"] > 0.05 and res.drift["max_rel"] is None
+    assert leaf["sources"] == pytest.approx(float(layer(src).detach().abs().max()), rel=0.05)
+    text = str(res)
+    assert f"drift max abs {res.drift['max_abs']:.2e} (result near 0, no relative figure)" in text
+    assert not any("moved by" in a for a in res.advice)
+    assert any(a.startswith("The result is near 0 (fp32 ") and "measures that rounding, not bf16's accuracy" in a
+               for a in res.advice)
+    assert json.loads(json.dumps(res.to_dict(), allow_nan=False))["drift"]["max_rel"] is None
+    # A result of normal size that bf16 really moves: 20.06 is 20.0 in bf16, so exp(.) moves by 6 %.
+    x, one = torch.tensor([[20.06]]), torch.ones(1, 1)
+    real = nbaccel.compare_amp(lambda: torch.exp(x @ one), dtype="bf16", repeat=3, warmup=0)
+    assert not real.drift["leaves"][0]["near_zero"] and real.drift["max_rel"] > 0.05
+    assert any(a.startswith("The result moved by 6.0% (relative) under bf16") for a in real.advice)
+
+
 def test_fp16_overflow_reported_with_gradscaler_advice():
     # A loss scaled far beyond fp16's range makes its gradients inf under fp16 autocast.
     w = torch.nn.Parameter(torch.ones(16, 16))
@@ -161,7 +232,7 @@ def test_precision_context_restores_flags_on_error():
     assert global_state() == before
 
 
-def test_tf32_recipe_sets_and_restores_through_one_api_family():
+def test_tf32_recipe_sets_and_restores_its_flags():
     before = global_state()
     recipe = Recipe("cuda", None, tf32=True, cudnn_benchmark=True)
     with apply_recipe(recipe):
@@ -175,6 +246,107 @@ def test_tf32_recipe_sets_and_restores_through_one_api_family():
         if NEW_TF32_API:
             assert torch.backends.cuda.matmul.fp32_precision == "ieee"
     assert global_state() == before
+
+
+# --- the fp32 the recipes run: strict on the CPU too, read the same through both API families -----
+
+def _relax_fp32(how: str) -> None:
+    """A user's setting that lets fp32 math run below IEEE fp32 on the CPU (bf16 on AMX)."""
+    if how == "legacy medium":
+        torch.set_float32_matmul_precision("medium")
+    elif how == "generic bf16":
+        torch.backends.fp32_precision = "bf16"  # every backend's "none" falls back to it
+    else:  # "mkldnn.matmul bf16", "mkldnn.conv bf16"
+        path, value = how.split()
+        setattr(getattr(torch.backends.mkldnn, path.split(".")[1]), "fp32_precision", value)
+
+
+def _strict_matmul_and_conv():
+    """A matmul and a convolution, as strict fp32 computes them: what the fp32 recipe must give."""
+    torch.manual_seed(0)
+    a, b = torch.randn(256, 256), torch.randn(256, 256)
+    x, w = torch.randn(4, 3, 16, 16), torch.randn(8, 3, 3, 3)
+    return (a, b, x, w), (a @ b, torch.nn.functional.conv2d(x, w))
+
+
+@pytest.mark.skipif(not NEW_TF32_API, reason="the per-op fp32_precision API is torch >= 2.9")
+@pytest.mark.parametrize("how", ["legacy medium", "mkldnn.matmul bf16", "mkldnn.conv bf16", "generic bf16"])
+def test_the_fp32_recipe_runs_strict_fp32_on_the_cpu_whatever_the_user_set(how):
+    # Was: the recipe set CUDA's TF32 knobs only, so under "medium" the "fp32" baseline's matmuls ran
+    # in bf16 on an AMX CPU (error vs float64 0.26 instead of 5e-5), labelled fp32, and code in the
+    # cell read "medium".
+    (a, b, x, w), (strict_mm, strict_conv) = _strict_matmul_and_conv()
+    saved = TorchGlobals()
+    try:
+        _relax_fp32(how)
+        before = global_state()
+        with apply_recipe(make_recipe("fp32", "cpu")):
+            assert torch.get_float32_matmul_precision() == "highest"  # readable: the two families agree
+            assert not torch.backends.cuda.matmul.allow_tf32 and not torch.backends.cudnn.allow_tf32
+            for op in ("matmul", "conv", "rnn"):
+                assert getattr(torch.backends.mkldnn, op).fp32_precision == "ieee"
+            # the same bits as strict fp32 (on a CPU with AMX the user's setting changes them)
+            assert torch.equal(a @ b, strict_mm)
+            assert torch.equal(torch.nn.functional.conv2d(x, w), strict_conv)
+        assert global_state() == before, "the user's setting is back, read the same through both families"
+    finally:
+        saved.restore()
+
+
+@pytest.mark.skipif(not NEW_TF32_API, reason="the per-op fp32_precision API is torch >= 2.9")
+def test_the_cpu_autocast_recipe_keeps_the_ops_it_leaves_in_fp32_strict():
+    (a, b, _, _), (strict_mm, _) = _strict_matmul_and_conv()
+    saved = TorchGlobals()
+    try:
+        torch.set_float32_matmul_precision("medium")
+        before = global_state()
+        with apply_recipe(make_recipe("bf16", "cpu")):
+            # "medium" is TF32 for CUDA's matmuls (left alone: this recipe does not touch CUDA) and
+            # bf16 for the CPU's: the legacy reading that says just that is "high"
+            assert torch.get_float32_matmul_precision() == "high"
+            assert torch.backends.cuda.matmul.fp32_precision == "tf32"
+            assert torch.backends.mkldnn.matmul.fp32_precision == "ieee"
+            with torch.autocast("cpu", enabled=False):  # an op autocast leaves in fp32
+                assert torch.equal(a @ b, strict_mm)
+        assert global_state() == before
+    finally:
+        saved.restore()
+
+
+@pytest.mark.parametrize("tf32", [True, False])
+def test_the_cuda_recipes_set_both_api_families_so_code_can_read_either(tf32):
+    # Was: only the new API's cuda.matmul.fp32_precision was set, and torch refuses to read the legacy
+    # setting when the two disagree: a cell calling torch.get_float32_matmul_precision() (as
+    # torch.compile does) raised RuntimeError under the TF32 recipe.
+    before = global_state()
+    with apply_recipe(Recipe("cuda", None, tf32=tf32)):
+        assert torch.get_float32_matmul_precision() == ("high" if tf32 else "highest")
+        assert torch.backends.cuda.matmul.allow_tf32 is tf32 and torch.backends.cudnn.allow_tf32 is tf32
+        if NEW_TF32_API:
+            value = "tf32" if tf32 else "ieee"
+            assert (torch.backends.cuda.matmul.fp32_precision, torch.backends.cudnn.conv.fp32_precision,
+                    torch.backends.cudnn.rnn.fp32_precision) == (value,) * 3
+            assert torch.backends.mkldnn.matmul.fp32_precision == "ieee"  # no TF32 on a CPU
+    assert global_state() == before
+
+
+def test_the_report_says_the_fp32_it_ran_is_not_the_users_relaxed_one():
+    (a, b, _, _), _ = _strict_matmul_and_conv()
+    saved = TorchGlobals()
+    try:
+        plain = nbaccel.compare_amp(lambda: a @ b, dtype="bf16", repeat=3, warmup=0)
+        assert plain.fp32_overridden == [] and "fp32 math" not in str(plain)
+        torch.set_float32_matmul_precision("medium")
+        res = nbaccel.compare_amp(lambda: a @ b, dtype="bf16", repeat=3, warmup=0)
+        assert torch.get_float32_matmul_precision() == "medium", "back in place after the comparison"
+        alone = nbaccel.compare_amp(lambda: a @ b, dtype="bf16", repeat=3, warmup=0, baseline=False)
+    finally:
+        saved.restore()
+    assert res.fp32_overridden == ['torch.set_float32_matmul_precision("medium")']
+    assert res.to_dict()["fp32_overridden"] == res.fp32_overridden
+    assert ('fp32 math: strict IEEE fp32 in the fp32 run and the ops autocast leaves in fp32, not as your '
+            'torch.set_float32_matmul_precision("medium") asks (back in place now)') in str(res)
+    assert "fp32 math: strict IEEE fp32 in the ops autocast leaves in fp32, not as your" in str(alone)
 
 
 def _matmul_tf32():
@@ -287,20 +459,26 @@ def _change_every_torch_global():
     torch.set_float32_matmul_precision("medium")
     if NEW_TF32_API:
         torch.backends.cudnn.rnn.fp32_precision = "ieee"
+        # the CPU's fp32 math, which the recipes set to "ieee" (and a generic value every "none" falls back to)
+        torch.backends.mkldnn.conv.fp32_precision = "bf16"
+        torch.backends.mkldnn.rnn.fp32_precision = "tf32"
+        torch.backends.fp32_precision = "bf16"
     torch.set_autocast_enabled("cuda", True)
     left_on = torch.autocast("cpu", dtype=torch.bfloat16)
     left_on.__enter__()  # and never left, as a careless cell would
     return left_on
 
 
-@pytest.mark.parametrize("start", ["defaults", "legacy high", "new api"])
+@pytest.mark.parametrize("start", ["defaults", "legacy high", "legacy medium", "new api", "new api cpu"])
 def test_torch_globals_put_back_whatever_code_changed(start):
     baseline, left_on = TorchGlobals(), None
     try:
-        if start == "legacy high":
-            torch.set_float32_matmul_precision("high")
+        if start.startswith("legacy"):
+            torch.set_float32_matmul_precision(start.split()[1])
         elif start == "new api" and NEW_TF32_API:
             torch.backends.cuda.matmul.fp32_precision = "tf32"  # torch then refuses the legacy readings
+        elif start == "new api cpu" and NEW_TF32_API:
+            torch.backends.mkldnn.matmul.fp32_precision = "bf16"  # so it does here
         before, saved = global_state(), TorchGlobals()
         left_on = _change_every_torch_global()
         assert global_state() != before

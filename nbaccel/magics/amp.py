@@ -42,8 +42,8 @@ class AmpMagics(Magics):
     @argument("--repeat", type=int, default=5, help="timed runs per variant (default 5)")
     @argument("--no-baseline", action="store_true", help="run only the mixed-precision variant (no fp32 comparison)")
     @argument("--no-restore", action="store_true",
-              help="do not snapshot/restore state between runs (for state too large to copy; each run "
-                   "then continues from the previous one)")
+              help="do not snapshot/restore your variables between runs (for state too large to copy; each "
+                   "run then continues from the previous one's; torch's settings are still put back)")
     @argument("--max-snapshot", type=float, default=0.5, metavar="FRACTION",
               help="refuse when the state snapshot would exceed this fraction of available host memory (default 0.5)")
     @argument("-r", "--result", default=None, metavar="NAME", help="store the AmpResult in this variable")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from ..amp_result import MEMORY_NOISE_FLOOR, memory_ranges, too_few_runs
+from ..drift import near_zero_figures, resolution
 from ..memory import byte_range, format_bytes
 from ..options import option
 from ..timing import format_seconds
@@ -105,7 +106,10 @@ def memory_summary(result) -> tuple[str, str] | None:
 
 def drift_summary(result) -> str:
     d = result.drift
-    text = f"drift max rel {_max_rel(d, '.2e')}"
+    if _all_near_zero(d):  # no relative figure means anything: the absolute one is the figure
+        text = f"drift max abs {d['max_abs']:.2e} (result near 0, no relative figure)"
+    else:
+        text = f"drift max rel {_max_rel(d, '.2e')}"
     if d.get("amp_only_nonfinite"):
         text += f" ({result.amp.name} has inf/NaN where fp32 has none)"
     flag = _drift_flag(result)
@@ -115,13 +119,22 @@ def drift_summary(result) -> str:
 def _drift_flag(result) -> str | None:
     """Flagged where the drift is read: between runs from different states it is no measure of precision."""
     if not result.restored:
-        return "runs not restored"
+        return "variables not restored"
     return "state changed between runs" if result.iterators or result.state_changed else None
 
 
 def _max_rel(drift: dict, spec: str) -> str:
-    """The max relative error, or "n/a" when no element was finite in both runs to compare."""
-    return "n/a" if drift.get("compared") == 0 else format(drift["max_rel"], spec)
+    """The max relative error, or "n/a" when no element was finite in both runs to compare, or when
+    every result is near 0 (drift.py: its relative error is rounding of the values it came from)."""
+    return "n/a" if drift.get("compared") == 0 or drift["max_rel"] is None else format(drift["max_rel"], spec)
+
+
+def _all_near_zero(drift: dict) -> bool:
+    return drift.get("compared") != 0 and drift["max_rel"] is None
+
+
+def _near_zero_words(result, leaf: dict) -> str:
+    return near_zero_figures(leaf, result.amp.name, resolution(result.amp.recipe))
 
 
 def memory_change(saving: float) -> tuple[str, str]:
@@ -135,12 +148,28 @@ def memory_change(saving: float) -> tuple[str, str]:
 def method(result) -> str:
     mem = f"{result.amp.memory.method}; {_memory_runs(result)}" if result.amp.memory else "not measured"
     state = (f"state restored from a {format_bytes(result.snapshot_bytes)} host snapshot before each run"
-             if result.restored else "state NOT restored (--no-restore): each run continued from the previous one")
+             if result.restored else "variables NOT restored (--no-restore): each run continued from the variables "
+             "the previous one left; torch's settings were put back before each run")
     runs = (f"{_count(result.warmup, 'warmup round') if result.warmup else 'no warmup'}, "
             f"{_count(result.repeat, 'timed run')} per variant"
             + (", interleaved" if result.baseline is not None else f" ({result.amp.name} only, no fp32 baseline)"))
     contention = result.contention.summary() if result.contention else "contention: not measured"
-    return f"{runs}; timer: {result.timer_method}; {contention}; memory: {mem}; {ACHIEVED_METHOD}; {state}"
+    return (f"{runs}; timer: {result.timer_method}; {contention}; memory: {mem}; {ACHIEVED_METHOD}; {state}"
+            + _fp32_overridden(result))
+
+
+def _fp32_overridden(result) -> str:
+    """The user's own reduced fp32 precision, which the comparison did not use: said, since their
+    "fp32" elsewhere is not the fp32 here (a user trial's "medium" ran fp32 matmuls in bf16)."""
+    if not result.fp32_overridden:
+        return ""
+    where = [w for w, on in (("the fp32 run", result.baseline is not None),
+                             ("the ops autocast leaves in fp32", result.device.type == "cpu"
+                              and result.amp.recipe.autocast_dtype is not None)) if on]
+    if not where:  # CUDA without a baseline: the recipe's TF32 is no strict fp32 to tell of
+        return ""
+    return (f"; fp32 math: strict IEEE fp32 in {' and '.join(where)}, not as your "
+            f"{' and '.join(result.fp32_overridden)} asks (back in place now)")
 
 
 # What the "achieved" column divides by what (flops.OpAudit counts with torch's FLOP registry).
@@ -213,8 +242,13 @@ def _drift_lines(result) -> list[str]:
     if d.get("compared") == 0:
         lines = ["drift of the result: n/a (no element is finite in both runs)"]
     else:
-        lines = [f"drift of the result: max abs {d['max_abs']:.3e}, max rel {d['max_rel']:.3e}"
+        lines = [f"drift of the result: max abs {d['max_abs']:.3e}, max rel {_max_rel(d, '.3e')}"
                  + (" (where both are finite)" if d.get("amp_only_nonfinite") or d.get("fp32_only_nonfinite") else "")]
+        for leaf in d["leaves"]:
+            if leaf.get("near_zero"):
+                name = "" if leaf["name"] == "value" else f" {leaf['name']}"
+                lines.append(f"near 0:{name} {_near_zero_words(result, leaf)}: its relative change "
+                             f"({leaf['max_rel']:.2e}) is left out, its absolute change is {leaf['max_abs']:.2e}")
     if d.get("amp_only_nonfinite"):
         lines.append(f"{result.amp.name} produced inf/NaN where fp32 did not: {d['amp_only_nonfinite']} element(s)")
     if d.get("fp32_only_nonfinite"):
@@ -253,8 +287,10 @@ def _kpis(result) -> str:
                     f'{detail}</div>')
     if result.drift:
         flag = _drift_flag(result)
+        near_zero = (f'<div class="muted">(result near 0: max abs {result.drift["max_abs"]:.1e})</div>'
+                     if _all_near_zero(result.drift) else "")
         kpis.append(f'<div class="kpi"><div class="muted">drift (max rel)</div><div class="big">'
-                    f'{_max_rel(result.drift, ".1e")}</div>'
+                    f'{_max_rel(result.drift, ".1e")}</div>' + near_zero
                     + (f'<div class="muted warn">{esc(flag)}</div>' if flag else "") + '</div>')
         if result.drift.get("amp_only_nonfinite"):
             kpis.append(f'<div class="kpi"><div class="muted">inf/NaN only in {esc(result.amp.name)}</div>'
