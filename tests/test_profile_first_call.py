@@ -114,6 +114,28 @@ def test_the_api_spells_the_option_as_python(ip):
     assert "and warmup=1 profiles a later run" in str(result)
 
 
+class Lamb(torch.optim.Optimizer):
+    """A third-party optimizer's habit (timm's Lamb): a scratch tensor made in every step."""
+
+    def __init__(self, params, lr=1e-3):
+        super().__init__(params, {"lr": lr})
+
+    @torch.no_grad()
+    def step(self):
+        norm = torch.zeros(1)  # every step: scratch, not state
+        for group in self.param_groups:
+            for p in group["params"]:
+                norm += p.grad.pow(2).sum()
+                p.add_(p.grad, alpha=-group["lr"])
+
+
+def test_an_optimizer_torch_does_not_ship_counts_only_parameter_shaped_state():
+    # A review: every warmed-up profile of such an optimizer said "the first step of Lamb".
+    step = _train_step(Lamb)
+    assert _first_call_lines(_profile(step, warmup=1, steps=3)) == []
+    assert _first_call_lines(_profile(_train_step(Lamb))) == []  # its first step makes no state either
+
+
 def test_one_first_step_among_many_is_not_advised_on():
     """A loop of 20 steps from a fresh SGD: its first step is 1 of 20 and its state 4 small clones."""
     step = _train_step(torch.optim.SGD, momentum=0.9)

@@ -27,7 +27,8 @@ the reference CUDA traces (tests/data/README.md, "phase traces"):
   ``aten::zeros`` / ``aten::full_like`` / ``aten::new_zeros`` (fused AdamW too), SGD with momentum
   ``aten::clone`` (its momentum buffer). Recorded on torch 2.13 (CPU), steps 1-3 of each: those ops
   ran in the first step only, and none of them in a later step, while Rprop and Adafactor clone on
-  every step (so ``aten::clone`` counts for SGD only). LBFGS is left out: its step runs the closure,
+  every step (so ``aten::clone`` counts for SGD only). Another optimizer class counts only
+  ``zeros_like`` / ``full_like`` (a per-step ``torch.zeros(1)`` is scratch). LBFGS is left out: its step runs the closure,
   the model's forward and backward, inside the range. On CUDA only later steps were checked: the
   A100 reference trace's five ``Optimizer.step#FusedAdam.step`` (apex) hold none of these ops.
 
@@ -58,7 +59,14 @@ _COMPILED = re.compile(r"^Torch-Compiled Region|CompiledFunction|^## Call Compil
 _DATALOADER = re.compile(r"^enumerate\(DataLoader\)#")
 _OPTIMIZER_STEP = re.compile(r"^Optimizer\.step#(.+)\.step$")
 _STATE_OPS = frozenset({"aten::zeros_like", "aten::zeros", "aten::full_like", "aten::new_zeros"})
-_STATE_OPS_BY_OPTIMIZER = {"SGD": _STATE_OPS | {"aten::clone"}, "LBFGS": frozenset()}
+# The torch.optim classes whose first and later steps were recorded (module docstring). Another
+# optimizer may make scratch tensors in every step (timm's Lamb: ``torch.zeros(1)`` for the grad
+# norm, read as "first step" in every profile of it by a review): only ops shaped like a parameter
+# count for it.
+_CHECKED = ("Adam", "AdamW", "NAdam", "RAdam", "Adamax", "RMSprop", "Adadelta", "Rprop", "ASGD", "Adafactor")
+_STATE_OPS_BY_OPTIMIZER = {**dict.fromkeys(_CHECKED, _STATE_OPS), "SGD": _STATE_OPS | {"aten::clone"},
+                           "LBFGS": frozenset()}
+_PARAMETER_SHAPED = frozenset({"aten::zeros_like", "aten::full_like"})
 
 
 def is_compiling(name: str) -> bool:
@@ -157,7 +165,7 @@ def optimizer_state_rows(cols: dict, ann: dict) -> dict[int, tuple]:
         if k < 0 or end > steps[key][k][1]:
             continue
         optimizer = _OPTIMIZER_STEP.match(steps[key][k][2]).group(1)
-        if name in _STATE_OPS_BY_OPTIMIZER.get(optimizer, _STATE_OPS):
+        if name in _STATE_OPS_BY_OPTIMIZER.get(optimizer, _PARAMETER_SHAPED):
             found[i] = (optimizer, (*key, steps[key][k][0]))
     outermost = {}
     for i, optimizer in found.items():
