@@ -8,7 +8,7 @@ import torch
 
 from .amp_result import MIN_RUNS, NO_SPEEDUP_BELOW, REDUCED_DTYPES, memory_ranges, too_few_runs
 from .cell_reads import and_list, take_first
-from .drift import near_zero_figures, resolution
+from .drift import near_zero_figures, relative_words, resolution
 from .memory import format_bytes
 from .options import in_magic, option
 from .precision import describe
@@ -101,7 +101,7 @@ def _near_zero_notes(result: AmpResult, drift: dict, dtype: str) -> list[str]:
             name = "The result" if leaf["name"] == "value" else f"The result {leaf['name']}"
             figures = near_zero_figures(leaf, dtype, resolution(result.amp.recipe))
             notes.append(f"{name} is near 0 ({figures}): its relative change under {dtype} "
-                         f"({leaf['max_rel']:.1%}) measures that rounding, not {dtype}'s accuracy on your data; "
+                         f"({relative_words(leaf['max_rel'], '.1%')}) measures that rounding, not {dtype}'s accuracy on your data; "
                          f"the absolute change is {leaf['max_abs']:.2e}. Judge accuracy on a result of normal size "
                          f"(the output itself, or a loss); if this near-0 value itself matters, {dtype} is too "
                          "coarse for it.")

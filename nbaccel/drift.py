@@ -108,7 +108,8 @@ def _leaf_drift(path: str, b: torch.Tensor, a: torch.Tensor, sources: float | No
             # the fp32 value's largest magnitude (what max_rel divides by), and that of the values it was
             # computed from (None: not known, a large result or not made in the audited run)
             "largest": scale, "sources": sources,
-            "near_zero": sources is not None and eps is not None and scale <= eps * sources}
+            # sources > 0: a 0 computed from exact zeros ((x * 0).sum()) is exact, not a cancellation
+            "near_zero": bool(sources) and eps is not None and scale <= eps * sources}
 
 
 def compute_drift(base, amp, magnitudes: dict | None = None, eps: float | None = None) -> dict | None:
@@ -149,6 +150,11 @@ def resolution(recipe) -> float:
     TF32's 2**-10 without autocast (the fp32 recipe's runs get the same: fused vs unfused kernels and
     reduction order move fp32 by far less)."""
     return torch.finfo(recipe.autocast_dtype).eps if recipe.autocast_dtype is not None else 2.0**-10
+
+
+def relative_words(max_rel: float, spec: str) -> str:
+    """A leaf's relative change as the report says it: an fp32 value of exactly 0 has none to give."""
+    return format(max_rel, spec) if math.isfinite(max_rel) else "unbounded: the fp32 value is exactly 0"
 
 
 def near_zero_figures(leaf: dict, name: str, eps: float) -> str:

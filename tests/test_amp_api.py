@@ -115,6 +115,23 @@ def test_a_result_near_0_next_to_the_values_it_came_from_has_no_relative_drift()
     assert compute_drift(-4e-4, 0.0)["max_rel"] == pytest.approx(1.0)
 
 
+def test_an_exact_0_from_exact_zeros_is_not_near_0_and_an_fp32_0_has_no_relative_figure():
+    # A review: (x * 0).sum() was "near 0 ... values up to 0 ... resolution 0"; an fp32 value of
+    # exactly 0 beside a bf16 1e-3 printed "(inf%)".
+    from nbaccel.drift import relative_words
+
+    eps = torch.finfo(torch.bfloat16).eps
+    exact = compute_drift(0.0, 0.0, magnitudes={"value": 0.0}, eps=eps)
+    assert not exact["leaves"][0]["near_zero"] and exact["max_rel"] == 0.0
+    zero = compute_drift(0.0, 1e-3, magnitudes={"value": 3.0}, eps=eps)["leaves"][0]
+    assert zero["near_zero"] and zero["max_rel"] == float("inf")
+    assert relative_words(zero["max_rel"], ".1%") == "unbounded: the fp32 value is exactly 0"
+    assert relative_words(0.25, ".1%") == "25.0%"
+    x = torch.randn(8, 8)
+    res = nbaccel.compare_amp(lambda: (x * 0).sum(), dtype="bf16", device="cpu", repeat=3, warmup=0)
+    assert "near 0" not in str(res) and "resolution at that size is 0 " not in str(res)
+
+
 def test_two_runs_of_a_near_0_result_differ_by_the_rounding_of_what_it_came_from():
     from nbaccel.drift import runs_differ
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ..amp_result import MEMORY_NOISE_FLOOR, memory_ranges, too_few_runs
-from ..drift import near_zero_figures, resolution
+from ..drift import near_zero_figures, relative_words, resolution
 from ..memory import byte_range, format_bytes
 from ..options import option
 from ..timing import format_seconds
@@ -245,10 +245,11 @@ def _drift_lines(result) -> list[str]:
         lines = [f"drift of the result: max abs {d['max_abs']:.3e}, max rel {_max_rel(d, '.3e')}"
                  + (" (where both are finite)" if d.get("amp_only_nonfinite") or d.get("fp32_only_nonfinite") else "")]
         for leaf in d["leaves"]:
-            if leaf.get("near_zero"):
+            if leaf.get("near_zero") and leaf["max_abs"] > 0:  # an unchanged near-0 value needs no words
                 name = "" if leaf["name"] == "value" else f" {leaf['name']}"
                 lines.append(f"near 0:{name} {_near_zero_words(result, leaf)}: its relative change "
-                             f"({leaf['max_rel']:.2e}) is left out, its absolute change is {leaf['max_abs']:.2e}")
+                             f"({relative_words(leaf['max_rel'], '.2e')}) is left out, its absolute change is "
+                             f"{leaf['max_abs']:.2e}")
     if d.get("amp_only_nonfinite"):
         lines.append(f"{result.amp.name} produced inf/NaN where fp32 did not: {d['amp_only_nonfinite']} element(s)")
     if d.get("fp32_only_nonfinite"):
