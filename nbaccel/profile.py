@@ -149,6 +149,8 @@ class profile:  # noqa: N801 - a context manager used like a function: `with nba
     def __enter__(self) -> "profile":
         opts = self.options
         self.device, self.info, self.recipe = validate(opts)
+        # Each `with` is a profile of its own: a second use of the object counted on from the first's steps.
+        self.steps_done, self._own_failure, self.result = 0, None, None
         # validate's check reads the calling thread's profiler state only; Kineto has one session per
         # process, and two threads profiling at once crashed the process.
         if not _RECORDING.acquire(blocking=False):

@@ -896,3 +896,20 @@ def test_the_mixed_precision_advice_names_what_its_maker_would_run(run_cell, ip,
     loaded = next(a for a in nbaccel.load_trace(str(tmp_path / "t.json")).advice
                   if a.startswith("fp32 matmul/conv take"))
     assert "try nbaccel.compare_amp -- " in loaded  # a file cannot be profiled again under a recipe
+
+
+def test_a_profile_object_used_twice_counts_each_use_on_its_own():
+    # A review: steps_done went on from the first use (3, then 6), so a use that never called .step()
+    # was not refused.
+    from nbaccel.profile import ProfileError
+
+    prof = nbaccel.profile(device="cpu", warmup=1, steps=2)
+    for _ in range(2):
+        with prof:
+            for _ in range(3):
+                torch.ones(4).sum()
+                prof.step()
+        assert prof.steps_done == 3 and prof.result is not None
+    with pytest.raises(ProfileError, match=r"needs 3 calls to \.step\(\); got 0"):
+        with prof:
+            torch.ones(4).sum()
