@@ -13,6 +13,8 @@ import numpy as np
 
 from . import profile_table as pt
 from .options import in_magic, option
+from .render.common import format_share
+from .timing import format_seconds
 
 if TYPE_CHECKING:
     from .profile_result import ProfileResult
@@ -136,7 +138,7 @@ def _first_call_notes(result: ProfileResult) -> list[str]:
         most = next(iter(times["optimizer_state_self"]), None)
         shown = f", most of it {most} in the op table" if most and most not in times["optimizer_state_ops"] else ""
         found = (f"This profile holds the first step of {by}: it created its state ({ops} in {ranges}: "
-                 f"{_ms(state_us)}, {_pct(state_us / wall)} of the wall time{shown}{of})")
+                 f"{format_seconds(state_us / 1e6)}, {format_share(state_us / wall)} of the wall time{shown}{of})")
         if opts.warmup and result.loaded is None:
             runs = f"{opts.warmup} warm-up run{'s' if opts.warmup > 1 else ''}"
             return [f"{found} after {runs}: an optimizer does that on its first step only, so the warm-up did not "
@@ -155,15 +157,6 @@ def _setup_words(result: ProfileResult) -> str:
     if result.on_device:
         return "cuDNN/cuBLAS handles and algorithm choice, the CUDA caching allocator's first blocks"
     return "oneDNN primitives, the allocator's first blocks"
-
-
-def _ms(us: float) -> str:
-    return f"{us / 1e3:,.1f} ms" if us >= 1e3 else f"{us:,.0f} µs"
-
-
-def _pct(share: float) -> str:
-    """A share as the advice quotes it: a small one keeps a decimal (0.3%, not a "0%" that reads as none)."""
-    return f"{share:.0%}" if share >= 0.095 else f"{share:.1%}" if share >= 0.001 else "<0.1%"
 
 
 def amp_comparison_name() -> str:

@@ -88,7 +88,9 @@ def _without_hidden_tail(exc: BaseException) -> list[str]:
 
         formatter = get_ipython().InteractiveTB
         tb = exc.__traceback__
-        if getattr(formatter, "skip_hidden", True):  # the user turned hiding off: every frame, as IPython would
+        # Hiding on (IPython's default): nbaccel's frames at the end are cut. The user turned it off
+        # (skip_hidden False): every frame, as IPython would show them.
+        if getattr(formatter, "skip_hidden", True):
             entries = []
             while tb is not None:
                 entries.append(tb)

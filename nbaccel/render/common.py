@@ -115,3 +115,8 @@ def si(value, unit: str) -> str:
         if abs(value) >= scale:
             return f"{value / scale:.3g} {prefix}{unit}"
     return f"{value:.3g} {unit}"
+
+
+def format_share(fraction: float) -> str:
+    """A share as nbaccel quotes it: "12.3%", and "<0.1%" rather than a "0.0%" that reads as none."""
+    return "0%" if fraction == 0 else "<0.1%" if fraction < 0.001 else f"{fraction:.1%}"

@@ -15,7 +15,7 @@ from ..analysis.sums import desc_order
 from ..memory import format_bytes
 from ..options import option
 from ..timing import format_seconds
-from .common import bar, bullet_list, esc, si, table, text_table, wrap
+from .common import bar, bullet_list, esc, format_share, si, table, text_table, wrap
 
 # (column of the table, header shown, kind) in display order; kind picks the formatter.
 _COLUMNS = [
@@ -262,11 +262,6 @@ def stream_lines(result, limit: int = 8) -> list[str]:
     return lines
 
 
-def _share(fraction: float) -> str:
-    """A share as the shapes list says it: "0.2%", and "<0.1%" rather than a "0.0%" that reads as none."""
-    return "0%" if fraction == 0 else "<0.1%" if fraction < 0.001 else f"{fraction:.1%}"
-
-
 # Rows of the shapes list shown; the rest are counted ("... and 3 more") and all are in result.unaligned.
 UNALIGNED_ROWS = 12
 
@@ -290,13 +285,13 @@ def unaligned_lines(result, limit: int = UNALIGNED_ROWS) -> list[str]:
                    f"autocast (AMX tiles; {amp_comparison_name()}):")
     for e in entries[:limit]:
         fixes = ", ".join(f"{k}={v} -> {e['pad_to'][k]}" for k, v in e["unaligned"].items())
-        share = f", {_share(e['share'])} of {where} time" if e.get("share") is not None else ""
+        share = f", {format_share(e['share'])} of {where} time" if e.get("share") is not None else ""
         when = (f"multiple of {e['multiple']} for {e['dtype']}" if padding_pays_here(result, e)
                 else f"for a GPU or bf16 autocast; not {e['dtype']} on the CPU")
         out.append(f"{e['op']} [{e['shapes']}] x{e['calls']} ({_time(e['time_us'])}{share}): {fixes} ({when})")
     if len(entries) > limit:
         most = entries[limit - 1].get("share")
-        each = f", each at most {_share(most)} of {where} time" if most is not None else ""
+        each = f", each at most {format_share(most)} of {where} time" if most is not None else ""
         out.append(f"... and {len(entries) - limit} more{each} (result.unaligned lists them all)")
     if out:
         return out
