@@ -12,7 +12,9 @@ torch 2.9 added a new API for the precision of fp32 ops (``torch.backends.*.fp32
 backend and op) beside the legacy one (``set_float32_matmul_precision``, ``allow_tf32``), whose
 setters write the new values too, and made reading a legacy setting an error when the two disagree.
 So a recipe writes both families (the legacy one first, then the per-op values), to settings they
-agree on, and every setting goes back in that order, each only where it reads otherwise.
+agree on, and puts them back as torch keeps them, not as they read (`_fp32_state`): a "none" that
+falls back to its backend's value stays one, and a legacy value torch refuses to show comes back as
+it was.
 """
 
 from __future__ import annotations
@@ -149,11 +151,49 @@ def _deterministic_algorithms():
     return torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
 
 
-# torch >= 2.9's fp32_precision settings under torch.backends ("" is the generic one). An op's "none"
-# falls back to its backend's value, then to the generic one: restored in this order, each is
-# compared after its fallbacks are back.
+def _write_changed(knobs: dict, values: dict) -> None:
+    """Write each of ``values`` whose setting reads otherwise now, in the knobs' order."""
+    for name, (read, write) in knobs.items():
+        if name in values and _reading(read) != values[name]:
+            write(values[name])
+
+
+# --- the float32 precision settings, as torch keeps them ---------------------------------------
+#
+# torch keeps (on torch >= 2.9): one fp32_precision per (backend, op) -- the generic one ("" here),
+# CUDA's and oneDNN's backend-wide ones ("cudnn", "mkldnn") and six per-op ones -- where an op's
+# "none" falls back to its backend's value and that to the generic one; and two legacy values behind
+# set_float32_matmul_precision and cudnn.allow_tf32. A reading gives what an op comes to after the
+# fallbacks, and a legacy reading raises where the per-op values disagree with the legacy value.
+# Writing back readings loses both what is hidden (a "none" that follows its backend turns into a
+# fixed value; a legacy value torch refuses to show comes back as a guess), so a state here is what
+# torch keeps: every fp32_precision as set (its "raw" value) and the two legacy values, found out
+# where the readings alone do not say (`_fp32_state`), and written back exactly (`_write_fp32_state`).
+
+FMP = "float32_matmul_precision"
+CUDNN_TF32 = "cudnn.allow_tf32"
+
+# torch >= 2.9's fp32_precision settings under torch.backends ("" is the generic one), each after the
+# one its "none" falls back to.
 _FP32_PRECISION_PATHS = ("", "cudnn", "cuda.matmul", "cudnn.conv", "cudnn.rnn",
                          "mkldnn", "mkldnn.matmul", "mkldnn.conv", "mkldnn.rnn")
+_FALLBACK = {"": None, "cudnn": "", "mkldnn": "", "cuda.matmul": "cudnn", "cudnn.conv": "cudnn",
+             "cudnn.rnn": "cudnn", "mkldnn.matmul": "mkldnn", "mkldnn.conv": "mkldnn", "mkldnn.rnn": "mkldnn"}
+# The per-op values a recipe sets: CUDA's by the recipe's ``tf32``, the CPU's (oneDNN) by its ``cpu_strict``.
+_CUDA_OP_PATHS = ("cuda.matmul", "cudnn.conv", "cudnn.rnn")
+_CPU_OP_PATHS = ("mkldnn.matmul", "mkldnn.conv", "mkldnn.rnn")
+
+
+def _key(path: str) -> str:
+    return f"{path}.fp32_precision" if path else "fp32_precision"
+
+
+_KEYS = {path: _key(path) for path in _FP32_PRECISION_PATHS}
+
+# What each legacy setter writes beside its own value (torch 2.9-2.13, aten/src/ATen/Context.cpp):
+# set_float32_matmul_precision(p) sets cuda.matmul and mkldnn.matmul as here; cudnn.allow_tf32 = b sets
+# cudnn.conv and cudnn.rnn to "tf32" if b else "none".
+_MATMUL_PRECISION_WRITES = {"highest": ("ieee", "ieee"), "high": ("tf32", "tf32"), "medium": ("tf32", "bf16")}
 
 
 @functools.lru_cache(maxsize=None)
@@ -171,63 +211,77 @@ def _fp32_precision_knob(path: str):
     return (lambda: owner.fp32_precision), (lambda v: setattr(owner, "fp32_precision", v))
 
 
-def _legacy_knobs() -> dict:
-    """The legacy TF32 switches: ``set_float32_matmul_precision`` and ``cudnn.allow_tf32``.
+def _write_raw(path: str, value: str) -> None:
+    if path == "mkldnn":  # the attribute's setter writes the generic value (torch 2.9-2.13); this one is oneDNN's
+        torch.backends.mkldnn.set_flags(_fp32_precision=value)
+    else:
+        setattr(_fp32_precision_owner(path), "fp32_precision", value)
 
-    torch keeps a value of its own behind each (on torch >= 2.9 beside the new API's per-op values,
-    which these setters also rewrite), so they are written before those. ``cuda.matmul.allow_tf32``
-    is not one: it is the matmul precision seen as a bool. A reading torch refuses (the two API
-    families mixed) is written back as torch's default ("highest", True): the user set the new API,
-    not these, and the per-op values written after it put back what they set.
+
+def _fp32_state() -> dict:
+    """The float32 precision settings as torch keeps them: {FMP: "highest"|"high"|"medium",
+    CUDNN_TF32: bool} and, on torch >= 2.9, every fp32_precision as set, keyed like `global_state`.
+
+    Costs a reading of each where they say it all (the usual case); where they do not, torch's state
+    is changed for a moment and put back: a value that reads the same as the one its "none" would
+    fall back to is checked against a different fallback, and a legacy value torch refuses to read
+    is found with the per-op values it is checked against set for a moment (both matmuls "ieee",
+    which any matmul precision agrees with; cudnn.conv and .rnn "tf32", readable only beside True).
     """
-    def write_precision(value):
-        torch.set_float32_matmul_precision("highest" if value is _UNREADABLE else value)
+    state = {FMP: _reading(torch.get_float32_matmul_precision),
+             CUDNN_TF32: _reading(lambda: torch.backends.cudnn.allow_tf32)}
+    if not NEW_TF32_API:
+        return state
+    shown = {path: _fp32_precision_owner(path).fp32_precision for path in _FP32_PRECISION_PATHS}
+    for path in _FP32_PRECISION_PATHS:  # each after its fallback: a check writes the fallback's raw value back
+        value, fallback = shown[path], _FALLBACK[path]
+        if value != "none" and fallback is not None and value == shown[fallback] and _follows(path, value, state):
+            value = "none"
+        state[_KEYS[path]] = value
+    if state[FMP] is _UNREADABLE:
+        state[FMP] = _with_raw(state, {"cuda.matmul": "ieee", "mkldnn.matmul": "ieee"},
+                               torch.get_float32_matmul_precision)
+    if state[CUDNN_TF32] is _UNREADABLE:
+        state[CUDNN_TF32] = _with_raw(state, {"cudnn.conv": "tf32", "cudnn.rnn": "tf32"},
+                                      lambda: _reading(lambda: torch.backends.cudnn.allow_tf32) is True)
+    return state
 
-    def write_cudnn(value):
-        torch.backends.cudnn.allow_tf32 = True if value is _UNREADABLE else value
 
-    return {"float32_matmul_precision": (torch.get_float32_matmul_precision, write_precision),
-            "cudnn.allow_tf32": (lambda: torch.backends.cudnn.allow_tf32, write_cudnn)}
-
-
-# The per-op fp32 precisions a recipe sets (torch >= 2.9): CUDA's by the recipe's ``tf32``, the CPU's
-# (oneDNN) by its ``cpu_strict``. Each is set at the op itself, so no backend-wide or generic value
-# the user set ("none" falls back to those) can reach it.
-_CUDA_OP_PATHS = ("cuda.matmul", "cudnn.conv", "cudnn.rnn")
-_CPU_OP_PATHS = ("mkldnn.matmul", "mkldnn.conv", "mkldnn.rnn")
+def _follows(path: str, shown: str, state: dict) -> bool:
+    """Whether ``path``, which reads ``shown`` like its fallback, is "none" and follows it: the
+    fallback (its value as set is in ``state``) is set to another value for a moment."""
+    other = "tf32" if shown == "ieee" else "ieee"
+    return _with_raw(state, {_FALLBACK[path]: other}, lambda: _fp32_precision_owner(path).fp32_precision == other)
 
 
-def _precision_knobs(paths=_CUDA_OP_PATHS + _CPU_OP_PATHS) -> dict:
-    """name -> (read, write) of the float32 precision settings, legacy ones first, then the new API's
-    ``paths``, in the order they must be written (see `_legacy_knobs`)."""
-    knobs = _legacy_knobs()
+def _with_raw(state: dict, values: dict, read):
+    """``read()`` with the fp32_precision ``values`` (path -> value) set, then their values in ``state`` back."""
+    try:
+        for path, value in values.items():
+            _write_raw(path, value)
+        return read()
+    finally:
+        for path in values:
+            _write_raw(path, state[_KEYS[path]])
+
+
+def _write_fp32_state(target: dict, current: dict) -> None:
+    """Make torch's float32 precision settings ``target`` (from `_fp32_state`), writing only what
+    differs from ``current``: the legacy values first, as their setters rewrite per-op values, then
+    each fp32_precision, fallbacks before the ops that fall back to them."""
+    current = dict(current)
+    if target[FMP] != current[FMP]:
+        torch.set_float32_matmul_precision(target[FMP])
+        if NEW_TF32_API:
+            current[_KEYS["cuda.matmul"]], current[_KEYS["mkldnn.matmul"]] = _MATMUL_PRECISION_WRITES[target[FMP]]
+    if target[CUDNN_TF32] != current[CUDNN_TF32]:
+        torch.backends.cudnn.allow_tf32 = target[CUDNN_TF32]
+        if NEW_TF32_API:
+            current[_KEYS["cudnn.conv"]] = current[_KEYS["cudnn.rnn"]] = "tf32" if target[CUDNN_TF32] else "none"
     if NEW_TF32_API:
-        knobs.update({f"{path}.fp32_precision": _fp32_precision_knob(path) for path in paths})
-    return knobs
-
-
-def _precision_values(recipe: Recipe) -> dict:
-    """The values ``recipe`` gives the `_precision_knobs` it sets; the others it leaves alone.
-
-    Both API families are written, so that code in the cell reads the recipe's settings through
-    either and torch never finds them mixed (it raises on reading the legacy ones then): the
-    legacy matmul precision is "high" where CUDA's matmuls run TF32, "highest" where they are
-    strict. The per-op values written after it say the rest (the CPU's "ieee" beside "high").
-    """
-    values = {}
-    if recipe.tf32 is not None:
-        values["float32_matmul_precision"] = "high" if recipe.tf32 else "highest"
-        values["cudnn.allow_tf32"] = recipe.tf32
-    elif recipe.cpu_strict and _reading(torch.get_float32_matmul_precision) == "medium":
-        # "medium" is TF32 for CUDA's matmuls, which this recipe leaves alone, and bf16 for the
-        # CPU's, which it does not: "high" is the same on CUDA and leaves the CPU's in fp32.
-        values["float32_matmul_precision"] = "high"
-    if NEW_TF32_API:
-        if recipe.tf32 is not None:
-            values.update({f"{path}.fp32_precision": "tf32" if recipe.tf32 else "ieee" for path in _CUDA_OP_PATHS})
-        if recipe.cpu_strict:
-            values.update({f"{path}.fp32_precision": "ieee" for path in _CPU_OP_PATHS})
-    return values
+        for path, key in _KEYS.items():
+            if target[key] != current[key]:
+                _write_raw(path, target[key])
 
 
 def _resolved_fp32_precision(path: str) -> str:
@@ -308,9 +362,11 @@ class TorchGlobals:
     def __init__(self):
         self._knobs = _global_knobs()
         self._values = _readings(self._knobs)
+        self._fp32 = _fp32_state()
 
     def restore(self) -> None:
         _write_changed(self._knobs, self._values)
+        _write_fp32_state(self._fp32, _fp32_state())
         # Autocast casts weights once per region and keeps the copies until the outermost region
         # exits; a run that entered autocast and never left would hand stale casts of the weights
         # the snapshot just put back to the next run.
@@ -318,7 +374,8 @@ class TorchGlobals:
 
 
 def _global_knobs() -> dict:
-    """name -> (read, write) of every setting `TorchGlobals` restores, in the order it writes them."""
+    """name -> (read, write) of every setting `TorchGlobals` restores but the float32 precision ones
+    (`_fp32_state`), in the order it writes them."""
     knobs = {
         "grad_enabled": (torch.is_grad_enabled, torch.set_grad_enabled),
         "default_dtype": (torch.get_default_dtype, torch.set_default_dtype),
@@ -326,7 +383,6 @@ def _global_knobs() -> dict:
                                      lambda v: torch.use_deterministic_algorithms(v[0], warn_only=v[1])),
         **{f"cudnn.{flag}": _attribute_knob(torch.backends.cudnn, flag)
            for flag in ("benchmark", "deterministic", "enabled")},
-        **_precision_knobs(_FP32_PRECISION_PATHS),  # the legacy ones before the new API's: their setters rewrite them
     }
     knobs.update({f"autocast.{t}": _autocast_knob(t) for t in ("cpu", "cuda")})  # cuda's is settable anywhere
     knobs["autocast.cache"] = (torch.is_autocast_cache_enabled, torch.set_autocast_cache_enabled)
@@ -374,30 +430,42 @@ class precision:  # noqa: N801 - a context manager used like a function: `with n
 def apply_recipe(recipe: Recipe):
     """Enter a `Recipe`: flags first, autocast innermost; unwind in reverse, whatever happens.
 
-    On exit each setting the recipe manages goes back to its value from before -- except, when the
-    body succeeded, one that no longer holds the value the recipe set: the body changed it
+    On exit each setting the recipe manages (every float32 precision setting, ``cudnn.benchmark``,
+    the autocast it sets) goes back to its value from before -- except, when the body succeeded, one
+    that no longer holds the value the recipe set: the body changed it
     (``torch.backends.cudnn.benchmark = True`` in the cell), and code run once under the recipe
     keeps what it did. When the body raises, every setting goes back.
     """
-    knobs, values = _recipe_settings(recipe)
-    watched = {**knobs, **{f"autocast.{t}": _autocast_knob(t) for t in _autocast_types(recipe)}}
-    before = _readings(knobs)
+    before = _fp32_state()
+    as_set = _recipe_fp32_state(recipe, before)
+    benchmark = _attribute_knob(torch.backends.cudnn, "benchmark")
+    watched = {"cudnn.benchmark": benchmark, **{f"autocast.{t}": _autocast_knob(t) for t in _autocast_types(recipe)}}
+    benchmark_before = benchmark[0]()
+    after = None
     changed_by_body: dict = {}
     try:
-        for name, (_, write) in knobs.items():
-            if name in values:
-                write(values[name])
+        _write_fp32_state(as_set, before)
+        if recipe.cudnn_benchmark is not None:
+            benchmark[1](recipe.cudnn_benchmark)
         with contextlib.ExitStack() as autocast:  # torch.autocast's own exit restores autocast
             for context in _autocast_contexts(recipe):
                 autocast.enter_context(context)
             if recipe.autocast_dtype is not None:
                 autocast.enter_context(_fresh_casts_after_optimizer_steps())
-            as_set = _readings(watched)
+            watched_as_set = _readings(watched)
             yield recipe
+            after = _fp32_state()
             changed_by_body = {name: value for name, value in _readings(watched).items()
-                               if value is not _UNREADABLE and value != as_set[name]}
+                               if value != watched_as_set[name]}
     finally:
-        _put_back(knobs, before, watched, changed_by_body)
+        if after is None:  # the body raised (or the recipe could not be set): everything as before
+            _write_fp32_state(before, _fp32_state())
+        else:
+            _write_fp32_state(_kept_fp32_state(before, as_set, after), after)
+        if benchmark[0]() != (kept := changed_by_body.pop("cudnn.benchmark", benchmark_before)):
+            benchmark[1](kept)
+        for name, value in changed_by_body.items():  # autocast the body turned on or off itself
+            watched[name][1](value)
 
 
 @contextlib.contextmanager
@@ -420,17 +488,36 @@ def _fresh_casts_after_optimizer_steps():
         handle.remove()
 
 
-def _recipe_settings(recipe: Recipe) -> tuple[dict, dict]:
-    """(name -> (read, write) of every setting the recipe manages, in the order they are written;
-    name -> the recipe's value for those it sets).
+def _recipe_fp32_state(recipe: Recipe, before: dict) -> dict:
+    """The float32 precision settings under ``recipe`` (a `_fp32_state`), from the user's ``before``.
 
-    All the float32 precision settings are managed, also those this recipe leaves alone: a legacy
-    setter it calls rewrites some of them. ``cudnn.benchmark`` is always set, at the user's own
-    value when the recipe leaves it alone, so a body that raises never leaves it changed.
+    Both API families are written, so that code in the cell reads the recipe's settings through
+    either and torch never finds them mixed (it raises on reading the legacy ones then): the legacy
+    matmul precision is "high" where CUDA's matmuls run TF32, "highest" where they are strict. The
+    per-op values say the rest (the CPU's "ieee" beside "high"); each is set at the op itself, so no
+    backend-wide or generic value the user set ("none" falls back to those) can reach it. What the
+    recipe leaves alone keeps its value, also a per-op value a legacy setter it calls rewrites.
     """
-    knobs = {**_precision_knobs(), "cudnn.benchmark": _attribute_knob(torch.backends.cudnn, "benchmark")}
-    benchmark = recipe.cudnn_benchmark if recipe.cudnn_benchmark is not None else torch.backends.cudnn.benchmark
-    return knobs, {**_precision_values(recipe), "cudnn.benchmark": benchmark}
+    state = dict(before)
+    if recipe.tf32 is not None:
+        state[FMP] = "high" if recipe.tf32 else "highest"
+        state[CUDNN_TF32] = recipe.tf32
+    elif recipe.cpu_strict and before[FMP] == "medium":
+        # "medium" is TF32 for CUDA's matmuls, which this recipe leaves alone, and bf16 for the
+        # CPU's, which it does not: "high" is the same on CUDA and leaves the CPU's in fp32.
+        state[FMP] = "high"
+    if NEW_TF32_API:
+        if recipe.tf32 is not None:
+            state.update({_KEYS[path]: "tf32" if recipe.tf32 else "ieee" for path in _CUDA_OP_PATHS})
+        if recipe.cpu_strict:
+            state.update({_KEYS[path]: "ieee" for path in _CPU_OP_PATHS})
+    return state
+
+
+def _kept_fp32_state(before: dict, as_set: dict, after: dict) -> dict:
+    """The float32 precision settings after a body that succeeded: each one the body changed (it no
+    longer holds the recipe's value) as the body left it, the others as ``before``."""
+    return {key: after[key] if after[key] != as_set[key] else value for key, value in before.items()}
 
 
 def _autocast_types(recipe: Recipe) -> list[str]:
@@ -442,24 +529,6 @@ def _autocast_contexts(recipe: Recipe) -> list:
     if recipe.autocast_dtype is not None:
         contexts.append(torch.autocast(recipe.device_type, dtype=recipe.autocast_dtype))
     return contexts
-
-
-def _write_changed(knobs: dict, values: dict) -> None:
-    """Write each of ``values`` whose setting reads otherwise now, in the knobs' order.
-
-    Only what differs is written: writing an fp32_precision that reads the same would turn a "none"
-    (falling back to its backend's value) into a fixed one. The order puts the legacy settings first:
-    their setters also rewrite the new API's per-op values, which are then put back after them.
-    """
-    for name, (read, write) in knobs.items():
-        if name in values and _reading(read) != values[name]:
-            write(values[name])
-
-
-def _put_back(knobs: dict, before: dict, watched: dict, changed_by_body: dict) -> None:
-    _write_changed({name: knob for name, knob in knobs.items() if name not in changed_by_body}, before)
-    for name, value in changed_by_body.items():  # the body's own values last: a legacy one rewrites others
-        watched[name][1](value)
 
 
 def describe(info: DeviceInfo) -> str:

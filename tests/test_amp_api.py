@@ -409,6 +409,56 @@ def test_a_body_that_raises_gets_every_flag_of_the_recipe_back():
     assert global_state() == before
 
 
+# --- both API families after the recipe: a legacy value torch hides, a "none" that falls back ----
+
+@pytest.mark.skipif(not NEW_TF32_API, reason="the per-op fp32_precision API is torch >= 2.9")
+@pytest.mark.parametrize("setting", ["matmul precision", "cudnn.allow_tf32"])
+@pytest.mark.parametrize("how", ["cpu bf16 recipe", "recipe setting it", "TorchGlobals"])
+def test_a_legacy_value_torch_refuses_to_read_is_put_back_as_it_was(flags_set_by_the_cell, setting, how):
+    # Was: a legacy value torch refused to read (the families mixed) was written back as torch's
+    # default ("highest", True), also where the recipe had not changed it, which made a reading that
+    # worked before raise afterwards (here cuda.matmul.allow_tf32) and changed the value torch hides.
+    if setting == "matmul precision":
+        torch.set_float32_matmul_precision("high")
+        torch.backends.mkldnn.matmul.fp32_precision = "bf16"  # the precision unreadable, allow_tf32 not
+    else:
+        torch.backends.cudnn.allow_tf32 = False
+        torch.backends.cudnn.conv.fp32_precision = "tf32"
+    before = global_state()
+    assert str(before["float32_matmul_precision" if setting == "matmul precision" else "cudnn.allow_tf32"]
+               ).startswith("<unreadable")
+    if how == "cpu bf16 recipe":
+        with nbaccel.precision("bf16", device="cpu"):  # sets mkldnn.matmul, leaves the legacy values alone
+            pass
+    elif how == "recipe setting it":
+        with nbaccel.precision(recipe=Recipe("cpu", torch.bfloat16, tf32=True)):  # both families, legacy first
+            pass
+    else:
+        saved = TorchGlobals()
+        torch.set_float32_matmul_precision("medium")
+        torch.backends.cudnn.allow_tf32 = True
+        saved.restore()
+    assert global_state() == before
+    # The value torch hides is the user's still: with the per-op values agreeing again, torch reads it.
+    if setting == "matmul precision":
+        torch.backends.mkldnn.matmul.fp32_precision = "tf32"
+        assert torch.get_float32_matmul_precision() == "high"
+    else:
+        torch.backends.cudnn.conv.fp32_precision = "none"
+        assert torch.backends.cudnn.allow_tf32 is False
+
+
+@pytest.mark.skipif(not NEW_TF32_API, reason="the per-op fp32_precision API is torch >= 2.9")
+def test_a_none_that_falls_back_to_the_generic_value_stays_none(flags_set_by_the_cell):
+    # Was: the recipe set mkldnn.matmul's value, and "put it back" as it read ("ieee", through the
+    # generic value), so it no longer followed the generic value as it did before.
+    torch.backends.fp32_precision = "ieee"
+    with nbaccel.precision("fp32", device="cpu"):
+        assert torch.backends.mkldnn.matmul.fp32_precision == "ieee"
+    torch.backends.fp32_precision = "bf16"
+    assert torch.backends.mkldnn.matmul.fp32_precision == "bf16", "following the generic value, as before"
+
+
 def _mm_dtypes(variant) -> set:
     ops = variant.ops
     return set(ops[ops["op"] == "aten::mm"]["dtype"])
