@@ -191,7 +191,8 @@ def _key(path: str) -> str:
 _KEYS = {path: _key(path) for path in _FP32_PRECISION_PATHS}
 
 # What each legacy setter writes beside its own value (torch 2.9-2.13, aten/src/ATen/Context.cpp):
-# set_float32_matmul_precision(p) sets cuda.matmul and mkldnn.matmul as here; cudnn.allow_tf32 = b sets
+# set_float32_matmul_precision(p) sets cuda.matmul and mkldnn.matmul as here; cuda.matmul.allow_tf32 = b
+# sets the matmul precision ("high" if b else "highest") and cuda.matmul alone; cudnn.allow_tf32 = b sets
 # cudnn.conv and cudnn.rnn to "tf32" if b else "none".
 _MATMUL_PRECISION_WRITES = {"highest": ("ieee", "ieee"), "high": ("tf32", "tf32"), "medium": ("tf32", "bf16")}
 
@@ -434,7 +435,8 @@ def apply_recipe(recipe: Recipe):
     the autocast it sets) goes back to its value from before -- except, when the body succeeded, one
     that no longer holds the value the recipe set: the body changed it
     (``torch.backends.cudnn.benchmark = True`` in the cell), and code run once under the recipe
-    keeps what it did. When the body raises, every setting goes back.
+    keeps what it did (see `_kept_fp32_state` for the legacy setters). When the body raises, every
+    setting goes back.
     """
     before = _fp32_state()
     as_set = _recipe_fp32_state(recipe, before)
@@ -516,8 +518,32 @@ def _recipe_fp32_state(recipe: Recipe, before: dict) -> dict:
 
 def _kept_fp32_state(before: dict, as_set: dict, after: dict) -> dict:
     """The float32 precision settings after a body that succeeded: each one the body changed (it no
-    longer holds the recipe's value) as the body left it, the others as ``before``."""
-    return {key: after[key] if after[key] != as_set[key] else value for key, value in before.items()}
+    longer holds the recipe's value) as the body left it, the others as ``before``.
+
+    A legacy setter writes several settings at once, some maybe to the values the recipe had set:
+    ``torch.set_float32_matmul_precision("high")`` under the TF32 recipe changes only mkldnn.matmul's
+    value, and with the others put back torch would refuse every legacy reading from then on. So
+    where the body changed settings a legacy setter writes and left all of them as a call of that
+    setter leaves them, they all stay as the body left it: as one plain run of that call would.
+    """
+    changed = {key for key, value in after.items() if value != as_set[key]}
+    if NEW_TF32_API and changed:
+        changed |= _left_by_a_legacy_setter(after, changed)
+    return {key: after[key] if key in changed else value for key, value in before.items()}
+
+
+def _left_by_a_legacy_setter(after: dict, changed: set) -> set:
+    """The settings of ``after`` (a `_fp32_state`) that a legacy setter's call may have written,
+    where some of them are ``changed`` and all are as that call leaves them."""
+    cuda, cpu, conv, rnn = (_KEYS[path] for path in ("cuda.matmul", "mkldnn.matmul", "cudnn.conv", "cudnn.rnn"))
+    found = set()
+    if changed & {FMP, cuda, cpu} and (after[cuda], after[cpu]) == _MATMUL_PRECISION_WRITES[after[FMP]]:
+        found |= {FMP, cuda, cpu}  # torch.set_float32_matmul_precision(...)
+    elif changed & {FMP, cuda} and after[FMP] != "medium" and after[cuda] == _MATMUL_PRECISION_WRITES[after[FMP]][0]:
+        found |= {FMP, cuda}  # torch.backends.cuda.matmul.allow_tf32 = ...
+    if changed & {CUDNN_TF32, conv, rnn} and after[conv] == after[rnn] == ("tf32" if after[CUDNN_TF32] else "none"):
+        found |= {CUDNN_TF32, conv, rnn}  # torch.backends.cudnn.allow_tf32 = ...
+    return found
 
 
 def _autocast_types(recipe: Recipe) -> list[str]:

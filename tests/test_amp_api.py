@@ -409,7 +409,55 @@ def test_a_body_that_raises_gets_every_flag_of_the_recipe_back():
     assert global_state() == before
 
 
-# --- both API families after the recipe: a legacy value torch hides, a "none" that falls back ----
+# --- both API families after the recipe: a legacy setter in the body, a legacy value torch hides ----
+
+def _legacy_readings() -> dict:
+    """The legacy readings, or the error torch raises for each (the two API families mixed)."""
+    readings = {}
+    for name, read in {"float32_matmul_precision": torch.get_float32_matmul_precision,
+                       "cuda.matmul.allow_tf32": lambda: torch.backends.cuda.matmul.allow_tf32,
+                       "cudnn.allow_tf32": lambda: torch.backends.cudnn.allow_tf32}.items():
+        try:
+            readings[name] = read()
+        except RuntimeError as exc:
+            readings[name] = f"raises: {str(exc)[:40]}"
+    return readings
+
+
+@pytest.mark.skipif(not NEW_TF32_API, reason="the per-op fp32_precision API is torch >= 2.9")
+@pytest.mark.parametrize("recipe, call", [
+    (Recipe("cuda", None, tf32=True), lambda: torch.set_float32_matmul_precision("high")),
+    (Recipe("cuda", None, tf32=False), lambda: setattr(torch.backends.cudnn, "allow_tf32", False)),
+    (make_recipe("bf16", "cpu"), lambda: torch.set_float32_matmul_precision("highest")),
+], ids=["set_float32_matmul_precision under TF32", "cudnn.allow_tf32 under fp32", "highest under cpu bf16"])
+def test_a_legacy_setter_the_body_calls_with_the_recipes_own_value_is_kept_whole(flags_set_by_the_cell, recipe, call):
+    # Was: torch.set_float32_matmul_precision("high") under the TF32 recipe changed only
+    # mkldnn.matmul's value (the legacy value and cuda.matmul's already were the recipe's), so only
+    # that one was kept and the legacy value went back to "highest": torch refused every legacy
+    # reading from then on. The same for cudnn.allow_tf32 = False (cudnn.conv/.rnn) under fp32.
+    start = TorchGlobals()
+    call()
+    plain, plain_state = _legacy_readings(), global_state()
+    start.restore()
+    with apply_recipe(recipe):
+        call()
+    assert _legacy_readings() == plain, "as one plain run of the call leaves them, none refused"
+    assert global_state() == plain_state
+
+
+@pytest.mark.skipif(not NEW_TF32_API, reason="the per-op fp32_precision API is torch >= 2.9")
+def test_a_cell_that_sets_the_matmul_precision_leaves_it_readable_after_compare_amp(flags_set_by_the_cell):
+    torch.set_float32_matmul_precision("medium")
+    a = torch.randn(64, 64)
+
+    def step():
+        torch.set_float32_matmul_precision("high")
+        return a @ a
+
+    nbaccel.compare_amp(step, dtype="bf16", device="cpu", repeat=3, warmup=0)
+    assert torch.get_float32_matmul_precision() == "high", "as after one run of the cell (was: RuntimeError)"
+    assert torch.backends.mkldnn.matmul.fp32_precision == "tf32"
+
 
 @pytest.mark.skipif(not NEW_TF32_API, reason="the per-op fp32_precision API is torch >= 2.9")
 @pytest.mark.parametrize("setting", ["matmul precision", "cudnn.allow_tf32"])
