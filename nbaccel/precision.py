@@ -177,11 +177,12 @@ CUDNN_TF32 = "cudnn.allow_tf32"
 # one its "none" falls back to.
 _FP32_PRECISION_PATHS = ("", "cudnn", "cuda.matmul", "cudnn.conv", "cudnn.rnn",
                          "mkldnn", "mkldnn.matmul", "mkldnn.conv", "mkldnn.rnn")
-_FALLBACK = {"": None, "cudnn": "", "mkldnn": "", "cuda.matmul": "cudnn", "cudnn.conv": "cudnn",
-             "cudnn.rnn": "cudnn", "mkldnn.matmul": "mkldnn", "mkldnn.conv": "mkldnn", "mkldnn.rnn": "mkldnn"}
 # The per-op values a recipe sets: CUDA's by the recipe's ``tf32``, the CPU's (oneDNN) by its ``cpu_strict``.
 _CUDA_OP_PATHS = ("cuda.matmul", "cudnn.conv", "cudnn.rnn")
 _CPU_OP_PATHS = ("mkldnn.matmul", "mkldnn.conv", "mkldnn.rnn")
+# fallback -> the settings whose "none" falls back to it (CUDA's and oneDNN's ops to their backend's
+# value, those two to the generic one), in the order they are found out.
+_FALLING_BACK = {"": ("cudnn", "mkldnn"), "cudnn": _CUDA_OP_PATHS, "mkldnn": _CPU_OP_PATHS}
 
 
 def _key(path: str) -> str:
@@ -234,11 +235,11 @@ def _fp32_state() -> dict:
     if not NEW_TF32_API:
         return state
     shown = {path: _fp32_precision_owner(path).fp32_precision for path in _FP32_PRECISION_PATHS}
-    for path in _FP32_PRECISION_PATHS:  # each after its fallback: a check writes the fallback's raw value back
-        value, fallback = shown[path], _FALLBACK[path]
-        if value != "none" and fallback is not None and value == shown[fallback] and _follows(path, value, state):
-            value = "none"
-        state[_KEYS[path]] = value
+    state.update({_KEYS[path]: value for path, value in shown.items()})
+    for fallback, paths in _FALLING_BACK.items():  # each after its fallback: a check writes that back
+        alike = [path for path in paths if shown[path] != "none" and shown[path] == shown[fallback]]
+        for path in _following(fallback, alike, shown[fallback], state) if alike else ():
+            state[_KEYS[path]] = "none"
     if state[FMP] is _UNREADABLE:
         state[FMP] = _with_raw(state, {"cuda.matmul": "ieee", "mkldnn.matmul": "ieee"},
                                torch.get_float32_matmul_precision)
@@ -248,11 +249,12 @@ def _fp32_state() -> dict:
     return state
 
 
-def _follows(path: str, shown: str, state: dict) -> bool:
-    """Whether ``path``, which reads ``shown`` like its fallback, is "none" and follows it: the
-    fallback (its value as set is in ``state``) is set to another value for a moment."""
+def _following(fallback: str, paths: list, shown: str, state: dict) -> list:
+    """Those of ``paths`` that are "none", following ``fallback`` (all read ``shown``, as it does):
+    the fallback (its value as set is in ``state``) is set to another value for a moment."""
     other = "tf32" if shown == "ieee" else "ieee"
-    return _with_raw(state, {_FALLBACK[path]: other}, lambda: _fp32_precision_owner(path).fp32_precision == other)
+    return _with_raw(state, {fallback: other},
+                     lambda: [path for path in paths if _fp32_precision_owner(path).fp32_precision == other])
 
 
 def _with_raw(state: dict, values: dict, read):
