@@ -170,8 +170,8 @@ def _write_changed(knobs: dict, values: dict) -> None:
 # torch keeps: every fp32_precision as set (its "raw" value) and the two legacy values, found out
 # where the readings alone do not say (`_fp32_state`), and written back exactly (`_write_fp32_state`).
 
-FMP = "float32_matmul_precision"
-CUDNN_TF32 = "cudnn.allow_tf32"
+_FMP = "float32_matmul_precision"
+_CUDNN_TF32 = "cudnn.allow_tf32"
 
 # torch >= 2.9's fp32_precision settings under torch.backends ("" is the generic one), each after the
 # one its "none" falls back to.
@@ -201,7 +201,7 @@ _MATMUL_PRECISION_WRITES = {"highest": ("ieee", "ieee"), "high": ("tf32", "tf32"
 @functools.lru_cache(maxsize=None)
 def _fp32_precision_owner(path: str):
     """The object holding ``path``'s fp32_precision (``torch.backends.mkldnn.matmul``): found once, as
-    a recipe reads each of them three times per run (walking the path each time cost ~70 us a run)."""
+    a recipe reads each of them at least twice per run (walking the path each time cost ~70 us a run)."""
     obj = torch.backends
     for part in filter(None, path.split(".")):
         obj = getattr(obj, part)
@@ -221,8 +221,8 @@ def _write_raw(path: str, value: str) -> None:
 
 
 def _fp32_state() -> dict:
-    """The float32 precision settings as torch keeps them: {FMP: "highest"|"high"|"medium",
-    CUDNN_TF32: bool} and, on torch >= 2.9, every fp32_precision as set, keyed like `global_state`.
+    """The float32 precision settings as torch keeps them: {_FMP: "highest"|"high"|"medium",
+    _CUDNN_TF32: bool} and, on torch >= 2.9, every fp32_precision as set, keyed like `global_state`.
 
     Costs a reading of each where they say it all (the usual case); where they do not, torch's state
     is changed for a moment and put back: a value that reads the same as the one its "none" would
@@ -230,8 +230,8 @@ def _fp32_state() -> dict:
     is found with the per-op values it is checked against set for a moment (both matmuls "ieee",
     which any matmul precision agrees with; cudnn.conv and .rnn "tf32", readable only beside True).
     """
-    state = {FMP: _reading(torch.get_float32_matmul_precision),
-             CUDNN_TF32: _reading(lambda: torch.backends.cudnn.allow_tf32)}
+    state = {_FMP: _reading(torch.get_float32_matmul_precision),
+             _CUDNN_TF32: _reading(lambda: torch.backends.cudnn.allow_tf32)}
     if not NEW_TF32_API:
         return state
     shown = {path: _fp32_precision_owner(path).fp32_precision for path in _FP32_PRECISION_PATHS}
@@ -240,11 +240,11 @@ def _fp32_state() -> dict:
         alike = [path for path in paths if shown[path] != "none" and shown[path] == shown[fallback]]
         for path in _following(fallback, alike, shown[fallback], state) if alike else ():
             state[_KEYS[path]] = "none"
-    if state[FMP] is _UNREADABLE:
-        state[FMP] = _with_raw(state, {"cuda.matmul": "ieee", "mkldnn.matmul": "ieee"},
+    if state[_FMP] is _UNREADABLE:
+        state[_FMP] = _with_raw(state, {"cuda.matmul": "ieee", "mkldnn.matmul": "ieee"},
                                torch.get_float32_matmul_precision)
-    if state[CUDNN_TF32] is _UNREADABLE:
-        state[CUDNN_TF32] = _with_raw(state, {"cudnn.conv": "tf32", "cudnn.rnn": "tf32"},
+    if state[_CUDNN_TF32] is _UNREADABLE:
+        state[_CUDNN_TF32] = _with_raw(state, {"cudnn.conv": "tf32", "cudnn.rnn": "tf32"},
                                       lambda: _reading(lambda: torch.backends.cudnn.allow_tf32) is True)
     return state
 
@@ -273,14 +273,14 @@ def _write_fp32_state(target: dict, current: dict) -> None:
     differs from ``current``: the legacy values first, as their setters rewrite per-op values, then
     each fp32_precision, fallbacks before the ops that fall back to them."""
     current = dict(current)
-    if target[FMP] != current[FMP]:
-        torch.set_float32_matmul_precision(target[FMP])
+    if target[_FMP] != current[_FMP]:
+        torch.set_float32_matmul_precision(target[_FMP])
         if NEW_TF32_API:
-            current[_KEYS["cuda.matmul"]], current[_KEYS["mkldnn.matmul"]] = _MATMUL_PRECISION_WRITES[target[FMP]]
-    if target[CUDNN_TF32] != current[CUDNN_TF32]:
-        torch.backends.cudnn.allow_tf32 = target[CUDNN_TF32]
+            current[_KEYS["cuda.matmul"]], current[_KEYS["mkldnn.matmul"]] = _MATMUL_PRECISION_WRITES[target[_FMP]]
+    if target[_CUDNN_TF32] != current[_CUDNN_TF32]:
+        torch.backends.cudnn.allow_tf32 = target[_CUDNN_TF32]
         if NEW_TF32_API:
-            current[_KEYS["cudnn.conv"]] = current[_KEYS["cudnn.rnn"]] = "tf32" if target[CUDNN_TF32] else "none"
+            current[_KEYS["cudnn.conv"]] = current[_KEYS["cudnn.rnn"]] = "tf32" if target[_CUDNN_TF32] else "none"
     if NEW_TF32_API:
         for path, key in _KEYS.items():
             if target[key] != current[key]:
@@ -504,12 +504,12 @@ def _recipe_fp32_state(recipe: Recipe, before: dict) -> dict:
     """
     state = dict(before)
     if recipe.tf32 is not None:
-        state[FMP] = "high" if recipe.tf32 else "highest"
-        state[CUDNN_TF32] = recipe.tf32
-    elif recipe.cpu_strict and before[FMP] == "medium":
+        state[_FMP] = "high" if recipe.tf32 else "highest"
+        state[_CUDNN_TF32] = recipe.tf32
+    elif recipe.cpu_strict and before[_FMP] == "medium":
         # "medium" is TF32 for CUDA's matmuls, which this recipe leaves alone, and bf16 for the
         # CPU's, which it does not: "high" is the same on CUDA and leaves the CPU's in fp32.
-        state[FMP] = "high"
+        state[_FMP] = "high"
     if NEW_TF32_API:
         if recipe.tf32 is not None:
             state.update({_KEYS[path]: "tf32" if recipe.tf32 else "ieee" for path in _CUDA_OP_PATHS})
@@ -539,12 +539,12 @@ def _left_by_a_legacy_setter(after: dict, changed: set) -> set:
     where some of them are ``changed`` and all are as that call leaves them."""
     cuda, cpu, conv, rnn = (_KEYS[path] for path in ("cuda.matmul", "mkldnn.matmul", "cudnn.conv", "cudnn.rnn"))
     found = set()
-    if changed & {FMP, cuda, cpu} and (after[cuda], after[cpu]) == _MATMUL_PRECISION_WRITES[after[FMP]]:
-        found |= {FMP, cuda, cpu}  # torch.set_float32_matmul_precision(...)
-    elif changed & {FMP, cuda} and after[FMP] != "medium" and after[cuda] == _MATMUL_PRECISION_WRITES[after[FMP]][0]:
-        found |= {FMP, cuda}  # torch.backends.cuda.matmul.allow_tf32 = ...
-    if changed & {CUDNN_TF32, conv, rnn} and after[conv] == after[rnn] == ("tf32" if after[CUDNN_TF32] else "none"):
-        found |= {CUDNN_TF32, conv, rnn}  # torch.backends.cudnn.allow_tf32 = ...
+    if changed & {_FMP, cuda, cpu} and (after[cuda], after[cpu]) == _MATMUL_PRECISION_WRITES[after[_FMP]]:
+        found |= {_FMP, cuda, cpu}  # torch.set_float32_matmul_precision(...)
+    elif changed & {_FMP, cuda} and after[_FMP] != "medium" and after[cuda] == _MATMUL_PRECISION_WRITES[after[_FMP]][0]:
+        found |= {_FMP, cuda}  # torch.backends.cuda.matmul.allow_tf32 = ...
+    if changed & {_CUDNN_TF32, conv, rnn} and after[conv] == after[rnn] == ("tf32" if after[_CUDNN_TF32] else "none"):
+        found |= {_CUDNN_TF32, conv, rnn}  # torch.backends.cudnn.allow_tf32 = ...
     return found
 
 
