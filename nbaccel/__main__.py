@@ -43,21 +43,16 @@ def main(argv=None) -> int:
 
 def _trace(args) -> int:
     """Errors a user can fix (a wrong path, an option that cannot apply) are one line and status 2."""
-    import warnings
-
     from .options import CLI_TRACE, magic_spelling
     from .profile_options import ProfileError
-    from .trace_result import TraceError, TraceWarning, load_trace
+    from .trace_result import TraceError, load_trace, trace_warnings_said
 
     try:
-        with magic_spelling(), warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always", TraceWarning)
+        with magic_spelling(), trace_warnings_said(lambda message: print(f"nbaccel trace: {message}", file=sys.stderr)):
             result = load_trace(args.path, rank=args.rank, top=args.top, sort=args.sort, shapes=args.shapes)
     except (TraceError, ProfileError) as exc:
         print(f"nbaccel trace: {exc}", file=sys.stderr)
         return 2
-    for w in caught:  # skipped files and the like: said as plain lines, not as a source location
-        print(f"nbaccel trace: {w.message}", file=sys.stderr)
     result.made_by = CLI_TRACE  # "nbaccel trace: ..."; its advice spells options as this command line (--top)
     return _print(result.to_json(indent=2, default=str) if args.json else str(result))
 

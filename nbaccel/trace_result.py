@@ -27,6 +27,7 @@ Unknown event kinds are counted (``result.trace.unknown_events``, shown in the h
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import statistics
@@ -53,6 +54,25 @@ if TYPE_CHECKING:
     import pandas as pd
 
 __all__ = ["load_trace", "MultiRankResult", "TraceError", "TraceWarning"]
+
+
+@contextlib.contextmanager
+def trace_warnings_said(say):
+    """Run the block with each `TraceWarning` (a skipped file, steps far apart) said by ``say(message)``
+    when it ends, also when it raises: every one every time (a warning shown once per session would hide
+    it on the next run of a cell) and as a plain line, not a source location. Other warnings go through
+    the user's filters as usual. For ``%profile_trace`` and ``python -m nbaccel trace``."""
+    caught: list = []
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", TraceWarning)
+            yield
+    finally:
+        for w in caught:
+            if issubclass(w.category, TraceWarning):
+                say(str(w.message))
+            else:
+                warnings.warn_explicit(w.message, w.category, w.filename, w.lineno, source=w.source)
 
 
 def load_trace(path: str | os.PathLike, *, rank: int | None = None, top: int = 15, sort: str | None = None,

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import sys
-import warnings
 
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_magic, magics_class
@@ -13,7 +12,7 @@ from ..options import magic_spelled
 from ..profile_options import ProfileError
 from ..profile_table import SORT_COLUMNS
 from ..render.display import display_result
-from ..trace_result import TraceError, TraceWarning, load_trace
+from ..trace_result import TraceError, load_trace, trace_warnings_said
 from .common import check_name, help_option, parse_line, store_result
 
 
@@ -53,20 +52,11 @@ class TraceMagics(Magics):
             return None
         check_name(args.result)  # --top is checked by load_trace (a ProfileError, turned into a UsageError below)
         try:
-            with warnings.catch_warnings(record=True) as caught:
-                # Every skipped file is said every time (a warning shown once per session would
-                # hide it on the next run of the cell), as a plain line rather than a source location.
-                warnings.simplefilter("always", TraceWarning)
+            with trace_warnings_said(lambda message: print(f"Warning: {message}", file=sys.stderr)):
                 result = load_trace(args.path, rank=args.rank, top=args.top, sort=args.sort, shapes=args.shapes,
                                     stack=args.stack, memory=args.memory)
         except (TraceError, ProfileError) as exc:
             raise UsageError(str(exc)) from None
-        finally:
-            for w in caught:
-                if issubclass(w.category, TraceWarning):
-                    print(f"Warning: {w.message}", file=sys.stderr)
-                else:  # anything else goes through the user's warning filters as usual
-                    warnings.warn_explicit(w.message, w.category, w.filename, w.lineno, source=w.source)
         store_result(self.shell, args.result, result)
         if not args.quiet:
             display_result(result)
