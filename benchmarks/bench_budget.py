@@ -39,9 +39,10 @@ from nbaccel.memory import PeakMeter, format_bytes
 
 
 def cell_overhead(cells: int, repeats: int) -> dict:
+    from IPython import get_ipython
     from IPython.testing.globalipapp import start_ipython
 
-    ip = start_ipython()
+    ip = start_ipython() or get_ipython()  # None if a test shell exists already: that one, then
     ip.run_line_magic("load_ext", "nbaccel")
     source = "a = 1 + 1"
 

@@ -24,10 +24,11 @@ GiB = 2**30
 def cuda_check(shell=None) -> dict:
     if not torch.cuda.is_available():
         raise RuntimeError("cuda_check needs a CUDA device")
+    from IPython import get_ipython
     from IPython.testing.globalipapp import start_ipython
     from IPython.utils.capture import capture_output
 
-    ip = shell or start_ipython()
+    ip = shell or start_ipython() or get_ipython()  # start_ipython() is None when called before
     ip.run_line_magic("load_ext", "nbaccel")
     getter = getattr(torch.cuda, "get_per_process_memory_fraction", None)
     fraction_before = getter(0) if getter else None

@@ -8,6 +8,7 @@ from unittest import mock
 
 import pytest
 import torch
+from IPython import get_ipython
 from IPython.testing.globalipapp import start_ipython
 
 from nbaccel.precision import TorchGlobals, global_state
@@ -46,7 +47,9 @@ def flags_set_by_the_cell():
 
 @pytest.fixture(scope="session")
 def _ipython():
-    return start_ipython()
+    # start_ipython() makes IPython's test shell once per process and returns None ever after; a
+    # benchmark run in-process earlier (bench_budget) may have made it already.
+    return start_ipython() or get_ipython()
 
 
 @pytest.fixture
