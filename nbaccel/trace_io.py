@@ -146,7 +146,8 @@ class TraceStream:
         at_end = self._eof and (at >= self._consumed + len(self._buf.rstrip()) - 1
                                 or what.startswith("Unterminated string"))
         cut = " (the file ends early: a trace cut off while writing looks like this)" if at_end else ""
-        raise TraceError(f"{self.where}: not valid JSON: {what} at character {at:,}{cut}")
+        # json's own message may end in "at" already ("Unterminated string starting at").
+        raise TraceError(f"{self.where}: not valid JSON: {what.removesuffix(' at')} at character {at:,}{cut}")
 
     # -- the document --
 

@@ -455,7 +455,7 @@ BAD = {
         {"ph": "X", "cat": "blink", "name": "Paint", "ts": 1, "dur": 2, "pid": 1, "tid": 1}]})),
         r"chrome\.json: JSON is not a torch.profiler trace \(no cpu_op or kernel events; found blink x1\)"),
     "truncated json": (lambda d: _write(d / "cut.json", '{"traceEvents": [{"ph": "X", "cat": "cpu_op", "na'),
-                       r"cut\.json: not valid JSON: .* \(the file ends early"),
+                       r"cut\.json: not valid JSON: Unterminated string starting at character 46 \(the file ends early"),
     "truncated gz": (_truncated_gz, r"cut\.json\.gz: truncated or corrupt gzip data"),
     "empty folder": (lambda d: _mkdir(d / "runs"), r"runs: no trace files \(\*\.json, \*\.json\.gz\) in this folder "
                                                    r"\(the folder is empty\)"),
