@@ -56,7 +56,7 @@ from .contention import ContentionMeter
 from .device import device_info, resolve_device
 from .options import in_magic, option
 from .precision import apply_recipe, make_recipe
-from .profile_options import ProfileError, ProfileOptions, trace_is_file, validate
+from .profile_options import ProfileError, ProfileOptions, amp_name, check_options, trace_is_file, validate
 from .profile_result import ProfileResult
 from .quiet import hiding_side_channels
 from .stderr_filter import dropped_stderr_lines
@@ -121,8 +121,11 @@ class profile:  # noqa: N801 - a context manager used like a function: `with nba
 
     With ``warmup``/``steps``, call ``prof.step()`` at the end of each iteration (like
     ``torch.profiler``): ``warmup`` iterations run unrecorded, the next ``steps`` are analysed.
-    Raises `ProfileError` on entry if the options cannot work here; see the module docstring
-    for the method.
+    Raises `ProfileError` when made if an option is wrong whatever the machine (``top=0``,
+    ``amp="fp8"``, ``stack`` with ``shapes``), and on entry if it cannot work here (no CUDA
+    device, an unwritable ``trace``, another profiler running); see the module docstring for
+    the method. ``amp`` takes the spellings `nbaccel.precision` takes (``"bfloat16"``,
+    ``torch.float16``).
     """
 
     def __init__(self, device="auto", *, top: int = 15, sort: str | None = None, memory: bool = False,
@@ -130,8 +133,9 @@ class profile:  # noqa: N801 - a context manager used like a function: `with nba
                  trace: str | None = None, amp: str | None = None, options: ProfileOptions | None = None,
                  contention_meter: ContentionMeter | None = None):
         self.options = options or ProfileOptions(top=top, sort=sort, memory=memory, shapes=shapes, stack=stack,
-                                                 warmup=warmup, steps=steps, trace=trace, amp=amp,
+                                                 warmup=warmup, steps=steps, trace=trace, amp=amp_name(amp),
                                                  device=str(device))
+        check_options(self.options)  # what needs no machine fails here; the rest when the block starts
         if self.options.trace:
             _warn_if_shared_trace(self.options.trace)
         self.result: ProfileResult | None = None

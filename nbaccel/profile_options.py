@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 
 from . import profile_table as pt
-from .device import DeviceError, DeviceInfo, device_info, resolve_device
+from .device import DeviceError, DeviceInfo, device_info, dtype_name, resolve_device
 from .options import in_magic, option, whole_number
 from .precision import Recipe, make_recipe
 
@@ -129,8 +129,10 @@ def check_table_args(group, sort, ascending, filter, top) -> None:  # noqa: A002
         raise ProfileError(f"{option('ascending')} takes True or False, got {ascending!r}")
 
 
-def validate(options: ProfileOptions) -> tuple[torch.device, DeviceInfo, Recipe | None]:
-    """Check every option against this machine; raise `ProfileError` naming the fix."""
+def check_options(options: ProfileOptions) -> None:
+    """The checks that need neither the machine nor the process: run when a profile is made
+    (``nbaccel.profile(top=0)`` fails there, as ``nbaccel.precision("fp8")`` does, not at the
+    ``with`` line), and again by `validate`."""
     whole_number("top", options.top, 1, ProfileError)
     whole_number("steps", options.steps, 1, ProfileError, why=": the profile needs an active step")
     whole_number("warmup", options.warmup, 0, ProfileError)
@@ -142,6 +144,28 @@ def validate(options: ProfileOptions) -> tuple[torch.device, DeviceInfo, Recipe 
         raise ProfileError(f"{option('trace')} takes a file or folder path, got {options.trace!r}")
     if options.sort is not None and options.sort not in pt.SORT_COLUMNS:
         raise ProfileError(f"{option('sort', options.sort)} is not a sort key; use one of: {', '.join(pt.SORT_COLUMNS)}")
+    if options.sort == "memory" and not options.memory:
+        raise ProfileError(f"{option('sort', 'memory')} needs {option('memory', True)} (memory is only recorded "
+                           "with profile_memory)")
+    if options.amp is not None and options.amp not in DTYPES:
+        raise ProfileError(f"{option('amp', options.amp)} is not supported; use one of: {', '.join(DTYPES)}")
+
+
+def amp_name(amp) -> str | None:
+    """``amp=`` as the recipe names it: the long spellings and torch dtypes (``"bfloat16"``,
+    ``torch.float16``) work as in ``%%amp`` and `nbaccel.precision`; others are left for
+    `check_options` to refuse with the list."""
+    if amp is None:
+        return None
+    try:
+        return dtype_name(amp)
+    except DeviceError:
+        return amp
+
+
+def validate(options: ProfileOptions) -> tuple[torch.device, DeviceInfo, Recipe | None]:
+    """Check every option against this machine; raise `ProfileError` naming the fix."""
+    check_options(options)
     try:
         dev = resolve_device(options.device)
         info = device_info(dev)
@@ -151,11 +175,6 @@ def validate(options: ProfileOptions) -> tuple[torch.device, DeviceInfo, Recipe 
     if options.sort == "device" and dev.type != "cuda":
         raise ProfileError(f"{option('sort', 'device')} needs a CUDA device; this profile runs on the CPU: use "
                            f"{option('sort', 'self')} or {option('sort', 'cpu')}")
-    if options.sort == "memory" and not options.memory:
-        raise ProfileError(f"{option('sort', 'memory')} needs {option('memory', True)} (memory is only recorded "
-                           "with profile_memory)")
-    if options.amp and options.amp not in DTYPES:
-        raise ProfileError(f"{option('amp', options.amp)} is not supported; use one of: {', '.join(DTYPES)}")
     if options.trace:
         check_trace_path(options.trace)
     if profiler_running():

@@ -29,7 +29,7 @@ def test_option_spelling_inside_and_outside_a_magic():
     ({"sort": "x"}, "sort='x' is not a sort key"),
     ({"sort": "memory"}, "sort='memory' needs memory=True"),
     ({"top": 0}, "top must be at least 1"),
-    ({"amp": "fp8"}, "amp='fp8' is not an autocast dtype"),
+    ({"amp": "fp8"}, "amp='fp8' is not supported; use one of: bf16, fp16, auto"),
     ({"trace": "/proc/version/x.json"}, "trace='/proc/version/x.json': cannot write into /proc/version"),
 ])
 def test_python_api_errors_use_keyword_arguments(kwargs, said):

@@ -587,6 +587,29 @@ def test_stack_with_shapes_is_refused_by_the_api_before_the_code_runs():
     assert not ran
 
 
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(top=0), "top must be at least 1, got 0"),
+    (dict(steps=0), "steps must be at least 1"),
+    (dict(amp="fp8"), "amp='fp8' is not supported; use one of: bf16, fp16, auto"),
+    (dict(amp="fp32"), "amp='fp32' is not supported"),
+    (dict(sort="memory"), "sort='memory' needs memory=True"),
+    (dict(stack=True, shapes=True), "stack=True and shapes=True both choose"),
+])
+def test_an_option_wrong_on_any_machine_is_refused_when_the_profile_is_made(kwargs, message):
+    """As nbaccel.precision('fp8') is: a script learns it at the line that made the object."""
+    from nbaccel.profile import ProfileError
+
+    with pytest.raises(ProfileError, match=re.escape(message)):
+        nbaccel.profile(**kwargs)
+
+
+@pytest.mark.parametrize("spelling", ["bfloat16", "BF16", torch.bfloat16, "torch.bfloat16"])
+def test_amp_takes_the_dtype_spellings_precision_takes(spelling):
+    with nbaccel.profile(amp=spelling) as prof:
+        torch.ones(8, 8) @ torch.ones(8, 8)
+    assert prof.options.amp == "bf16" and prof.result.recipe_label.startswith("autocast bf16")
+
+
 def test_unwritable_trace_folder_is_refused(ip, tmp_path, monkeypatch):
     from nbaccel import profile_options
 
