@@ -314,6 +314,7 @@ def _load_rank(files: list[Path], opts: dict, source: str) -> ProfileResult:
         "bytes": int(sum(f.stat().st_size for f in files)),
         "load_seconds": time.perf_counter() - t0,
     }
+    _check_side_events(side, opts, where)
     options = ProfileOptions(top=opts["top"], sort=opts["sort"], memory=opts["memory"], shapes=opts["shapes"],
                              stack=opts["stack"], device=info.type)
     if options.sort == "device" and info.type != "cuda":
@@ -327,6 +328,16 @@ def _load_rank(files: list[Path], opts: dict, source: str) -> ProfileResult:
                                            made_by=opts["made_by"])
     loaded["load_seconds"] = time.perf_counter() - t0
     return result
+
+
+def _check_side_events(side: list, opts: dict, where) -> None:
+    """``stack`` on a trace recorded without Python stacks: said, instead of a table of one
+    "(no user frame)" row. (``memory`` is not refused alike: a trace recorded with it where
+    nothing was allocated has no [memory] events either, and its zeros are then true.)"""
+    if opts["stack"] and not any(ev.get("cat") == "python_function" for ev in side):
+        raise ProfileError(f"{option('stack', True)}: {where} holds no Python stack events, so it was recorded "
+                           f"without with_stack=True (%%profile_gpu --stack) and has no source lines to group by; "
+                           f"load it without {option('stack', True)}, or record it again with that option")
 
 
 def _far_apart(spans: list[tuple[float, float]]) -> str | None:

@@ -16,6 +16,7 @@ import re
 from pathlib import Path
 
 import pytest
+import torch
 from IPython.core.error import UsageError
 
 import nbaccel
@@ -823,3 +824,25 @@ def test_a_folder_with_an_unranked_trace_of_another_gpu_says_so_first(tmp_path):
         (tmp_path / name).write_bytes(real_path(name).read_bytes())
     with pytest.raises(TraceError, match=r"not one run \(the files name different GPUs\): NVIDIA B200.*NVIDIA H100"):
         load_trace(tmp_path)
+
+
+def test_stack_on_a_trace_recorded_without_stacks_says_so(ip, tmp_path):
+    """Was: a table of one "(no user frame)" row, as if the code had no source lines."""
+    from nbaccel.profile import ProfileError
+
+    with_stacks, without = tmp_path / "stacks.json", tmp_path / "plain.json"
+
+    def cell():
+        return torch.ones(32, 32) @ torch.ones(32, 32)
+
+    for path, stack in ((with_stacks, True), (without, False)):
+        with nbaccel.profile(stack=stack, trace=str(path)):
+            cell()
+    sources = load_trace(with_stacks, stack=True).table()["source"].tolist()
+    assert any("test_load_trace.py" in s for s in sources), sources
+    with pytest.raises(ProfileError, match=r"^stack=True: plain\.json holds no Python stack events, so it was recorded "
+                                           r"without with_stack=True .*; load it without stack=True"):
+        load_trace(without, stack=True)
+    with pytest.raises(UsageError, match=r"^--stack: plain\.json holds no Python stack events.*without --stack"):
+        ip.run_line_magic("profile_trace", f"{without} --stack -q")
+    assert load_trace(without).op_count > 0
