@@ -284,6 +284,36 @@ def test_two_rank_folder_names_the_straggler(two_ranks):
     assert data["straggler"]["rank"] == 1 and len(data["per_rank"]) == 2
 
 
+def test_the_rank_tables_op_calls_are_each_ranks_header_and_table_calls(two_ranks):
+    # The rank table's "ops" were op events (25,185 on A100 rank 0) beside a single-rank header
+    # saying "op calls / kernels: 25,105 / ...": a re-dispatch is part of its parent's call.
+    _, r = two_ranks
+    pr = r.per_rank.set_index("rank")
+    for k, one in r.ranks.items():
+        assert pr.loc[k, "ops"] == r.table(rank=k)["calls"].sum() == one.header["ops"] == 25_105
+        assert one.op_count == 25_185  # the events, nested re-dispatches included
+    head, dashes, *rows = render_multirank.text(r).split("\n\n")[1].splitlines()
+    assert head.split()[-2:] == ["op", "calls"] and rows[0].split()[-1] == "25,105"
+    assert "<th class=\"\">op calls</th>" in r._repr_html_()
+
+
+def _redispatch_trace(rank: int) -> str:
+    """aten::matmul re-dispatched inside itself (as autocast does) around an aten::mm: 3 op events, 2 calls."""
+    def op(name, ts, dur):
+        return {"ph": "X", "cat": "cpu_op", "name": name, "pid": 1, "tid": 1, "ts": ts, "dur": dur}
+    return json.dumps({"distributedInfo": {"rank": rank, "world_size": 2},
+                       "traceEvents": [op("aten::matmul", 0, 10), op("aten::matmul", 1, 8), op("aten::mm", 2, 5)]})
+
+
+def test_a_re_dispatch_is_one_op_call_in_the_rank_table(tmp_path):
+    for rank in (0, 1):
+        _write(tmp_path / f"rank-{rank}.json", _redispatch_trace(rank))
+    r = load_trace(tmp_path)
+    for k, one in r.ranks.items():
+        assert one.op_count == 3
+        assert r.per_rank.set_index("rank").loc[k, "ops"] == r.table(rank=k)["calls"].sum() == one.header["ops"] == 2
+
+
 def test_rank_option_loads_one_rank(two_ranks):
     folder, _ = two_ranks
     r = load_trace(folder, rank=1)

@@ -65,7 +65,8 @@ def rank_rows(result) -> list[list[str]]:
             for r in result.per_rank.itertuples()]
 
 
-_RANK_HEADERS = ["rank", "files", "steps", "step time", "compute", "communication", "idle", "kernels", "ops"]
+# "op calls", as the single-trace header says it: the column is the same count (`MultiRankResult.per_rank`).
+_RANK_HEADERS = ["rank", "files", "steps", "step time", "compute", "communication", "idle", "kernels", "op calls"]
 
 
 def method(result) -> str:
