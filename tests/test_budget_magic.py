@@ -672,6 +672,19 @@ def test_a_single_letter_unit_is_read_as_binary_and_the_status_says_so(ip, run_c
         f"[soft: checked after each cell, a warning when over] -- 1{letter} read as 1 GiB, as docker and systemd read {letter} (write 1GB for 1,000,000,000 bytes)")
 
 
+@pytest.mark.parametrize("line, size, read", [("2Gb", 2 * 10**9, "2 GB"), ("2gb", 2 * 10**9, "2 GB"),
+                                               ("2 Gib", 2 * 2**30, "2 GiB")])
+def test_a_lowercase_b_is_read_as_bytes_and_the_status_says_so(ip, run_cell, line, size, read):
+    # "6Gb" was silently 6 GB: right for memory (nobody means gigabits), but b is bits by convention.
+    _, captured = run_cell(f"%memory_budget {line} -r s")
+    assert ip.user_ns["s"].budget_bytes == size
+    head = _texts(captured).splitlines()[0]
+    typed = line.replace(" ", "")  # the magic reads "2 Gib" as one size, as it reads "6 GB"
+    assert head.endswith(f"-- {typed} read as {read} (bytes; a lowercase b usually means bits)")
+    _, captured = run_cell("%memory_budget 2GB -r s")  # a capital B is bytes as written: nothing to say
+    assert ip.user_ns["s"].budget_bytes == 2 * 10**9 and "bits" not in _texts(captured)
+
+
 @pytest.mark.parametrize("line", ["0.8", "8e-1", ".8", "80e-2", "80%", "80 %"])
 def test_a_share_in_any_notation(ip, run_cell, line):
     from nbaccel.budget import device_memory

@@ -535,6 +535,24 @@ def test_how_a_single_letter_was_read_is_said():
     assert [size_reading(t) for t in ("6GiB", "6GB", "0.8", 0.8, "abc")] == [""] * 5
 
 
+@pytest.mark.parametrize("text, expected, read", [
+    ("6Gb", 6 * 10**9, "6 GB"), ("6gb", 6 * 10**9, "6 GB"), (" 512 Mb", 512 * 10**6, "512 MB"),
+    ("2Tb", 2 * 10**12, "2 TB"), ("2048kb", 2048 * 10**3, "2048 KB"), ("6Gib", 6 * GiB, "6 GiB"),
+    ("512mib", 512 * MiB, "512 MiB"),
+])
+def test_a_lowercase_b_after_a_prefix_is_bytes_and_said(text, expected, read):
+    # Lowercase b is bits by convention; nobody means gigabits for memory, so "6Gb" is 6 GB -- but it
+    # was read so silently. The note names the reading, in the unit as it is read.
+    total = 16 * 10**12
+    assert parse_budget(text, CPU, total=total) == expected == parse_budget(read.replace(" ", ""), CPU, total=total)
+    assert size_reading(text) == f"{text.strip()} read as {read} (bytes; a lowercase b usually means bits)"
+
+
+@pytest.mark.parametrize("text", ["6GB", "6gB", "6GiB", "6giB", "512MB", "6b", "6B", "6G", 6e9])
+def test_no_bits_note_where_the_b_is_a_capital_or_has_no_prefix(text):
+    assert "bits" not in size_reading(text)
+
+
 @pytest.mark.parametrize("text, message", [
     ("512K", r"^512K is 512 KiB: a budget under 1 MiB .*did you mean '512M'\?"),
     ("0.5M", r"did you mean '0.5G'\?"), ("2T", "larger than this host's physical memory"),
