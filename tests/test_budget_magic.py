@@ -10,6 +10,7 @@ from IPython.core.error import UsageError
 
 from nbaccel.memory import current_rss
 from nbaccel.render import display as display_module
+from text_helpers import unfolded
 
 MB = 10**6
 
@@ -423,7 +424,7 @@ def test_an_estimate_says_it_watches_nothing(ip, run_cell, mlp):
     # "... -- budget 1 GiB (the budget), measured on cpu" read as a budget set: a user expected the next
     # cells to be watched, and a 2 GiB cell went unflagged.
     _, captured = run_cell("%memory_budget 1GiB --model model --batch 32 --input x -r est")
-    for shown in _estimate_renderings(ip, captured, "est"):
+    for shown in map(unfolded, _estimate_renderings(ip, captured, "est")):
         assert "a prediction, compared with 1 GiB: no budget is being watched, so later cells are not measured; " \
                "%memory_budget 1GiB starts watching" in shown
         assert "(the budget)" not in shown
@@ -435,20 +436,20 @@ def test_an_estimate_says_it_watches_nothing(ip, run_cell, mlp):
 def test_an_estimate_leaves_the_watched_budget_as_it_was(ip, run_cell, mlp):
     run_cell("%memory_budget 4GiB -q")
     _, captured = run_cell("%memory_budget 1GiB --model model --batch 32 --input x -r est")
-    for shown in _estimate_renderings(ip, captured, "est"):
+    for shown in map(unfolded, _estimate_renderings(ip, captured, "est")):
         assert "a prediction, compared with 1 GiB: the budget being watched (4 GiB on cpu) stays as it was" in shown
     # Without a size, the prediction is compared with the watched budget, and says so.
     _, captured = run_cell("%memory_budget --model model --batch 32 --input x -r est")
     assert "budget 4 GiB (the budget being watched), measured on cpu" in ip.user_ns["est"].summary
     assert "a prediction, compared with the budget being watched (4 GiB on cpu), which stays as it was" in \
-        _texts(captured)
+        unfolded(_texts(captured))
     run_cell("%memory_budget -q -r s")
     assert ip.user_ns["s"].active and ip.user_ns["s"].budget_bytes == 4 * 2**30
 
 
 def test_an_estimate_against_more_than_this_host_suggests_a_budget_that_can_be_watched(ip, run_cell, mlp):
     _, captured = run_cell("%memory_budget 80G --model model --batch 32 --input x")
-    text = _texts(captured)
+    text = unfolded(_texts(captured))
     # 80 GiB per GPU is no budget for this host: the command offered must be one that works here.
     assert "no budget is being watched, so later cells are not measured; %memory_budget 0.8 starts watching" in text
     assert "80G read as 80 GiB" in text
@@ -466,7 +467,7 @@ def test_an_estimate_shows_the_same_activations_and_peak_phase_in_every_renderin
     held = {"forward": f"activations + {format_bytes(one['forward_temporaries'])} temporaries",
             "backward": f"grads + {format_bytes(one['backward_working'])} still held",
             "optimizer step": f"grads + {format_bytes(one['step_temporaries'])} temporaries"}[phase]
-    for shown in _estimate_renderings(ip, captured, "est"):
+    for shown in map(unfolded, _estimate_renderings(ip, captured, "est")):
         assert "peak during" in shown
         assert f"{phase}: {held}" in shown
         assert f"at batch 32: {format_bytes(one['activations'])} (linear extrapolation)" in shown

@@ -27,6 +27,7 @@ from nbaccel.render import multirank as render_multirank
 from nbaccel.render import profile as render_profile
 from nbaccel.trace_result import MultiRankResult, TraceError, load_trace
 from widget_helpers import control, first_column, walk
+from text_helpers import unfolded
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 TRACES = SHARED / "traces"
@@ -270,7 +271,7 @@ def test_two_rank_folder_names_the_straggler(two_ranks):
         assert row["compute_us"] + row["communication_us"] + row["idle_us"] == pytest.approx(row["span_us"])
         assert 0 < row["communication_us"] <= row["communication_kernel_us"]
     text = str(r)
-    assert re.search(r"slowest rank: 1 -- step time .*\+25\.0%", text)
+    assert re.search(r"slowest rank: 1 -- step time .*\+25\.0%", unfolded(text))
     assert "2 ranks of world size 16 on NVIDIA A100-SXM4-80GB" in text and "not a live run" in text
     row = nbaccel.results_frame(r).iloc[0]  # a saved multi-rank result names its straggler
     assert (row["kind"], row["world_size"], row["straggler_rank"]) == ("multirank", 16, 1)
@@ -576,7 +577,7 @@ def test_folder_skips_bad_files_with_a_warning_naming_each(tmp_path):
     assert r.skipped["rank-2.json"].endswith("(the file ends early: a trace cut off while writing looks like this)")
     assert r.to_dict()["skipped"] == r.skipped
     # the result says so too, not only the once-per-session warning
-    assert "3 unreadable files in the folder: config.json (JSON is not a torch.profiler trace" in str(r)
+    assert "3 unreadable files in the folder: config.json (JSON is not a torch.profiler trace" in unfolded(r)
     assert "3 unreadable files in the folder" in r._repr_html_()
 
 
