@@ -140,17 +140,29 @@ def _sized(raw: str, where: str, total: int | None, device: torch.device) -> int
 
 
 def size_reading(text) -> str:
-    """How a single-letter unit was read, for the status line: ``6G`` -> "6G read as 6 GiB, ..."; "" otherwise.
+    """How a unit that reads two ways was read, for the status line; "" otherwise.
 
-    docker, systemd and Kubernetes disagree on what ``G`` means (Kubernetes: 10**9); nbaccel reads it as
-    docker and systemd do, since its own --enforce note tells users to write ``MemoryMax=6G``, and says so."""
-    letter = re.fullmatch(rf"\s*({NUMBER_PATTERN})\s*([kmgt])\s*", text, flags=re.I) if isinstance(text, str) else None
-    if letter is None:
+    A single letter: ``6G`` -> "6G read as 6 GiB, ...". docker, systemd and Kubernetes disagree on what
+    ``G`` means (Kubernetes: 10**9); nbaccel reads it as docker and systemd do, since its own --enforce
+    note tells users to write ``MemoryMax=6G``, and says so.
+
+    A lowercase b after a prefix (``6Gb``, ``512mb``, ``6Gib``): b is bits by convention, but nobody sizes
+    memory in gigabits, so it is read as bytes, like ``6GB`` (units are read in any case) -- and said, since
+    that is a reading, not what the text says: "6Gb read as 6 GB (bytes; a lowercase b usually means bits)"."""
+    if not isinstance(text, str):
         return ""
-    number, unit = letter[1], letter[2].upper()
-    decimal = float(number) * 1000 ** ("KMGT".index(unit) + 1)
-    return (f"{text.strip()} read as {number} {unit}iB, as docker and systemd read {letter[2]} "
-            f"(write {number}{unit}B for {decimal:,.0f} bytes)")
+    letter = re.fullmatch(rf"\s*({NUMBER_PATTERN})\s*([kmgt])\s*", text, flags=re.I)
+    if letter is not None:
+        number, unit = letter[1], letter[2].upper()
+        decimal = float(number) * 1000 ** ("KMGT".index(unit) + 1)
+        return (f"{text.strip()} read as {number} {unit}iB, as docker and systemd read {letter[2]} "
+                f"(write {number}{unit}B for {decimal:,.0f} bytes)")
+    bits = re.fullmatch(rf"\s*({NUMBER_PATTERN})\s*([kmgtpe]i?b)\s*", text, flags=re.I)
+    if bits is not None and bits[2].endswith("b"):  # the b as typed: 6GB and 6gB are bytes as written
+        number, unit = bits[1], bits[2]
+        read = unit[0].upper() + unit[1:-1].lower() + "B"  # Gb -> GB, gib -> GiB
+        return f"{text.strip()} read as {number} {read} (bytes; a lowercase b usually means bits)"
+    return ""
 
 
 def _share(raw: str, share: float, where: str, total: int | None) -> int:

@@ -453,7 +453,8 @@ class MultiRankResult(ResultMixin):
     @functools.cached_property
     def per_rank(self) -> pd.DataFrame:
         """One row per rank: step time (mean ProfilerStep duration, else the trace window), the
-        device split over the steps (compute, exposed communication, idle) and counts."""
+        device split over the steps (compute, exposed communication, idle) and counts (``ops``: op
+        calls, the rank's ``header["ops"]``; ``kernels``: kernel events)."""
         import pandas as pd
         rows = []
         for rank, res in self.ranks.items():
@@ -471,7 +472,10 @@ class MultiRankResult(ResultMixin):
                 "communication_pct": 100 * split["communication_us"] / span,
                 "idle_pct": 100 * split["idle_us"] / span,
                 "communication_kernel_us": split["communication_kernel_us"],
-                "ops": res.op_count, "kernels": res.kernel_count,
+                # Op calls as the rank's own header and operator table count them (the sum of its calls
+                # column), not op events: a re-dispatch is part of its parent's call (A100 rank 0: 25,105
+                # calls in 25,185 events), and the rank table sat beside a header that said 25,105.
+                "ops": res.op_calls, "kernels": res.kernel_count,
                 "unknown_events": res.header["unknown_events"],
             })
         return pd.DataFrame(rows)

@@ -15,6 +15,7 @@ from nbaccel.precision import NEW_TF32_API, Recipe, TorchGlobals, apply_recipe, 
 from nbaccel.snapshot import Snapshot
 from nbaccel.timing import Stats, speedup_is_uncertain
 from fake_clock import FakeClock
+from text_helpers import unfolded
 
 
 def test_speedup_and_stats_from_an_injected_clock(small_model):
@@ -362,8 +363,8 @@ def test_the_report_says_the_fp32_it_ran_is_not_the_users_relaxed_one():
     assert res.fp32_overridden == ['torch.set_float32_matmul_precision("medium")']
     assert res.to_dict()["fp32_overridden"] == res.fp32_overridden
     assert ('fp32 math: strict IEEE fp32 in the fp32 run and the ops autocast leaves in fp32, not as your '
-            'torch.set_float32_matmul_precision("medium") asks (back in place now)') in str(res)
-    assert "fp32 math: strict IEEE fp32 in the ops autocast leaves in fp32, not as your" in str(alone)
+            'torch.set_float32_matmul_precision("medium") asks (back in place now)') in unfolded(res)
+    assert "fp32 math: strict IEEE fp32 in the ops autocast leaves in fp32, not as your" in unfolded(alone)
 
 
 def _matmul_tf32():
@@ -522,7 +523,7 @@ def test_the_fp32_baseline_is_strict_under_an_outer_autocast():
     assert res.drift["max_abs"] > 0
     assert res.outer_autocast == {"cpu": "bf16"} and res.to_dict()["outer_autocast"] == {"cpu": "bf16"}
     assert "autocast bf16 (cpu) was already on around compare_amp" in res.advice[0]
-    assert "turned it off for the fp32 run (strict fp32) and ran the bf16 run under bf16 autocast" in str(res)
+    assert "turned it off for the fp32 run (strict fp32) and ran the bf16 run under bf16 autocast" in unfolded(res)
 
 
 def test_the_reduced_precision_run_uses_the_requested_dtype_under_another_outer_one():
@@ -814,7 +815,7 @@ def test_nan_only_under_the_recipe_is_reported_and_to_dict_is_strict_json():
     assert "bf16 has inf/NaN where fp32 has none" in str(result)
     # Its only element is -inf under bf16: nothing finite in both to compare, so no "0.00e+00" drift.
     assert result.drift["compared"] == 0
-    assert "drift max rel n/a" in str(result) and "no element is finite in both runs" in str(result)
+    assert "drift max rel n/a" in str(result) and "no element is finite in both runs" in unfolded(result)
     data = json.loads(json.dumps(result.to_dict(), allow_nan=False))
     assert data["drift"]["leaves"][0]["amp"] is None  # -inf: JSON has no such number
 
@@ -1340,7 +1341,7 @@ def test_a_heavy_op_partly_in_fp32_says_how_many_of_its_calls():
     res = nbaccel.compare_amp(cell, dtype="bf16", device="cpu", repeat=3, warmup=0)
     assert "aten::mm" in res.precision["reduced"] and res.precision["heavy_fp32"] == ["aten::mm"]
     assert res.heavy_fp32_calls == ["aten::mm (1 of 2 calls)"]
-    assert "heavy ops that stayed fp32: aten::mm (1 of 2 calls)" in str(res)
+    assert "heavy ops that stayed fp32: aten::mm (1 of 2 calls)" in unfolded(res)
     assert any(a.startswith("Heavy ops still in fp32 under autocast: aten::mm (1 of 2 calls)") for a in res.advice)
 
     def fp32_only():

@@ -12,6 +12,7 @@ from IPython.core.error import UsageError
 import nbaccel
 import nbaccel.snapshot
 from nbaccel.render import display as display_module
+from text_helpers import unfolded
 
 TRAIN = """
 import torch
@@ -369,7 +370,7 @@ def test_one_timed_run_is_not_a_speedup_claim(run_cell, ip):
     assert "not claimed</div>" in kpi and "(1 timed run per variant; use --repeat 5)" in kpi
     # Read from Python later, still the magic's spelling: the way to act on it is to re-run the magic.
     assert any("--repeat 5" in a for a in res.advice) and any("--repeat 5" in w for w in res.noise_warnings)
-    assert "no warmup, 1 timed run per variant, interleaved" in shown
+    assert "no warmup, 1 timed run per variant, interleaved" in unfolded(shown)
     _, captured = run_cell("%%amp --repeat 2 --warmup 0 -q -r res\ntorch.ones(64, 64) @ torch.ones(64, 64)")
     assert "speedup not claimed (2 timed runs per variant; use --repeat 5)" in str(ip.user_ns["res"])
 
@@ -377,7 +378,7 @@ def test_one_timed_run_is_not_a_speedup_claim(run_cell, ip):
 def test_method_line_without_a_baseline_is_not_interleaved(run_cell):
     _, captured = run_cell("%%amp --repeat 2 --warmup 1 --no-baseline\n1 + 1")
     shown = captured.outputs[0].data["text/plain"]
-    assert "1 warmup round, 2 timed runs per variant (bf16 only, no fp32 baseline)" in shown
+    assert "1 warmup round, 2 timed runs per variant (bf16 only, no fp32 baseline)" in unfolded(shown)
     assert "interleaved" not in shown
 
 
@@ -405,7 +406,7 @@ def test_autocast_left_on_by_an_earlier_cell_does_not_leak_into_the_fp32_run(run
     ops = res.baseline.ops
     assert set(ops[ops["op"] == "aten::mm"]["dtype"]) == {"fp32"}
     shown = captured.outputs[0].data["text/plain"]
-    assert "autocast bf16 (cpu) was already on around %%amp" in shown
+    assert "autocast bf16 (cpu) was already on around %%amp" in unfolded(shown)
 
 
 def test_a_failed_amp_puts_torchs_global_settings_back_and_says_so(run_cell, ip):
@@ -593,7 +594,7 @@ def test_cpu_memory_overlapping_across_runs_is_no_firm_difference(run_cell, scri
     assert '<div class="big">no firm difference</div><div class="muted">(fp32 20-24 MiB' in res._repr_html_()
     assert any(a.startswith("No firm memory difference: the median peaks differ by 10% (21 MiB -> 23 MiB), but the "
                             "runs overlap (fp32 20-24 MiB, bf16 20.5-25 MiB; 3 runs each)") for a in res.advice)
-    method = str(res).split("method: ")[1]
+    method = unfolded(str(res).split("method: ")[1])
     assert ("median of 3 runs per variant, interleaved: fp32 20-24 MiB (spread 4 MiB), bf16 20.5-25 MiB (spread "
             "4.5 MiB); a difference is firm when the ranges do not overlap") in method
     assert res.to_dict()["baseline"]["memory"]["runs_bytes"] == [20 * MiB, 24 * MiB, 21 * MiB]
@@ -634,7 +635,7 @@ def test_the_method_line_says_how_the_achieved_column_is_made(run_cell, ip):
     res = ip.user_ns["res"]
     flops = 2 * 64 * 64 * 64  # one 64x64 @ 64x64 matmul: a multiply-add is 2 FLOPs
     assert res.baseline.flops == flops and res.baseline.flops_per_second == pytest.approx(flops / res.baseline.median)
-    method = captured.outputs[0].data["text/plain"].split("method: ")[1]
+    method = unfolded(captured.outputs[0].data["text/plain"].split("method: ")[1])
     assert ("achieved: the FLOPs of the matmul, convolution and attention ops in torch.utils.flop_counter's registry "
             "(a multiply-add is 2; elementwise ops and reductions are not counted) in each variant's audited run, "
             "divided by that variant's median timed run") in method
@@ -785,7 +786,7 @@ def test_the_fp32_row_is_strict_fp32_under_the_users_medium_matmul_precision(run
     assert max(error for _, _, error in fp32) < 1e-3  # strict fp32 (bf16 math: about 0.2)
     assert torch.get_float32_matmul_precision() == "medium", "the user's setting is back"
     shown = captured.outputs[0].data["text/plain"]
-    assert 'not as your torch.set_float32_matmul_precision("medium") asks' in shown
+    assert 'not as your torch.set_float32_matmul_precision("medium") asks' in unfolded(shown)
 
 
 def test_no_restore_still_puts_torchs_settings_back_before_every_run(run_cell, ip, flags_set_by_the_cell):
@@ -812,7 +813,7 @@ def test_no_restore_on_a_training_step_that_turns_grad_off_is_not_blamed_on_bf16
                            "torch.set_grad_enabled(False)  # for an evaluation after it\nloss")
     assert "raised" not in captured.stderr
     res = ip.user_ns["res"]
-    assert "torch's settings were put back before each run" in str(res)
+    assert "torch's settings were put back before each run" in unfolded(res)
 
 
 def test_a_sum_that_cancels_to_near_0_is_not_read_as_a_100_percent_drift(run_cell, ip):

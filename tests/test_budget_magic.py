@@ -10,6 +10,7 @@ from IPython.core.error import UsageError
 
 from nbaccel.memory import current_rss
 from nbaccel.render import display as display_module
+from text_helpers import unfolded
 
 MB = 10**6
 
@@ -423,7 +424,7 @@ def test_an_estimate_says_it_watches_nothing(ip, run_cell, mlp):
     # "... -- budget 1 GiB (the budget), measured on cpu" read as a budget set: a user expected the next
     # cells to be watched, and a 2 GiB cell went unflagged.
     _, captured = run_cell("%memory_budget 1GiB --model model --batch 32 --input x -r est")
-    for shown in _estimate_renderings(ip, captured, "est"):
+    for shown in map(unfolded, _estimate_renderings(ip, captured, "est")):
         assert "a prediction, compared with 1 GiB: no budget is being watched, so later cells are not measured; " \
                "%memory_budget 1GiB starts watching" in shown
         assert "(the budget)" not in shown
@@ -435,20 +436,20 @@ def test_an_estimate_says_it_watches_nothing(ip, run_cell, mlp):
 def test_an_estimate_leaves_the_watched_budget_as_it_was(ip, run_cell, mlp):
     run_cell("%memory_budget 4GiB -q")
     _, captured = run_cell("%memory_budget 1GiB --model model --batch 32 --input x -r est")
-    for shown in _estimate_renderings(ip, captured, "est"):
+    for shown in map(unfolded, _estimate_renderings(ip, captured, "est")):
         assert "a prediction, compared with 1 GiB: the budget being watched (4 GiB on cpu) stays as it was" in shown
     # Without a size, the prediction is compared with the watched budget, and says so.
     _, captured = run_cell("%memory_budget --model model --batch 32 --input x -r est")
     assert "budget 4 GiB (the budget being watched), measured on cpu" in ip.user_ns["est"].summary
     assert "a prediction, compared with the budget being watched (4 GiB on cpu), which stays as it was" in \
-        _texts(captured)
+        unfolded(_texts(captured))
     run_cell("%memory_budget -q -r s")
     assert ip.user_ns["s"].active and ip.user_ns["s"].budget_bytes == 4 * 2**30
 
 
 def test_an_estimate_against_more_than_this_host_suggests_a_budget_that_can_be_watched(ip, run_cell, mlp):
     _, captured = run_cell("%memory_budget 80G --model model --batch 32 --input x")
-    text = _texts(captured)
+    text = unfolded(_texts(captured))
     # 80 GiB per GPU is no budget for this host: the command offered must be one that works here.
     assert "no budget is being watched, so later cells are not measured; %memory_budget 0.8 starts watching" in text
     assert "80G read as 80 GiB" in text
@@ -466,7 +467,7 @@ def test_an_estimate_shows_the_same_activations_and_peak_phase_in_every_renderin
     held = {"forward": f"activations + {format_bytes(one['forward_temporaries'])} temporaries",
             "backward": f"grads + {format_bytes(one['backward_working'])} still held",
             "optimizer step": f"grads + {format_bytes(one['step_temporaries'])} temporaries"}[phase]
-    for shown in _estimate_renderings(ip, captured, "est"):
+    for shown in map(unfolded, _estimate_renderings(ip, captured, "est")):
         assert "peak during" in shown
         assert f"{phase}: {held}" in shown
         assert f"at batch 32: {format_bytes(one['activations'])} (linear extrapolation)" in shown
@@ -670,6 +671,19 @@ def test_a_single_letter_unit_is_read_as_binary_and_the_status_says_so(ip, run_c
     head = _texts(captured).splitlines()[0]
     assert head.startswith("memory budget 1 GiB of ") and head.endswith(
         f"[soft: checked after each cell, a warning when over] -- 1{letter} read as 1 GiB, as docker and systemd read {letter} (write 1GB for 1,000,000,000 bytes)")
+
+
+@pytest.mark.parametrize("line, size, read", [("2Gb", 2 * 10**9, "2 GB"), ("2gb", 2 * 10**9, "2 GB"),
+                                               ("2 Gib", 2 * 2**30, "2 GiB")])
+def test_a_lowercase_b_is_read_as_bytes_and_the_status_says_so(ip, run_cell, line, size, read):
+    # "6Gb" was silently 6 GB: right for memory (nobody means gigabits), but b is bits by convention.
+    _, captured = run_cell(f"%memory_budget {line} -r s")
+    assert ip.user_ns["s"].budget_bytes == size
+    head = _texts(captured).splitlines()[0]
+    typed = line.replace(" ", "")  # the magic reads "2 Gib" as one size, as it reads "6 GB"
+    assert head.endswith(f"-- {typed} read as {read} (bytes; a lowercase b usually means bits)")
+    _, captured = run_cell("%memory_budget 2GB -r s")  # a capital B is bytes as written: nothing to say
+    assert ip.user_ns["s"].budget_bytes == 2 * 10**9 and "bits" not in _texts(captured)
 
 
 @pytest.mark.parametrize("line", ["0.8", "8e-1", ".8", "80e-2", "80%", "80 %"])

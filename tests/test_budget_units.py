@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 from nbaccel.budget import BudgetError, parse_budget, size_reading
 from nbaccel.holders import namespace_holders
 from nbaccel.oom import is_oom, parse_oom_message
+from text_helpers import unfolded
 
 CPU = torch.device("cpu")
 GiB, MiB = 2**30, 2**20
@@ -164,7 +165,7 @@ def test_a_sizeless_cuda_oom_is_explained_with_the_devices_figures_only(monkeypa
     assert [s.action for s in exp.suggestions] == ["torch.cuda.empty_cache() before the step"]
     text = oom_text(exp)
     assert "OUT OF MEMORY on cuda (AcceleratorError)" in text and "requested: not in the message" in text
-    assert "outside PyTorch's caching allocator; the message gives no sizes" in text
+    assert "outside PyTorch's caching allocator; the message gives no sizes" in unfolded(text)
     assert "needed at least" not in text and "GPU capacity" not in text and "physical memory" not in text
     monkeypatch.setattr(torch.cuda, "get_per_process_memory_fraction", lambda d=None: 0.25, raising=False)
     capped = explain_oom(RuntimeError(CUBLAS), {})
@@ -533,6 +534,24 @@ def test_how_a_single_letter_was_read_is_said():
     assert size_reading(" 512m") == ("512m read as 512 MiB, as docker and systemd read m (write 512MB for "
                                      "512,000,000 bytes)")
     assert [size_reading(t) for t in ("6GiB", "6GB", "0.8", 0.8, "abc")] == [""] * 5
+
+
+@pytest.mark.parametrize("text, expected, read", [
+    ("6Gb", 6 * 10**9, "6 GB"), ("6gb", 6 * 10**9, "6 GB"), (" 512 Mb", 512 * 10**6, "512 MB"),
+    ("2Tb", 2 * 10**12, "2 TB"), ("2048kb", 2048 * 10**3, "2048 KB"), ("6Gib", 6 * GiB, "6 GiB"),
+    ("512mib", 512 * MiB, "512 MiB"),
+])
+def test_a_lowercase_b_after_a_prefix_is_bytes_and_said(text, expected, read):
+    # Lowercase b is bits by convention; nobody means gigabits for memory, so "6Gb" is 6 GB -- but it
+    # was read so silently. The note names the reading, in the unit as it is read.
+    total = 16 * 10**12
+    assert parse_budget(text, CPU, total=total) == expected == parse_budget(read.replace(" ", ""), CPU, total=total)
+    assert size_reading(text) == f"{text.strip()} read as {read} (bytes; a lowercase b usually means bits)"
+
+
+@pytest.mark.parametrize("text", ["6GB", "6gB", "6GiB", "6giB", "512MB", "6b", "6B", "6G", 6e9])
+def test_no_bits_note_where_the_b_is_a_capital_or_has_no_prefix(text):
+    assert "bits" not in size_reading(text)
 
 
 @pytest.mark.parametrize("text, message", [

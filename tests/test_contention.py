@@ -18,6 +18,7 @@ from nbaccel.contention import MIN_OTHERS_CORES, MIN_WINDOW_S, Contention, Conte
 from nbaccel.render import amp as amp_render
 from nbaccel.render import profile as profile_render
 from fake_clock import FakeClock
+from text_helpers import unfolded
 
 linux_only = pytest.mark.skipif(not os.path.exists("/proc/stat") or not hasattr(os, "sched_getaffinity"),
                                 reason="contention is measured from Linux's /proc")
@@ -200,7 +201,7 @@ def test_amp_warns_with_the_figures_per_variant_in_text_html_and_widget():
                "re-run when the machine is quiet")
     assert result.noise_warnings == [warning]
     assert result.contention_warning == warning
-    text = str(result)
+    text = unfolded(result)
     assert "WARNING: " + warning in text
     assert "speedup 3.00x (contended)" in text
     assert "is 3.00x faster here" not in text and "measured 3.00x faster, but while other programs" in text
@@ -221,7 +222,7 @@ def test_amp_on_a_quiet_machine_says_it_measured_and_warns_nothing():
     result = _scripted_amp(1.0)
     assert result.contention_warning is None and result.noise_warnings == []
     assert "is 3.00x faster here" in " ".join(result.advice)
-    assert "contention: other programs used 0.0 of the 2 CPU cores" in str(result).split("method: ")[1]
+    assert "contention: other programs used 0.0 of the 2 CPU cores" in unfolded(str(result).split("method: ")[1])
     assert result.to_dict()["contention"]["contended"] is False
 
 
@@ -266,7 +267,7 @@ def test_profile_warns_with_the_figure_in_text_html_widget_and_dict(run_cell, ip
                "CPU times include that contention; re-run when the machine is quiet")
     assert prof.contention_warning == warning
     data = [o.data for o in captured.outputs if "text/html" in o.data][0]
-    text = data["text/plain"]
+    text = unfolded(data["text/plain"])
     assert "WARNING: " + warning in text
     method = text.split("method: ")[1]
     assert ("contention: other programs used 1.0 of the 2 CPU cores this process may use while the cell was "
@@ -283,7 +284,7 @@ def test_profile_on_a_quiet_machine_states_the_figure_and_warns_nothing(run_cell
     prof, captured = _scripted_profile(run_cell, ip, monkeypatch, busy_rate=1.1)
     text = captured.outputs[0].data["text/plain"]
     assert prof.contention_warning is None and "WARNING" not in text
-    assert "contention: other programs used 0.1 of the 2 CPU cores" in text.split("method: ")[1]
+    assert "contention: other programs used 0.1 of the 2 CPU cores" in unfolded(text.split("method: ")[1])
     assert prof.to_dict()["contention"]["contended"] is False
 
 
@@ -291,7 +292,7 @@ def test_a_short_profile_says_contention_was_not_measured(run_cell, ip, monkeypa
     prof, captured = _scripted_profile(run_cell, ip, monkeypatch, busy_rate=2.0, step=0.05)
     assert prof.contention_warning is None
     assert ("contention: not measured (the profiled steps lasted 50 ms in all, under the 0.2 s"
-            in captured.outputs[0].data["text/plain"].split("method: ")[1])
+            in unfolded(captured.outputs[0].data["text/plain"].split("method: ")[1]))
 
 
 def test_the_span_covers_the_active_steps_only_and_is_read_twice(run_cell, ip, monkeypatch):
@@ -382,7 +383,7 @@ def test_amp_magic_warns_when_other_programs_compete(run_cell, other_programs):
     other_programs(2)
     run_cell("import time, torch\nx = torch.randn(64, 64)")
     _, captured = run_cell("%%amp --repeat 3 --warmup 0 -r res\ntime.sleep(0.1)\n(x @ x).sum()\n")
-    text = captured.outputs[0].data["text/plain"]
+    text = unfolded(captured.outputs[0].data["text/plain"])
     assert "WARNING: other programs used" in text and "re-run when the machine is quiet" in text
     assert "contention: other programs used" in text.split("method: ")[1]
 
@@ -394,7 +395,7 @@ def test_profile_magic_warns_when_other_programs_compete(run_cell, other_program
     other_programs(2)
     run_cell("import time, torch\nx = torch.randn(64, 64)")
     _, captured = run_cell("%%profile_gpu\ntime.sleep(0.3)\n(x @ x).sum()\n")
-    text = captured.outputs[0].data["text/plain"]
+    text = unfolded(captured.outputs[0].data["text/plain"])
     assert "WARNING: other programs used" in text and "while the cell was profiled" in text
     assert "contention: other programs used" in text.split("method: ")[1]
 

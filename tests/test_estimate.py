@@ -10,6 +10,7 @@ import torch
 from nbaccel.memory import format_bytes
 
 from nbaccel.estimate import LiveBytes, _probe, estimate_memory, optimizer_state_bytes
+from text_helpers import unfolded
 
 
 def _mlp():
@@ -126,7 +127,7 @@ def test_the_activations_figure_is_what_the_forward_keeps_for_the_backward():
     assert abs(fit.per_sample - known) <= 0.03 * known
     assert abs(one["activations"] - 256 * known) <= 0.03 * 256 * known
     assert one["activations"] == fit.at(256)
-    text = str(est)
+    text = unfolded(est)
     assert f"at batch 256: {format_bytes(one['activations'])} (linear extrapolation)" in text
     assert f"({format_bytes(fit.per_sample)}/sample)" in text
     # The activations are far larger than this tiny model's gradients: the peak comes at the start of the
@@ -207,7 +208,7 @@ def test_no_gpu_count_the_batch_cannot_be_split_over():
     assert "N=4" in html and "N=8" not in html
     assert re.search(r"N=2.*N=4", html, re.S)
     one = estimate_memory(_mlp(), optimizer="adamw", batch=1, device="cpu", probe_batches=(1, 2))
-    assert list(one.to_dataframe()["gpus"]) == [1, 1] and "cannot be split over 2 or more GPUs" in str(one)
+    assert list(one.to_dataframe()["gpus"]) == [1, 1] and "cannot be split over 2 or more GPUs" in unfolded(one)
     assert "cannot be split over 2 or more GPUs" in one._repr_html_()
     # Counts other than 2, 4, 8 asked for: the table shows them; none above 1: said so, not the batch blamed.
     wide = estimate_memory(_mlp(), optimizer="adamw", batch=32, device="cpu", gpu_counts=(1, 16))
@@ -244,7 +245,7 @@ def test_buffers_are_their_own_figure_not_counted_as_params():
     assert header.split()[:3] == ["precision", "params", "buffers"]
     fp32 = next(ln for ln in text.splitlines() if ln.startswith("fp32   "))
     assert fp32.split()[1:5] == [*format_bytes(params).split(), *format_bytes(buffers).split()]
-    assert "= params + buffers + optimizer states + the largest" in text
+    assert "= params + buffers + optimizer states + the largest" in unfolded(text)
     headers = re.findall(r"<th[^>]*>([^<]*)</th>", est._repr_html_())
     assert headers[:3] == ["precision", "params", "buffers"] and headers[6] == "peak during"
     plain = str(estimate_memory(_mlp(), batch=8, device="cpu"))  # no buffers: no column, no words
@@ -403,7 +404,7 @@ def test_on_the_cpu_the_estimate_speaks_of_this_host_and_labels_the_gpu_table_a_
     assert "budget" in est.summary and "(this host's physical memory), measured on cpu" in est.summary
     text = str(est)
     assert "peak (cpu)" in text and "peak (1 GPU)" not in text
-    assert "prediction for GPUs with activations measured on cpu: per GPU when sharded" in text
+    assert "prediction for GPUs with activations measured on cpu: per GPU when sharded" in unfolded(text)
     assert "1 (data parallel (DDP))" not in text  # fits here: no GPU count claimed
     assert "Prediction for GPUs" in est._repr_html_()
 

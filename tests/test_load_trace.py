@@ -28,6 +28,7 @@ from nbaccel.render import multirank as render_multirank
 from nbaccel.render import profile as render_profile
 from nbaccel.trace_result import MultiRankResult, TraceError, load_trace
 from widget_helpers import control, first_column, walk
+from text_helpers import unfolded
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 TRACES = SHARED / "traces"
@@ -271,7 +272,7 @@ def test_two_rank_folder_names_the_straggler(two_ranks):
         assert row["compute_us"] + row["communication_us"] + row["idle_us"] == pytest.approx(row["span_us"])
         assert 0 < row["communication_us"] <= row["communication_kernel_us"]
     text = str(r)
-    assert re.search(r"slowest rank: 1 -- step time .*\+25\.0%", text)
+    assert re.search(r"slowest rank: 1 -- step time .*\+25\.0%", unfolded(text))
     assert "2 ranks of world size 16 on NVIDIA A100-SXM4-80GB" in text and "not a live run" in text
     row = nbaccel.results_frame(r).iloc[0]  # a saved multi-rank result names its straggler
     assert (row["kind"], row["world_size"], row["straggler_rank"]) == ("multirank", 16, 1)
@@ -283,6 +284,36 @@ def test_two_rank_folder_names_the_straggler(two_ranks):
     assert r.table(rank=1)["device_self_us"].sum() == pytest.approx(1.25 * one["device_self_us"].sum())
     data = json.loads(json.dumps(r.to_dict(), allow_nan=False))
     assert data["straggler"]["rank"] == 1 and len(data["per_rank"]) == 2
+
+
+def test_the_rank_tables_op_calls_are_each_ranks_header_and_table_calls(two_ranks):
+    # The rank table's "ops" were op events (25,185 on A100 rank 0) beside a single-rank header
+    # saying "op calls / kernels: 25,105 / ...": a re-dispatch is part of its parent's call.
+    _, r = two_ranks
+    pr = r.per_rank.set_index("rank")
+    for k, one in r.ranks.items():
+        assert pr.loc[k, "ops"] == r.table(rank=k)["calls"].sum() == one.header["ops"] == 25_105
+        assert one.op_count == 25_185  # the events, nested re-dispatches included
+    head, dashes, *rows = render_multirank.text(r).split("\n\n")[1].splitlines()
+    assert head.split()[-2:] == ["op", "calls"] and rows[0].split()[-1] == "25,105"
+    assert "<th class=\"\">op calls</th>" in r._repr_html_()
+
+
+def _redispatch_trace(rank: int) -> str:
+    """aten::matmul re-dispatched inside itself (as autocast does) around an aten::mm: 3 op events, 2 calls."""
+    def op(name, ts, dur):
+        return {"ph": "X", "cat": "cpu_op", "name": name, "pid": 1, "tid": 1, "ts": ts, "dur": dur}
+    return json.dumps({"distributedInfo": {"rank": rank, "world_size": 2},
+                       "traceEvents": [op("aten::matmul", 0, 10), op("aten::matmul", 1, 8), op("aten::mm", 2, 5)]})
+
+
+def test_a_re_dispatch_is_one_op_call_in_the_rank_table(tmp_path):
+    for rank in (0, 1):
+        _write(tmp_path / f"rank-{rank}.json", _redispatch_trace(rank))
+    r = load_trace(tmp_path)
+    for k, one in r.ranks.items():
+        assert one.op_count == 3
+        assert r.per_rank.set_index("rank").loc[k, "ops"] == r.table(rank=k)["calls"].sum() == one.header["ops"] == 2
 
 
 def test_rank_option_loads_one_rank(two_ranks):
@@ -547,7 +578,7 @@ def test_folder_skips_bad_files_with_a_warning_naming_each(tmp_path):
     assert r.skipped["rank-2.json"].endswith("(the file ends early: a trace cut off while writing looks like this)")
     assert r.to_dict()["skipped"] == r.skipped
     # the result says so too, not only the once-per-session warning
-    assert "3 unreadable files in the folder: config.json (JSON is not a torch.profiler trace" in str(r)
+    assert "3 unreadable files in the folder: config.json (JSON is not a torch.profiler trace" in unfolded(r)
     assert "3 unreadable files in the folder" in r._repr_html_()
 
 

@@ -13,6 +13,7 @@ import torch
 
 import nbaccel
 from nbaccel.analysis import phases
+from text_helpers import unfolded
 
 FIRST = "This profile holds the first step of "
 A100 = "hta_a100_negative_queue_length_values_check_rank0.json.gz"
@@ -84,7 +85,7 @@ def test_first_step_advice_through_the_magic(ip, run_cell):
     assert (f"of the wall time, most of it {most} in the op table)" in line) == (most != "aten::zeros_like")
     assert _first_call_lines(second) == []
     # the header and the method say there was no warm-up, in the magic's spelling
-    text = str(first)
+    text = unfolded(first)
     assert "(1 step, no warm-up)" in text and "; one run, no warm-up: had the code not run before" in text
     assert "and --warmup 1 profiles a later run" in text
 
@@ -111,7 +112,7 @@ def test_the_api_spells_the_option_as_python(ip):
     [line] = _first_call_lines(result)
     assert "(4 aten::clone in Optimizer.step#SGD.step: " in line  # its momentum buffers: a cheap state ...
     assert "profile a later step (warmup=1 runs the code once" in line  # ... said all the same: the step is a first
-    assert "and warmup=1 profiles a later run" in str(result)
+    assert "and warmup=1 profiles a later run" in unfolded(result)
 
 
 class Lamb(torch.optim.Optimizer):

@@ -7,7 +7,7 @@ from ..drift import near_zero_figures, relative_words, resolution
 from ..memory import byte_range, format_bytes
 from ..options import option
 from ..timing import format_seconds
-from .common import bullet_list, esc, si, table, text_table, wrap
+from .common import bullet_list, esc, labelled, prose, si, table, text_table, wrap
 
 
 def _flops(v) -> str:
@@ -221,17 +221,15 @@ def _precision_lines(result) -> list[str]:
 
 
 def text(result) -> str:
+    # The headline and the table as they are; the notes, warnings, advice and method folded (`prose`).
     out = [f"nbaccel {result.made_by} on {result.device.label}: {headline(result)}", "",
            text_table(HEADERS, _variant_rows(result)), ""]
-    out += _precision_lines(result)
-    out += _gradient_lines(result)
-    out += _drift_lines(result)
-    for note in result.noise_warnings:
-        out.append("WARNING: " + note)
+    out += map(prose, _precision_lines(result) + _gradient_lines(result) + _drift_lines(result))
+    out += [labelled("WARNING: ", note) for note in result.noise_warnings]
     if result.advice:
         out.append("")
-        out += ["advice: " + a for a in result.advice]
-    out += ["", "method: " + method(result)]
+        out += [labelled("advice: ", a) for a in result.advice]
+    out += ["", labelled("method: ", method(result))]
     return "\n".join(out)
 
 

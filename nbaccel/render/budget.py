@@ -11,7 +11,7 @@ from __future__ import annotations
 from ..budget import PUSHED, harness_words, plural, share_text
 from ..memory import format_bytes
 from ..timing import format_seconds
-from .common import bullet_list, esc, table, text_table, wrap
+from .common import bullet_list, esc, labelled, prose, table, text_table, wrap
 
 GAUGE_CSS = """
 <style>
@@ -70,10 +70,10 @@ def cell_text(report) -> str:
     head = "WARNING: over the memory budget" if report.over else "memory budget"
     lines = [f"{head} on {report.device}: {_text_gauge(r.fraction)} {_cell_line(r)}"]
     if r.harness:
-        lines.append(f"  {harness_words(r, report.device)}")
+        lines.append(prose(f"  {harness_words(r, report.device)}"))
     if report.over:
-        lines.append(f"  {free_memory_hint(report.device)}; `%memory_budget` shows what holds memory"
-                     + (" -- --strict: this cell is marked as failed" if report.strict else ""))
+        lines.append(prose(f"  {free_memory_hint(report.device)}; `%memory_budget` shows what holds memory"
+                           + (" -- --strict: this cell is marked as failed" if report.strict else "")))
     return "\n".join(lines)
 
 
@@ -139,7 +139,8 @@ def ranks_text(rows) -> str:
                    format_bytes(r["budget_bytes"]) if r.get("budget_bytes") is not None else "-",
                    share_text(r.get("fraction")), r.get("status") or "-"] for r in rows]
     table_lines = text_table(RANK_HEADERS, table_rows, left=(1, 2, 6)).splitlines()
-    return "\n".join(["  per rank:", *("    " + line.rstrip() for line in table_lines), "  " + ranks_verdict(rows)])
+    return "\n".join(["  per rank:", *("    " + line.rstrip() for line in table_lines),
+                      prose("  " + ranks_verdict(rows))])
 
 
 def _history_rows(records, last=10):
@@ -182,7 +183,7 @@ def status_text(s) -> str:
     if s.holders:
         out += ["", "what holds memory now (largest first):", text_table(HOLDER_HEADERS, _holder_rows(s.holders),
                                                                                 left=HOLDER_WORDS)]
-    out += ["", "method: " + s.method]
+    out += ["", labelled("method: ", s.method)]
     return "\n".join(out)
 
 
@@ -230,13 +231,14 @@ def _suggestion_lines(e) -> list[str]:
 
 
 def oom_text(e) -> str:
-    out = [f"OUT OF MEMORY on {e.device} ({e.error_type}) -- the kernel is still alive", "  " + e.message[:300], ""]
-    out += _oom_facts(e)
+    out = [f"OUT OF MEMORY on {e.device} ({e.error_type}) -- the kernel is still alive", prose("  " + e.message[:300]),
+           ""]
+    out += map(prose, _oom_facts(e))
     if e.holders:
         out += ["", "largest holders in the namespace:", text_table(HOLDER_HEADERS, _holder_rows(e.holders),
                                                                           left=HOLDER_WORDS)]
     if e.suggestions:
-        out += ["", "what to try:"] + ["  - " + s for s in _suggestion_lines(e)]
+        out += ["", "what to try:"] + [labelled("  - ", s) for s in _suggestion_lines(e)]
     return "\n".join(out)
 
 
@@ -410,16 +412,17 @@ def _estimate_head(e) -> str:
 
 
 def estimate_text(e) -> str:
-    out = [_estimate_head(e)] + ([e.note] if e.note else [])
+    # The head line and the tables as they are; every line of prose folded (`prose`).
+    out = [_estimate_head(e)] + ([prose(e.note)] if e.note else [])
     out += ["", text_table(_estimate_headers(e), _estimate_rows(e)), ""]
     if _sharding_counts(e):
-        out += [_sharding_title(e) + ":", text_table(_sharding_headers(e), _sharding_rows(e), left=(0, 1)), ""]
+        out += [prose(_sharding_title(e) + ":"), text_table(_sharding_headers(e), _sharding_rows(e), left=(0, 1)), ""]
     else:
-        out += [_unsplit_line(e), ""]
-    out += [_ACTIVATIONS] + ["  " + line for line in _fit_lines(e)]
-    out += [_phases_title(e)] + ["  " + line for line in _phase_lines(e)]
-    out += _rss_line(e)
-    out += ["", f"compared with: {_compared_with(e)}", "method: " + e.method]
+        out += [prose(_unsplit_line(e)), ""]
+    out += [prose(_ACTIVATIONS)] + [prose("  " + line) for line in _fit_lines(e)]
+    out += [prose(_phases_title(e))] + [prose("  " + line) for line in _phase_lines(e)]
+    out += map(prose, _rss_line(e))
+    out += ["", labelled("compared with: ", _compared_with(e)), labelled("method: ", e.method)]
     return "\n".join(out)
 
 

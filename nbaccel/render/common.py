@@ -1,9 +1,11 @@
-"""Small HTML helpers shared by the renderers: escaping, tables with bars, the stylesheet."""
+"""Small helpers shared by the renderers: HTML escaping, tables with bars, the stylesheet; plain-text
+tables and prose folded for a terminal (`text_table`, `prose`)."""
 
 from __future__ import annotations
 
 import html as _html
 import re
+import textwrap
 
 CSS = """
 <style>
@@ -105,6 +107,32 @@ def text_table(headers: list[str], rows: list[list], left=(0,)) -> str:
         if n == 0:
             lines.append("  ".join("-" * w for w in widths))
     return "\n".join(lines)
+
+
+# Plain text is read in terminals (`python -m nbaccel trace PATH`, `print(result)` in a script, logs), where a
+# 600-character method line was one huge line. Prose is folded at this width; a table row never is: a table
+# is aligned columns, one line per row, and a folded row would break every column under it.
+TEXT_WIDTH = 100
+
+
+def prose(line: str, hang: int = 4) -> str:
+    """One line of free text (a method, an advice, a note, a list entry) folded at `TEXT_WIDTH` columns,
+    each further line indented ``hang`` spaces past the line's own indent: a folded note never reads as
+    the next note, nor as an entry of the list under it (entries are indented 2, so a note's further
+    lines are at 4 and an entry's at 6). A line that fits comes back as it was. Words are never split,
+    nor at hyphens (``--repeat``, ``AMX/AVX512-BF16``): a path or an op name longer than the width stays
+    whole on its own line."""
+    if len(line) <= TEXT_WIDTH:
+        return line
+    indent = line[:len(line) - len(line.lstrip(" "))]
+    return textwrap.fill(line.strip(), TEXT_WIDTH, initial_indent=indent, subsequent_indent=indent + " " * hang,
+                         break_long_words=False, break_on_hyphens=False)
+
+
+def labelled(label: str, text: str) -> str:
+    """``label + text`` as `prose`, further lines aligned under the text, so a bullet's label stands out:
+    ``labelled("advice: ", ...)``, ``labelled("  - ", ...)``."""
+    return prose(label + text, hang=len(label.lstrip(" ")))
 
 
 def si(value, unit: str) -> str:

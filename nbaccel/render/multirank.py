@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 
 from . import profile as single
-from .common import bar, bullet_list, esc, table, text_table, wrap
+from .common import bar, bullet_list, esc, labelled, prose, table, text_table, wrap
 
 _SPLIT = (("compute_pct", "compute", "#4a90d9"), ("communication_pct", "communication", "#d98c4a"),
           ("idle_pct", "idle", "#bbbbbb"))
@@ -65,7 +65,8 @@ def rank_rows(result) -> list[list[str]]:
             for r in result.per_rank.itertuples()]
 
 
-_RANK_HEADERS = ["rank", "files", "steps", "step time", "compute", "communication", "idle", "kernels", "ops"]
+# "op calls", as the single-trace header says it: the column is the same count (`MultiRankResult.per_rank`).
+_RANK_HEADERS = ["rank", "files", "steps", "step time", "compute", "communication", "idle", "kernels", "op calls"]
 
 
 def method(result) -> str:
@@ -79,7 +80,7 @@ def method(result) -> str:
 # --- text -------------------------------------------------------------------------------------------
 
 def text(result) -> str:
-    out = ["nbaccel " + title(result), *straggler_lines(result), ""]
+    out = ["nbaccel " + title(result), *map(prose, straggler_lines(result)), ""]
     out.append(text_table(_RANK_HEADERS, rank_rows(result), left=()))
     first = next(iter(result.ranks.values()))
     group = result.options.group
@@ -89,7 +90,7 @@ def text(result) -> str:
                 f"{single.sort_label(result.default_sort)} (grouped by {group}):"]
     out.append(text_table([c[1] for c in cols], single._rows(first, frame, cols),
                           left=tuple(i for i, c in enumerate(cols) if c[2] == "text")))
-    out += ["", "method: " + method(result)]
+    out += ["", labelled("method: ", method(result))]
     return "\n".join(out)
 
 

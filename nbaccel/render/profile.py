@@ -15,7 +15,7 @@ from ..analysis.sums import desc_order
 from ..memory import format_bytes
 from ..options import option
 from ..timing import format_seconds
-from .common import bar, bullet_list, esc, format_share, si, table, text_table, wrap
+from .common import bar, bullet_list, esc, format_share, labelled, prose, si, table, text_table, wrap
 
 # (column of the table, header shown, kind) in display order; kind picks the formatter.
 _COLUMNS = [
@@ -325,26 +325,29 @@ def _category_text(result) -> list[str]:
 
 
 def text(result) -> str:
+    # The title and the line of figures under it as they are (the report's head), and the tables and
+    # category bars; notes, list entries, advice and the method folded (`prose`). Not the trace line:
+    # its paths are for copying.
     out = ["nbaccel " + title(result),
            " | ".join(f"{k}: {v}" for k, v in header_items(result)),
-           result.header["peak_note"]]
+           prose(result.header["peak_note"])]
     if result.contention_warning:
-        out.append("WARNING: " + result.contention_warning)
+        out.append(labelled("WARNING: ", result.contention_warning))
     out.append("")
     empty = nothing_recorded(result)
     if empty:
-        out.append(empty)
+        out.append(prose(empty))
     else:
         out += _table_text(result) + ["", "time by category:", *_category_text(result)]
     if result.on_device:
-        out += ["", "device busy per stream:", *("  " + s for s in stream_lines(result))]
-    out += ["", *tensor_core_lines(result)]
-    out += ["", "shapes:", *("  " + s for s in unaligned_lines(result))]
+        out += ["", "device busy per stream:", *(prose("  " + s) for s in stream_lines(result))]
+    out += ["", *map(prose, tensor_core_lines(result))]
+    out += ["", "shapes:", *(prose("  " + s) for s in unaligned_lines(result))]
     if result.advice:
-        out += ["", *("advice: " + a for a in result.advice)]
+        out += ["", *(labelled("advice: ", a) for a in result.advice)]
     if result.trace_files:
         out += ["", trace_line(result, "https://ui.perfetto.dev")]
-    out += ["", "method: " + method(result)]
+    out += ["", labelled("method: ", method(result))]
     return "\n".join(out)
 
 
