@@ -668,9 +668,10 @@ def test_a_single_letter_unit_is_read_as_binary_and_the_status_says_so(ip, run_c
     # docker --memory 1g and systemd MemoryMax=1G (what the --enforce note suggests) mean GiB; "1G" was refused.
     _, captured = run_cell(f"%memory_budget {line} -r s")
     assert ip.user_ns["s"].budget_bytes == 2**30
-    head = _texts(captured).splitlines()[0]
+    head, note = _texts(captured).splitlines()[:2]
     assert head.startswith("memory budget 1 GiB of ") and head.endswith(
-        f"[soft: checked after each cell, a warning when over] -- 1{letter} read as 1 GiB, as docker and systemd read {letter} (write 1GB for 1,000,000,000 bytes)")
+        "[soft: checked after each cell, a warning when over]")
+    assert note == f"  1{letter} read as 1 GiB, as docker and systemd read {letter} (write 1GB for 1,000,000,000 bytes)"
 
 
 @pytest.mark.parametrize("line, size, read", [("2Gb", 2 * 10**9, "2 GB"), ("2gb", 2 * 10**9, "2 GB"),
@@ -679,9 +680,9 @@ def test_a_lowercase_b_is_read_as_bytes_and_the_status_says_so(ip, run_cell, lin
     # "6Gb" was silently 6 GB: right for memory (nobody means gigabits), but b is bits by convention.
     _, captured = run_cell(f"%memory_budget {line} -r s")
     assert ip.user_ns["s"].budget_bytes == size
-    head = _texts(captured).splitlines()[0]
+    note = _texts(captured).splitlines()[1]
     typed = line.replace(" ", "")  # the magic reads "2 Gib" as one size, as it reads "6 GB"
-    assert head.endswith(f"-- {typed} read as {read} (bytes; a lowercase b usually means bits)")
+    assert note == f"  {typed} read as {read} (bytes; a lowercase b usually means bits)"
     _, captured = run_cell("%memory_budget 2GB -r s")  # a capital B is bytes as written: nothing to say
     assert ip.user_ns["s"].budget_bytes == 2 * 10**9 and "bits" not in _texts(captured)
 
@@ -754,7 +755,7 @@ def test_a_new_budget_over_a_watched_one_says_what_it_replaced(run_cell, ip):
     _, captured = run_cell("%memory_budget 0.8")
     text = _texts(captured)
     assert "replaces the budget of" in text and "(strict); this one is soft" in text
-    assert "the cell watched so far keeps the budget it was held to" in text
+    assert "the cell watched so far keeps the budget it was held to" in unfolded(text)
     _, captured = run_cell("%memory_budget 0.8")  # the same again: nothing replaced
     assert "replaces" not in _texts(captured)
     run_cell("%memory_budget off")

@@ -20,7 +20,7 @@ from nbaccel.render import budget as render_budget
 from nbaccel.render import common
 from nbaccel.render import multirank as render_multirank
 from nbaccel.render import profile as render_profile
-from nbaccel.render.common import TEXT_WIDTH, labelled, prose
+from nbaccel.render.common import TEXT_WIDTH, figures, labelled, prose
 
 H200 = Path(__file__).parent / "data" / "h200_bf16_transformer_step.json.gz"
 MiB = 2**20
@@ -57,6 +57,18 @@ def test_an_indented_entry_keeps_its_indent_and_hangs_past_it():
     assert all(line.startswith("    ") and line[4] != " " for line in bullet.splitlines()[1:])
 
 
+def test_figures_fold_between_figures_never_inside_one():
+    items = [("wall time", "12.9 ms (2 ProfilerStep ranges)"), ("device time", "4.64 ms"), ("device busy", "36%"),
+             ("op calls / kernels", "1,052 / 140"), ("achieved", "270 TFLOP/s (1.25 TFLOP, bf16, over device busy time)"),
+             ("of peak", "27.3%")]
+    lines = figures(items).splitlines()
+    assert lines == ["wall time: 12.9 ms (2 ProfilerStep ranges) | device time: 4.64 ms | device busy: 36%",
+                     "  op calls / kernels: 1,052 / 140 | achieved: 270 TFLOP/s (1.25 TFLOP, bf16, over device busy time)",
+                     "  of peak: 27.3%"]
+    assert all(len(line) <= TEXT_WIDTH for line in lines)
+    assert figures(items[:2]) == "wall time: 12.9 ms (2 ProfilerStep ranges) | device time: 4.64 ms"
+
+
 def test_a_word_longer_than_the_width_stays_whole():
     path = "/tmp/" + "d" * 120 + "/rank-0.json.gz"
     lines = prose(f"1 unreadable file in the folder: {path} (not valid JSON)").splitlines()
@@ -69,7 +81,7 @@ def test_a_word_longer_than_the_width_stays_whole():
 def _folds_prose_only(monkeypatch, module, render, head_lines: int = 1, keep=lambda line: False):
     """Render folded and unfolded; check what changed is only the folding of long prose lines.
 
-    ``head_lines``: the report's head (its title; a profile's line of figures too), never folded;
+    ``head_lines``: the report's head (its title), never folded;
     ``keep``: other lines left whole on purpose (a trace line's paths)."""
     tables: list[str] = []
     real_table = module.text_table
@@ -85,8 +97,9 @@ def _folds_prose_only(monkeypatch, module, render, head_lines: int = 1, keep=lam
     flat = render()
     monkeypatch.setattr(common, "TEXT_WIDTH", TEXT_WIDTH)
     lines = folded.splitlines()
-    # Only whitespace differs, and a long prose line was there to fold.
-    assert folded.split() == flat.split()
+    # Only whitespace differs (and the " | " between two figures where a line of figures was folded),
+    # and a long prose line was there to fold.
+    assert [w for w in folded.split() if w != "|"] == [w for w in flat.split() if w != "|"]
     assert len(lines) > len(flat.splitlines())
     # Table rows unchanged: each row still one line, as text_table made it (and aligned, so as long).
     assert tables and all(row.rstrip() in (line.rstrip() for line in lines) for row in tables)
@@ -110,7 +123,7 @@ def test_a_live_cpu_profile_folds_its_notes_shapes_and_method(monkeypatch):
     a, b = torch.randn(300, 1000), torch.randn(1000, 1001)
     with nbaccel.profile() as prof:
         torch.mm(a, b)
-    text = _folds_prose_only(monkeypatch, render_profile, lambda: render_profile.text(prof.result), head_lines=2)
+    text = _folds_prose_only(monkeypatch, render_profile, lambda: render_profile.text(prof.result), head_lines=1)
     shapes = text.split("\nshapes:\n")[1].split("\n\n")[0].splitlines()
     # the CPU note over the shapes list and its entries: folded, each further line hanging past the entry
     assert len(shapes) > 2 and all(line.startswith(" " * 6) for line in shapes if not line.startswith("  aten::")
@@ -119,7 +132,7 @@ def test_a_live_cpu_profile_folds_its_notes_shapes_and_method(monkeypatch):
 
 def test_a_loaded_gpu_trace_folds_its_advice_and_method_but_not_its_trace_line(monkeypatch):
     res = nbaccel.load_trace(H200)
-    text = _folds_prose_only(monkeypatch, render_profile, lambda: render_profile.text(res), head_lines=2,
+    text = _folds_prose_only(monkeypatch, render_profile, lambda: render_profile.text(res), head_lines=1,
                              keep=lambda line: line.startswith("trace: "))
     assert "device busy per stream:" in text and "\nadvice: " in text
 
@@ -177,5 +190,7 @@ def test_a_memory_estimate_folds_its_prose_not_its_tables(monkeypatch):
     model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 10))
     est = nbaccel.estimate_memory(model, optimizer="adamw", batch=32, example=torch.randn(8, 64), device="cpu",
                                   budget="1GiB")
-    text = _folds_prose_only(monkeypatch, render_budget, lambda: render_budget.text(est))
+    # Its head is a sentence ("fits in fp32 ..., fits in bf16 AMP ... -- budget ..."): folded too.
+    text = _folds_prose_only(monkeypatch, render_budget, lambda: render_budget.text(est), head_lines=0)
+    assert text.startswith("model: 4,810 parameters (4,810 trainable), adamw, batch 32 -- fits in fp32")
     assert "\ncompared with: " in text and "\nmethod: " in text

@@ -158,16 +158,18 @@ def _holder_rows(holders):
     return [[h.name, h.kind, h.device, h.dtype, format_bytes(h.nbytes), h.detail] for h in holders]
 
 
-def _status_head(s) -> str:
+def _status_head(s, note: bool = True) -> str:
+    """The status's first line; ``note=False``: without the note (`status_text` folds it below)."""
+    note = note and s.note
     if not s.active:
-        return f"memory budget: off ({s.device}){' -- ' + s.note if s.note else ''}"
+        return f"memory budget: off ({s.device}){' -- ' + note if note else ''}"
     # Each mode says what it does: a bare "[soft]" left users guessing.
     flags = [f for f, on in (("enforced: the allocator is capped", s.enforce),
                              ("strict: a cell that goes over fails", s.strict)) if on]
     total = f" of {format_bytes(s.device_total)}" if s.device_total else ""
     return (f"memory budget {format_bytes(s.budget_bytes)}{total} on {s.device}"
             + (f" [{'; '.join(flags)}]" if flags else " [soft: checked after each cell, a warning when over]")
-            + (f" -- {s.note}" if s.note else ""))
+            + (f" -- {note}" if note else ""))
 
 
 def _now_line(s) -> str:
@@ -177,7 +179,9 @@ def _now_line(s) -> str:
 
 
 def status_text(s) -> str:
-    out = [_status_head(s), _now_line(s)]
+    # A terminal's first line is the budget; the note (how a unit was read, why --enforce is soft, what a
+    # new budget replaced) under it, folded.
+    out = [_status_head(s, note=False), *([prose("  " + s.note)] if s.note else []), _now_line(s)]
     if s.records:
         out += ["", _history_title(s.records) + ":", text_table(HISTORY_HEADERS, _history_rows(s.records))]
     if s.holders:
@@ -412,8 +416,8 @@ def _estimate_head(e) -> str:
 
 
 def estimate_text(e) -> str:
-    # The head line and the tables as they are; every line of prose folded (`prose`).
-    out = [_estimate_head(e)] + ([prose(e.note)] if e.note else [])
+    # The tables as they are; the head and every line of prose folded (`prose`).
+    out = [prose(_estimate_head(e))] + ([prose(e.note)] if e.note else [])
     out += ["", text_table(_estimate_headers(e), _estimate_rows(e)), ""]
     if _sharding_counts(e):
         out += [prose(_sharding_title(e) + ":"), text_table(_sharding_headers(e), _sharding_rows(e), left=(0, 1)), ""]

@@ -129,6 +129,19 @@ def prose(line: str, hang: int = 4) -> str:
                          break_long_words=False, break_on_hyphens=False)
 
 
+def figures(items) -> str:
+    """``key: value`` pairs joined by " | ", a new line (indented 2) begun between pairs, never inside one,
+    where the next pair would pass `TEXT_WIDTH`: a report's line of figures stays a row of figures."""
+    lines = [""]
+    for key, value in items:
+        part = f"{key}: {value}"
+        if lines[-1] and len(lines[-1]) + 3 + len(part) > TEXT_WIDTH:
+            lines.append("  " + part)
+        else:
+            lines[-1] = f"{lines[-1]} | {part}" if lines[-1] else part
+    return "\n".join(lines)
+
+
 def labelled(label: str, text: str) -> str:
     """``label + text`` as `prose`, further lines aligned under the text, so a bullet's label stands out:
     ``labelled("advice: ", ...)``, ``labelled("  - ", ...)``."""

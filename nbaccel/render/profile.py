@@ -15,7 +15,7 @@ from ..analysis.sums import desc_order
 from ..memory import format_bytes
 from ..options import option
 from ..timing import format_seconds
-from .common import bar, bullet_list, esc, format_share, labelled, prose, si, table, text_table, wrap
+from .common import bar, bullet_list, esc, figures, format_share, labelled, prose, si, table, text_table, wrap
 
 # (column of the table, header shown, kind) in display order; kind picks the formatter.
 _COLUMNS = [
@@ -325,11 +325,11 @@ def _category_text(result) -> list[str]:
 
 
 def text(result) -> str:
-    # The title and the line of figures under it as they are (the report's head), and the tables and
-    # category bars; notes, list entries, advice and the method folded (`prose`). Not the trace line:
+    # The title as it is, and the tables and category bars; the figures folded between figures
+    # (`figures`), notes, list entries, advice and the method as prose (`prose`). Not the trace line:
     # its paths are for copying.
     out = ["nbaccel " + title(result),
-           " | ".join(f"{k}: {v}" for k, v in header_items(result)),
+           figures(header_items(result)),
            prose(result.header["peak_note"])]
     if result.contention_warning:
         out.append(labelled("WARNING: ", result.contention_warning))
