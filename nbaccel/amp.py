@@ -38,6 +38,7 @@ from .contention import ContentionMeter
 from .device import DTYPE_NAMES, DeviceError, device_info, dtype_name, resolve_device
 from .drift import compute_drift, leaf_magnitudes, resolution, runs_differ, to_host
 from .flops import OpAudit
+from .holders import namespace_holders
 from .memory import PeakMemory, PeakMeter, format_bytes, meter_series, note_harness
 from .options import in_magic, option, whole_number
 from .precision import (FP32, Recipe, TorchGlobals, apply_recipe, autocast_in_effect, make_recipe,
@@ -635,12 +636,27 @@ def _check_snapshot_size(namespace, state, skip, fraction) -> None:
         return
     needed = estimate_bytes(namespace, state, skip)
     if needed > fraction * available:
+        largest = _largest_in_snapshot(namespace, skip)
         raise SnapshotTooLarge(
             f"restoring the state before each run needs a {format_bytes(needed)} host copy, more than "
             f"{format_bytes(int(fraction * available))} ({fraction:.2g} of the {format_bytes(available)} of memory "
-            f"available); run without restoring ({option('no_restore', True) if in_magic() else 'restore=False'}: "
-            "each run continues from the previous one's state), raise the limit "
-            f"({option('max_snapshot', 0.9) if in_magic() else 'max_snapshot_fraction=0.9'}), or free memory first")
+            f"available){'. ' + largest if largest else ''}. Free memory first"
+            f"{' (`del` what the cell does not need)' if largest else ''}, run without restoring "
+            f"({option('no_restore', True) if in_magic() else 'restore=False'}: each run continues from the previous "
+            "one's state), or raise the limit "
+            f"({option('max_snapshot', 0.9) if in_magic() else 'max_snapshot_fraction=0.9'})")
+
+
+def _largest_in_snapshot(namespace, skip) -> str:
+    """The names the snapshot copies most of, for its refusal: the whole namespace is copied, so a
+    dataset the cell never reads can be what is too large, and ``del`` of it is the fix."""
+    if namespace is None:
+        return ""
+    holders = [h for h in namespace_holders(namespace, top=3, skip=skip) if h.nbytes]
+    if not holders:
+        return ""
+    names = ", ".join(f"{h.name} ({format_bytes(h.nbytes)} {h.kind})" for h in holders)
+    return f"The largest copies (every tensor in the namespace is copied, whatever the cell reads): {names}"
 
 
 def _referenced_objects(fn) -> list:

@@ -229,6 +229,12 @@ def test_large_state_is_refused_with_the_alternatives(run_cell, ip):
     with pytest.raises(UsageError, match=r"more than \d+ B \(1e-12 of the .*--no-restore.*--max-snapshot 0\.9"):
         ip.run_cell_magic("amp", "--max-snapshot 1e-12", "counter += 1")  # not "more than 0% of"
     assert ip.user_ns["counter"] == 0
+    # What is copied is named, largest first: a dataset the cell never reads can be what is too large.
+    run_cell("dataset = torch.zeros(1_000_000)")
+    with pytest.raises(UsageError, match=re.escape(
+            "The largest copies (every tensor in the namespace is copied, whatever the cell reads): dataset "
+            "(3.81 MiB tensor), model (") + r".*\. Free memory first \(`del` what the cell does not need\)"):
+        ip.run_cell_magic("amp", "--max-snapshot 1e-12", "counter += 1")
     with pytest.raises(nbaccel.snapshot.SnapshotTooLarge, match=r"restore=False.*max_snapshot_fraction=0\.9"):
         nbaccel.compare_amp(lambda: None, namespace=ip.user_ns, max_snapshot_fraction=1e-12)
     with pytest.raises(UsageError, match="fraction"):
