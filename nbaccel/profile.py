@@ -7,7 +7,8 @@ How a profile is made (the method, spelled out because every number depends on i
 2. ``torch.profiler.profile`` with CPU activities, plus CUDA on a CUDA device, and always
    ``record_shapes=True``: FLOPs and the matmul padding advice are computed from input shapes.
    ``--warmup W --steps S`` becomes ``schedule(wait=0, warmup=W, active=S, repeat=1)``; the code
-   runs W+S times, like a training loop, and only the S active steps are recorded. Re-running
+   runs W+S times, like a training loop, and only the S active steps are recorded. Without a
+   schedule the code is one step, a ``ProfilerStep#0`` range, so the wall time covers all of it. Re-running
    is the point (a step's cost is only visible after warm-up) and it changes your state W+S
    times, exactly as W+S iterations of your loop would. Nothing is restored afterwards.
 3. After the last step the device is synchronized and the profiler stopped; the Chrome trace
@@ -146,6 +147,7 @@ class profile:  # noqa: N801 - a context manager used like a function: `with nba
         # readings, ~55 us each), never per op. Tests pass a meter with scripted readers.
         self._meter = contention_meter
         self._span = None
+        self._step_range = None  # an unscheduled profile's ProfilerStep#0 range, open while the code runs
         # An exception raised by nbaccel's own code inside the block (the profiler's step, the magic's
         # loop between runs), not by the profiled code: __exit__ must not blame the code for it.
         self._own_failure: BaseException | None = None
@@ -197,6 +199,13 @@ class profile:  # noqa: N801 - a context manager used like a function: `with nba
             self._meter = self._meter or ContentionMeter()
             if not opts.warmup:
                 self._open_span()
+            if not opts.scheduled:
+                # One step without a schedule is recorded as torch's schedule records each step: a
+                # ProfilerStep range around the code. Without it the trace spans only its first to last
+                # op, and "wall time" (and FLOP/s over it) left out the Python, I/O and sleeps before the
+                # first op and after the last (a trial: 6.6 ms for a 212 ms block).
+                self._step_range = torch.profiler.record_function("ProfilerStep#0")
+                self._step_range.__enter__()
         except BaseException:
             self._stop(*sys.exc_info(), release=False)  # __enter__ releases the lock as it re-raises
             raise
@@ -231,6 +240,14 @@ class profile:  # noqa: N801 - a context manager used like a function: `with nba
                 self._prof.step()
 
     def _stop(self, exc_type=None, exc=None, tb=None, release=True) -> None:
+        try:
+            step_range, self._step_range = self._step_range, None
+            if step_range is not None:
+                step_range.__exit__(None, None, None)
+        finally:
+            self._stop_recording(exc_type, exc, tb, release)
+
+    def _stop_recording(self, exc_type, exc, tb, release) -> None:
         try:
             if self._stack is not None:
                 # The exception, if any, goes to the recipe: it keeps flags the code set only on success.

@@ -937,3 +937,21 @@ def test_a_profile_object_used_twice_counts_each_use_on_its_own():
     with pytest.raises(ProfileError, match=r"needs 3 calls to \.step\(\); got 0"):
         with prof:
             torch.ones(4).sum()
+
+
+def test_wall_time_covers_the_code_not_only_its_ops():
+    """A trial: a block that slept 200 ms before its one matmul read "wall time 6.65 ms", and its
+    "achieved FLOP/s over wall time" was 32x too high: the window ran from the first op to the last."""
+    import time
+
+    a = torch.randn(64, 64)
+    with nbaccel.profile() as prof:
+        time.sleep(0.2)
+        a @ a
+        time.sleep(0.05)
+    header = prof.result.header
+    assert header["wall_us"] >= 250_000 and header["steps"] == 1
+    assert prof.result.step_times_us == [pytest.approx(header["wall_us"], rel=0.01)]
+    assert header["flops_per_s"] == pytest.approx(2 * 64**3 / (header["wall_us"] * 1e-6))
+    table = prof.result.table()
+    assert not table["name"].str.startswith("ProfilerStep").any()  # the range is not an op row
