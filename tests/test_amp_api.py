@@ -1435,3 +1435,25 @@ def test_reading_the_cells_names_never_fails_the_comparison(monkeypatch):
     x = torch.randn(8, 8)
     res = nbaccel.compare_amp(lambda: (x @ x).sum(), dtype="bf16", device="cpu", repeat=3, warmup=0)
     assert res.iterators == res.compiled == res.worker_loaders == [] and res.speedup is not None
+
+
+def test_a_fused_op_that_casts_inside_is_audited_as_it_runs():
+    """A trial: nn.TransformerEncoder in eval mode under no_grad takes torch's fused fast path
+    (aten::_transformer_encoder_layer_fwd), which autocast passes through and which casts inside.
+    Under the op audit (a TorchDispatchMode) it ran all in fp32, so the report said "no op ran in
+    bf16" and a drift of 0 while the timed runs returned bf16."""
+    torch.manual_seed(0)
+    layer = torch.nn.TransformerEncoderLayer(32, 4, 64, batch_first=True)
+    enc = torch.nn.TransformerEncoder(layer, 1, enable_nested_tensor=False).eval()
+    x = torch.randn(4, 8, 32)
+
+    def infer():
+        with torch.no_grad():
+            return enc(x)
+
+    res = nbaccel.compare_amp(infer, dtype="bf16", device="cpu", repeat=3, warmup=0)
+    assert res.value.dtype == torch.bfloat16
+    fused = res.amp.ops.set_index("op").loc["aten::_transformer_encoder_layer_fwd"]
+    assert fused["dtype"] == "bf16" and not res.nothing_cast
+    assert res.drift["max_abs"] > 0
+    assert res.baseline.ops.set_index("op").loc["aten::_transformer_encoder_layer_fwd", "dtype"] == "fp32"
