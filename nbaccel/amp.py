@@ -72,10 +72,21 @@ def planned_runs(warmup: int, repeat: int, baseline: bool = True, device="auto")
 
 # --- the comparison ------------------------------------------------------------------------------
 
+class _Printed:
+    """What a hidden run printed (``stdout``, ``stderr`` text): shown if the run fails (`quiet.replay_prints`)."""
+
+    def __init__(self, out: io.StringIO, err: io.StringIO):
+        self._out, self._err = out, err
+
+    stdout = property(lambda self: self._out.getvalue())
+    stderr = property(lambda self: self._err.getvalue())
+
+
 @contextlib.contextmanager
 def _redirect():
-    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
-        yield
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        yield _Printed(out, err)
 
 
 class _GradientProbe:

@@ -195,11 +195,37 @@ def hiding_side_channels(silence):
     """``silence`` (a context-manager factory that hides a run's output: the magics' capture, a
     script's own) extended to fd-level output, logging, warnings and pyplot figures, so every
     caller's hidden runs get all of them. The fds are switched outside the silencer: the streams it
-    replaces are flushed to the real fds first, and the block's leftovers to its file after."""
+    replaces are flushed to the real fds first, and the block's leftovers to its file after.
+
+    When the run raises, what it printed is shown after all of that is undone, as a plain cell shows
+    its prints above its traceback (a trial's ``print("got here")`` before a shape mismatch vanished,
+    which read as if the line before it never finished): the silencer's ``with`` value is read for
+    ``stdout``/``stderr`` text (IPython's ``capture_output`` and nbaccel's own have both; a silencer
+    without them replays nothing). An interrupt replays nothing."""
 
     @contextlib.contextmanager
     def hidden():
-        with fd_output_hidden(), silence(), unlogged_and_unwarned(), new_figures_closed():
-            yield
+        captured = None
+        try:
+            with fd_output_hidden(), silence() as captured, unlogged_and_unwarned(), new_figures_closed():
+                yield
+        except Exception:
+            replay_prints(captured)
+            raise
 
     return hidden
+
+
+def replay_prints(captured) -> None:
+    """Write a failed hidden run's captured ``stdout``/``stderr`` text (its last `REPLAYED_BYTES`
+    characters each) to the streams they were meant for, under one line saying whose they are."""
+    for name in ("stdout", "stderr"):
+        text = getattr(captured, name, None)
+        if not isinstance(text, str) or not text:
+            continue
+        cut = f" (its last {REPLAYED_BYTES // 1024} KiB)" if len(text) > REPLAYED_BYTES else ""
+        stream = getattr(sys, name)
+        with contextlib.suppress(Exception):  # a closed or odd stream must not hide the run's own error
+            stream.write(f"nbaccel: the failing run printed this to {name}{cut}:\n{text[-REPLAYED_BYTES:]}"
+                         + ("" if text.endswith("\n") else "\n"))
+            stream.flush()

@@ -4,10 +4,13 @@ matplotlib figure (user trials)."""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import logging
 import os
 import tempfile
 import sys
+import types
 import warnings
 
 import pytest
@@ -210,6 +213,50 @@ def test_a_failing_hidden_runs_fd_output_is_shown_after_it(ip, terminal_streams,
         in err
     leftover = [f for f in os.listdir(tempfile.gettempdir()) if f.startswith(f"nbaccel-hidden-run-{os.getpid()}-")]
     assert not leftover  # removed after each hidden run
+
+
+@pytest.mark.parametrize("magic, run", [("%%amp --repeat 3 --warmup 0", "fp32 run"),
+                                        ("%%profile_gpu --warmup 1 --steps 2", "run 2 of 3")])
+def test_what_a_failing_hidden_run_printed_is_shown_as_a_plain_cell_shows_it(run_cell, ip, magic, run):
+    """A trial: print("got here") before a shape mismatch vanished under both magics, which read as if
+    the line before it never finished. The runs that succeed stay hidden."""
+    run_cell("import types\nbox = types.SimpleNamespace(runs=0)")
+    _, captured = run_cell(f"{magic}\nbox.runs += 1\nprint('got here', box.runs)\nimport sys\n"
+                           "print('to stderr', file=sys.stderr)\nif box.runs == 2:\n    raise ValueError('shape')\n",
+                           expect_error=ValueError)
+    assert captured.stdout.startswith("nbaccel: the failing run printed this to stdout:\ngot here 2\n")
+    assert "nbaccel: the failing run printed this to stderr:\nto stderr\n" in captured.stderr
+    assert "got here 1" not in captured.stdout + captured.stderr and run in captured.stderr
+
+
+def test_compare_amp_in_a_script_shows_what_a_failing_run_printed(capsys):
+    box = types.SimpleNamespace(runs=0)  # not restored between runs (a list would be)
+
+    def step():
+        box.runs += 1
+        print("step", box.runs)
+        if box.runs == 2:
+            raise ValueError("second run")
+
+    with pytest.raises(ValueError):
+        nbaccel.compare_amp(step, dtype="bf16", device="cpu", repeat=3, warmup=0)
+    out = capsys.readouterr().out
+    assert out == "nbaccel: the failing run printed this to stdout:\nstep 2\n"
+
+
+def test_a_silencer_without_captured_text_replays_nothing(capsys):
+    @contextlib.contextmanager
+    def mine():
+        with contextlib.redirect_stdout(io.StringIO()):
+            yield  # None: nothing to replay
+
+    def step():
+        print("x")
+        raise ValueError("first run")
+
+    with pytest.raises(ValueError):
+        nbaccel.compare_amp(step, dtype="bf16", device="cpu", repeat=3, warmup=0, silence=mine)
+    assert "failing run printed" not in capsys.readouterr().out
 
 
 def test_compare_amp_in_a_script_hides_the_hidden_runs_fd_output(capfd):

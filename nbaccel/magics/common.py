@@ -188,8 +188,8 @@ def cell_number(shell) -> int:
 def silenced():
     """Hide stdout, stderr and rich displays of the measurement runs (the API adds logging, warnings and
     pyplot figures: `nbaccel.quiet`)."""
-    with capture_output(stdout=True, stderr=True, display=True):
-        yield
+    with capture_output(stdout=True, stderr=True, display=True) as captured:
+        yield captured  # its stdout/stderr: a failing run's prints are shown (`quiet.hiding_side_channels`)
 
 
 # --- one measuring magic at a time -------------------------------------------------------------
