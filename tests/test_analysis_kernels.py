@@ -134,6 +134,9 @@ def test_every_labelled_name_gets_a_valid_category(labelled_names):
         ("aten::mul", "elementwise"),
         ("aten::relu", "elementwise"),
         ("aten::gelu", "elementwise"),
+        ("aten::bernoulli_", "elementwise"),  # dropout's mask: one random number per element
+        ("aten::normal_", "elementwise"),
+        ("aten::native_dropout_backward", "elementwise"),
         ("aten::silu", "elementwise"),
         ("aten::copy_", "memory copy"),
         ("aten::to", "memory copy"),

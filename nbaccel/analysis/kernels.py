@@ -252,7 +252,9 @@ _OP_ELEMENTWISE = re.compile(
     r"|dropout|native_dropout|threshold\w*|leaky_relu|hardtanh|addcmul\w*|addcdiv\w*|lerp\w*|sin|cos"
     r"|eq|ne|lt|le|gt|ge|logical_\w+|bitwise_\w+|maximum|minimum|reciprocal|square|erf|floor|ceil"
     r"|round|sigmoid_backward|gelu_backward|silu_backward|threshold_backward|mish|softplus"
-    r"|hardswish|elu|glu|sgn|trunc|frac|remainder|fmod|clone|zeros_like|ones_like)$"
+    r"|hardswish|elu|glu|sgn|trunc|frac|remainder|fmod|clone|zeros_like|ones_like"
+    # random numbers, one per element (dropout's mask is aten::bernoulli_: a trial's top op, was "other")
+    r"|bernoulli_?|uniform_|normal_|random_|exponential_|native_dropout_backward)$"
     r"|rotary|act_and_mul|quant",
 )
 _OP_COPY = re.compile(
