@@ -92,7 +92,8 @@ def json_safe(value):
 # saved notebook's results load the same way in later nbaccel versions.
 _HEADLINES = {
     "amp": {"device": "device.name", "dtype": "amp.name", "speedup": "speedup", "speedup_claimed": "speedup_claimed",
-            "memory_saving": "memory_saving",
+            # the headline's hedge ("(uncertain)": the IQRs overlap), kept when results are saved
+            "speedup_uncertain": "speedup_uncertain", "memory_saving": "memory_saving", "memory_firm": "memory_firm",
             "fp32_median_s": "baseline.time.median_s", "amp_median_s": "amp.time.median_s",
             "drift_max_rel": "drift.max_rel"},
     "profile": {"device": "header.device", "dtype": "header.dominant_dtype", "wall_us": "header.wall_us", "device_time_us": "header.device_time_us",

@@ -1183,6 +1183,9 @@ def test_an_uncertain_speedup_is_named_with_what_settles_it():
     assert f"bf16 autocast measured {result.speedup:.2f}x faster, but the two variants' IQRs overlap (see the " \
            "warning): re-run with a larger repeat before relying on it." in result.advice
     assert not any("faster here" in a for a in result.advice)
+    # Saved and loaded as a table, the hedge stays (a trial: speedup_claimed True, nothing said of "uncertain").
+    row = nbaccel.results_frame([result.to_json()]).iloc[0]
+    assert bool(row["speedup_claimed"]) and bool(row["speedup_uncertain"]) and "memory_firm" in row
     # In the HTML the flag is in words, not only orange (nbaccel's <style> is stripped on GitHub).
     from nbaccel.render import amp as render_amp
 
