@@ -182,6 +182,25 @@ def test_over_a_soft_budget_warns_and_the_cell_succeeds(ip, run_cell):
     assert ip.user_ns["b"].history.iloc[-1]["status"] == "over"
 
 
+def test_over_the_budget_the_html_and_widget_say_what_to_do_too(ip, run_cell, monkeypatch):
+    """A trial: the text said "free memory (del the large tensors ...)", the HTML and the widget only
+    "over the memory budget ... the cell added 2.34 GiB"."""
+    from nbaccel.render import budget as budget_render
+    from widget_helpers import walk
+
+    monkeypatch.setattr(display_module, "WIDGETS", "always")
+    shown = []
+    real = budget_render.cell_widget
+    monkeypatch.setattr(budget_render, "cell_widget", lambda report: shown.append(real(report)) or shown[-1])
+    run_cell("import torch")
+    run_cell(f"%memory_budget {_budget_above_now(150)} -q")
+    _, captured = run_cell("x = torch.ones(100_000_000)")
+    hint = "free memory (del the large tensors; the CPU has no cache to empty) or lower the batch"
+    assert hint in captured.outputs[0].data["text/html"]
+    assert any(hint in w.value for w in walk(shown[0]) if type(w).__name__ == "HTML")
+    run_cell("del x")
+
+
 def test_over_a_strict_budget_fails_the_cell(ip, run_cell):
     run_cell("import torch")
     run_cell(f"%memory_budget {_budget_above_now(150)} --strict -q -r b")

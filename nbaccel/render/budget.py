@@ -72,17 +72,29 @@ def cell_text(report) -> str:
     if r.harness:
         lines.append(prose(f"  {harness_words(r, report.device)}"))
     if report.over:
-        lines.append(prose(f"  {free_memory_hint(report.device)}; `%memory_budget` shows what holds memory"
-                           + (" -- --strict: this cell is marked as failed" if report.strict else "")))
+        lines.append(prose(f"  {_over_hint(report)}"))
     return "\n".join(lines)
+
+
+def _over_hint(report) -> str:
+    """What to do about a cell over the budget: in the text, the HTML and the widget alike (the HTML and
+    the widget once showed only the figures)."""
+    return (f"{free_memory_hint(report.device)}; `%memory_budget` shows what holds memory"
+            + (" -- --strict: this cell is marked as failed" if report.strict else ""))
+
+
+def _cell_notes(report) -> str:
+    r = report.record
+    notes = [harness_words(r, report.device)] if r.harness else []
+    notes += [_over_hint(report)] if report.over else []
+    return "".join(f"<div>{esc(n)}</div>" for n in notes)
 
 
 def cell_html(report) -> str:
     r = report.record
     label = '<b class="warn">over the memory budget</b>' if report.over else "memory budget"
-    harness = f"<div>{esc(harness_words(r, report.device))}</div>" if r.harness else ""
     return wrap(GAUGE_CSS + f"<div>{_gauge_bar(r.fraction, r.status)}{label} on {esc(report.device)}: "
-                f"{esc(_cell_line(r))}</div>{harness}")
+                f"{esc(_cell_line(r))}</div>{_cell_notes(report)}")
 
 
 def cell_widget(report):
@@ -96,7 +108,8 @@ def cell_widget(report):
     label = w.HTML(wrap(("<b class='warn'>over the memory budget</b>" if report.over else "memory budget")
                         + f" on {esc(report.device)}: " + esc(_cell_line(r))))
     gauge = w.HBox([bar, label])
-    return w.VBox([gauge, w.HTML(wrap(esc(harness_words(r, report.device))))]) if r.harness else gauge
+    notes = _cell_notes(report)
+    return w.VBox([gauge, w.HTML(wrap(notes))]) if notes else gauge
 
 
 # --- status --------------------------------------------------------------------------------------------
