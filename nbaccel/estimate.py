@@ -192,11 +192,17 @@ def _example_batch(model: torch.nn.Module, example, batch: int, device: torch.de
             rows = torch.arange(batch, device=t.device) % t.shape[0]
             out.append(t[rows].to(device))
         return tuple(out)
-    first = next((m for m in model.modules() if list(m.parameters(recurse=False))), None)
+    # The first layer: the first module without submodules that holds parameters (a model's own
+    # parameter, a class token, is not a layer: a trial was told its first layer was the model itself).
+    name, first = next(((n, m) for n, m in model.named_modules()
+                        if not next(m.children(), None) and next(m.parameters(recurse=False), None) is not None),
+                       ("", model))
     if isinstance(first, torch.nn.Linear):
         return (torch.randn(batch, first.in_features, device=device, dtype=first.weight.dtype),)
-    raise EstimateError(f"cannot make an input for a model whose first layer is {type(first).__name__}: pass an "
-                        f"example batch ({_example_option()} x) whose first dimension is the batch")
+    layer = f"{name} ({type(first).__name__})" if name else type(first).__name__
+    raise EstimateError(f"cannot make an input for this model: nbaccel makes one only when the first layer is an "
+                        f"nn.Linear, and here it is {layer}; pass an example batch ({_example_option()} x) whose first "
+                        "dimension is the batch")
 
 
 def _default_loss(output) -> torch.Tensor:

@@ -501,3 +501,24 @@ def test_a_strategy_is_read_in_any_case_and_a_missing_input_is_asked_for_as_the_
     ip.user_ns["conv"] = conv
     with pytest.raises(UsageError, match=r"pass an example batch \(--input x\)"):
         ip.run_line_magic("memory_budget", "--model conv --batch 8")
+
+
+def test_a_missing_input_names_the_first_layer_not_the_model():
+    """A trial: a classifier with its own parameter (a class token) was said to have "Classifier" as
+    its first layer; the first layer was its Embedding."""
+
+    class Classifier(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.cls = torch.nn.Parameter(torch.zeros(1, 1, 16))
+            self.emb = torch.nn.Embedding(100, 16)
+            self.head = torch.nn.Linear(16, 4)
+
+        def forward(self, tokens):
+            return self.head(self.emb(tokens).mean(1))
+
+    with pytest.raises(Exception, match=r"the first layer is an nn\.Linear, and here it is emb \(Embedding\); pass an "
+                                        r"example batch \(example x\)"):
+        estimate_memory(Classifier(), batch=8, device="cpu")
+    est = estimate_memory(Classifier(), batch=8, device="cpu", example=torch.randint(0, 100, (2, 12)))
+    assert est.n_params == 16 + 100 * 16 + 16 * 4 + 4
