@@ -284,7 +284,9 @@ class profile:  # noqa: N801 - a context manager used like a function: `with nba
                 return False
             runs = self.options.warmup + self.options.steps
             which = f" in run {self.steps_done + 1} of {runs}" if runs > 1 else ""
-            print(f"nbaccel: the profiled code raised {exc_type.__name__}{which}; the profiler was stopped and the "
+            what = ("was interrupted (KeyboardInterrupt)" if issubclass(exc_type, KeyboardInterrupt)
+                    else f"raised {exc_type.__name__}")  # worded as %%amp words an interrupt
+            print(f"nbaccel: the profiled code {what}{which}; the profiler was stopped and the "
                   f"partial profile discarded. {self._what_stays()}", file=sys.stderr)
             return False
         needed = self.options.warmup + self.options.steps

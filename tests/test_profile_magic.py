@@ -695,12 +695,15 @@ def test_cell_that_raises_stops_the_profiler_and_propagates(run_cell, ip):
     assert ip.user_ns["prof"].ops.iloc[0]["name"] == "aten::mm"
 
 
-def test_keyboard_interrupt_stops_the_profiler_and_is_reraised(ip, run_cell):
+def test_keyboard_interrupt_stops_the_profiler_and_is_reraised(ip, run_cell, capsys):
     run_cell(SETUP)
+    capsys.readouterr()
     with pytest.raises(KeyboardInterrupt):
         ip.run_cell_magic("profile_gpu", "--steps 3 -q", "runs += 1\nif runs == 2: raise KeyboardInterrupt\n")
     assert ip.user_ns["runs"] == 2
     assert not torch._C._autograd._profiler_enabled()
+    # Worded as %%amp words it (a trial: "raised KeyboardInterrupt" beside %%amp's "was interrupted").
+    assert "nbaccel: the profiled code was interrupted (KeyboardInterrupt) in run 2 of 3;" in capsys.readouterr().err
 
 
 def test_kineto_start_stop_lines_do_not_leak_to_stderr(run_cell, ip, capfd):
