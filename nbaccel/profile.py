@@ -323,6 +323,7 @@ class profile:  # noqa: N801 - a context manager used like a function: `with nba
             try:
                 self._prof.export_chrome_trace(tmp)
                 doc = _read_json(tmp)
+                earlier = _earlier_traces(opts.trace, tmp) if opts.trace and not trace_is_file(opts.trace) else []
                 files, created = _save_trace(tmp, doc, opts.trace) if opts.trace else ([], None)
             finally:
                 os.unlink(tmp)
@@ -330,7 +331,19 @@ class profile:  # noqa: N801 - a context manager used like a function: `with nba
                                             cudnn_benchmark=self._cudnn_benchmark,
                                             trace_path=opts.trace if files else None, trace_files=files,
                                             contention=self._meter.result, trace_created=created,
+                                            trace_earlier=[f for f in earlier if str(f) not in files],
                                             made_by="%%profile_gpu" if in_magic() else "profile()")
+
+
+def _earlier_traces(folder: str, exported: str) -> list[str]:
+    """Trace files already in ``--trace FOLDER`` before this profile writes its own: loading the folder
+    (``%profile_trace``) reads every file in it as steps of one run, so the result says they are there
+    (a trial's folder, reused, gathered three runs' files without a word)."""
+    path = Path(folder).expanduser()
+    if not path.is_dir():
+        return []
+    return sorted(str(f) for f in path.iterdir()
+                  if f.name.endswith((".json", ".json.gz")) and f.is_file() and str(f) != exported)
 
 
 def _first_missing(folder: Path) -> Path | None:

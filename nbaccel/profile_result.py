@@ -75,6 +75,7 @@ class ProfileResult(ResultMixin):
     contention: Contention | None = None
     made_by: str = "profile()"  # or "%%profile_gpu"; a loaded trace: "load_trace()", "%profile_trace"
     trace_created: str | None = None  # the outermost folder that writing the trace created, if any
+    trace_earlier: list = field(default_factory=list)  # trace files --trace FOLDER held already (other runs)
     _grouped: dict = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
@@ -456,6 +457,7 @@ class ProfileResult(ResultMixin):
             "trace_path": self.trace_path,
             "trace_files": self.trace_files,
             "trace_created": self.trace_created,
+            "trace_earlier": list(self.trace_earlier),
             "made_by": self.made_by,
             "loaded": self.loaded,
             "contention": self.contention.to_dict() if self.contention else None,

@@ -877,3 +877,33 @@ def test_stack_on_a_trace_recorded_without_stacks_says_so(ip, tmp_path):
     with pytest.raises(UsageError, match=r"^--stack: plain\.json holds no Python stack events.*without --stack"):
         ip.run_line_magic("profile_trace", f"{without} --stack -q")
     assert load_trace(without).op_count > 0
+
+
+def test_a_trace_folder_that_held_other_runs_says_so_when_written(tmp_path):
+    """A trial reused --trace runs/prof1 for three profiles; nothing said the folder now held three runs,
+    which %profile_trace then read as one."""
+    from nbaccel.render import profile as render_profile_
+
+    folder = tmp_path / "prof1"
+    with nbaccel.profile(trace=str(folder)) as first:
+        torch.ones(4) + 1
+    assert first.result.trace_earlier == []
+    assert "already held" not in render_profile_.text(first.result)
+    with nbaccel.profile(trace=str(folder)) as second:
+        torch.ones(4) + 1
+    assert second.result.trace_earlier == first.result.trace_files
+    note = ("the trace folder already held 1 trace file of other runs, which loading the folder reads as one run "
+            "with this one: give each run a folder of its own")
+    assert note in " ".join(render_profile_.text(second.result).split())
+    assert note in render_profile_.html(second.result)
+    assert second.result.to_dict()["trace_earlier"] == first.result.trace_files
+
+
+def test_a_cpu_only_trace_claims_no_gpu_peak_in_its_method(tmp_path):
+    from nbaccel.render import profile as render_profile_
+
+    path = tmp_path / "cpu.json"
+    with nbaccel.profile(trace=str(path)):
+        torch.ones(4) + 1
+    method = render_profile_.method(load_trace(path))
+    assert "deviceProperties" not in method and "no peak or Tensor Cores: a CPU-only trace (no kernels)" in method

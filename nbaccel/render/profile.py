@@ -168,6 +168,15 @@ def trace_line(result, perfetto: str = "ui.perfetto.dev") -> str:
     return f"trace: {', '.join(result.trace_files)}  (open at {perfetto}{created})"
 
 
+def earlier_traces_note(result) -> str:
+    """`%profile_trace FOLDER` reads every file in it as one run: said when --trace FOLDER held others."""
+    n = len(result.trace_earlier)
+    if not n:
+        return ""
+    return (f"the trace folder already held {n} trace file{'s' if n > 1 else ''} of other runs, which loading "
+            "the folder reads as one run with this one: give each run a folder of its own")
+
+
 def title(result) -> str:
     h = result.header
     if result.loaded:
@@ -184,8 +193,10 @@ def method(result) -> str:
                 + ", ".join(os.path.basename(f) for f in result.loaded["files"][:3])
                 + (f" and {len(result.loaded['files']) - 3} more" if len(result.loaded["files"]) > 3 else "")
                 + f" ({result.loaded['events']:,} events, {result.loaded['load_seconds']:.1f} s). Wall time = span of "
-                f"the recorded events; device busy = union of kernel and copy intervals; {FLOPS_BASIS}; peak from the "
-                "trace's deviceProperties GPU; Tensor Cores judged from kernel names; events of "
+                f"the recorded events; device busy = union of kernel and copy intervals; {FLOPS_BASIS}; "
+                + ("peak from the trace's deviceProperties GPU; Tensor Cores judged from kernel names" if result.on_device
+                   else "no peak or Tensor Cores: a CPU-only trace (no kernels)")
+                + "; events of "
                 f"unknown kinds are counted and skipped; {flops_rate_basis(result)}; contention from other programs: "
                 "not measured (loaded trace).")
     flags = ["record_shapes"] + (["profile_memory"] if o.memory else []) + (["with_stack"] if o.stack else [])
@@ -347,6 +358,7 @@ def text(result) -> str:
         out += ["", *(labelled("advice: ", a) for a in result.advice)]
     if result.trace_files:
         out += ["", trace_line(result, "https://ui.perfetto.dev")]
+        out += [prose(note) for note in [earlier_traces_note(result)] if note]
     out += ["", labelled("method: ", method(result))]
     return "\n".join(out)
 
@@ -396,7 +408,9 @@ def html(result) -> str:
     group = result.options.group
     frame = result.top_rows(result.options.top)
     advice = f"<h4>Advice</h4>{bullet_list(result.advice)}" if result.advice else ""
-    trace = f'<div class="muted">{esc(trace_line(result))}</div>' if result.trace_files else ""
+    trace = (f'<div class="muted">{esc(trace_line(result))}</div>'
+             + (f'<div class="warn">{esc(earlier_traces_note(result))}</div>' if result.trace_earlier else "")
+             if result.trace_files else "")
     empty = nothing_recorded(result)
     ops = (f"<p>{esc(empty)}</p>" if empty else
            f"<h4>Top {len(frame)} of {len(result.grouped_rows())} by {esc(sort_label(result.default_sort))} "
@@ -517,7 +531,8 @@ def widget(result):
     tabs = w.Tab(children=[operators, breakdown, cores, advice])
     for i, name in enumerate(["Operators", "Breakdown", "Tensor Cores", "Advice"]):
         tabs.set_title(i, name)
-    trace = esc(trace_line(result)) + "<br>" if result.trace_files else ""
+    trace = (esc(trace_line(result)) + "<br>" + (esc(earlier_traces_note(result)) + "<br>" if result.trace_earlier
+                                                   else "") if result.trace_files else "")
     footer = w.HTML(wrap(f'<div class="muted">{trace}method: {esc(method(result))}</div>'))
     box = w.VBox([w.HTML(wrap(header_html(result))), tabs, footer])
     box.add_class("nbaccel-profile")
