@@ -107,6 +107,14 @@ class AmpResult(ResultMixin):
     made_by: str = "compare_amp()"  # or "%%amp": what the header names (a script's report said "%%amp")
     value: object = field(default=None, repr=False)  # the kept run's value (not serialized)
 
+    def __getattr__(self, name):
+        # Only for names the class lacks. A new user reached for `res.ops`, as on a profile, and got a
+        # bare AttributeError: each variant has its own op table.
+        if name in ("ops", "flops", "times", "median", "memory"):
+            raise AttributeError(f"an AmpResult has no {name!r}: each variant has its own -- "
+                                 f"res.amp.{name} (the recipe) and res.baseline.{name} (fp32)")
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
     @property
     def speedup(self) -> float | None:
         """fp32 median time / amp median time (>1 means mixed precision is faster)."""

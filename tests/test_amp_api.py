@@ -1478,3 +1478,18 @@ def test_fp16_on_a_cpu_without_amx_fp16_names_the_missing_units_not_the_batch_si
                        "on AVX512-FP16 vector units, which gain little over fp32. It has AMX-BF16: use dtype='bf16'.")
     with_amx = dataclasses.replace(fp16, device=dataclasses.replace(cpu, cpu_features={**units, "amx_fp16": True}))
     assert any("too small or memory-bound for fp16" in a for a in with_amx.advice)
+
+
+def test_a_variants_attribute_asked_of_the_result_names_where_it_is():
+    res = nbaccel.compare_amp(lambda: torch.ones(8, 8) @ torch.ones(8, 8), dtype="bf16", device="cpu",
+                              repeat=3, warmup=0)
+    with pytest.raises(AttributeError, match=r"an AmpResult has no 'ops': each variant has its own -- res\.amp\.ops "
+                                             r"\(the recipe\) and res\.baseline\.ops \(fp32\)"):
+        res.ops
+    with pytest.raises(AttributeError, match=r"'AmpResult' object has no attribute 'nonsense'"):
+        res.nonsense
+    import copy
+    import pickle
+
+    assert copy.copy(res).speedup == res.speedup and pickle.loads(pickle.dumps(res.to_dict()))["kind"] == "amp"
+    assert not hasattr(res, "ops") and hasattr(res, "speedup")
