@@ -150,7 +150,10 @@ def test_well_under_the_budget_shows_nothing(run_cell):
     assert not captured.outputs and not captured.stdout
 
 
-def test_near_the_budget_shows_a_gauge(run_cell, monkeypatch):
+@pytest.fixture
+def cell_widget_labels(monkeypatch):
+    """Widgets forced on; returns a function giving the HTML texts of the n-th per-cell gauge widget shown,
+    as a user sees them."""
     from nbaccel.render import budget as budget_render
     from widget_helpers import walk
 
@@ -158,6 +161,10 @@ def test_near_the_budget_shows_a_gauge(run_cell, monkeypatch):
     shown = []
     real = budget_render.cell_widget
     monkeypatch.setattr(budget_render, "cell_widget", lambda report: shown.append(real(report)) or shown[-1])
+    return lambda n=0: [w.value for w in walk(shown[n]) if type(w).__name__ == "HTML"]
+
+
+def test_near_the_budget_shows_a_gauge(run_cell, cell_widget_labels):
     run_cell("import torch")
     run_cell(f"%memory_budget {_budget_above_now(450)} -q")
     _, captured = run_cell("x = torch.ones(100_000_000)\ndel x")
@@ -168,7 +175,7 @@ def test_near_the_budget_shows_a_gauge(run_cell, monkeypatch):
     assert "application/vnd.jupyter.widget-view+json" in data[0]
     assert "WARNING" not in data[0]["text/plain"]
     # the widget as a user sees it says what the bar is, like the HTML and text gauges
-    labels = [w.value for w in walk(shown[0]) if type(w).__name__ == "HTML"]
+    labels = cell_widget_labels()
     assert any("memory budget on cpu:" in v for v in labels), labels
 
 
@@ -182,22 +189,15 @@ def test_over_a_soft_budget_warns_and_the_cell_succeeds(ip, run_cell):
     assert ip.user_ns["b"].history.iloc[-1]["status"] == "over"
 
 
-def test_over_the_budget_the_html_and_widget_say_what_to_do_too(ip, run_cell, monkeypatch):
+def test_over_the_budget_the_html_and_widget_say_what_to_do_too(run_cell, cell_widget_labels):
     """A trial: the text said "free memory (del the large tensors ...)", the HTML and the widget only
     "over the memory budget ... the cell added 2.34 GiB"."""
-    from nbaccel.render import budget as budget_render
-    from widget_helpers import walk
-
-    monkeypatch.setattr(display_module, "WIDGETS", "always")
-    shown = []
-    real = budget_render.cell_widget
-    monkeypatch.setattr(budget_render, "cell_widget", lambda report: shown.append(real(report)) or shown[-1])
     run_cell("import torch")
     run_cell(f"%memory_budget {_budget_above_now(150)} -q")
     _, captured = run_cell("x = torch.ones(100_000_000)")
     hint = "free memory (del the large tensors; the CPU has no cache to empty) or lower the batch"
     assert hint in captured.outputs[0].data["text/html"]
-    assert any(hint in w.value for w in walk(shown[0]) if type(w).__name__ == "HTML")
+    assert any(hint in v for v in cell_widget_labels())
     run_cell("del x")
 
 
