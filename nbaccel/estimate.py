@@ -194,9 +194,10 @@ def _example_batch(model: torch.nn.Module, example, batch: int, device: torch.de
         return tuple(out)
     # The first layer: the first module without submodules that holds parameters (a model's own
     # parameter, a class token, is not a layer: a trial was told its first layer was the model itself).
+    # (MultiheadAttention holds its in-projection itself: the first module with parameters of its own.)
     name, first = next(((n, m) for n, m in model.named_modules()
-                        if not next(m.children(), None) and next(m.parameters(recurse=False), None) is not None),
-                       ("", model))
+                        if next(m.parameters(recurse=False), None) is not None
+                        and (m is not model or next(m.children(), None) is None)), ("", model))
     if isinstance(first, torch.nn.Linear):
         return (torch.randn(batch, first.in_features, device=device, dtype=first.weight.dtype),)
     layer = f"{name} ({type(first).__name__})" if name else type(first).__name__

@@ -243,6 +243,8 @@ class profile:  # noqa: N801 - a context manager used like a function: `with nba
         try:
             step_range, self._step_range = self._step_range, None
             if step_range is not None:
+                if self.device.type == "cuda":  # the step ends when its kernels do, as its wall time says
+                    torch.cuda.synchronize(self.device)
                 step_range.__exit__(None, None, None)
         finally:
             self._stop_recording(exc_type, exc, tb, release)

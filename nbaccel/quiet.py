@@ -209,7 +209,9 @@ def hiding_side_channels(silence):
         try:
             with fd_output_hidden(), silence() as captured, unlogged_and_unwarned(), new_figures_closed():
                 yield
-        except Exception:
+        except KeyboardInterrupt:
+            raise
+        except BaseException:  # SystemExit too (argparse's usage line), as fd_output_hidden replays it
             replay_prints(captured)
             raise
 
@@ -220,7 +222,10 @@ def replay_prints(captured) -> None:
     """Write a failed hidden run's captured ``stdout``/``stderr`` text (its last `REPLAYED_BYTES`
     characters each) to the streams they were meant for, under one line saying whose they are."""
     for name in ("stdout", "stderr"):
-        text = getattr(captured, name, None)
+        try:  # a silencer's own failure must never replace the run's exception
+            text = getattr(captured, name, None)
+        except Exception:  # noqa: BLE001
+            continue
         if not isinstance(text, str) or not text:
             continue
         cut = f" (its last {REPLAYED_BYTES // 1024} KiB)" if len(text) > REPLAYED_BYTES else ""

@@ -1493,3 +1493,19 @@ def test_a_variants_attribute_asked_of_the_result_names_where_it_is():
 
     assert copy.copy(res).speedup == res.speedup and pickle.loads(pickle.dumps(res.to_dict()))["kind"] == "amp"
     assert not hasattr(res, "ops") and hasattr(res, "speedup")
+
+
+def test_the_audit_keeps_autocast_off_where_the_code_runs_it_off():
+    """A review: turning autocast back on inside every op without a rule of its own cast cdist's inner
+    matmul (cdist's fp32 rule turns autocast off for it) and ignored the code's own enabled=False."""
+    from nbaccel.flops import OpAudit
+
+    a, b = torch.randn(40, 16), torch.randn(50, 16)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        plain = torch.cdist(a, b)
+        with OpAudit():
+            audited = torch.cdist(a, b)
+        with torch.autocast("cpu", enabled=False), OpAudit():
+            off = torch.cdist(a, b)
+    assert plain.dtype == audited.dtype == off.dtype == torch.float32
+    assert torch.equal(plain, audited)

@@ -522,3 +522,11 @@ def test_a_missing_input_names_the_first_layer_not_the_model():
         estimate_memory(Classifier(), batch=8, device="cpu")
     est = estimate_memory(Classifier(), batch=8, device="cpu", example=torch.randint(0, 100, (2, 12)))
     assert est.n_params == 16 + 100 * 16 + 16 * 4 + 4
+
+
+def test_a_transformer_without_an_example_is_asked_for_one():
+    """A review: the first childless layer with parameters of a TransformerEncoder is out_proj, a Linear,
+    and a (batch, 64) input was read as one sequence of `batch` tokens."""
+    enc = torch.nn.TransformerEncoder(torch.nn.TransformerEncoderLayer(64, 4, batch_first=True), 2)
+    with pytest.raises(Exception, match=r"here it is layers\.0\.self_attn \(MultiheadAttention\); pass an example"):
+        estimate_memory(enc, batch=8, device="cpu")
