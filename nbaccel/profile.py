@@ -57,7 +57,7 @@ from .contention import ContentionMeter
 from .device import device_info, resolve_device
 from .options import in_magic, option
 from .precision import apply_recipe, make_recipe
-from .profile_options import ProfileError, ProfileOptions, amp_name, check_options, trace_is_file, validate
+from .profile_options import ProfileError, ProfileOptions, check_options, trace_is_file, validate
 from .profile_result import ProfileResult
 from .quiet import hiding_side_channels
 from .stderr_filter import dropped_stderr_lines
@@ -134,7 +134,7 @@ class profile:  # noqa: N801 - a context manager used like a function: `with nba
                  trace: str | None = None, amp: str | None = None, options: ProfileOptions | None = None,
                  contention_meter: ContentionMeter | None = None):
         self.options = options or ProfileOptions(top=top, sort=sort, memory=memory, shapes=shapes, stack=stack,
-                                                 warmup=warmup, steps=steps, trace=trace, amp=amp_name(amp),
+                                                 warmup=warmup, steps=steps, trace=trace, amp=amp,
                                                  device=str(device))
         check_options(self.options)  # what needs no machine fails here; the rest when the block starts
         if self.options.trace:

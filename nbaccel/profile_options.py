@@ -44,6 +44,10 @@ class ProfileOptions:
     amp: str | None = None
     device: str = "auto"
 
+    def __post_init__(self):
+        # amp in the recipe's name whoever made the options (profile(), profile_function, the magic)
+        object.__setattr__(self, "amp", amp_name(self.amp))
+
     @property
     def group(self) -> str:  # stack with shapes is refused (check_grouping)
         return "source" if self.stack else "op+shape" if self.shapes else "op"

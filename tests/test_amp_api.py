@@ -1491,7 +1491,8 @@ def test_a_variants_attribute_asked_of_the_result_names_where_it_is():
     import copy
     import pickle
 
-    assert copy.copy(res).speedup == res.speedup and pickle.loads(pickle.dumps(res.to_dict()))["kind"] == "amp"
+    res.value = None  # the kept value's tensor pickles too, but the result is what is checked here
+    assert copy.copy(res).speedup == res.speedup and pickle.loads(pickle.dumps(res)).speedup == res.speedup
     assert not hasattr(res, "ops") and hasattr(res, "speedup")
 
 

@@ -609,6 +609,9 @@ def test_amp_takes_the_dtype_spellings_precision_takes(spelling):
     with nbaccel.profile(amp=spelling) as prof:
         torch.ones(8, 8) @ torch.ones(8, 8)
     assert prof.options.amp == "bf16" and prof.result.recipe_label.startswith("autocast bf16")
+    from nbaccel.profile import profile_function
+
+    assert profile_function(lambda: torch.ones(8, 8) @ torch.ones(8, 8), amp=spelling).options.amp == "bf16"
 
 
 def test_unwritable_trace_folder_is_refused(ip, tmp_path, monkeypatch):

@@ -66,10 +66,7 @@ class ProfileMagics(Magics):
         refuse_empty_cell(self.shell, "profile_gpu", cell)
         refuse_nested_cell_magic("profile_gpu", cell)
         check_name_free(self.shell, args.result, cell)
-        if args.amp is not None:
-            args.amp = dtype_name(args.amp)  # bfloat16, float16, half: the long names work too, as in %%amp
-            if args.amp not in DTYPES:
-                raise UsageError(f"--amp {args.amp} is not supported; use one of: {', '.join(DTYPES)}")
+        # ProfileOptions reads bfloat16, float16, half as the recipe names them; validate refuses the rest
         options = ProfileOptions(top=args.top, sort=args.sort, memory=args.memory, shapes=args.shapes,
                                  stack=args.stack, warmup=args.warmup, steps=args.steps, trace=args.trace,
                                  amp=args.amp, device=args.device)
