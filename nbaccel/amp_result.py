@@ -113,6 +113,11 @@ class AmpResult(ResultMixin):
         if name in ("ops", "flops", "times", "median", "memory"):
             raise AttributeError(f"an AmpResult has no {name!r}: each variant has its own -- "
                                  f"res.amp.{name} (the recipe) and res.baseline.{name} (fp32)")
+        on_class = getattr(type(self), name, None)
+        if isinstance(on_class, property):
+            # Python comes here when a property's own code raised AttributeError: run it again so that
+            # error (the real one, deep inside) is what the user sees, not "no attribute 'speedup'".
+            return on_class.fget(self)
         raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     @property

@@ -1494,6 +1494,11 @@ def test_a_variants_attribute_asked_of_the_result_names_where_it_is():
     res.value = None  # the kept value's tensor pickles too, but the result is what is checked here
     assert copy.copy(res).speedup == res.speedup and pickle.loads(pickle.dumps(res)).speedup == res.speedup
     assert not hasattr(res, "ops") and hasattr(res, "speedup")
+    # An AttributeError raised inside a property is that error, not "no attribute 'speedup'".
+    import dataclasses
+    broken = dataclasses.replace(res, amp=object())
+    with pytest.raises(AttributeError, match=r"'object' object has no attribute 'median'"):
+        broken.speedup
 
 
 def test_the_audit_keeps_autocast_off_where_the_code_runs_it_off():
