@@ -211,7 +211,8 @@ class ProfileResult(ResultMixin):
                          "CUDA + CPU" if self.device.type == "cuda" else "CPU only (no CUDA device: CPU ops profiled)"),
             "recipe": self.recipe_label,
             "wall_us": self.window_us,
-            # a loaded trace: the ProfilerStep ranges it holds (0 when it was recorded without a schedule)
+            # a loaded trace: the ProfilerStep ranges it holds (nbaccel writes one even for an unscheduled
+            # profile; 0 for a trace from plain torch.profiler without a schedule)
             "steps": len(self.step_times_us) if self.loaded else self.options.steps,
             "unknown_events": int(sum(self.trace.unknown_events.values())),
             "warmup": self.options.warmup,
