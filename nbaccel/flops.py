@@ -3,8 +3,11 @@
 Autocast decides per operator whether to cast, so "the cell ran in bf16" is never the whole
 truth. `OpAudit` is a ``TorchDispatchMode``: it sits below autocast in the dispatcher and sees
 every aten op *after* autocast cast its inputs, in forward and backward alike. For each op it
-records the output dtype and, for ops in torch's FLOP registry (the one
-``torch.utils.flop_counter.FlopCounterMode`` uses; a multiply-add counts as 2 FLOPs), the FLOPs.
+records the output dtype and the FLOPs: by torch's FLOP registry (the one
+``torch.utils.flop_counter.FlopCounterMode`` uses; a multiply-add counts as 2 FLOPs), and for ops
+it lacks by nbaccel's formulas from the argument shapes (``analysis.op_flops``, which the profiler
+uses too): CPU attention, oneDNN's LSTM, the fused TransformerEncoderLayer / MultiheadAttention
+inference fast paths, whose matmuls run inside one op the mode sees whole.
 
 Under ``torch.inference_mode()`` the autograd dispatch keys are skipped, so composite ops
 (``aten::linear``, ``aten::matmul``, ``aten::conv2d``, ``aten::scaled_dot_product_attention``,
@@ -48,6 +51,8 @@ HEAVY_OPS = frozenset({
     "aten::_convolution", "aten::_scaled_dot_product_flash_attention", "aten::_scaled_dot_product_efficient_attention",
     "aten::_scaled_dot_product_cudnn_attention", "aten::_flash_attention_forward", "aten::_efficient_attention_forward",
     "aten::_scaled_dot_product_flash_attention_for_cpu",
+    # fused inference fast paths of nn.TransformerEncoderLayer / nn.MultiheadAttention (their matmuls inside)
+    "aten::_transformer_encoder_layer_fwd", "aten::_native_multi_head_attention",
 })
 MATMUL_OPS = frozenset({"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm"})
 # View and bookkeeping ops say nothing about arithmetic precision; leaving them out keeps the table readable.
@@ -144,12 +149,7 @@ class OpAudit(TorchDispatchMode):
         record.calls += 1
         flat_in, _ = tree_flatten((args, kwargs))
         record.input_dtypes.update(dtype_name(t.dtype) for t in flat_in if isinstance(t, torch.Tensor))
-        counter = flop_registry.get(func.overloadpacket)
-        if counter is not None:
-            try:
-                record.flops += int(counter(*args, **kwargs, out_val=out))
-            except Exception:  # noqa: BLE001 - a FLOP formula that does not fit must not break the user's cell
-                pass
+        record.flops += _flops_of(func, name, args, kwargs, out)
         if name in MATMUL_OPS and len(record.shapes) < 32:
             shapes = tuple(tuple(t.shape) for t in flat_in if isinstance(t, torch.Tensor))
             record.shapes.add(shapes)
@@ -250,6 +250,24 @@ class OpAudit(TorchDispatchMode):
                                   # per call: how much of the work padding could speed up
                                   "flops": op_flops(op.replace(".", "::", 1), [list(s) for s in shapes])})
         return found
+
+
+def _flops_of(func, name: str, args, kwargs, out) -> int:
+    """The op's FLOPs: torch's flop_counter formula, else nbaccel's from the argument shapes (the ops
+    the registry lacks: CPU attention, fused inference fast paths, oneDNN's LSTM...), else 0."""
+    try:
+        counter = flop_registry.get(func.overloadpacket)
+        if counter is not None:
+            return int(counter(*args, **kwargs, out_val=out))
+        # as the profiler records them: each argument's shape (a list of shapes for a tensor list,
+        # [] for a non-tensor) and the non-tensor values
+        dims = [list(a.shape) if isinstance(a, torch.Tensor)
+                else [list(t.shape) for t in a] if isinstance(a, (list, tuple)) and a
+                and all(isinstance(t, torch.Tensor) for t in a) else [] for a in args]
+        concrete = [None if isinstance(a, (torch.Tensor, list, tuple)) else a for a in args]
+        return op_flops(name, dims, concrete_inputs=concrete) or 0
+    except Exception:  # noqa: BLE001 - a FLOP formula that does not fit must not break the user's cell
+        return 0
 
 
 def pad_to_multiple(n: int, multiple: int = 8) -> int:

@@ -1460,6 +1460,12 @@ def test_a_fused_op_that_casts_inside_is_audited_as_it_runs():
     assert fused["dtype"] == "bf16" and not res.nothing_cast
     assert res.drift["max_abs"] > 0
     assert res.baseline.ops.set_index("op").loc["aten::_transformer_encoder_layer_fwd", "dtype"] == "fp32"
+    # Its matmuls are counted (the audit does not see inside it): as many FLOPs as the same layer's
+    # ordinary path, which grad mode takes; and they count as the heavy work that ran in bf16.
+    with nbaccel.flops.OpAudit() as ordinary:
+        enc(x)
+    assert fused["flops"] == res.baseline.flops == ordinary.total_flops > 0
+    assert fused["heavy"] and res.precision["reduced_flop_share"] == 1.0
 
 
 def test_fp16_on_a_cpu_without_amx_fp16_names_the_missing_units_not_the_batch_size():

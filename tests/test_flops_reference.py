@@ -272,3 +272,39 @@ def test_matrix_vector_product_counts_as_the_matrix_product():
     A, v = _leaf(3, 8, 16), _leaf(16)
     assert profiled(lambda: A @ v)[0] == reference(lambda: A @ v[:, None])[0] == 2 * 24 * 16
     assert profiled(lambda: (A @ v).sum().backward())[0] == 2 * (2 * 24 * 16)
+
+
+def test_the_amp_audit_counts_the_fused_fast_paths_as_their_ordinary_path():
+    """%%amp's op audit (a TorchDispatchMode) sees the inference fast paths whole, without their inner
+    matmuls (a trial's TransformerEncoder counted 0 FLOPs): nbaccel's formulas for the fused ops must
+    give what FlopCounterMode counts on the same module's ordinary path (grad enabled)."""
+    from nbaccel.flops import OpAudit
+
+    torch.manual_seed(0)
+    layer = nn.TransformerEncoderLayer(16, 4, 32, batch_first=True, dropout=0.0).eval()
+    mha = nn.MultiheadAttention(16, 4, batch_first=True).eval()
+    x = torch.randn(2, 10, 16)  # the fast paths take batched input only
+    for run, fused in ((lambda: layer(x), "aten::_transformer_encoder_layer_fwd"),
+                       (lambda: mha(x, x, x), "aten::_native_multi_head_attention")):
+        ref_total, _ = reference(run)
+        with torch.no_grad(), OpAudit() as audit:
+            run()
+        assert list(audit.table()["op"])[:1] == [fused]
+        assert audit.total_flops == ref_total > 0
+
+
+def test_the_amp_audit_counts_the_kernels_the_registry_lacks():
+    """The audit falls back on nbaccel's formulas where flop_counter has none: oneDNN's LSTM layer
+    and the CPU attention kernel counted 0 before."""
+    from nbaccel.flops import OpAudit
+
+    lstm, seq = nn.LSTM(16, 24, 2), torch.randn(10, 3, 16)
+    with OpAudit() as audit:
+        lstm(seq)
+    assert "aten::mkldnn_rnn_layer" in set(audit.table()["op"])
+    with torch.backends.mkldnn.flags(enabled=False):
+        assert audit.total_flops == reference(lambda: lstm(seq))[0] > 0
+    q = torch.randn(2, 4, 10, 8)
+    with OpAudit() as audit:
+        F.scaled_dot_product_attention(q, q, q)
+    assert audit.total_flops == reference(lambda: F.scaled_dot_product_attention(q, q, q))[0] == 4 * 2 * 4 * 10 * 10 * 8

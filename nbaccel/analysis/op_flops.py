@@ -238,6 +238,38 @@ def _attention(q: list[int] | None, k: list[int] | None, v: list[int] | None, he
     return 2 * b * h * lq * lk * d + 2 * b * h * lq * lk * dv
 
 
+def _fused_attention_block(x: list[int] | None, kv: list[int] | None, weights: list[list[int] | None]) -> int | None:
+    """The matmuls of a fused attention block: every ``weights`` linear over the tokens of ``x``
+    (``[B, L, E]``: the fast paths take batched, batch-first input only), plus Q K^T and P V between
+    ``x`` and ``kv``'s sequence: ``4*B*Lq*Lk*E`` whatever the number of heads."""
+    if x is None or kv is None or len(x) != 3 or len(kv) != 3 or kv[0] != x[0] or kv[2] != x[2]:
+        return None
+    if any(w is None or len(w) != 2 for w in weights):
+        return None
+    batch, lq, e = x
+    return sum(2 * batch * lq * w[0] * w[1] for w in weights) + 4 * batch * lq * kv[1] * e
+
+
+def _native_mha(dims: Dims) -> int | None:
+    """``aten::_native_multi_head_attention`` (nn.MultiheadAttention's inference fast path): the q, k
+    and v projections (thirds of ``qkv_weight``, over the query's and the key's tokens), the two
+    attention matmuls and the output projection."""
+    q, k, qkv_w, proj_w = _shape(dims, 0), _shape(dims, 1), _shape(dims, 5), _shape(dims, 7)
+    if q is None or k is None or qkv_w is None or len(qkv_w) != 2 or qkv_w[0] % 3:
+        return None
+    third = [qkv_w[0] // 3, qkv_w[1]]
+    core = _fused_attention_block(q, k, [third, proj_w])
+    return None if core is None else core + 2 * (2 * k[0] * k[1] * third[0] * third[1])
+
+
+def _encoder_layer(dims: Dims) -> int | None:
+    """``aten::_transformer_encoder_layer_fwd`` (nn.TransformerEncoderLayer's inference fast path):
+    self-attention (qkv and output projections, Q K^T, P V) and the two feed-forward linears."""
+    src = _shape(dims, 0)
+    weights = [_shape(dims, i) for i in (3, 5, 14, 16)]  # qkv, proj, ffn_1, ffn_2
+    return _fused_attention_block(src, src, weights)
+
+
 def _conv_backward(dims: Dims, concrete: Sequence[Any] | None) -> int | None:
     """``convolution_backward(grad_output, input, weight, bias_sizes, stride, padding, dilation,
     transposed, output_padding, groups, output_mask)``: each of grad_input and grad_weight costs
@@ -289,6 +321,9 @@ FLOP_OPS = frozenset(
     | _SEQ_FIRST_ATTN_BWD
     | {"aten::convolution_backward"}
     | RNN_OPS
+    # Fused inference fast paths. In a trace their inner matmuls are recorded as child ops and
+    # counted there (only the innermost op with a formula is counted); %%amp's op audit sees them whole.
+    | {"aten::_transformer_encoder_layer_fwd", "aten::_native_multi_head_attention"}
 )
 
 
@@ -340,4 +375,8 @@ def op_flops(
         return _conv_backward(input_dims, concrete_inputs)
     if name in RNN_OPS:
         return rnn_flops(name, input_dims, concrete_inputs, _parse_concrete)
+    if name == "aten::_transformer_encoder_layer_fwd":
+        return _encoder_layer(input_dims)
+    if name == "aten::_native_multi_head_attention":
+        return _native_mha(input_dims)
     return None
