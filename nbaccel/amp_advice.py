@@ -143,11 +143,20 @@ def _nothing_to_cast(result: AmpResult) -> str:
             "stay fp32); it speeds up matmuls and convolutions")
 
 
+def _same_kernels(result: AmpResult, speedup: float, dtype: str) -> str:
+    """The verdict where the recipe cast nothing: whatever the ratio, it is noise."""
+    return (f"No speedup: {_nothing_to_cast(result)}. Both variants ran the same kernels, so the "
+            f"{speedup:.2f}x between their times is run-to-run variation, not an effect of {dtype}.")
+
+
 def _no_speedup(result: AmpResult, speedup: float, dtype: str) -> str:
     """The advice for a speedup under `NO_SPEEDUP_BELOW` (1.05x). A cause read from the op audit or the
     CPU's features is a fact whatever the timing; "too small or memory-bound" is read from the timing
     itself, so it is said only when the times are firm (no overlap, no contention)."""
     info, precision = result.device, result.precision
+    if result.nothing_cast:
+        # Neither the CPU's units nor a larger --repeat (a trial was told both) has anything to do with it.
+        return _same_kernels(result, speedup, dtype)
     if info.type == "cpu" and not (info.has_bf16_units if dtype == "bf16" else info.has_fp16_units):
         fact = (f"this CPU lacks {dtype} units (AMX / AVX512-{dtype.upper()}), so autocast only adds casts. "
                 "Measure on a GPU with Tensor Cores.")
@@ -159,8 +168,6 @@ def _no_speedup(result: AmpResult, speedup: float, dtype: str) -> str:
                 "vector units, which gain little over fp32"
                 + (f". It has AMX-BF16: use {option('dtype', 'bf16')}." if info.cpu_features.get("amx_bf16")
                    else "."))
-    elif result.nothing_cast:
-        fact = _nothing_to_cast(result) + "."
     elif precision["reduced_flop_share"] is not None and precision["reduced_flop_share"] < 0.5:
         fact = (f"only {precision['reduced_flop_share']:.0%} of the FLOPs ran in {dtype}; the time goes to ops "
                 "autocast keeps in fp32.")
@@ -228,8 +235,7 @@ def advise(result: AmpResult) -> list[str]:
                      "torch code (the times are of plain Python).")
         speedup = None  # a "speedup" of plain Python is noise; say nothing more about it
     if result.speedup_from_noise and speedup is not None:
-        notes.append(f"No speedup: {_nothing_to_cast(result)}. Both variants ran the same kernels, so the "
-                     f"{speedup:.2f}x between their times is run-to-run variation, not an effect of {dtype}.")
+        notes.append(_same_kernels(result, speedup, dtype))
         speedup = None
     if result.nonfinite_result:
         speedup = None  # a wrong answer faster is not a finding: the overflow note above is the advice

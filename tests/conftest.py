@@ -45,6 +45,20 @@ def flags_set_by_the_cell():
     saved.restore()
 
 
+@pytest.fixture
+def cpu_with_bf16_and_fp16_units(monkeypatch):
+    """nbaccel reads this CPU as one with AMX-BF16, AVX512-BF16 and AVX512-FP16 (the VM the project
+    was first built on), whatever the machine has: for tests of what nbaccel says and does on such a
+    CPU (fp16 accepted, no "lacks bf16 units" verdict), not of those units' speed. Torch's CPU autocast
+    runs fp16 and bf16 on any CPU, only slower without the units; the tests' shapes are tiny.
+    A CPU without them (an Ice Lake: AVX512 but no BF16/FP16) refuses fp16 and says autocast only adds casts."""
+    import nbaccel.device as device
+
+    flags = device.cpu_flags() | {"amx_bf16", "amx_tile", "avx512_bf16", "avx512_fp16"}
+    monkeypatch.setattr(device, "cpu_flags", lambda: flags)
+    monkeypatch.setattr(device, "_cpu_feature", lambda name: name in flags)
+
+
 @pytest.fixture(scope="session")
 def _ipython():
     # start_ipython() makes IPython's test shell once per process and returns None ever after; a

@@ -104,7 +104,7 @@ def test_no_baseline_runs_only_the_recipe(run_cell, ip):
     ("bfloat16", torch.bfloat16),
     ("torch.bfloat16", torch.bfloat16), ("torch.float16", torch.float16),  # as code writes them (a user trial)
 ])
-def test_long_dtype_names_work_in_the_magic(run_cell, ip, dtype, expected):
+def test_long_dtype_names_work_in_the_magic(run_cell, ip, dtype, expected, cpu_with_bf16_and_fp16_units):
     run_cell("import torch\nx = torch.randn(16, 16)")
     run_cell(f"%%amp --dtype {dtype} --device cpu --repeat 1 --warmup 0 -q -r res\nx @ x")
     assert ip.user_ns["res"].amp.recipe.autocast_dtype is expected
@@ -161,7 +161,14 @@ def test_fp16_on_a_cpu_without_fp16_units_is_refused(ip, monkeypatch):
     from nbaccel.device import DeviceInfo
 
     monkeypatch.setattr(amp_magic, "device_info", lambda d: DeviceInfo("cpu", None, "old cpu", supports_bf16=True))
-    with pytest.raises(UsageError, match="no fp16 arithmetic units"):
+    with pytest.raises(UsageError, match="no fp16 arithmetic units") as refused:
+        ip.run_cell_magic("amp", "--dtype fp16 --device cpu", "1")
+    # A trial on an Ice Lake: told to use bf16, which has no units there either.
+    assert str(refused.value).endswith("use --dtype bf16 on the CPU (it has no bf16 units either: bf16 shows its drift "
+                                       "here, not its speed; measure speed on a GPU)")
+    with_bf16 = DeviceInfo("cpu", None, "newer cpu", supports_bf16=True, cpu_features={"amx_bf16": True})
+    monkeypatch.setattr(amp_magic, "device_info", lambda d: with_bf16)
+    with pytest.raises(UsageError, match=r"many times slower than fp32; use --dtype bf16 on the CPU$"):
         ip.run_cell_magic("amp", "--dtype fp16 --device cpu", "1")
 
 
@@ -246,7 +253,7 @@ def test_no_restore_runs_continue_from_each_other(run_cell, ip):
     run_cell("%%amp --no-restore --repeat 2 --warmup 0 -q -r res\ncounter += 1\n")
     # 2 timed + 3 memory (the CPU's) + 1 audit run per variant, then the kept run
     assert ip.user_ns["counter"] == 2 * 6 + 1 == nbaccel.amp.planned_runs(0, 2, device="cpu")
-    assert "NOT restored" in str(ip.user_ns["res"])
+    assert "NOT restored" in unfolded(str(ip.user_ns["res"]))  # folded where the CPU's name is long
 
 
 # --- found by a new-user trial --------------------------------------------------------------------
@@ -342,7 +349,7 @@ def test_a_failure_only_under_autocast_says_which_run_raised(run_cell, ip):
     assert ip.user_ns["counter"] == 0
 
 
-def test_an_fp16_overflow_says_what_to_write_instead(run_cell, ip):
+def test_an_fp16_overflow_says_what_to_write_instead(run_cell, ip, cpu_with_bf16_and_fp16_units):
     # A user trial: "value cannot be converted to type c10::Half without overflow" from an attention mask.
     run_cell("import torch\nq = torch.randn(2, 4, 8)\nmask = torch.rand(2, 4, 4) > 0.5")
     result, captured = run_cell("%%amp --dtype fp16 --repeat 3 --warmup 0\nscores = q @ q.transpose(1, 2)\n"
