@@ -8,7 +8,11 @@ and the user would end up with a model stepped twenty times. A `Snapshot` holds,
 * every tensor reachable from it -- namespace tensors, module parameters and buffers, optimizer
   parameters -- with its ``.grad``; restored *in place*, so ``model`` and the optimizer keep
   pointing at the same Parameter objects;
-* module ``training`` flags, optimizer / LR scheduler / GradScaler state (their ``state_dict``);
+* each module's own attributes (`_ModuleLayout`): its class, which Parameter, buffer and submodule
+  objects it holds, its hooks and ``training`` flag -- so a cell that registers a hook, prunes,
+  adds a parametrization (``weight_norm`` swaps the class) or assigns a new Parameter does it
+  once per run, not once more each run;
+* optimizer / LR scheduler / GradScaler state (their ``state_dict``);
 * shallow copies of lists, dicts, sets and bytearrays up to three levels deep (``losses.append(...)``,
   ``history['loss'].append(...)``) and copies of numpy arrays;
 * the python, numpy, torch CPU and CUDA RNG states.
@@ -25,6 +29,8 @@ import types
 from dataclasses import dataclass, field
 
 import torch
+
+from .options import in_magic, option
 
 try:  # numpy is a torch dependency in practice, but not a hard one
     import numpy as np
@@ -89,6 +95,36 @@ class _TensorCopy:
                 t.grad = self.grad.to(t.device, copy=True)
 
 
+# The containers a Module keeps in its __dict__ and mutates in place (_parameters, _buffers, _modules,
+# the hook dicts, _non_persistent_buffers_set): kept as the same objects, their contents put back, so
+# hook handles (which hold a weak reference to their dict) stay valid.
+_IN_PLACE = (dict, set)
+
+
+@dataclass
+class _ModuleLayout:
+    """One module's class and own attributes, restored in place."""
+    cls: type
+    attributes: dict  # name -> value as captured
+    contents: list  # (container, shallow copy) for the dicts and sets among them
+
+    @classmethod
+    def capture(cls, module: torch.nn.Module) -> "_ModuleLayout":
+        attributes = dict(vars(module))
+        contents = [(v, copy.copy(v)) for v in attributes.values() if isinstance(v, _IN_PLACE)]
+        return cls(type(module), attributes, contents)
+
+    def restore(self, module: torch.nn.Module) -> None:
+        if type(module) is not self.cls:  # torch.nn.utils.parametrize swapped in a subclass
+            module.__class__ = self.cls
+        own = vars(module)  # not setattr: Module.__setattr__ would re-file Parameters and Modules
+        for name in [k for k in own if k not in self.attributes]:
+            del own[name]
+        own.update(self.attributes)
+        for container, saved in self.contents:
+            _restore_container(container, saved)
+
+
 @dataclass
 class Snapshot:
     """Host-side copy of a namespace's restorable state. Build with `Snapshot.capture`."""
@@ -96,7 +132,7 @@ class Snapshot:
     namespace: dict | None
     bindings: dict = field(default_factory=dict)
     tensors: list = field(default_factory=list)
-    modules: list = field(default_factory=list)  # (module, {submodule: training})
+    modules: list = field(default_factory=list)  # (submodule, _ModuleLayout)
     stateful: list = field(default_factory=list)  # (object, host state_dict copy)
     containers: list = field(default_factory=list)  # (container, shallow copy)
     rng: dict = field(default_factory=dict)
@@ -145,9 +181,11 @@ class Snapshot:
             return
         seen.add(id(obj))
         if isinstance(obj, torch.nn.Module):
+            _refuse_uninitialized_lazy(obj)
             for t in list(obj.parameters()) + list(obj.buffers()):
                 self._add_tensor(t, seen)
-            self.modules.append((obj, {m: m.training for m in obj.modules()}))
+            if not self.dry:
+                self.modules.extend((m, _ModuleLayout.capture(m)) for m in obj.modules())
         elif isinstance(obj, torch.optim.Optimizer):
             for group in obj.param_groups:
                 for p in group["params"]:
@@ -198,9 +236,8 @@ class Snapshot:
             self.namespace.update(self.bindings)
         for copy_ in self.tensors:
             copy_.restore()
-        for module, flags in self.modules:
-            for sub, training in flags.items():
-                sub.training = training
+        for module, layout in self.modules:
+            layout.restore(module)
         for obj, state in self.stateful:
             if drop_state_first and isinstance(obj, torch.optim.Optimizer):
                 obj.state.clear()
@@ -240,6 +277,28 @@ def available_host_memory() -> int | None:
 
 class SnapshotTooLarge(ValueError):
     """The state to snapshot is larger than the allowed share of free host memory."""
+
+
+class LazyModuleNotReady(ValueError):
+    """A module to snapshot has lazy parameters (``nn.LazyLinear``...) not yet initialized."""
+
+
+def _refuse_uninitialized_lazy(module: torch.nn.Module) -> None:
+    """Uninitialized lazy parameters have no values to copy, and the first forward turns them into
+    ordinary ones in place, so no snapshot could put them back: each later run would start from the
+    weights (and training) of the first. torch's own advice for lazy modules is a dry-run forward."""
+    from torch.nn.modules.lazy import LazyModuleMixin
+
+    lazy = [(path, m) for path, m in module.named_modules()
+            if isinstance(m, LazyModuleMixin) and m.has_uninitialized_params()]
+    if lazy:
+        path, first = lazy[0]
+        where = f"{type(first).__name__} at .{path}" if path else type(first).__name__
+        raise LazyModuleNotReady(
+            f"a {type(module).__name__} has lazy parameters not initialized yet ({where}"
+            f"{f' and {len(lazy) - 1} more' if len(lazy) > 1 else ''}): the first run would initialize them "
+            "and every later run start from its weights. Run one forward pass first (e.g. `model(x)` in a cell "
+            f"above), or run without restoring ({option('no_restore', True) if in_magic() else 'restore=False'})")
 
 
 def _restore_stateful(obj, state):

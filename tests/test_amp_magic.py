@@ -843,3 +843,20 @@ def test_a_sum_that_cancels_to_near_0_is_not_read_as_a_100_percent_drift(run_cel
     assert "result near 0: max abs" in shown["text/html"]
     near = next(a for a in res.advice if "is near 0" in a)
     assert "bf16's resolution at that size is" in near and "Judge accuracy on a result of normal size" in near
+
+
+def test_a_cell_that_changes_a_modules_structure_does_it_once(run_cell, ip):
+    """A user trial: a hook registered in the cell was registered 17 times (once per run), and a cell
+    whose bf16 run failed after weight_norm left the model broken while the note said "restored"."""
+    run_cell("import torch\nfrom torch import nn\nmodel = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 2))\n"
+             "x = torch.randn(4, 8)\ncalls = []")
+    run_cell("%%amp --repeat 3 --warmup 0 -q\nmodel[0].register_forward_hook(lambda m, i, o: calls.append(1))\n"
+             "model(x).sum()")
+    assert len(ip.user_ns["model"][0]._forward_hooks) == 1 and len(ip.user_ns["calls"]) == 1
+    run_cell("%%amp --repeat 3 --warmup 0 -q\nnn.utils.parametrizations.weight_norm(model[2])\n"
+             "if torch.is_autocast_enabled('cpu'): raise ValueError('fails in bf16')\nmodel(x).sum()",
+             expect_error=ValueError)
+    assert type(ip.user_ns["model"][2]) is torch.nn.Linear and ip.user_ns["model"](ip.user_ns["x"]).shape == (4, 2)
+    with pytest.raises(UsageError, match=r"lazy parameters not initialized yet \(LazyLinear\).*--no-restore"):
+        run_cell("lazy = nn.LazyLinear(2)")
+        ip.run_cell_magic("amp", "--repeat 3", "lazy(x)")

@@ -14,7 +14,7 @@ from ..device import DeviceError, autocast_dtype, device_info, dtype_name, resol
 from ..options import magic_spelled, whole_number
 from ..precision import make_recipe
 from ..render.display import display_result, in_kernel
-from ..snapshot import SnapshotTooLarge
+from ..snapshot import LazyModuleNotReady, SnapshotTooLarge
 from ..timing import format_seconds
 from .common import (cell_function, check_name, check_name_free, dtype_hint, help_option, history_name,
                      interrupt_without_frames, output_can_be_silenced, parse_line, refuse_empty_cell,
@@ -110,7 +110,7 @@ class AmpMagics(Magics):
                 finished = True
             except BaseException as exc:  # KeyboardInterrupt too: noted, then re-raised unchanged
                 cells_own = bool(cell_errors) and cell_errors[-1][0] is exc
-                if not cells_own and isinstance(exc, (SnapshotTooLarge, DeviceError)):
+                if not cells_own and isinstance(exc, (SnapshotTooLarge, LazyModuleNotReady, DeviceError)):
                     raise UsageError(str(exc)) from None
                 print(_abandon_note(exc, cell_errors[-1][1] if cells_own else None, args.no_restore), file=sys.stderr)
                 if isinstance(exc, KeyboardInterrupt) and not cells_own:
