@@ -29,6 +29,9 @@ An audited run is slower than a plain one, so it is never the run that is timed.
 from __future__ import annotations
 
 import contextlib
+import signal
+import sys
+import threading
 from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -65,6 +68,33 @@ _IGNORED = frozenset({"aten::t", "aten::view", "aten::detach", "aten::expand", "
 # inference fast path); the audit runs them with autocast on inside, as the timed runs do.
 _CASTS_INSIDE = frozenset({"aten::_transformer_encoder_layer_fwd"})
 _AUTOCAST_KEYS = (("cpu", torch._C.DispatchKey.AutocastCPU), ("cuda", torch._C.DispatchKey.AutocastCUDA))
+
+
+@contextlib.contextmanager
+def _sigint_held():
+    """Ctrl-C waits until the block is done, then is raised as usual (main thread only: elsewhere
+    Python delivers no signals anyway)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    caught = []
+    previous = signal.signal(signal.SIGINT, lambda *args: caught.append(args))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    if caught:
+        raise KeyboardInterrupt
+
+
+def _import_what_dispatch_modes_need() -> None:
+    """The first dispatch mode entered in a process imports torch._dynamo (1-2 s, with sympy). In
+    %%amp that is the first audited run, and a trial's Ctrl-C landed in that import: a hundred
+    importlib frames, and once a half-imported torch._dynamo that made a later run raise
+    AttributeError from inside torch. So it is imported before the audit begins, whole."""
+    if "torch._dynamo" not in sys.modules:
+        with _sigint_held():
+            import torch._dynamo  # noqa: F401
 
 
 @contextlib.contextmanager
@@ -159,6 +189,7 @@ class OpAudit(TorchDispatchMode):
         # Autocast as the code runs it, read as the audit begins: inside __torch_dispatch__ (where the
         # audit re-enters itself to decompose an op) autocast reads off.
         if not self._depth:
+            _import_what_dispatch_modes_need()
             self._autocast_keys = [key for device, key in _AUTOCAST_KEYS if torch.is_autocast_enabled(device)]
             self._keys_for.clear()
         self._depth += 1

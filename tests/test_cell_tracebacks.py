@@ -101,3 +101,29 @@ def test_an_interrupt_in_the_profiler_shows_no_nbaccel_frame_nor_blames_the_cell
                     "had finished; the profile was discarded."}[where]
     assert said in captured.stderr, captured.stderr
     assert ip.user_ns["counter"] == {"step": 2, "read": 3}[where]
+
+
+def test_an_interrupt_during_the_audits_first_import_waits_for_it_to_finish():
+    """A user trial: the first audited run imports torch._dynamo (1-2 s); a Ctrl-C landed inside that
+    import (a hundred importlib frames) and once left it half done, so a later run raised AttributeError
+    from inside torch. The import now comes whole before the audit; a Ctrl-C meanwhile is raised after
+    it. A fresh interpreter: this one imported torch._dynamo long ago."""
+    import subprocess
+    import sys
+
+    script = """
+import os, signal, sys, threading, time
+import torch
+from nbaccel.flops import OpAudit
+assert "torch._dynamo" not in sys.modules
+threading.Timer(0.05, os.kill, (os.getpid(), signal.SIGINT)).start()  # lands inside the import
+try:
+    with OpAudit():
+        raise SystemExit("the audit began: the interrupt was lost")
+except KeyboardInterrupt:
+    import torch._dynamo
+    assert torch._dynamo.config is not None and signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    print("interrupted after the import")
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.stdout.strip() == "interrupted after the import", done.stderr[-2000:]
