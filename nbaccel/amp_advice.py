@@ -123,6 +123,17 @@ def _significant_unaligned(result: AmpResult) -> list[dict]:
             if m.get("flops") is None or not total or m["flops"] / total >= UNALIGNED_FLOP_SHARE]
 
 
+def _what_padding_feeds(info, dtype: str) -> str:
+    """Which units want the padded dims: a CPU without matrix units for the dtype gains nothing from it
+    (a trial on an Ice Lake read "so Tensor Cores / AMX tiles are used fully" beside "this CPU lacks bf16
+    units"; %%profile_gpu says "for a GPU or bf16 autocast" there)."""
+    if info.type != "cpu":
+        return "so Tensor Cores are used fully"
+    if info.cpu_features.get(f"amx_{dtype}"):
+        return "so AMX tiles here (and a GPU's Tensor Cores) are used fully"
+    return f"for a GPU's Tensor Cores (this CPU has no AMX for {dtype}: no gain here)"
+
+
 def _unfirm_timing(result: AmpResult) -> str | None:
     """Why the times cannot rank the two variants, with what to do about it; None when they can.
     A slowdown earns the same hedge as a speedup: contention or overlapping IQRs move either way."""
@@ -259,7 +270,7 @@ def advise(result: AmpResult) -> list[str]:
     if unaligned:
         dims = sorted({d for m in unaligned for d in m["unaligned"]})[:6]
         notes.append("Matmul dims " + ", ".join(map(str, dims)) + " are not multiples of 8; pad them (e.g. to "
-                     + ", ".join(str(-(-d // 8) * 8) for d in dims) + ") so Tensor Cores / AMX tiles are used fully.")
+                     + ", ".join(str(-(-d // 8) * 8) for d in dims) + ") " + _what_padding_feeds(info, dtype) + ".")
     heavy = result.heavy_fp32_calls if autocast else []
     if heavy:
         notes.append("Heavy ops still in fp32 under autocast: " + ", ".join(heavy)

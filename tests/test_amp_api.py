@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 
@@ -1146,6 +1147,15 @@ def test_padding_advice_only_for_unaligned_matmuls_that_carry_the_work():
     x2 = torch.randn(256, 1001)
     res = nbaccel.compare_amp(lambda: wide(odd(x2)).sum(), repeat=3, warmup=0)
     assert any("Matmul dims 1001 are not multiples of 8; pad them (e.g. to 1008)" in a for a in res.advice)
+    # Which units want it (a trial: "so Tensor Cores / AMX tiles are used fully" on a CPU without AMX).
+    padding = next(a for a in res.advice if a.startswith("Matmul dims"))
+    no_amx = dataclasses.replace(res.device, cpu_features={"amx_bf16": False})
+    assert next(a for a in dataclasses.replace(res, device=no_amx).advice if a.startswith("Matmul dims")).endswith(
+        "(e.g. to 1008) for a GPU's Tensor Cores (this CPU has no AMX for bf16: no gain here).")
+    amx = dataclasses.replace(res.device, cpu_features={"amx_bf16": True})
+    assert next(a for a in dataclasses.replace(res, device=amx).advice if a.startswith("Matmul dims")).endswith(
+        "(e.g. to 1008) so AMX tiles here (and a GPU's Tensor Cores) are used fully.")
+    assert padding in dataclasses.replace(res, device=amx if res.device.cpu_features.get("amx_bf16") else no_amx).advice
 
 
 def test_a_result_whose_value_has_a_grad_fn_can_be_deep_copied():
