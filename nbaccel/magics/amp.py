@@ -117,11 +117,12 @@ class AmpMagics(Magics):
                     raise interrupt_without_frames(exc) from None  # the note says it all; no nbaccel frames
                 raise
             finally:
-                # The runs it announced are over: it says how long they took (or goes, when they
-                # failed: the error says why) rather than staying as it was, or as an empty output.
+                # The runs it announced are over: it says how long they took, or that they stopped (an
+                # emptied note left a blank output above the error in the saved notebook; a trial).
+                elapsed = format_seconds(time.perf_counter() - started)
                 done = (f"nbaccel %%amp: the {planned_runs(args.warmup, args.repeat, not args.no_baseline, device)} "
-                        f"runs took {format_seconds(time.perf_counter() - started)} in all."
-                        if finished else "")
+                        f"runs took {elapsed} in all." if finished else
+                        f"nbaccel %%amp: the runs stopped after {elapsed} (the note below says why).")
                 for handle in filter(None, notes):
                     handle.update({"text/plain": done}, raw=True)
         store_result(self.shell, args.result, result)
