@@ -404,8 +404,13 @@ class BudgetMagics(Magics):
         """
         if getattr(result, "error_before_exec", None) is not None:
             return True  # it never ran (a SyntaxError): a row "ok, added 0 B" said it did (a user trial)
+        if record.added_bytes >= PUSHED:
+            return False
+        magic = _one_magic_call(self.shell, result)
         error = getattr(result, "error_in_exec", None)
-        return isinstance(error, UsageError) and record.added_bytes < PUSHED and _one_magic_call(self.shell, result)
+        # A `%memory_budget` status cell is a question about the other cells, not one of them: its rows
+        # crowded the last 10 (a trial).
+        return magic is not None and (isinstance(error, UsageError) or magic == "memory_budget")
 
     def _on_exception(self, shell, etype, value, tb, tb_offset=None):
         if not is_oom(value):
@@ -447,18 +452,21 @@ def _mode(strict: bool, enforce: bool) -> str:
     return "enforced" if enforce else "strict" if strict else "soft"
 
 
-def _one_magic_call(shell, result) -> bool:
-    """Whether the cell was a single magic call and nothing else: ``%memory_budget abc``,
-    ``s = %memory_budget``, or a ``%%cell`` magic (its body is the magic's to run)."""
+def _one_magic_call(shell, result) -> str | None:
+    """The magic's name when the cell was a single magic call and nothing else: ``%memory_budget abc``,
+    ``s = %memory_budget``, or a ``%%cell`` magic (its body is the magic's to run); else None."""
     raw = getattr(getattr(result, "info", None), "raw_cell", None)
     if not raw:
-        return False
+        return None
     try:
         body = ast.parse(shell.transform_cell(raw)).body
     except SyntaxError:
-        return False
+        return None
     if len(body) != 1 or not isinstance(body[0], (ast.Expr, ast.Assign)):
-        return False
+        return None
     call = body[0].value  # get_ipython().run_line_magic('memory_budget', 'abc'), as IPython rewrote the line
-    return (isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute)
-            and call.func.attr in ("run_line_magic", "run_cell_magic"))
+    if (isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute)
+            and call.func.attr in ("run_line_magic", "run_cell_magic")
+            and call.args and isinstance(call.args[0], ast.Constant)):
+        return call.args[0].value
+    return None
