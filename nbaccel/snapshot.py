@@ -122,7 +122,8 @@ class _ModuleLayout:
             del own[name]
         own.update(self.attributes)
         for container, saved in self.contents:
-            _restore_container(container, saved)
+            if container or saved:  # most are empty hook dicts: restoring 400 modules took 2x as long
+                _restore_container(container, saved)
 
 
 @dataclass
