@@ -50,6 +50,12 @@ DATA_LOADING_SHARE = 0.10
 # Not for one first step among many: it hardly counts there (a loop of 20 of the MLP's AdamW steps from
 # a fresh optimizer: 1 of 20 steps, 0.05% of the wall time; of 3 steps: 1 of 3, 2.8%).
 OPTIMIZER_STATE_SHARE = 0.05
+# Random-number ops (dropout's masks; torch.randn in the profiled code) as a share of the profiled op time:
+# a trial's MLP with three Dropout layers spent 64% of its CPU step in aten::bernoulli_, with no advice.
+RANDOM_SHARE = 0.20
+_DROPOUT_OPS = frozenset({"aten::bernoulli_", "aten::bernoulli", "aten::native_dropout"})
+_RANDOM_OPS = frozenset({"aten::uniform_", "aten::normal_", "aten::random_", "aten::exponential_",
+                         "aten::randperm", "aten::multinomial", "aten::randint"}) | _DROPOUT_OPS
 UNALIGNED_SHARE = 0.05       # below 5% of the time: listed, not advised on (%%amp: 5% of the FLOPs; a 10-class head is no target)
 _CONV = re.compile("conv", re.IGNORECASE)
 
@@ -171,6 +177,30 @@ def _amp_words(result: ProfileResult) -> str:
     return amp_comparison_name() + again
 
 
+def _random_notes(ops: dict, time_col: str, total: float, where: str) -> list[str]:
+    """Dropout's masks, and random tensors made in the profiled code, when they are a fifth of the time."""
+    times, calls = {}, {}
+    for name, t in zip(ops["name"], ops[time_col]):
+        if name in _RANDOM_OPS:
+            times[name] = times.get(name, 0.0) + t
+            calls[name] = calls.get(name, 0) + 1
+    notes = []
+    for kind in (_DROPOUT_OPS, _RANDOM_OPS - _DROPOUT_OPS):
+        mine = sorted((n for n in times if n in kind), key=times.get, reverse=True)
+        share = pt.pairwise_sum([times[n] for n in mine]) / total
+        if share < RANDOM_SHARE:
+            continue
+        named = ", ".join(f"{n} {calls[n]} call{'s' if calls[n] != 1 else ''}" for n in mine[:3])
+        if kind is _DROPOUT_OPS:
+            notes.append(f"Dropout's random masks take {share:.0%} of {where} time ({named}): if this is "
+                         "evaluation or inference, model.eval() turns dropout off; in training it is dropout's "
+                         "cost, which torch.compile cuts by drawing the masks inside fused kernels.")
+        else:
+            notes.append(f"Making random tensors takes {share:.0%} of {where} time ({named}): if they stand in "
+                         "for data (torch.randn batches), make them once before the profiled code.")
+    return notes
+
+
 def advise(result: ProfileResult) -> list[str]:
     """One line per finding, each quoting the number that triggered it."""
     notes = []
@@ -219,6 +249,8 @@ def advise(result: ProfileResult) -> list[str]:
                          f"time each take {small_us / total:.0%} of the self CPU time: ops this short spend much of "
                          "their time in fixed per-op costs (Python binding, dispatch, allocation); try "
                          "torch.compile (fuses them) or give each op more work (larger tensors per op).")
+    if n_ops and total > 0:
+        notes += _random_notes(ops, time_col, total, where)
     if on_device and result.device_time_us > 0:
         transfer = pt.pairwise_sum([t for c, t, _, _ in result.category_rows if c == "data transfer"])
         if transfer / result.device_time_us >= TRANSFER_SHARE:
