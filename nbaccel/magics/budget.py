@@ -404,13 +404,14 @@ class BudgetMagics(Magics):
         """
         if getattr(result, "error_before_exec", None) is not None:
             return True  # it never ran (a SyntaxError): a row "ok, added 0 B" said it did (a user trial)
-        if record.added_bytes >= PUSHED:
-            return False
         magic = _one_magic_call(self.shell, result)
+        if magic == "memory_budget":
+            # A status (or a new budget) is a question about the other cells, not one of them: its rows
+            # crowded the last 10 (a trial). What it allocates is nbaccel's (the first status imports its
+            # renderers: 1 MiB and more), never the user's code.
+            return True
         error = getattr(result, "error_in_exec", None)
-        # A `%memory_budget` status cell is a question about the other cells, not one of them: its rows
-        # crowded the last 10 (a trial).
-        return magic is not None and (isinstance(error, UsageError) or magic == "memory_budget")
+        return isinstance(error, UsageError) and record.added_bytes < PUSHED and magic is not None
 
     def _on_exception(self, shell, etype, value, tb, tb_offset=None):
         if not is_oom(value):
