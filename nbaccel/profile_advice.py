@@ -77,11 +77,23 @@ def _per_step(count: int, steps: int, noun: str) -> str:
 CPU_TILE_DTYPES = frozenset({"bf16", "fp16", "int8"})
 
 
+def cpu_tile_dtypes(result: ProfileResult) -> frozenset:
+    """The dtypes the profiled CPU's AMX tiles take: none on a CPU without AMX (an Ice Lake: a trial read
+    "padded sizes count ... under bf16 autocast (AMX tiles)" there). AMX-INT8 is read from AMX-BF16: every
+    AMX CPU so far (Sapphire/Emerald/Granite Rapids) has both. A loaded trace does not say which CPU
+    recorded it: every tile dtype counts there."""
+    if result.loaded:
+        return CPU_TILE_DTYPES
+    units = result.device.cpu_features
+    return frozenset(d for d, unit in (("bf16", "amx_bf16"), ("fp16", "amx_fp16"), ("int8", "amx_bf16"))
+                     if units.get(unit))
+
+
 def padding_pays_here(result: ProfileResult, entry: dict) -> bool:
     """Whether padding an `unaligned` entry's dims fills tiles on the profiled device: always on a GPU
-    (Tensor Cores), on the CPU only for the dtypes AMX takes. The shapes list shows the others as what
-    matters on a GPU or under bf16 autocast, and the advice leaves them out."""
-    return result.device.type != "cpu" or entry["dtype"] in CPU_TILE_DTYPES
+    (Tensor Cores), on the CPU only for the dtypes its AMX takes. The shapes list shows the others as
+    what matters on a GPU (or under bf16 autocast on an AMX CPU), and the advice leaves them out."""
+    return result.device.type != "cpu" or entry["dtype"] in cpu_tile_dtypes(result)
 
 
 def _phase_notes(result: ProfileResult) -> list[str]:
@@ -218,9 +230,16 @@ def advise(result: ProfileResult) -> list[str]:
         fp32 = pt.pairwise_sum(t for t, c, d in zip(ops[time_col], ops["category"], ops["math_dtype"])
                                if c == "matmul/conv" and d == "fp32")
         if fp32 / total >= FP32_MATMUL_SHARE:
-            hint = ("bf16/fp16 run on Tensor Cores" if on_device else
-                    "bf16 helps on CPUs with AMX/AVX512-BF16 units; on others it only adds casts")
-            notes.append(f"fp32 matmul/conv take {fp32 / total:.0%} of {where} time: try {_amp_words(result)} -- {hint}.")
+            share = f"fp32 matmul/conv take {fp32 / total:.0%} of {where} time"
+            if on_device:
+                notes.append(f"{share}: try {_amp_words(result)} -- bf16/fp16 run on Tensor Cores.")
+            elif result.loaded or result.device.has_bf16_units:
+                notes.append(f"{share}: try {_amp_words(result)} -- bf16 helps on CPUs with AMX/AVX512-BF16 units; "
+                             "on others it only adds casts.")
+            else:  # a trial on an Ice Lake was sent to %%amp as the one fix for a step of many small matmuls
+                notes.append(f"{share}; this CPU has no bf16 units (AMX / AVX512-BF16), so mixed precision would "
+                             "only add casts here: cut the matmul time itself (fewer, larger matmuls), or compare "
+                             "on a GPU.")
     busy = result.busy
     idle = 1 - busy["busy_fraction"] if busy and busy["busy_fraction"] is not None else None
     steps = _steps(result)
@@ -278,7 +297,8 @@ def advise(result: ProfileResult) -> list[str]:
         shown = sorted(pairs.items())[:6]
         notes.append("Matmul/conv dims not multiples of 8 (16 for int8): "
                      + ", ".join(f"{a} -> pad to {b}" for a, b in shown)
-                     + "; padded sizes fill Tensor Core / AMX tiles.")
+                     + ("; padded sizes fill Tensor Core tiles." if result.device.type != "cpu"
+                        else "; padded sizes fill AMX tiles."))
     if result.device.type == "cpu" and result.loaded is None:
         notes.append("Profiled on the CPU (no CUDA device): times are CPU times; GPU figures need a GPU.")
     return notes

@@ -80,7 +80,7 @@ def test_categories_add_up_and_matmul_dominates(run_cell, ip):
     assert "time by category" in str(prof) and "matmul/conv" in str(prof)
 
 
-def test_shape_advice_pads_1001_to_1008(run_cell, ip):
+def test_shape_advice_pads_1001_to_1008(run_cell, ip, cpu_with_bf16_and_fp16_units):
     prof, _, _ = profile_cell(run_cell, ip, opts="-q -r prof --amp bf16")
     mm = [e for e in prof.unaligned if e["op"] == "aten::mm" and e["shapes"] == "1000x1000, 1000x1001"]
     assert mm and mm[0]["unaligned"] == {"N": 1001} and mm[0]["pad_to"] == {"N": 1008} and mm[0]["dtype"] == "bf16"
@@ -97,7 +97,7 @@ def test_fp32_on_the_cpu_is_not_told_to_pad(run_cell, ip):
     assert not any("pad to" in a for a in prof.advice)
 
 
-def test_cpu_shapes_list_says_fp32_padding_counts_on_a_gpu_or_under_bf16(run_cell, ip):
+def test_cpu_shapes_list_says_fp32_padding_counts_on_a_gpu_or_under_bf16(run_cell, ip, cpu_with_bf16_and_fp16_units):
     # A user trial: a CPU profile listed "C_in=3 -> 8 (multiple of 8 for fp32)" and "N=10 -> 16" as if
     # they were things to do; fp32 fills no tile on the CPU (AMX takes bf16/fp16/int8).
     prof, _, _ = profile_cell(run_cell, ip, opts="-q -r prof --device cpu")
@@ -118,6 +118,22 @@ def test_cpu_shapes_list_says_fp32_padding_counts_on_a_gpu_or_under_bf16(run_cel
     assert row.endswith("(multiple of 8 for bf16)")
 
 
+def test_on_a_cpu_without_amx_padding_counts_only_on_a_gpu(run_cell, ip):
+    """A trial on an Ice Lake (no AMX) read "padded sizes count ... under bf16 autocast (AMX tiles)"."""
+    import dataclasses
+
+    prof, _, _ = profile_cell(run_cell, ip, opts="-q -r prof --device cpu --amp bf16")
+    prof.device = dataclasses.replace(prof.device, cpu_features={"amx_bf16": False, "amx_fp16": False})
+    prof.__dict__.pop("advice", None)  # cached: read again for this CPU
+    lines = render_profile.unaligned_lines(prof)
+    row = next(line for line in lines if "N=1001 -> 1008" in line)
+    assert row.endswith("(for a GPU; not on this CPU)")
+    assert lines[0] == ("bf16 matmul/conv on the CPU run on the vector units, not on tiles: padding their dims would "
+                        "only add work here. Their padded sizes count on a GPU (Tensor Cores); this CPU has no AMX "
+                        "tiles, so not here in any precision:")
+    assert not any("pad to" in a for a in prof.advice)
+
+
 def test_shapes_list_is_ordered_by_share_of_the_time_and_capped(run_cell, ip):
     run_cell("import torch\nws = [(torch.randn(256, n), torch.randn(n, 8 + 64 * i)) for i, n in enumerate(range(9, 41, 2))]")
     run_cell("%%profile_gpu -q -r prof --device cpu\nfor a, b in ws:\n    a @ b\n")
@@ -136,7 +152,7 @@ def test_shapes_list_is_ordered_by_share_of_the_time_and_capped(run_cell, ip):
 
 
 @pytest.mark.parametrize("share, advised", [(0.03, False), (0.10, True)])
-def test_shape_advice_only_for_unaligned_ops_taking_five_percent_of_the_time(run_cell, ip, share, advised):
+def test_shape_advice_only_for_unaligned_ops_taking_five_percent_of_the_time(run_cell, ip, share, advised, cpu_with_bf16_and_fp16_units):
     """As %%amp's 5 %-of-FLOPs rule: a 10-class output layer is listed under shapes, not advised on."""
     from nbaccel.profile_advice import advise
 
@@ -559,7 +575,7 @@ def test_widget_top_k_sort_choices_and_name_order_follow_the_grouping(run_cell, 
     assert not control(box, "Checkbox", "ascending").value  # numbers: largest first
 
 
-def test_widget_builds_with_breakdown_and_advice_tabs(run_cell, ip):
+def test_widget_builds_with_breakdown_and_advice_tabs(run_cell, ip, cpu_with_bf16_and_fp16_units):
     prof, _, _ = profile_cell(run_cell, ip, opts="-q -r prof --amp bf16")
     box = render_profile.widget(prof)
     tab = next(w for w in walk(box) if type(w).__name__ == "Tab")
@@ -938,7 +954,8 @@ def test_the_flops_column_is_each_ops_own_and_sums_to_the_header(run_cell, ip):
     assert "the column sums to the header's FLOPs" in unfolded(text.split("method: ")[1])
 
 
-def test_the_mixed_precision_advice_names_what_its_maker_would_run(run_cell, ip, tmp_path):
+def test_the_mixed_precision_advice_names_what_its_maker_would_run(run_cell, ip, tmp_path,
+                                                                  cpu_with_bf16_and_fp16_units):
     """A user trial: `nbaccel.profile()` and a loaded trace were told "try %%amp (or --amp bf16 here)"."""
     w = torch.randn(512, 512)
     ip.user_ns["w"] = w
@@ -953,6 +970,15 @@ def test_the_mixed_precision_advice_names_what_its_maker_would_run(run_cell, ip,
     loaded = next(a for a in nbaccel.load_trace(str(tmp_path / "t.json")).advice
                   if a.startswith("fp32 matmul/conv take"))
     assert "try nbaccel.compare_amp -- " in loaded  # a file cannot be profiled again under a recipe
+    # On a CPU without bf16 units (a trial's Ice Lake) mixed precision is not the fix to try.
+    import dataclasses
+
+    result = prof.result
+    result.device = dataclasses.replace(result.device, cpu_features={"amx_bf16": False, "avx512_bf16": False})
+    result.__dict__.pop("advice", None)
+    line = next(a for a in result.advice if a.startswith("fp32 matmul/conv take"))
+    assert line.endswith("of CPU time; this CPU has no bf16 units (AMX / AVX512-BF16), so mixed precision would only "
+                         "add casts here: cut the matmul time itself (fewer, larger matmuls), or compare on a GPU.")
 
 
 def test_a_profile_object_used_twice_counts_each_use_on_its_own():

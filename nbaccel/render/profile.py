@@ -284,21 +284,24 @@ def unaligned_lines(result, limit: int = UNALIGNED_ROWS) -> list[str]:
     padded dim fills no tile and only adds work (AMX takes bf16/fp16/int8). Such rows say where the
     padding would count -- on a GPU, or under bf16 autocast -- and one line before them says why.
     A user trial read "C_in=3 -> 8 (multiple of 8 for fp32)" on a CPU profile as advice."""
-    from ..profile_advice import amp_comparison_name, padding_pays_here
+    from ..profile_advice import amp_comparison_name, cpu_tile_dtypes, padding_pays_here
 
     entries = result.unaligned
     where = "device" if result.on_device else "CPU"
     out = []
     later = sorted({e["dtype"] for e in entries[:limit] if not padding_pays_here(result, e)})  # rows shown
+    amx_bf16 = "bf16" in cpu_tile_dtypes(result)
     if later:
         out.append(f"{'/'.join(later)} matmul/conv on the CPU run on the vector units, not on tiles: padding their "
-                   "dims would only add work here. Their padded sizes count on a GPU (Tensor Cores) or under bf16 "
-                   f"autocast (AMX tiles; {amp_comparison_name()}):")
+                   "dims would only add work here. Their padded sizes count on a GPU (Tensor Cores)"
+                   + (f" or under bf16 autocast (AMX tiles; {amp_comparison_name()}):" if amx_bf16 else
+                      "; this CPU has no AMX tiles, so not here in any precision:"))
     for e in entries[:limit]:
         fixes = ", ".join(f"{k}={v} -> {e['pad_to'][k]}" for k, v in e["unaligned"].items())
         share = f", {format_share(e['share'])} of {where} time" if e.get("share") is not None else ""
         when = (f"multiple of {e['multiple']} for {e['dtype']}" if padding_pays_here(result, e)
-                else f"for a GPU or bf16 autocast; not {e['dtype']} on the CPU")
+                else f"for a GPU or bf16 autocast; not {e['dtype']} on the CPU" if amx_bf16
+                else "for a GPU; not on this CPU")
         out.append(f"{e['op']} [{e['shapes']}] x{e['calls']} ({_time(e['time_us'])}{share}): {fixes} ({when})")
     if len(entries) > limit:
         most = entries[limit - 1].get("share")
