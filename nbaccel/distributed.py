@@ -354,7 +354,10 @@ class DistributedAmp:
             which = "every rank" if len(uncertain) == len(ranks) else "rank " + ", ".join(map(str, uncertain))
             lines.append(f"  speedup uncertain on {which}: a re-run could reorder the variants there (warnings below)")
         lines += [f"  WARNING rank {r['rank']}: {w}" for r in ranks for w in r.get("warnings") or []]
-        lines.append(f"  recipe: {', '.join(dtypes)} against strict fp32 on every rank")
+        # A row without fp32_median_s ran with baseline=False (agreed on every rank): no fp32 to be against.
+        against = ("against strict fp32" if any(r.get("fp32_median_s") is not None for r in ranks)
+                   else "only (no fp32 baseline)")
+        lines.append(f"  recipe: {', '.join(dtypes)} {against} on every rank")
         return "\n".join(lines)
 
 

@@ -377,6 +377,13 @@ def test_gathered_rows_are_named_as_read_not_by_their_keys():
     assert "11.3 ms" in lines["fp32 median"] and lines["speedup"].endswith("rank 0 (h)")
 
 
+def test_gathered_amp_without_baseline_says_so_in_its_recipe_line():
+    # compare_amp(baseline=False): bf16 rows only, which the recipe line called "against strict fp32".
+    rows = [{"rank": r, "host": "h", "amp_dtype": "bf16", "amp_median_s": 0.01, "warnings": []} for r in (0, 1)]
+    text = str(nd.DistributedAmp(None, nd.RankReport("compare_amp", rows, nd._AMP_METRICS, nd._AMP_UNITS)))
+    assert text.endswith("recipe: bf16 only (no fp32 baseline) on every rank") and "fp32 median" not in text
+
+
 def test_gathered_amp_text_carries_each_ranks_warnings_and_uncertainty():
     rows = [{"rank": 0, "host": "h", "amp_dtype": "bf16", "amp_median_s": 0.01, "fp32_median_s": 0.009,
              "speedup": 0.9, "speedup_uncertain": True, "warnings": ["the two variants' IQRs overlap"]},
