@@ -76,6 +76,12 @@ def trace_warnings_said(say):
                 warnings.warn_explicit(w.message, w.category, w.filename, w.lineno, source=w.source)
 
 
+class RankNotFound(TraceError, LookupError):
+    """``MultiRankResult.table(rank=N)`` for a rank the result does not hold. A TraceError as
+    ``load_trace(rank=N)``'s is, and a LookupError as the KeyError it once was (whose message
+    Python shows quoted)."""
+
+
 def load_trace(path: str | os.PathLike, *, rank: int | None = None, top: int = 15, sort: str | None = None,
                shapes: bool = False, stack: bool = False, memory: bool = False):
     """Load a torch.profiler Chrome trace file, or a folder of them, for analysis.
@@ -562,7 +568,7 @@ class MultiRankResult(ResultMixin):
         check_table_args(group, sort, ascending, filter, top)
         if rank is not None:
             if rank not in self.ranks:
-                raise KeyError(f"no rank {rank}; ranks: {', '.join(map(str, self.ranks))}")
+                raise RankNotFound(f"no rank {rank} in this result; ranks: {', '.join(map(str, self.ranks))}")
             return self.ranks[rank].table(group=group, sort=sort, ascending=ascending, filter=filter, top=top)
         return pt.select(self.grouped(group or self.options.group), sort or self.default_sort, ascending, filter, top)
 

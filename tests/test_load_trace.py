@@ -380,6 +380,13 @@ def test_cpu_only_ranks_name_no_compute_rank_and_read_well(tmp_path):
     text = str(r)
     assert "most compute time" not in text and "no device activity in these traces" in text
     assert "2 ranks of world size 2 recorded on the CPU" in text and " on recorded" not in text
+    # The empty split shows as "-", not as "idle 30 us (100%)" under the line saying it is empty.
+    rank_lines = [line.split() for line in text.splitlines() if re.match(r"\s*[01]\s+1\s", line)]
+    assert len(rank_lines) == 2 and all(line[5:8] == ["-", "-", "-"] for line in rank_lines), rank_lines
+    assert "(100%)" not in r._repr_html_() and "idle 100.0%" not in r._repr_html_()
+    with pytest.raises(LookupError, match=r"^no rank 7 in this result; ranks: 0, 1$") as info:
+        r.table(rank=7)
+    assert isinstance(info.value, TraceError) and not isinstance(info.value, KeyError)
 
 
 def test_tensorboard_names_use_distributed_info(tmp_path):
