@@ -476,7 +476,13 @@ def memory_budget(budget, group=None, **kwargs):
     A budget refused on any rank ("8 parsecs") raises on every rank before the body runs."""
     from .budget import memory_budget as _memory_budget
 
-    with _measured(lambda: _memory_budget(budget, **kwargs), group,
+    def prepare():
+        mb = _memory_budget(budget, **kwargs)
+        # __exit__, _measured, its contextlib exit, this generator, its contextlib exit: the user's line
+        mb._stacklevel = 6
+        return mb
+
+    with _measured(prepare, group,
                    _options(_memory_budget, budget, **kwargs), "nbaccel.distributed.memory_budget") as mb:
         yield mb
     rec = mb.watcher.records[-1] if mb.watcher.records else None
