@@ -216,14 +216,19 @@ def _note(error: BaseException, text: str) -> None:
 # --- gathered reports ---------------------------------------------------------------------------
 
 def summarize(values: dict[int, float], higher_is_slower: bool = True) -> dict:
-    """{rank: value} -> min / median / max and the slowest rank (largest value by default)."""
+    """{rank: value} -> min / median / max, the ranks holding them, and the slowest rank (the largest
+    value by default; the smallest for a speedup, ``higher_is_slower=False``)."""
     if not values:
-        return {"min": None, "median": None, "max": None, "slowest_rank": None, "spread": None}
+        return {"min": None, "median": None, "max": None, "min_rank": None, "max_rank": None, "slowest_rank": None,
+                "spread": None}
     ordered = sorted(values.items(), key=lambda kv: kv[1])
     slowest = ordered[-1][0] if higher_is_slower else ordered[0][0]
     lo, hi = ordered[0][1], ordered[-1][1]
-    return {"min": lo, "median": statistics.median(values.values()), "max": hi, "slowest_rank": slowest,
-            "spread": (hi - lo) / lo if lo else None}
+    return {"min": lo, "median": statistics.median(values.values()), "max": hi, "min_rank": ordered[0][0],
+            "max_rank": ordered[-1][0], "slowest_rank": slowest, "spread": (hi - lo) / lo if lo else None}
+
+
+_HIGHER_IS_FASTER = {"speedup"}  # every other gathered metric is a time or a size: larger is slower / bigger
 
 
 @dataclass
@@ -241,7 +246,9 @@ class RankReport:
         return len(self.ranks)
 
     def stats(self, metric: str) -> dict:
-        return summarize({r["rank"]: r[metric] for r in self.ranks if r.get(metric) is not None})
+        # A speedup's slowest rank is its smallest (to_dict()'s "slowest_rank" once named the largest).
+        return summarize({r["rank"]: r[metric] for r in self.ranks if r.get(metric) is not None},
+                         higher_is_slower=metric not in _HIGHER_IS_FASTER)
 
     @property
     def summary(self) -> dict:
@@ -279,7 +286,7 @@ class RankReport:
     def _max_at(self, s: dict) -> str:
         if s["min"] == s["max"] and self.world_size > 1:
             return "equal on every rank"  # naming one would single out a rank for nothing
-        return f"rank {s['slowest_rank']} ({self.ranks[s['slowest_rank']].get('host', '?')})"
+        return f"rank {s['max_rank']} ({self.ranks[s['max_rank']].get('host', '?')})"
 
 
 def _formatter(unit):

@@ -54,7 +54,7 @@ from .trace_io import TraceIdentity, TraceStream, peek_identity, trace_files
 if TYPE_CHECKING:
     import pandas as pd
 
-__all__ = ["load_trace", "MultiRankResult", "TraceError", "TraceWarning"]
+__all__ = ["load_trace", "MultiRankResult", "RankNotFound", "TraceError", "TraceWarning"]
 
 
 @contextlib.contextmanager

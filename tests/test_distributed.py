@@ -241,7 +241,7 @@ def test_ranks_still_pair_up_after_the_failures(failures_run):
 
 def test_summary_arithmetic():
     s = nd.summarize({0: 1.0, 1: 3.0, 2: 2.0})
-    assert s == {"min": 1.0, "median": 2.0, "max": 3.0, "slowest_rank": 1, "spread": 2.0}
+    assert s == {"min": 1.0, "median": 2.0, "max": 3.0, "min_rank": 0, "max_rank": 1, "slowest_rank": 1, "spread": 2.0}
     assert nd.summarize({})["slowest_rank"] is None
 
 
@@ -387,6 +387,10 @@ def test_gathered_rows_are_named_as_read_not_by_their_keys():
     lines = {line.split("  ")[1].strip(): line for line in text.splitlines()[2:]}
     assert set(lines) == {"fp32 median", "bf16 median", "speedup", "bf16 peak"}
     assert "11.3 ms" in lines["fp32 median"] and lines["speedup"].endswith("rank 0 (h)")
+    # The JSON names the speedup's slowest rank as the smallest speedup (it named the largest), and the max's rank apart.
+    speedup = report.to_dict()["summary"]["speedup"]
+    assert (speedup["slowest_rank"], speedup["max_rank"], speedup["min_rank"]) == (1, 0, 1)
+    assert report.to_dict()["summary"]["amp_median_s"]["slowest_rank"] == 1  # a time: the largest
 
 
 def test_gathered_amp_without_baseline_says_so_in_its_recipe_line():
