@@ -605,6 +605,9 @@ class MemoryBudget:
         self.watcher = Watcher(self.budget, self.device, near)
         self.last_oom = None
         self._caps_open: list = []  # `push_cap` handles of the open blocks (re-entered: one each)
+        # The BudgetWarning points at the user's `with` line: 2 when the user's `with` exits this object,
+        # more when a wrapper's context managers stand between (nbaccel.distributed.memory_budget).
+        self._stacklevel = 2
 
     @property
     def history(self) -> pd.DataFrame:
@@ -648,7 +651,7 @@ class MemoryBudget:
                 message += "; " + harness_words(record, str(self.device))
             if self.strict and not record.harness:
                 raise BudgetExceeded(message)
-            warnings.warn(message, BudgetWarning, stacklevel=2)
+            warnings.warn(message, BudgetWarning, stacklevel=self._stacklevel)
         return False
 
 

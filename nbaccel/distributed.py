@@ -36,6 +36,12 @@ saying so. What you can do: pass a shorter timeout when you measure,
 output for the rank whose error is not a backend error; and check the step once on one rank
 without DDP (``nbaccel.compare_amp`` on the plain model) before measuring it under DDP.
 
+`profile` and `memory_budget` measure only the body: each rank first builds and checks its profiler
+or budget (and `profile` its trace folder), the ranks agree on that (`_measured`), and only then
+does each start measuring. nbaccel's own exchange was once inside the profile (a rank's
+``all_gather_object`` wait for the other, ~6 of a 21 ms step), and a folder one rank could not
+create left the others waiting out the group's timeout.
+
 Every rank must pass the same options: the wrappers exchange them before anything runs and raise
 `RankMismatch` on every rank, naming the options and the ranks, when they differ (``device`` may
 differ: each rank may name its own GPU). Different ``repeat``/``warmup`` would run DDP's
@@ -65,13 +71,17 @@ _CPU_GROUPS: dict = {}
 
 
 class RankFailure(RuntimeError):
-    """Raised on the healthy ranks when the measured code raised on other ranks."""
+    """Raised on the healthy ranks when the measured code, or nbaccel's preparation for it (``starting``),
+    raised on other ranks."""
 
-    def __init__(self, failures: dict[int, str]):
+    def __init__(self, failures: dict[int, str], starting: str | None = None):
         self.failures = dict(failures)
         ranks = ", ".join(map(str, sorted(failures)))
         detail = "; ".join(f"rank {r}: {msg}" for r, msg in sorted(failures.items()))
-        super().__init__(f"the measured code raised on rank(s) {ranks}, so no result was gathered ({detail})")
+        # Said apart: a preparation that failed must not read as the user's code failing (it never ran).
+        what = (f"{starting} could not start on rank(s) {ranks}, so the code ran on no rank" if starting
+                else f"the measured code raised on rank(s) {ranks}, so no result was gathered")
+        super().__init__(f"{what} ({detail})")
 
 
 class RankMismatch(ValueError):
@@ -80,6 +90,11 @@ class RankMismatch(ValueError):
     def __init__(self, what: str, differences: dict[str, dict[int, object]]):
         self.differences = {name: dict(per_rank) for name, per_rank in differences.items()}
         detail = "; ".join(f"{name}: {_by_value(per_rank)}" for name, per_rank in differences.items())
+        if "call" in differences:  # the ranks are not even in the same nbaccel call: their options do not compare
+            super().__init__(f"the ranks made different nbaccel.distributed calls at the same point ({detail}); "
+                             "every rank must make the same calls in the same order (their exchanges pair up one "
+                             "for one), so nothing ran")
+            return
         super().__init__(f"{what} needs the same options on every rank (their runs, and the collectives in them, "
                          f"pair up one for one), but they differ: {detail}. Pass the same values on every rank "
                          "(only device may differ).")
@@ -146,14 +161,16 @@ def _all_gather(obj, group=None) -> list:
     return out
 
 
-def run_all(fn, group=None, *, options: dict | None = None, what: str = "this call"):
+def run_all(fn, group=None, *, options: dict | None = None, what: str = "this call", starting: bool = False):
     """Run ``fn()`` on this rank, then agree with every rank on whether all succeeded.
 
     Returns ``fn()``'s value when every rank succeeded. Otherwise raises on every rank: the rank
     whose code raised re-raises its own exception (with a note naming the other failed ranks),
     the others raise `RankFailure`. Only ``Exception`` is caught; KeyboardInterrupt propagates.
-    ``options`` (plain values) travel in the same exchange: when they differ between ranks, every
-    rank raises `RankMismatch` naming ``what``, the options and the ranks.
+    ``options`` (plain values) travel in the same exchange, with ``what`` (the call): when either
+    differs between ranks, every rank raises `RankMismatch` naming the call, the options and the
+    ranks. ``starting``: ``fn`` is ``what``'s own preparation, not the user's code, and
+    `RankFailure` says so.
     """
     error, value = None, None
     try:
@@ -161,25 +178,31 @@ def run_all(fn, group=None, *, options: dict | None = None, what: str = "this ca
     except Exception as exc:  # exchanged below, then re-raised unchanged on this rank
         error = exc
     try:
-        status = _all_gather((rank(), None if error is None else f"{type(error).__name__}: {error}", options), group)
+        status = _all_gather((rank(), None if error is None else f"{type(error).__name__}: {error}", options,
+                              what), group)
     except Exception as exchange_error:
         if error is None:
             raise
-        # Typically the process-group timeout: the other ranks were stuck in the code's own
-        # collectives. The user's exception is the cause worth seeing, not the backend's.
+        # The process-group timeout, from either side of a failure in the code's own collectives:
+        # this rank failed and the others were left waiting in them, or another rank failed and this
+        # one's error is the backend's ("Connection closed by peer"). The exception is kept either way.
         _note(error, f"nbaccel.distributed: the ranks could not agree on errors afterwards "
-                     f"({type(exchange_error).__name__}: {exchange_error}); other ranks may have been waiting "
-                     "in the code's own collectives")
+                     f"({type(exchange_error).__name__}: {exchange_error}). If this error is a timeout or a "
+                     "closed connection, another rank probably failed: look for its traceback in torchrun's "
+                     "output; otherwise the other ranks were probably left waiting in the code's own collectives")
         raise error from None
-    failures = {r: msg for r, msg, _ in status if msg is not None}
+    failures = {r: msg for r, msg, _, _ in status if msg is not None}
     if error is not None:
         others = {r: m for r, m in failures.items() if r != rank()}
         if others:
             _note(error, f"nbaccel.distributed: also failed on rank(s) {sorted(others)}")
         raise error
+    calls = {r: call for r, _, _, call in status}
+    if len(set(calls.values())) > 1:  # one rank in nd.profile, another in nd.compare_amp: nothing pairs up
+        raise RankMismatch(what, {"call": calls})
     if failures:
-        raise RankFailure(failures)
-    differences = _differences({r: opts or {} for r, _, opts in status})
+        raise RankFailure(failures, what if starting else None)
+    differences = _differences({r: opts or {} for r, _, opts, _ in status})
     if differences:
         raise RankMismatch(what, differences)
     return value
@@ -193,14 +216,19 @@ def _note(error: BaseException, text: str) -> None:
 # --- gathered reports ---------------------------------------------------------------------------
 
 def summarize(values: dict[int, float], higher_is_slower: bool = True) -> dict:
-    """{rank: value} -> min / median / max and the slowest rank (largest value by default)."""
+    """{rank: value} -> min / median / max, the ranks holding them, and the slowest rank (the largest
+    value by default; the smallest for a speedup, ``higher_is_slower=False``)."""
     if not values:
-        return {"min": None, "median": None, "max": None, "slowest_rank": None, "spread": None}
+        return {"min": None, "median": None, "max": None, "min_rank": None, "max_rank": None, "slowest_rank": None,
+                "spread": None}
     ordered = sorted(values.items(), key=lambda kv: kv[1])
     slowest = ordered[-1][0] if higher_is_slower else ordered[0][0]
     lo, hi = ordered[0][1], ordered[-1][1]
-    return {"min": lo, "median": statistics.median(values.values()), "max": hi, "slowest_rank": slowest,
-            "spread": (hi - lo) / lo if lo else None}
+    return {"min": lo, "median": statistics.median(values.values()), "max": hi, "min_rank": ordered[0][0],
+            "max_rank": ordered[-1][0], "slowest_rank": slowest, "spread": (hi - lo) / lo if lo else None}
+
+
+_HIGHER_IS_FASTER = {"speedup"}  # every other gathered metric is a time or a size: larger is slower / bigger
 
 
 @dataclass
@@ -218,7 +246,9 @@ class RankReport:
         return len(self.ranks)
 
     def stats(self, metric: str) -> dict:
-        return summarize({r["rank"]: r[metric] for r in self.ranks if r.get(metric) is not None})
+        # A speedup's slowest rank is its smallest (to_dict()'s "slowest_rank" once named the largest).
+        return summarize({r["rank"]: r[metric] for r in self.ranks if r.get(metric) is not None},
+                         higher_is_slower=metric not in _HIGHER_IS_FASTER)
 
     @property
     def summary(self) -> dict:
@@ -256,7 +286,7 @@ class RankReport:
     def _max_at(self, s: dict) -> str:
         if s["min"] == s["max"] and self.world_size > 1:
             return "equal on every rank"  # naming one would single out a rank for nothing
-        return f"rank {s['slowest_rank']} ({self.ranks[s['slowest_rank']].get('host', '?')})"
+        return f"rank {s['max_rank']} ({self.ranks[s['max_rank']].get('host', '?')})"
 
 
 def _formatter(unit):
@@ -331,7 +361,10 @@ class DistributedAmp:
             which = "every rank" if len(uncertain) == len(ranks) else "rank " + ", ".join(map(str, uncertain))
             lines.append(f"  speedup uncertain on {which}: a re-run could reorder the variants there (warnings below)")
         lines += [f"  WARNING rank {r['rank']}: {w}" for r in ranks for w in r.get("warnings") or []]
-        lines.append(f"  recipe: {', '.join(dtypes)} against strict fp32 on every rank")
+        # A row without fp32_median_s ran with baseline=False (agreed on every rank): no fp32 to be against.
+        against = ("against strict fp32" if any(r.get("fp32_median_s") is not None for r in ranks)
+                   else "only (no fp32 baseline)")
+        lines.append(f"  recipe: {', '.join(dtypes)} {against} on every rank")
         return "\n".join(lines)
 
 
@@ -373,9 +406,14 @@ def profile(directory: str, name: str = "nbaccel", group=None, **kwargs):
     if "trace" in kwargs:  # each rank's file is named here; a shared path would be overwritten by every rank
         raise TypeError("nbaccel.distributed.profile names each rank's trace itself (in the folder given first); "
                         "leave out trace=")
-    os.makedirs(directory, exist_ok=True)
-    with _measured(lambda: _profile(trace=trace_path(directory, name), **kwargs), group,
-                   _options(_profile, **kwargs), "nbaccel.distributed.profile") as prof:
+
+    def prepare():
+        # On every rank before any starts its profiler, so a folder one rank cannot make (its parent a
+        # file) raises on every rank at once, not after the others waited out the group's timeout.
+        os.makedirs(directory, exist_ok=True)
+        return _profile(trace=trace_path(directory, name), **kwargs).check()
+
+    with _measured(prepare, group, _options(_profile, **kwargs), "nbaccel.distributed.profile") as prof:
         yield prof
     res = prof.result
     row = {"trace": trace_path(directory, name), "window_us": res.window_us,
@@ -406,19 +444,21 @@ def _ranks_agree(group):
 
 
 @contextlib.contextmanager
-def _measured(make, group, options: dict, what: str):
-    """Build and enter the measuring context ``make()`` on every rank, then run the body in it.
+def _measured(prepare, group, options: dict, what: str):
+    """Build and check the measuring context ``prepare()`` on every rank, then run the body in it.
 
-    Building and entering are agreed on before the body, together with the ``options`` (a bad or
-    differing option on one rank raises on every rank there, so no rank runs the body alone and
-    waits for the others in a later gather); the body's errors are agreed on after the context
-    exited, so the profiler has stopped and the budget has recorded the block before nbaccel's
-    own exchange runs.
+    ``prepare()`` does everything entering can refuse on, and that is agreed on, together with the
+    ``options``, *before* any rank enters: a bad or differing option on one rank raises on every
+    rank there, so no rank runs the body alone and waits for the others in a later gather. Nothing
+    collective runs between entering and the body, nor between the body and leaving: nbaccel's own
+    exchange (a wait for the slowest rank) would be profiled or measured as the body's. The body's
+    errors are agreed on after the context exited (the profiler has stopped, the budget has
+    recorded the block). Entering can still fail after the check (a profiler started in between);
+    that is agreed on after the body, like the body's own errors.
     """
-    with contextlib.ExitStack() as setup:  # closes the context if another rank failed to build its own
-        measuring = run_all(lambda: setup.enter_context(make()), group, options=options, what=what)
-        with _ranks_agree(group), setup.pop_all():
-            yield measuring
+    measuring = run_all(prepare, group, options=options, what=what, starting=True)
+    with _ranks_agree(group), measuring:
+        yield measuring
 
 
 @dataclass
@@ -443,7 +483,13 @@ def memory_budget(budget, group=None, **kwargs):
     A budget refused on any rank ("8 parsecs") raises on every rank before the body runs."""
     from .budget import memory_budget as _memory_budget
 
-    with _measured(lambda: _memory_budget(budget, **kwargs), group,
+    def prepare():
+        mb = _memory_budget(budget, **kwargs)
+        # __exit__, _measured, its contextlib exit, this generator, its contextlib exit: the user's line
+        mb._stacklevel = 6
+        return mb
+
+    with _measured(prepare, group,
                    _options(_memory_budget, budget, **kwargs), "nbaccel.distributed.memory_budget") as mb:
         yield mb
     rec = mb.watcher.records[-1] if mb.watcher.records else None

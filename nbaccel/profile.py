@@ -148,20 +148,37 @@ class profile:  # noqa: N801 - a context manager used like a function: `with nba
         self._meter = contention_meter
         self._span = None
         self._step_range = None  # an unscheduled profile's ProfilerStep#0 range, open while the code runs
+        self._earlier, self._created = [], None  # the trace folder as the profile started (_trace_folder_before)
         # An exception raised by nbaccel's own code inside the block (the profiler's step, the magic's
         # loop between runs), not by the profiled code: __exit__ must not blame the code for it.
         self._own_failure: BaseException | None = None
 
-    def __enter__(self) -> "profile":
-        opts = self.options
-        self.device, self.info, self.recipe = validate(opts)
-        # Each `with` is a profile of its own: a second use of the object counted on from the first's steps.
-        self.steps_done, self._own_failure, self.result = 0, None, None
+    def check(self) -> "profile":
+        """Everything entering the block can refuse on (the device, the ``amp`` recipe, an unwritable
+        ``trace``, another profiler running), checked without starting anything.
+
+        `nbaccel.distributed.profile` calls it on every rank and agrees on the outcome before any rank
+        starts its profiler, so that nbaccel's exchange between the ranks is not recorded as part of
+        the profile. ``__enter__`` checks again (a profiler may have started in between).
+        """
+        self.device, self.info, self.recipe = validate(self.options)
         # validate's check reads the calling thread's profiler state only; Kineto has one session per
         # process, and two threads profiling at once crashed the process.
-        if not _RECORDING.acquire(blocking=False):
-            raise ProfileError("another nbaccel.profile is recording in another thread of this process; Kineto "
-                               "holds one profiling session per process: profile one thread at a time")
+        if _RECORDING.locked():
+            raise _another_thread_recording()
+        return self
+
+    def __enter__(self) -> "profile":
+        opts = self.options
+        self.check()
+        # Each `with` is a profile of its own: a second use of the object counted on from the first's steps.
+        self.steps_done, self._own_failure, self.result = 0, None, None
+        if not _RECORDING.acquire(blocking=False):  # taken since check() by another thread
+            raise _another_thread_recording()
+        # What the trace folder holds and lacks as the profile starts, not after the code ran: under
+        # torchrun the other ranks write their files into the same folder meanwhile, and they are not
+        # earlier runs (nor is which rank "created the folder" worth a race).
+        self._earlier, self._created = _trace_folder_before(opts.trace)
         try:
             self._start(opts)
         except BaseException:
@@ -325,27 +342,40 @@ class profile:  # noqa: N801 - a context manager used like a function: `with nba
             try:
                 self._prof.export_chrome_trace(tmp)
                 doc = _read_json(tmp)
-                earlier = _earlier_traces(opts.trace, tmp) if opts.trace and not trace_is_file(opts.trace) else []
-                files, created = _save_trace(tmp, doc, opts.trace) if opts.trace else ([], None)
+                files, created = _save_trace(tmp, doc, opts.trace, self._created) if opts.trace else ([], None)
             finally:
                 os.unlink(tmp)
             return ProfileResult.from_trace(doc, self.info, opts, recipe=self.recipe,
                                             cudnn_benchmark=self._cudnn_benchmark,
                                             trace_path=opts.trace if files else None, trace_files=files,
                                             contention=self._meter.result, trace_created=created,
-                                            trace_earlier=[f for f in earlier if str(f) not in files],
+                                            trace_earlier=[f for f in self._earlier if str(f) not in files],
                                             made_by="%%profile_gpu" if in_magic() else "profile()")
 
 
-def _earlier_traces(folder: str, exported: str) -> list[str]:
+def _another_thread_recording() -> ProfileError:
+    return ProfileError("another nbaccel.profile is recording in another thread of this process; Kineto "
+                        "holds one profiling session per process: profile one thread at a time")
+
+
+def _trace_folder_before(target: str | None) -> tuple[list[str], str | None]:
+    """As a profile starts: (the trace files ``--trace FOLDER`` holds already, the outermost folder
+    that saving the trace will create). Without a trace: nothing."""
+    if not target:
+        return [], None
+    path = Path(target).expanduser()
+    created = _first_missing(path.parent if trace_is_file(target) else path)
+    return ([] if trace_is_file(target) else _earlier_traces(target)), (str(created) if created is not None else None)
+
+
+def _earlier_traces(folder: str) -> list[str]:
     """Trace files already in ``--trace FOLDER`` before this profile writes its own: loading the folder
     (``%profile_trace``) reads every file in it as steps of one run, so the result says they are there
     (a trial's folder, reused, gathered three runs' files without a word)."""
     path = Path(folder).expanduser()
     if not path.is_dir():
         return []
-    return sorted(str(f) for f in path.iterdir()
-                  if f.name.endswith((".json", ".json.gz")) and f.is_file() and str(f) != exported)
+    return sorted(str(f) for f in path.iterdir() if f.name.endswith((".json", ".json.gz")) and f.is_file())
 
 
 def _first_missing(folder: Path) -> Path | None:
@@ -358,13 +388,11 @@ def _first_missing(folder: Path) -> Path | None:
     return missing
 
 
-def _save_trace(exported: str, doc: dict, target: str) -> tuple[list[str], str | None]:
-    """Write --trace (one file, or one file per step in a folder): (the files written, the outermost
-    folder created on the way, so a mistyped path's new folders are said, not left unseen). A
-    failure is reported as a warning with the way out, and the profile is kept."""
+def _save_trace(exported: str, doc: dict, target: str, created: str | None) -> tuple[list[str], str | None]:
+    """Write --trace (one file, or one file per step in a folder): (the files written, ``created``: the
+    outermost folder missing when the profile started, so a mistyped path's new folders are said, not
+    left unseen). A failure is reported as a warning with the way out, and the profile is kept."""
     path = Path(target).expanduser()
-    created = _first_missing(path.parent if trace_is_file(target) else path)
-    created = str(created) if created is not None else None
     try:
         if not trace_is_file(target):
             return write_step_traces(doc, target), created
@@ -386,25 +414,39 @@ def _save_trace(exported: str, doc: dict, target: str) -> tuple[list[str], str |
 
 
 class SharedTraceWarning(UserWarning):
-    """Under torch.distributed, every rank writes its trace to the same path."""
+    """Under torchrun, every rank writes its trace to the same file."""
+
+
+def _rank_and_world() -> tuple[int, int]:
+    """This process's (rank, world size): the process group's, else torchrun's RANK / WORLD_SIZE
+    environment (set for every worker, with or without init_process_group), else (0, 1)."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    try:
+        return int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+    except ValueError:  # not torchrun's numbers: nothing to say about ranks
+        return 0, 1
 
 
 def _warn_if_shared_trace(target: str) -> None:
-    """Under torchrun every rank runs the same ``trace=`` line, so one path means the ranks
+    """Under torchrun every rank runs the same ``trace=`` line, so one file path means the ranks
     overwrite each other's file and the last to finish wins, silently. A path that names this
-    rank (``rank3``, as nbaccel.distributed.trace_path writes) is per rank already."""
-    import torch.distributed as dist
-
-    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() < 2:
+    rank (``rank3``, as nbaccel.distributed.trace_path writes) is per rank already, and so is a
+    folder: its files are named after the host and process (``{host}_{pid}.{ms}.pt.trace.json``),
+    so every rank adds its own and none is overwritten."""
+    rank, world = _rank_and_world()
+    if world < 2 or not trace_is_file(target):
         return
-    if any(int(r) == dist.get_rank() for r in _RANK_NAME.findall(str(target))):
+    if any(int(r) == rank for r in _RANK_NAME.findall(str(target))):
         return
     # The warnings module shows it once per call site: a profiled loop does not repeat it.
-    warnings.warn(f"trace={target!r}: torch.distributed runs {dist.get_world_size()} ranks and every rank writes its "
-                  "trace to this same path, so the last rank to finish overwrites the others. Use "
+    warnings.warn(f"trace={target!r}: torchrun runs {world} ranks and every rank writes its "
+                  "trace to this same file, so the last rank to finish overwrites the others. Use "
                   "nbaccel.distributed.profile(directory), which writes one file per rank "
-                  "(<directory>/nbaccel.rank<r>.pt.trace.json), or put the rank in the name",
-                  SharedTraceWarning, stacklevel=3)
+                  "(<directory>/nbaccel.rank<r>.pt.trace.json), a folder (one file per process), or put the rank "
+                  "in the name", SharedTraceWarning, stacklevel=3)
 
 
 class TraceSaveWarning(UserWarning):

@@ -30,6 +30,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
+import re
 import statistics
 import time
 import warnings
@@ -53,7 +54,7 @@ from .trace_io import TraceIdentity, TraceStream, peek_identity, trace_files
 if TYPE_CHECKING:
     import pandas as pd
 
-__all__ = ["load_trace", "MultiRankResult", "TraceError", "TraceWarning"]
+__all__ = ["load_trace", "MultiRankResult", "RankNotFound", "TraceError", "TraceWarning"]
 
 
 @contextlib.contextmanager
@@ -73,6 +74,12 @@ def trace_warnings_said(say):
                 say(str(w.message))
             else:
                 warnings.warn_explicit(w.message, w.category, w.filename, w.lineno, source=w.source)
+
+
+class RankNotFound(TraceError, LookupError):
+    """``MultiRankResult.table(rank=N)`` for a rank the result does not hold. A TraceError as
+    ``load_trace(rank=N)``'s is, and a LookupError as the KeyError it once was (whose message
+    Python shows quoted)."""
 
 
 def load_trace(path: str | os.PathLike, *, rank: int | None = None, top: int = 15, sort: str | None = None,
@@ -128,6 +135,8 @@ def load_trace(path: str | os.PathLike, *, rank: int | None = None, top: int = 1
     for f, exc in sorted(skipped.items()):
         warnings.warn(f"skipped {f}: {_reason(f, exc)}; the folder's other trace files were loaded",
                       TraceWarning, stacklevel=2)
+    if None in results:
+        _warn_if_several_processes(str(path), results[None].trace_files)
     reasons = {f.name: _reason(f, exc) for f, exc in sorted(skipped.items())}
     if len(results) == 1:
         (result,) = results.values()
@@ -250,6 +259,25 @@ def _refuse_other_runs(folder: Path, groups: dict, identities: dict) -> None:
 
 # --- one rank: a file, or the step files of one process ------------------------------------------
 
+# ``{host}_{pid}.{ms}.pt.trace.json``: the worker name of tensorboard_trace_handler and ``--trace FOLDER``
+_WORKER_NAME = re.compile(r"^(.+_\d+)\.\d+\.pt\.trace\.json(?:\.gz)?$")
+
+
+def _warn_if_several_processes(source: str, files: list[str]) -> None:
+    """Unranked step files of several processes (torchrun without init_process_group, every worker
+    writing into one ``trace=FOLDER``) read as the steps of one run, chained in file-name order:
+    said, with the worker names that tell them apart."""
+    workers = sorted({m.group(1) for m in (_WORKER_NAME.match(Path(f).name) for f in files) if m})
+    if len(workers) < 2:
+        return
+    shown = ", ".join(workers[:4]) + (f" and {len(workers) - 4} more" if len(workers) > 4 else "")
+    warnings.warn(f"{source}: its trace files carry no rank but come from {len(workers)} different processes "
+                  f"({shown}: host_pid in their names), and were read as the steps of one run, chained in file-name "
+                  "order. Keep one folder per process, or call torch.distributed.init_process_group before "
+                  "profiling so that each file names its rank (then the folder loads one rank per process)",
+                  TraceWarning, stacklevel=3)
+
+
 def _side_event(ev: dict, stack: bool, memory: bool) -> bool:
     """Raw events the tables need beyond what the analysis loader keeps (see ProfileResult)."""
     cat = ev.get("cat")
@@ -322,7 +350,8 @@ def _load_rank(files: list[Path], opts: dict, source: str) -> ProfileResult:
                            f"trace): use {option('sort', 'self')} or {option('sort', 'cpu')}")
     if apart:
         loaded["far_apart"] = apart
-        warnings.warn(f"{source}: {apart}", TraceWarning, stacklevel=3)
+        whose = f" (rank {rank})" if rank is not None else ""  # a folder of ranks warns once per rank
+        warnings.warn(f"{source}{whose}: {apart}", TraceWarning, stacklevel=3)
     result = ProfileResult.from_trace_data(trace, side, info, options, cudnn_benchmark=None,
                                            trace_path=source, trace_files=[str(f) for f in files], loaded=loaded,
                                            made_by=opts["made_by"])
@@ -539,7 +568,7 @@ class MultiRankResult(ResultMixin):
         check_table_args(group, sort, ascending, filter, top)
         if rank is not None:
             if rank not in self.ranks:
-                raise KeyError(f"no rank {rank}; ranks: {', '.join(map(str, self.ranks))}")
+                raise RankNotFound(f"no rank {rank} in this result; ranks: {', '.join(map(str, self.ranks))}")
             return self.ranks[rank].table(group=group, sort=sort, ascending=ascending, filter=filter, top=top)
         return pt.select(self.grouped(group or self.options.group), sort or self.default_sort, ascending, filter, top)
 

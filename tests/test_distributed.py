@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 import torch.distributed as dist
 
 import nbaccel.distributed as nd
@@ -107,6 +108,11 @@ def test_one_trace_per_rank_in_hta_layout(ddp_run):
         assert doc["distributedInfo"]["rank"] == r
         assert doc["distributedInfo"]["world_size"] == 2
         assert any(e.get("name", "").startswith("aten::") for e in doc["traceEvents"])
+        # Only the body is profiled: nbaccel agreed with the other rank before starting the profiler
+        # and after stopping it (its all_gather_object was ~6 of 21 ms of a rank's step in a trial).
+        names = {e.get("name", "") for e in doc["traceEvents"]}
+        assert "c10d::allreduce_" in names  # the body's own collective (DDP's backward) is there
+        assert not [n for n in names if "gather" in n.lower()], sorted(names)
     prof = r0["profile"]
     assert [row["trace"] for row in prof["ranks"]] == [r0["trace"], r1["trace"]]
     assert prof["summary"]["window_us"]["max"] > 0
@@ -167,6 +173,37 @@ def test_a_budget_refused_on_one_rank_raises_on_every_rank(failures_run):
     assert r0["error"] == "RankFailure" and "rank(s) 1" in r0["message"] and "BudgetError" in r0["message"]
 
 
+@pytest.mark.parametrize("scenario, error", [("profile_folder", "NotADirectoryError"), ("profile_top", "ProfileError")])
+def test_nd_profile_refused_on_one_rank_raises_on_every_rank_before_any_code(failures_run, scenario, error):
+    r0, r1 = (r[scenario] for r in failures_run)
+    assert r1["error"] == error, r1
+    assert r0["error"] == "RankFailure", r0
+    assert r0["message"].startswith("nbaccel.distributed.profile could not start on rank(s) 1, so the code ran on no "
+                                    f"rank (rank 1: {error}: ")
+    # No rank's profiler started, so none blames "the profiled code" for nbaccel's own exchange.
+    assert "profiled code" not in r0["said"] + r1["said"]
+
+
+def test_ranks_in_different_calls_raise_a_mismatch_naming_the_calls(failures_run):
+    for r in failures_run:
+        outcome = r["different_calls"]
+        assert outcome["error"] == "RankMismatch", outcome
+        assert ("the ranks made different nbaccel.distributed calls at the same point (call: "
+                "'nbaccel.distributed.compare_amp' (rank 0), 'nbaccel.distributed.profile' (rank 1))") in outcome["message"]
+        assert "profiled code" not in outcome["said"]
+
+
+def test_ranks_profiling_into_one_folder_each_add_their_file(ddp_run):
+    # nbaccel.profile(trace=FOLDER) under torchrun: files are named per process, so nothing is
+    # overwritten (no SharedTraceWarning); rank 1's file, written while rank 0 ran, is not an
+    # "earlier run" for rank 0; and both ranks say the same about the folder they created.
+    out, (r0, r1) = ddp_run
+    for r in (r0, r1):
+        assert r["shared_warned"] == [] and r["shared_earlier"] == [], r
+        assert r["shared_created"] == str(out / "shared")
+    assert len(set(r0["shared_files"] + r1["shared_files"])) == 2
+
+
 @pytest.mark.parametrize("scenario, option", [
     ("amp_repeat", "repeat: 2 (rank 0), 3 (rank 1)"),
     ("amp_dtype", "dtype: 'bf16' (rank 0), 'fp16' (rank 1)"),
@@ -204,7 +241,7 @@ def test_ranks_still_pair_up_after_the_failures(failures_run):
 
 def test_summary_arithmetic():
     s = nd.summarize({0: 1.0, 1: 3.0, 2: 2.0})
-    assert s == {"min": 1.0, "median": 2.0, "max": 3.0, "slowest_rank": 1, "spread": 2.0}
+    assert s == {"min": 1.0, "median": 2.0, "max": 3.0, "min_rank": 0, "max_rank": 1, "slowest_rank": 1, "spread": 2.0}
     assert nd.summarize({})["slowest_rank"] is None
 
 
@@ -228,8 +265,53 @@ def test_failed_rank_keeps_its_own_error_when_the_exchange_fails(monkeypatch):
         nd.run_all(lambda: 1 / 0)
     notes = " ".join(getattr(info.value, "__notes__", []))
     assert sys.version_info < (3, 11) or "could not agree on errors" in notes and "pair closure" in notes
+    # This rank may be the one that waited in the code's collectives while another failed (a trial's
+    # note told it "other ranks may have been waiting"): the note names both stories.
+    assert sys.version_info < (3, 11) or "another rank probably failed: look for its traceback" in notes
     with pytest.raises(RuntimeError, match="pair closure"):  # no error of its own: the backend's error stands
         nd.run_all(lambda: 1)
+
+
+def _record_exchanges(monkeypatch, events: list) -> None:
+    real = nd._all_gather
+
+    def recording(obj, group=None):
+        events.append("exchange")
+        return real(obj, group)
+
+    monkeypatch.setattr(nd, "_all_gather", recording)
+
+
+def test_nothing_is_exchanged_while_the_profiler_records(tmp_path, monkeypatch):
+    from nbaccel.profile_options import profiler_running
+
+    running = []
+    monkeypatch.setattr(nd, "_all_gather", lambda obj, group=None: running.append(profiler_running()) or [obj])
+    with nd.profile(str(tmp_path)):
+        torch.ones(8).sum()
+    assert len(running) >= 2 and not any(running)  # agreed before the start and after the stop only
+
+
+def test_nothing_is_exchanged_while_the_budget_measures(monkeypatch):
+    from nbaccel.budget import Watcher
+
+    events = []
+    _record_exchanges(monkeypatch, events)
+    begin, end = Watcher.begin, Watcher.end
+    monkeypatch.setattr(Watcher, "begin", lambda self, *a, **k: events.append("begin") or begin(self, *a, **k))
+    monkeypatch.setattr(Watcher, "end", lambda self, *a, **k: events.append("end") or end(self, *a, **k))
+    with nd.memory_budget("4GiB", device="cpu"):
+        torch.ones(8).sum()
+    assert "exchange" in events and events.index("end") == events.index("begin") + 1, events
+
+
+def test_budget_warning_under_nd_memory_budget_points_at_the_callers_line():
+    from nbaccel.budget import BudgetWarning
+
+    with pytest.warns(BudgetWarning) as caught:
+        with nd.memory_budget(2 * 2**20, device="cpu"):
+            torch.ones(2**22).sum()  # 16 MiB against 2 MiB
+    assert [w.filename for w in caught] == [__file__]  # was contextlib.py, then distributed.py
 
 
 def test_report_names_no_slowest_rank_when_all_ranks_are_equal():
@@ -305,6 +387,17 @@ def test_gathered_rows_are_named_as_read_not_by_their_keys():
     lines = {line.split("  ")[1].strip(): line for line in text.splitlines()[2:]}
     assert set(lines) == {"fp32 median", "bf16 median", "speedup", "bf16 peak"}
     assert "11.3 ms" in lines["fp32 median"] and lines["speedup"].endswith("rank 0 (h)")
+    # The JSON names the speedup's slowest rank as the smallest speedup (it named the largest), and the max's rank apart.
+    speedup = report.to_dict()["summary"]["speedup"]
+    assert (speedup["slowest_rank"], speedup["max_rank"], speedup["min_rank"]) == (1, 0, 1)
+    assert report.to_dict()["summary"]["amp_median_s"]["slowest_rank"] == 1  # a time: the largest
+
+
+def test_gathered_amp_without_baseline_says_so_in_its_recipe_line():
+    # compare_amp(baseline=False): bf16 rows only, which the recipe line called "against strict fp32".
+    rows = [{"rank": r, "host": "h", "amp_dtype": "bf16", "amp_median_s": 0.01, "warnings": []} for r in (0, 1)]
+    text = str(nd.DistributedAmp(None, nd.RankReport("compare_amp", rows, nd._AMP_METRICS, nd._AMP_UNITS)))
+    assert text.endswith("recipe: bf16 only (no fp32 baseline) on every rank") and "fp32 median" not in text
 
 
 def test_gathered_amp_text_carries_each_ranks_warnings_and_uncertainty():

@@ -3,7 +3,9 @@
     torchrun ... tests/test_distributed_worker.py OUT_DIR ok|raise
 """
 
+import contextlib
 import datetime
+import io
 import json
 import os
 import sys
@@ -14,12 +16,15 @@ import torch.distributed as dist
 
 
 def _outcome(fn) -> dict:
-    """Run one scenario; the test checks which exception each rank saw (each rank carries on)."""
+    """Run one scenario; the test checks which exception each rank saw (each rank carries on) and
+    what nbaccel said on stderr meanwhile."""
+    said = io.StringIO()
     try:
-        fn()
+        with contextlib.redirect_stderr(said):
+            fn()
     except Exception as exc:
-        return {"error": type(exc).__name__, "message": str(exc)}
-    return {"error": None}
+        return {"error": type(exc).__name__, "message": str(exc), "said": said.getvalue()}
+    return {"error": None, "said": said.getvalue()}
 
 
 def _failures(r: int, result: dict, traces: str) -> None:
@@ -49,6 +54,20 @@ def _failures(r: int, result: dict, traces: str) -> None:
                 prof.step()
 
     result["profile_steps"] = _outcome(profile_steps)
+
+    def profile(folder, **kwargs):
+        with nd.profile(folder, name="refused", **kwargs):
+            ok()
+
+    # Refused while preparing, on rank 1 only: a folder under a file, an option no profile takes.
+    # Both must raise on every rank at once (not after the group's timeout) and blame no code.
+    blocker = os.path.join(os.path.dirname(traces), "a_file")
+    open(blocker, "w").close()
+    result["profile_folder"] = _outcome(lambda: profile(os.path.join(blocker if r == 1 else traces, "sub")))
+    result["profile_top"] = _outcome(lambda: profile(traces, top=3 if r == 0 else 0))
+    # One rank in compare_amp, the other in profile: their exchanges must not pair up as one call.
+    result["different_calls"] = _outcome(
+        lambda: nd.compare_amp(ok, warmup=0, repeat=2, state=[None]) if r == 0 else profile(traces))
     # Last: a healthy exchange after the failures, so a step left unpaired above shows up here.
     result["after"] = _outcome(lambda: nd.compare_amp(lambda: torch.ones(8).sum(), warmup=0, repeat=2, state=[None]))
 
@@ -91,6 +110,22 @@ def main(out: str, mode: str) -> None:
                 with nd.memory_budget("1GiB") as mb_over:
                     if r == 1:  # freed again at once: the peak (VmHWM) keeps it
                         torch.ones(2**28).sum()
+            # The plain nbaccel.profile, every rank into one folder that does not exist yet. Rank 1
+            # finishes and writes its file while rank 0 still runs: the file is this run's, not an earlier one.
+            import nbaccel
+
+            shared = os.path.join(out, "shared")
+            with warnings.catch_warnings(record=True) as shared_warned:
+                warnings.simplefilter("always")
+                with nbaccel.profile(trace=shared) as plain:
+                    dist.barrier()  # both ranks have started their profiles
+                    if r == 0:
+                        dist.barrier()  # rank 1 has written its trace file
+                if r == 1:
+                    dist.barrier()
+            result.update(shared_earlier=plain.result.trace_earlier, shared_created=plain.result.trace_created,
+                          shared_files=plain.result.trace_files,
+                          shared_warned=[f"{w.category.__name__}: {w.message}" for w in shared_warned])
             params = [p.detach().clone() for p in model.parameters()]
             gathered = [None] * dist.get_world_size()
             dist.all_gather_object(gathered, [p.sum().item() for p in params])

@@ -380,6 +380,13 @@ def test_cpu_only_ranks_name_no_compute_rank_and_read_well(tmp_path):
     text = str(r)
     assert "most compute time" not in text and "no device activity in these traces" in text
     assert "2 ranks of world size 2 recorded on the CPU" in text and " on recorded" not in text
+    # The empty split shows as "-", not as "idle 30 us (100%)" under the line saying it is empty.
+    rank_lines = [line.split() for line in text.splitlines() if re.match(r"\s*[01]\s+1\s", line)]
+    assert len(rank_lines) == 2 and all(line[5:8] == ["-", "-", "-"] for line in rank_lines), rank_lines
+    assert "(100%)" not in r._repr_html_() and "idle 100.0%" not in r._repr_html_()
+    with pytest.raises(LookupError, match=r"^no rank 7 in this result; ranks: 0, 1$") as info:
+        r.table(rank=7)
+    assert isinstance(info.value, TraceError) and not isinstance(info.value, KeyError)
 
 
 def test_tensorboard_names_use_distributed_info(tmp_path):
@@ -765,6 +772,32 @@ def test_step_files_of_one_run_are_not_flagged(tmp_path):
         warnings.simplefilter("error", nbaccel.trace_result.TraceWarning)
         result = load_trace(tmp_path)
     assert "far_apart" not in result.loaded
+
+
+def test_unranked_step_files_of_several_processes_are_flagged(tmp_path):
+    # torchrun without init_process_group, both workers profiling into one trace=FOLDER: the two
+    # pids' files were read as "2 step files" of one process, chained in file-name order.
+    _write(tmp_path / "host_101.1000.pt.trace.json", _op_at("aten::add", 0))
+    _write(tmp_path / "host_202.1000.pt.trace.json", _op_at("aten::mm", 200))
+    with pytest.warns(nbaccel.trace_result.TraceWarning) as caught:
+        load_trace(tmp_path)
+    (message,) = [str(w.message) for w in caught]
+    assert "carry no rank but come from 2 different processes (host_101, host_202" in message
+    assert "one folder per process" in message and "init_process_group" in message
+    assert caught[0].filename == __file__
+    _write(tmp_path / "host_101.1000.pt.trace.json", _op_at("aten::add", 0))
+    (tmp_path / "host_202.1000.pt.trace.json").rename(tmp_path / "host_101.1001.pt.trace.json")
+    with warnings.catch_warnings():  # one process's steps: nothing to say
+        warnings.simplefilter("error", nbaccel.trace_result.TraceWarning)
+        load_trace(tmp_path)
+
+
+def test_separate_runs_of_one_rank_name_the_rank(tmp_path):
+    _write(tmp_path / "rank0.a.json", _on(None, rank=0, world=2))
+    _write(tmp_path / "rank0.b.json", _on(None, rank=0, world=2, ts=86_400e6))
+    _write(tmp_path / "rank1.json", _on(None, rank=1, world=2))
+    with pytest.warns(nbaccel.trace_result.TraceWarning, match=r"\(rank 0\): its 2 files are up to"):
+        load_trace(tmp_path)
 
 
 def _on(gpu: str | None, rank: int | None = None, world: int | None = None, ts: float = 0,

@@ -54,3 +54,36 @@ def test_per_rank_path_or_single_process_does_not_warn(tmp_path, monkeypatch, na
 
 def test_without_a_process_group_it_does_not_warn(tmp_path):
     assert _profile_to(tmp_path / "x.json") == []
+
+
+def test_a_folder_shared_by_the_ranks_does_not_warn(tmp_path, monkeypatch):
+    # Its files are named {host}_{pid}.{ms}.pt.trace.json: every rank adds its own, none is overwritten.
+    _fake_world(monkeypatch)
+    assert _profile_to(tmp_path / "steps") == []
+
+
+def test_torchrun_without_a_process_group_still_warns_of_one_shared_file(tmp_path, monkeypatch):
+    # torchrun sets RANK / WORLD_SIZE for every worker, whether or not the script calls init_process_group.
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    (w,) = _profile_to(tmp_path / "one.json")
+    assert "2 ranks" in str(w.message) and "overwrites" in str(w.message)
+    assert _profile_to(tmp_path / "one.rank1.json") == []
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    assert _profile_to(tmp_path / "one.json") == []
+
+
+def test_the_folder_is_looked_at_when_the_profile_starts(tmp_path):
+    # A file another rank writes into the folder while this profile runs is not an earlier run, and
+    # the folder missing at the start is the one this run created, whoever made it first.
+    folder = tmp_path / "runs" / "steps"
+    with nbaccel.profile(trace=str(folder)) as prof:
+        folder.mkdir(parents=True)
+        (folder / "otherhost_1.1.pt.trace.json").write_text("{}")
+        torch.ones(4).sum()
+    assert prof.result.trace_earlier == [] and prof.result.trace_created == str(tmp_path / "runs")
+    with nbaccel.profile(trace=str(folder)) as again:
+        torch.ones(4).sum()
+    assert sorted(again.result.trace_earlier) == sorted(str(f) for f in folder.iterdir()
+                                                        if str(f) not in again.result.trace_files)
+    assert len(again.result.trace_earlier) == 2 and again.result.trace_created is None

@@ -59,9 +59,15 @@ def straggler_lines(result) -> list[str]:
 
 def rank_rows(result) -> list[list[str]]:
     t = single._time
+
+    def split(us, pct) -> str:
+        # CPU-only traces have no device time to split: "idle 6.12 ms (100%)" under the line saying the
+        # split is empty read as a rank that did nothing.
+        return f"{t(us)} ({pct:.0f}%)" if result.on_device else "-"
+
     return [[str(r.rank), f"{r.files}", f"{r.steps}" if r.steps else "-", t(r.step_time_us),
-             f"{t(r.compute_us)} ({r.compute_pct:.0f}%)", f"{t(r.communication_us)} ({r.communication_pct:.0f}%)",
-             f"{t(r.idle_us)} ({r.idle_pct:.0f}%)", f"{r.kernels:,}", f"{r.ops:,}"]
+             split(r.compute_us, r.compute_pct), split(r.communication_us, r.communication_pct),
+             split(r.idle_us, r.idle_pct), f"{r.kernels:,}", f"{r.ops:,}"]
             for r in result.per_rank.itertuples()]
 
 
@@ -110,7 +116,7 @@ def ranks_html(result) -> str:
         marker = " (slowest)" if r.rank == slow else ""
         body.append([esc(row[0] + marker), esc(row[1]), esc(row[2]),
                      bar(r.step_time_us / longest, 120) + " " + esc(row[3]),
-                     _split_bar(r), *map(esc, row[4:])])
+                     _split_bar(r) if result.on_device else "-", *map(esc, row[4:])])
     legend = " ".join(f'<span class="bar" style="width:10px;background:{c}"></span> {label}' for _, label, c in _SPLIT)
     return (f'<div class="muted">device time over the steps: {legend}</div>'
             + table(["rank", "files", "steps", "step time", "split", *_RANK_HEADERS[4:]], body,
