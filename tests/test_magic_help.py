@@ -87,6 +87,32 @@ def test_a_wrong_option_is_a_usage_error_with_the_fix(run_cell, ip, magic, line,
     assert ip.user_ns["ran"] == 0
 
 
+@pytest.mark.parametrize("magic, line, message", [
+    # User trials: the closest spelling pointed away from the fix ("did you mean --result?" / "--top?").
+    ("%%profile_gpu", "--repeat 3", "(%%profile_gpu has no --repeat: --steps N profiles N runs of the cell, after "
+                                    "--warmup W unrecorded ones); see %%profile_gpu --help"),
+    ("%%profile_gpu", "--dtype bf16", "(%%profile_gpu has no --dtype: --amp bf16, fp16 or auto profiles under the "
+                                      "%%amp recipe)"),
+    ("%%profile_gpu", "--dtype=bf16", "(%%profile_gpu has no --dtype: --amp bf16"),
+    ("%%profile_gpu", "-n 3", "(%%profile_gpu has no -n, which is %timeit's: --steps N"),
+    ("%%amp", "--steps 3", "(%%amp has no --steps: --repeat N times N runs per variant, after --warmup W untimed "
+                           "rounds)"),
+    ("%%amp", "--amp bf16", "(%%amp has no --amp: --dtype bf16, fp16, auto or tf32 picks the recipe)"),
+    ("%%amp", "--top 5", "(%%amp has no --top: it times whole runs and lists no operators; %%profile_gpu --top N"),
+    ("%%amp", "-n 3", "(%%amp has no -n, which is %timeit's: --repeat N times N runs per variant"),
+    ("%%amp", "-n3", "(%%amp has no -n, which is %timeit's: --repeat N"),
+    # -r is --result here, not %timeit's repeat count: a number after it means the count
+    ("%%amp", "-r 3", "-r is --result NAME here (the variable to keep the result in), not %timeit's repeat count; "
+                      "for 3 runs write --repeat 3"),
+    ("%%profile_gpu", "-r3", "for 3 runs write --steps 3"),
+])
+def test_an_option_of_the_other_magic_points_to_this_ones(run_cell, ip, magic, line, message):
+    ip.user_ns["ran"] = 0
+    result, _ = run_cell(_source(magic, line), expect_error=UsageError)
+    assert message in str(result.error_in_exec or result.error_before_exec)
+    assert ip.user_ns["ran"] == 0
+
+
 @pytest.mark.parametrize("magic, line, suggestion", [
     ("%%profile_gpu", "--step 3", "--steps"),  # argparse would have run it as --steps 3
     ("%%amp", "--rep 3", "--repeat"),

@@ -75,7 +75,7 @@ class AmpMagics(Magics):
         # compare_amp checks these too, but its ValueError would surface after the snapshot, as nbaccel's own
         whole_number("repeat", args.repeat, 1, UsageError)
         whole_number("warmup", args.warmup, 0, UsageError)
-        check_name(args.result)
+        check_name(args.result, counts="--repeat")
         if not 0 < args.max_snapshot <= 1:
             raise UsageError(f"--max-snapshot is a fraction of available memory in (0, 1], got {args.max_snapshot}")
         refuse_empty_cell(self.shell, "amp", cell)

@@ -62,7 +62,7 @@ class ProfileMagics(Magics):
         args = parse_line(self.profile_gpu, line, hint=dtype_hint("--amp", DTYPES, dtype_name))
         if args is None:  # -h/--help: the help was printed
             return None
-        check_name(args.result)
+        check_name(args.result, counts="--steps")
         refuse_empty_cell(self.shell, "profile_gpu", cell)
         refuse_nested_cell_magic("profile_gpu", cell)
         check_name_free(self.shell, args.result, cell)
