@@ -151,6 +151,9 @@ def check_options(options: ProfileOptions) -> None:
     if options.sort == "memory" and not options.memory:
         raise ProfileError(f"{option('sort', 'memory')} needs {option('memory', True)} (memory is only recorded "
                            "with profile_memory)")
+    if options.amp == "fp32":  # "not supported" gave no reason (a user trial, as %%amp's --dtype float32)
+        raise ProfileError(f"{option('amp', options.amp)}: fp32 is what runs without {option('amp')}; leave it out "
+                           f"to profile the code as it is, or give a reduced dtype: {', '.join(DTYPES)}")
     if options.amp is not None and options.amp not in DTYPES:
         raise ProfileError(f"{option('amp', options.amp)} is not supported; use one of: {', '.join(DTYPES)}")
 

@@ -189,3 +189,18 @@ def test_a_noisy_run_beside_an_idle_machine_says_the_noise_came_from_elsewhere()
                           "own, or comes from what /proc/stat cannot see -- a VM's host, CPU frequency changes)")
     result.contention = Contention(cores=2, threads=1, wall_s={"fp32": 1.0}, others_s={"fp32": 0.2})  # seen: no aside
     assert next(w for w in result.noise_warnings if "noisy" in w).endswith("use a larger repeat")
+
+
+@pytest.mark.parametrize("cell, said", [
+    # A user trial: "--dtype fp32 is not supported" named a spelling not typed, and gave no reason.
+    ("%%amp --dtype float32\nran += 1", "--dtype float32 compares fp32 with itself: fp32 is the baseline. Use "
+                                        "--dtype bf16"),
+    ("%%amp --dtype torch.float32\nran += 1", "--dtype torch.float32 compares fp32 with itself"),
+    ("%%amp --dtype FP8\nran += 1", "--dtype FP8 is not supported; use one of: bf16, fp16, auto, tf32"),
+    ("%%profile_gpu --amp float32\nran += 1", "--amp fp32: fp32 is what runs without --amp; leave it out"),
+])
+def test_an_fp32_dtype_says_why_in_the_words_typed(run_cell, ip, cell, said):
+    ip.user_ns["ran"] = 0
+    result, _ = run_cell(cell, expect_error=UsageError)
+    assert said in str(result.error_before_exec or result.error_in_exec)
+    assert ip.user_ns["ran"] == 0, "refused before the cell ran"

@@ -69,9 +69,14 @@ class AmpMagics(Magics):
         args = parse_line(self.amp, line, hint=dtype_hint("--dtype", DTYPES, dtype_name))
         if args is None:  # -h/--help: the help was printed
             return None
-        args.dtype = dtype_name(args.dtype)  # bfloat16, float16, half: the long names work too
-        if args.dtype not in DTYPES:
-            raise UsageError(f"--dtype {args.dtype} is not supported; use one of: {', '.join(DTYPES)}")
+        typed, args.dtype = args.dtype, dtype_name(args.dtype)  # bfloat16, float16, half: the long names work too
+        fp32 = args.dtype == "fp32"
+        if fp32:
+            # compare_amp's own reason ("fp32 is the baseline"), in the words the user typed: the magic's
+            # "--dtype fp32 is not supported" named a spelling nobody wrote (--dtype float32) and no reason
+            args.dtype = typed
+        elif args.dtype not in DTYPES:
+            raise UsageError(f"--dtype {typed} is not supported; use one of: {', '.join(DTYPES)}")
         # compare_amp checks these too, but its ValueError would surface after the snapshot, as nbaccel's own
         whole_number("repeat", args.repeat, 1, UsageError)
         whole_number("warmup", args.warmup, 0, UsageError)
@@ -85,7 +90,7 @@ class AmpMagics(Magics):
             device = resolve_device(args.device)
             if args.dtype == "tf32":
                 make_recipe("tf32", device)
-            else:
+            elif not fp32:  # compare_amp refuses fp32 itself, before anything runs
                 autocast_dtype(args.dtype, device_info(device))
         except DeviceError as exc:
             raise UsageError(str(exc)) from None
