@@ -192,3 +192,26 @@ def test_unload_removes_the_transform_and_reload_adds_it_once(ip):
     assert ours() == []
     ip.run_line_magic("load_ext", "nbaccel")  # the fixture unloads it again
     assert len(ours()) == 1
+
+
+@pytest.mark.parametrize("magic, line, message", [
+    # argparse keeps the last value silently: a line edited in place ran 5 where it said 3 first
+    ("%%amp", "--repeat 3 --repeat 5", "--repeat given twice (3 and 5): keep one"),
+    ("%%amp", "-r a --result b", "-r/--result given twice (a and b): keep one"),
+    ("%%amp", "--dtype=bf16 --dtype fp16", "--dtype given twice (bf16 and fp16): keep one"),
+    ("%%profile_gpu", "--amp bf16 --amp", "--amp given twice (bf16 and auto): keep one"),
+    ("%%profile_gpu", "--steps 2 --top 3 --steps=4", "--steps given twice (2 and 4): keep one"),
+    ("%profile_trace", "t.json --top 3 --top 5", "--top given twice (3 and 5): keep one"),
+    ("%memory_budget", "1GiB --near 0.5 --near 0.9", "--near given twice (0.5 and 0.9): keep one"),
+])
+def test_a_valued_option_given_twice_is_refused(run_cell, ip, magic, line, message):
+    ip.user_ns["ran"] = 0
+    result, _ = run_cell(_source(magic, line), expect_error=UsageError)
+    assert message in str(result.error_in_exec or result.error_before_exec)
+    assert ip.user_ns["ran"] == 0
+
+
+def test_the_same_value_twice_and_a_repeated_flag_pass(run_cell, ip):
+    ip.user_ns["ran"] = 0
+    run_cell("%%amp --repeat 1 --repeat=1 --warmup 0 -q -q\nran += 1")
+    assert ip.user_ns["ran"] > 0

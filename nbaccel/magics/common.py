@@ -426,6 +426,34 @@ def refuse_typographic_dash(magic, tokens: list[str]) -> None:
                          f"place of two hyphens; type the option with plain hyphens: {meant}{equals}{value}")
 
 
+def refuse_repeated_values(parser: argparse.ArgumentParser, tokens: list[str]) -> None:
+    """A UsageError for an option that takes a value given twice with different values: argparse keeps
+    the last one silently (``--repeat 3 ... --repeat 5`` ran 5), which a line edited in place invites.
+    The same value twice, and a repeated flag (``-q -q``), change nothing and pass. Run after a
+    successful parse, so every option here is real and has its value."""
+    valued = {o: action for action in parser._actions for o in action.option_strings if action.nargs != 0}
+    seen: dict[argparse.Action, tuple[str, str]] = {}
+    i = 0
+    while i < len(tokens) and tokens[i] != "--":
+        token, i = tokens[i], i + 1
+        name, equals, value = token.partition("=")
+        if not equals and not token.startswith("--") and token[:2] in valued and len(token) > 2:
+            name, equals, value = token[:2], "=", token[2:]  # -r3
+        action = valued.get(name)
+        if action is None:
+            continue
+        if not equals:
+            # --amp alone (or before another option) is its const, --amp auto
+            bare = action.nargs == "?" and (i == len(tokens) or tokens[i].startswith("-"))
+            value = str(action.const) if bare else tokens[i]
+            i += not bare
+        if action in seen and seen[action][1] != value:
+            first, then = seen[action]
+            spelled = name if first == name else f"{first}/{name}"
+            raise UsageError(f"{spelled} given twice ({then} and {value}): keep one")
+        seen[action] = (name, value)
+
+
 # Options of one measuring magic typed under the other (and %timeit's -n), by the magic that lacks
 # them: said instead of the closest spelling, which misled ("%%profile_gpu --repeat 3": "did you mean
 # --result?"; "--dtype bf16": "did you mean --top?"; user trials). Consulted by every parse_line.
@@ -474,7 +502,9 @@ def parse_line(magic, line: str, hint: Callable[[str], str | None] | None = None
     try:
         tokens = split_line(line)
         refuse_typographic_dash(magic, tokens)
-        return magic.parser.parse_args(tokens)
+        args = magic.parser.parse_args(tokens)
+        refuse_repeated_values(magic.parser, tokens)
+        return args
     except _HelpRequested:
         # IPython formats a magic's help as reST for `%name?` (a "::" literal-block marker, then
         # the usage indented); printed as the answer to -h, it reads as plain text.
