@@ -27,7 +27,7 @@ class ProfileMagics(Magics):
     @magic_arguments(name="%profile_gpu")  # the usage line gets one more %: %%profile_gpu
     @help_option
     @argument("--top", type=int, default=15, help="rows of the operator table to show (default 15)")
-    @argument("--sort", default=None, choices=list(SORT_COLUMNS),
+    @argument("--sort", default=None, metavar="{" + ",".join(SORT_COLUMNS) + "}",  # read by sort_name, any case
               help="cpu (CPU total), self (self CPU), device (self device time), calls, memory (self bytes), flops; "
                    "default: device on CUDA, else self")
     @argument("--memory", action="store_true", help="record memory allocated per op (profile_memory)")
