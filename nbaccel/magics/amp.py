@@ -13,12 +13,12 @@ from ..amp import MIN_RUNS, compare_amp, not_restored, overflow_hint, planned_ru
 from ..device import DeviceError, autocast_dtype, device_info, dtype_name, resolve_device
 from ..options import magic_spelled, whole_number
 from ..precision import make_recipe
-from ..render.display import display_result, in_kernel
+from ..render.display import in_kernel
 from ..snapshot import SnapshotTooLarge
 from ..timing import format_seconds
 from .common import (cell_function, check_name, check_name_free, dtype_hint, help_option, history_name,
                      interrupt_without_frames, output_can_be_silenced, parse_line, refuse_empty_cell,
-                     refuse_nested_cell_magic, silenced, sole_measuring_magic, store_result)
+                     refuse_nested_cell_magic, show_result, silenced, sole_measuring_magic)
 
 DTYPES = ("bf16", "fp16", "auto", "tf32")
 # A comparison projected (from its measured first run) to take longer than this says so, with a
@@ -129,9 +129,7 @@ class AmpMagics(Magics):
                         if finished else "")
                 for handle in filter(None, notes):
                     handle.update({"text/plain": done}, raw=True)
-        store_result(self.shell, args.result, result)
-        if not args.quiet:
-            display_result(result)
+        show_result(self.shell, "%%amp", result, args.result, args.quiet)
         return result.value
 
 

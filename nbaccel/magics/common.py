@@ -11,6 +11,7 @@ import keyword
 import linecache
 import re
 import symtable
+import sys
 import types
 from typing import Callable
 
@@ -80,6 +81,31 @@ def interrupt_without_frames(exc: KeyboardInterrupt) -> KeyboardInterrupt:
         fresh.add_note(note)
     fresh._render_traceback_ = lambda: _without_hidden_tail(fresh)
     return fresh
+
+
+def interrupted_in_nbaccel(exc: KeyboardInterrupt, magic: str, when: str, state: str) -> KeyboardInterrupt:
+    """The note for a Ctrl-C in a magic's own work around the measured runs (checking its options
+    before them, showing the result after), printed now; returns the frameless interrupt to raise
+    ``from None``. Unnoted, these were a bare KeyboardInterrupt that did not say whether the cell ran."""
+    print(f"nbaccel {magic}: interrupted (KeyboardInterrupt) {when}; {state}", file=sys.stderr)
+    return interrupt_without_frames(exc)
+
+
+def show_result(shell, magic: str, result, name: str | None, quiet: bool) -> None:
+    """Store the result (-r NAME), then display it unless -q. The measuring is over by then: an
+    interrupt while the (widget) display is built says that the result is complete, and where it is."""
+    __tracebackhide__ = True  # noqa: F841 - IPython hides nbaccel's frames from the user's traceback
+    store_result(shell, name, result)
+    if quiet:
+        return
+    try:
+        from ..render.display import display_result
+
+        display_result(result)
+    except KeyboardInterrupt as exc:
+        kept = f" and its result is in {name}" if name else "; its result was not kept (-r NAME keeps it)"
+        raise interrupted_in_nbaccel(exc, magic, "while its result was shown, after the measured runs",
+                                     f"the measurement had finished{kept}") from None
 
 
 def _without_hidden_tail(exc: BaseException) -> list[str]:
