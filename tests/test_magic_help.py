@@ -69,6 +69,14 @@ def test_nbaccel_env_help_does_not_store_a_result(run_cell, ip):
     ("%%amp", "fp32", "(fp32 is what the reduced dtype is compared with or replaces; give that one: --dtype bf16)"),
     ("%memory_budget", "offf", "cannot read 'offf' as a budget; did you mean %memory_budget off"),
     ("%memory_budget", "of", "did you mean %memory_budget off"),
+    # words and options for "remove it" that resemble no spelling of off (a user trial: the generic size error)
+    ("%memory_budget", "none", "cannot read 'none' as a budget; did you mean %memory_budget off (removes the budget"),
+    ("%memory_budget", "Clear", "did you mean %memory_budget off"),
+    ("%memory_budget", "reset", "did you mean %memory_budget off"),
+    ("%memory_budget", "stats", "did you mean %memory_budget status"),
+    ("%memory_budget", "--off", "unrecognized arguments: --off (no dashes: %memory_budget off)"),
+    ("%memory_budget", "--reset", "(the budget is removed without an option: %memory_budget off)"),
+    ("%memory_budget", "--status", "(the status is shown by %memory_budget alone, or %memory_budget status)"),
     # A user trial: pasted from a document, "—repeat" got only "unrecognized arguments: —repeat 3".
     ("%%amp", "—repeat 3", "—repeat starts with an em dash (—), a typographic dash that documents put in place of "
                            "two hyphens; type the option with plain hyphens: --repeat; see %%amp --help"),
