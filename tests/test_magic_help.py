@@ -9,7 +9,7 @@ from IPython.core.error import UsageError
 
 # magic as typed, a cell for cell magics (None for line magics), options its help must list
 MAGICS = {
-    "%nbaccel_env": (None, ["--result", "--json"]),
+    "%nbaccel_env": (None, ["--result", "--json", "--quiet"]),
     "%memory_budget": (None, ["--enforce", "--strict", "--near", "--model", "--result", "--quiet", "budget"]),
     "%profile_trace": (None, ["PATH", "--top", "--sort", "--rank", "--result", "--quiet"]),
     "%%amp": ("ran += 1", ["--dtype", "--device", "--no-tf32", "--warmup", "--repeat", "--result", "--quiet"]),
@@ -223,3 +223,12 @@ def test_the_same_value_twice_and_a_repeated_flag_pass(run_cell, ip):
     ip.user_ns["ran"] = 0
     run_cell("%%amp --repeat 1 --repeat=1 --warmup 0 -q -q\nran += 1")
     assert ip.user_ns["ran"] > 0
+
+
+def test_nbaccel_env_takes_quiet_like_every_other_magic(run_cell, ip):
+    # A user trial: "unrecognized arguments: -q", where every other magic takes it
+    _, captured = run_cell("%nbaccel_env -q -r env")
+    assert captured.stdout == "" and not captured.outputs
+    assert type(ip.user_ns["env"]).__name__ == "EnvReport"
+    result, _ = run_cell("%nbaccel_env -q --json", expect_error=UsageError)
+    assert "--json prints the report and -q/--quiet shows nothing: give one" in str(result.error_in_exec)
