@@ -1,11 +1,29 @@
 """nbaccel: PyTorch mixed precision, profiling and memory, one magic away in Jupyter.
 
-The magics (``%load_ext nbaccel``) are thin layers over this plain Python API, which also works
+The magics (``%load_ext nbaccel``: ``%%amp``, ``%%profile_gpu``, ``%profile_trace``,
+``%memory_budget``, ``%nbaccel_env``) are thin layers over this plain Python API, which also works
 in scripts and under torchrun::
 
-    result = nbaccel.compare_amp(lambda: train_step(model, batch), dtype="bf16")
-    with nbaccel.precision("bf16"):
+    res = nbaccel.compare_amp(lambda: train_step(model, batch), dtype="bf16")   # AmpResult
+    with nbaccel.precision("bf16"):                     # the recipe alone, no comparison
         ...
+    with nbaccel.profile(steps=3) as prof:              # torch.profiler; prof.result: ProfileResult
+        for _ in range(3):
+            train_step(model, batch); prof.step()
+    nbaccel.load_trace("run.pt.trace.json.gz")          # a trace recorded elsewhere
+    with nbaccel.memory_budget("6GiB"): ...             # peak memory against a budget
+    nbaccel.estimate_memory(model, batch=32)            # MemoryEstimate, before running it
+    nbaccel.env_report()                                # versions, device, precision flags
+
+Also ``results_frame`` (saved results into one DataFrame) and ``side_by_side``. Under torchrun,
+``nbaccel.distributed`` has the same calls, gathered on rank 0. In a shell:
+``python -m nbaccel env`` and ``python -m nbaccel trace PATH``.
+
+Errors and warnings a script may catch, all top-level names here: `ProfileError`, `DeviceError`,
+`BudgetError`, `BudgetExceeded`, `EstimateError`, `SnapshotTooLarge`, `TraceError`, `RankFailure`,
+`RankMismatch`; `TraceWarning`, `SharedTraceWarning`, `TraceSaveWarning`, `BudgetWarning`.
+(``nbaccel.profile`` is the profiler, not its module: its warnings are ``nbaccel.SharedTraceWarning``.)
+See docs/api.md.
 """
 
 __version__ = "0.1.0"
@@ -19,10 +37,22 @@ from .profile import ProfileResult, profile  # noqa: E402
 from .render.side_by_side import side_by_side  # noqa: E402
 from .results import results_frame  # noqa: E402
 from .trace_result import MultiRankResult, TraceError, TraceWarning, load_trace  # noqa: E402
+# What a script catches, importable from here: the modules that define them are shadowed or internal
+# (``nbaccel.profile`` is the profiler class, so nbaccel.profile.SharedTraceWarning was an AttributeError).
+from .budget import BudgetError, BudgetExceeded, BudgetWarning  # noqa: E402
+from .device import DeviceError  # noqa: E402
+from .distributed import RankFailure, RankMismatch  # noqa: E402
+from .estimate import EstimateError  # noqa: E402
+from .profile import SharedTraceWarning, TraceSaveWarning  # noqa: E402
+from .profile_options import ProfileError  # noqa: E402
+from .snapshot import SnapshotTooLarge  # noqa: E402
 
 __all__ = ["compare_amp", "AmpResult", "memory_budget", "MemoryBudget", "estimate_memory", "MemoryEstimate", "precision", "profile", "ProfileResult", "env_report", "results_frame", "side_by_side", "load_trace", "MultiRankResult",
            "TraceError", "TraceWarning", "load_ipython_extension",
-           "unload_ipython_extension"]
+           "unload_ipython_extension",
+           # errors and warnings
+           "ProfileError", "DeviceError", "BudgetError", "BudgetExceeded", "EstimateError", "SnapshotTooLarge",
+           "RankFailure", "RankMismatch", "SharedTraceWarning", "TraceSaveWarning", "BudgetWarning"]
 
 _registered: dict = {}
 _transformers: list = []  # input transformers the load added to the shell, removed by the unload

@@ -27,9 +27,18 @@ def main(argv=None) -> int:
     trace.add_argument("--sort", default=None, help="cpu, self, device, calls, memory or flops "
                                                     "(default: device when the trace has kernels, else self)")
     trace.add_argument("--shapes", action="store_true", help="group the table by op and input shapes")
+    # as %profile_trace: "--sort memory needs --memory" named a flag this command lacked (a user trial)
+    trace.add_argument("--stack", action="store_true",
+                       help="group by recorded Python source (traces made with with_stack=True)")
+    trace.add_argument("--memory", action="store_true",
+                       help="charge recorded [memory] events to ops (traces made with profile_memory=True)")
     trace.add_argument("--rank", type=int, default=None, help="in a folder of several ranks, only this rank")
     trace.add_argument("--json", action="store_true", help="print the result's to_dict() as JSON")
-    args = parser.parse_args(argv)
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:
+        # parse_args says "unrecognized arguments" with the top-level usage, which lists no trace option:
+        # the subcommand's parser says it with its own
+        (sub.choices.get(args.command) or parser).error(f"unrecognized arguments: {' '.join(unknown)}")
     if args.command is None:  # `python -m nbaccel` alone: what there is, not "arguments are required"
         parser.print_help()
         return 0
@@ -49,7 +58,8 @@ def _trace(args) -> int:
 
     try:
         with magic_spelling(), trace_warnings_said(lambda message: print(f"nbaccel trace: {message}", file=sys.stderr)):
-            result = load_trace(args.path, rank=args.rank, top=args.top, sort=args.sort, shapes=args.shapes)
+            result = load_trace(args.path, rank=args.rank, top=args.top, sort=args.sort, shapes=args.shapes,
+                                stack=args.stack, memory=args.memory)
     except (TraceError, ProfileError) as exc:
         print(f"nbaccel trace: {exc}", file=sys.stderr)
         return 2

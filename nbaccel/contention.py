@@ -25,6 +25,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
+from .timing import format_seconds
+
 # Others must average at least a quarter of a core before a timing is called contended. Why this
 # much: torch's CPU kernels run OpenMP parallel regions that wait for their slowest thread, so a
 # quarter of one core taken from a torch thread can slow a region by up to a quarter -- well over
@@ -215,7 +217,8 @@ class Contention:
             return f"contention: not measured ({self.unknown})"
         if self.others_cores() is None:
             wall = sum(self.wall_s.values())
-            return (f"contention: not measured ({runs} lasted {wall * 1e3:.0f} ms in all, under the "
+            # format_seconds: a tiny step read "lasted 0 ms in all" (a user trial) with a fixed unit
+            return (f"contention: not measured ({runs} lasted {format_seconds(wall)} in all, under the "
                     f"{MIN_WINDOW_S:g} s that /proc/stat's 10 ms ticks need)")
         return (f"contention: other programs used {self.figures()}{during}, torch using {self.threads} threads "
                 f"({self.method})")

@@ -169,6 +169,16 @@ class profile:  # noqa: N801 - a context manager used like a function: `with nba
         return self
 
     def __enter__(self) -> "profile":
+        try:
+            return self._enter()
+        except KeyboardInterrupt:
+            # Starting Kineto takes a while on a first profile (~0.3 s): a Ctrl-C there was a bare
+            # KeyboardInterrupt with no note (a user trial), where every later one says where it landed.
+            print("nbaccel: interrupted (KeyboardInterrupt) while the profiler started, before the profiled code ran; "
+                  "nothing was recorded, and torch's settings are as they were", file=sys.stderr)
+            raise
+
+    def _enter(self) -> "profile":
         opts = self.options
         self.check()
         # Each `with` is a profile of its own: a second use of the object counted on from the first's steps.
@@ -291,8 +301,10 @@ class profile:  # noqa: N801 - a context manager used like a function: `with nba
             if exc_type is None:
                 raise
         except KeyboardInterrupt:
-            if exc_type is None:
-                self._say_interrupted("while the profiler stopped")
+            # the code's own failure is not said below then: this note says both
+            code = ("had finished" if exc_type is None else "had been interrupted"
+                    if issubclass(exc_type, KeyboardInterrupt) else f"had raised {exc_type.__name__}")
+            self._say_interrupted("while the profiler stopped", code)
             raise
         if exc_type is not None:
             if exc is self._own_failure:
@@ -319,9 +331,9 @@ class profile:  # noqa: N801 - a context manager used like a function: `with nba
             raise
         return False
 
-    def _say_interrupted(self, when: str) -> None:
+    def _say_interrupted(self, when: str, code: str = "had finished") -> None:
         """A Ctrl-C after the code's last run, in nbaccel's own work: said, as the code's own failures are."""
-        print(f"nbaccel: interrupted (KeyboardInterrupt) {when}, after the profiled code had finished; the profile "
+        print(f"nbaccel: interrupted (KeyboardInterrupt) {when}, after the profiled code {code}; the profile "
               f"was discarded. {self._what_stays()}", file=sys.stderr)
 
     def _what_stays(self) -> str:

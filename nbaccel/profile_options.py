@@ -47,6 +47,7 @@ class ProfileOptions:
     def __post_init__(self):
         # amp in the recipe's name whoever made the options (profile(), profile_function, the magic)
         object.__setattr__(self, "amp", amp_name(self.amp))
+        object.__setattr__(self, "sort", sort_name(self.sort))
 
     @property
     def group(self) -> str:  # stack with shapes is refused (check_grouping)
@@ -146,13 +147,60 @@ def check_options(options: ProfileOptions) -> None:
     check_grouping(options.stack, options.shapes)
     if options.trace is not None and not isinstance(options.trace, (str, os.PathLike)):
         raise ProfileError(f"{option('trace')} takes a file or folder path, got {options.trace!r}")
-    if options.sort is not None and options.sort not in pt.SORT_COLUMNS:
-        raise ProfileError(f"{option('sort', options.sort)} is not a sort key; use one of: {', '.join(pt.SORT_COLUMNS)}")
+    check_sort(options.sort)
     if options.sort == "memory" and not options.memory:
         raise ProfileError(f"{option('sort', 'memory')} needs {option('memory', True)} (memory is only recorded "
                            "with profile_memory)")
+    if options.amp == "fp32":  # "not supported" gave no reason (a user trial, as %%amp's --dtype float32)
+        raise ProfileError(f"{option('amp', options.amp)}: fp32 is what runs without {option('amp')}; leave it out "
+                           f"to profile the code as it is, or give a reduced dtype: {', '.join(DTYPES)}")
     if options.amp is not None and options.amp not in DTYPES:
         raise ProfileError(f"{option('amp', options.amp)} is not supported; use one of: {', '.join(DTYPES)}")
+
+
+# Sort words with one meaning here: torch's key_averages().table(sort_by=...) names and plain words, read
+# in any case (a user trial: FLOPS, gpu, self_cpu_time_total were refused with only the list of keys).
+SORT_ALIASES = {
+    "self_cpu_time_total": "self", "self_cpu_time": "self", "self_cpu": "self",
+    "cpu_time_total": "cpu", "cpu_time": "cpu", "cpu_total": "cpu",
+    "self_cuda_time_total": "device", "self_device_time_total": "device", "self_cuda": "device",
+    "self_device": "device", "gpu": "device", "cuda": "device",
+    "count": "calls", "call": "calls",
+    "self_cpu_memory_usage": "memory", "self_cuda_memory_usage": "memory", "self_device_memory_usage": "memory",
+    "flop": "flops",
+}
+_OWN_DEVICE = "device (each op's own device time, torch's self_cuda_time_total: nbaccel has no total-device-time sort)"
+_OWN_MEMORY = ("memory (each op's own allocations, torch's self_*_memory_usage: nbaccel has no sort by memory "
+               "with children)")
+# Words that could mean more than one key, or a key of a different kind: suggested, never guessed.
+SORT_SUGGESTIONS = {
+    "time": "device (own GPU time), self (own CPU time) or cpu (CPU time with children)",
+    "total": "cpu (CPU time with children) or device (own GPU time)",
+    **dict.fromkeys(("cuda_time_total", "device_time_total", "cuda_time", "device_time"), _OWN_DEVICE),
+    **dict.fromkeys(("cpu_memory_usage", "cuda_memory_usage", "device_memory_usage", "mem"), _OWN_MEMORY),
+}
+
+
+def _sort_word(sort: str) -> str:
+    return sort.strip().lower().replace("-", "_")
+
+
+def sort_name(sort):
+    """``sort=`` as a sort key: any case (``FLOPS``), and the words that can only mean one key
+    (`SORT_ALIASES`); anything else is left as given, for `check_sort` to refuse in the words typed."""
+    if not isinstance(sort, str):
+        return sort
+    word = _sort_word(sort)
+    return word if word in pt.SORT_COLUMNS else SORT_ALIASES.get(word, sort)
+
+
+def check_sort(sort) -> None:
+    """Refuse what `sort_name` could not read: with the key it probably meant, then the list."""
+    if sort is None or sort in pt.SORT_COLUMNS:
+        return
+    meant = SORT_SUGGESTIONS.get(_sort_word(sort)) if isinstance(sort, str) else None
+    meant = f"did you mean {option('sort')} {meant}? " if meant else ""
+    raise ProfileError(f"{option('sort', sort)} is not a sort key; {meant}use one of: {', '.join(pt.SORT_COLUMNS)}")
 
 
 def amp_name(amp) -> str | None:

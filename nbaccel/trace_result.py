@@ -46,7 +46,7 @@ from .analysis.sums import intervals_union
 from .analysis.trace import TraceData, TraceError, TraceWarning, _build, _metadata, paused_gc
 from .device import DeviceInfo
 from .options import in_magic, option, whole_number
-from .profile_options import ProfileError, ProfileOptions, check_grouping, check_table_args
+from .profile_options import ProfileError, ProfileOptions, check_grouping, check_sort, check_table_args, sort_name
 from .profile_result import ProfileResult
 from .results import ResultMixin
 from .trace_io import TraceIdentity, TraceStream, peek_identity, trace_files
@@ -94,8 +94,8 @@ def load_trace(path: str | os.PathLike, *, rank: int | None = None, top: int = 1
     readable profiler trace, `ProfileError` for options that cannot apply.
     """
     whole_number("top", top, 1, ProfileError)
-    if sort is not None and sort not in pt.SORT_COLUMNS:
-        raise ProfileError(f"{option('sort', sort)} is not a sort key; use one of: {', '.join(pt.SORT_COLUMNS)}")
+    sort = sort_name(sort)  # FLOPS, gpu, self_cpu_time_total: as profile() reads them
+    check_sort(sort)
     if sort == "memory" and not memory:
         raise ProfileError(f"{option('sort', 'memory')} needs {option('memory', True)}: memory events are only read "
                            "when asked")

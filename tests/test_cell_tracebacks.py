@@ -127,3 +127,61 @@ except KeyboardInterrupt:
 """
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert done.stdout.strip() == "interrupted after the import", done.stderr[-2000:]
+
+@pytest.mark.parametrize("where", ["start", "stop", "validate"])
+def test_an_interrupt_around_the_profiled_runs_is_said(run_cell, ip, monkeypatch, where):
+    # A user trial: Ctrl-C 0.3 s into %%profile_gpu --warmup 1 --steps 3 (Kineto starting) was a bare
+    # KeyboardInterrupt, no note: nothing said whether the cell had run.
+    import sys
+
+    import torch
+
+    if where == "stop":
+        _interrupt_after_stopping(monkeypatch)
+    else:
+        _interrupt_once(monkeypatch, torch.profiler.profile if where == "start" else
+                        sys.modules["nbaccel.magics.profile"], where)
+    run_cell("counter = 0")
+    _, captured = run_cell("%%profile_gpu -q\ncounter += 1\n", expect_error=KeyboardInterrupt)
+    _no_frames(captured.stdout)
+    said = {"start": "nbaccel: interrupted (KeyboardInterrupt) while the profiler started, before the profiled code "
+                     "ran; nothing was recorded",
+            "stop": "nbaccel: interrupted (KeyboardInterrupt) while the profiler stopped, after the profiled code had "
+                    "finished; the profile was discarded.",
+            "validate": "nbaccel %%profile_gpu: interrupted (KeyboardInterrupt) while nbaccel checked the options; "
+                        "the cell did not run"}[where]
+    assert said in captured.stderr, captured.stderr
+    assert ip.user_ns["counter"] == (1 if where == "stop" else 0)
+
+
+def _interrupt_after_stopping(monkeypatch):
+    """A Ctrl-C at the end of torch.profiler.profile.stop: the profiler has stopped (one landing
+    before it stops leaves it running, which torch's own code does too)."""
+    import torch
+
+    original = torch.profiler.profile.stop
+
+    def stop(self):
+        original(self)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(torch.profiler.profile, "stop", stop)
+
+
+def test_an_interrupt_after_the_profiled_code_raised_says_both(run_cell, monkeypatch):
+    _interrupt_after_stopping(monkeypatch)
+    _, captured = run_cell("%%profile_gpu -q\nraise ValueError('x')\n", expect_error=KeyboardInterrupt)
+    assert ("interrupted (KeyboardInterrupt) while the profiler stopped, after the profiled code had raised ValueError"
+            in captured.stderr), captured.stderr
+
+
+@pytest.mark.parametrize("magic", ["%%amp --repeat 1 --warmup 0", "%%profile_gpu"])
+def test_an_interrupt_while_the_result_is_shown_says_the_measurement_finished(run_cell, ip, monkeypatch, magic):
+    import sys
+
+    _interrupt_once(monkeypatch, sys.modules["nbaccel.render.display"], "display_result")
+    _, captured = run_cell(f"{magic} -r res\nx = 1\n", expect_error=KeyboardInterrupt)
+    _no_frames(captured.stdout)
+    assert (f"nbaccel {magic.split()[0]}: interrupted (KeyboardInterrupt) while its result was shown, after the "
+            "measured runs; the measurement had finished and its result is in res") in captured.stderr
+    assert ip.user_ns["res"].value is None

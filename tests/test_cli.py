@@ -43,3 +43,24 @@ def test_the_module_runs_as_a_command():
     proc = subprocess.run([sys.executable, "-m", "nbaccel", "trace", str(H200), "--top", "1"],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0 and proc.stdout.startswith("nbaccel trace: ") and not proc.stderr
+
+
+def test_trace_takes_memory_and_stack_as_its_messages_say(capsys):
+    # A user trial: "--sort memory needs --memory", then "unrecognized arguments: --memory"
+    assert main(["trace", str(H200), "--sort", "memory"]) == 2
+    assert "--sort memory needs --memory" in capsys.readouterr().err
+    assert main(["trace", str(H200), "--sort", "memory", "--memory", "--top", "3"]) == 0
+    assert "top 3 of 94 rows by self mem alloc" in capsys.readouterr().out
+    assert main(["trace", str(H200), "--stack"]) == 2  # this trace was recorded without with_stack
+    assert capsys.readouterr().err.startswith("nbaccel trace: --stack: ")
+
+
+def test_an_unknown_trace_option_shows_the_trace_usage(capsys):
+    # argparse said it under the top-level usage ("nbaccel [-h] [--version] {env,trace}"), no trace option in it
+    try:
+        main(["trace", str(H200), "--bogus"])
+    except SystemExit as exc:
+        assert exc.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("usage: nbaccel trace [-h] [--top TOP]") and "--memory" in err
+    assert "nbaccel trace: error: unrecognized arguments: --bogus" in err

@@ -116,6 +116,9 @@ def test_zero_or_short_wall_time_gives_no_figure():
     c = Contention(cores=2, threads=2, wall_s={"fp32": MIN_WINDOW_S / 2}, others_s={"fp32": 0.1})
     assert c.others_cores("fp32") is None
     assert "contention: not measured (the timed runs lasted 100 ms in all" in c.summary()
+    # a tiny step read "lasted 0 ms in all" (a user trial): the figure keeps its digits
+    c = Contention(cores=2, threads=2, wall_s={"profiled steps": 0.00042}, others_s={})
+    assert "contention: not measured (the timed runs lasted 420 µs in all" in c.summary()
 
 
 def test_missing_proc_is_unknown_and_claims_nothing(tmp_path):

@@ -53,3 +53,23 @@ print("ok")
 def test_load_ext_imports_what_the_first_display_needs():
     proc = subprocess.run([sys.executable, "-c", LOAD_EXT], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0 and proc.stdout.strip().endswith("ok"), proc.stderr
+
+
+def test_the_errors_and_warnings_a_script_catches_are_top_level_names():
+    # A user trial: nbaccel.profile.SharedTraceWarning was an AttributeError (nbaccel.profile is the
+    # profiler class, which shadows its module), and help(nbaccel) named only compare_amp and precision.
+    import nbaccel
+    from nbaccel.budget import BudgetError
+    from nbaccel.distributed import RankFailure
+
+    caught = ("ProfileError", "DeviceError", "BudgetError", "BudgetExceeded", "EstimateError", "SnapshotTooLarge",
+              "TraceError", "RankFailure", "RankMismatch", "TraceWarning", "SharedTraceWarning", "TraceSaveWarning",
+              "BudgetWarning")
+    for name in caught:
+        assert name in nbaccel.__all__ and isinstance(getattr(nbaccel, name), type), name
+        assert issubclass(getattr(nbaccel, name), Exception), name
+    assert nbaccel.BudgetError is BudgetError and nbaccel.RankFailure is RankFailure
+    assert issubclass(nbaccel.SharedTraceWarning, UserWarning)
+    for named in ("profile", "load_trace", "memory_budget", "nbaccel.distributed", "python -m nbaccel trace",
+                  "SharedTraceWarning", *caught):
+        assert named in nbaccel.__doc__, named

@@ -940,3 +940,10 @@ def test_a_cpu_only_trace_claims_no_gpu_peak_in_its_method(tmp_path):
         torch.ones(4) + 1
     method = render_profile_.method(load_trace(path))
     assert "deviceProperties" not in method and "no peak or Tensor Cores: a CPU-only trace (no kernels)" in method
+
+
+def test_the_method_line_gives_a_quick_load_its_digits():
+    # A user trial: "(3,301 events, 0.0 s)"; a fast load is read in ms or µs.
+    result = nbaccel.load_trace("tests/data/h200_bf16_transformer_step.json.gz")
+    result.loaded["load_seconds"] = 0.0123
+    assert "events, 12.3 ms). Wall time" in unfolded(str(result))

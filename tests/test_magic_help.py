@@ -9,7 +9,7 @@ from IPython.core.error import UsageError
 
 # magic as typed, a cell for cell magics (None for line magics), options its help must list
 MAGICS = {
-    "%nbaccel_env": (None, ["--result", "--json"]),
+    "%nbaccel_env": (None, ["--result", "--json", "--quiet"]),
     "%memory_budget": (None, ["--enforce", "--strict", "--near", "--model", "--result", "--quiet", "budget"]),
     "%profile_trace": (None, ["PATH", "--top", "--sort", "--rank", "--result", "--quiet"]),
     "%%amp": ("ran += 1", ["--dtype", "--device", "--no-tf32", "--warmup", "--repeat", "--result", "--quiet"]),
@@ -69,6 +69,14 @@ def test_nbaccel_env_help_does_not_store_a_result(run_cell, ip):
     ("%%amp", "fp32", "(fp32 is what the reduced dtype is compared with or replaces; give that one: --dtype bf16)"),
     ("%memory_budget", "offf", "cannot read 'offf' as a budget; did you mean %memory_budget off"),
     ("%memory_budget", "of", "did you mean %memory_budget off"),
+    # words and options for "remove it" that resemble no spelling of off (a user trial: the generic size error)
+    ("%memory_budget", "none", "cannot read 'none' as a budget; did you mean %memory_budget off (removes the budget"),
+    ("%memory_budget", "Clear", "did you mean %memory_budget off"),
+    ("%memory_budget", "reset", "did you mean %memory_budget off"),
+    ("%memory_budget", "stats", "did you mean %memory_budget status"),
+    ("%memory_budget", "--off", "unrecognized arguments: --off (no dashes: %memory_budget off)"),
+    ("%memory_budget", "--reset", "(the budget is removed without an option: %memory_budget off)"),
+    ("%memory_budget", "--status", "(the status is shown by %memory_budget alone, or %memory_budget status)"),
     # A user trial: pasted from a document, "—repeat" got only "unrecognized arguments: —repeat 3".
     ("%%amp", "—repeat 3", "—repeat starts with an em dash (—), a typographic dash that documents put in place of "
                            "two hyphens; type the option with plain hyphens: --repeat; see %%amp --help"),
@@ -84,6 +92,32 @@ def test_a_wrong_option_is_a_usage_error_with_the_fix(run_cell, ip, magic, line,
     ip.user_ns["ran"] = 0
     _, captured = run_cell(_source(magic, line), expect_error=UsageError)
     assert message in captured.stderr
+    assert ip.user_ns["ran"] == 0
+
+
+@pytest.mark.parametrize("magic, line, message", [
+    # User trials: the closest spelling pointed away from the fix ("did you mean --result?" / "--top?").
+    ("%%profile_gpu", "--repeat 3", "(%%profile_gpu has no --repeat: --steps N profiles N runs of the cell, after "
+                                    "--warmup W unrecorded ones); see %%profile_gpu --help"),
+    ("%%profile_gpu", "--dtype bf16", "(%%profile_gpu has no --dtype: --amp bf16, fp16 or auto profiles under the "
+                                      "%%amp recipe)"),
+    ("%%profile_gpu", "--dtype=bf16", "(%%profile_gpu has no --dtype: --amp bf16"),
+    ("%%profile_gpu", "-n 3", "(%%profile_gpu has no -n, which is %timeit's: --steps N"),
+    ("%%amp", "--steps 3", "(%%amp has no --steps: --repeat N times N runs per variant, after --warmup W untimed "
+                           "rounds)"),
+    ("%%amp", "--amp bf16", "(%%amp has no --amp: --dtype bf16, fp16, auto or tf32 picks the recipe)"),
+    ("%%amp", "--top 5", "(%%amp has no --top: it times whole runs and lists no operators; %%profile_gpu --top N"),
+    ("%%amp", "-n 3", "(%%amp has no -n, which is %timeit's: --repeat N times N runs per variant"),
+    ("%%amp", "-n3", "(%%amp has no -n, which is %timeit's: --repeat N"),
+    # -r is --result here, not %timeit's repeat count: a number after it means the count
+    ("%%amp", "-r 3", "-r is --result NAME here (the variable to keep the result in), not %timeit's repeat count; "
+                      "for 3 runs write --repeat 3"),
+    ("%%profile_gpu", "-r3", "for 3 runs write --steps 3"),
+])
+def test_an_option_of_the_other_magic_points_to_this_ones(run_cell, ip, magic, line, message):
+    ip.user_ns["ran"] = 0
+    result, _ = run_cell(_source(magic, line), expect_error=UsageError)
+    assert message in str(result.error_in_exec or result.error_before_exec)
     assert ip.user_ns["ran"] == 0
 
 
@@ -166,3 +200,35 @@ def test_unload_removes_the_transform_and_reload_adds_it_once(ip):
     assert ours() == []
     ip.run_line_magic("load_ext", "nbaccel")  # the fixture unloads it again
     assert len(ours()) == 1
+
+
+@pytest.mark.parametrize("magic, line, message", [
+    # argparse keeps the last value silently: a line edited in place ran 5 where it said 3 first
+    ("%%amp", "--repeat 3 --repeat 5", "--repeat given twice (3 and 5): keep one"),
+    ("%%amp", "-r a --result b", "-r/--result given twice (a and b): keep one"),
+    ("%%amp", "--dtype=bf16 --dtype fp16", "--dtype given twice (bf16 and fp16): keep one"),
+    ("%%profile_gpu", "--amp bf16 --amp", "--amp given twice (bf16 and auto): keep one"),
+    ("%%profile_gpu", "--steps 2 --top 3 --steps=4", "--steps given twice (2 and 4): keep one"),
+    ("%profile_trace", "t.json --top 3 --top 5", "--top given twice (3 and 5): keep one"),
+    ("%memory_budget", "1GiB --near 0.5 --near 0.9", "--near given twice (0.5 and 0.9): keep one"),
+])
+def test_a_valued_option_given_twice_is_refused(run_cell, ip, magic, line, message):
+    ip.user_ns["ran"] = 0
+    result, _ = run_cell(_source(magic, line), expect_error=UsageError)
+    assert message in str(result.error_in_exec or result.error_before_exec)
+    assert ip.user_ns["ran"] == 0
+
+
+def test_the_same_value_twice_and_a_repeated_flag_pass(run_cell, ip):
+    ip.user_ns["ran"] = 0
+    run_cell("%%amp --repeat 1 --repeat=1 --warmup 0 -q -q\nran += 1")
+    assert ip.user_ns["ran"] > 0
+
+
+def test_nbaccel_env_takes_quiet_like_every_other_magic(run_cell, ip):
+    # A user trial: "unrecognized arguments: -q", where every other magic takes it
+    _, captured = run_cell("%nbaccel_env -q -r env")
+    assert captured.stdout == "" and not captured.outputs
+    assert type(ip.user_ns["env"]).__name__ == "EnvReport"
+    result, _ = run_cell("%nbaccel_env -q --json", expect_error=UsageError)
+    assert "--json prints the report and -q/--quiet shows nothing: give one" in str(result.error_in_exec)

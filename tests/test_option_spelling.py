@@ -189,3 +189,50 @@ def test_a_noisy_run_beside_an_idle_machine_says_the_noise_came_from_elsewhere()
                           "own, or comes from what /proc/stat cannot see -- a VM's host, CPU frequency changes)")
     result.contention = Contention(cores=2, threads=1, wall_s={"fp32": 1.0}, others_s={"fp32": 0.2})  # seen: no aside
     assert next(w for w in result.noise_warnings if "noisy" in w).endswith("use a larger repeat")
+
+
+@pytest.mark.parametrize("cell, said", [
+    # A user trial: "--dtype fp32 is not supported" named a spelling not typed, and gave no reason.
+    ("%%amp --dtype float32\nran += 1", "--dtype float32 compares fp32 with itself: fp32 is the baseline. Use "
+                                        "--dtype bf16"),
+    ("%%amp --dtype torch.float32\nran += 1", "--dtype torch.float32 compares fp32 with itself"),
+    ("%%amp --dtype FP8\nran += 1", "--dtype FP8 is not supported; use one of: bf16, fp16, auto, tf32"),
+    ("%%profile_gpu --amp float32\nran += 1", "--amp fp32: fp32 is what runs without --amp; leave it out"),
+])
+def test_an_fp32_dtype_says_why_in_the_words_typed(run_cell, ip, cell, said):
+    ip.user_ns["ran"] = 0
+    result, _ = run_cell(cell, expect_error=UsageError)
+    assert said in str(result.error_before_exec or result.error_in_exec)
+    assert ip.user_ns["ran"] == 0, "refused before the cell ran"
+
+
+@pytest.mark.parametrize("typed, key", [("FLOPS", "flops"), ("Self", "self"), ("self_cpu_time_total", "self"),
+                                        ("cpu_time_total", "cpu"), ("count", "calls"), ("gpu", "device"),
+                                        ("self-cuda-time-total", "device")])
+def test_sort_keys_are_read_in_any_case_and_in_torchs_words(typed, key):
+    # A user trial: --sort FLOPS and torch's sort_by names were refused with only the list of keys.
+    assert nbaccel.profile(sort=typed).options.sort == key
+    loaded = nbaccel.load_trace("tests/data/h200_bf16_transformer_step.json.gz", sort=typed)
+    assert loaded.options.sort == key
+
+
+def test_profile_gpu_sorts_by_a_key_typed_in_capitals(run_cell, ip):
+    run_cell("%%profile_gpu --sort FLOPS -q -r prof\nimport torch\ntorch.ones(4, 4) @ torch.ones(4, 4)")
+    assert ip.user_ns["prof"].options.sort == "flops"
+
+
+@pytest.mark.parametrize("typed, said", [
+    ("time", "--sort time is not a sort key; did you mean --sort device (own GPU time), self (own CPU time) or cpu"),
+    ("cuda_time_total", "did you mean --sort device (each op's own device time, torch's self_cuda_time_total: "
+                        "nbaccel has no total-device-time sort)?"),
+    ("cpu_memory_usage", "did you mean --sort memory (each op's own allocations"),
+    ("bogus", "--sort bogus is not a sort key; use one of: cpu, self, device, calls, memory, flops"),
+])
+def test_a_sort_word_with_several_meanings_is_suggested_not_guessed(run_cell, ip, typed, said):
+    ip.user_ns["ran"] = 0
+    result, _ = run_cell(f"%%profile_gpu --sort {typed}\nran += 1", expect_error=UsageError)
+    assert said in str(result.error_in_exec or result.error_before_exec)
+    assert ip.user_ns["ran"] == 0
+    result, _ = run_cell(f"%profile_trace tests/data/h200_bf16_transformer_step.json.gz --sort {typed} -q",
+                         expect_error=UsageError)
+    assert said in str(result.error_in_exec or result.error_before_exec)

@@ -591,7 +591,7 @@ def test_widget_builds_with_breakdown_and_advice_tabs(run_cell, ip, cpu_with_bf1
     ("--steps 0", "--steps must be at least 1"),
     ("--top 0", "--top must be at least 1"),
     ("--warmup -1", "--warmup must be at least 0"),
-    ("--sort bogus", "invalid choice"),
+    ("--sort bogus", "--sort bogus is not a sort key; use one of: cpu, self, device"),
     ("--sort device", "--sort device needs a CUDA device"),
     ("--sort memory", "--sort memory needs --memory"),
     ("--amp fp8", "--amp fp8 is not supported"),
@@ -635,7 +635,7 @@ def test_stack_with_shapes_is_refused_by_the_api_before_the_code_runs():
     (dict(top=0), "top must be at least 1, got 0"),
     (dict(steps=0), "steps must be at least 1"),
     (dict(amp="fp8"), "amp='fp8' is not supported; use one of: bf16, fp16, auto"),
-    (dict(amp="fp32"), "amp='fp32' is not supported"),
+    (dict(amp="fp32"), "amp='fp32': fp32 is what runs without amp; leave it out"),
     (dict(sort="memory"), "sort='memory' needs memory=True"),
     (dict(stack=True, shapes=True), "stack=True and shapes=True both choose"),
 ])

@@ -13,12 +13,12 @@ from ..amp import MIN_RUNS, compare_amp, not_restored, overflow_hint, planned_ru
 from ..device import DeviceError, autocast_dtype, device_info, dtype_name, resolve_device
 from ..options import magic_spelled, whole_number
 from ..precision import make_recipe
-from ..render.display import display_result, in_kernel
+from ..render.display import in_kernel
 from ..snapshot import LazyModuleNotReady, SnapshotTooLarge
 from ..timing import format_seconds
 from .common import (cell_function, check_name, check_name_free, dtype_hint, help_option, history_name,
                      interrupt_without_frames, output_can_be_silenced, parse_line, refuse_empty_cell,
-                     refuse_nested_cell_magic, silenced, sole_measuring_magic, store_result)
+                     refuse_nested_cell_magic, show_result, silenced, sole_measuring_magic)
 
 DTYPES = ("bf16", "fp16", "auto", "tf32")
 # A comparison projected (from its measured first run) to take longer than this says so, with a
@@ -69,13 +69,18 @@ class AmpMagics(Magics):
         args = parse_line(self.amp, line, hint=dtype_hint("--dtype", DTYPES, dtype_name))
         if args is None:  # -h/--help: the help was printed
             return None
-        args.dtype = dtype_name(args.dtype)  # bfloat16, float16, half: the long names work too
-        if args.dtype not in DTYPES:
-            raise UsageError(f"--dtype {args.dtype} is not supported; use one of: {', '.join(DTYPES)}")
+        typed, args.dtype = args.dtype, dtype_name(args.dtype)  # bfloat16, float16, half: the long names work too
+        fp32 = args.dtype == "fp32"
+        if fp32:
+            # compare_amp's own reason ("fp32 is the baseline"), in the words the user typed: the magic's
+            # "--dtype fp32 is not supported" named a spelling nobody wrote (--dtype float32) and no reason
+            args.dtype = typed
+        elif args.dtype not in DTYPES:
+            raise UsageError(f"--dtype {typed} is not supported; use one of: {', '.join(DTYPES)}")
         # compare_amp checks these too, but its ValueError would surface after the snapshot, as nbaccel's own
         whole_number("repeat", args.repeat, 1, UsageError)
         whole_number("warmup", args.warmup, 0, UsageError)
-        check_name(args.result)
+        check_name(args.result, counts="--repeat")
         if not 0 < args.max_snapshot <= 1:
             raise UsageError(f"--max-snapshot is a fraction of available memory in (0, 1], got {args.max_snapshot}")
         refuse_empty_cell(self.shell, "amp", cell)
@@ -85,7 +90,7 @@ class AmpMagics(Magics):
             device = resolve_device(args.device)
             if args.dtype == "tf32":
                 make_recipe("tf32", device)
-            else:
+            elif not fp32:  # compare_amp refuses fp32 itself, before anything runs
                 autocast_dtype(args.dtype, device_info(device))
         except DeviceError as exc:
             raise UsageError(str(exc)) from None
@@ -125,9 +130,7 @@ class AmpMagics(Magics):
                         f"nbaccel %%amp: the runs stopped after {elapsed} (the note below says why).")
                 for handle in filter(None, notes):
                     handle.update({"text/plain": done}, raw=True)
-        store_result(self.shell, args.result, result)
-        if not args.quiet:
-            display_result(result)
+        show_result(self.shell, "%%amp", result, args.result, args.quiet)
         return result.value
 
 

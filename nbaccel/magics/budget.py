@@ -46,6 +46,13 @@ _VALUE_OPTIONS = {"--device", "--near", "--model", "--optimizer", "--batch", "--
 OPTION_MEANINGS = dict.fromkeys(
     ("--estimate", "--predict", "--fit", "--fits"),
     "an estimate is asked for with --model NAME --batch N, e.g. %memory_budget --model model --batch 64")
+# The words a user types to remove the budget or see it, for the magic's own "off" and "status".
+SAME_AS = {**dict.fromkeys(("none", "clear", "reset", "remove", "stop", "disable", "unset"), "off"),
+           **dict.fromkeys(("stats", "show", "info", "list"), "status")}
+OPTION_MEANINGS.update({f"--{word}": "the budget is removed without an option: %memory_budget off"
+                        for word, same in SAME_AS.items() if same == "off"} | {"--off": "no dashes: %memory_budget off"})
+OPTION_MEANINGS.update({f"--{word}": "the status is shown by %memory_budget alone, or %memory_budget status"
+                        for word in ("status", "stats", "show", "info")})
 # "--budget 2GiB" (a user trial) read "did you mean --quiet?": the budget is the magic's first word.
 OPTION_MEANINGS.update(dict.fromkeys(
     ("--budget", "--size", "--limit", "--max", "--memory", "--set"),
@@ -147,7 +154,9 @@ class BudgetMagics(Magics):
                              "%memory_budget 80GiB --model model --batch 32 predicts that model's memory")
         words = {"off": "removes the budget and every hook", "status": "shows the budget and the cells watched"}
         if args.budget is not None and args.budget.isalpha() and args.budget.lower() not in words:
-            meant = difflib.get_close_matches(args.budget.lower(), list(words), n=1, cutoff=0.6)  # offf, of, statsu
+            # none, clear, reset (a user trial) and stats mean a word they do not resemble
+            meant = ([SAME_AS[args.budget.lower()]] if args.budget.lower() in SAME_AS else
+                     difflib.get_close_matches(args.budget.lower(), list(words), n=1, cutoff=0.6))  # offf, of, statsu
             if meant:
                 raise UsageError(f"cannot read {args.budget!r} as a budget; did you mean %memory_budget {meant[0]} "
                                  f"({words[meant[0]]})?")

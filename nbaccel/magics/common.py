@@ -11,6 +11,7 @@ import keyword
 import linecache
 import re
 import symtable
+import sys
 import types
 from typing import Callable
 
@@ -80,6 +81,31 @@ def interrupt_without_frames(exc: KeyboardInterrupt) -> KeyboardInterrupt:
         fresh.add_note(note)
     fresh._render_traceback_ = lambda: _without_hidden_tail(fresh)
     return fresh
+
+
+def interrupted_in_nbaccel(exc: KeyboardInterrupt, magic: str, when: str, state: str) -> KeyboardInterrupt:
+    """The note for a Ctrl-C in a magic's own work around the measured runs (checking its options
+    before them, showing the result after), printed now; returns the frameless interrupt to raise
+    ``from None``. Unnoted, these were a bare KeyboardInterrupt that did not say whether the cell ran."""
+    print(f"nbaccel {magic}: interrupted (KeyboardInterrupt) {when}; {state}", file=sys.stderr)
+    return interrupt_without_frames(exc)
+
+
+def show_result(shell, magic: str, result, name: str | None, quiet: bool) -> None:
+    """Store the result (-r NAME), then display it unless -q. The measuring is over by then: an
+    interrupt while the (widget) display is built says that the result is complete, and where it is."""
+    __tracebackhide__ = True  # noqa: F841 - IPython hides nbaccel's frames from the user's traceback
+    store_result(shell, name, result)
+    if quiet:
+        return
+    try:
+        from ..render.display import display_result
+
+        display_result(result)
+    except KeyboardInterrupt as exc:
+        kept = f" and its result is in {name}" if name else "; its result was not kept (-r NAME keeps it)"
+        raise interrupted_in_nbaccel(exc, magic, "while its result was shown, after the measured runs",
+                                     f"the measurement had finished{kept}") from None
 
 
 def _without_hidden_tail(exc: BaseException) -> list[str]:
@@ -232,12 +258,18 @@ def store_result(shell, name: str | None, result) -> None:
         shell.user_ns[name] = result
 
 
-def check_name(name: str | None) -> None:
+def check_name(name: str | None, counts: str | None = None) -> None:
     """-r NAME must be a variable the user can then type: not a keyword (``for`` could only be
     reached through globals()), not a dunder (``__builtins__`` replaced breaks the kernel), not a
-    builtin (``print``, ``len``: shadowed for the rest of the session)."""
+    builtin (``print``, ``len``: shadowed for the rest of the session).
+
+    ``counts``: the magic's option for how many runs (``--repeat``), named when the "name" is a
+    number: ``-r 3`` is %timeit's repeat count, and was refused as "a Python variable name"."""
     if name is None:
         return
+    if counts is not None and name.isdigit():
+        raise UsageError(f"-r is --result NAME here (the variable to keep the result in), not %timeit's repeat count; "
+                         f"for {name} runs write {counts} {name}")
     if not name.isidentifier() or keyword.iskeyword(name):
         raise UsageError(f"-r/--result takes a Python variable name, got {name!r}")
     if name in _IPYTHON_NAMES or re.fullmatch(r"_i?\d+|_+", name):
@@ -420,6 +452,62 @@ def refuse_typographic_dash(magic, tokens: list[str]) -> None:
                          f"place of two hyphens; type the option with plain hyphens: {meant}{equals}{value}")
 
 
+def refuse_repeated_values(parser: argparse.ArgumentParser, tokens: list[str]) -> None:
+    """A UsageError for an option that takes a value given twice with different values: argparse keeps
+    the last one silently (``--repeat 3 ... --repeat 5`` ran 5), which a line edited in place invites.
+    The same value twice, and a repeated flag (``-q -q``), change nothing and pass. Run after a
+    successful parse, so every option here is real and has its value."""
+    valued = {o: action for action in parser._actions for o in action.option_strings if action.nargs != 0}
+    seen: dict[argparse.Action, tuple[str, str]] = {}
+    i = 0
+    while i < len(tokens) and tokens[i] != "--":
+        token, i = tokens[i], i + 1
+        name, equals, value = token.partition("=")
+        if not equals and not token.startswith("--") and token[:2] in valued and len(token) > 2:
+            name, equals, value = token[:2], "=", token[2:]  # -r3
+        action = valued.get(name)
+        if action is None:
+            continue
+        if not equals:
+            # --amp alone (or before another option) is its const, --amp auto
+            bare = action.nargs == "?" and (i == len(tokens) or tokens[i].startswith("-"))
+            value = str(action.const) if bare else tokens[i]
+            i += not bare
+        if action in seen and seen[action][1] != value:
+            first, then = seen[action]
+            spelled = name if first == name else f"{first}/{name}"
+            raise UsageError(f"{spelled} given twice ({then} and {value}): keep one")
+        seen[action] = (name, value)
+
+
+# Options of one measuring magic typed under the other (and %timeit's -n), by the magic that lacks
+# them: said instead of the closest spelling, which misled ("%%profile_gpu --repeat 3": "did you mean
+# --result?"; "--dtype bf16": "did you mean --top?"; user trials). Consulted by every parse_line.
+_STEPS = "--steps N profiles N runs of the cell, after --warmup W unrecorded ones"
+_REPEAT = "--repeat N times N runs per variant, after --warmup W untimed rounds"
+_PROFILE_ONLY = "%%profile_gpu --top N shows the slowest ones, and with --amp bf16 under the recipe"
+CROSS_MAGIC = {
+    "profile_gpu": {
+        "--repeat": f"%%profile_gpu has no --repeat: {_STEPS}",
+        "-n": f"%%profile_gpu has no -n, which is %timeit's: {_STEPS}",
+        "--number": f"%%profile_gpu has no --number: {_STEPS}",
+        "--dtype": "%%profile_gpu has no --dtype: --amp bf16, fp16 or auto profiles under the %%amp recipe",
+        "--no-tf32": "%%profile_gpu has no --no-tf32: without --amp the cell runs under your own TF32 settings",
+        "--no-baseline": "%%profile_gpu has no --no-baseline: it profiles one variant, the cell as it is (or --amp)",
+    },
+    "amp": {
+        "--steps": f"%%amp has no --steps: {_REPEAT}",
+        "-n": f"%%amp has no -n, which is %timeit's: {_REPEAT}",
+        "--number": f"%%amp has no --number: {_REPEAT}",
+        "--amp": "%%amp has no --amp: --dtype bf16, fp16, auto or tf32 picks the recipe",
+        "--top": f"%%amp has no --top: it times whole runs and lists no operators; {_PROFILE_ONLY}",
+        "--sort": f"%%amp has no --sort: it times whole runs and lists no operators; {_PROFILE_ONLY}",
+        "--trace": "%%amp has no --trace: %%profile_gpu --amp bf16 --trace PATH records one under the recipe",
+        "--memory": "%%amp has no --memory: it always measures each variant's peak memory",
+    },
+}
+
+
 def parse_line(magic, line: str, hint: Callable[[str], str | None] | None = None,
                meanings: dict[str, str] | None = None):
     """IPython's ``parse_argstring`` with quotes removed, ``-h/--help`` and clearer mistakes.
@@ -440,7 +528,9 @@ def parse_line(magic, line: str, hint: Callable[[str], str | None] | None = None
     try:
         tokens = split_line(line)
         refuse_typographic_dash(magic, tokens)
-        return magic.parser.parse_args(tokens)
+        args = magic.parser.parse_args(tokens)
+        refuse_repeated_values(magic.parser, tokens)
+        return args
     except _HelpRequested:
         # IPython formats a magic's help as reST for `%name?` (a "::" literal-block marker, then
         # the usage indented); printed as the answer to -h, it reads as plain text.
@@ -453,9 +543,12 @@ def parse_line(magic, line: str, hint: Callable[[str], str | None] | None = None
         prefix = "unrecognized arguments: "
         if message.startswith(prefix):
             options = [o for action in magic.parser._actions for o in action.option_strings]
+            meanings = {**CROSS_MAGIC.get(magic.__name__, {}), **(meanings or {})}
             for token in message[len(prefix):].split():
-                if token.split("=")[0] in (meanings or {}):
-                    meant = meanings[token.split("=")[0]]
+                # --repeat=3, and -n3 (a short option with its value attached)
+                name = token[:2] if re.match(r"-[A-Za-z]\d", token) else token.split("=")[0]
+                if name in meanings:
+                    meant = meanings[name]
                 elif token.startswith("-"):
                     close = difflib.get_close_matches(token.split("=")[0], options, n=1)
                     meant = f"did you mean {close[0]}?" if close else None

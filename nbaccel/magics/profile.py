@@ -15,10 +15,9 @@ from ..profile import profile_function
 from ..profile_options import DTYPES, ProfileError, ProfileOptions, validate
 from ..op_attribution import CELL_LINE
 from ..profile_table import SORT_COLUMNS
-from ..render.display import display_result
 from .common import (cell_function, check_name, check_name_free, compile_cell, dtype_hint, help_option,
-                     interrupt_without_frames, output_can_be_silenced, parse_cell, parse_line, refuse_empty_cell,
-                     refuse_nested_cell_magic, silenced, sole_measuring_magic, store_result)
+                     interrupt_without_frames, interrupted_in_nbaccel, output_can_be_silenced, parse_cell, parse_line,
+                     refuse_empty_cell, refuse_nested_cell_magic, show_result, silenced, sole_measuring_magic)
 
 
 @magics_class
@@ -27,7 +26,7 @@ class ProfileMagics(Magics):
     @magic_arguments(name="%profile_gpu")  # the usage line gets one more %: %%profile_gpu
     @help_option
     @argument("--top", type=int, default=15, help="rows of the operator table to show (default 15)")
-    @argument("--sort", default=None, choices=list(SORT_COLUMNS),
+    @argument("--sort", default=None, metavar="{" + ",".join(SORT_COLUMNS) + "}",  # read by sort_name, any case
               help="cpu (CPU total), self (self CPU), device (self device time), calls, memory (self bytes), flops; "
                    "default: device on CUDA, else self")
     @argument("--memory", action="store_true", help="record memory allocated per op (profile_memory)")
@@ -62,7 +61,7 @@ class ProfileMagics(Magics):
         args = parse_line(self.profile_gpu, line, hint=dtype_hint("--amp", DTYPES, dtype_name))
         if args is None:  # -h/--help: the help was printed
             return None
-        check_name(args.result)
+        check_name(args.result, counts="--steps")
         refuse_empty_cell(self.shell, "profile_gpu", cell)
         refuse_nested_cell_magic("profile_gpu", cell)
         check_name_free(self.shell, args.result, cell)
@@ -74,6 +73,9 @@ class ProfileMagics(Magics):
             validate(options)  # every refusal happens here, before the cell runs
         except ProfileError as exc:
             raise UsageError(str(exc)) from None
+        except KeyboardInterrupt as exc:  # reading the device can take a moment on a first call
+            raise interrupted_in_nbaccel(exc, "%%profile_gpu", "while nbaccel checked the options",
+                                         "the cell did not run") from None
         run = annotated_cell_function(self.shell, cell) if args.stack else cell_function(self.shell, cell)
         raised_in_cell = []  # what the cell itself raised: its own, shown as it is
 
@@ -96,9 +98,7 @@ class ProfileMagics(Magics):
             if any(exc is e for e in raised_in_cell):
                 raise
             raise interrupt_without_frames(exc) from None  # in nbaccel's profiler: no nbaccel frames
-        store_result(self.shell, args.result, result)
-        if not args.quiet:
-            display_result(result)
+        show_result(self.shell, "%%profile_gpu", result, args.result, args.quiet)
         return result.value
 
 

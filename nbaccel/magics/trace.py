@@ -24,7 +24,7 @@ class TraceMagics(Magics):
               help="a .json / .json.gz trace file, or a folder of them (one rank per distributedInfo.rank or "
                    "'rank-N' in the name; several files of one rank are its steps)")
     @argument("--top", type=int, default=15, help="rows of the operator table to show (default 15)")
-    @argument("--sort", default=None, choices=list(SORT_COLUMNS),
+    @argument("--sort", default=None, metavar="{" + ",".join(SORT_COLUMNS) + "}",  # read by sort_name, any case
               help="cpu (CPU total), self (self CPU), device (self device time), calls, memory, flops; "
                    "default: device when the trace has kernels, else self")
     @argument("--shapes", action="store_true", help="group the table by op and input shapes")

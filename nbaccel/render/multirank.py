@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 
 from . import profile as single
+from ..timing import format_seconds
 from .common import bar, bullet_list, esc, labelled, prose, table, text_table, wrap
 
 _SPLIT = (("compute_pct", "compute", "#4a90d9"), ("communication_pct", "communication", "#d98c4a"),
@@ -80,7 +81,7 @@ def method(result) -> str:
             "one trace. Step time = mean ProfilerStep duration (the trace window when there is none). Over the steps: "
             "compute = union of non-communication kernels and copies; communication = time only NCCL/all-reduce "
             "kernels run (hidden communication is not counted); idle = no device activity. The merged op table sums "
-            f"calls and times over ranks. Loaded in {result.load_seconds:.1f} s.")
+            f"calls and times over ranks. Loaded in {format_seconds(result.load_seconds)}.")
 
 
 # --- text -------------------------------------------------------------------------------------------

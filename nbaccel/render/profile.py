@@ -192,7 +192,7 @@ def method(result) -> str:
         return ("torch.profiler Chrome trace recorded elsewhere, streamed from "
                 + ", ".join(os.path.basename(f) for f in result.loaded["files"][:3])
                 + (f" and {len(result.loaded['files']) - 3} more" if len(result.loaded["files"]) > 3 else "")
-                + f" ({result.loaded['events']:,} events, {result.loaded['load_seconds']:.1f} s). Wall time = span of "
+                + f" ({result.loaded['events']:,} events, {format_seconds(result.loaded['load_seconds'])}). Wall time = span of "
                 f"the recorded events; device busy = union of kernel and copy intervals; {FLOPS_BASIS}; "
                 + ("peak from the trace's deviceProperties GPU; Tensor Cores judged from kernel names" if result.on_device
                    else "no peak or Tensor Cores: a CPU-only trace (no kernels)")
