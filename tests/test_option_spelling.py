@@ -236,3 +236,20 @@ def test_a_sort_word_with_several_meanings_is_suggested_not_guessed(run_cell, ip
     result, _ = run_cell(f"%profile_trace tests/data/h200_bf16_transformer_step.json.gz --sort {typed} -q",
                          expect_error=UsageError)
     assert said in str(result.error_in_exec or result.error_before_exec)
+
+
+def test_a_comment_after_the_options_is_a_comment(run_cell, ip):
+    """As in the design's own examples (`%memory_budget 6GiB        # every later cell ...`): a trailing
+    comment was "unrecognized arguments: # every later cell ...". A shell's rule: a # starting a word
+    outside quotes; `run#1.json` and a quoted "#" stay."""
+    from nbaccel.magics.common import split_line
+
+    assert split_line('--trace run#1.json --sort "a # b"  # the rest') == ["--trace", "run#1.json", "--sort", "a # b"]
+    run_cell("%memory_budget 4GiB --device cpu -q -r b  # every later cell is measured against it")
+    try:
+        assert ip.user_ns["b"].budget_bytes == 4 * 2**30
+    finally:
+        run_cell("%memory_budget off -q")
+    run_cell("import torch\nx = torch.ones(4, 4)")
+    run_cell("%%amp --repeat 3 --warmup 0 -q -r res  # fp32 vs bf16\nx @ x")
+    assert ip.user_ns["res"].amp.name == "bf16"

@@ -379,8 +379,23 @@ def magic_name(magic) -> str:
 def split_line(line: str) -> list[str]:
     """A magic's line as a POSIX shell splits it, quotes removed: IPython's parse_argstring keeps them,
     so --trace "my run/t.json" made a folder named '"my run' and %memory_budget "6GiB" was unreadable.
-    An unmatched quote raises ValueError."""
-    return arg_split(line, posix=True, strict=True)
+    A trailing ``# comment`` goes, as in a shell (``%memory_budget 6GiB  # for the big model`` was
+    "unrecognized arguments: # for..."). An unmatched quote raises ValueError."""
+    return arg_split(_without_comment(line), posix=True, strict=True)
+
+
+def _without_comment(line: str) -> str:
+    """``line`` up to a ``#`` that starts a word outside quotes (a shell's rule: ``run#1.json`` and
+    ``"a # b"`` keep theirs)."""
+    quote = None
+    for i, char in enumerate(line):
+        if quote:
+            quote = None if char == quote else quote
+        elif char in "'\"":
+            quote = char
+        elif char == "#" and (i == 0 or line[i - 1].isspace()):
+            return line[:i]
+    return line
 
 
 class HelpWithoutBody:
