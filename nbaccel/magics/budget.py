@@ -413,13 +413,16 @@ class BudgetMagics(Magics):
         """
         if getattr(result, "error_before_exec", None) is not None:
             return True  # it never ran (a SyntaxError): a row "ok, added 0 B" said it did (a user trial)
+        error = getattr(result, "error_in_exec", None)
+        raw = getattr(getattr(result, "info", None), "raw_cell", None) or ""
+        if not isinstance(error, UsageError) and "memory_budget" not in raw:
+            return False  # most cells: not parsed at all (the watcher's cost is per cell)
         magic = _one_magic_call(self.shell, result)
         if magic == "memory_budget":
             # A status (or a new budget) is a question about the other cells, not one of them: its rows
             # crowded the last 10 (a trial). What it allocates is nbaccel's (the first status imports its
             # renderers: 1 MiB and more), never the user's code.
             return True
-        error = getattr(result, "error_in_exec", None)
         return isinstance(error, UsageError) and record.added_bytes < PUSHED and magic is not None
 
     def _on_exception(self, shell, etype, value, tb, tb_offset=None):
