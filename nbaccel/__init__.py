@@ -41,7 +41,6 @@ from .trace_result import MultiRankResult, TraceError, TraceWarning, load_trace 
 # (``nbaccel.profile`` is the profiler class, so nbaccel.profile.SharedTraceWarning was an AttributeError).
 from .budget import BudgetError, BudgetExceeded, BudgetWarning  # noqa: E402
 from .device import DeviceError  # noqa: E402
-from .distributed import RankFailure, RankMismatch  # noqa: E402
 from .estimate import EstimateError  # noqa: E402
 from .profile import SharedTraceWarning, TraceSaveWarning  # noqa: E402
 from .profile_options import ProfileError  # noqa: E402
@@ -53,6 +52,16 @@ __all__ = ["compare_amp", "AmpResult", "memory_budget", "MemoryBudget", "estimat
            # errors and warnings
            "ProfileError", "DeviceError", "BudgetError", "BudgetExceeded", "EstimateError", "SnapshotTooLarge",
            "RankFailure", "RankMismatch", "SharedTraceWarning", "TraceSaveWarning", "BudgetWarning"]
+
+
+
+def __getattr__(name: str):
+    # nbaccel.distributed's errors without importing it with every `import nbaccel`: it is for torchrun.
+    if name in ("RankFailure", "RankMismatch"):
+        from . import distributed
+        return getattr(distributed, name)
+    raise AttributeError(f"module 'nbaccel' has no attribute {name!r}")
+
 
 _registered: dict = {}
 _transformers: list = []  # input transformers the load added to the shell, removed by the unload
