@@ -183,12 +183,14 @@ class profile:  # noqa: N801 - a context manager used like a function: `with nba
         self.check()
         # Each `with` is a profile of its own: a second use of the object counted on from the first's steps.
         self.steps_done, self._own_failure, self.result = 0, None, None
-        if not _RECORDING.acquire(blocking=False):  # taken since check() by another thread
-            raise _another_thread_recording()
         # What the trace folder holds and lacks as the profile starts, not after the code ran: under
         # torchrun the other ranks write their files into the same folder meanwhile, and they are not
-        # earlier runs (nor is which rank "created the folder" worth a race).
+        # earlier runs (nor is which rank "created the folder" worth a race). Read before the lock is
+        # taken: a listing that fails (a folder without read permission, a Ctrl-C on a slow share) left
+        # it held, and every later profile in the process was "another thread is recording".
         self._earlier, self._created = _trace_folder_before(opts.trace)
+        if not _RECORDING.acquire(blocking=False):  # taken since check() by another thread
+            raise _another_thread_recording()
         try:
             self._start(opts)
         except BaseException:
@@ -385,9 +387,10 @@ def _earlier_traces(folder: str) -> list[str]:
     (``%profile_trace``) reads every file in it as steps of one run, so the result says they are there
     (a trial's folder, reused, gathered three runs' files without a word)."""
     path = Path(folder).expanduser()
-    if not path.is_dir():
+    try:
+        return sorted(str(f) for f in path.iterdir() if f.name.endswith((".json", ".json.gz")) and f.is_file())
+    except OSError:  # not there yet, or writable but not listable (chmod 333): nothing known to be earlier
         return []
-    return sorted(str(f) for f in path.iterdir() if f.name.endswith((".json", ".json.gz")) and f.is_file())
 
 
 def _first_missing(folder: Path) -> Path | None:

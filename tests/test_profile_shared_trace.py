@@ -4,6 +4,7 @@ it says so. torch.distributed is faked (initialized, world size 2) while the pro
 from __future__ import annotations
 
 import warnings
+from pathlib import Path
 
 import pytest
 import torch
@@ -87,3 +88,25 @@ def test_the_folder_is_looked_at_when_the_profile_starts(tmp_path):
     assert sorted(again.result.trace_earlier) == sorted(str(f) for f in folder.iterdir()
                                                         if str(f) not in again.result.trace_files)
     assert len(again.result.trace_earlier) == 2 and again.result.trace_created is None
+
+
+def test_a_folder_listing_that_fails_leaves_no_profiler_lock_behind(tmp_path, monkeypatch):
+    """A review: the trace folder was listed after the process-wide recording lock was taken and before
+    the try that releases it; a listing that raised (a Ctrl-C on a slow share) left every later profile
+    refused as "another nbaccel.profile is recording in another thread"."""
+    import nbaccel.profile as profile_module
+
+    def interrupted(folder):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(profile_module, "_earlier_traces", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        with nbaccel.profile(trace=str(tmp_path / "runs")):
+            pass
+    monkeypatch.undo()
+    with nbaccel.profile() as prof:
+        torch.ones(2) + 1
+    assert prof.result is not None
+    # A folder that is writable but cannot be listed: nothing is known to be earlier, the profile runs.
+    monkeypatch.setattr(Path, "iterdir", lambda self: (_ for _ in ()).throw(PermissionError(13, "denied")))
+    assert profile_module._earlier_traces(str(tmp_path)) == []
