@@ -94,7 +94,9 @@ def test_a_folder_listing_that_fails_leaves_no_profiler_lock_behind(tmp_path, mo
     """A review: the trace folder was listed after the process-wide recording lock was taken and before
     the try that releases it; a listing that raised (a Ctrl-C on a slow share) left every later profile
     refused as "another nbaccel.profile is recording in another thread"."""
-    import nbaccel.profile as profile_module
+    import sys
+
+    profile_module = sys.modules["nbaccel.profile"]  # nbaccel.profile is the class
 
     def interrupted(folder):
         raise KeyboardInterrupt
