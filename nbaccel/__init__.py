@@ -20,7 +20,7 @@ Also ``results_frame`` (saved results into one DataFrame) and ``side_by_side``. 
 ``python -m nbaccel env`` and ``python -m nbaccel trace PATH``.
 
 Errors and warnings a script may catch, all top-level names here: `ProfileError`, `DeviceError`,
-`BudgetError`, `BudgetExceeded`, `EstimateError`, `SnapshotTooLarge`, `TraceError`, `RankFailure`,
+`BudgetError`, `BudgetExceeded`, `EstimateError`, `SnapshotTooLarge`, `LazyModuleNotReady`, `TraceError`, `RankFailure`,
 `RankMismatch`; `TraceWarning`, `SharedTraceWarning`, `TraceSaveWarning`, `BudgetWarning`.
 (``nbaccel.profile`` is the profiler, not its module: its warnings are ``nbaccel.SharedTraceWarning``.)
 See docs/api.md.
@@ -44,14 +44,14 @@ from .device import DeviceError  # noqa: E402
 from .estimate import EstimateError  # noqa: E402
 from .profile import SharedTraceWarning, TraceSaveWarning  # noqa: E402
 from .profile_options import ProfileError  # noqa: E402
-from .snapshot import SnapshotTooLarge  # noqa: E402
+from .snapshot import LazyModuleNotReady, SnapshotTooLarge  # noqa: E402
 
 __all__ = ["compare_amp", "AmpResult", "memory_budget", "MemoryBudget", "estimate_memory", "MemoryEstimate", "precision", "profile", "ProfileResult", "env_report", "results_frame", "side_by_side", "load_trace", "MultiRankResult",
            "TraceError", "TraceWarning", "load_ipython_extension",
            "unload_ipython_extension",
            # errors and warnings
            "ProfileError", "DeviceError", "BudgetError", "BudgetExceeded", "EstimateError", "SnapshotTooLarge",
-           "RankFailure", "RankMismatch", "SharedTraceWarning", "TraceSaveWarning", "BudgetWarning"]
+           "LazyModuleNotReady", "RankFailure", "RankMismatch", "SharedTraceWarning", "TraceSaveWarning", "BudgetWarning"]
 
 
 

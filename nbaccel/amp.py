@@ -44,7 +44,7 @@ from .options import in_magic, option, whole_number
 from .precision import (FP32, Recipe, TorchGlobals, apply_recipe, autocast_in_effect, make_recipe,
                         relaxed_fp32_settings)
 from .quiet import hiding_side_channels
-from .snapshot import Snapshot, SnapshotTooLarge, available_host_memory, estimate_bytes
+from .snapshot import Snapshot, SnapshotTooLarge, available_host_memory, estimate_bytes, refuse_uninitialized_lazy
 from .timing import Clock, Stats
 
 
@@ -377,14 +377,16 @@ def compare_amp(
     torch_before = TorchGlobals()
     if namespace is None and not state:
         state = _referenced_objects(fn)
+    # What the report names (cell_reads.py); nbaccel's own reading never fails the user's comparison.
+    reads = _safely("read the names the cell uses", objects_read, fn, namespace)[0] or dict.fromkeys(KINDS, {})
     if not restore:
         snapshot = Snapshot(namespace=None, skip=skip)
     else:
+        for name, module in reads["lazy_modules"].items():
+            refuse_uninitialized_lazy(name, module)
         _check_snapshot_size(namespace, state, skip, max_snapshot_fraction)
         snapshot = Snapshot.capture(namespace, objects=state, skip=skip)
     note_harness("%%amp" if in_magic() else "compare_amp", snapshot.nbytes)
-    # What the report names (cell_reads.py); nbaccel's own reading never fails the user's comparison.
-    reads = _safely("read the names the cell uses", objects_read, fn, namespace)[0] or dict.fromkeys(KINDS, {})
     iterators = [describe(name, it) for name, it in reads["iterators"].items()]
     compiled = [describe(name, model) for name, model in reads["compiled"].items()]
     loaders = [describe(name, loader) for name, loader in reads["worker_loaders"].items()]

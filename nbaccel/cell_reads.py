@@ -24,6 +24,8 @@ import io
 import sys
 import types
 
+from .snapshot import uninitialized_lazy
+
 _DEPTH = 2  # the cell, the functions it calls, the functions they call
 
 
@@ -59,7 +61,13 @@ def starts_workers(value) -> bool:
 
 
 # What a measured cell's report names (`amp.compare_amp`), by kind.
-KINDS = {"iterators": is_unrewindable, "compiled": is_compiled, "worker_loaders": starts_workers}
+def has_uninitialized_lazy(value) -> bool:
+    """A module holding lazy modules (``nn.LazyLinear``...) whose parameters are not initialized yet."""
+    return bool(uninitialized_lazy(value))
+
+
+KINDS = {"iterators": is_unrewindable, "compiled": is_compiled, "worker_loaders": starts_workers,
+         "lazy_modules": has_uninitialized_lazy}
 
 _READS = {"LOAD_NAME", "LOAD_GLOBAL", "LOAD_DEREF", "LOAD_CLASSDEREF", "LOAD_FROM_DICT_OR_GLOBALS",
           "LOAD_FROM_DICT_OR_DEREF"}

@@ -159,7 +159,9 @@ class Snapshot:
         return snap
 
     def _add_tensor(self, t: torch.Tensor, seen: set[int]):
-        if id(t) in seen or t.is_meta:
+        # A lazy module's uninitialized parameter has no values to copy (and refuses .detach()); a cell
+        # that reads such a module is refused before the snapshot (`refuse_uninitialized_lazy`).
+        if id(t) in seen or t.is_meta or torch.nn.parameter.is_lazy(t):
             return
         seen.add(id(t))
         if self.dry:
@@ -182,7 +184,6 @@ class Snapshot:
             return
         seen.add(id(obj))
         if isinstance(obj, torch.nn.Module):
-            _refuse_uninitialized_lazy(obj)
             for t in list(obj.parameters()) + list(obj.buffers()):
                 self._add_tensor(t, seen)
             if not self.dry:
@@ -284,22 +285,33 @@ class LazyModuleNotReady(ValueError):
     """A module to snapshot has lazy parameters (``nn.LazyLinear``...) not yet initialized."""
 
 
-def _refuse_uninitialized_lazy(module: torch.nn.Module) -> None:
-    """Uninitialized lazy parameters have no values to copy, and the first forward turns them into
-    ordinary ones in place, so no snapshot could put them back: each later run would start from the
-    weights (and training) of the first. torch's own advice for lazy modules is a dry-run forward."""
+def uninitialized_lazy(value) -> list[tuple[str, torch.nn.Module]]:
+    """(path, module) for each lazy module (``nn.LazyLinear``...) in ``value`` whose parameters are
+    not initialized yet; empty for anything else."""
+    if not isinstance(value, torch.nn.Module):
+        return []
     from torch.nn.modules.lazy import LazyModuleMixin
 
-    lazy = [(path, m) for path, m in module.named_modules()
+    return [(path, m) for path, m in value.named_modules()
             if isinstance(m, LazyModuleMixin) and m.has_uninitialized_params()]
+
+
+def refuse_uninitialized_lazy(name: str, module: torch.nn.Module) -> None:
+    """Raise `LazyModuleNotReady` for a module the code reads whose lazy parameters are not initialized:
+    the first forward turns them into ordinary ones in place, so no snapshot could put them back and
+    every later run would start from the weights (and training) of the first. torch's own advice for
+    lazy modules is a dry-run forward. (A lazy module the code does not read is left alone: the magic
+    snapshots the whole namespace, and a review found an unrelated one refusing every cell.)"""
+    lazy = uninitialized_lazy(module)
     if lazy:
         path, first = lazy[0]
-        where = f"{type(first).__name__} at .{path}" if path else type(first).__name__
+        where = f"its {type(first).__name__} at .{path}" if path else f"a {type(first).__name__}"
+        more = f" and {len(lazy) - 1} more" if len(lazy) > 1 else ""
         raise LazyModuleNotReady(
-            f"a {type(module).__name__} has lazy parameters not initialized yet ({where}"
-            f"{f' and {len(lazy) - 1} more' if len(lazy) > 1 else ''}): the first run would initialize them "
-            "and every later run start from its weights. Run one forward pass first (e.g. `model(x)` in a cell "
-            f"above), or run without restoring ({option('no_restore', True) if in_magic() else 'restore=False'})")
+            f"`{name}` has lazy parameters not initialized yet ({where}{more}): the first run would initialize "
+            "them and every later run start from its weights. Run one forward pass first (e.g. "
+            f"`{name}(x)` in a cell above), or run without restoring "
+            f"({option('no_restore', True) if in_magic() else 'restore=False'})")
 
 
 def _restore_stateful(obj, state):

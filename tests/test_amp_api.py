@@ -707,17 +707,24 @@ def test_snapshot_restores_what_a_cell_does_to_a_modules_structure():
 
 def test_a_lazy_module_not_yet_initialized_is_refused_with_the_fix():
     """Its first forward turns the uninitialized parameters into ordinary ones in place, so no snapshot
-    could put them back (the snapshot itself raised torch's "uninitialized parameter" ValueError)."""
-    from nbaccel.snapshot import LazyModuleNotReady
-
+    could put them back (the snapshot itself raised torch's "uninitialized parameter" ValueError). Only
+    a lazy module the code reads: an unrelated one in the namespace refused every cell (a review)."""
     model = torch.nn.Sequential(torch.nn.LazyLinear(8), torch.nn.ReLU(), torch.nn.LazyLinear(1))
     x = torch.randn(4, 3)
-    with pytest.raises(LazyModuleNotReady, match=r"a Sequential has lazy parameters not initialized yet \(LazyLinear "
-                                                 r"at \.0 and 1 more\).*Run one forward pass first .*restore=False"):
+    with pytest.raises(nbaccel.LazyModuleNotReady, match=r"`model` has lazy parameters not initialized yet \(its "
+                                                         r"LazyLinear at \.0 and 1 more\).*Run one forward pass first "
+                                                         r"\(e\.g\. `model\(x\)` .*restore=False"):
         nbaccel.compare_amp(lambda: model(x), namespace={"model": model, "x": x}, repeat=3, warmup=0)
+    unrelated = torch.nn.LazyLinear(2)
+    res = nbaccel.compare_amp(lambda: x @ x.T, namespace={"unrelated": unrelated, "x": x}, repeat=3, warmup=0)
+    assert res.drift["compared"] == 16 and torch.nn.parameter.is_lazy(unrelated.weight)
     model(x)  # as the message says
     res = nbaccel.compare_amp(lambda: model(x), namespace={"model": model, "x": x}, repeat=3, warmup=0)
     assert res.drift["compared"] == 4
+    # from a script, without a namespace: the objects the function references
+    lazy = torch.nn.LazyLinear(2)
+    with pytest.raises(nbaccel.LazyModuleNotReady, match=r"`lazy` has lazy parameters .*\(a LazyLinear\)"):
+        nbaccel.compare_amp(lambda: lazy(x), repeat=3, warmup=0)
 
 
 def test_gradscaler_state_restored():

@@ -859,6 +859,6 @@ def test_a_cell_that_changes_a_modules_structure_does_it_once(run_cell, ip):
              "if torch.is_autocast_enabled('cpu'): raise ValueError('fails in bf16')\nmodel(x).sum()",
              expect_error=ValueError)
     assert type(ip.user_ns["model"][2]) is torch.nn.Linear and ip.user_ns["model"](ip.user_ns["x"]).shape == (4, 2)
-    with pytest.raises(UsageError, match=r"lazy parameters not initialized yet \(LazyLinear\).*--no-restore"):
+    with pytest.raises(UsageError, match=r"`lazy` has lazy parameters not initialized yet \(a LazyLinear\).*--no-restore"):
         run_cell("lazy = nn.LazyLinear(2)")
         ip.run_cell_magic("amp", "--repeat 3", "lazy(x)")
