@@ -295,7 +295,10 @@ def _flops_of(func, name: str, args, kwargs, out) -> int:
         dims = [list(a.shape) if isinstance(a, torch.Tensor)
                 else [list(t.shape) for t in a] if isinstance(a, (list, tuple)) and a
                 and all(isinstance(t, torch.Tensor) for t in a) else [] for a in args]
-        concrete = [None if isinstance(a, (torch.Tensor, list, tuple)) else a for a in args]
+        # lists of plain values stay (cuDNN RNN backward's output_mask says which gradients it computes)
+        concrete = [None if isinstance(a, torch.Tensor) or (isinstance(a, (list, tuple))
+                                                            and any(isinstance(t, torch.Tensor) for t in a))
+                    else a for a in args]
         return op_flops(name, dims, concrete_inputs=concrete) or 0
     except Exception:  # noqa: BLE001 - a FLOP formula that does not fit must not break the user's cell
         return 0

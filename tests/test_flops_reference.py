@@ -308,3 +308,26 @@ def test_the_amp_audit_counts_the_kernels_the_registry_lacks():
     with OpAudit() as audit:
         F.scaled_dot_product_attention(q, q, q)
     assert audit.total_flops == reference(lambda: F.scaled_dot_product_attention(q, q, q))[0] == 4 * 2 * 4 * 10 * 10 * 8
+
+
+def test_the_amp_audit_reads_a_list_of_plain_values_as_the_profiler_does():
+    """A review: the audit's fallback dropped every list argument, so cuDNN's RNN backward (CUDA only;
+    no registry formula) lost `output_mask`, which says which gradients it computes, and counted 0. The
+    same arguments through the profiler's path (concrete values as strings) and the audit's must agree."""
+    from nbaccel.analysis.op_flops import op_flops
+    from nbaccel.flops import _flops_of
+
+    class Backward:  # stands in for torch.ops.aten._cudnn_rnn_backward.default: not in the registry
+        overloadpacket = object()
+
+    t = torch.empty
+    # input, weight[], weight_stride0, weight_buf, hx, cx, output, grad_output, grad_hy, grad_cy, mode,
+    # hidden_size, proj_size, num_layers, batch_first, dropout, train, bidirectional, batch_sizes,
+    # dropout_state, reserve, output_mask
+    args = [t(5, 3, 32), [t(256, 32), t(256, 64), t(256), t(256)], 4, t(10), t(1, 3, 64), t(1, 3, 64), t(5, 3, 64),
+            t(5, 3, 64), None, None, 2, 64, 0, 1, False, 0.0, True, False, [], None, t(10), [True, True, True, True]]
+    dims = [list(a.shape) if isinstance(a, torch.Tensor) else [list(w.shape) for w in a] if a is args[1] else []
+            for a in args]
+    strings = ["" if isinstance(a, torch.Tensor) or a is args[1] else str(a) for a in args]
+    profiled = op_flops("aten::_cudnn_rnn_backward", dims, concrete_inputs=strings)
+    assert _flops_of(Backward, "aten::_cudnn_rnn_backward", args, {}, None) == profiled > 0
