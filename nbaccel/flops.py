@@ -72,19 +72,27 @@ _AUTOCAST_KEYS = (("cpu", torch._C.DispatchKey.AutocastCPU), ("cuda", torch._C.D
 
 @contextlib.contextmanager
 def _sigint_held():
-    """Ctrl-C waits until the block is done, then is raised as usual (main thread only: elsewhere
-    Python delivers no signals anyway)."""
+    """A Ctrl-C waits until the block is done, then goes to the handler that was there before (Python's
+    KeyboardInterrupt, or the program's own; none if it ignored SIGINT). Main thread only: elsewhere
+    Python delivers no signals anyway, and one not installed from Python is left alone."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
+    previous = signal.getsignal(signal.SIGINT)
+    if previous is None:  # installed outside Python: it could not be put back
+        yield
+        return
     caught = []
-    previous = signal.signal(signal.SIGINT, lambda *args: caught.append(args))
+    signal.signal(signal.SIGINT, lambda *args: caught.append(args))
     try:
         yield
     finally:
         signal.signal(signal.SIGINT, previous)
     if caught:
-        raise KeyboardInterrupt
+        if callable(previous):
+            previous(*caught[0])  # signal.default_int_handler raises KeyboardInterrupt
+        elif previous == signal.SIG_DFL:
+            raise KeyboardInterrupt
 
 
 def _import_what_dispatch_modes_need() -> None:

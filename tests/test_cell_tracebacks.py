@@ -185,3 +185,31 @@ def test_an_interrupt_while_the_result_is_shown_says_the_measurement_finished(ru
     assert (f"nbaccel {magic.split()[0]}: interrupted (KeyboardInterrupt) while its result was shown, after the "
             "measured runs; the measurement had finished and its result is in res") in captured.stderr
     assert ip.user_ns["res"].value is None
+
+
+def test_a_ctrl_c_held_over_the_import_goes_to_the_handler_that_was_there():
+    """A review: the held Ctrl-C was always raised as KeyboardInterrupt, past a program's own SIGINT
+    handler, and even where SIGINT was ignored."""
+    import os
+    import signal
+
+    from nbaccel.flops import _sigint_held
+
+    before = signal.getsignal(signal.SIGINT)
+    got = []
+    try:
+        signal.signal(signal.SIGINT, lambda *args: got.append("own handler"))
+        with _sigint_held():
+            os.kill(os.getpid(), signal.SIGINT)
+            assert got == []  # held until the block is done
+        assert got == ["own handler"]
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        with _sigint_held():
+            os.kill(os.getpid(), signal.SIGINT)
+        assert signal.getsignal(signal.SIGINT) == signal.SIG_IGN
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        with pytest.raises(KeyboardInterrupt):
+            with _sigint_held():
+                os.kill(os.getpid(), signal.SIGINT)
+    finally:
+        signal.signal(signal.SIGINT, before)
