@@ -117,6 +117,12 @@ def profiler_running() -> bool:
     return bool(torch._C._autograd._profiler_enabled())
 
 
+def table_sort(sort):
+    """``table(sort=...)``: a column name as it is, else read as `sort_name` reads ``sort=`` (``"FLOPS"``,
+    ``"gpu"``: the profile and the magics took them, ``table()`` refused them; a review)."""
+    return sort if sort in pt.COLUMNS else sort_name(sort)
+
+
 def check_table_args(group, sort, ascending, filter, top) -> None:  # noqa: A002 - the user's word
     """Refuse, with `ProfileError`, what ``table()`` could not mean -- for a live profile and a merged
     multi-rank one alike. Unchecked, ``top=-1`` reached pandas' ``head(-1)`` (all rows but the

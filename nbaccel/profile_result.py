@@ -26,7 +26,7 @@ from .device import DeviceInfo
 from .op_attribution import memory_by_op, source_by_op
 from .precision import Recipe
 from .profile_advice import advise
-from .profile_options import ProfileError, ProfileOptions, check_table_args
+from .profile_options import ProfileError, ProfileOptions, check_table_args, table_sort
 from .results import ResultMixin
 from .trace_io import write_trace_bytes
 
@@ -267,6 +267,7 @@ class ProfileResult(ResultMixin):
     def table(self, group: str | None = None, sort: str | None = None, ascending: bool = False,
               filter: str = "", top: int | None = None) -> pd.DataFrame:  # noqa: A002 - the user's word
         """The operator table grouped by ``op|op+shape|source``, sorted by a --sort key or any column."""
+        sort = table_sort(sort)
         check_table_args(group, sort, ascending, filter, top)
         return pt.select(self.grouped(group or self.options.group), sort or self.default_sort, ascending, filter, top)
 

@@ -46,7 +46,7 @@ from .analysis.sums import intervals_union
 from .analysis.trace import TraceData, TraceError, TraceWarning, _build, _metadata, paused_gc
 from .device import DeviceInfo
 from .options import in_magic, option, whole_number
-from .profile_options import ProfileError, ProfileOptions, check_grouping, check_sort, check_table_args, sort_name
+from .profile_options import ProfileError, ProfileOptions, check_grouping, check_sort, check_table_args, sort_name, table_sort
 from .profile_result import ProfileResult
 from .results import ResultMixin
 from .trace_io import TraceIdentity, TraceStream, peek_identity, trace_files
@@ -565,6 +565,7 @@ class MultiRankResult(ResultMixin):
     def table(self, rank: int | None = None, group: str | None = None, sort: str | None = None,
               ascending: bool = False, filter: str = "", top: int | None = None) -> pd.DataFrame:  # noqa: A002
         """Op table of one rank (``rank=N``) or merged over all ranks (``rank=None``)."""
+        sort = table_sort(sort)
         check_table_args(group, sort, ascending, filter, top)
         if rank is not None:
             if rank not in self.ranks:

@@ -135,6 +135,9 @@ def test_result_tables_still_take_sort_keys_columns_and_groupings(tables, kind):
     assert list(result.table(sort="name", ascending=True)["name"]) == sorted(result.table()["name"])
     assert len(result.table(sort="calls", group="op+shape", filter="", top=1)) == 1
     assert len(result.table(group="source")) >= 1
+    # as profile(sort=...) and the magics read them (a review: "neither a sort key nor a column")
+    assert result.table(sort="FLOPS").equals(result.table(sort="flops"))
+    assert result.table(sort="count").equals(result.table(sort="calls"))
 
 
 @pytest.mark.parametrize("spec", ["CPU", " cpu ", "Auto"])
