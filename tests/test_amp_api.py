@@ -1223,8 +1223,12 @@ def test_a_slowdown_within_the_noise_is_not_given_a_confident_cause():
     assert "memory-bound" not in advice and "larger batch" not in advice and "No speedup (" not in advice
     # Firm times (no overlap, no contention) keep the cause inferred from them.
     firm = _slower_under_autocast([0.010] * 4, [0.012] * 4, lambda: x @ w)
-    if firm.device.has_bf16_units:
-        assert any(a.startswith("No speedup (0.83x): the work is too small or memory-bound") for a in firm.advice)
+    units = dataclasses.replace(firm.device, cpu_features={"amx_bf16": True})
+    assert any(a.startswith("No speedup (0.83x): the work is too small or memory-bound")
+               for a in dataclasses.replace(firm, device=units).advice)
+    none = dataclasses.replace(firm.device, cpu_features={"amx_bf16": False, "avx512_bf16": False})
+    assert any(a.startswith("No speedup (0.83x): this CPU lacks bf16 units")
+               for a in dataclasses.replace(firm, device=none).advice)
 
 
 def test_an_uncertain_speedup_is_named_with_what_settles_it(cpu_with_bf16_and_fp16_units):
