@@ -101,6 +101,30 @@ class _TensorCopy:
 _IN_PLACE = (dict, set)
 
 
+# What every Module keeps in its __dict__ (parameters, buffers, submodules, hooks, training):
+# `_ModuleLayout` restores those; the rest is the model's own code's, visited as values.
+_MODULE_OWN = frozenset(vars(torch.nn.Module()))
+
+
+def _capture_groups(optimizer: torch.optim.Optimizer) -> tuple:
+    """Which groups the optimizer holds and which tensors each group's "params" holds: a cell's
+    ``add_param_group`` (unfreezing a backbone) made ``load_state_dict`` refuse the saved state ("a
+    different number of parameter groups", called a bug in nbaccel), and a cell that swapped a group's
+    params left every later run training other tensors (a trial)."""
+    groups = optimizer.param_groups
+    return groups, list(groups), [(g, dict(g), g["params"], list(g["params"])) for g in groups]
+
+
+def _restore_groups(optimizer: torch.optim.Optimizer, saved: tuple) -> None:
+    groups, members, contents = saved
+    optimizer.param_groups = groups
+    groups[:] = members
+    for group, items, params, held in contents:
+        group.clear()
+        group.update(items)  # the original "params" list object among them
+        params[:] = held
+
+
 @dataclass
 class _ModuleLayout:
     """One module's class and own attributes, restored in place."""
@@ -134,6 +158,7 @@ class Snapshot:
     bindings: dict = field(default_factory=dict)
     tensors: list = field(default_factory=list)
     modules: list = field(default_factory=list)  # (submodule, _ModuleLayout)
+    optimizer_groups: list = field(default_factory=list)  # (optimizer, _capture_groups(optimizer))
     stateful: list = field(default_factory=list)  # (object, host state_dict copy)
     containers: list = field(default_factory=list)  # (container, shallow copy)
     rng: dict = field(default_factory=dict)
@@ -186,12 +211,20 @@ class Snapshot:
         if isinstance(obj, torch.nn.Module):
             for t in list(obj.parameters()) + list(obj.buffers()):
                 self._add_tensor(t, seen)
-            if not self.dry:
-                self.modules.extend((m, _ModuleLayout.capture(m)) for m in obj.modules())
+            for m in obj.modules():
+                if not self.dry:
+                    self.modules.append((m, _ModuleLayout.capture(m)))
+                # The attributes a model's own code keeps (self.mask = torch.ones(...), self.history = []):
+                # their values, as for a namespace variable (a trial's counter tensor went up 17 times).
+                for name, value in vars(m).items():
+                    if name not in _MODULE_OWN:
+                        self._visit(value, seen, depth + 1)
         elif isinstance(obj, torch.optim.Optimizer):
             for group in obj.param_groups:
                 for p in group["params"]:
                     self._add_tensor(p, seen)
+            if not self.dry:
+                self.optimizer_groups.append((obj, _capture_groups(obj)))
             self._add_state(obj, obj.state_dict())
         elif _is_scheduler(obj) or _is_grad_scaler(obj):
             self._add_state(obj, obj.state_dict() if not _is_grad_scaler(obj) else dict(vars(obj)))
@@ -240,6 +273,8 @@ class Snapshot:
             copy_.restore()
         for module, layout in self.modules:
             layout.restore(module)
+        for optimizer, groups in self.optimizer_groups:  # before load_state_dict, which needs the same layout
+            _restore_groups(optimizer, groups)
         for obj, state in self.stateful:
             if drop_state_first and isinstance(obj, torch.optim.Optimizer):
                 obj.state.clear()
