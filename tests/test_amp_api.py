@@ -705,6 +705,33 @@ def test_snapshot_restores_what_a_cell_does_to_a_modules_structure():
     handle.remove()  # a handle from before a restore still works (its dict is the same object)
 
 
+def test_snapshot_restores_an_optimizers_groups_and_a_modules_own_attributes():
+    """A trial: `opt.add_param_group(...)` in a cell (unfreezing a backbone) made load_state_dict refuse
+    the saved state, reported as "a bug in nbaccel"; a cell that swapped a group's params trained other
+    tensors from its second run on; a model's own counter tensor and list went up once per run."""
+    model, other = torch.nn.Linear(4, 4), torch.nn.Linear(4, 4)
+    opt = torch.optim.Adam(model.parameters(), lr=0.1)
+    model(torch.randn(2, 4)).sum().backward()
+    opt.step()
+    model.seen, model.calls, model.notes = [], torch.zeros(3), {"k": 0}
+    snap = Snapshot.capture({"model": model, "opt": opt})
+    params = opt.param_groups[0]["params"]
+    for _ in range(2):
+        opt.add_param_group({"params": other.parameters(), "lr": 0.01})
+        opt.param_groups[0]["params"] = [other.weight]
+        opt.param_groups[0]["lr"] = 0.5
+        model.seen.append(1)
+        model.calls += 1
+        model.notes["k"] += 1
+        snap.restore()
+        # (load_state_dict makes new group dicts, as it always did; each holds the params list it held)
+        groups = opt.param_groups
+        assert len(groups) == 1 and groups[0]["params"] is params and groups[0]["lr"] == 0.1
+        assert params == [model.weight, model.bias]
+        assert model.seen == [] and model.calls.sum() == 0 and model.notes == {"k": 0}
+        assert opt.state[model.weight]["step"] == 1  # the moments are those of before, for the same tensors
+
+
 def test_a_lazy_module_not_yet_initialized_is_refused_with_the_fix():
     """Its first forward turns the uninitialized parameters into ordinary ones in place, so no snapshot
     could put them back (the snapshot itself raised torch's "uninitialized parameter" ValueError). Only
