@@ -11,8 +11,11 @@
 * torch.compile'd models and functions: the timed runs run the compiled code, but the op audit
   records the eager ops (``aten::gelu`` where inductor fuses it), so its dtypes, FLOPs and drift are
   eager's.
+* Lazy modules not initialized yet (``nn.LazyLinear`` before its first forward), alone or in a dict,
+  list or tuple: ``%%amp`` refuses them (`snapshot.refuse_uninitialized_lazy`), since their first
+  forward initializes them in place and no snapshot could put that back.
 
-Both are found by reading the names the cell's code (and the functions it calls, two levels deep)
+All are found by reading the names the cell's code (and the functions it calls, two levels deep)
 loads, as the snapshot's own walk does for state (`amp._referenced_objects`).
 """
 
@@ -21,6 +24,7 @@ from __future__ import annotations
 import collections.abc
 import dis
 import io
+import itertools
 import sys
 import types
 
@@ -62,7 +66,11 @@ def starts_workers(value) -> bool:
 
 # What a measured cell's report names (`amp.compare_amp`), by kind.
 def has_uninitialized_lazy(value) -> bool:
-    """A module holding lazy modules (``nn.LazyLinear``...) whose parameters are not initialized yet."""
+    """A module holding lazy modules (``nn.LazyLinear``...) whose parameters are not initialized yet, or
+    a dict, list or tuple of such modules (``models["a"](x)``; a review), one level deep."""
+    if isinstance(value, (dict, list, tuple)):
+        items = value.values() if isinstance(value, dict) else value
+        return any(bool(uninitialized_lazy(v)) for v in itertools.islice(items, 1000))
     return bool(uninitialized_lazy(value))
 
 
@@ -127,6 +135,8 @@ def objects_read(fn, namespace: dict | None = None, kinds: dict | None = None) -
                 continue
             if isinstance(value, types.CodeType):
                 _names_read(value, names, own)
+            elif value is namespace or value is scope:
+                continue  # the magic's cell function holds the whole namespace: its names are read above
             elif not note(name, value) and isinstance(value, types.FunctionType):
                 walk(value, value.__globals__, depth + 1)
         for name in sorted(names - own):

@@ -42,7 +42,8 @@ def _storages(tensors) -> dict:
     """{storage key: (bytes, device, dtype)} for the tensors, each storage once."""
     found = {}
     for t in tensors:
-        if isinstance(t, torch.Tensor) and not t.is_meta:
+        # an uninitialized lazy parameter holds no memory (and refuses every operation)
+        if isinstance(t, torch.Tensor) and not t.is_meta and not torch.nn.parameter.is_lazy(t):
             found.setdefault(_key(t), (t.untyped_storage().nbytes(), str(t.device), DTYPE_NAMES.get(t.dtype, str(t.dtype).replace("torch.", ""))))
     return found
 

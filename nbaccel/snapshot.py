@@ -331,14 +331,23 @@ def uninitialized_lazy(value) -> list[tuple[str, torch.nn.Module]]:
             if isinstance(m, LazyModuleMixin) and m.has_uninitialized_params()]
 
 
-def refuse_uninitialized_lazy(name: str, module: torch.nn.Module) -> None:
-    """Raise `LazyModuleNotReady` for a module the code reads whose lazy parameters are not initialized:
-    the first forward turns them into ordinary ones in place, so no snapshot could put them back and
-    every later run would start from the weights (and training) of the first. torch's own advice for
-    lazy modules is a dry-run forward. (A lazy module the code does not read is left alone: the magic
-    snapshots the whole namespace, and a review found an unrelated one refusing every cell.)"""
-    lazy = uninitialized_lazy(module)
-    if lazy:
+def refuse_uninitialized_lazy(name: str, value) -> None:
+    """Raise `LazyModuleNotReady` for a module the code reads (or a dict, list or tuple of modules:
+    ``models["a"](x)``) whose lazy parameters are not initialized: the first forward turns them into
+    ordinary ones in place, so no snapshot could put them back and every later run would start from
+    the weights (and training) of the first. torch's own advice for lazy modules is a dry-run forward.
+    (A lazy module the code does not read is left alone: the magic snapshots the whole namespace, and
+    a review found an unrelated one refusing every cell.)"""
+    if isinstance(value, dict):
+        items = [(f"{name}[{key!r}]", v) for key, v in list(value.items())[:1000]]
+    elif isinstance(value, (list, tuple)):
+        items = [(f"{name}[{i}]", v) for i, v in enumerate(value[:1000])]
+    else:
+        items = [(name, value)]
+    for name, module in items:
+        lazy = uninitialized_lazy(module)
+        if not lazy:
+            continue
         path, first = lazy[0]
         where = f"its {type(first).__name__} at .{path}" if path else f"a {type(first).__name__}"
         more = f" and {len(lazy) - 1} more" if len(lazy) > 1 else ""

@@ -748,6 +748,10 @@ def test_a_lazy_module_not_yet_initialized_is_refused_with_the_fix():
     model(x)  # as the message says
     res = nbaccel.compare_amp(lambda: model(x), namespace={"model": model, "x": x}, repeat=3, warmup=0)
     assert res.drift["compared"] == 4
+    # one level into a dict, list or tuple of models (a review: `models["a"](x)` ran unrefused)
+    models = {"a": torch.nn.LazyLinear(2)}
+    with pytest.raises(nbaccel.LazyModuleNotReady, match=r"`models\['a'\]` has lazy parameters"):
+        nbaccel.compare_amp(lambda: models["a"](x), namespace={"models": models, "x": x}, repeat=3, warmup=0)
     # from a script, without a namespace: the objects the function references
     lazy = torch.nn.LazyLinear(2)
     with pytest.raises(nbaccel.LazyModuleNotReady, match=r"`lazy` has lazy parameters .*\(a LazyLinear\)"):

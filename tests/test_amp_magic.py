@@ -862,3 +862,6 @@ def test_a_cell_that_changes_a_modules_structure_does_it_once(run_cell, ip):
     with pytest.raises(UsageError, match=r"`lazy` has lazy parameters not initialized yet \(a LazyLinear\).*--no-restore"):
         run_cell("lazy = nn.LazyLinear(2)")
         ip.run_cell_magic("amp", "--repeat 3", "lazy(x)")
+    # one the cell does not read is left alone (the magic's cell function holds the whole namespace)
+    run_cell("%%amp --repeat 3 --warmup 0 -q -r res\nx @ x.T")
+    assert ip.user_ns["res"].drift["compared"] == 16

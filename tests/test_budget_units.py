@@ -208,6 +208,14 @@ def test_namespace_table_counts_storages_once_and_names_owners():
     assert [h.name for h in namespace_holders(ns, top=2)] == ["big", "view"]
 
 
+def test_an_uninitialized_lazy_module_holds_nothing_and_breaks_nothing():
+    """A review: a LazyLinear before its first forward made the status (and the too-large-snapshot
+    message, and the OOM explanation) raise torch's "uninitialized parameter" ValueError."""
+    lazy = torch.nn.Sequential(torch.nn.LazyLinear(4), torch.nn.Linear(4, 4))
+    rows = {h.name: h for h in namespace_holders({"lazy": lazy, "t": torch.ones(8)})}
+    assert rows["lazy"].nbytes == sum(p.nbytes for p in lazy[1].parameters()) and rows["t"].nbytes == 32
+
+
 def test_a_loss_that_keeps_its_elementwise_buffer_is_named():
     # MSELoss returns a 0-d tensor on the elementwise buffer's storage: `loss` alone keeps 512 KiB here.
     x, y = torch.randn(256, 512), torch.randn(256, 512)
