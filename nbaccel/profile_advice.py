@@ -53,9 +53,13 @@ OPTIMIZER_STATE_SHARE = 0.05
 # Random-number ops (dropout's masks; torch.randn in the profiled code) as a share of the profiled op time:
 # a trial's MLP with three Dropout layers spent 64% of its CPU step in aten::bernoulli_, with no advice.
 RANDOM_SHARE = 0.20
-_DROPOUT_OPS = frozenset({"aten::bernoulli_", "aten::bernoulli", "aten::native_dropout"})
+# Dropout is counted whole: the outermost dropout op with its children (on the CPU aten::dropout is a
+# bernoulli_ for the mask, then a div_ and a mul; with another program on a core a trial saw bernoulli_
+# at 6% of a dropout-bound cell, mul and div_ at 94%).
+_DROPOUT_OPS = frozenset({"aten::dropout", "aten::dropout_", "aten::feature_dropout", "aten::alpha_dropout",
+                          "aten::native_dropout", "aten::bernoulli_", "aten::bernoulli"})
 _RANDOM_OPS = frozenset({"aten::uniform_", "aten::normal_", "aten::random_", "aten::exponential_",
-                         "aten::randperm", "aten::multinomial", "aten::randint"}) | _DROPOUT_OPS
+                         "aten::randperm", "aten::multinomial", "aten::randint"})
 UNALIGNED_SHARE = 0.05       # below 5% of the time: listed, not advised on (%%amp: 5% of the FLOPs; a 10-class head is no target)
 _CONV = re.compile("conv", re.IGNORECASE)
 
@@ -190,21 +194,33 @@ def _amp_words(result: ProfileResult) -> str:
 
 
 def _random_notes(ops: dict, time_col: str, total: float, where: str) -> list[str]:
-    """Dropout's masks, and random tensors made in the profiled code, when they are a fifth of the time."""
-    times, calls = {}, {}
-    for name, t in zip(ops["name"], ops[time_col]):
-        if name in _RANDOM_OPS:
-            times[name] = times.get(name, 0.0) + t
-            calls[name] = calls.get(name, 0) + 1
+    """Dropout (whole: its op with the ops inside it) and random tensors made in the profiled code,
+    when they are a fifth of the time."""
+    inclusive = "device_total_us" if time_col == "device_self_us" else "dur_us"
+    parent, names = ops["parent"], ops["name"]
+
+    def outermost(i: int) -> bool:  # no dropout op around it (a bernoulli_ inside aten::dropout counts once)
+        j = parent[i]
+        while j >= 0:
+            if names[j] in _DROPOUT_OPS:
+                return False
+            j = parent[j]
+        return True
+
     notes = []
-    for kind in (_DROPOUT_OPS, _RANDOM_OPS - _DROPOUT_OPS):
-        mine = sorted((n for n in times if n in kind), key=times.get, reverse=True)
-        share = pt.pairwise_sum([times[n] for n in mine]) / total
+    for kind, column in ((_DROPOUT_OPS, inclusive), (_RANDOM_OPS, time_col)):
+        times, calls = {}, {}
+        for i, name in enumerate(names):
+            if name in kind and (kind is _RANDOM_OPS or outermost(i)):
+                times[name] = times.get(name, 0.0) + ops[column][i]
+                calls[name] = calls.get(name, 0) + 1
+        share = pt.pairwise_sum(list(times.values())) / total
         if share < RANDOM_SHARE:
             continue
+        mine = sorted(times, key=times.get, reverse=True)
         named = ", ".join(f"{n} {calls[n]} call{'s' if calls[n] != 1 else ''}" for n in mine[:3])
         if kind is _DROPOUT_OPS:
-            notes.append(f"Dropout's random masks take {share:.0%} of {where} time ({named}): if this is "
+            notes.append(f"Dropout takes {share:.0%} of {where} time ({named}, with the ops inside): if this is "
                          "evaluation or inference, model.eval() turns dropout off; in training it is dropout's "
                          "cost, which torch.compile cuts by drawing the masks inside fused kernels.")
         else:
