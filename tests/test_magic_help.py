@@ -103,6 +103,7 @@ def test_a_wrong_option_is_a_usage_error_with_the_fix(run_cell, ip, magic, line,
                                       "%%amp recipe)"),
     ("%%profile_gpu", "--dtype=bf16", "(%%profile_gpu has no --dtype: --amp bf16"),
     ("%%profile_gpu", "-n 3", "(%%profile_gpu has no -n, which is %timeit's: --steps N"),
+    ("%%profile_gpu", "--no-restore", "(%%profile_gpu has no --no-restore: it restores nothing, its runs"),
     ("%%amp", "--steps 3", "(%%amp has no --steps: --repeat N times N runs per variant, after --warmup W untimed "
                            "rounds)"),
     ("%%amp", "--amp bf16", "(%%amp has no --amp: --dtype bf16, fp16, auto or tf32 picks the recipe)"),

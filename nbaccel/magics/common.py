@@ -509,6 +509,9 @@ CROSS_MAGIC = {
         "--dtype": "%%profile_gpu has no --dtype: --amp bf16, fp16 or auto profiles under the %%amp recipe",
         "--no-tf32": "%%profile_gpu has no --no-tf32: without --amp the cell runs under your own TF32 settings",
         "--no-baseline": "%%profile_gpu has no --no-baseline: it profiles one variant, the cell as it is (or --amp)",
+        "--no-restore": "%%profile_gpu has no --no-restore: it restores nothing, its runs (--warmup W, --steps S) "
+                        "keep their effects",
+        "--max-snapshot": "%%profile_gpu has no --max-snapshot: it takes no snapshot, its runs keep their effects",
     },
     "amp": {
         "--steps": f"%%amp has no --steps: {_REPEAT}",
