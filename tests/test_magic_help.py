@@ -224,6 +224,11 @@ def test_the_same_value_twice_and_a_repeated_flag_pass(run_cell, ip):
     ip.user_ns["ran"] = 0
     run_cell("%%amp --repeat 1 --repeat=1 --warmup 0 -q -q\nran += 1")
     assert ip.user_ns["ran"] > 0
+    # two spellings of one value are one value (a review: "--dtype given twice (bf16 and bfloat16)")
+    ip.user_ns["ran"] = 0
+    run_cell("%%amp --repeat 1 --warmup 0 -q --dtype bf16 --dtype bfloat16\nran += 1")
+    run_cell("%%profile_gpu -q --sort FLOPS --sort flops\nran += 1")
+    assert ip.user_ns["ran"] > 1
 
 
 def test_nbaccel_env_takes_quiet_like_every_other_magic(run_cell, ip):

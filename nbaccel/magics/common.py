@@ -467,6 +467,19 @@ def refuse_typographic_dash(magic, tokens: list[str]) -> None:
                          f"place of two hyphens; type the option with plain hyphens: {meant}{equals}{value}")
 
 
+def _same_value(action: argparse.Action, value: str):
+    """A value as the magic reads it, so two spellings of one (``--dtype bf16 --dtype bfloat16``,
+    ``--sort FLOPS --sort flops``) are one value, not "given twice" (a review)."""
+    from ..device import dtype_name
+    from ..profile_options import sort_name
+
+    read = {"dtype": dtype_name, "amp": dtype_name, "sort": sort_name}.get(action.dest)
+    try:
+        return read(value) if read else value
+    except Exception:  # noqa: BLE001 - a value the magic refuses later, in its own words
+        return value
+
+
 def refuse_repeated_values(parser: argparse.ArgumentParser, tokens: list[str]) -> None:
     """A UsageError for an option that takes a value given twice with different values: argparse keeps
     the last one silently (``--repeat 3 ... --repeat 5`` ran 5), which a line edited in place invites.
@@ -488,7 +501,7 @@ def refuse_repeated_values(parser: argparse.ArgumentParser, tokens: list[str]) -
             bare = action.nargs == "?" and (i == len(tokens) or tokens[i].startswith("-"))
             value = str(action.const) if bare else tokens[i]
             i += not bare
-        if action in seen and seen[action][1] != value:
+        if action in seen and _same_value(action, seen[action][1]) != _same_value(action, value):
             first, then = seen[action]
             spelled = name if first == name else f"{first}/{name}"
             raise UsageError(f"{spelled} given twice ({then} and {value}): keep one")
