@@ -157,8 +157,7 @@ def _nothing_to_cast(result: AmpResult) -> str:
 def _without_units(info, dtype: str) -> str:
     """Beside a gain on a CPU without matrix units for the dtype: what it can (not) be. A trial on an Ice
     Lake read "bf16 autocast measured 1.79x faster" under contention, and 0.46x in a later cell."""
-    if info.type != "cpu" or dtype not in ("bf16", "fp16") or (
-            info.has_bf16_units if dtype == "bf16" else info.has_fp16_units):
+    if info.type != "cpu" or dtype not in ("bf16", "fp16") or info.has_units(dtype):
         return ""
     return (f" This CPU has no {dtype} units (AMX / AVX512-{dtype.upper()}): its {dtype} matmuls are emulated, so a "
             "gain here comes from moving half-size tensors, or from noise; not from faster math.")
@@ -178,7 +177,7 @@ def _no_speedup(result: AmpResult, speedup: float, dtype: str) -> str:
     if result.nothing_cast:
         # Neither the CPU's units nor a larger --repeat (a trial was told both) has anything to do with it.
         return _same_kernels(result, speedup, dtype)
-    if info.type == "cpu" and not (info.has_bf16_units if dtype == "bf16" else info.has_fp16_units):
+    if info.type == "cpu" and not info.has_units(dtype):
         fact = (f"this CPU lacks {dtype} units (AMX / AVX512-{dtype.upper()}), so autocast only adds casts. "
                 "Measure on a GPU with Tensor Cores.")
     elif info.type == "cpu" and dtype == "fp16" and not info.cpu_features.get("amx_fp16"):

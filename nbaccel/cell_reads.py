@@ -24,11 +24,10 @@ from __future__ import annotations
 import collections.abc
 import dis
 import io
-import itertools
 import sys
 import types
 
-from .snapshot import uninitialized_lazy
+from .snapshot import lazy_members, uninitialized_lazy
 
 _DEPTH = 2  # the cell, the functions it calls, the functions they call
 
@@ -68,10 +67,7 @@ def starts_workers(value) -> bool:
 def has_uninitialized_lazy(value) -> bool:
     """A module holding lazy modules (``nn.LazyLinear``...) whose parameters are not initialized yet, or
     a dict, list or tuple of such modules (``models["a"](x)``; a review), one level deep."""
-    if isinstance(value, (dict, list, tuple)):
-        items = value.values() if isinstance(value, dict) else value
-        return any(bool(uninitialized_lazy(v)) for v in itertools.islice(items, 1000))
-    return bool(uninitialized_lazy(value))
+    return any(uninitialized_lazy(member) for _, member in lazy_members("", value))
 
 
 KINDS = {"iterators": is_unrewindable, "compiled": is_compiled, "worker_loaders": starts_workers,

@@ -120,6 +120,10 @@ class DeviceInfo:
             return self.tensor_cores
         return bool(self.cpu_features.get("amx_fp16") or self.cpu_features.get("avx512_fp16"))
 
+    def has_units(self, dtype: str) -> bool:
+        """`has_bf16_units` for ``"bf16"``, `has_fp16_units` for ``"fp16"``."""
+        return self.has_bf16_units if dtype == "bf16" else self.has_fp16_units
+
     def to_dict(self) -> dict:
         data = asdict(self)
         data["compute_capability"] = list(self.compute_capability) if self.compute_capability else None

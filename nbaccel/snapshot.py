@@ -24,6 +24,7 @@ of a user class mutated in place, files written) is listed in docs/reliability.m
 from __future__ import annotations
 
 import copy
+import itertools
 import random
 import types
 from dataclasses import dataclass, field
@@ -95,14 +96,10 @@ class _TensorCopy:
                 t.grad = self.grad.to(t.device, copy=True)
 
 
-# The containers a Module keeps in its __dict__ and mutates in place (_parameters, _buffers, _modules,
-# the hook dicts, _non_persistent_buffers_set): kept as the same objects, their contents put back, so
-# hook handles (which hold a weak reference to their dict) stay valid.
-_IN_PLACE = (dict, set)
-
-
 # What every Module keeps in its __dict__ (parameters, buffers, submodules, hooks, training):
-# `_ModuleLayout` restores those; the rest is the model's own code's, visited as values.
+# `_ModuleLayout` restores those, the dicts and sets among them in place (the same objects, their
+# contents put back, so hook handles, which hold a weak reference to their dict, stay valid). The
+# rest is the model's own code's: bound back by the layout, its values visited like variables.
 _MODULE_OWN = frozenset(vars(torch.nn.Module()))
 
 
@@ -130,12 +127,13 @@ class _ModuleLayout:
     """One module's class and own attributes, restored in place."""
     cls: type
     attributes: dict  # name -> value as captured
-    contents: list  # (container, shallow copy) for the dicts and sets among them
+    contents: list  # (container, shallow copy) for torch's own dicts and sets among them (`_MODULE_OWN`)
 
     @classmethod
     def capture(cls, module: torch.nn.Module) -> "_ModuleLayout":
         attributes = dict(vars(module))
-        contents = [(v, copy.copy(v)) for v in attributes.values() if isinstance(v, _IN_PLACE)]
+        contents = [(v, copy.copy(v)) for k, v in attributes.items()
+                    if k in _MODULE_OWN and isinstance(v, (dict, set))]
         return cls(type(module), attributes, contents)
 
     def restore(self, module: torch.nn.Module) -> None:
@@ -331,6 +329,16 @@ def uninitialized_lazy(value) -> list[tuple[str, torch.nn.Module]]:
             if isinstance(m, LazyModuleMixin) and m.has_uninitialized_params()]
 
 
+def lazy_members(name: str, value) -> list[tuple[str, object]]:
+    """What the lazy-module check looks at: ``value`` itself, or one level into a dict, list or tuple
+    (``models["a"]``), each with the name code would write (at most 1000)."""
+    if isinstance(value, dict):
+        return [(f"{name}[{key!r}]", v) for key, v in itertools.islice(value.items(), 1000)]
+    if isinstance(value, (list, tuple)):
+        return [(f"{name}[{i}]", v) for i, v in enumerate(itertools.islice(value, 1000))]
+    return [(name, value)]
+
+
 def refuse_uninitialized_lazy(name: str, value) -> None:
     """Raise `LazyModuleNotReady` for a module the code reads (or a dict, list or tuple of modules:
     ``models["a"](x)``) whose lazy parameters are not initialized: the first forward turns them into
@@ -338,13 +346,7 @@ def refuse_uninitialized_lazy(name: str, value) -> None:
     the weights (and training) of the first. torch's own advice for lazy modules is a dry-run forward.
     (A lazy module the code does not read is left alone: the magic snapshots the whole namespace, and
     a review found an unrelated one refusing every cell.)"""
-    if isinstance(value, dict):
-        items = [(f"{name}[{key!r}]", v) for key, v in list(value.items())[:1000]]
-    elif isinstance(value, (list, tuple)):
-        items = [(f"{name}[{i}]", v) for i, v in enumerate(value[:1000])]
-    else:
-        items = [(name, value)]
-    for name, module in items:
+    for name, module in lazy_members(name, value):
         lazy = uninitialized_lazy(module)
         if not lazy:
             continue
