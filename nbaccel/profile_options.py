@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -43,10 +43,14 @@ class ProfileOptions:
     trace: str | None = None
     amp: str | None = None
     device: str = "auto"
+    # The sort word as typed (``gpu``, ``self_cuda_time_total``), for refusals that name what the user
+    # wrote rather than the key it was read as; not an option of its own.
+    sort_as_typed: str | None = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self):
         # amp in the recipe's name whoever made the options (profile(), profile_function, the magic)
         object.__setattr__(self, "amp", amp_name(self.amp))
+        object.__setattr__(self, "sort_as_typed", self.sort)
         object.__setattr__(self, "sort", sort_name(self.sort))
 
     @property
@@ -58,7 +62,7 @@ class ProfileOptions:
         return self.warmup > 0 or self.steps > 1
 
     def to_dict(self) -> dict:
-        return {k: getattr(self, k) for k in self.__dataclass_fields__}
+        return {k: getattr(self, k) for k, f in self.__dataclass_fields__.items() if f.init}
 
 
 def trace_is_file(path: str) -> bool:
@@ -155,7 +159,7 @@ def check_options(options: ProfileOptions) -> None:
         raise ProfileError(f"{option('trace')} takes a file or folder path, got {options.trace!r}")
     check_sort(options.sort)
     if options.sort == "memory" and not options.memory:
-        raise ProfileError(f"{option('sort', 'memory')} needs {option('memory', True)} (memory is only recorded "
+        raise ProfileError(f"{_sort_as_typed(options, 'memory')} needs {option('memory', True)} (memory is only recorded "
                            "with profile_memory)")
     if options.amp == "fp32":  # "not supported" gave no reason (a user trial, as %%amp's --dtype float32)
         raise ProfileError(f"{option('amp', options.amp)}: fp32 is what runs without {option('amp')}; leave it out "
@@ -189,6 +193,13 @@ SORT_SUGGESTIONS = {
 
 def _sort_word(sort: str) -> str:
     return sort.strip().lower().replace("-", "_")
+
+
+def _sort_as_typed(options: ProfileOptions, meaning: str) -> str:
+    """``--sort gpu (device time)``: the word the user wrote, and what it was read as when that differs."""
+    typed = options.sort_as_typed if isinstance(options.sort_as_typed, str) else options.sort
+    said = option("sort", typed)
+    return said if _sort_word(typed) == options.sort else f"{said} ({meaning})"
 
 
 def sort_name(sort):
@@ -231,8 +242,8 @@ def validate(options: ProfileOptions) -> tuple[torch.device, DeviceInfo, Recipe 
     except DeviceError as exc:
         raise ProfileError(str(exc)) from None
     if options.sort == "device" and dev.type != "cuda":
-        raise ProfileError(f"{option('sort', 'device')} needs a CUDA device; this profile runs on the CPU: use "
-                           f"{option('sort', 'self')} or {option('sort', 'cpu')}")
+        raise ProfileError(f"{_sort_as_typed(options, 'device time')} needs a CUDA device; this profile runs on "
+                           f"the CPU: use {option('sort', 'self')} or {option('sort', 'cpu')}")
     if options.trace:
         check_trace_path(options.trace)
     if profiler_running():

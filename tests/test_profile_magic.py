@@ -599,6 +599,10 @@ def test_widget_builds_with_breakdown_and_advice_tabs(run_cell, ip, cpu_with_bf1
     ("--sort bogus", "--sort bogus is not a sort key; use one of: cpu, self, device"),
     ("--sort device", "--sort device needs a CUDA device"),
     ("--sort memory", "--sort memory needs --memory"),
+    # The word as typed, then what it was read as (it named the mapped key only: "--sort device").
+    ("--sort gpu", "--sort gpu (device time) needs a CUDA device"),
+    ("--sort DEVICE", "--sort DEVICE needs a CUDA device"),
+    ("--sort self_cpu_memory_usage", "--sort self_cpu_memory_usage (memory) needs --memory"),
     ("--amp fp8", "--amp fp8 is not supported"),
     ("--bogus", "unrecognized arguments"),
     ("-r 1abc", "-r/--result takes a Python variable name"),
