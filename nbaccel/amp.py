@@ -33,7 +33,7 @@ import torch
 
 from .amp_advice import advise
 from .amp_result import MEMORY_NOISE_FLOOR, MEMORY_SAME, MIN_RUNS, AmpResult, Variant
-from .cell_reads import KINDS, and_list, describe, objects_read, take_first
+from .cell_reads import KINDS, and_list, describe, graphs_compiled, objects_read, take_first
 from .contention import ContentionMeter
 from .device import DTYPE_NAMES, DeviceError, device_info, dtype_name, resolve_device
 from .drift import compute_drift, leaf_magnitudes, resolution, runs_differ, to_host
@@ -399,6 +399,7 @@ def compare_amp(
                      on_first_run, planned_runs(warmup, repeat, baseline, dev) - 1)
     order = [base_recipe, amp_recipe] if baseline else [amp_recipe]
 
+    graphs_at_start = graphs_compiled()
     try:
         for _ in range(warmup):
             for recipe in order:
@@ -407,9 +408,11 @@ def compare_amp(
         # Made here, after the warmup: a DataLoader's workers started by it are found as ours.
         runner.meter = contention_meter or ContentionMeter()
         runner.names = {id(base_recipe): "fp32", id(amp_recipe): _amp_name(amp_recipe)}
+        graphs_before_timed = graphs_compiled()
         for i in range(repeat):
             for recipe in (order if i % 2 == 0 else order[::-1]):
                 times[id(recipe)].times.append(runner.timed(recipe))
+        compiled_while_timed = graphs_compiled() - graphs_before_timed
         peaks, fp32_again = {id(r): [] for r in order}, None
         with meter_series(dev):
             for i in range(memory_runs(dev)):  # interleaved and alternating, like the timed runs
@@ -427,7 +430,10 @@ def compare_amp(
         result = _build_result(info, order, times, memory, audits, amp_recipe, base_recipe, baseline,
                                warmup, repeat, clock, snapshot, restore, value, fp32_again)
         result.outer_autocast, result.fp32_overridden = outer_autocast, fp32_overridden
+        if graphs_compiled() > graphs_at_start and not compiled:  # torch.compile called inside the cell
+            compiled = ["the code the cell compiles"]
         result.iterators, result.compiled, result.worker_loaders = iterators, compiled, loaders
+        result.compiled_while_timed = compiled_while_timed
         result.contention = runner.meter.result
     except BaseException as exc:  # KeyboardInterrupt too; re-raised unchanged
         # Abandoned: the variables (unless restore=False) and torch's settings as before, first, so

@@ -62,6 +62,16 @@ def _compiled_note(compiled: list[str]) -> str:
             "intermediates in fp32).")
 
 
+def _compiled_while_timed_note(result: AmpResult) -> str:
+    """Compiling inside the timed runs: their times are the compiler's, not the step's."""
+    n, warmup = result.compiled_while_timed, result.warmup
+    return (f"torch.compile compiled {n} graph{'s' if n != 1 else ''} during the timed runs, so their times "
+            "include compiling (seconds, where a compiled step takes milliseconds) and the speedup above is "
+            f"no measure of the step: compile before the cell, or raise {option('warmup')} (now {warmup}) so "
+            "that each variant compiles in a warm-up run (autocast is part of torch.compile's guards: the "
+            "fp32 and the reduced-precision runs compile separately).")
+
+
 def _outer_autocast_note(result: AmpResult, dtype: str) -> str:
     """Why an autocast the user had on did not apply: each recipe sets its own precision."""
     on = ", ".join(f"autocast {d} ({t})" for t, d in result.outer_autocast.items())
@@ -217,6 +227,9 @@ def advise(result: AmpResult) -> list[str]:
         notes.append(_iterator_note(result.iterators))
     if result.worker_loaders:
         notes.append(_worker_loader_note(result.worker_loaders))
+    if result.compiled_while_timed:
+        notes.append(_compiled_while_timed_note(result))
+        speedup = None  # the compiler's time, not the step's: the note is the finding, not a speed verdict
     if result.compiled:
         notes.append(_compiled_note(result.compiled))
     if result.outer_autocast:

@@ -99,6 +99,9 @@ class AmpResult(ResultMixin):
     iterators: list[str] = field(default_factory=list)
     # The torch.compile'd models and functions it reads: the audit's dtypes, FLOPs and drift are eager's.
     compiled: list[str] = field(default_factory=list)
+    # Graphs torch.compile compiled during the timed runs (`cell_reads.graphs_compiled`): those runs'
+    # times include compiling, seconds where a compiled step takes milliseconds.
+    compiled_while_timed: int = 0
     # DataLoaders it reads that start worker processes on every iteration: "`loader` (2 workers)".
     worker_loaders: list[str] = field(default_factory=list)
     # The user's settings that run fp32 math below IEEE fp32 (`precision.relaxed_fp32_settings`, as
@@ -333,6 +336,7 @@ class AmpResult(ResultMixin):
             "state_changed": self.state_changed,
             "iterators": self.iterators,
             "compiled": self.compiled,
+            "compiled_while_timed": self.compiled_while_timed,
             "worker_loaders": self.worker_loaders,
             "nonfinite_result": self.nonfinite_result,
             "drift_skipped": self.drift_skipped,

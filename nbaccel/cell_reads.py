@@ -55,6 +55,18 @@ def is_compiled(value) -> bool:
                                              or "_torchdynamo_orig_callable" in attributes)
 
 
+def graphs_compiled() -> int:
+    """How many graphs torch.compile has compiled in this process so far: read before and after runs, it
+    tells a cell that compiles (``torch.compile(model)`` inside the cell, or a recompile when autocast
+    changes its guards) from one that runs compiled code. 0 until torch._dynamo is imported (not
+    imported here)."""
+    utils = sys.modules.get("torch._dynamo.utils")
+    try:
+        return int(utils.counters["stats"]["unique_graphs"]) if utils is not None else 0
+    except Exception:  # a torch without these counters: no count, no note (nbaccel's reading never fails a run)
+        return 0
+
+
 def starts_workers(value) -> bool:
     """A DataLoader whose every iteration starts and stops worker processes (``num_workers > 0``
     without ``persistent_workers``). Read without importing torch.utils.data."""
@@ -163,5 +175,5 @@ def and_list(items: list[str]) -> str:
     return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
 
 
-__all__ = ["objects_read", "KINDS", "is_unrewindable", "is_compiled", "starts_workers", "describe", "take_first",
+__all__ = ["objects_read", "KINDS", "graphs_compiled", "is_unrewindable", "is_compiled", "starts_workers", "describe", "take_first",
            "and_list"]

@@ -744,6 +744,38 @@ def test_a_module_compiled_in_place_is_found():
     assert not is_compiled(mock.Mock())  # attributes read statically: a Mock has every attribute
 
 
+def test_torch_compile_inside_the_cell_is_said_and_compiling_in_timed_runs_voids_the_speedup(run_cell, ip):
+    """A review: `cm = torch.compile(model)` inside a %%amp cell was not flagged at all; with
+    --warmup 0 the timed runs compiled (seconds against milliseconds) and the verdict read that as
+    the recipe's speed. Compiling is counted from torch.compile's own graph counter."""
+    import torch
+
+    run_cell("import torch\nm = torch.nn.Linear(16, 16)\nx = torch.randn(4, 16)")
+    try:
+        torch._dynamo.reset()
+        run_cell("%%amp --repeat 3 --warmup 0 --dtype bf16 -q -r cold\ncm = torch.compile(m, backend='eager')\n"
+                 "cm(x).sum()")
+        cold = ip.user_ns["cold"]
+        # fp32 and bf16 each compile once (autocast is in the guards), both in their first timed run
+        assert cold.compiled_while_timed == 2 and cold.to_dict()["compiled_while_timed"] == 2
+        note = next(a for a in cold.advice if a.startswith("torch.compile compiled 2 graphs during the timed runs"))
+        assert "raise --warmup (now 0)" in note
+        verdicts = [a for a in cold.advice if "x faster" in a or a.startswith("No speedup") or "cannot rank" in a]
+        assert verdicts == []  # no verdict on the compiler's time
+        assert cold.compiled == ["the code the cell compiles"]
+        torch._dynamo.reset()
+        run_cell("%%amp --repeat 3 --warmup 1 --dtype bf16 -q -r warm\ncm = torch.compile(m, backend='eager')\n"
+                 "cm(x).sum()")
+        warm = ip.user_ns["warm"]
+        assert warm.compiled_while_timed == 0 and not any("during the timed runs" in a for a in warm.advice)
+        assert warm.compiled == ["the code the cell compiles"]  # the audit still records eager ops
+        assert any(a.startswith("the code the cell compiles is torch.compile'd") for a in warm.advice)
+    finally:
+        torch._dynamo.reset()
+    run_cell("%%amp --repeat 3 --warmup 0 --dtype bf16 -q -r plain\nm(x).sum()")
+    assert ip.user_ns["plain"].compiled_while_timed == 0 and ip.user_ns["plain"].compiled == []
+
+
 def test_an_inference_mode_cell_gets_its_flops_and_reduced_precision_share(run_cell, ip):
     # Under inference_mode the audit's dispatch mode saw aten::linear whole, which has no FLOP
     # formula: 0 FLOPs, "achieved" n/a, no reduced-precision share, linear not a heavy op.
