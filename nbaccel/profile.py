@@ -46,6 +46,7 @@ import re
 import sys
 import tempfile
 import threading
+import time
 import warnings
 from pathlib import Path
 from typing import Callable
@@ -61,7 +62,7 @@ from .profile_options import ProfileError, ProfileOptions, check_options, trace_
 from .profile_result import ProfileResult
 from .quiet import hiding_side_channels
 from .stderr_filter import dropped_stderr_lines
-from .trace_io import _RANK_NAME, write_step_traces, write_trace_bytes
+from .trace_io import _RANK_NAME, worker_name, write_step_traces, write_trace_bytes
 
 # --- Kineto's fd-2 chatter -----------------------------------------------------------------------
 
@@ -385,12 +386,36 @@ def _trace_folder_before(target: str | None) -> tuple[list[str], str | None]:
 def _earlier_traces(folder: str) -> list[str]:
     """Trace files already in ``--trace FOLDER`` before this profile writes its own: loading the folder
     (``%profile_trace``) reads every file in it as steps of one run, so the result says they are there
-    (a trial's folder, reused, gathered three runs' files without a word)."""
+    (a trial's folder, reused, gathered three runs' files without a word).
+
+    Under torchrun the other ranks' files of this launch are not earlier runs, even when a rank
+    finished before this one started: files of other processes written since the launch started
+    (`_launch_started`) are left out. This process's own files are earlier runs whenever written."""
     path = Path(folder).expanduser()
+    launch, own = _launch_started(), worker_name() + "."
     try:
-        return sorted(str(f) for f in path.iterdir() if f.name.endswith((".json", ".json.gz")) and f.is_file())
+        files = [f for f in path.iterdir() if f.name.endswith((".json", ".json.gz")) and f.is_file()]
+        if launch is not None:
+            files = [f for f in files if f.name.startswith(own) or f.stat().st_mtime < launch]
+        return sorted(str(f) for f in files)
     except OSError:  # not there yet, or writable but not listable (chmod 333): nothing known to be earlier
         return []
+
+
+def _launch_started() -> float | None:
+    """Under torchrun (``WORLD_SIZE`` > 1): when this launch started, in Unix seconds, as the start of
+    the workers' parent (torchrun's agent, started before every worker; read from Linux's /proc, as ps
+    reads it). None for a single process, or where it cannot be read."""
+    if _rank_and_world()[1] <= 1:
+        return None
+    try:
+        with open(f"/proc/{os.getppid()}/stat") as fh:  # the command may hold spaces: fields after ")"
+            start_ticks = int(fh.read().rsplit(")", 1)[1].split()[19])
+        with open("/proc/uptime") as fh:  # as ps does: the time since, not /proc/stat's btime (VMs drift)
+            uptime = float(fh.read().split()[0])
+        return time.time() - (uptime - start_ticks / os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def _first_missing(folder: Path) -> Path | None:

@@ -396,6 +396,11 @@ def write_trace_bytes(data: bytes, path: str | Path) -> None:
     target.write_bytes(gzip.compress(data) if str(path).endswith(".gz") else data)
 
 
+def worker_name() -> str:
+    """``{host}_{pid}``: the start of this process's step trace files' names (`write_step_traces`)."""
+    return f"{socket.gethostname()}_{os.getpid()}"
+
+
 def write_step_traces(doc: dict, folder: str) -> list[str]:
     """Write one ``{host}_{pid}.{ms}.pt.trace.json`` per step into ``folder``.
 
@@ -407,7 +412,7 @@ def write_step_traces(doc: dict, folder: str) -> list[str]:
     """
     out = Path(folder).expanduser()
     out.mkdir(parents=True, exist_ok=True)
-    worker = f"{socket.gethostname()}_{os.getpid()}"
+    worker = worker_name()
     base_ms = int(doc.get("baseTimeNanoseconds", 0)) // 1_000_000
     paths, last = [], -1
     for _name, start, part in split_by_step(doc):

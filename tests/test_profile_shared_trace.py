@@ -112,3 +112,38 @@ def test_a_folder_listing_that_fails_leaves_no_profiler_lock_behind(tmp_path, mo
     # A folder that is writable but cannot be listed: nothing is known to be earlier, the profile runs.
     monkeypatch.setattr(Path, "iterdir", lambda self: (_ for _ in ()).throw(PermissionError(13, "denied")))
     assert profile_module._earlier_traces(str(tmp_path)) == []
+
+
+def test_under_torchrun_other_ranks_files_of_this_launch_are_not_earlier_runs(tmp_path, monkeypatch):
+    """A rank whose profile started after another rank had written its files into the shared folder
+    said they were "other runs" (the listing is taken as the profile starts). Files of other
+    processes written since the launch started (the workers' parent, torchrun's agent) are this
+    launch's; older files, and this process's own, are earlier runs."""
+    import os
+    import socket
+    import sys
+    import time
+
+    profile_module = sys.modules["nbaccel.profile"]
+    folder = tmp_path / "steps"
+    folder.mkdir()
+    sibling = folder / "otherhost_4242.1.pt.trace.json"  # another rank's, written just now
+    sibling.write_text("{}")
+    old = folder / "otherhost_17.1.pt.trace.json"  # a run before this launch
+    old.write_text("{}")
+    an_hour_ago = time.time() - 3600
+    os.utime(old, (an_hour_ago, an_hour_ago))
+    own = folder / f"{socket.gethostname()}_{os.getpid()}.1.pt.trace.json"  # this process, earlier
+    own.write_text("{}")
+    single = profile_module._earlier_traces(str(folder))
+    assert single == sorted(map(str, (sibling, old, own)))  # one process: every file is another run's
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    started = profile_module._launch_started()
+    assert started is not None and started <= time.time() and started > an_hour_ago  # pytest's parent
+    assert profile_module._earlier_traces(str(folder)) == sorted(map(str, (old, own)))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # a multi-process folder's TraceWarning is another test's
+        with nbaccel.profile(trace=str(folder)) as prof:
+            torch.ones(4).sum()
+    assert sorted(prof.result.trace_earlier) == sorted(map(str, (old, own)))
