@@ -88,28 +88,64 @@ KINDS = {"iterators": is_unrewindable, "compiled": is_compiled, "worker_loaders"
 _READS = {"LOAD_NAME", "LOAD_GLOBAL", "LOAD_DEREF", "LOAD_CLASSDEREF", "LOAD_FROM_DICT_OR_GLOBALS",
           "LOAD_FROM_DICT_OR_DEREF"}
 _STORES = {"STORE_NAME", "STORE_GLOBAL", "STORE_DEREF"}
+_ATTRIBUTE_READS = {"LOAD_ATTR", "LOAD_METHOD"}
+_ATTRIBUTE_DEPTH = 3  # trainer.model.encoder.layer: deeper chains are not followed
 
 
 def _names_read(code: types.CodeType, names: set[str], own: set[str] | None = None) -> None:
     """The names ``code`` and the code nested in it (functions, lambdas, comprehensions) read as
-    variables -- not attribute names, not names only assigned. With ``own`` (the cell's top level:
-    its statements, then its last expression), a name the code stores before it reads it is the
-    cell's own (``it = iter(data)`` then ``next(it)``): the value an earlier run left in the namespace
-    is not what the cell reads."""
+    variables, and the attribute chains read from them (``trainer.model``, ``data.it``: a lazy module
+    or an iterator one object away; a user trial) -- not names only assigned. With ``own`` (the cell's
+    top level: its statements, then its last expression), a name or attribute the code stores before
+    it reads it is the cell's own (``it = iter(data)`` then ``next(it)``; ``data.it = iter(x)``): the
+    value an earlier run left in the namespace is not what the cell reads."""
     first: dict[str, str] = {}  # name -> "read" or "store", whichever the code does first
     reads: set[str] = set()
+    chain = None  # the name or attribute chain the instruction before loaded, if any
     for ins in dis.get_instructions(code):
+        loaded = None
         if ins.opname in _READS:
-            reads.add(ins.argval)
-            first.setdefault(ins.argval, "read")
+            loaded = ins.argval
+        elif ins.opname in _ATTRIBUTE_READS and chain is not None and chain.count(".") < _ATTRIBUTE_DEPTH:
+            loaded = f"{chain}.{ins.argval}"
         elif ins.opname in _STORES:
             first.setdefault(ins.argval, "store")
+        elif ins.opname == "STORE_ATTR" and chain is not None:
+            first.setdefault(f"{chain}.{ins.argval}", "store")
+        if loaded is not None:
+            reads.add(loaded)
+            first.setdefault(loaded, "read")
+        chain = loaded
     if own is not None:
         own.update(n for n, how in first.items() if how == "store")
     names.update(reads)
     for const in code.co_consts:
         if isinstance(const, types.CodeType):
             _names_read(const, names)
+
+
+_MODULE_MEMBERS = ("_modules", "_parameters", "_buffers")  # where nn.Module keeps what `model.fc` returns
+
+
+def _static_value(scope: dict, dotted: str):
+    """The value ``trainer.model`` names, read from the objects' own ``__dict__`` (and an nn.Module's
+    submodules, parameters and buffers) only: no property, ``__getattr__`` or descriptor of the user's
+    runs, so reading it has no effects. None where a link is not an instance attribute (a method, a
+    property, a library module's attribute)."""
+    base, *attributes = dotted.split(".")
+    value = scope.get(base)
+    for attribute in attributes:
+        if value is None or isinstance(value, (types.ModuleType, type)):
+            return None
+        try:
+            own = object.__getattribute__(value, "__dict__")
+        except (AttributeError, TypeError):
+            return None
+        if not isinstance(own, dict):
+            return None
+        members = [own] + [own[key] for key in _MODULE_MEMBERS if isinstance(own.get(key), dict)]
+        value = next((m[attribute] for m in members if attribute in m), None)
+    return value
 
 
 def objects_read(fn, namespace: dict | None = None, kinds: dict | None = None) -> dict[str, dict[str, object]]:
@@ -135,7 +171,7 @@ def objects_read(fn, namespace: dict | None = None, kinds: dict | None = None) -
         seen.add(id(code))
         names: set[str] = set()
         own: set[str] = set()
-        _names_read(code, names)
+        _names_read(code, names, own)  # a function, as the cell: what it stores before reading is its own
         for name, cell in zip(code.co_freevars, getattr(func, "__closure__", None) or ()):
             try:
                 value = cell.cell_contents
@@ -148,7 +184,9 @@ def objects_read(fn, namespace: dict | None = None, kinds: dict | None = None) -
             elif not note(name, value) and isinstance(value, types.FunctionType):
                 walk(value, value.__globals__, depth + 1)
         for name in sorted(names - own):
-            value = scope.get(name)
+            if any(name.startswith(mine + ".") for mine in own):  # `data = Data()` then `data.it`: the cell's own
+                continue
+            value = _static_value(scope, name)
             if not note(name, value) and isinstance(value, types.FunctionType):
                 walk(value, value.__globals__, depth + 1)
 

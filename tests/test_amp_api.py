@@ -758,6 +758,49 @@ def test_a_lazy_module_not_yet_initialized_is_refused_with_the_fix():
         nbaccel.compare_amp(lambda: lazy(x), repeat=3, warmup=0)
 
 
+def test_a_lazy_module_or_an_iterator_one_object_away_is_seen():
+    """A user trial: `trainer.model(x)` on an uninitialized lazy model ran unrefused (each later run
+    started from the first's weights), and `next(trainer.it)` was not named as an iterator. Attribute
+    chains the code reads are followed through the objects' own attributes, running none of their code."""
+    class Trainer:
+        calls = 0
+
+        def __init__(self):
+            self.model = torch.nn.Sequential(torch.nn.LazyLinear(8))
+            self.it = iter([torch.randn(4, 3) for _ in range(50)])
+
+        @property
+        def loud(self):  # a property is not run to find what the code reads
+            Trainer.calls += 1
+            return self.it
+
+    trainer, x = Trainer(), torch.randn(4, 3)
+    ns = {"trainer": trainer, "x": x}
+    with pytest.raises(nbaccel.LazyModuleNotReady, match=r"`trainer\.model` has lazy parameters .*"
+                                                         r"`trainer\.model\(x\)` in a cell above"):
+        nbaccel.compare_amp(lambda: trainer.model(x), namespace=ns, repeat=3, warmup=0)
+    trainer.model(x)
+    res = nbaccel.compare_amp(lambda: trainer.model(next(trainer.it)).sum(), namespace=ns, repeat=3, warmup=0)
+    assert res.iterators == ["`trainer.it` (a list_iterator)"]
+    assert any("`batch = next(trainer.it)`" in a for a in res.advice)
+    # a submodule as nn.Module keeps it (in _modules, not the instance dict), three attributes deep
+    holder = torch.nn.Module()
+    holder.inner = torch.nn.Module()
+    holder.inner.head = torch.nn.LazyLinear(2)
+    with pytest.raises(nbaccel.LazyModuleNotReady, match=r"`holder` has lazy parameters"):
+        nbaccel.compare_amp(lambda: holder.inner.head(x), namespace={"holder": holder, "x": x}, repeat=3, warmup=0)
+    from nbaccel.cell_reads import objects_read
+
+    found = objects_read(lambda: next(trainer.loud), ns)
+    assert Trainer.calls == 0 and found["iterators"] == {}  # a property is neither run nor followed
+
+    def cell():  # an iterator the cell makes itself, then reads, is the cell's own
+        trainer.it = iter([x] * 20)
+        return next(trainer.it).sum()
+
+    assert nbaccel.compare_amp(cell, namespace=ns, repeat=3, warmup=0).iterators == []
+
+
 def test_gradscaler_state_restored():
     scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
     w = torch.nn.Parameter(torch.ones(2))
