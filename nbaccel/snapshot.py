@@ -26,6 +26,7 @@ from __future__ import annotations
 import copy
 import itertools
 import random
+import sys
 import types
 from dataclasses import dataclass, field
 
@@ -178,6 +179,7 @@ class Snapshot:
         for obj in objects:
             snap._visit(obj, seen, 0, top_level=True)
         if not dry:
+            snap.containers.extend((hooks, copy.copy(hooks)) for hooks in _process_wide_hooks())
             snap.rng = _capture_rng()
         return snap
 
@@ -377,6 +379,18 @@ def _restore_stateful(obj, state):
             delattr(obj, key)
         return
     obj.load_state_dict(_deep_host_copy(state) if isinstance(obj, torch.optim.Optimizer) else copy.deepcopy(state))
+
+
+def _process_wide_hooks() -> list[dict]:
+    """torch's process-wide hook registries: ``register_module_forward_hook`` and its kin (every
+    module's forward, backward and registration), and the optimizers' global step hooks. A cell that
+    registers one adds it once per run: restored with the variables, as a module's own hooks are (a
+    cell's global forward hook otherwise ran once per run on every later forward)."""
+    registries = []
+    for name in ("torch.nn.modules.module", "torch.optim.optimizer"):  # both imported with torch
+        module = sys.modules.get(name)
+        registries += [v for k, v in vars(module or types).items() if k.startswith("_global_") and isinstance(v, dict)]
+    return registries
 
 
 def _restore_container(container, saved):

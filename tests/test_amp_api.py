@@ -705,6 +705,46 @@ def test_snapshot_restores_what_a_cell_does_to_a_modules_structure():
     handle.remove()  # a handle from before a restore still works (its dict is the same object)
 
 
+def test_process_wide_hooks_a_cell_registers_are_put_back_with_the_variables():
+    """A documented gap: `torch.nn.modules.module.register_module_forward_hook` in a %%amp cell added
+    one global hook per run (17 calls per forward afterwards); an optimizer's global step hook too."""
+    import sys
+
+    from torch.optim.optimizer import register_optimizer_step_post_hook
+
+    model, x = torch.nn.Linear(4, 4), torch.randn(2, 4)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    calls, steps = [], []
+
+    def cell():
+        torch.nn.modules.module.register_module_forward_hook(lambda *_: calls.append(1))
+        register_optimizer_step_post_hook(lambda *_: steps.append(1))
+        loss = model(x).sum()
+        loss.backward()
+        opt.step()
+        return loss
+
+    res = nbaccel.compare_amp(cell, namespace={"model": model, "x": x, "opt": opt}, repeat=3, warmup=1)
+    try:
+        assert res.restored
+        calls.clear(), steps.clear()
+        model(x)
+        opt.step()
+        assert calls == [1] and steps == [1]  # as after one run of the cell: one hook each
+    finally:
+        torch.nn.modules.module._global_forward_hooks.clear()
+        sys.modules["torch.optim.optimizer"]._global_optimizer_post_hooks.clear()
+    # a comparison that fails puts them back as before the call: none
+    def failing():
+        cell()
+        return 1 / 0
+
+    with pytest.raises(ZeroDivisionError):
+        nbaccel.compare_amp(failing, namespace={"model": model, "x": x, "opt": opt}, repeat=3, warmup=0)
+    assert not torch.nn.modules.module._global_forward_hooks
+    assert not sys.modules["torch.optim.optimizer"]._global_optimizer_post_hooks
+
+
 def test_snapshot_restores_an_optimizers_groups_and_a_modules_own_attributes():
     """A trial: `opt.add_param_group(...)` in a cell (unfreezing a backbone) made load_state_dict refuse
     the saved state, reported as "a bug in nbaccel"; a cell that swapped a group's params trained other
