@@ -43,10 +43,12 @@ def is_compiled(value) -> bool:
     """A ``torch.compile`` result: an ``OptimizedModule``, a module after ``module.compile()``, or a
     function dynamo wrapped. Only the instance's own attributes are read (a namespace value's
     ``__getattr__`` is not run), and torch._dynamo is not imported (nothing is compiled unless it was)."""
-    if "torch._dynamo" not in sys.modules:
+    eval_frame = sys.modules.get("torch._dynamo.eval_frame")
+    if eval_frame is None:
         return False
-    if type(value).__name__ == "OptimizedModule":
-        return True
+    optimized = getattr(eval_frame, "OptimizedModule", None)
+    if isinstance(optimized, type) and isinstance(value, optimized):  # a class, not its name: a user's own
+        return True                                                   # "OptimizedModule" is not compiled
     try:
         attributes = object.__getattribute__(value, "__dict__")  # not a __getattr__ fallback: a Mock has all
     except (AttributeError, TypeError):

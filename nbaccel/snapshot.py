@@ -46,7 +46,8 @@ _MAX_NESTED_ITEMS = 1_000_000
 
 
 def _is_scheduler(obj) -> bool:
-    return isinstance(obj, torch.optim.lr_scheduler.LRScheduler) or type(obj).__name__ == "ReduceLROnPlateau"
+    schedulers = torch.optim.lr_scheduler
+    return isinstance(obj, (schedulers.LRScheduler, schedulers.ReduceLROnPlateau))  # not one class before torch 2.2
 
 
 def _is_grad_scaler(obj) -> bool:
