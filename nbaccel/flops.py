@@ -56,6 +56,11 @@ HEAVY_OPS = frozenset({
     "aten::_scaled_dot_product_flash_attention_for_cpu",
     # fused inference fast paths of nn.TransformerEncoderLayer / nn.MultiheadAttention (their matmuls inside)
     "aten::_transformer_encoder_layer_fwd", "aten::_native_multi_head_attention",
+    # attention's and recurrent layers' backward kernels, and the recurrent layers' own (oneDNN, cuDNN)
+    "aten::_scaled_dot_product_flash_attention_backward", "aten::_scaled_dot_product_efficient_attention_backward",
+    "aten::_scaled_dot_product_cudnn_attention_backward", "aten::_scaled_dot_product_flash_attention_for_cpu_backward",
+    "aten::_flash_attention_backward", "aten::_efficient_attention_backward",
+    "aten::mkldnn_rnn_layer", "aten::mkldnn_rnn_layer_backward", "aten::_cudnn_rnn", "aten::_cudnn_rnn_backward",
 })
 MATMUL_OPS = frozenset({"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm"})
 # View and bookkeeping ops say nothing about arithmetic precision; leaving them out keeps the table readable.
@@ -179,13 +184,9 @@ class OpAudit(TorchDispatchMode):
         name = f"{func.namespace}::{func.overloadpacket.__name__}"
         if name in _IGNORED or func.namespace == "profiler":  # record_function markers, not math
             return out
-        flat_out, _ = tree_flatten(out)
-        out_dtype = next((t.dtype for t in flat_out if isinstance(t, torch.Tensor) and t.is_floating_point()), None)
-        if out_dtype is None:
-            out_dtype = next((t.dtype for t in flat_out if isinstance(t, torch.Tensor)), None)
-        record = self.records[(name, dtype_name(out_dtype))]
-        record.calls += 1
         flat_in, _ = tree_flatten((args, kwargs))
+        record = self.records[(name, dtype_name(_dtype_ran(name, flat_in, out)))]
+        record.calls += 1
         record.input_dtypes.update(dtype_name(t.dtype) for t in flat_in if isinstance(t, torch.Tensor))
         record.flops += _flops_of(func, name, args, kwargs, out)
         if name in MATMUL_OPS and len(record.shapes) < 32:
@@ -291,13 +292,26 @@ class OpAudit(TorchDispatchMode):
         return found
 
 
+def _dtype_ran(name: str, flat_in: list, out) -> torch.dtype | None:
+    """The precision an op's math ran in. A heavy op's is its largest floating input's: oneDNN's LSTM
+    backward takes bf16 tensors and hands back fp32 gradients for the fp32 weights (read from the
+    output, its 16 MFLOP of bf16 math were fp32, and the advice blamed autocast). Other ops' is their
+    output's (a cast's is what it cast to), as is that of ops that cast inside (`_CASTS_INSIDE`)."""
+    if name in HEAVY_OPS and name not in _CASTS_INSIDE:
+        floats = [t for t in flat_in if isinstance(t, torch.Tensor) and t.is_floating_point()]
+        if floats:
+            return max(floats, key=lambda t: t.numel()).dtype
+    flat_out, _ = tree_flatten(out)
+    tensors = [t for t in flat_out if isinstance(t, torch.Tensor)]
+    return next((t.dtype for t in tensors if t.is_floating_point()), tensors[0].dtype if tensors else None)
+
+
 def _flops_of(func, name: str, args, kwargs, out) -> int:
-    """The op's FLOPs: torch's flop_counter formula, else nbaccel's from the argument shapes (the ops
-    the registry lacks: CPU attention, fused inference fast paths, oneDNN's LSTM...), else 0."""
+    """The op's FLOPs: nbaccel's formula from the argument shapes, the one %%profile_gpu applies to
+    the same op in a trace (so the two magics agree; it also covers what torch's flop_counter lacks:
+    CPU attention, fused inference fast paths, oneDNN's LSTM, and counts a grouped convolution's
+    weight gradient once where the registry counts it ``groups`` times), else torch's formula, else 0."""
     try:
-        counter = flop_registry.get(func.overloadpacket)
-        if counter is not None:
-            return int(counter(*args, **kwargs, out_val=out))
         # as the profiler records them: each argument's shape (a list of shapes for a tensor list,
         # [] for a non-tensor) and the non-tensor values
         dims = [list(a.shape) if isinstance(a, torch.Tensor)
@@ -307,7 +321,11 @@ def _flops_of(func, name: str, args, kwargs, out) -> int:
         concrete = [None if isinstance(a, torch.Tensor) or (isinstance(a, (list, tuple))
                                                             and any(isinstance(t, torch.Tensor) for t in a))
                     else a for a in args]
-        return op_flops(name, dims, concrete_inputs=concrete) or 0
+        own = op_flops(name, dims, concrete_inputs=concrete)
+        if own is not None:
+            return own
+        counter = flop_registry.get(func.overloadpacket)
+        return int(counter(*args, **kwargs, out_val=out)) if counter is not None else 0
     except Exception:  # noqa: BLE001 - a FLOP formula that does not fit must not break the user's cell
         return 0
 

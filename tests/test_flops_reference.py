@@ -331,3 +331,38 @@ def test_the_amp_audit_reads_a_list_of_plain_values_as_the_profiler_does():
     strings = ["" if isinstance(a, torch.Tensor) or a is args[1] else str(a) for a in args]
     profiled = op_flops("aten::_cudnn_rnn_backward", dims, concrete_inputs=strings)
     assert _flops_of(Backward, "aten::_cudnn_rnn_backward", args, {}, None) == profiled > 0
+
+
+def test_the_amp_audit_counts_a_grouped_convolution_as_the_profiler_does():
+    """A numbers audit: %%amp counted a depthwise convolution's backward with the registry's formula
+    (the weight gradient `groups` times over: 663,552 FLOPs) where %%profile_gpu counted 147,456 for
+    the same step. The audit now uses nbaccel's formula first, the same as the profiler's."""
+    from nbaccel.flops import OpAudit
+
+    torch.manual_seed(0)
+    dw, x = nn.Conv2d(8, 8, 3, groups=8, padding=1), torch.randn(2, 8, 16, 16)
+    with OpAudit() as audit:
+        dw(x).sum().backward()
+    one_conv = 2 * 2 * 8 * 16 * 16 * 1 * 3 * 3  # 2 * N * C_out * H * W * (C_in / groups) * k * k
+    assert audit.total_flops == 2 * one_conv  # the forward, and the weight gradient (x needs none)
+    assert audit.total_flops == profiled(forward_backward(dw, x))[0]
+
+
+def test_the_amp_audit_reads_a_heavy_ops_precision_from_its_inputs():
+    """A numbers audit: oneDNN's LSTM backward under bf16 autocast takes bf16 tensors and returns fp32
+    gradients (for the fp32 weights); read from its output, the audit called 2/3 of the step's FLOPs
+    fp32 ("only 33% of the FLOPs ran in bf16") where %%profile_gpu --amp bf16 said bf16."""
+    from nbaccel.flops import OpAudit, precision_summary
+
+    lstm, x = nn.LSTM(16, 24, batch_first=True), torch.randn(4, 10, 16)
+    with torch.autocast("cpu", torch.bfloat16), OpAudit() as audit:
+        out, _ = lstm(x)
+        out.float().sum().backward()
+    table = audit.table()
+    heavy = table[table["heavy"]]
+    assert set(heavy["op"]) >= {"aten::mkldnn_rnn_layer", "aten::mkldnn_rnn_layer_backward"}
+    assert set(heavy["dtype"]) == {"bf16"}
+    summary = precision_summary(table)
+    assert summary["reduced_flop_share"] == 1.0 and summary["heavy_fp32"] == []
+    # a cast is still filed under what it cast to
+    assert {"bf16", "fp32"} <= set(table[table["op"] == "aten::_to_copy"]["dtype"])
