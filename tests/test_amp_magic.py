@@ -652,9 +652,10 @@ def test_the_method_line_says_how_the_achieved_column_is_made(run_cell, ip):
     flops = 2 * 64 * 64 * 64  # one 64x64 @ 64x64 matmul: a multiply-add is 2 FLOPs
     assert res.baseline.flops == flops and res.baseline.flops_per_second == pytest.approx(flops / res.baseline.median)
     method = unfolded(captured.outputs[0].data["text/plain"].split("method: ")[1])
-    assert ("achieved: the FLOPs of the matmul, convolution and attention ops (torch.utils.flop_counter's formulas, "
-            "nbaccel's where it has none; a multiply-add is 2; elementwise ops and reductions are not counted) in "
-            "each variant's audited run, divided by that variant's median timed run") in method
+    assert ("achieved: the FLOPs of the matmul, convolution, attention and recurrent ops (the formulas %%profile_gpu "
+            "uses, torch.utils.flop_counter's where nbaccel has none; a multiply-add is 2; elementwise ops and "
+            "reductions are not counted) in each variant's audited run, divided by that variant's median timed "
+            "run") in method
     assert "achieved: the FLOPs" in captured.outputs[0].data["text/html"]
 
 

@@ -172,11 +172,12 @@ def _fp32_overridden(result) -> str:
             f"{' and '.join(result.fp32_overridden)} asks (back in place now)")
 
 
-# What the "achieved" column divides by what (flops.OpAudit counts with torch's FLOP registry, and
-# nbaccel's shape formulas for the ops it lacks).
-ACHIEVED_METHOD = ("achieved: the FLOPs of the matmul, convolution and attention ops (torch.utils.flop_counter's "
-                   "formulas, nbaccel's where it has none; a multiply-add is 2; elementwise ops and reductions are "
-                   "not counted) in each variant's audited run, divided by that variant's median timed run")
+# What the "achieved" column divides by what (flops.OpAudit counts with nbaccel's shape formulas, as
+# %%profile_gpu does, and torch's FLOP registry for the ops it has none for).
+ACHIEVED_METHOD = ("achieved: the FLOPs of the matmul, convolution, attention and recurrent ops (the formulas "
+                   "%%profile_gpu uses, torch.utils.flop_counter's where nbaccel has none; a multiply-add is 2; "
+                   "elementwise ops and reductions are not counted) in each variant's audited run, divided by that "
+                   "variant's median timed run")
 
 
 def _memory_runs(result) -> str:
