@@ -1708,3 +1708,45 @@ def test_a_gain_on_a_cpu_without_bf16_units_says_what_it_can_come_from():
                     "from faster math.")
     with_units = dataclasses.replace(result.device, cpu_features={"amx_bf16": True})
     assert "bf16 autocast is 3.00x faster here." in dataclasses.replace(result, device=with_units).advice
+
+
+def test_a_relu_that_flips_with_rounding_is_not_called_underflow():
+    """A numbers audit: 1,548 bf16 gradient entries "underflowed" (bf16 has fp32's range); they were 6
+    ReLU units whose input changed sign with rounding. Only entries under the dtype's smallest normal
+    number count as underflow; the others are reported as switched off."""
+    a = torch.nn.Parameter(torch.tensor([[1.0, -0.999]]))  # bf16 rounds -0.999 to -1.0: the unit's input is 0
+    head = torch.nn.Parameter(torch.tensor([[2.0]]))
+    x = torch.ones(2, 1)
+
+    def step():
+        a.grad = head.grad = None
+        hidden = torch.relu(torch.mm(a, x))  # fp32: 0.001 > 0; bf16: 0, so no gradient flows
+        loss = torch.mm(hidden, head).sum()
+        loss.backward()
+        return loss
+
+    res = nbaccel.compare_amp(step, dtype="bf16", device="cpu", repeat=3, warmup=0, state=[a, head])
+    g = res.gradients
+    assert g["underflow_elements"] == 0 and g["underflow_fraction"] == 0
+    assert g["switched_off_elements"] == 3  # a's two entries and head's one
+    text = str(res)
+    assert ("switched off: 3 entries of normal size in fp32 became 0 in bf16 (a ReLU, max or dropout whose input "
+            "flipped sign with rounding; not underflow)") in " ".join(text.split())
+    assert not any("GradScaler" in line for line in res.advice)
+
+
+def test_fp16_gradients_under_its_smallest_normal_number_are_underflow(cpu_with_bf16_and_fp16_units):
+    w = torch.nn.Parameter(torch.ones(4, 4))
+    x = torch.ones(4, 4)
+
+    def step():
+        w.grad = None
+        loss = torch.mm(x, w).sum() * 1e-9  # the gradient into the fp16 matmul is 1e-9: under fp16's 6e-8
+        loss.backward()
+        return loss
+
+    res = nbaccel.compare_amp(step, dtype="fp16", device="cpu", repeat=3, warmup=0, state=[w])
+    g = res.gradients
+    assert g["underflow_elements"] == 16 and g["underflow_fraction"] == 1.0 and g["switched_off_elements"] == 0
+    assert g["underflow_below"] == torch.finfo(torch.float16).tiny
+    assert any("(underflow): use torch.amp.GradScaler" in line for line in res.advice)

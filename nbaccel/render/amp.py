@@ -206,7 +206,13 @@ def _gradient_lines(result) -> list[str]:
     if g["underflow_fraction"] is not None:
         n = g["underflow_elements"]
         lines.append(f"underflow: {n} {'entry' if n == 1 else 'entries'} nonzero in fp32 became 0 in {g['dtype']} "
-                     f"({g['underflow_fraction']:.3%})")
+                     f"({g['underflow_fraction']:.3%}); only values under {g['dtype']}'s smallest normal number "
+                     f"({g['underflow_below']:.2g}) count")
+    switched = g.get("switched_off_elements")
+    if switched:  # not underflow: said apart, so GradScaler is not taken for the cure
+        lines.append(f"switched off: {switched} {'entry' if switched == 1 else 'entries'} of normal size in fp32 "
+                     f"became 0 in {g['dtype']} (a ReLU, max or dropout whose input flipped sign with rounding; "
+                     "not underflow)")
     lines.append("GradScaler: " + ("used" if g["grad_scaler"] else "not used")
                  + (" -- it skipped this step (inf/NaN found)" if g.get("scaler_skipped_step") else ""))
     return lines
