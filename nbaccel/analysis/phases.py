@@ -1,4 +1,5 @@
-"""Time that is not the cell's own math: torch.compile compiling, compiled regions, the DataLoader.
+"""Time that is not the cell's own math: torch.compile compiling, compiled regions, the DataLoader,
+the optimizer's step.
 
 Found by the names torch (2.13) gives its profiler events, recorded on the CPU and checked against
 the reference CUDA traces (tests/data/README.md, "phase traces"):
@@ -21,6 +22,10 @@ the reference CUDA traces (tests/data/README.md, "phase traces"):
   workers' start and shutdown in the first and last call); without workers the loading itself, the
   collate's ``aten::stack`` ops nested inside it.
 
+* **optimizer step**: ``Optimizer.step#<Class>.step`` is a ``user_annotation`` range too. On the CPU
+  torch.optim's default for-loop update is plain ops (``aten::lerp_``, ``aten::addcdiv_``...), whose
+  names do not say "optimizer" as fused and foreach kernels' do: the ops inside the range are the
+  optimizer's (but LBFGS's, whose step runs the closure's forward and backward).
 * **optimizer state**: ``torch.optim`` optimizers create their state lazily, in their first
   ``step()``, inside its ``Optimizer.step#<Class>.step`` range (a ``user_annotation``): Adam, AdamW,
   NAdam, RAdam, Adamax, RMSprop, Adadelta, Rprop, ASGD, Adafactor call ``aten::zeros_like`` /
@@ -49,6 +54,7 @@ from .sums import intervals_union
 COMPILING = "compiling"
 COMPILED = "compiled region"
 DATA_LOADING = "data loading"
+OPTIMIZER = "optimizer"  # the category kernels.op_category gives fused and foreach optimizer ops
 
 # The outer compile ranges and every dynamo_timed step (the steps are nested in the outer ones; the
 # outer ones alone would miss a step recorded without them, e.g. a recompile started elsewhere).
@@ -191,24 +197,33 @@ def inside_attention(categories: list, parent: list) -> list[bool]:
     return [p >= 0 and state[p] for p in parent]
 
 
+def optimizer_step_ranges(ann: dict) -> dict[tuple, list[tuple[float, float]]]:
+    """Host ``Optimizer.step#<Class>.step`` ranges per (pid, tid), sorted by start; LBFGS's left out
+    (its step runs the closure: the model's forward and backward are not optimizer work)."""
+    def is_step(name) -> bool:
+        m = _OPTIMIZER_STEP.match(str(name or ""))
+        return bool(m) and m.group(1) != "LBFGS"
+
+    return {k: [r[:2] for r in v] for k, v in _host_ranges(ann, is_step).items()}
+
+
 def op_phases(cols: dict, ann: dict) -> list[str | None]:
     """Each op's phase: COMPILING (in a compile range), DATA_LOADING (in a DataLoader range on its
-    thread), "attention" (inside an attention op: its math), else None. Compiling wins: a DataLoader
-    never runs inside a compile."""
+    thread), OPTIMIZER (in an ``Optimizer.step`` range on its thread: on the CPU the optimizers'
+    for-loop update is plain ``aten::lerp_``/``addcdiv_``/``sqrt`` ops, a numbers audit's AdamW step
+    spent 35-49 % of its time there, all filed under "elementwise"), "attention" (inside an attention
+    op: its math), else None. Compiling wins: a DataLoader never runs inside a compile."""
     flags = cols["compiling"] if "compiling" in cols else compile_flags(cols["name"], cols["parent"])
     attention = inside_attention(cols["category"], cols["parent"])
-    loaders = dataloader_ranges(ann)
-    starts = {k: [r[0] for r in v] for k, v in loaders.items()}
+    ranges = {DATA_LOADING: dataloader_ranges(ann), OPTIMIZER: optimizer_step_ranges(ann)}
+    starts = {phase: {k: [r[0] for r in v] for k, v in by_thread.items()} for phase, by_thread in ranges.items()}
     out: list[str | None] = []
     for i, f in enumerate(flags):
         key = (cols["pid"][i], cols["tid"][i])
-        if f:
-            out.append(COMPILING)
-        elif key in loaders and _inside(loaders[key], starts[key], cols["ts_us"][i],
-                                        cols["ts_us"][i] + cols["dur_us"][i]):
-            out.append(DATA_LOADING)
-        else:
-            out.append("attention" if attention[i] else None)
+        ts, end = cols["ts_us"][i], cols["ts_us"][i] + cols["dur_us"][i]
+        inside = next((phase for phase, by_thread in ranges.items()
+                       if key in by_thread and _inside(by_thread[key], starts[phase][key], ts, end)), None)
+        out.append(COMPILING if f else inside or ("attention" if attention[i] else None))
     return out
 
 
