@@ -45,6 +45,7 @@ from .precision import (FP32, Recipe, TorchGlobals, apply_recipe, autocast_in_ef
                         relaxed_fp32_settings)
 from .quiet import hiding_side_channels
 from .snapshot import Snapshot, SnapshotTooLarge, available_host_memory, estimate_bytes, refuse_uninitialized_lazy
+from .tensor_peak import CpuTensorPeak
 from .timing import Clock, Stats
 
 
@@ -251,6 +252,10 @@ def _safely(what: str, fn, *args):
         return None, f"nbaccel could not {what} ({type(exc).__name__}: {exc})"
 
 
+class _MeterStopped(Exception):
+    """The cell's own profiler stopped `CpuTensorPeak`'s (torch has one per process)."""
+
+
 class _Runner:
     """Runs the code under one recipe from the snapshot; the small engine behind compare_amp."""
 
@@ -287,13 +292,38 @@ class _Runner:
             return contextlib.nullcontext()
         return self.meter.span(self.names[id(recipe)])
 
-    def memory(self, recipe: Recipe, keep_value: bool = False) -> tuple[PeakMemory, object]:
-        """(the run's peak memory, a host copy of its value when ``keep_value``, else None)."""
+    def memory(self, recipe: Recipe, keep_value: bool = False, tensors: bool = False) -> tuple[PeakMemory, object]:
+        """(the run's peak memory, a host copy of its value when ``keep_value``, else None). ``tensors``:
+        torch's CPU allocator (`CpuTensorPeak`) instead of the process's memory; `_MeterStopped` when
+        the cell's own profiler stopped that meter."""
         __tracebackhide__ = True  # noqa: F841 - IPython hides nbaccel's frames from the user's traceback
         self.start(recipe)
-        with self.silence(), apply_recipe(recipe), PeakMeter(self.device) as meter:
+        meter = CpuTensorPeak() if tensors else PeakMeter(self.device)
+        with self.silence(), apply_recipe(recipe), meter:
             value = self.cell()
+        if meter.result is None:
+            raise _MeterStopped
         return meter.result, (_safely("copy the result to the host", to_host, value)[0] if keep_value else None)
+
+    def memory_series(self, order: list, base_recipe: Recipe, keep_fp32: bool) -> tuple[dict, object]:
+        """The memory runs, interleaved and alternating like the timed runs: ({id(recipe): [PeakMemory]},
+        a host copy of the first fp32 run's value when ``keep_fp32``). On the CPU torch's allocator is
+        measured; if the cell's own profiler stops that meter, or another profile records, the process's
+        memory is, for every run (the two do not compare)."""
+        tensors = self.device.type == "cpu" and CpuTensorPeak.available()
+        while True:
+            peaks, fp32_again = {id(r): [] for r in order}, None
+            try:
+                with meter_series(self.device):
+                    for i in range(memory_runs(self.device)):
+                        for recipe in (order if i % 2 == 0 else order[::-1]):
+                            first_fp32 = keep_fp32 and recipe is base_recipe and i == 0
+                            peak, value = self.memory(recipe, keep_value=first_fp32, tensors=tensors)
+                            peaks[id(recipe)].append(peak)
+                            fp32_again = value if first_fp32 else fp32_again
+                return peaks, fp32_again
+            except _MeterStopped:
+                tensors = False
 
     def audited(self, recipe: Recipe):
         __tracebackhide__ = True  # noqa: F841 - IPython hides nbaccel's frames from the user's traceback
@@ -424,14 +454,7 @@ def compare_amp(
             for recipe in (order if i % 2 == 0 else order[::-1]):
                 times[id(recipe)].times.append(runner.timed(recipe))
         compiled_while_timed = graphs_compiled() - graphs_before_timed
-        peaks, fp32_again = {id(r): [] for r in order}, None
-        with meter_series(dev):
-            for i in range(memory_runs(dev)):  # interleaved and alternating, like the timed runs
-                for recipe in (order if i % 2 == 0 else order[::-1]):
-                    first_fp32 = restore and recipe is base_recipe and i == 0
-                    peak, value = runner.memory(recipe, keep_value=first_fp32)
-                    peaks[id(recipe)].append(peak)
-                    fp32_again = value if first_fp32 else fp32_again
+        peaks, fp32_again = runner.memory_series(order, base_recipe, keep_fp32=restore)
         memory = {key: PeakMemory.median_of(runs) for key, runs in peaks.items()}
         audits = {id(r): runner.audited(r) for r in order}
         # The kept run: under the recipe, output shown, state left as one run leaves it.

@@ -149,19 +149,23 @@ class AmpResult(ResultMixin):
     @property
     def memory_comparable(self) -> bool:
         """Whether the fp32 peak is large enough (``MEMORY_NOISE_FLOOR``, 1 MiB) for the saving to
-        mean something: below it, the CPU's RSS-based figures are allocator noise."""
+        mean something: below it, figures are allocator noise (the CPU's RSS), or a few scalars and
+        casts where a share of them means little."""
         return (self.memory_saving is not None and self.baseline.memory.peak_bytes >= MEMORY_NOISE_FLOOR)
 
     @property
     def memory_firm(self) -> bool:
         """Whether the measurement backs a memory difference: the peaks are `memory_comparable`, and a
         re-run would not reorder them -- on CUDA, whose allocator counts repeat exactly from run to run,
-        always; on the CPU, whose peak RSS moves by a few MiB between runs, only when the ranges of the
+        always; for torch's CPU allocator (`PeakMemory.exact`), when every run of a variant counted the
+        same; else (the process's RSS, which moves by a few MiB between runs) only when the ranges of the
         variants' memory runs (`nbaccel.amp.CPU_MEMORY_RUNS` each) do not overlap."""
         if not self.memory_comparable:
             return False
         base, amp = self.baseline.memory.run_peaks, self.amp.memory.run_peaks
         if self.baseline.memory.device.startswith("cuda"):
+            return True
+        if self.baseline.memory.exact and self.amp.memory.exact and len(set(base)) == len(set(amp)) == 1:
             return True
         return min(len(base), len(amp)) > 1 and (max(base) < min(amp) or max(amp) < min(base))
 

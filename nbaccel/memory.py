@@ -42,6 +42,9 @@ class PeakMemory:
     reserved_bytes: int | None = None  # CUDA only
     # The peak of each run when ``peak_bytes`` is their median (`median_of`); empty: one run.
     runs: tuple[int, ...] = ()
+    # An allocator's count (CUDA's, torch's CPU allocator's: `nbaccel.tensor_peak`), which repeats run to
+    # run; not the process's RSS, which moves with where the heap put earlier blocks.
+    exact: bool = False
 
     @property
     def run_peaks(self) -> list[int]:
@@ -56,11 +59,11 @@ class PeakMemory:
             return results[0]
         middle = sorted(results, key=lambda r: r.peak_bytes)[(len(results) - 1) // 2]
         return cls(middle.device, middle.peak_bytes, middle.method, middle.reserved_bytes,
-                   tuple(r.peak_bytes for r in results))
+                   tuple(r.peak_bytes for r in results), all(r.exact for r in results))
 
     def to_dict(self) -> dict:
         return {"device": self.device, "peak_bytes": self.peak_bytes, "reserved_bytes": self.reserved_bytes,
-                "method": self.method, "runs_bytes": self.run_peaks}
+                "method": self.method, "runs_bytes": self.run_peaks, "exact": self.exact}
 
 
 def _status_kibs(*fields: str) -> dict[str, int]:
@@ -240,6 +243,7 @@ class PeakMeter:
                 peak_bytes=max(after.peak_allocated, self._folded[0]) - base.allocated,
                 reserved_bytes=max(after.peak_reserved, self._folded[1]) - base.reserved,
                 method="torch.cuda.max_memory_allocated after reset_peak_memory_stats (minus allocated before)",
+                exact=True,
             )
 
     @contextlib.contextmanager

@@ -576,7 +576,9 @@ def scripted_peaks(monkeypatch):
     script = {"fp32": [], "bf16": [], "order": []}
 
     class ScriptedMeter:
-        def __init__(self, device, collect=True):
+        available = staticmethod(lambda: True)
+
+        def __init__(self, device=None, collect=True):
             self.result = None
 
         def __enter__(self):
@@ -588,7 +590,8 @@ def scripted_peaks(monkeypatch):
             self.result = PeakMemory("cpu", int(script[self.name].pop(0) * MiB), "scripted peak")
             return False
 
-    monkeypatch.setattr(amp_module, "PeakMeter", ScriptedMeter)
+    monkeypatch.setattr(amp_module, "PeakMeter", ScriptedMeter)  # the process's memory
+    monkeypatch.setattr(amp_module, "CpuTensorPeak", ScriptedMeter)  # torch's CPU allocator
     return script
 
 
