@@ -1,6 +1,7 @@
 """Tables behind ``%%profile_gpu``, built from a parsed trace (`nbaccel.analysis.TraceData`).
 
-Pure pandas + the analysis package: no torch, no IPython. Everything here is tested on CPU with
+numpy, pandas (where a DataFrame is built), the analysis package and `nbaccel.flops.pad_to_multiple`
+(so torch is imported, through `nbaccel.flops`); no IPython. Everything here is tested on CPU with
 synthetic event lists and on the reference GPU traces, so the CUDA path of a live profile runs
 through exactly the code the tests exercise. Each table exists twice, as a DataFrame (the API's
 ``result.ops``, ``table()``) and as plain rows (what a display shows, without pandas' fixed cost);

@@ -1,8 +1,9 @@
 """GPU-trace analysis core: kernel classification, peaks, FLOPs from shapes, trace metrics.
 
-Pure Python over column lists, no torch import (pandas only where a DataFrame is asked for), so
-traces recorded elsewhere can be analysed on any machine; the live ``%%profile_gpu`` uses the same
-code on the trace it just exported.
+Python and numpy over column lists (pandas only where a DataFrame is asked for); these modules
+import no torch, though importing them as ``nbaccel.analysis`` runs ``nbaccel/__init__.py``, which
+does. Traces recorded elsewhere are analysed on any machine, no GPU needed; the live
+``%%profile_gpu`` uses the same code on the trace it just exported.
 """
 from .kernels import CATEGORIES, kernel_category, op_category, uses_tensor_cores
 from .metrics import (
