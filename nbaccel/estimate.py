@@ -180,7 +180,61 @@ def _largest_leaf_bytes(model: torch.nn.Module) -> int:
 
 # --- measured activations --------------------------------------------------------------------------
 
-def _example_batch(model: torch.nn.Module, example, batch: int, device: torch.device):
+def _first_layer(model: torch.nn.Module) -> tuple[str, torch.nn.Module]:
+    """(qualified name, module) of the model's first layer: the first module without submodules that holds
+    parameters (a model's own parameter, a class token, is not a layer: a trial was told its first layer was
+    the model itself). MultiheadAttention holds its in-projection itself: the first module with parameters of
+    its own. ("", model) for a model that is one layer."""
+    return next(((n, m) for n, m in model.named_modules()
+                 if next(m.parameters(recurse=False), None) is not None
+                 and (m is not model or next(m.children(), None) is None)), ("", model))
+
+
+def _layer_path(model: torch.nn.Module, name: str, qualified: str) -> str:
+    """The layer as the user reaches it in Python: ``model[0]``, ``model.layers[0].self_attn``. The
+    qualified name alone ("0", "here it is 0 (Conv2d)") read as a count, not as the Sequential's first child."""
+    expr, module = name, model
+    for part in qualified.split(".") if qualified else ():
+        if isinstance(module, (torch.nn.Sequential, torch.nn.ModuleList)) and part.isdigit():
+            expr += f"[{part}]"
+        elif part.isidentifier():
+            expr += f".{part}"
+        else:  # a ModuleDict key such as "conv-1"
+            return f"{name}.get_submodule({qualified!r})"
+        module = module._modules[part]
+    return expr
+
+
+def _layer_words(model: torch.nn.Module, name: str) -> tuple[str, str, torch.nn.Module]:
+    """("its first layer, model[0] (a Conv2d),", "model[0]", the layer), or ("model itself (a Conv2d)",
+    "model", model) for a model that is one layer."""
+    qualified, layer = _first_layer(model)
+    kind = type(layer).__name__
+    what = f"({'an' if kind[0] in 'AEIOU' else 'a'} {kind})"
+    if not qualified:
+        return f"{name} itself {what}", name, layer
+    path = _layer_path(model, name, qualified)
+    return f"its first layer, {path} {what},", path, layer
+
+
+def _layer_input(layer: torch.nn.Module) -> str | None:
+    """The input shape ``layer`` takes, in words ("(batch, 3, height, width)"), where nbaccel knows it."""
+    if isinstance(layer, torch.nn.Linear):
+        return f"(batch, ..., {layer.in_features})"
+    if isinstance(layer, torch.nn.modules.conv._ConvNd):
+        dims = {1: "length", 2: "height, width", 3: "depth, height, width"}.get(len(layer.kernel_size))
+        return f"(batch, {layer.in_channels}, {dims})" if dims else None
+    if isinstance(layer, (torch.nn.Embedding, torch.nn.EmbeddingBag)):
+        return f"(batch, sequence) of integer token ids below {layer.num_embeddings}"
+    return None
+
+
+def _pass_example() -> str:
+    """How to pass an example batch: ``--input x`` under the magic, ``example=x`` from Python."""
+    return "--input x" if _example_option().startswith("--") else "example=x"
+
+
+def _example_batch(model: torch.nn.Module, example, batch: int, device: torch.device, name: str = "model"):
     """Inputs for a batch of ``batch`` rows: rows of ``example`` repeated, or random for a Linear-first model."""
     if example is not None:
         tensors = example if isinstance(example, (tuple, list)) else (example,)
@@ -192,18 +246,14 @@ def _example_batch(model: torch.nn.Module, example, batch: int, device: torch.de
             rows = torch.arange(batch, device=t.device) % t.shape[0]
             out.append(t[rows].to(device))
         return tuple(out)
-    # The first layer: the first module without submodules that holds parameters (a model's own
-    # parameter, a class token, is not a layer: a trial was told its first layer was the model itself).
-    # (MultiheadAttention holds its in-projection itself: the first module with parameters of its own.)
-    name, first = next(((n, m) for n, m in model.named_modules()
-                        if next(m.parameters(recurse=False), None) is not None
-                        and (m is not model or next(m.children(), None) is None)), ("", model))
+    first = _first_layer(model)[1]
     if isinstance(first, torch.nn.Linear):
         return (torch.randn(batch, first.in_features, device=device, dtype=first.weight.dtype),)
-    layer = f"{name} ({type(first).__name__})" if name else type(first).__name__
-    raise EstimateError(f"cannot make an input for this model: nbaccel makes one only when the first layer is an "
-                        f"nn.Linear, and here it is {layer}; pass an example batch ({_example_option()} x) whose first "
-                        "dimension is the batch")
+    words, path, layer = _layer_words(model, name)
+    takes = _layer_input(layer)
+    raise EstimateError(f"cannot make an input for {name}: nbaccel makes one only when the first layer is an "
+                        f"nn.Linear, and {words} is not; pass an example batch ({_pass_example()}) whose first "
+                        "dimension is the batch" + (f" ({path} takes {takes})" if takes else ""))
 
 
 def _default_loss(output) -> torch.Tensor:
@@ -264,7 +314,7 @@ def _autocast(device: torch.device, dtype):
     return torch.autocast(device.type, dtype=dtype)
 
 
-def _probe(model, optimizer, example, batches, device, amp_dtype, loss_fn) -> dict:
+def _probe(model, optimizer, example, batches, device, amp_dtype, loss_fn, name: str = "model") -> dict:
     """Dry runs of a training step on a copy of the model: activations per batch, step temporaries."""
     replica = copy.deepcopy(model).to(device)
     replica.train()
@@ -273,7 +323,7 @@ def _probe(model, optimizer, example, batches, device, amp_dtype, loss_fn) -> di
     opt = make_optimizer(optimizer, [p for p in replica.parameters() if p.requires_grad])
 
     def forward_backward(b, meter=None):
-        inputs = _example_batch(replica, example, b, device)
+        inputs = _example_batch(replica, example, b, device, name)
         with _autocast(device, amp_dtype):
             loss = loss_fn(replica(*inputs))
         # The forward's peak, and what it leaves alive for the backward: the activations (tensors saved
@@ -657,7 +707,7 @@ def _dry_run(model, optimizer, example, batches, device, amp_dtype, loss_fn, nam
     """`_probe`, with a failure of the model on the probe input said as such: the user's error (e.g. a
     shape mismatch) shows the probe batch, not the batch they asked for, which is confusing alone."""
     try:
-        return _probe(model, optimizer, example, batches, device, amp_dtype, loss_fn)
+        return _probe(model, optimizer, example, batches, device, amp_dtype, loss_fn, name)
     except (RuntimeError, ValueError, TypeError, IndexError, KeyError, AssertionError) as exc:
         from .oom import is_oom
 

@@ -496,7 +496,7 @@ def test_a_strategy_is_read_in_any_case_and_a_missing_input_is_asked_for_as_the_
     est = estimate_memory(_mlp(), batch=8, device="cpu")
     assert est.per_gpu("fp32", "DDP", 2) == est.per_gpu("fp32", "ddp", 2)  # "data parallel (DDP)" in the display
     conv = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.Flatten())
-    with pytest.raises(Exception, match=r"pass an example batch \(example x\)"):
+    with pytest.raises(Exception, match=r"pass an example batch \(example=x\)"):
         estimate_memory(conv, batch=8, device="cpu")
     ip.user_ns["conv"] = conv
     with pytest.raises(UsageError, match=r"pass an example batch \(--input x\)"):
@@ -517,16 +517,36 @@ def test_a_missing_input_names_the_first_layer_not_the_model():
         def forward(self, tokens):
             return self.head(self.emb(tokens).mean(1))
 
-    with pytest.raises(Exception, match=r"the first layer is an nn\.Linear, and here it is emb \(Embedding\); pass an "
-                                        r"example batch \(example x\)"):
+    with pytest.raises(Exception, match=r"the first layer is an nn\.Linear, and its first layer, model\.emb \(an "
+                                        r"Embedding\), is not; pass an example batch \(example=x\)"):
         estimate_memory(Classifier(), batch=8, device="cpu")
     est = estimate_memory(Classifier(), batch=8, device="cpu", example=torch.randint(0, 100, (2, 12)))
     assert est.n_params == 16 + 100 * 16 + 16 * 4 + 4
+
+
+def test_a_missing_input_names_the_first_layer_as_python_reaches_it():
+    """A newcomer: "and here it is 0 (Conv2d)" read as a count; the 0 was the Sequential's first child.
+    The layer is named as the user reaches it in Python, with the input it takes."""
+    from nbaccel.estimate import EstimateError
+
+    with pytest.raises(EstimateError) as info:
+        estimate_memory(torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3)), batch=8, device="cpu")
+    assert str(info.value) == (
+        "cannot make an input for model: nbaccel makes one only when the first layer is an nn.Linear, and its first "
+        "layer, model[0] (a Conv2d), is not; pass an example batch (example=x) whose first dimension is the batch "
+        "(model[0] takes (batch, 3, height, width))")
+    with pytest.raises(EstimateError, match=r"and net itself \(a Conv1d\) is not; .* \(net takes \(batch, 3, length\)\)$"):
+        estimate_memory(torch.nn.Conv1d(3, 4, 3), batch=8, device="cpu", name="net")
+    odd = torch.nn.Sequential(torch.nn.ModuleDict({"tok-emb": torch.nn.Embedding(10, 4)}))
+    with pytest.raises(EstimateError, match=r"its first layer, model\.get_submodule\('0\.tok-emb'\) \(an Embedding\), "
+                                            r"is not;.*takes \(batch, sequence\) of integer token ids below 10\)$"):
+        estimate_memory(odd, batch=8, device="cpu")
 
 
 def test_a_transformer_without_an_example_is_asked_for_one():
     """A review: the first childless layer with parameters of a TransformerEncoder is out_proj, a Linear,
     and a (batch, 64) input was read as one sequence of `batch` tokens."""
     enc = torch.nn.TransformerEncoder(torch.nn.TransformerEncoderLayer(64, 4, batch_first=True), 2)
-    with pytest.raises(Exception, match=r"here it is layers\.0\.self_attn \(MultiheadAttention\); pass an example"):
+    with pytest.raises(Exception, match=r"its first layer, model\.layers\[0\]\.self_attn \(a MultiheadAttention\), is "
+                                        r"not; pass an example"):
         estimate_memory(enc, batch=8, device="cpu")
