@@ -703,9 +703,22 @@ def _example_option() -> str:
     return "--input" if option("example").startswith("--") else "example"
 
 
+def _layer_misfit(layer: torch.nn.Module, t: torch.Tensor) -> bool:
+    """Whether tensor ``t`` cannot be ``layer``'s batched input, for the layers `_layer_input` describes
+    (False where nbaccel does not know what the layer takes)."""
+    if isinstance(layer, torch.nn.Linear):
+        return t.dim() < 2 or t.shape[-1] != layer.in_features
+    if isinstance(layer, torch.nn.modules.conv._ConvNd):
+        return t.dim() != len(layer.kernel_size) + 2 or t.shape[1] != layer.in_channels
+    if isinstance(layer, (torch.nn.Embedding, torch.nn.EmbeddingBag)):
+        return t.is_floating_point() or t.is_complex()
+    return False
+
+
 def _dry_run(model, optimizer, example, batches, device, amp_dtype, loss_fn, name):
     """`_probe`, with a failure of the model on the probe input said as such: the user's error (e.g. a
-    shape mismatch) shows the probe batch, not the batch they asked for, which is confusing alone."""
+    shape mismatch) shows the probe batch, not the batch they asked for, which is confusing alone.
+    An `EstimateError` (docs/api.md: the estimate could not use the model's input), chained from the model's."""
     try:
         return _probe(model, optimizer, example, batches, device, amp_dtype, loss_fn, name)
     except (RuntimeError, ValueError, TypeError, IndexError, KeyError, AssertionError) as exc:
@@ -713,18 +726,23 @@ def _dry_run(model, optimizer, example, batches, device, amp_dtype, loss_fn, nam
 
         if is_oom(exc) or isinstance(exc, EstimateError):
             raise
+        words, path, first = _layer_words(model, name)
+        misfit = ""
         if example is None:
-            first = next((m for m in model.modules() if list(m.parameters(recurse=False))), None)
-            width = getattr(first, "in_features", "?")
-            feed = f"a random input of shape ({batches[0]}, {width}) made for its first layer (nn.Linear)"
+            # getattr: a failure before the input was made (the model's deepcopy) has no Linear behind it
+            feed = (f"a random input of shape ({batches[0]}, {getattr(first, 'in_features', '?')}) made for its "
+                    f"first layer ({path}, an nn.Linear)")
         else:
             tensors = example if isinstance(example, (tuple, list)) else (example,)
             shapes = ", ".join(str(tuple(t.shape)) for t in tensors)
             how = "cut" if all(t.dim() and t.shape[0] >= batches[0] for t in tensors) else "repeated"
             feed = f"the example (shape {shapes}) {how} to the probe batch of {batches[0]} rows"
+            takes = _layer_input(first)
+            if takes and _layer_misfit(first, tensors[0]):
+                misfit = f"the example has shape {tuple(tensors[0].shape)} and {words} takes {takes}\n"
         precision = "fp32" if amp_dtype is None else f"autocast {DTYPE_NAMES.get(amp_dtype, amp_dtype)}"
-        raise ValueError(
-            f"the dry run of {name} on {feed} failed ({precision}): {type(exc).__name__}: {exc}\n"
+        raise EstimateError(
+            f"the dry run of {name} on {feed} failed ({precision}): {type(exc).__name__}: {exc}\n{misfit}"
             + (f"pass --input a batch that {name} accepts (first dimension = batch)" if in_magic()
                else f"pass example= a batch that {name} accepts (first dimension = batch), and loss_fn= if its "
                     "output needs one")) from exc

@@ -357,11 +357,27 @@ def test_an_optimizer_object_is_rebuilt_for_the_dry_run(make):
 
 def test_a_model_that_fails_on_the_example_says_the_dry_run_failed():
     # Was: "mat1 and mat2 shapes cannot be multiplied (4x3 and 64x128)": 4 is the probe batch, not the user's.
-    with pytest.raises(ValueError, match=r"^the dry run of model on the example \(shape \(32, 3\)\) cut to the probe "
-                                         r"batch of 4 rows failed \(fp32\): RuntimeError: mat1 and mat2 shapes cannot "
-                                         r"be multiplied.*\npass example= a batch that model accepts") as info:
+    # Then a plain ValueError, where docs/api.md promises EstimateError for an input the estimate cannot use.
+    from nbaccel.estimate import EstimateError
+
+    with pytest.raises(EstimateError, match=r"^the dry run of model on the example \(shape \(32, 3\)\) cut to the probe "
+                                            r"batch of 4 rows failed \(fp32\): RuntimeError: mat1 and mat2 shapes "
+                                            r"cannot be multiplied.*\nthe example has shape \(32, 3\) and its first "
+                                            r"layer, model\[0\] \(a Linear\), takes \(batch, \.\.\., 64\)\n"
+                                            r"pass example= a batch that model accepts") as info:
         estimate_memory(_mlp(), example=torch.randn(32, 3), device="cpu")
     assert isinstance(info.value.__cause__, RuntimeError)  # the original error is kept
+    conv = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.Flatten())
+    with pytest.raises(EstimateError, match=r"\nthe example has shape \(8, 3, 16\) and its first layer, model\[0\] "
+                                            r"\(a Conv2d\), takes \(batch, 3, height, width\)\n"):
+        estimate_memory(conv, batch=8, example=torch.randn(8, 3, 16), device="cpu")
+    # The example fits the first layer and a later one rejects it: no word on the first layer.
+    two = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Linear(5, 2))
+    with pytest.raises(EstimateError, match=r"failed \(fp32\): RuntimeError: [^\n]*\npass example="):
+        estimate_memory(two, batch=8, example=torch.randn(8, 4), device="cpu")
+    with pytest.raises(EstimateError, match=r"on a random input of shape \(2, 4\) made for its first layer "
+                                            r"\(model\[0\], an nn\.Linear\) failed"):
+        estimate_memory(two, batch=8, device="cpu")
 
 
 @pytest.mark.parametrize("kwargs, error, message", [
