@@ -56,6 +56,22 @@ if TYPE_CHECKING:
 GPU_COUNTS = (1, 2, 4, 8, 16, 32, 64)
 STRATEGIES = ("ddp", "zero1", "zero2", "zero3")
 STRATEGY_NAMES = {"ddp": "data parallel (DDP)", "zero1": "ZeRO-1", "zero2": "ZeRO-2", "zero3": "ZeRO-3 / FSDP"}
+# Every name the display prints, and their parts, read as the keys (in any case, spaces, '-' and '_' dropped):
+# `per_gpu("bf16", "ZeRO-1", 2)`, copied from the table, was refused as "'zero-1' is not one of ...".
+_STRATEGY_ALIASES = {"ddp": "ddp", "dataparallel": "ddp", "dataparallel(ddp)": "ddp", "zero1": "zero1",
+                     "zero2": "zero2", "zero3": "zero3", "fsdp": "zero3", "zero3/fsdp": "zero3"}
+
+
+def strategy_key(strategy) -> str:
+    """The key of `STRATEGIES` that ``strategy`` names: a key, or a name the display prints ("ZeRO-1",
+    "ZeRO-3 / FSDP", "FSDP", "data parallel (DDP)"), in any case."""
+    key = _STRATEGY_ALIASES.get("".join(strategy.lower().replace("-", "").replace("_", "").split())
+                                if isinstance(strategy, str) else None)
+    if key is None:
+        raise ValueError(f"strategy {strategy!r} is not one of {', '.join(map(repr, STRATEGIES))} (also read: "
+                         "'DDP', 'data parallel (DDP)', 'ZeRO-1', 'ZeRO-2', 'ZeRO-3', 'ZeRO-3 / FSDP', 'FSDP', in any "
+                         "case)")
+    return key
 
 
 class LiveBytes(TorchDispatchMode):
@@ -514,9 +530,7 @@ class MemoryEstimate(ResultMixin):
         Sharded gradients (ZeRO-2/3) shrink the last two phases, not the forward, which has none.
         """
         precision = self.precision_key(precision)
-        strategy = strategy.lower() if isinstance(strategy, str) else strategy  # "DDP", as the display names it
-        if strategy not in STRATEGIES:
-            raise ValueError(f"strategy {strategy!r} is not one of {', '.join(map(repr, STRATEGIES))}")
+        strategy = strategy_key(strategy)
         if n > self.batch:
             raise ValueError(f"a global batch of {self.batch} cannot be split over {n} GPUs (each needs at least one "
                              f"sample): use at most {self.batch} GPUs, or a larger batch")

@@ -502,8 +502,25 @@ def test_a_precision_is_named_by_its_dtype_too():
     assert est.single("fp32")["precision"] == "fp32"
     with pytest.raises(ValueError, match=r"precision 'fp16' is not one of this estimate's: 'fp32', 'bf16 AMP'"):
         est.single("fp16")
-    with pytest.raises(ValueError, match=r"strategy 'fsdp' is not one of 'ddp', 'zero1', 'zero2', 'zero3'"):
-        est.per_gpu("fp32", "fsdp", 2)
+    with pytest.raises(ValueError, match=r"^strategy 'tensor parallel' is not one of 'ddp', 'zero1', 'zero2', 'zero3' "
+                                         r"\(also read: 'DDP', 'data parallel \(DDP\)', 'ZeRO-1', 'ZeRO-2', 'ZeRO-3', "
+                                         r"'ZeRO-3 / FSDP', 'FSDP', in any case\)$"):
+        est.per_gpu("fp32", "tensor parallel", 2)
+
+
+def test_a_strategy_is_read_as_the_display_prints_it():
+    """A newcomer copied "ZeRO-1" from the table into `per_gpu` and was told "'zero-1' is not one of 'ddp',
+    'zero1', ...". Every name the display prints (and FSDP, which it prints beside ZeRO-3) is read."""
+    from nbaccel.estimate import STRATEGY_NAMES
+
+    est = estimate_memory(_mlp(), batch=8, device="cpu")
+    names = {"ddp": ["DDP", "data parallel (DDP)", "Data Parallel"], "zero1": ["ZeRO-1", "zero_1", "ZERO 1"],
+             "zero2": ["ZeRO-2"], "zero3": ["ZeRO-3", "ZeRO-3 / FSDP", "FSDP", "fsdp"]}
+    for key, shown in STRATEGY_NAMES.items():
+        assert shown in names[key]  # the display's own name is among those checked
+        for name in names[key]:
+            assert est.per_gpu("bf16", name, 2) == est.per_gpu("bf16", key, 2), name
+    assert est.per_gpu("fp32", "ZeRO-3 / FSDP", 2)["strategy"] == "zero3"
 
 
 def test_a_strategy_is_read_in_any_case_and_a_missing_input_is_asked_for_as_the_caller_writes_it(ip):
