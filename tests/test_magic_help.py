@@ -98,7 +98,12 @@ def test_nbaccel_env_help_does_not_store_a_result(run_cell, ip):
     ("%%amp", "--steps 3", "(%%amp has no --steps: --repeat N times N runs per variant, after --warmup W untimed "
                            "rounds)"),
     ("%%amp", "--amp bf16", "(%%amp has no --amp: --dtype bf16, fp16, auto or tf32 picks the recipe)"),
-    ("%%amp", "--top 5", "(%%amp has no --top: it times whole runs and lists no operators; %%profile_gpu --top N"),
+    # %%amp does list operators (res.amp.ops): it once said it "lists no operators"
+    ("%%amp", "--top 5", "(%%amp has no --top: --top N is %%profile_gpu's, for its table of the slowest operators "
+                         "(with --amp bf16 under the recipe); %%amp lists every operator it audited, with its dtype "
+                         "and calls, in res.amp.ops (after -r res)); see %%amp --help"),
+    ("%%amp", "--sort time", "(%%amp has no --sort: --sort is %%profile_gpu's, for its table of the slowest operators "
+                             "(with --amp bf16 under the recipe); %%amp lists every operator it audited"),
     ("%%amp", "-n 3", "(%%amp has no -n, which is %timeit's: --repeat N times N runs per variant"),
     ("%%amp", "-n3", "(%%amp has no -n, which is %timeit's: --repeat N"),
     # -r is --result here, not %timeit's repeat count: a number after it means the count
