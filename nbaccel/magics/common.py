@@ -512,7 +512,7 @@ def refuse_repeated_values(parser: argparse.ArgumentParser, tokens: list[str]) -
 # them: said instead of the closest spelling, which misled ("%%profile_gpu --repeat 3": "did you mean
 # --result?"; "--dtype bf16": "did you mean --top?"; user trials). Consulted by every parse_line.
 _STEPS = "--steps N profiles N runs of the cell, after --warmup W unrecorded ones"
-_REPEAT = "--repeat N times N runs per variant, after --warmup W untimed rounds"
+_REPEAT = "--repeat N (N timed runs per variant, after --warmup W untimed rounds)"
 # %%amp does list operators (its "ran in reduced precision" line, the widget's Operators tab): "lists no
 # operators" sent a newcomer away from res.amp.ops.
 _PROFILE_ONLY = ("%%profile_gpu's, for its table of the slowest operators (with --amp bf16 under the recipe); %%amp "
