@@ -56,6 +56,22 @@ if TYPE_CHECKING:
 GPU_COUNTS = (1, 2, 4, 8, 16, 32, 64)
 STRATEGIES = ("ddp", "zero1", "zero2", "zero3")
 STRATEGY_NAMES = {"ddp": "data parallel (DDP)", "zero1": "ZeRO-1", "zero2": "ZeRO-2", "zero3": "ZeRO-3 / FSDP"}
+# Every name the display prints, and their parts, read as the keys (in any case, spaces, '-' and '_' dropped):
+# `per_gpu("bf16", "ZeRO-1", 2)`, copied from the table, was refused as "'zero-1' is not one of ...".
+_STRATEGY_ALIASES = {"ddp": "ddp", "dataparallel": "ddp", "dataparallel(ddp)": "ddp", "zero1": "zero1",
+                     "zero2": "zero2", "zero3": "zero3", "fsdp": "zero3", "zero3/fsdp": "zero3"}
+
+
+def strategy_key(strategy) -> str:
+    """The key of `STRATEGIES` that ``strategy`` names: a key, or a name the display prints ("ZeRO-1",
+    "ZeRO-3 / FSDP", "FSDP", "data parallel (DDP)"), in any case."""
+    key = _STRATEGY_ALIASES.get("".join(strategy.lower().replace("-", "").replace("_", "").split())
+                                if isinstance(strategy, str) else None)
+    if key is None:
+        raise ValueError(f"strategy {strategy!r} is not one of {', '.join(map(repr, STRATEGIES))} (also read: "
+                         "'DDP', 'data parallel (DDP)', 'ZeRO-1', 'ZeRO-2', 'ZeRO-3', 'ZeRO-3 / FSDP', 'FSDP', in any "
+                         "case)")
+    return key
 
 
 class LiveBytes(TorchDispatchMode):
@@ -180,7 +196,61 @@ def _largest_leaf_bytes(model: torch.nn.Module) -> int:
 
 # --- measured activations --------------------------------------------------------------------------
 
-def _example_batch(model: torch.nn.Module, example, batch: int, device: torch.device):
+def _first_layer(model: torch.nn.Module) -> tuple[str, torch.nn.Module]:
+    """(qualified name, module) of the model's first layer: the first module without submodules that holds
+    parameters (a model's own parameter, a class token, is not a layer: a trial was told its first layer was
+    the model itself). MultiheadAttention holds its in-projection itself: the first module with parameters of
+    its own. ("", model) for a model that is one layer."""
+    return next(((n, m) for n, m in model.named_modules()
+                 if next(m.parameters(recurse=False), None) is not None
+                 and (m is not model or next(m.children(), None) is None)), ("", model))
+
+
+def _layer_path(model: torch.nn.Module, name: str, qualified: str) -> str:
+    """The layer as the user reaches it in Python: ``model[0]``, ``model.layers[0].self_attn``. The
+    qualified name alone ("0", "here it is 0 (Conv2d)") read as a count, not as the Sequential's first child."""
+    expr, module = name, model
+    for part in qualified.split(".") if qualified else ():
+        if isinstance(module, (torch.nn.Sequential, torch.nn.ModuleList)) and part.isdigit():
+            expr += f"[{part}]"
+        elif part.isidentifier():
+            expr += f".{part}"
+        else:  # a ModuleDict key such as "conv-1"
+            return f"{name}.get_submodule({qualified!r})"
+        module = module._modules[part]
+    return expr
+
+
+def _layer_words(model: torch.nn.Module, name: str) -> tuple[str, str, torch.nn.Module]:
+    """("its first layer, model[0] (a Conv2d),", "model[0]", the layer), or ("model itself (a Conv2d)",
+    "model", model) for a model that is one layer."""
+    qualified, layer = _first_layer(model)
+    kind = type(layer).__name__
+    what = f"({'an' if kind[0] in 'AEIOU' else 'a'} {kind})"
+    if not qualified:
+        return f"{name} itself {what}", name, layer
+    path = _layer_path(model, name, qualified)
+    return f"its first layer, {path} {what},", path, layer
+
+
+def _layer_input(layer: torch.nn.Module) -> str | None:
+    """The input shape ``layer`` takes, in words ("(batch, 3, height, width)"), where nbaccel knows it."""
+    if isinstance(layer, torch.nn.Linear):
+        return f"(batch, ..., {layer.in_features})"
+    if isinstance(layer, torch.nn.modules.conv._ConvNd):
+        dims = {1: "length", 2: "height, width", 3: "depth, height, width"}.get(len(layer.kernel_size))
+        return f"(batch, {layer.in_channels}, {dims})" if dims else None
+    if isinstance(layer, (torch.nn.Embedding, torch.nn.EmbeddingBag)):
+        return f"(batch, sequence) of integer token ids below {layer.num_embeddings}"
+    return None
+
+
+def _pass_example() -> str:
+    """How to pass an example batch: ``--input x`` under the magic, ``example=x`` from Python."""
+    return "--input x" if _example_option().startswith("--") else "example=x"
+
+
+def _example_batch(model: torch.nn.Module, example, batch: int, device: torch.device, name: str = "model"):
     """Inputs for a batch of ``batch`` rows: rows of ``example`` repeated, or random for a Linear-first model."""
     if example is not None:
         tensors = example if isinstance(example, (tuple, list)) else (example,)
@@ -192,18 +262,14 @@ def _example_batch(model: torch.nn.Module, example, batch: int, device: torch.de
             rows = torch.arange(batch, device=t.device) % t.shape[0]
             out.append(t[rows].to(device))
         return tuple(out)
-    # The first layer: the first module without submodules that holds parameters (a model's own
-    # parameter, a class token, is not a layer: a trial was told its first layer was the model itself).
-    # (MultiheadAttention holds its in-projection itself: the first module with parameters of its own.)
-    name, first = next(((n, m) for n, m in model.named_modules()
-                        if next(m.parameters(recurse=False), None) is not None
-                        and (m is not model or next(m.children(), None) is None)), ("", model))
+    first = _first_layer(model)[1]
     if isinstance(first, torch.nn.Linear):
         return (torch.randn(batch, first.in_features, device=device, dtype=first.weight.dtype),)
-    layer = f"{name} ({type(first).__name__})" if name else type(first).__name__
-    raise EstimateError(f"cannot make an input for this model: nbaccel makes one only when the first layer is an "
-                        f"nn.Linear, and here it is {layer}; pass an example batch ({_example_option()} x) whose first "
-                        "dimension is the batch")
+    words, path, layer = _layer_words(model, name)
+    takes = _layer_input(layer)
+    raise EstimateError(f"cannot make an input for {name}: nbaccel makes one only when the first layer is an "
+                        f"nn.Linear, and {words} is not; pass an example batch ({_pass_example()}) whose first "
+                        "dimension is the batch" + (f" ({path} takes {takes})" if takes else ""))
 
 
 def _default_loss(output) -> torch.Tensor:
@@ -264,7 +330,7 @@ def _autocast(device: torch.device, dtype):
     return torch.autocast(device.type, dtype=dtype)
 
 
-def _probe(model, optimizer, example, batches, device, amp_dtype, loss_fn) -> dict:
+def _probe(model, optimizer, example, batches, device, amp_dtype, loss_fn, name: str = "model") -> dict:
     """Dry runs of a training step on a copy of the model: activations per batch, step temporaries."""
     replica = copy.deepcopy(model).to(device)
     replica.train()
@@ -273,7 +339,7 @@ def _probe(model, optimizer, example, batches, device, amp_dtype, loss_fn) -> di
     opt = make_optimizer(optimizer, [p for p in replica.parameters() if p.requires_grad])
 
     def forward_backward(b, meter=None):
-        inputs = _example_batch(replica, example, b, device)
+        inputs = _example_batch(replica, example, b, device, name)
         with _autocast(device, amp_dtype):
             loss = loss_fn(replica(*inputs))
         # The forward's peak, and what it leaves alive for the backward: the activations (tensors saved
@@ -464,9 +530,7 @@ class MemoryEstimate(ResultMixin):
         Sharded gradients (ZeRO-2/3) shrink the last two phases, not the forward, which has none.
         """
         precision = self.precision_key(precision)
-        strategy = strategy.lower() if isinstance(strategy, str) else strategy  # "DDP", as the display names it
-        if strategy not in STRATEGIES:
-            raise ValueError(f"strategy {strategy!r} is not one of {', '.join(map(repr, STRATEGIES))}")
+        strategy = strategy_key(strategy)
         if n > self.batch:
             raise ValueError(f"a global batch of {self.batch} cannot be split over {n} GPUs (each needs at least one "
                              f"sample): use at most {self.batch} GPUs, or a larger batch")
@@ -653,28 +717,46 @@ def _example_option() -> str:
     return "--input" if option("example").startswith("--") else "example"
 
 
+def _layer_misfit(layer: torch.nn.Module, t: torch.Tensor) -> bool:
+    """Whether tensor ``t`` cannot be ``layer``'s batched input, for the layers `_layer_input` describes
+    (False where nbaccel does not know what the layer takes)."""
+    if isinstance(layer, torch.nn.Linear):
+        return t.dim() < 2 or t.shape[-1] != layer.in_features
+    if isinstance(layer, torch.nn.modules.conv._ConvNd):
+        return t.dim() != len(layer.kernel_size) + 2 or t.shape[1] != layer.in_channels
+    if isinstance(layer, (torch.nn.Embedding, torch.nn.EmbeddingBag)):
+        return t.is_floating_point() or t.is_complex()
+    return False
+
+
 def _dry_run(model, optimizer, example, batches, device, amp_dtype, loss_fn, name):
     """`_probe`, with a failure of the model on the probe input said as such: the user's error (e.g. a
-    shape mismatch) shows the probe batch, not the batch they asked for, which is confusing alone."""
+    shape mismatch) shows the probe batch, not the batch they asked for, which is confusing alone.
+    An `EstimateError` (docs/api.md: the estimate could not use the model's input), chained from the model's."""
     try:
-        return _probe(model, optimizer, example, batches, device, amp_dtype, loss_fn)
+        return _probe(model, optimizer, example, batches, device, amp_dtype, loss_fn, name)
     except (RuntimeError, ValueError, TypeError, IndexError, KeyError, AssertionError) as exc:
         from .oom import is_oom
 
         if is_oom(exc) or isinstance(exc, EstimateError):
             raise
+        words, path, first = _layer_words(model, name)
+        misfit = ""
         if example is None:
-            first = next((m for m in model.modules() if list(m.parameters(recurse=False))), None)
-            width = getattr(first, "in_features", "?")
-            feed = f"a random input of shape ({batches[0]}, {width}) made for its first layer (nn.Linear)"
+            # getattr: a failure before the input was made (the model's deepcopy) has no Linear behind it
+            feed = (f"a random input of shape ({batches[0]}, {getattr(first, 'in_features', '?')}) made for its "
+                    f"first layer ({path}, an nn.Linear)")
         else:
             tensors = example if isinstance(example, (tuple, list)) else (example,)
             shapes = ", ".join(str(tuple(t.shape)) for t in tensors)
             how = "cut" if all(t.dim() and t.shape[0] >= batches[0] for t in tensors) else "repeated"
             feed = f"the example (shape {shapes}) {how} to the probe batch of {batches[0]} rows"
+            takes = _layer_input(first)
+            if takes and _layer_misfit(first, tensors[0]):
+                misfit = f"the example has shape {tuple(tensors[0].shape)} and {words} takes {takes}\n"
         precision = "fp32" if amp_dtype is None else f"autocast {DTYPE_NAMES.get(amp_dtype, amp_dtype)}"
-        raise ValueError(
-            f"the dry run of {name} on {feed} failed ({precision}): {type(exc).__name__}: {exc}\n"
+        raise EstimateError(
+            f"the dry run of {name} on {feed} failed ({precision}): {type(exc).__name__}: {exc}\n{misfit}"
             + (f"pass --input a batch that {name} accepts (first dimension = batch)" if in_magic()
                else f"pass example= a batch that {name} accepts (first dimension = batch), and loss_fn= if its "
                     "output needs one")) from exc

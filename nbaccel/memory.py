@@ -312,12 +312,6 @@ def meter_series(device: torch.device):
         gc.unfreeze()
 
 
-def measure_peak(fn, device: torch.device) -> tuple[PeakMemory, object]:
-    with PeakMeter(device) as meter:
-        value = fn()
-    return meter.result, value
-
-
 # A single letter is a binary unit, as docker (--memory 6g) and systemd (MemoryMax=6G) read it; nbaccel's
 # own --enforce note tells users to write those. Kubernetes' Ki/Mi/Gi/Ti are binary too. No P/E letters:
 # "2e" reads as an unfinished exponent.
@@ -353,25 +347,9 @@ def byte_range(low: int, high: int) -> str:
     return f"{lo_number}-{hi}" if lo_unit == hi.partition(" ")[2] else f"{lo}-{hi}"
 
 
-def parse_bytes(text: str) -> int:
-    """``'6GiB'``, ``'6 GB'``, ``'512MiB'``, ``'6G'`` (= 6GiB), ``'1e9'`` -> bytes. Raises ValueError with the
-    accepted forms."""
-    import re
-
-    match = re.fullmatch(rf"\s*({NUMBER_PATTERN})\s*({UNIT_PATTERN})?\s*", str(text), flags=re.I)
-    if not match:
-        raise ValueError(f"cannot read {text!r} as a size; write e.g. 6GiB, 6GB, 512MiB or 1e9 (bytes)")
-    value = float(match.group(1)) * UNITS[(match.group(2) or "b").lower()]
-    if value <= 0:
-        raise ValueError(f"a size must be positive, got {text!r}")
-    if value > MAX_BYTES:  # also catches 1e309 -> inf, which int() cannot take
-        raise ValueError(f"{text!r} is larger than any machine's memory; write e.g. 6GiB")
-    if int(value) == 0:  # 0.5B
-        raise ValueError(f"{text!r} is less than one byte; write e.g. 6GiB")
-    return int(value)
-
-
-__all__ = ["PeakMemory", "PeakMeter", "meter_series", "measure_peak", "format_bytes", "byte_range", "parse_bytes", "current_rss"]
+# Sizes are read by `budget.parse_budget` alone (the tables above are its): a second reader here took "1e9" as
+# bytes where %memory_budget refuses it, and nothing in the package called it.
+__all__ = ["PeakMemory", "PeakMeter", "meter_series", "format_bytes", "byte_range", "current_rss"]
 
 
 # --- nbaccel's own runs inside a measured cell --------------------------------------------------

@@ -57,7 +57,7 @@ def _outside_allocator(text: str) -> bool:
 
 
 def _size(number: str, unit: str) -> int:
-    # a size read from an error message is what it is: no budget checks (parse_bytes refuses 0 and > 16 EiB)
+    # a size read from an error message is what it is: no budget checks (parse_budget refuses 0 and > 16 EiB)
     return int(float(number) * UNITS["b" if unit.lower() == "bytes" else unit.lower()])
 
 

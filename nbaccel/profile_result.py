@@ -349,10 +349,10 @@ class ProfileResult(ResultMixin):
 
     @functools.cached_property
     def streams(self) -> pd.DataFrame:
-        """Busy time per (device, stream): union of its kernels and copies, idle fraction of the window."""
+        """Busy time per (device, stream): union of its kernels and copies, idle fraction of the window.
+        No rows on the CPU, with its columns (it was a frame without columns there: ``streams[["stream",
+        "busy_us"]]`` failed on the CPU only)."""
         import pandas as pd
-        if not self.on_device:
-            return pd.DataFrame()
         return pd.DataFrame(self.stream_rows, columns=["device", "stream", "busy_us", "activity_us", "count",
                                                        "window_us", "idle_fraction"])
 
@@ -368,8 +368,11 @@ class ProfileResult(ResultMixin):
 
     @functools.cached_property
     def fp32_misses(self) -> pd.DataFrame:
+        """`profile_table.fp32_tensor_core_misses`; on the CPU no rows, with its columns, as a GPU profile
+        without misses (it had no columns there: ``fp32_misses[["name", "share"]]`` failed on the CPU only)."""
         import pandas as pd
-        return pt.fp32_tensor_core_misses(self.op_columns) if self.on_device else pd.DataFrame()
+        return pt.fp32_tensor_core_misses(self.op_columns) if self.on_device else pd.DataFrame(
+            columns=pt.FP32_MISS_COLUMNS)
 
     @functools.cached_property
     def fp32_miss_rows(self) -> list[tuple[str, str, int, float, float]]:

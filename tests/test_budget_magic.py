@@ -750,8 +750,11 @@ def test_estimate_magic_with_an_adamw_object_and_a_bad_input(ip, run_cell):
     est = ip.user_ns["est"]
     assert est.optimizer == "adamw" and est.budget_bytes == 4 * 2**30
     with pytest.raises(UsageError, match=r"^the dry run of model on the example \(shape \(32, 3\)\) cut to the probe "
-                                         r"batch of 4 rows failed.*\npass --input a batch that model accepts"):
+                                         r"batch of 4 rows failed.*\nthe example has shape \(32, 3\) and its first "
+                                         r"layer, model\[0\] \(a Linear\), takes \(batch, \.\.\., 64\)\n"
+                                         r"pass --input a batch that model accepts") as info:
         ip.run_line_magic("memory_budget", "4GiB --model model --batch 32 --input bad")
+    assert info.value.__cause__ is None and info.value.__suppress_context__  # a UsageError, no traceback chain
 
 
 def test_results_frame_takes_the_context_manager_as_its_status():

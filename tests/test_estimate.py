@@ -357,11 +357,27 @@ def test_an_optimizer_object_is_rebuilt_for_the_dry_run(make):
 
 def test_a_model_that_fails_on_the_example_says_the_dry_run_failed():
     # Was: "mat1 and mat2 shapes cannot be multiplied (4x3 and 64x128)": 4 is the probe batch, not the user's.
-    with pytest.raises(ValueError, match=r"^the dry run of model on the example \(shape \(32, 3\)\) cut to the probe "
-                                         r"batch of 4 rows failed \(fp32\): RuntimeError: mat1 and mat2 shapes cannot "
-                                         r"be multiplied.*\npass example= a batch that model accepts") as info:
+    # Then a plain ValueError, where docs/api.md promises EstimateError for an input the estimate cannot use.
+    from nbaccel.estimate import EstimateError
+
+    with pytest.raises(EstimateError, match=r"^the dry run of model on the example \(shape \(32, 3\)\) cut to the probe "
+                                            r"batch of 4 rows failed \(fp32\): RuntimeError: mat1 and mat2 shapes "
+                                            r"cannot be multiplied.*\nthe example has shape \(32, 3\) and its first "
+                                            r"layer, model\[0\] \(a Linear\), takes \(batch, \.\.\., 64\)\n"
+                                            r"pass example= a batch that model accepts") as info:
         estimate_memory(_mlp(), example=torch.randn(32, 3), device="cpu")
     assert isinstance(info.value.__cause__, RuntimeError)  # the original error is kept
+    conv = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.Flatten())
+    with pytest.raises(EstimateError, match=r"\nthe example has shape \(8, 3, 16\) and its first layer, model\[0\] "
+                                            r"\(a Conv2d\), takes \(batch, 3, height, width\)\n"):
+        estimate_memory(conv, batch=8, example=torch.randn(8, 3, 16), device="cpu")
+    # The example fits the first layer and a later one rejects it: no word on the first layer.
+    two = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Linear(5, 2))
+    with pytest.raises(EstimateError, match=r"failed \(fp32\): RuntimeError: [^\n]*\npass example="):
+        estimate_memory(two, batch=8, example=torch.randn(8, 4), device="cpu")
+    with pytest.raises(EstimateError, match=r"on a random input of shape \(2, 4\) made for its first layer "
+                                            r"\(model\[0\], an nn\.Linear\) failed"):
+        estimate_memory(two, batch=8, device="cpu")
 
 
 @pytest.mark.parametrize("kwargs, error, message", [
@@ -486,8 +502,25 @@ def test_a_precision_is_named_by_its_dtype_too():
     assert est.single("fp32")["precision"] == "fp32"
     with pytest.raises(ValueError, match=r"precision 'fp16' is not one of this estimate's: 'fp32', 'bf16 AMP'"):
         est.single("fp16")
-    with pytest.raises(ValueError, match=r"strategy 'fsdp' is not one of 'ddp', 'zero1', 'zero2', 'zero3'"):
-        est.per_gpu("fp32", "fsdp", 2)
+    with pytest.raises(ValueError, match=r"^strategy 'tensor parallel' is not one of 'ddp', 'zero1', 'zero2', 'zero3' "
+                                         r"\(also read: 'DDP', 'data parallel \(DDP\)', 'ZeRO-1', 'ZeRO-2', 'ZeRO-3', "
+                                         r"'ZeRO-3 / FSDP', 'FSDP', in any case\)$"):
+        est.per_gpu("fp32", "tensor parallel", 2)
+
+
+def test_a_strategy_is_read_as_the_display_prints_it():
+    """A newcomer copied "ZeRO-1" from the table into `per_gpu` and was told "'zero-1' is not one of 'ddp',
+    'zero1', ...". Every name the display prints (and FSDP, which it prints beside ZeRO-3) is read."""
+    from nbaccel.estimate import STRATEGY_NAMES
+
+    est = estimate_memory(_mlp(), batch=8, device="cpu")
+    names = {"ddp": ["DDP", "data parallel (DDP)", "Data Parallel"], "zero1": ["ZeRO-1", "zero_1", "ZERO 1"],
+             "zero2": ["ZeRO-2"], "zero3": ["ZeRO-3", "ZeRO-3 / FSDP", "FSDP", "fsdp"]}
+    for key, shown in STRATEGY_NAMES.items():
+        assert shown in names[key]  # the display's own name is among those checked
+        for name in names[key]:
+            assert est.per_gpu("bf16", name, 2) == est.per_gpu("bf16", key, 2), name
+    assert est.per_gpu("fp32", "ZeRO-3 / FSDP", 2)["strategy"] == "zero3"
 
 
 def test_a_strategy_is_read_in_any_case_and_a_missing_input_is_asked_for_as_the_caller_writes_it(ip):
@@ -496,7 +529,7 @@ def test_a_strategy_is_read_in_any_case_and_a_missing_input_is_asked_for_as_the_
     est = estimate_memory(_mlp(), batch=8, device="cpu")
     assert est.per_gpu("fp32", "DDP", 2) == est.per_gpu("fp32", "ddp", 2)  # "data parallel (DDP)" in the display
     conv = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.Flatten())
-    with pytest.raises(Exception, match=r"pass an example batch \(example x\)"):
+    with pytest.raises(Exception, match=r"pass an example batch \(example=x\)"):
         estimate_memory(conv, batch=8, device="cpu")
     ip.user_ns["conv"] = conv
     with pytest.raises(UsageError, match=r"pass an example batch \(--input x\)"):
@@ -517,16 +550,36 @@ def test_a_missing_input_names_the_first_layer_not_the_model():
         def forward(self, tokens):
             return self.head(self.emb(tokens).mean(1))
 
-    with pytest.raises(Exception, match=r"the first layer is an nn\.Linear, and here it is emb \(Embedding\); pass an "
-                                        r"example batch \(example x\)"):
+    with pytest.raises(Exception, match=r"the first layer is an nn\.Linear, and its first layer, model\.emb \(an "
+                                        r"Embedding\), is not; pass an example batch \(example=x\)"):
         estimate_memory(Classifier(), batch=8, device="cpu")
     est = estimate_memory(Classifier(), batch=8, device="cpu", example=torch.randint(0, 100, (2, 12)))
     assert est.n_params == 16 + 100 * 16 + 16 * 4 + 4
+
+
+def test_a_missing_input_names_the_first_layer_as_python_reaches_it():
+    """A newcomer: "and here it is 0 (Conv2d)" read as a count; the 0 was the Sequential's first child.
+    The layer is named as the user reaches it in Python, with the input it takes."""
+    from nbaccel.estimate import EstimateError
+
+    with pytest.raises(EstimateError) as info:
+        estimate_memory(torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3)), batch=8, device="cpu")
+    assert str(info.value) == (
+        "cannot make an input for model: nbaccel makes one only when the first layer is an nn.Linear, and its first "
+        "layer, model[0] (a Conv2d), is not; pass an example batch (example=x) whose first dimension is the batch "
+        "(model[0] takes (batch, 3, height, width))")
+    with pytest.raises(EstimateError, match=r"and net itself \(a Conv1d\) is not; .* \(net takes \(batch, 3, length\)\)$"):
+        estimate_memory(torch.nn.Conv1d(3, 4, 3), batch=8, device="cpu", name="net")
+    odd = torch.nn.Sequential(torch.nn.ModuleDict({"tok-emb": torch.nn.Embedding(10, 4)}))
+    with pytest.raises(EstimateError, match=r"its first layer, model\.get_submodule\('0\.tok-emb'\) \(an Embedding\), "
+                                            r"is not;.*takes \(batch, sequence\) of integer token ids below 10\)$"):
+        estimate_memory(odd, batch=8, device="cpu")
 
 
 def test_a_transformer_without_an_example_is_asked_for_one():
     """A review: the first childless layer with parameters of a TransformerEncoder is out_proj, a Linear,
     and a (batch, 64) input was read as one sequence of `batch` tokens."""
     enc = torch.nn.TransformerEncoder(torch.nn.TransformerEncoderLayer(64, 4, batch_first=True), 2)
-    with pytest.raises(Exception, match=r"here it is layers\.0\.self_attn \(MultiheadAttention\); pass an example"):
+    with pytest.raises(Exception, match=r"its first layer, model\.layers\[0\]\.self_attn \(a MultiheadAttention\), is "
+                                        r"not; pass an example"):
         estimate_memory(enc, batch=8, device="cpu")

@@ -95,11 +95,17 @@ def test_nbaccel_env_help_does_not_store_a_result(run_cell, ip):
     ("%%profile_gpu", "--dtype=bf16", "(%%profile_gpu has no --dtype: --amp bf16"),
     ("%%profile_gpu", "-n 3", "(%%profile_gpu has no -n, which is %timeit's: --steps N"),
     ("%%profile_gpu", "--no-restore", "(%%profile_gpu has no --no-restore: it restores nothing, its runs"),
-    ("%%amp", "--steps 3", "(%%amp has no --steps: --repeat N times N runs per variant, after --warmup W untimed "
-                           "rounds)"),
+    # "--repeat N times N runs per variant" read as a typo ("times" was the verb)
+    ("%%amp", "--steps 3", "(%%amp has no --steps: --repeat N (N timed runs per variant, after --warmup W untimed "
+                           "rounds)); see %%amp --help"),
     ("%%amp", "--amp bf16", "(%%amp has no --amp: --dtype bf16, fp16, auto or tf32 picks the recipe)"),
-    ("%%amp", "--top 5", "(%%amp has no --top: it times whole runs and lists no operators; %%profile_gpu --top N"),
-    ("%%amp", "-n 3", "(%%amp has no -n, which is %timeit's: --repeat N times N runs per variant"),
+    # %%amp does list operators (res.amp.ops): it once said it "lists no operators"
+    ("%%amp", "--top 5", "(%%amp has no --top: --top N is %%profile_gpu's, for its table of the slowest operators "
+                         "(with --amp bf16 under the recipe); %%amp lists every operator it audited, with its dtype "
+                         "and calls, in res.amp.ops (after -r res)); see %%amp --help"),
+    ("%%amp", "--sort time", "(%%amp has no --sort: --sort is %%profile_gpu's, for its table of the slowest operators "
+                             "(with --amp bf16 under the recipe); %%amp lists every operator it audited"),
+    ("%%amp", "-n 3", "(%%amp has no -n, which is %timeit's: --repeat N (N timed runs per variant"),
     ("%%amp", "-n3", "(%%amp has no -n, which is %timeit's: --repeat N"),
     # -r is --result here, not %timeit's repeat count: a number after it means the count
     ("%%amp", "-r 3", "-r is --result NAME here (the variable to keep the result in), not %timeit's repeat count; "

@@ -100,6 +100,24 @@ def test_cuda_tensor_core_share_and_fp32_misses():
     assert kernels.loc[BF16_GEMM, "tensor_cores"] is True and kernels.loc[FP32_GEMM, "tensor_cores"] is False
 
 
+def test_a_cpu_profile_has_the_gpu_tables_with_their_columns():
+    """On a CPU profile `fp32_misses` and `streams` were DataFrames without columns (`kernels` had its
+    columns): ``df.columns`` / ``df[["name", "share"]]`` code written on a GPU failed on a laptop."""
+    import torch
+
+    from nbaccel.profile import profile
+
+    with profile(options=ProfileOptions(device="cpu")) as prof:
+        torch.randn(8, 8) @ torch.randn(8, 8)
+    cpu, gpu = prof.result, cuda_result()
+    assert not cpu.on_device
+    for table in ("fp32_misses", "streams", "kernels"):
+        frame = getattr(cpu, table)
+        assert frame.empty and list(frame.columns) == list(getattr(gpu, table).columns), table
+    assert list(cpu.fp32_misses.columns) == ["name", "shapes", "calls", "device_us", "share"]
+    assert cpu.streams[["stream", "busy_us"]].empty
+
+
 def test_cuda_categories_and_transfer_advice():
     r = cuda_result()
     cats = r.categories.set_index("category")

@@ -512,8 +512,11 @@ def refuse_repeated_values(parser: argparse.ArgumentParser, tokens: list[str]) -
 # them: said instead of the closest spelling, which misled ("%%profile_gpu --repeat 3": "did you mean
 # --result?"; "--dtype bf16": "did you mean --top?"; user trials). Consulted by every parse_line.
 _STEPS = "--steps N profiles N runs of the cell, after --warmup W unrecorded ones"
-_REPEAT = "--repeat N times N runs per variant, after --warmup W untimed rounds"
-_PROFILE_ONLY = "%%profile_gpu --top N shows the slowest ones, and with --amp bf16 under the recipe"
+_REPEAT = "--repeat N (N timed runs per variant, after --warmup W untimed rounds)"
+# %%amp does list operators (its "ran in reduced precision" line, the widget's Operators tab): "lists no
+# operators" sent a newcomer away from res.amp.ops.
+_PROFILE_ONLY = ("%%profile_gpu's, for its table of the slowest operators (with --amp bf16 under the recipe); %%amp "
+                 "lists every operator it audited, with its dtype and calls, in res.amp.ops (after -r res)")
 CROSS_MAGIC = {
     "profile_gpu": {
         "--repeat": f"%%profile_gpu has no --repeat: {_STEPS}",
@@ -531,8 +534,8 @@ CROSS_MAGIC = {
         "-n": f"%%amp has no -n, which is %timeit's: {_REPEAT}",
         "--number": f"%%amp has no --number: {_REPEAT}",
         "--amp": "%%amp has no --amp: --dtype bf16, fp16, auto or tf32 picks the recipe",
-        "--top": f"%%amp has no --top: it times whole runs and lists no operators; {_PROFILE_ONLY}",
-        "--sort": f"%%amp has no --sort: it times whole runs and lists no operators; {_PROFILE_ONLY}",
+        "--top": f"%%amp has no --top: --top N is {_PROFILE_ONLY}",
+        "--sort": f"%%amp has no --sort: --sort is {_PROFILE_ONLY}",
         "--trace": "%%amp has no --trace: %%profile_gpu --amp bf16 --trace PATH records one under the recipe",
         "--memory": "%%amp has no --memory: it always measures each variant's peak memory",
     },
