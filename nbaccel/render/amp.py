@@ -189,8 +189,10 @@ def _memory_runs(result) -> str:
         return f"1 run per variant{why}"
     spreads = ", ".join(f"{v.name} {byte_range(min(v.memory.run_peaks), max(v.memory.run_peaks))} (spread "
                         f"{format_bytes(max(v.memory.run_peaks) - min(v.memory.run_peaks))})" for v in variants)
-    return (f"median of {runs} runs per variant{', interleaved' if len(variants) > 1 else ''}: {spreads}; "
-            "a difference is firm when the ranges do not overlap")
+    firm = ("a difference is firm when each variant's runs counted the same (an allocator's counts repeat run "
+            "to run) or the ranges do not overlap" if all(v.memory.exact for v in variants)
+            else "a difference is firm when the ranges do not overlap")
+    return f"median of {runs} runs per variant{', interleaved' if len(variants) > 1 else ''}: {spreads}; {firm}"
 
 
 def _count(n: int, noun: str) -> str:
