@@ -1,0 +1,413 @@
+"""A training step's activations, measured: the dry run behind `nbaccel.estimate`.
+
+Activations are not guessed: one dry run of a training step on a copy of the model, at two smaller
+batch sizes, measures them, in fp32 and under autocast: what the forward leaves alive for the
+backward (the bytes alive at its end), the forward's and the backward's peaks and the optimizer
+step's temporaries. On CUDA the measurement is the caching allocator's counters; elsewhere a
+`LiveBytes` dispatch mode adds up the storages that ops create and drop (exact bytes of live
+tensors, no allocator overhead). `ActivationFit` extrapolates each linearly to the requested batch.
+"""
+
+from __future__ import annotations
+
+import copy
+import weakref
+from dataclasses import dataclass
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+
+from .device import DTYPE_NAMES
+from .memory import cuda_counters, reset_cuda_peak
+from .model_states import make_optimizer
+from .options import in_magic, option
+
+
+class LiveBytes(TorchDispatchMode):
+    """Peak bytes of the tensor storages created by ops while the mode is active.
+
+    An op output whose storage is new (not one of the op's inputs' storages: views and in-place
+    ops allocate nothing) is counted until its storage is freed (a weakref finalizer). Tensors that
+    existed before (the parameters) are not counted. ``allocated`` is the sum of every new storage,
+    freed or not: the bytes the block would touch if no freed block were ever reused.
+    """
+
+    def __init__(self):
+        super().__init__()
+        self._live: dict[int, int] = {}
+        self.current = 0
+        self.peak = 0
+        self.allocated = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        inputs = {t.untyped_storage()._cdata for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)}
+        for t in tree_leaves(out):
+            if isinstance(t, torch.Tensor):
+                storage = t.untyped_storage()
+                key = storage._cdata
+                if key in inputs or key in self._live:
+                    continue
+                size = storage.nbytes()
+                self._live[key] = size
+                self.current += size
+                self.allocated += size
+                self.peak = max(self.peak, self.current)
+                weakref.finalize(storage, self._free, key)
+        return out
+
+    def _free(self, key):
+        self.current -= self._live.pop(key, 0)
+
+
+
+class EstimateError(ValueError):
+    """Input the estimator cannot work with; the message says what to pass."""
+
+
+def _first_layer(model: torch.nn.Module) -> tuple[str, torch.nn.Module]:
+    """(qualified name, module) of the model's first layer: the first module without submodules that holds
+    parameters (a model's own parameter, a class token, is not a layer: a trial was told its first layer was
+    the model itself). MultiheadAttention holds its in-projection itself: the first module with parameters of
+    its own. ("", model) for a model that is one layer."""
+    return next(((n, m) for n, m in model.named_modules()
+                 if next(m.parameters(recurse=False), None) is not None
+                 and (m is not model or next(m.children(), None) is None)), ("", model))
+
+
+def _layer_path(model: torch.nn.Module, name: str, qualified: str) -> str:
+    """The layer as the user reaches it in Python: ``model[0]``, ``model.layers[0].self_attn``. The
+    qualified name alone ("0", "here it is 0 (Conv2d)") read as a count, not as the Sequential's first child."""
+    expr, module = name, model
+    for part in qualified.split(".") if qualified else ():
+        if isinstance(module, (torch.nn.Sequential, torch.nn.ModuleList)) and part.isdigit():
+            expr += f"[{part}]"
+        elif part.isidentifier():
+            expr += f".{part}"
+        else:  # a ModuleDict key such as "conv-1"
+            return f"{name}.get_submodule({qualified!r})"
+        module = module._modules[part]
+    return expr
+
+
+def _layer_words(model: torch.nn.Module, name: str) -> tuple[str, str, torch.nn.Module]:
+    """("its first layer, model[0] (a Conv2d),", "model[0]", the layer), or ("model itself (a Conv2d)",
+    "model", model) for a model that is one layer."""
+    qualified, layer = _first_layer(model)
+    kind = type(layer).__name__
+    what = f"({'an' if kind[0] in 'AEIOU' else 'a'} {kind})"
+    if not qualified:
+        return f"{name} itself {what}", name, layer
+    path = _layer_path(model, name, qualified)
+    return f"its first layer, {path} {what},", path, layer
+
+
+def _layer_input(layer: torch.nn.Module) -> str | None:
+    """The input shape ``layer`` takes, in words ("(batch, 3, height, width)"), where nbaccel knows it."""
+    if isinstance(layer, torch.nn.Linear):
+        return f"(batch, ..., {layer.in_features})"
+    if isinstance(layer, torch.nn.modules.conv._ConvNd):
+        dims = {1: "length", 2: "height, width", 3: "depth, height, width"}.get(len(layer.kernel_size))
+        return f"(batch, {layer.in_channels}, {dims})" if dims else None
+    if isinstance(layer, (torch.nn.Embedding, torch.nn.EmbeddingBag)):
+        return f"(batch, sequence) of integer token ids below {layer.num_embeddings}"
+    return None
+
+
+def _pass_example() -> str:
+    """How to pass an example batch: ``--input x`` under the magic, ``example=x`` from Python."""
+    return "--input x" if _example_option().startswith("--") else "example=x"
+
+
+def _example_batch(model: torch.nn.Module, example, batch: int, device: torch.device, name: str = "model"):
+    """Inputs for a batch of ``batch`` rows: rows of ``example`` repeated, or random for a Linear-first model."""
+    if example is not None:
+        tensors = example if isinstance(example, (tuple, list)) else (example,)
+        out = []
+        for t in tensors:
+            if not isinstance(t, torch.Tensor) or t.dim() == 0:
+                raise EstimateError(f"{_example_option()} must be a tensor (or a tuple of tensors) whose first "
+                                    "dimension is the batch")
+            rows = torch.arange(batch, device=t.device) % t.shape[0]
+            out.append(t[rows].to(device))
+        return tuple(out)
+    first = _first_layer(model)[1]
+    if isinstance(first, torch.nn.Linear):
+        return (torch.randn(batch, first.in_features, device=device, dtype=first.weight.dtype),)
+    words, path, layer = _layer_words(model, name)
+    takes = _layer_input(layer)
+    raise EstimateError(f"cannot make an input for {name}: nbaccel makes one only when the first layer is an "
+                        f"nn.Linear, and {words} is not; pass an example batch ({_pass_example()}) whose first "
+                        "dimension is the batch" + (f" ({path} takes {takes})" if takes else ""))
+
+
+def _default_loss(output) -> torch.Tensor:
+    for t in tree_leaves(output if not hasattr(output, "logits") else output.logits):
+        if isinstance(t, torch.Tensor) and t.is_floating_point():
+            return t.float().sum()
+    raise EstimateError("the model's output has no floating-point tensor to backpropagate from; pass loss_fn")
+
+
+class _Peak:
+    """Peak bytes created during a block: the CUDA allocator's counters, or `LiveBytes` elsewhere.
+
+    Off CUDA, ``allocated`` is also set: all bytes the block's ops allocated (`LiveBytes.allocated`).
+    """
+
+    def __init__(self, device: torch.device):
+        self.device, self.peak, self.allocated = device, 0, None
+
+    def __enter__(self):
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+            now = cuda_counters(self.device)
+            self._base = now.allocated
+            reset_cuda_peak(self.device, now=now)
+        else:
+            self._mode = LiveBytes()
+            self._mode.__enter__()
+        return self
+
+    def phase(self) -> int:
+        """The peak since the last phase (over the base at enter); the next phase starts from now."""
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+            now = cuda_counters(self.device)
+            peak = now.peak_allocated - self._base
+            reset_cuda_peak(self.device, now=now)
+            return peak
+        peak, self._mode.peak = self._mode.peak, self._mode.current
+        return peak
+
+    def live(self) -> int:
+        """Bytes alive now that were created since enter (the model states that existed before are not counted)."""
+        if self.device.type == "cuda":
+            return cuda_counters(self.device).allocated - self._base
+        return self._mode.current
+
+    def __exit__(self, *exc):
+        self.peak = self.phase()
+        if self.device.type != "cuda":
+            self.allocated = self._mode.allocated
+            self._mode.__exit__(*exc)
+        return False
+
+
+def _autocast(device: torch.device, dtype):
+    if dtype is None:
+        return torch.autocast(device.type, enabled=False)
+    return torch.autocast(device.type, dtype=dtype)
+
+
+def _probe(model, optimizer, example, batches, device, amp_dtype, loss_fn, name: str = "model") -> dict:
+    """Dry runs of a training step on a copy of the model: activations per batch, step temporaries."""
+    replica = copy.deepcopy(model).to(device)
+    replica.train()
+    for p in replica.parameters():
+        p.grad = None
+    opt = make_optimizer(optimizer, [p for p in replica.parameters() if p.requires_grad])
+
+    def forward_backward(b, meter=None):
+        inputs = _example_batch(replica, example, b, device, name)
+        with _autocast(device, amp_dtype):
+            loss = loss_fn(replica(*inputs))
+        # The forward's peak, and what it leaves alive for the backward: the activations (tensors saved
+        # by autograd, the input batch, the loss; under autocast also the 16-bit copies of the weights).
+        forward = (meter.phase(), meter.live()) if meter else None
+        loss.backward()
+        return forward
+
+    # First step unmeasured: the optimizer allocates its state lazily, as in real training.
+    forward_backward(batches[0])
+    if opt is not None:
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    states_measured = sum(t.untyped_storage().nbytes() for s in (opt.state.values() if opt else [])
+                          for t in s.values() if isinstance(t, torch.Tensor))
+    fwd, kept, bwd, allocated = [], [], [], []
+    for b in batches:
+        replica.zero_grad(set_to_none=True)
+        with _Peak(device) as peak:
+            forward_peak, forward_kept = forward_backward(b, peak)
+        fwd.append(forward_peak)
+        kept.append(forward_kept)
+        bwd.append(peak.peak)
+        allocated.append(peak.allocated)
+    step, step_allocated = 0, 0
+    if opt is not None:
+        with _Peak(device) as peak:
+            opt.step()
+        step, step_allocated = peak.peak, peak.allocated
+    replica.zero_grad(set_to_none=True)
+    del replica, opt
+    return {"forward": fwd, "kept": kept, "backward": bwd, "step": step, "states_measured": states_measured,
+            "allocated": allocated, "step_allocated": step_allocated}
+
+
+def _line(batches, values) -> tuple[float, float]:
+    """(intercept, slope) of the straight line through two measurements (slope clipped at 0)."""
+    (b1, b2), (m1, m2) = batches[:2], values[:2]
+    slope = max(0.0, (m2 - m1) / (b2 - b1))
+    return max(0.0, m1 - slope * b1), slope
+
+
+PHASES = ("forward", "backward", "optimizer step")
+
+
+@dataclass
+class ActivationFit:
+    """What a training step holds beside the model states, measured at two small batches and fitted linearly.
+
+    A step goes through three phases, each with its own peak over the parameters and optimizer states:
+
+    * forward: the activations (what the forward keeps for the backward: tensors saved by autograd, the
+      input batch, the loss; under autocast also 16-bit copies of the weights), plus the forward's
+      temporaries at its peak. No gradients yet (``zero_grad(set_to_none=True)``, torch's default).
+    * backward: the gradients appear while the activations are freed. Its peak is the gradients plus
+      the backward's *working memory*: the activations not yet freed and the gradient temporaries.
+    * optimizer step: the gradients plus the step's temporaries (foreach/fused kernels allocate some
+      the size of the parameters), activations all freed.
+
+    Each measured quantity is close to linear in the batch; the maximum of the phases is not, so each
+    is fitted on its own (a straight line through the two probes) and the maximum is taken at the
+    requested batch (`MemoryEstimate.per_gpu`).
+    """
+
+    precision: str
+    batches: list[int]
+    forward: list[int]  # peak during the forward pass, over the model states, per probe batch
+    backward: list[int]  # peak during the backward pass (activations still alive + gradients + temporaries)
+    grad_bytes: int
+    step_temporaries: int
+    # Off CUDA: every byte the forward+backward allocated per probe batch, and the optimizer step's,
+    # freed or not (`LiveBytes.allocated`). None where the probes ran on CUDA.
+    allocated: list[int] | None = None
+    step_allocated: int | None = None
+    # Bytes alive at the end of the forward, per probe batch: the activations it keeps for the backward.
+    kept: list[int] | None = None
+
+    @property
+    def measured(self) -> list[int]:
+        """The activations measured at each probe batch: what the forward left alive for the backward."""
+        return list(self.kept if self.kept is not None else self.forward)
+
+    def _kept_line(self) -> tuple[float, float]:
+        return _line(self.batches, self.measured)
+
+    @property
+    def per_sample(self) -> float:
+        """Activation bytes per sample (the slope of the activations' line)."""
+        return self._kept_line()[1]
+
+    @property
+    def fixed(self) -> float:
+        """Activation bytes that do not grow with the batch (the line's intercept; under autocast mostly
+        the 16-bit copies of the weights, which the backward needs)."""
+        return self._kept_line()[0]
+
+    @property
+    def slopes(self) -> tuple[float, float]:
+        """Bytes per sample of the forward's and of the backward's peak (the two phase lines)."""
+        return _line(self.batches, self.forward)[1], _line(self.batches, self.backward)[1]
+
+    @property
+    def slope(self) -> float:
+        """Bytes per sample of the phase whose peak grows fastest with the batch (forward or backward)."""
+        return max(self.slopes)
+
+    def at(self, batch: int) -> int:
+        """The activations at ``batch``: what the forward keeps for the backward (linear through the probes)."""
+        intercept, slope = self._kept_line()
+        return int(intercept + slope * batch)
+
+    def forward_at(self, batch: int) -> int:
+        """The forward's peak at ``batch`` over the model states: activations + the forward's temporaries."""
+        intercept, slope = _line(self.batches, self.forward)
+        return max(int(intercept + slope * batch), self.at(batch))
+
+    def backward_working_at(self, batch: int) -> int:
+        """The backward's peak beside the gradients at ``batch``: activations not yet freed + gradient
+        temporaries (the backward peak's line minus the gradients)."""
+        intercept, slope = _line(self.batches, self.backward)
+        return int(max(0.0, intercept + slope * batch - self.grad_bytes))
+
+    def phases(self, batch: int, grads: float | None = None, step_temporaries: float | None = None) -> dict:
+        """Each phase's peak over the model states at ``batch``, with ``grads`` bytes of gradients per
+        device (default all of them; ZeRO-2/3 keep a shard) and the optimizer step's temporaries."""
+        grads = self.grad_bytes if grads is None else grads
+        step = self.step_temporaries if step_temporaries is None else step_temporaries
+        return {"forward": self.forward_at(batch), "backward": grads + self.backward_working_at(batch),
+                "optimizer step": grads + step}
+
+    def allocated_at(self, batch: int) -> int | None:
+        """Bytes a whole step allocates at ``batch`` (forward + backward, line through the probes, plus the
+        optimizer step's), as if no freed block were reused; None for CUDA probes.
+
+        What a step can add to the process's RSS at most: every page it touches belongs to a tensor it
+        allocated. glibc's heap keeps freed blocks resident and reuses them only partly, so the
+        measured RSS lands between the live-tensor peak and this bound (docs/memory.md).
+        """
+        if self.allocated is None:
+            return None
+        intercept, slope = _line(self.batches, self.allocated)
+        return int(intercept + slope * batch + (self.step_allocated or 0))
+
+    def to_dict(self) -> dict:
+        return {"precision": self.precision, "probe_batches": self.batches, "measured_bytes": self.measured,
+                "activation_bytes_per_sample": self.per_sample, "activation_fixed_bytes": self.fixed,
+                "forward_peak_bytes": self.forward, "backward_peak_bytes": self.backward,
+                "forward_peak_bytes_per_sample": self.slopes[0], "backward_peak_bytes_per_sample": self.slopes[1],
+                "bytes_per_sample": self.slope, "step_temporaries_bytes": self.step_temporaries,
+                "allocated_bytes": self.allocated, "step_allocated_bytes": self.step_allocated}
+
+
+
+def _example_option() -> str:
+    """How the example batch is passed: ``--input x`` under the magic, ``example=`` from Python."""
+    return "--input" if option("example").startswith("--") else "example"
+
+
+def _layer_misfit(layer: torch.nn.Module, t: torch.Tensor) -> bool:
+    """Whether tensor ``t`` cannot be ``layer``'s batched input, for the layers `_layer_input` describes
+    (False where nbaccel does not know what the layer takes)."""
+    if isinstance(layer, torch.nn.Linear):
+        return t.dim() < 2 or t.shape[-1] != layer.in_features
+    if isinstance(layer, torch.nn.modules.conv._ConvNd):
+        return t.dim() != len(layer.kernel_size) + 2 or t.shape[1] != layer.in_channels
+    if isinstance(layer, (torch.nn.Embedding, torch.nn.EmbeddingBag)):
+        return t.is_floating_point() or t.is_complex()
+    return False
+
+
+def _dry_run(model, optimizer, example, batches, device, amp_dtype, loss_fn, name):
+    """`_probe`, with a failure of the model on the probe input said as such: the user's error (e.g. a
+    shape mismatch) shows the probe batch, not the batch they asked for, which is confusing alone.
+    An `EstimateError` (docs/api.md: the estimate could not use the model's input), chained from the model's."""
+    try:
+        return _probe(model, optimizer, example, batches, device, amp_dtype, loss_fn, name)
+    except (RuntimeError, ValueError, TypeError, IndexError, KeyError, AssertionError) as exc:
+        from .oom import is_oom
+
+        if is_oom(exc) or isinstance(exc, EstimateError):
+            raise
+        words, path, first = _layer_words(model, name)
+        misfit = ""
+        if example is None:
+            # getattr: a failure before the input was made (the model's deepcopy) has no Linear behind it
+            feed = (f"a random input of shape ({batches[0]}, {getattr(first, 'in_features', '?')}) made for its "
+                    f"first layer ({path}, an nn.Linear)")
+        else:
+            tensors = example if isinstance(example, (tuple, list)) else (example,)
+            shapes = ", ".join(str(tuple(t.shape)) for t in tensors)
+            how = "cut" if all(t.dim() and t.shape[0] >= batches[0] for t in tensors) else "repeated"
+            feed = f"the example (shape {shapes}) {how} to the probe batch of {batches[0]} rows"
+            takes = _layer_input(first)
+            if takes and _layer_misfit(first, tensors[0]):
+                misfit = f"the example has shape {tuple(tensors[0].shape)} and {words} takes {takes}\n"
+        precision = "fp32" if amp_dtype is None else f"autocast {DTYPE_NAMES.get(amp_dtype, amp_dtype)}"
+        raise EstimateError(
+            f"the dry run of {name} on {feed} failed ({precision}): {type(exc).__name__}: {exc}\n{misfit}"
+            + (f"pass --input a batch that {name} accepts (first dimension = batch)" if in_magic()
+               else f"pass example= a batch that {name} accepts (first dimension = batch), and loss_fn= if its "
+                    "output needs one")) from exc

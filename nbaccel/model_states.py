@@ -1,0 +1,94 @@
+"""A training step's model states, exactly: what `nbaccel.estimate` adds up without running anything.
+
+Parameters, gradients and optimizer states are arithmetic on the model's parameters (numel x element
+size; Adam/AdamW keep two moments like the parameter plus a 4-byte ``step`` per parameter tensor, on
+the host unless ``fused``/``capturable``; SGD with momentum one buffer; ...). The tests check these
+against what torch really allocates.
+"""
+
+from __future__ import annotations
+
+import difflib
+import inspect
+
+import torch
+
+from .options import option
+
+
+OPTIMIZERS = ("adamw", "adam", "sgd", "sgd-momentum", "adagrad", "rmsprop", "none")
+# Subclasses first (AdamW is an Adam): a subclass of these keeps the same state.
+_KNOWN = ((torch.optim.AdamW, "adamw"), (torch.optim.Adam, "adam"), (torch.optim.SGD, "sgd"),
+          (torch.optim.Adagrad, "adagrad"), (torch.optim.RMSprop, "rmsprop"))
+
+
+def closest_optimizer(name: str) -> str:
+    """" (did you mean adam?)" for a misspelt optimizer name, or ""."""
+    close = difflib.get_close_matches(name.lower(), OPTIMIZERS, n=1)
+    return f" (did you mean {close[0]}?)" if close else ""
+
+
+def _optimizer_spec(optimizer) -> tuple[str, dict]:
+    """Name and hyper-parameters, from a name or an optimizer instance."""
+    if isinstance(optimizer, torch.optim.Optimizer):
+        name = next((n for cls, n in _KNOWN if isinstance(optimizer, cls)), None)
+        if name is None:
+            raise ValueError(f"the state size of {type(optimizer).__name__} is not known here (Adam, AdamW, SGD, "
+                             f"Adagrad and RMSprop are); pass {option('optimizer')} with the closest of "
+                             f"{', '.join(OPTIMIZERS)} (e.g. adam for an optimizer with two moments)")
+        group = optimizer.param_groups[0]
+        if name == "sgd" and group.get("momentum", 0):
+            name = "sgd-momentum"
+        return name, dict(group)
+    if optimizer is not None and not isinstance(optimizer, str):
+        raise TypeError(f"{option('optimizer')} takes one of {', '.join(OPTIMIZERS)} or a torch.optim.Optimizer, "
+                        f"got {type(optimizer).__name__}")
+    name = (optimizer or "none").lower()
+    if name not in OPTIMIZERS:
+        raise ValueError(f"unknown optimizer {optimizer!r}{closest_optimizer(name)}; use one of: "
+                         f"{', '.join(OPTIMIZERS)}")
+    return name, {}
+
+
+def optimizer_state_bytes(params, optimizer="adamw") -> tuple[int, int]:
+    """(bytes on the parameters' device, bytes on the host) of the optimizer's state, exactly.
+
+    ``step`` counters are 4-byte float32 tensors, one per parameter tensor, on the host unless
+    the optimizer is ``fused`` or ``capturable`` (then on the parameter's device).
+    """
+    name, hyper = _optimizer_spec(optimizer)
+    params = [p for p in params if p.requires_grad]
+    nbytes = sum(p.numel() * p.element_size() for p in params)
+    steps_on_device = bool(hyper.get("fused") or hyper.get("capturable"))
+    per_param = {"adamw": 2 + bool(hyper.get("amsgrad")), "adam": 2 + bool(hyper.get("amsgrad")),
+                 "sgd": 0, "sgd-momentum": 1, "adagrad": 1, "none": 0,
+                 "rmsprop": 1 + bool(hyper.get("momentum")) + bool(hyper.get("centered"))}[name]
+    has_step = name in ("adamw", "adam", "adagrad", "rmsprop")
+    step = 4 * len(params) if has_step else 0
+    device_bytes = per_param * nbytes + (step if steps_on_device else 0)
+    host_bytes = 0 if steps_on_device else step
+    return device_bytes, host_bytes
+
+
+def make_optimizer(optimizer, params):
+    name, hyper = _optimizer_spec(optimizer)
+    if isinstance(optimizer, torch.optim.Optimizer):
+        # param_groups hold keys the constructor does not take (AdamW's 'decoupled_weight_decay',
+        # a scheduler's 'initial_lr'): pass only what it accepts. What decides memory (foreach, fused,
+        # capturable, amsgrad, momentum, centered) are constructor arguments, so they are kept.
+        cls = type(optimizer)
+        accepted = inspect.signature(cls.__init__).parameters
+        if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in accepted.values()):
+            hyper = {k: v for k, v in hyper.items() if k in accepted}
+        keep = {k: v for k, v in hyper.items() if k not in ("self", "params")}
+        return cls(params, **keep)
+    return {"adamw": lambda: torch.optim.AdamW(params), "adam": lambda: torch.optim.Adam(params),
+            "sgd": lambda: torch.optim.SGD(params, lr=0.01), "sgd-momentum": lambda: torch.optim.SGD(params, lr=0.01, momentum=0.9),
+            "adagrad": lambda: torch.optim.Adagrad(params), "rmsprop": lambda: torch.optim.RMSprop(params),
+            "none": lambda: None}[name]()
+
+
+def _largest_leaf_bytes(model: torch.nn.Module) -> int:
+    sizes = [sum(p.numel() * p.element_size() for p in m.parameters(recurse=False)) for m in model.modules()]
+    return max(sizes, default=0)
+
