@@ -23,6 +23,7 @@ propagates unchanged.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import gc
 import inspect
 import io
@@ -45,7 +46,7 @@ from .precision import (FP32, Recipe, TorchGlobals, apply_recipe, autocast_in_ef
                         relaxed_fp32_settings)
 from .quiet import hiding_side_channels
 from .snapshot import Snapshot, SnapshotTooLarge, available_host_memory, estimate_bytes, refuse_uninitialized_lazy
-from .tensor_peak import CpuTensorPeak
+from .tensor_peak import MAX_OPS, CpuTensorPeak
 from .timing import Clock, Stats
 
 
@@ -59,16 +60,19 @@ from .timing import Clock, Stats
 CPU_MEMORY_RUNS = 3
 
 
-def memory_runs(device) -> int:
-    """Runs per variant under the peak-memory meter on ``device``: 1 on CUDA, `CPU_MEMORY_RUNS` elsewhere."""
-    return 1 if torch.device(device).type == "cuda" else CPU_MEMORY_RUNS
+def memory_runs(device, allocator: bool = True) -> int:
+    """Runs per variant under the peak-memory meter on ``device``: 1 for an allocator's counts (CUDA's;
+    torch's CPU allocator, ``allocator``, `CpuTensorPeak`), which repeat; `CPU_MEMORY_RUNS` for the
+    process's memory (a cell of more than `tensor_peak.MAX_OPS` ops, or while another profiler records)."""
+    return 1 if torch.device(device).type == "cuda" or allocator else CPU_MEMORY_RUNS
 
 
-def planned_runs(warmup: int, repeat: int, baseline: bool = True, device="auto") -> int:
+def planned_runs(warmup: int, repeat: int, baseline: bool = True, device="auto", allocator: bool = True) -> int:
     """How many times a comparison on ``device`` runs the code: per variant the warmup rounds, the timed
-    runs, the memory runs (`memory_runs`) and one audited run; then the kept run."""
+    runs, one audited run and the memory runs (`memory_runs`; ``allocator=False``: the process's memory
+    is measured, 2 x 2 runs more on the CPU); then the kept run."""
     device = resolve_device(device) if device == "auto" else device  # a count: "cuda" needs no GPU to be read
-    return (2 if baseline else 1) * (warmup + repeat + memory_runs(device) + 1) + 1
+    return (2 if baseline else 1) * (warmup + repeat + memory_runs(device, allocator) + 1) + 1
 
 
 # --- the comparison ------------------------------------------------------------------------------
@@ -305,25 +309,46 @@ class _Runner:
             raise _MeterStopped
         return meter.result, (_safely("copy the result to the host", to_host, value)[0] if keep_value else None)
 
-    def memory_series(self, order: list, base_recipe: Recipe, keep_fp32: bool) -> tuple[dict, object]:
+    def memory_series(self, order: list, base_recipe: Recipe, keep_fp32: bool, ops: int) -> tuple[dict, object]:
         """The memory runs, interleaved and alternating like the timed runs: ({id(recipe): [PeakMemory]},
-        a host copy of the first fp32 run's value when ``keep_fp32``). On the CPU torch's allocator is
-        measured; if the cell's own profiler stops that meter, or another profile records, the process's
-        memory is, for every run (the two do not compare)."""
-        tensors = self.device.type == "cpu" and CpuTensorPeak.available()
+        a host copy of the first fp32 run's value when ``keep_fp32``). On the CPU, for a cell of at most
+        `tensor_peak.MAX_OPS` ops (``ops``: the audited runs' most), torch's allocator is measured, one
+        run per variant (its counts repeat, as CUDA's do); else, or if that meter cannot measure (the
+        cell's own profiler stopped it, a profile the cell starts refused to run under it), the process's
+        memory is, `memory_runs` per variant, for every run (the two do not compare)."""
+        __tracebackhide__ = True  # noqa: F841 - IPython hides nbaccel's frames from the user's traceback
+        why = None  # why the process's memory is measured on the CPU, for the method line
+        if self.device.type == "cpu" and ops > MAX_OPS:
+            why = f"the cell ran {ops:,} ops, more than the {MAX_OPS:,} torch's allocator meter records"
+        elif self.device.type == "cpu" and not CpuTensorPeak.available():
+            why = "another profiler was recording, and torch runs one at a time"
+        tensors = self.device.type == "cpu" and why is None
         while True:
             peaks, fp32_again = {id(r): [] for r in order}, None
+            failure = self.cell.failure
             try:
                 with meter_series(self.device):
-                    for i in range(memory_runs(self.device)):
+                    for i in range(memory_runs(self.device, allocator=tensors)):
                         for recipe in (order if i % 2 == 0 else order[::-1]):
                             first_fp32 = keep_fp32 and recipe is base_recipe and i == 0
                             peak, value = self.memory(recipe, keep_value=first_fp32, tensors=tensors)
                             peaks[id(recipe)].append(peak)
                             fp32_again = value if first_fp32 else fp32_again
-                return peaks, fp32_again
+                break
             except _MeterStopped:
-                tensors = False
+                tensors, why = False, "the cell's own profiler stopped torch's allocator meter"
+            except Exception:
+                if not tensors:
+                    raise
+                # Every timed run of this code succeeded: under the allocator meter it may have refused
+                # to start a profiler of its own (nbaccel.profile). Measured again without it; a second
+                # failure is the cell's own and goes to the user.
+                tensors, self.cell.failure = False, failure
+                why = "the cell failed under torch's allocator meter (a profiler of its own?) and not without it"
+        if why is not None:
+            peaks = {key: [dataclasses.replace(p, method=f"{p.method} (not torch's allocator: {why})") for p in runs]
+                     for key, runs in peaks.items()}
+        return peaks, fp32_again
 
     def audited(self, recipe: Recipe):
         __tracebackhide__ = True  # noqa: F841 - IPython hides nbaccel's frames from the user's traceback
@@ -454,9 +479,11 @@ def compare_amp(
             for recipe in (order if i % 2 == 0 else order[::-1]):
                 times[id(recipe)].times.append(runner.timed(recipe))
         compiled_while_timed = graphs_compiled() - graphs_before_timed
-        peaks, fp32_again = runner.memory_series(order, base_recipe, keep_fp32=restore)
-        memory = {key: PeakMemory.median_of(runs) for key, runs in peaks.items()}
+        # The audit first: its op count decides how the memory runs measure (`memory_series`).
         audits = {id(r): runner.audited(r) for r in order}
+        ops = max(audit.calls for audit, *_ in audits.values())
+        peaks, fp32_again = runner.memory_series(order, base_recipe, keep_fp32=restore, ops=ops)
+        memory = {key: PeakMemory.median_of(runs) for key, runs in peaks.items()}
         # The kept run: under the recipe, output shown, state left as one run leaves it.
         runner.start(amp_recipe, kept=True)
         with (show_output or contextlib.nullcontext)(), apply_recipe(amp_recipe):

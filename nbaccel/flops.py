@@ -154,6 +154,7 @@ class OpAudit(TorchDispatchMode):
     def __init__(self):
         super().__init__()
         self.records: dict[tuple[str, str], _OpRecord] = defaultdict(_OpRecord)
+        self.calls = 0  # every op dispatched, views included: how much a per-op meter would record
         # small float output -> the largest magnitude among it and the values it was computed from,
         # following small inputs back to what made them (sum -> detach -> div); a Python number from
         # .item() is keyed by its value
@@ -165,6 +166,7 @@ class OpAudit(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        self.calls += 1
         if func not in flop_registry:
             # A composite op seen whole (inference mode, see the module docstring): record what it
             # decomposes into instead; NotImplemented means it has no decomposition.

@@ -9,14 +9,16 @@ the same from run to run, and what ``torch.cuda.max_memory_allocated`` counts on
 does not come from torch's allocator (Python objects, a library's own buffers) is not in it.
 
 The profiler is torch's one per process, so this meter stands aside (`CpuTensorPeak.available`) while
-another profile records; a cell that starts a profiler of its own stops this one (`valid` then says so,
-and ``%%amp`` measures process memory instead).
+another profile records; a cell that starts a profiler of its own stops this one (no result then), and
+one that refuses to profile under it fails; ``%%amp`` then measures the process's memory for every run.
+It costs per allocation, so ``%%amp`` uses it for cells of up to `MAX_OPS` ops.
 """
 
 from __future__ import annotations
 
 import torch
 
+from .flops import _sigint_held
 from .memory import PeakMemory
 from .profile import _RECORDING, quiet_kineto
 from .profile_options import profiler_running
@@ -26,45 +28,61 @@ METHOD = ("peak of torch's CPU allocator minus its level before (each allocation
           "outside torch's allocator, such as Python objects, is not in it)")
 
 
+# The profiler keeps every allocation event until it stops (about 2 KB each: a loop of 100,000 small ops
+# made 600,000 events, 1.2 GiB and 8 s). Above this many ops in the audited run, %%amp measures the
+# process's memory instead (a typical training step has a few thousand; the method line says which).
+MAX_OPS = 10_000
+
+
 class CpuTensorPeak:
     """``with CpuTensorPeak() as meter: run()`` then ``meter.result`` (a `PeakMemory`), or None when the
-    run stopped the profiler (``meter.valid`` is False)."""
+    meter could not measure (another profile started meanwhile, or the run's own profiler stopped it)."""
 
     def __init__(self):
         self.result: PeakMemory | None = None
-        self.valid = False
         self._prof = None
         self._locked = False
 
     @staticmethod
     def available() -> bool:
-        """No profiler recording in this process (another thread's nbaccel.profile, a user's own)."""
-        return not profiler_running() and not _RECORDING.locked()
+        """No profiler recording in this process: this thread's (a user's own, an nbaccel.profile around
+        the call), or another thread's (torch's process-wide flag; two at once crash the process)."""
+        return not (profiler_running() or torch.autograd.profiler._is_profiler_enabled or _RECORDING.locked())
 
     def __enter__(self) -> "CpuTensorPeak":
-        self._locked = _RECORDING.acquire(blocking=False)  # an nbaccel.profile in another thread waits its turn
-        if not self._locked or profiler_running():  # taken since `available`: no measure (valid stays False)
-            self._release()
-            return self
-        self._prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True)
-        try:
-            with quiet_kineto():
-                self._prof.__enter__()
-        except BaseException:
-            self._release()
-            raise
+        with _sigint_held():  # a Ctrl-C while Kineto starts left the profiler on, or the lock taken, for good
+            self._locked = _RECORDING.acquire(blocking=False)  # an nbaccel.profile in another thread waits
+            if not self._locked or not self.available_to_us():
+                self._release()  # taken since `available`: no measure (result stays None)
+                return self
+            try:
+                self._prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU],
+                                                    profile_memory=True)
+                with quiet_kineto():
+                    self._prof.__enter__()
+            except BaseException:
+                self._stop()
+                raise
         return self
+
+    def available_to_us(self) -> bool:
+        return not (profiler_running() or torch.autograd.profiler._is_profiler_enabled)
 
     def __exit__(self, *exc) -> None:
         if self._prof is None:
             return
-        try:
+        with _sigint_held():  # stopped whatever happens: a profiler left on records every later op
             # A profiler the cell started and stopped inside this one ends this one's session too.
-            self.valid = profiler_running()
-            with quiet_kineto():
-                self._prof.__exit__(*exc)
-            if self.valid and exc[0] is None:
+            valid = profiler_running()
+            self._stop()
+            if valid and exc[0] is None:
                 self.result = PeakMemory("cpu", _peak_added(self._prof), METHOD, exact=True)
+
+    def _stop(self) -> None:
+        try:
+            if self._prof is not None and profiler_running():
+                with quiet_kineto():
+                    self._prof.__exit__(None, None, None)
         finally:
             self._release()
 
@@ -87,4 +105,4 @@ def _peak_added(prof) -> int:
     return peak
 
 
-__all__ = ["CpuTensorPeak", "METHOD"]
+__all__ = ["CpuTensorPeak", "METHOD", "MAX_OPS"]

@@ -619,7 +619,7 @@ def test_every_run_starts_from_the_torch_settings_before_the_call(flags_set_by_t
         return torch.ones(2).sum()
 
     nbaccel.compare_amp(cell, repeat=3, warmup=1)
-    assert len(box.seen) == 2 * (1 + 3 + 3 + 1) + 1  # warmup, timed, memory (3 on the CPU), audited; kept
+    assert len(box.seen) == 2 * (1 + 3 + 1 + 1) + 1  # warmup, timed, audited, memory; kept
     assert set(box.seen) == {(True, torch.float32, False)}
     # The kept run's own changes stay, as after one run of the cell.
     assert not torch.is_grad_enabled() and torch.get_default_dtype() is torch.float64
@@ -1056,11 +1056,13 @@ def test_on_first_run_gets_the_measured_first_run_and_the_runs_to_come():
     x = torch.randn(4, 4)
     nbaccel.compare_amp(lambda: x @ x, repeat=2, warmup=1, clock=FakeClock(lambda: 0.5),
                         on_first_run=lambda seconds, runs_left: seen.append((seconds, runs_left)))
-    # 2 variants x (1 warmup + 2 timed + 3 memory (CPU) + 1 audited), plus the kept run; one is done.
-    assert seen == [(0.5, 2 * (1 + 2 + 3 + 1) + 1 - 1)]
-    assert nbaccel.amp.planned_runs(warmup=1, repeat=2, baseline=False, device="cpu") == 1 + 2 + 3 + 1 + 1
-    # CUDA's allocator counts repeat exactly: one memory run per variant there.
-    assert nbaccel.amp.planned_runs(warmup=1, repeat=2, baseline=False, device="cuda") == 1 + 2 + 1 + 1 + 1
+    # 2 variants x (1 warmup + 2 timed + 1 memory + 1 audited), plus the kept run; one is done.
+    assert seen == [(0.5, 2 * (1 + 2 + 1 + 1) + 1 - 1)]
+    # An allocator's counts repeat exactly (CUDA's, torch's CPU allocator's): one memory run per variant;
+    # the process's memory (a cell of many ops, another profiler recording) takes 3 on the CPU.
+    assert nbaccel.amp.planned_runs(warmup=1, repeat=2, baseline=False, device="cpu") == 1 + 2 + 1 + 1 + 1
+    assert nbaccel.amp.planned_runs(warmup=1, repeat=2, baseline=False, device="cpu", allocator=False) == 1 + 2 + 3 + 1 + 1
+    assert nbaccel.amp.planned_runs(warmup=1, repeat=2, baseline=False, device="cuda", allocator=False) == 1 + 2 + 1 + 1 + 1
 
 
 def test_memory_comparison_needs_a_peak_of_a_mebibyte():
@@ -1752,34 +1754,77 @@ def test_fp16_gradients_under_its_smallest_normal_number_are_underflow(cpu_with_
     assert any("(underflow): use torch.amp.GradScaler" in line for line in res.advice)
 
 
-def test_cpu_memory_is_torchs_allocator_peak_the_same_in_every_run():
+def test_cpu_memory_is_torchs_allocator_peak_the_same_in_every_run(monkeypatch):
     """A numbers audit: the process's peak RSS made one cell's bf16 "saving" firm (16-23 %) in three
     comparisons out of four, while fresh processes measured bf16 above fp32: the runs of one
     comparison share a heap. torch's CPU allocator, summed from the profiler's memory events, gives
-    the bytes the run's tensors took, op-internal scratch included, the same in every run."""
+    the bytes the run's tensors took, op-internal scratch included, the same in every run: one run
+    per variant, as on CUDA."""
+    import nbaccel.amp as amp_module
     from nbaccel.tensor_peak import METHOD
 
     mib = 2**20
     res = nbaccel.compare_amp(lambda: torch.ones(mib // 4).sum(), dtype="bf16", device="cpu", repeat=3, warmup=0)
     for variant in (res.baseline, res.amp):
-        assert variant.memory.method == METHOD
-        peaks = variant.memory.run_peaks  # 1 MiB of fp32 ones, and the sum's few scalar bytes
-        assert len(set(peaks)) == 1 and mib <= peaks[0] < mib + 64
-    assert res.memory_saving == 0 and res.memory_firm
+        assert variant.memory.method == METHOD and variant.memory.exact
+        (peak,) = variant.memory.run_peaks  # 1 MiB of fp32 ones, and the sum's few scalar bytes
+        assert mib <= peak < mib + 64
+    assert res.memory_saving == 0 and res.memory_firm and res.memory_same
+    assert "1 run per variant (the allocator's counts repeat exactly)" in " ".join(str(res).split())
+    rss = "process peak RSS (VmHWM reset via /proc/self/clear_refs, malloc_trim first) minus RSS before"
 
     # A cell that starts a profiler of its own stops nbaccel's (torch has one per process): the memory
-    # is then the process's, for every run, and said so.
+    # is then the process's, for every run, and the method says why.
     def profiled():
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]):
             return torch.ones(mib // 4).sum()
 
     res = nbaccel.compare_amp(profiled, dtype="bf16", device="cpu", repeat=3, warmup=0)
-    assert {v.memory.method for v in (res.baseline, res.amp)} == {"process peak RSS (VmHWM reset via "
-                                                                 "/proc/self/clear_refs, malloc_trim first) minus "
-                                                                 "RSS before"}
+    assert {v.memory.method for v in (res.baseline, res.amp)} == {
+        f"{rss} (not torch's allocator: the cell's own profiler stopped torch's allocator meter)"}
+    assert len(res.baseline.memory.run_peaks) == 3 and not res.baseline.memory.exact
     assert not torch.autograd._profiler_enabled()
+    # A review: an nbaccel.profile inside the cell refused to start under the meter, and the comparison
+    # failed; it is measured again without it.
+    def nbaccel_profiled():
+        with nbaccel.profile():
+            return torch.ones(mib // 4).sum()
+
+    res = nbaccel.compare_amp(nbaccel_profiled, dtype="bf16", device="cpu", repeat=3, warmup=0)
+    assert res.baseline.memory.method.startswith(f"{rss} (not torch's allocator: the cell failed under")
     # Inside a profile of its own: the process's memory too, and the profile goes on recording.
     with nbaccel.profile() as prof:
         res = nbaccel.compare_amp(lambda: torch.ones(mib // 4).sum(), dtype="bf16", device="cpu", repeat=3, warmup=0)
         assert torch.autograd._profiler_enabled()
-    assert res.baseline.memory.method.startswith("process peak RSS") and prof.result is not None
+    assert res.baseline.memory.method == f"{rss} (not torch's allocator: another profiler was recording, and " \
+                                         "torch runs one at a time)"
+    assert prof.result is not None
+    # Many ops: the meter's events would take GiBs (600,000 for a loop of 100,000 small ops)
+    monkeypatch.setattr(amp_module, "MAX_OPS", 3)
+    res = nbaccel.compare_amp(lambda: torch.ones(4).add(1).mul(2).sub(1).sum(), dtype="bf16", device="cpu",
+                              repeat=3, warmup=0)
+    assert "(not torch's allocator: the cell ran 5 ops, more than the 3 torch's allocator meter records)" in \
+        res.baseline.memory.method
+
+def test_an_interrupt_while_the_allocator_meter_starts_leaves_no_profiler_or_lock(monkeypatch):
+    """A fault-injection audit: a Ctrl-C landing just after Kineto had started (its first start is slow)
+    left torch's profiler on for good (every later op recorded, every nbaccel.profile refused), or the
+    profiler lock taken ("another nbaccel.profile is recording" for the rest of the session)."""
+    import sys
+
+    started = torch.profiler.profile.__enter__
+
+    def start_then_interrupt(self):
+        started(self)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(torch.profiler.profile, "__enter__", start_then_interrupt)
+    x = torch.ones(8)
+    with pytest.raises(KeyboardInterrupt):
+        nbaccel.compare_amp(lambda: (x + 1).sum(), dtype="bf16", device="cpu", repeat=3, warmup=0)
+    monkeypatch.undo()
+    assert not torch.autograd._profiler_enabled() and not torch.autograd.profiler._is_profiler_enabled
+    assert not sys.modules["nbaccel.profile"]._RECORDING.locked()
+    with nbaccel.profile() as prof:
+        (x * 2).sum()
+    assert prof.result is not None

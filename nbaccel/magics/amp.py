@@ -125,8 +125,10 @@ class AmpMagics(Magics):
                 # The runs it announced are over: it says how long they took, or that they stopped (an
                 # emptied note left a blank output above the error in the saved notebook; a trial).
                 elapsed = format_seconds(time.perf_counter() - started)
-                done = (f"nbaccel %%amp: the {planned_runs(args.warmup, args.repeat, not args.no_baseline, device)} "
-                        f"runs took {elapsed} in all." if finished else
+                # the process's memory (not an allocator's count) took more memory runs than planned
+                allocator = not finished or result.amp.memory is None or result.amp.memory.exact
+                runs = planned_runs(args.warmup, args.repeat, not args.no_baseline, device, allocator=allocator)
+                done = (f"nbaccel %%amp: the {runs} runs took {elapsed} in all." if finished else
                         f"nbaccel %%amp: the runs stopped after {elapsed} (the note below says why).")
                 for handle in filter(None, notes):
                     handle.update({"text/plain": done}, raw=True)

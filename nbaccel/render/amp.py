@@ -185,7 +185,7 @@ def _memory_runs(result) -> str:
     variants = [v for v in (result.baseline, result.amp) if v is not None and v.memory]
     runs = max(len(v.memory.run_peaks) for v in variants)
     if runs == 1:
-        why = " (the allocator's counts repeat exactly)" if result.amp.memory.device.startswith("cuda") else ""
+        why = " (the allocator's counts repeat exactly)" if all(v.memory.exact for v in variants) else ""
         return f"1 run per variant{why}"
     spreads = ", ".join(f"{v.name} {byte_range(min(v.memory.run_peaks), max(v.memory.run_peaks))} (spread "
                         f"{format_bytes(max(v.memory.run_peaks) - min(v.memory.run_peaks))})" for v in variants)
