@@ -27,6 +27,7 @@ import dataclasses
 import gc
 import inspect
 import io
+import math
 import re
 from typing import Callable
 
@@ -122,12 +123,15 @@ def _gradient_report(base: _GradientProbe | None, amp: _GradientProbe, recipe: R
         return None
     overflow_tensors = sum(1 for g in amp.grads.values() if not torch.isfinite(g).all())
     overflow_elements = sum(int((~torch.isfinite(g)).sum()) for g in amp.grads.values())
-    # An entry nonzero in fp32 and 0 under the recipe underflowed only if fp32's value was below the
-    # reduced dtype's smallest normal number (fp16: 6.1e-5, where its precision runs out on the way to 0;
-    # bf16 has fp32's range). A larger one was switched off: a ReLU, max or dropout whose input changed
-    # sign with rounding (a numbers audit: 1,548 "underflowed" bf16 entries were 6 ReLU units flipping).
-    # A gradient summed from many underflowed parts can exceed the threshold and be counted as switched.
-    tiny = torch.finfo(recipe.autocast_dtype or torch.float32).tiny
+    # bf16 has fp32's range: an entry nonzero in fp32 and 0 under bf16 underflowed only if fp32's value
+    # was below bf16's smallest normal number; a larger one was switched off, a ReLU, max or dropout
+    # whose input changed sign with rounding (a numbers audit: 1,548 "underflowed" bf16 entries were 6
+    # ReLU units flipping). fp16 cannot be judged so: its underflow happens in the activations'
+    # gradients, and a weight's gradient summed over a large batch of them is far above fp16's smallest
+    # normal number (a review: 16 entries lost to 1e-9 activation gradients read as "switched off").
+    # There every zeroed entry counts as underflow, which GradScaler addresses.
+    dtype = recipe.autocast_dtype or torch.float32
+    tiny = torch.finfo(dtype).tiny if dtype == torch.bfloat16 else math.inf
     underflow = switched = nonzero = 0
     if base is not None:
         for key, g_amp in amp.grads.items():
@@ -148,7 +152,8 @@ def _gradient_report(base: _GradientProbe | None, amp: _GradientProbe, recipe: R
         "underflow_elements": underflow if base is not None else None,
         "underflow_fraction": underflow / nonzero if base is not None and nonzero else None,
         "switched_off_elements": switched if base is not None else None,
-        "underflow_below": tiny,  # fp32 values under this count as underflow when they became 0
+        # fp32 values under this count as underflow when they became 0 (bf16); None: every zeroed one (fp16)
+        "underflow_below": tiny if tiny < math.inf else None,
         **scaler_info,
     }
 

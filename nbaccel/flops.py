@@ -295,14 +295,16 @@ class OpAudit(TorchDispatchMode):
 
 
 def _dtype_ran(name: str, flat_in: list, out) -> torch.dtype | None:
-    """The precision an op's math ran in. A heavy op's is its largest floating input's: oneDNN's LSTM
-    backward takes bf16 tensors and hands back fp32 gradients for the fp32 weights (read from the
-    output, its 16 MFLOP of bf16 math were fp32, and the advice blamed autocast). Other ops' is their
-    output's (a cast's is what it cast to), as is that of ops that cast inside (`_CASTS_INSIDE`)."""
+    """The precision an op's math ran in. A heavy op's is its narrowest floating input's, as
+    %%profile_gpu reads it from a trace: oneDNN's LSTM backward takes bf16 tensors and hands back fp32
+    gradients for the fp32 weights (read from the output, its 16 MFLOP of bf16 math were fp32, and the
+    advice blamed autocast), and bf16 attention may take an fp32 mask larger than q, k and v. Other
+    ops' is their output's (a cast's is what it cast to), as is that of ops that cast inside
+    (`_CASTS_INSIDE`)."""
     if name in HEAVY_OPS and name not in _CASTS_INSIDE:
-        floats = [t for t in flat_in if isinstance(t, torch.Tensor) and t.is_floating_point()]
+        floats = [t.dtype for t in flat_in if isinstance(t, torch.Tensor) and t.is_floating_point()]
         if floats:
-            return max(floats, key=lambda t: t.numel()).dtype
+            return min(floats, key=lambda d: torch.finfo(d).bits)
     flat_out, _ = tree_flatten(out)
     tensors = [t for t in flat_out if isinstance(t, torch.Tensor)]
     return next((t.dtype for t in tensors if t.is_floating_point()), tensors[0].dtype if tensors else None)

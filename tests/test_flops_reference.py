@@ -366,3 +366,16 @@ def test_the_amp_audit_reads_a_heavy_ops_precision_from_its_inputs():
     assert summary["reduced_flop_share"] == 1.0 and summary["heavy_fp32"] == []
     # a cast is still filed under what it cast to
     assert {"bf16", "fp32"} <= set(table[table["op"] == "aten::_to_copy"]["dtype"])
+
+
+def test_a_heavy_op_with_a_wider_mask_is_filed_under_its_narrowest_input():
+    """A review: bf16 attention with an fp32 additive mask (larger than q, k and v) was filed as fp32
+    when the largest input set the dtype; %%profile_gpu reads the narrowest."""
+    from nbaccel.flops import OpAudit
+
+    q = torch.randn(1, 2, 16, 8, dtype=torch.bfloat16)
+    mask = torch.zeros(1, 2, 16, 16)  # fp32, 512 elements against q's 256
+    with OpAudit() as audit:
+        F.scaled_dot_product_attention(q, q, q, attn_mask=mask)
+    table = audit.table()
+    assert set(table[table["heavy"]]["dtype"]) == {"bf16"}

@@ -207,9 +207,11 @@ def _gradient_lines(result) -> list[str]:
              f"{g['overflow_elements']} elements"]
     if g["underflow_fraction"] is not None:
         n = g["underflow_elements"]
+        below = g.get("underflow_below")
+        which = (f"; only values under {g['dtype']}'s smallest normal number ({below:.2g}) count" if below is not None
+                 else "; some may be a ReLU or max whose input flipped sign with rounding" if n else "")
         lines.append(f"underflow: {n} {'entry' if n == 1 else 'entries'} nonzero in fp32 became 0 in {g['dtype']} "
-                     f"({g['underflow_fraction']:.3%}); only values under {g['dtype']}'s smallest normal number "
-                     f"({g['underflow_below']:.2g}) count")
+                     f"({g['underflow_fraction']:.3%}){which}")
     switched = g.get("switched_off_elements")
     if switched:  # not underflow: said apart, so GradScaler is not taken for the cure
         lines.append(f"switched off: {switched} {'entry' if switched == 1 else 'entries'} of normal size in fp32 "
