@@ -225,6 +225,13 @@ def test_an_optimizer_steps_ops_count_as_optimizer_on_the_cpu(run_cell, ip):
     assert in_step > 0 and cats["optimizer"] == pytest.approx(in_step)
     # every op is counted once: the categories still add up to the self time
     assert sum(cats.values()) == pytest.approx(_self_total_plus_gaps(prof))
+    # A closure step (Lightning calls every optimizer so): its range holds the forward and backward
+    run_cell("%%profile_gpu -q -r stepped\n"
+             "def closure():\n    opt.zero_grad()\n    loss = model(x).sum()\n    loss.backward()\n    return loss\n"
+             "opt.step(closure)")
+    closure = ip.user_ns["stepped"]
+    assert "optimizer" not in {p for p in closure.op_phases}
+    assert _cats(closure).get("matmul/conv", 0) > 0
     run_cell("%%profile_gpu -q -r bfgs\n"
              "def closure():\n    lbfgs.zero_grad()\n    loss = model(x).sum()\n    loss.backward()\n    return loss\n"
              "lbfgs.step(closure)")

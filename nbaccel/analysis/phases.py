@@ -25,7 +25,9 @@ the reference CUDA traces (tests/data/README.md, "phase traces"):
 * **optimizer step**: ``Optimizer.step#<Class>.step`` is a ``user_annotation`` range too. On the CPU
   torch.optim's default for-loop update is plain ops (``aten::lerp_``, ``aten::addcdiv_``...), whose
   names do not say "optimizer" as fused and foreach kernels' do: the ops inside the range are the
-  optimizer's (but LBFGS's, whose step runs the closure's forward and backward).
+  optimizer's, unless the range holds a matmul, convolution or attention op: then the step ran a
+  closure (LBFGS; ``optimizer.step(closure)``, as PyTorch Lightning calls it), the model's forward and
+  backward, and its ops keep their own categories.
 * **optimizer state**: ``torch.optim`` optimizers create their state lazily, in their first
   ``step()``, inside its ``Optimizer.step#<Class>.step`` range (a ``user_annotation``): Adam, AdamW,
   NAdam, RAdam, Adamax, RMSprop, Adadelta, Rprop, ASGD, Adafactor call ``aten::zeros_like`` /
@@ -207,6 +209,25 @@ def optimizer_step_ranges(ann: dict) -> dict[tuple, list[tuple[float, float]]]:
     return {k: [r[:2] for r in v] for k, v in _host_ranges(ann, is_step).items()}
 
 
+# Ops no optimizer update runs: a step range that holds one ran the model (a closure: LBFGS, and
+# ``optimizer.step(closure)`` as PyTorch Lightning calls every optimizer).
+_MODEL_MATH = frozenset({"matmul/conv", "attention"})
+
+
+def _without_model_math(ranges: dict[tuple, list[tuple[float, float]]], cols: dict) -> dict:
+    """The step ranges in which no matmul, convolution or attention op ran (a review: Adam.step(closure)
+    filed the forward's and backward's matmuls, the whole step, under optimizer)."""
+    closures = set()
+    for i, category in enumerate(cols["category"]):
+        key = (cols["pid"][i], cols["tid"][i])
+        if category not in _MODEL_MATH or key not in ranges:
+            continue
+        ts = cols["ts_us"][i]
+        closures.update((key, r) for r in ranges[key] if r[0] <= ts and ts + cols["dur_us"][i] <= r[1])
+    kept = {key: [r for r in rs if (key, r) not in closures] for key, rs in ranges.items()}
+    return {key: rs for key, rs in kept.items() if rs}
+
+
 def op_phases(cols: dict, ann: dict) -> list[str | None]:
     """Each op's phase: COMPILING (in a compile range), DATA_LOADING (in a DataLoader range on its
     thread), OPTIMIZER (in an ``Optimizer.step`` range on its thread: on the CPU the optimizers'
@@ -215,7 +236,7 @@ def op_phases(cols: dict, ann: dict) -> list[str | None]:
     op: its math), else None. Compiling wins: a DataLoader never runs inside a compile."""
     flags = cols["compiling"] if "compiling" in cols else compile_flags(cols["name"], cols["parent"])
     attention = inside_attention(cols["category"], cols["parent"])
-    ranges = {DATA_LOADING: dataloader_ranges(ann), OPTIMIZER: optimizer_step_ranges(ann)}
+    ranges = {DATA_LOADING: dataloader_ranges(ann), OPTIMIZER: _without_model_math(optimizer_step_ranges(ann), cols)}
     starts = {phase: {k: [r[0] for r in v] for k, v in by_thread.items()} for phase, by_thread in ranges.items()}
     out: list[str | None] = []
     for i, f in enumerate(flags):
