@@ -125,22 +125,24 @@ def test_under_torchrun_other_ranks_files_of_this_launch_are_not_earlier_runs(tm
     import time
 
     profile_module = sys.modules["nbaccel.profile"]
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    started = profile_module._launch_started()  # the start of pytest's parent, however long ago
+    assert started is not None and started <= time.time()
     folder = tmp_path / "steps"
     folder.mkdir()
     sibling = folder / "otherhost_4242.1.pt.trace.json"  # another rank's, written just now
     sibling.write_text("{}")
     old = folder / "otherhost_17.1.pt.trace.json"  # a run before this launch
     old.write_text("{}")
-    an_hour_ago = time.time() - 3600
-    os.utime(old, (an_hour_ago, an_hour_ago))
+    before_launch = started - 60
+    os.utime(old, (before_launch, before_launch))
     own = folder / f"{socket.gethostname()}_{os.getpid()}.1.pt.trace.json"  # this process, earlier
     own.write_text("{}")
+    monkeypatch.setenv("WORLD_SIZE", "1")
     single = profile_module._earlier_traces(str(folder))
     assert single == sorted(map(str, (sibling, old, own)))  # one process: every file is another run's
-    monkeypatch.setenv("RANK", "1")
     monkeypatch.setenv("WORLD_SIZE", "2")
-    started = profile_module._launch_started()
-    assert started is not None and started <= time.time() and started > an_hour_ago  # pytest's parent
     assert profile_module._earlier_traces(str(folder)) == sorted(map(str, (old, own)))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # a multi-process folder's TraceWarning is another test's
