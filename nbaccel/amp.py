@@ -261,6 +261,13 @@ def _safely(what: str, fn, *args):
         return None, f"nbaccel could not {what} ({type(exc).__name__}: {exc})"
 
 
+def _message(exc: BaseException) -> str:
+    try:
+        return str(exc)
+    except Exception:  # an exception whose __str__ raises: nothing to read
+        return ""
+
+
 class _MeterStopped(Exception):
     """The cell's own profiler stopped `CpuTensorPeak`'s (torch has one per process)."""
 
@@ -342,14 +349,13 @@ class _Runner:
                 break
             except _MeterStopped:
                 tensors, why = False, "the cell's own profiler stopped torch's allocator meter"
-            except Exception:
-                if not tensors:
+            except Exception as exc:
+                if not (tensors and "profiler" in _message(exc).lower()):
                     raise
-                # Every timed run of this code succeeded: under the allocator meter it may have refused
-                # to start a profiler of its own (nbaccel.profile). Measured again without it; a second
-                # failure is the cell's own and goes to the user.
+                # A profiler of the cell's own (nbaccel.profile, torch's) refused to start under the
+                # allocator meter's: measured again without it; a second failure goes to the user.
                 tensors, self.cell.failure = False, failure
-                why = "the cell failed under torch's allocator meter (a profiler of its own?) and not without it"
+                why = "a profiler the cell starts cannot run under torch's allocator meter"
         if why is not None:
             peaks = {key: [dataclasses.replace(p, method=f"{p.method} (not torch's allocator: {why})") for p in runs]
                      for key, runs in peaks.items()}
@@ -485,7 +491,9 @@ def compare_amp(
                 times[id(recipe)].times.append(runner.timed(recipe))
         compiled_while_timed = graphs_compiled() - graphs_before_timed
         # The audit first: its op count decides how the memory runs measure (`memory_series`).
-        audits = {id(r): runner.audited(r) for r in order}
+        audits = {}
+        for recipe in order:  # a loop, not a comprehension: its frame would show in the cell's traceback
+            audits[id(recipe)] = runner.audited(recipe)
         ops = max(audit.calls for audit, *_ in audits.values())
         peaks, fp32_again = runner.memory_series(order, base_recipe, keep_fp32=restore, ops=ops)
         memory = {key: PeakMemory.median_of(runs) for key, runs in peaks.items()}

@@ -213,3 +213,18 @@ def test_a_ctrl_c_held_over_the_import_goes_to_the_handler_that_was_there():
                 os.kill(os.getpid(), signal.SIGINT)
     finally:
         signal.signal(signal.SIGINT, before)
+
+
+@pytest.mark.parametrize("failing_run", [5, 6, 7, 8], ids=["audited fp32", "audited bf16", "memory fp32",
+                                                            "memory bf16"])
+def test_a_cell_failing_in_a_hidden_run_shows_no_nbaccel_frame(run_cell, ip, failing_run):
+    """A fault-injection audit: a cell that raised in a memory or audited run showed nbaccel's frames
+    (`memory_series`, the audits' dict comprehension) between the magic and the user's line."""
+    from types import SimpleNamespace
+
+    ip.user_ns["box"] = SimpleNamespace(runs=0)
+    # --repeat 2, no warmup: 4 timed runs, then the 2 audited, then the 2 memory runs
+    _, captured = run_cell(f"%%amp --repeat 2 --warmup 0\nbox.runs += 1\nif box.runs == {failing_run}:\n"
+                           "    raise ValueError('boom')\n", expect_error=ValueError)
+    assert "raise ValueError('boom')" in captured.stdout
+    assert "nbaccel" not in re.sub(r"nbaccel %%amp: .*", "", captured.stdout).replace("%%amp", ""), captured.stdout
