@@ -4,6 +4,9 @@ run gets the one-line note the other interrupts get."""
 
 from __future__ import annotations
 
+import pytest
+
+import nbaccel
 from nbaccel.amp import overflow_hint
 
 UNPRINTABLE = "class Unprintable(Exception):\n    def __str__(self):\n        raise ValueError('no text')\n"
@@ -26,3 +29,32 @@ def test_a_cell_exception_whose_str_raises_stays_the_one_raised(run_cell, ip, ca
     assert ("nbaccel %%amp: the cell raised Unprintable in the fp32 run; the comparison was abandoned"
             in capsys.readouterr().err)
     assert ip.user_ns["counter"] == 0
+
+
+class NotesNotAList(Exception):
+    pass
+
+
+@pytest.mark.parametrize("notes", [("the user's note",), None, 5])
+def test_compare_amp_notes_an_exception_whose_notes_are_not_a_list(notes):
+    # Was: add_note's TypeError ("__notes__ is not a list") replaced the user's exception.
+    def cell():
+        exc = NotesNotAList("x")
+        exc.__notes__ = notes
+        raise exc
+
+    with pytest.raises(NotesNotAList) as raised:
+        nbaccel.compare_amp(cell, repeat=1, warmup=0)
+    kept = [] if notes is None else list(notes) if isinstance(notes, tuple) else [notes]
+    assert raised.value.__notes__[:len(kept)] == kept, "what the user's code put there comes first"
+    assert raised.value.__notes__[len(kept)] == ("nbaccel.compare_amp: raised in the fp32 run; your variables and "
+                                                 "torch's settings are as before the call")
+
+
+@pytest.mark.parametrize("notes", ["None", "5", "('the user\\'s note',)"])
+def test_the_magic_reads_notes_that_are_not_a_list_without_failing(run_cell, notes):
+    # Was: with __notes__ None or a number, reading them for the note raised TypeError in place of the ValueError.
+    result, captured = run_cell(f"%%amp --repeat 1 --warmup 0\nexc = ValueError('v')\nexc.__notes__ = {notes}\n"
+                                "raise exc\n", expect_error=ValueError)
+    assert "nbaccel %%amp: the cell raised ValueError in the fp32 run; the comparison was abandoned: your variables " \
+           "and torch's global settings" in captured.stderr
