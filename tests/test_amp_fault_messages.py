@@ -4,6 +4,8 @@ run gets the one-line note the other interrupts get."""
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 
 import nbaccel
@@ -58,3 +60,25 @@ def test_the_magic_reads_notes_that_are_not_a_list_without_failing(run_cell, not
                                 "raise exc\n", expect_error=ValueError)
     assert "nbaccel %%amp: the cell raised ValueError in the fp32 run; the comparison was abandoned: your variables " \
            "and torch's global settings" in captured.stderr
+
+
+@pytest.mark.parametrize("where", ["resolve_device", "device_info", "cell_function"])
+def test_an_interrupt_while_amp_checks_its_options_and_device_is_said(run_cell, ip, monkeypatch, where):
+    # Was: a bare KeyboardInterrupt through nbaccel's frames, with no word on whether the cell had run
+    # (resolving the device starts CUDA on a first call: seconds).
+    module = sys.modules["nbaccel.magics.amp"]
+    original = getattr(module, where)
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    run_cell("counter = 0")
+    monkeypatch.setattr(module, where, interrupted)
+    _, captured = run_cell("%%amp --repeat 1 --warmup 0\ncounter += 1\n", expect_error=KeyboardInterrupt)
+    assert ("nbaccel %%amp: interrupted (KeyboardInterrupt) while nbaccel checked the options and the device, "
+            "before any run; the cell did not run") in captured.stderr, captured.stderr
+    assert "File " not in captured.stdout and "nbaccel" not in captured.stdout, captured.stdout
+    assert ip.user_ns["counter"] == 0
+    monkeypatch.setattr(module, where, original)
+    run_cell("%%amp --repeat 1 --warmup 0 -q\ncounter += 1\n")  # and the next one runs
+    assert ip.user_ns["counter"] == 1
