@@ -510,13 +510,27 @@ def compare_amp(
         result.compiled_while_timed = compiled_while_timed
         result.contention = runner.meter.result
     except BaseException as exc:  # KeyboardInterrupt too; re-raised unchanged
+        def add_note(error: BaseException, note: str) -> None:
+            # add_note raises TypeError where the user's code set __notes__ to something not a list
+            # (a tuple, None); that must not replace the user's exception, nor the note be lost (the
+            # magic reads NOT_RESTORED back): the notes become a list, what was there first.
+            if not hasattr(error, "add_note"):  # Python 3.10: no notes
+                return
+            try:
+                error.add_note(note)
+            except TypeError:
+                old = getattr(error, "__notes__", None)
+                old = [] if old is None else list(old) if isinstance(old, (list, tuple)) else [old]
+                with contextlib.suppress(Exception):  # a type that refuses the attribute: left as it is
+                    error.__notes__ = [*old, note]
+
         # Abandoned: the variables (unless restore=False) and torch's settings as before, first, so
         # the notes below say what is true.
         try:
             problem = _put_back(snapshot, torch_before, dev)
         except KeyboardInterrupt as again:  # a second Ctrl-C while the variables are put back (that takes a while)
             if restore:
-                again.add_note(INTERRUPTED_RESTORE)
+                add_note(again, INTERRUPTED_RESTORE)
             raise
         if cell.failure is not None and cell.failure[0] is exc:
             if on_cell_error is not None:
@@ -525,14 +539,14 @@ def compare_amp(
                 restored = ("torch's settings are as before the call, your variables not all (see the next note)"
                             if problem else "your variables and torch's settings are as before the call" if restore
                             else "torch's settings are as before the call (restore=False: variables keep what the runs did)")
-                exc.add_note(f"nbaccel.compare_amp: raised {cell.where(order)}; {restored}")
+                add_note(exc, f"nbaccel.compare_amp: raised {cell.where(order)}; {restored}")
                 hint = overflow_hint(exc)
                 if hint:
-                    exc.add_note(f"nbaccel.compare_amp: {hint}")
+                    add_note(exc, f"nbaccel.compare_amp: {hint}")
             if isinstance(exc, StopIteration) and iterators and cell.ran and hasattr(exc, "add_note"):
-                exc.add_note(used_up_note(iterators))
+                add_note(exc, used_up_note(iterators))
         if problem and hasattr(exc, "add_note"):
-            exc.add_note(problem)
+            add_note(exc, problem)
         raise
     return result
 
@@ -553,7 +567,11 @@ def overflow_hint(exc: BaseException) -> str | None:
 
     The usual case is a mask's "minus infinity" (``scores.masked_fill(~mask, -1e9)``): fine in fp32,
     but under fp16 autocast ``scores`` is fp16, and torch raises rather than round -1e9 to -inf."""
-    if not _HALF_OVERFLOW.search(str(exc)):
+    try:
+        text = str(exc)
+    except Exception:  # noqa: BLE001 - the user's __str__ raised: no hint, rather than that error in place of theirs
+        return None
+    if not _HALF_OVERFLOW.search(text):
         return None
     return ("fp16's largest finite value is 65504, so a constant beyond it (such as -1e9 for a mask) cannot be "
             "written into an fp16 tensor: use torch.finfo(x.dtype).min (the most negative value x's own dtype "

@@ -338,6 +338,8 @@ def global_state() -> dict:
         "deterministic_algorithms": _deterministic_algorithms,
         "profiler_enabled": torch._C._autograd._profiler_enabled,
     }
+    # The rest `TorchGlobals` puts back (threads, anomaly mode, default device, ...), where this torch has them.
+    readers.update({name: read for name, (read, _) in _global_knobs().items() if name not in readers})
     if NEW_TF32_API:
         for path in _FP32_PRECISION_PATHS:
             readers[f"{path}.fp32_precision" if path else "fp32_precision"] = _fp32_precision_knob(path)[0]
@@ -354,8 +356,9 @@ def global_state() -> dict:
 
 class TorchGlobals:
     """torch's process-wide settings that code can change, captured when made, put back on demand:
-    grad mode, default dtype, deterministic algorithms, the cuDNN flags, TF32 and float32 matmul
-    precision (both API families) and autocast per device type.
+    grad mode, autograd's anomaly mode, default dtype and device, deterministic algorithms, the cuDNN
+    and oneDNN flags, cuBLAS's reduced-precision reductions, the number of intra-op threads, TF32 and
+    float32 matmul precision (both API families) and autocast per device type.
 
     ``%%amp`` runs a cell many times: `Snapshot` puts the variables back before each run, this puts
     torch's settings back, so a cell that calls ``torch.set_grad_enabled(False)`` cannot change the
@@ -378,18 +381,81 @@ class TorchGlobals:
 
 def _global_knobs() -> dict:
     """name -> (read, write) of every setting `TorchGlobals` restores but the float32 precision ones
-    (`_fp32_state`), in the order it writes them."""
+    (`_fp32_state`), in the order it writes them; those this torch lacks are left out. No write here
+    changes another's setting, so the order only groups them: autograd, tensor defaults, backend
+    flags, threads, autocast."""
     knobs = {
         "grad_enabled": (torch.is_grad_enabled, torch.set_grad_enabled),
+        "anomaly_mode": _anomaly_knob(),
         "default_dtype": (torch.get_default_dtype, torch.set_default_dtype),
+        "default_device": _default_device_knob(),
         "deterministic_algorithms": (_deterministic_algorithms,
                                      lambda v: torch.use_deterministic_algorithms(v[0], warn_only=v[1])),
         **{f"cudnn.{flag}": _attribute_knob(torch.backends.cudnn, flag)
            for flag in ("benchmark", "deterministic", "enabled")},
+        **{f"mkldnn.{flag}": _optional_attribute_knob(torch.backends.mkldnn, flag)
+           for flag in ("enabled", "deterministic")},
+        **{f"cuda.matmul.allow_{dtype}_reduced_precision_reduction": _reduced_precision_reduction_knob(dtype)
+           for dtype in ("fp16", "bf16")},
+        "cuda.matmul.allow_fp16_accumulation": _optional_attribute_knob(torch.backends.cuda.matmul,
+                                                                        "allow_fp16_accumulation"),
+        # Written like the rest only where it changed: torch.set_num_threads rebuilds the intra-op
+        # pools (OpenMP, MKL), which would cost every run otherwise.
+        "num_threads": (torch.get_num_threads, torch.set_num_threads),
     }
     knobs.update({f"autocast.{t}": _autocast_knob(t) for t in ("cpu", "cuda")})  # cuda's is settable anywhere
     knobs["autocast.cache"] = (torch.is_autocast_cache_enabled, torch.set_autocast_cache_enabled)
-    return knobs
+    return {name: knob for name, knob in knobs.items() if knob is not None}
+
+
+def _optional_attribute_knob(owner, name: str):
+    """`_attribute_knob`, or None where this torch lacks the setting (torch.backends.cuda.matmul's
+    unknown names raise AttributeError, a module's too)."""
+    try:
+        getattr(owner, name)
+    except AttributeError:
+        return None
+    return _attribute_knob(owner, name)
+
+
+def _anomaly_knob():
+    """Autograd's anomaly mode as (enabled, check_nan): ``torch.autograd.set_detect_anomaly(True)``
+    called as a function stays on, and makes every backward record and check its graph."""
+    if not hasattr(torch, "is_anomaly_check_nan_enabled"):  # torch without check_nan: the mode alone
+        return torch.is_anomaly_enabled, torch.autograd.set_detect_anomaly
+    return ((lambda: (torch.is_anomaly_enabled(), torch.is_anomaly_check_nan_enabled())),
+            lambda v: torch.autograd.set_detect_anomaly(v[0], check_nan=v[1]))
+
+
+def _reduced_precision_reduction_knob(dtype: str):
+    """cuBLAS's reduced-precision reductions in fp16/bf16 GEMMs, with their split-K companion where
+    torch has one: setting the flag to a bool also sets split-K to True, so both are read and written
+    together (a tuple, which the setter takes) or a user's (False, False) would come back (False, True)."""
+    matmul, name = torch.backends.cuda.matmul, f"allow_{dtype}_reduced_precision_reduction"
+    knob = _optional_attribute_knob(matmul, name)
+    if knob is None or _optional_attribute_knob(matmul, f"{name}_split_k") is None:
+        return knob
+    return (lambda: (getattr(matmul, name), getattr(matmul, f"{name}_split_k"))), (lambda v: setattr(matmul, name, v))
+
+
+def _default_device_knob():
+    """``torch.set_default_device``'s device as set, None where none is (torch's default, the CPU).
+
+    Read from where torch keeps it (a thread-local in recent torch, the module global itself before)
+    rather than from ``torch.get_default_device()``, which reads "cpu" for none: writing that back
+    would install a DeviceContext, a TorchFunctionMode every torch call then goes through."""
+    if not hasattr(torch, "set_default_device"):
+        return None
+    if hasattr(torch, "_GLOBAL_DEVICE_CONTEXT"):
+        def read():
+            held = torch._GLOBAL_DEVICE_CONTEXT  # read each time: older torch rebinds it
+            return getattr(getattr(held, "device_context", held), "device", None)
+
+        return read, torch.set_default_device
+    if hasattr(torch, "get_default_device"):  # torch moved it: the reading, with "cpu" as none set
+        cpu = torch.device("cpu")
+        return torch.get_default_device, lambda v: torch.set_default_device(None if v == cpu else v)
+    return None
 
 
 # --- the recipe as a context --------------------------------------------------------------------

@@ -17,8 +17,8 @@ from ..render.display import in_kernel
 from ..snapshot import LazyModuleNotReady, SnapshotTooLarge
 from ..timing import format_seconds
 from .common import (cell_function, check_name, check_name_free, dtype_hint, help_option, history_name,
-                     interrupt_without_frames, output_can_be_silenced, parse_line, refuse_empty_cell,
-                     refuse_nested_cell_magic, show_result, silenced, sole_measuring_magic)
+                     interrupt_without_frames, interrupted_in_nbaccel, output_can_be_silenced, parse_line,
+                     refuse_empty_cell, refuse_nested_cell_magic, show_result, silenced, sole_measuring_magic)
 
 DTYPES = ("bf16", "fp16", "auto", "tf32")
 # A comparison projected (from its measured first run) to take longer than this says so, with a
@@ -66,35 +66,13 @@ class AmpMagics(Magics):
             loss
         """
         __tracebackhide__ = True  # noqa: F841 - IPython hides nbaccel's frames from the user's traceback
-        args = parse_line(self.amp, line, hint=dtype_hint("--dtype", DTYPES, dtype_name))
+        try:
+            args, device, run = self._checked(line, cell)
+        except KeyboardInterrupt as exc:  # a first call's device reading (CUDA starting) can take seconds
+            raise interrupted_in_nbaccel(exc, "%%amp", "while nbaccel checked the options and the device, before "
+                                         "any run", "the cell did not run") from None
         if args is None:  # -h/--help: the help was printed
             return None
-        typed, args.dtype = args.dtype, dtype_name(args.dtype)  # bfloat16, float16, half: the long names work too
-        fp32 = args.dtype == "fp32"
-        if fp32:
-            # compare_amp's own reason ("fp32 is the baseline"), in the words the user typed: the magic's
-            # "--dtype fp32 is not supported" named a spelling nobody wrote (--dtype float32) and no reason
-            args.dtype = typed
-        elif args.dtype not in DTYPES:
-            raise UsageError(f"--dtype {typed} is not supported; use one of: {', '.join(DTYPES)}")
-        # compare_amp checks these too, but its ValueError would surface after the snapshot, as nbaccel's own
-        whole_number("repeat", args.repeat, 1, UsageError)
-        whole_number("warmup", args.warmup, 0, UsageError)
-        check_name(args.result, counts="--repeat")
-        if not 0 < args.max_snapshot <= 1:
-            raise UsageError(f"--max-snapshot is a fraction of available memory in (0, 1], got {args.max_snapshot}")
-        refuse_empty_cell(self.shell, "amp", cell)
-        refuse_nested_cell_magic("amp", cell)
-        check_name_free(self.shell, args.result, cell)
-        try:
-            device = resolve_device(args.device)
-            if args.dtype == "tf32":
-                make_recipe("tf32", device)
-            elif not fp32:  # compare_amp refuses fp32 itself, before anything runs
-                autocast_dtype(args.dtype, device_info(device))
-        except DeviceError as exc:
-            raise UsageError(str(exc)) from None
-        run = cell_function(self.shell, cell)
         cell_errors = []  # (exception, which run) when the cell itself raised
         notes = []  # the long-run note's display handle, replaced when the comparison ends
 
@@ -135,6 +113,40 @@ class AmpMagics(Magics):
         show_result(self.shell, "%%amp", result, args.result, args.quiet)
         return result.value
 
+    def _checked(self, line, cell):
+        """(the parsed options, the device, the cell as a function), every refusal a UsageError, before
+        anything runs; (None, None, None) after -h."""
+        __tracebackhide__ = True  # noqa: F841 - IPython hides nbaccel's frames from the user's traceback
+        args = parse_line(self.amp, line, hint=dtype_hint("--dtype", DTYPES, dtype_name))
+        if args is None:  # -h/--help: the help was printed
+            return None, None, None
+        typed, args.dtype = args.dtype, dtype_name(args.dtype)  # bfloat16, float16, half: the long names work too
+        fp32 = args.dtype == "fp32"
+        if fp32:
+            # compare_amp's own reason ("fp32 is the baseline"), in the words the user typed: the magic's
+            # "--dtype fp32 is not supported" named a spelling nobody wrote (--dtype float32) and no reason
+            args.dtype = typed
+        elif args.dtype not in DTYPES:
+            raise UsageError(f"--dtype {typed} is not supported; use one of: {', '.join(DTYPES)}")
+        # compare_amp checks these too, but its ValueError would surface after the snapshot, as nbaccel's own
+        whole_number("repeat", args.repeat, 1, UsageError)
+        whole_number("warmup", args.warmup, 0, UsageError)
+        check_name(args.result, counts="--repeat")
+        if not 0 < args.max_snapshot <= 1:
+            raise UsageError(f"--max-snapshot is a fraction of available memory in (0, 1], got {args.max_snapshot}")
+        refuse_empty_cell(self.shell, "amp", cell)
+        refuse_nested_cell_magic("amp", cell)
+        check_name_free(self.shell, args.result, cell)
+        try:
+            device = resolve_device(args.device)
+            if args.dtype == "tf32":
+                make_recipe("tf32", device)
+            elif not fp32:  # compare_amp refuses fp32 itself, before anything runs
+                autocast_dtype(args.dtype, device_info(device))
+        except DeviceError as exc:
+            raise UsageError(str(exc)) from None
+        return args, device, cell_function(self.shell, cell)
+
 
 def _note_long_run(shell, seconds: float, runs_left: int, args, device):
     """After the first run: when all runs together will take long, say so now, and how to shorten it.
@@ -169,6 +181,16 @@ def _fewer_runs(args, device) -> str | None:
     return f"{' '.join(changes)} ({planned_runs(warmup, repeat, not args.no_baseline, device)} runs in all)"
 
 
+def _noted_not_restored(exc: BaseException) -> bool:
+    """`not_restored`, False where the cell set ``__notes__`` to something that is not a list of notes
+    (None, a number): reading it must not replace the cell's exception with a TypeError, and compare_amp
+    makes the notes a list where it adds its own, so there is none of its notes then."""
+    try:
+        return not_restored(exc)
+    except Exception:  # noqa: BLE001 - the user's object, read: whatever it raises
+        return False
+
+
 def _abandon_note(exc: BaseException, where: str | None, no_restore: bool) -> str:
     """The line for a comparison that did not finish: who failed, and what was put back.
     ``where`` is the run the cell failed in, or None when the cell did not fail."""
@@ -179,7 +201,7 @@ def _abandon_note(exc: BaseException, where: str | None, no_restore: bool) -> st
              if no_restore else
              f"{settings} are as they were before the magic, but not all your variables: putting them back "
              f"{'was interrupted' if isinstance(exc, KeyboardInterrupt) else 'ran out of memory too'} (see the note "
-             "under the error)" if not_restored(exc) else
+             "under the error)" if _noted_not_restored(exc) else
              f"your variables and {settings} are as they were before the magic")
     if where is not None:
         what = ("was interrupted (KeyboardInterrupt)" if isinstance(exc, KeyboardInterrupt)
