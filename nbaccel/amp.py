@@ -588,8 +588,11 @@ INTERRUPTED_RESTORE = (f"{NOT_RESTORED}: a second interrupt stopped nbaccel whil
 
 
 def not_restored(exc: BaseException) -> bool:
-    """Whether `_put_back` noted on ``exc`` that the variables could not be fully restored."""
-    return any(str(note).startswith(NOT_RESTORED) for note in getattr(exc, "__notes__", ()))
+    """Whether `_put_back` noted on ``exc`` that the variables could not be fully restored. The cell may
+    have set ``__notes__`` to anything (None, a number, items whose ``__str__`` raises): nbaccel's own
+    notes are strings, and reading the rest must not replace the cell's exception."""
+    notes = getattr(exc, "__notes__", ())
+    return isinstance(notes, (list, tuple)) and any(isinstance(n, str) and n.startswith(NOT_RESTORED) for n in notes)
 
 
 def _put_back(snapshot: Snapshot, torch_before: TorchGlobals, device: torch.device) -> str | None:

@@ -181,16 +181,6 @@ def _fewer_runs(args, device) -> str | None:
     return f"{' '.join(changes)} ({planned_runs(warmup, repeat, not args.no_baseline, device)} runs in all)"
 
 
-def _noted_not_restored(exc: BaseException) -> bool:
-    """`not_restored`, False where the cell set ``__notes__`` to something that is not a list of notes
-    (None, a number): reading it must not replace the cell's exception with a TypeError, and compare_amp
-    makes the notes a list where it adds its own, so there is none of its notes then."""
-    try:
-        return not_restored(exc)
-    except Exception:  # noqa: BLE001 - the user's object, read: whatever it raises
-        return False
-
-
 def _abandon_note(exc: BaseException, where: str | None, no_restore: bool) -> str:
     """The line for a comparison that did not finish: who failed, and what was put back.
     ``where`` is the run the cell failed in, or None when the cell did not fail."""
@@ -201,7 +191,7 @@ def _abandon_note(exc: BaseException, where: str | None, no_restore: bool) -> st
              if no_restore else
              f"{settings} are as they were before the magic, but not all your variables: putting them back "
              f"{'was interrupted' if isinstance(exc, KeyboardInterrupt) else 'ran out of memory too'} (see the note "
-             "under the error)" if _noted_not_restored(exc) else
+             "under the error)" if not_restored(exc) else
              f"your variables and {settings} are as they were before the magic")
     if where is not None:
         what = ("was interrupted (KeyboardInterrupt)" if isinstance(exc, KeyboardInterrupt)
