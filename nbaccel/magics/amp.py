@@ -58,7 +58,7 @@ class AmpMagics(Magics):
         cell's last value, which ops ran in reduced precision, gradient overflow/underflow (fp16),
         FLOP/s and advice. Before every run the namespace, tensors, modules, optimizers,
         schedulers, GradScalers, RNG states and torch's global settings (grad mode, default dtype,
-        autocast, TF32/cuDNN flags) are restored, so afterwards your variables are exactly as after
+        autocast, TF32/cuDNN flags, threads...) are restored, so afterwards your variables are exactly as after
         one run of the cell under the recipe.
 
             %%amp --dtype bf16 --repeat 10 -r res
@@ -185,8 +185,8 @@ def _abandon_note(exc: BaseException, where: str | None, no_restore: bool) -> st
     """The line for a comparison that did not finish: who failed, and what was put back.
     ``where`` is the run the cell failed in, or None when the cell did not fail."""
     # compare_amp restores torch's settings either way; the variables only when it snapshotted them.
-    settings = ("torch's global settings (grad mode, default dtype, autocast, TF32 and cuDNN flags, matmul "
-                "precision)")
+    settings = ("torch's global settings (grad mode, default dtype and device, autocast, TF32, cuDNN and oneDNN "
+                "flags, matmul precision, threads, anomaly mode)")
     state = (f"{settings} are as they were before the magic; your variables keep what the runs did (--no-restore)"
              if no_restore else
              f"{settings} are as they were before the magic, but not all your variables: putting them back "
