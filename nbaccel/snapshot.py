@@ -58,6 +58,32 @@ def _host_clone(t: torch.Tensor) -> torch.Tensor:
     return t.detach().to("cpu", copy=True)
 
 
+# Restoring a tensor writes into it (copy_), and every in-place write bumps its version counter, which
+# autograd checks against the version each saved tensor had when a graph saved it: an earlier cell's
+# `loss = model(x)...` then failed its `loss.backward()` after any %%amp, even one on an unrelated cell
+# ("modified by an inplace operation ... is at version 11"). After the copy the data is exactly what it
+# was when the snapshot was taken, so the counter goes back to its value then. (Skipping the copy for a
+# tensor whose version did not move is not safe: `w.data.mul_(2)` changes w's values without bumping
+# w's counter.) torch 2.13 takes sequences; earlier releases took one tensor and one int.
+_SET_VERSION = getattr(torch._C._autograd, "_unsafe_set_version_counter", None)
+
+
+def _version_of(t: torch.Tensor) -> int | None:
+    try:
+        return t._version
+    except RuntimeError:  # an inference tensor has no version counter
+        return None
+
+
+def _set_version(t: torch.Tensor, version: int | None) -> None:
+    if _SET_VERSION is None or version is None or t._version == version:
+        return
+    try:
+        _SET_VERSION((t,), (version,))
+    except TypeError:
+        _SET_VERSION(t, version)
+
+
 def _deep_host_copy(value):
     """deepcopy that moves tensors to the host (state_dicts may hold CUDA tensors)."""
     if isinstance(value, torch.Tensor):
@@ -78,6 +104,7 @@ class _TensorCopy:
     data: torch.Tensor
     grad: torch.Tensor | None
     requires_grad: bool
+    version: int | None = None  # its version counter at capture (`_set_version`)
 
     def restore(self):
         t = self.tensor
@@ -88,6 +115,7 @@ class _TensorCopy:
                 t.copy_(self.data)
             else:  # the cell resized or re-typed it in place
                 t.data = self.data.to(t.device, copy=True)
+        _set_version(t, self.version)
         if t.is_leaf:
             t.requires_grad_(self.requires_grad)
             if self.grad is None:
@@ -196,7 +224,7 @@ class Snapshot:
             return
         grad = _host_clone(t.grad) if t.is_leaf and t.grad is not None else None
         data = _host_clone(t)
-        self.tensors.append(_TensorCopy(t, data, grad, t.requires_grad))
+        self.tensors.append(_TensorCopy(t, data, grad, t.requires_grad, _version_of(t)))
         self.nbytes += data.nbytes + (grad.nbytes if grad is not None else 0)
 
     def _visit(self, obj, seen: set[int], depth: int, top_level: bool = False):

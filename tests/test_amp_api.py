@@ -671,6 +671,18 @@ def test_snapshot_restores_in_place_and_keeps_identity(small_model):
     assert "extra" not in ns and "t2" not in ns
 
 
+def test_a_restore_puts_back_values_changed_behind_the_version_counter():
+    """The restore sets each tensor's version counter back (a pending graph stays valid), so it must not
+    skip a tensor whose version did not move: `w.data.mul_(2)` changes w without bumping it."""
+    w = torch.nn.Parameter(torch.ones(3))
+    snap = Snapshot.capture({"w": w})
+    version = w._version
+    w.data.mul_(2)
+    assert w._version == version
+    snap.restore()
+    assert w.tolist() == [1.0, 1.0, 1.0] and w._version == version
+
+
 def test_snapshot_restores_what_a_cell_does_to_a_modules_structure():
     """A user trial: a cell that registers a hook, prunes, adds weight_norm (a parametrization swaps the
     class) or assigns a new Parameter did it once more each run: 17 hooks after %%amp, a mask pruning

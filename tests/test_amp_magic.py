@@ -310,6 +310,23 @@ def test_a_list_inside_a_dict_is_restored(run_cell, ip):
     assert not any("differ" in a or "moved by" in a for a in res.advice)
 
 
+def test_a_graph_built_before_the_magic_still_backpropagates(run_cell, ip):
+    """Restoring a tensor (copy_) bumped its version counter before every run: any %%amp, even on a cell
+    that never touches them, made an earlier cell's `loss.backward()` fail ("modified by an inplace
+    operation ... is at version 11"). A tensor the kept run really changes in place still moves."""
+    run_cell("import torch\ntorch.manual_seed(0)\nmodel = torch.nn.Linear(16, 4)\nx = torch.randn(8, 16)\n"
+             "loss = model(x).pow(2).mean()\na = torch.randn(32, 32)\n"
+             "b = torch.randn(4, requires_grad=True)\nc = torch.ones(4)\npending = (b * c).sum()")
+    versions = {name: ip.user_ns[name]._version for name in ("x", "a", "c")}
+    run_cell("%%amp --repeat 1 --warmup 0 -q\n(a @ a).sum()")
+    assert {name: ip.user_ns[name]._version for name in versions} == versions
+    run_cell("loss.backward()")
+    assert ip.user_ns["model"].weight.grad is not None
+    run_cell("%%amp --repeat 1 --warmup 0 -q\nc.mul_(2)\nc.sum()")
+    assert ip.user_ns["c"].tolist() == [2.0] * 4 and ip.user_ns["c"]._version == versions["c"] + 1
+    run_cell("pending.backward()", expect_error=RuntimeError)  # autograd still sees the kept run's write
+
+
 def test_an_inference_tensor_from_an_earlier_cell_is_restored(run_cell, ip):
     # A tensor made under inference_mode can only change in place inside it: restoring it between
     # runs raised "Inplace update to inference tensor outside InferenceMode" and failed every later %%amp.
