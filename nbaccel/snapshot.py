@@ -26,6 +26,7 @@ from __future__ import annotations
 import copy
 import itertools
 import random
+import re
 import sys
 import types
 from dataclasses import dataclass, field
@@ -194,6 +195,9 @@ class Snapshot:
     skip: object = None  # names (IPython's history: _, _i, Out...) that restore leaves alone
     dry: bool = False  # only count the bytes a capture would copy (see `estimate_bytes`)
     nested_items: int = 0  # items copied for containers below the top level (see _MAX_NESTED_ITEMS)
+    # id(object) -> where the capture found it (`_path_text`), for the objects above: a restore that
+    # fails for one names the variable ("cfg", "model.0.weight", "history['loss']").
+    paths: dict = field(default_factory=dict)
 
     @classmethod
     def capture(cls, namespace: dict | None = None, objects=(), skip=lambda name: False,
@@ -204,15 +208,17 @@ class Snapshot:
         if namespace is not None:
             snap.bindings = {k: v for k, v in namespace.items() if not skip(k)}
             for name, value in snap.bindings.items():
-                snap._visit(value, seen, 0, top_level=True)
+                snap._visit(value, seen, 0, name, top_level=True)
         for obj in objects:
-            snap._visit(obj, seen, 0, top_level=True)
+            snap._visit(obj, seen, 0, f"<{type(obj).__name__}>", top_level=True)  # no name: its type
         if not dry:
-            snap.containers.extend((hooks, copy.copy(hooks)) for hooks in _process_wide_hooks())
+            for hooks in _process_wide_hooks():
+                snap.containers.append((hooks, copy.copy(hooks)))
+                snap.paths[id(hooks)] = "torch's process-wide hooks"
             snap.rng = _capture_rng()
         return snap
 
-    def _add_tensor(self, t: torch.Tensor, seen: set[int]):
+    def _add_tensor(self, t: torch.Tensor, seen: set[int], path):
         # A lazy module's uninitialized parameter has no values to copy (and refuses .detach()); a cell
         # that reads such a module is refused before the snapshot (`refuse_uninitialized_lazy`).
         if id(t) in seen or t.is_meta or torch.nn.parameter.is_lazy(t):
@@ -225,43 +231,47 @@ class Snapshot:
         grad = _host_clone(t.grad) if t.is_leaf and t.grad is not None else None
         data = _host_clone(t)
         self.tensors.append(_TensorCopy(t, data, grad, t.requires_grad, _version_of(t)))
+        self.paths[id(t)] = path
         self.nbytes += data.nbytes + (grad.nbytes if grad is not None else 0)
 
-    def _visit(self, obj, seen: set[int], depth: int, top_level: bool = False):
+    def _visit(self, obj, seen: set[int], depth: int, path, top_level: bool = False):
         if isinstance(obj, (types.ModuleType, type, types.FunctionType, types.BuiltinFunctionType, str, bytes,
                             int, float, bool, type(None))):
             return
         if isinstance(obj, torch.Tensor):
-            self._add_tensor(obj, seen)
+            self._add_tensor(obj, seen, path)
             return
         if id(obj) in seen:
             return
         seen.add(id(obj))
         if isinstance(obj, torch.nn.Module):
-            for t in list(obj.parameters()) + list(obj.buffers()):
-                self._add_tensor(t, seen)
-            for m in obj.modules():
+            for name, t in itertools.chain(obj.named_parameters(), obj.named_buffers()):
+                self._add_tensor(t, seen, (path, ".", name))
+            for name, m in obj.named_modules():
+                where = (path, ".", name) if name else path
                 if not self.dry:
                     self.modules.append((m, _ModuleLayout.capture(m)))
+                    self.paths[id(m)] = where
                 # The attributes a model's own code keeps (self.mask = torch.ones(...), self.history = []):
                 # their values, as for a namespace variable (a trial's counter tensor went up 17 times).
                 for name, value in vars(m).items():
                     if name not in _MODULE_OWN:
-                        self._visit(value, seen, depth + 1)
+                        self._visit(value, seen, depth + 1, (where, ".", name))
         elif isinstance(obj, torch.optim.Optimizer):
-            for group in obj.param_groups:
-                for p in group["params"]:
-                    self._add_tensor(p, seen)
+            for i, group in enumerate(obj.param_groups):
+                for j, p in enumerate(group["params"]):
+                    self._add_tensor(p, seen, (path, ".", f"param_groups[{i}]['params'][{j}]"))
             if not self.dry:
                 self.optimizer_groups.append((obj, _capture_groups(obj)))
-            self._add_state(obj, obj.state_dict())
+            self._add_state(obj, obj.state_dict(), path)
         elif _is_scheduler(obj) or _is_grad_scaler(obj):
-            self._add_state(obj, obj.state_dict() if not _is_grad_scaler(obj) else dict(vars(obj)))
+            self._add_state(obj, obj.state_dict() if not _is_grad_scaler(obj) else dict(vars(obj)), path)
         elif np is not None and isinstance(obj, np.ndarray):
             if obj.flags.writeable:
                 self.nbytes += obj.nbytes
                 if not self.dry:
                     self.containers.append((obj, obj.copy()))
+                    self.paths[id(obj)] = path
         elif isinstance(obj, (list, dict, set, bytearray)) and depth < _MAX_DEPTH:
             # Every container we walk through is copied (shallow), not only the top-level ones:
             # `history = {'loss': []}` then `history['loss'].append(x)` mutates a nested list.
@@ -270,20 +280,26 @@ class Snapshot:
                     self.nested_items += len(obj)
                 if not self.dry:
                     self.containers.append((obj, copy.copy(obj)))
-            items = obj.values() if isinstance(obj, dict) else obj
-            for item in list(items)[:10_000]:
-                self._visit(item, seen, depth + 1)
+                    self.paths[id(obj)] = path
+            items = obj.items() if isinstance(obj, dict) else enumerate(obj)
+            for key, item in itertools.islice(items, 10_000):
+                self._visit(item, seen, depth + 1, (path, "[]", key))
         elif isinstance(obj, tuple) and depth < _MAX_DEPTH:
-            for item in obj:
-                self._visit(item, seen, depth + 1)
+            for i, item in enumerate(obj):
+                self._visit(item, seen, depth + 1, (path, "[]", i))
 
-    def _add_state(self, obj, state: dict):
+    def _add_state(self, obj, state: dict, path):
         if self.dry:
             self.nbytes += sum(t.nbytes for t in _tensors_in(state))
             return
         copied = _deep_host_copy(state)
         self.nbytes += sum(t.nbytes for t in _tensors_in(copied))
         self.stateful.append((obj, copied))
+        self.paths[id(obj)] = path
+
+    def _failure(self, obj, error: Exception) -> "RestoreFailure":
+        path = self.paths.get(id(obj))
+        return RestoreFailure(_path_text(path) if path is not None else f"<{type(obj).__name__}>", error)
 
     def restore(self, drop_state_first: bool = False):
         """Put everything back. Safe to call many times; each call restores the same state.
@@ -291,26 +307,137 @@ class Snapshot:
 
         ``drop_state_first`` (after an out-of-memory error): an optimizer's current state is dropped
         before its saved state is loaded, so its old and restored moments are never on the device
-        together. Not by default: a ``load_state_dict`` that refuses would leave the optimizer empty."""
+        together. Not by default: a ``load_state_dict`` that refuses would leave the optimizer empty.
+
+        An object that cannot be put back (a dict subclass whose ``clear()`` refuses once the cell has
+        run) does not stop the rest: everything else is restored, and then `RestoreIncomplete` names
+        what was not (or, when one of them ran out of memory, that error is raised, with the list in
+        `restore_failures`). A failed restore once stopped at the first such object and the variables
+        after it (lists, the RNG) kept what the run did, while the magic said all were put back.
+        A KeyboardInterrupt stops it at once."""
         if not self.rng:
             return
         if self.namespace is not None:
             for name in [k for k in self.namespace if k not in self.bindings and not self.skip(k)]:
                 del self.namespace[name]  # a name the cell created
             self.namespace.update(self.bindings)
+        failures = []
         for copy_ in self.tensors:
-            copy_.restore()
+            try:
+                copy_.restore()
+            except Exception as error:  # noqa: BLE001 - collected, the rest restored, then raised
+                failures.append(self._failure(copy_.tensor, error))
         for module, layout in self.modules:
-            layout.restore(module)
+            try:
+                layout.restore(module)
+            except Exception as error:  # noqa: BLE001 - as above
+                failures.append(self._failure(module, error))
         for optimizer, groups in self.optimizer_groups:  # before load_state_dict, which needs the same layout
-            _restore_groups(optimizer, groups)
+            try:
+                _restore_groups(optimizer, groups)
+            except Exception as error:  # noqa: BLE001 - as above
+                failures.append(self._failure(optimizer, error))
         for obj, state in self.stateful:
-            if drop_state_first and isinstance(obj, torch.optim.Optimizer):
-                obj.state.clear()
-            _restore_stateful(obj, state)
+            try:
+                if drop_state_first and isinstance(obj, torch.optim.Optimizer):
+                    obj.state.clear()
+                _restore_stateful(obj, state)
+            except Exception as error:  # noqa: BLE001 - as above
+                failures.append(self._failure(obj, error))
         for container, saved in self.containers:
-            _restore_container(container, saved)
-        _restore_rng(self.rng)
+            try:
+                _restore_container(container, saved)
+            except Exception as error:  # noqa: BLE001 - as above
+                failures.append(self._failure(container, error))
+        try:
+            _restore_rng(self.rng)
+        except Exception as error:  # noqa: BLE001 - as above
+            failures.append(RestoreFailure("the random number generators' state", error))
+        if failures:
+            raise_failures(failures)
+
+
+@dataclass
+class RestoreFailure:
+    """One object a restore could not put back: where it was found (``cfg``, ``model.0.weight``; None
+    when not known), and why."""
+    what: str | None
+    error: BaseException
+
+    def __str__(self) -> str:
+        return f"`{self.what}` ({_why(self.error)})" if self.what is not None else _why(self.error)
+
+
+def _why(error: BaseException) -> str:
+    text = str(error).strip()
+    first = text.splitlines()[0] if text else ""
+    return f"{type(error).__name__}: {first[:200]}" if first else type(error).__name__
+
+
+class RestoreIncomplete(Exception):
+    """`Snapshot.restore` put back everything it could, but not ``failures`` (`RestoreFailure` each)."""
+
+    def __init__(self, failures: list):
+        super().__init__(f"nbaccel could not put back {describe_failures(failures)}; everything else was put back")
+        self.failures = failures
+
+
+def describe_failures(failures: list) -> str:
+    """One entry per object, as in "`cfg` (TypeError: frozen), `opt` (...)" (a failed layout and a failed
+    ``load_state_dict`` of one optimizer are one)."""
+    first = {}
+    for failure in failures:
+        first.setdefault(failure.what, failure)
+    return ", ".join(str(f) for f in first.values())
+
+
+def raise_failures(failures: list):
+    """Raise what `Snapshot.restore` reports for ``failures``: `RestoreIncomplete`, or the first
+    out-of-memory error among them (the machine's, which nbaccel's out-of-memory handling and %%budget
+    recognise by its type), carrying the list in `restore_failures`."""
+    from .oom import is_oom
+
+    oom = next((f.error for f in failures if is_oom(f.error)), None)
+    if oom is not None:
+        oom._nbaccel_restore_failures = failures
+        raise oom
+    raise RestoreIncomplete(failures) from failures[0].error
+
+
+def restore_failures(error: BaseException) -> list:
+    """The objects a failed `Snapshot.restore` could not put back, from what it raised (empty when it
+    raised something else)."""
+    if isinstance(error, RestoreIncomplete):
+        return error.failures
+    return list(getattr(error, "_nbaccel_restore_failures", ()))
+
+
+def _path_text(path) -> str:
+    """``("history", "[]", "loss")`` nested in tuples -> ``history['loss']``; a string as it is."""
+    steps = []
+    while isinstance(path, tuple):
+        path, how, key = path
+        steps.append(f".{key}" if how == "." else f"[{key!r}]")
+    return path + "".join(reversed(steps))
+
+
+class RestoreNote(str):
+    """The note `amp._put_back` adds to an abandoned comparison's exception when the variables could not
+    all be put back (a str, as ``add_note`` takes), with ``names``: the variables not put back, for the
+    magic's own line."""
+
+    names: tuple = ()
+
+    def __new__(cls, text: str, names=()):
+        note = super().__new__(cls, text)
+        # the variable each failed object was found under: `model` for `model.0.weight`
+        note.names = tuple(dict.fromkeys(re.split(r"[.\[]", name, maxsplit=1)[0] for name in names))
+        return note
+
+
+def not_put_back(exc: BaseException) -> tuple:
+    """The variables a `RestoreNote` on ``exc`` names (empty when there is none)."""
+    return next((note.names for note in getattr(exc, "__notes__", ()) if isinstance(note, RestoreNote)), ())
 
 
 def _tensors_in(value):

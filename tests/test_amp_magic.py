@@ -310,6 +310,24 @@ def test_a_list_inside_a_dict_is_restored(run_cell, ip):
     assert not any("differ" in a or "moved by" in a for a in res.advice)
 
 
+def test_a_variable_that_cannot_be_put_back_is_named_and_the_rest_restored(run_cell, ip):
+    """A fault-injection audit: an object whose restore fails (a dict subclass whose clear() refuses after
+    the run) stopped the restore there, so `seen` kept the run's append and the RNG stayed advanced,
+    while the magic said "a bug in nbaccel ... your variables ... are as they were before the magic"."""
+    run_cell("import torch\nclass Settings(dict):\n    frozen = False\n    def clear(self):\n"
+             "        if Settings.frozen: raise TypeError('frozen')\n        super().clear()\n"
+             "cfg = Settings(lr=.1); seen = []; torch.manual_seed(0)")
+    _, captured = run_cell("%%amp --repeat 1 --warmup 0\nseen.append(torch.rand(1).item()); Settings.frozen = True\n"
+                           "(torch.ones(4) * 2).sum()", expect_error=Exception)
+    run_cell("Settings.frozen = False\nnext_draw = torch.rand(1).item()\ntorch.manual_seed(0)")
+    assert ip.user_ns["seen"] == [] and ip.user_ns["next_draw"] == ip.user_ns["torch"].rand(1).item()
+    err = unfolded(captured.stderr)
+    assert ("nbaccel %%amp: between two runs nbaccel could not put back `cfg` (TypeError: frozen), so the comparison "
+            "was abandoned: torch's global settings") in err
+    assert "and so are your variables except `cfg`, which could not be put back (see the note under the error)" in err
+    assert "bug in nbaccel" not in err and "your variables and torch's" not in err
+
+
 def test_a_graph_built_before_the_magic_still_backpropagates(run_cell, ip):
     """Restoring a tensor (copy_) bumped its version counter before every run: any %%amp, even on a cell
     that never touches them, made an earlier cell's `loss.backward()` fail ("modified by an inplace
