@@ -576,6 +576,8 @@ def _put_back(snapshot: Snapshot, torch_before: TorchGlobals, device: torch.devi
             failures = attempt(True)
     finally:
         torch_before.restore()
+    # What the capture could not copy was never put back either: "as before the call" is not promised for it.
+    failures = failures + list(getattr(snapshot, "left_out", ()))
     if not failures:
         return None
     names = [f.what for f in failures if f.what is not None]

@@ -40,15 +40,18 @@ try:  # numpy is a torch dependency in practice, but not a hard one
 except ImportError:  # pragma: no cover
     np = None
 
+# What the capture does not look into (immutable, or code); matched on type(obj) (see `_visit`).
+_NOT_WALKED = (types.ModuleType, type, types.FunctionType, types.BuiltinFunctionType, str, bytes, int, float, bool,
+               type(None))
 _MAX_DEPTH = 3  # how deep into lists/dicts/tuples we look for tensors and modules (and copy containers)
 # Items copied for containers below the top level, in all: a namespace holding thousands of big
 # nested lists would otherwise double its memory; beyond this, nested containers are not restored.
 _MAX_NESTED_ITEMS = 1_000_000
 
 
-def _is_scheduler(obj) -> bool:
+def _is_scheduler_type(kind: type) -> bool:
     schedulers = torch.optim.lr_scheduler
-    return isinstance(obj, (schedulers.LRScheduler, schedulers.ReduceLROnPlateau))  # not one class before torch 2.2
+    return issubclass(kind, (schedulers.LRScheduler, schedulers.ReduceLROnPlateau))  # not one class before torch 2.2
 
 
 def _is_grad_scaler(obj) -> bool:
@@ -85,6 +88,34 @@ def _set_version(t: torch.Tensor, version: int | None) -> None:
         _SET_VERSION(t, version)
 
 
+def _nbytes(t: torch.Tensor) -> int:
+    """``t.nbytes``, also for a sparse COO tensor (which refuses it: its indices and values are counted)."""
+    if t.layout == torch.sparse_coo:
+        return _nbytes(t._indices()) + _nbytes(t._values())
+    try:
+        return t.nbytes
+    except (RuntimeError, NotImplementedError):  # a layout or subclass without it: its storage, if any
+        try:
+            return t.untyped_storage().nbytes()
+        except (RuntimeError, NotImplementedError):
+            return 0
+
+
+def _deepcopy_or_same(value):
+    """``copy.deepcopy``, except that a part it refuses (a lock, a generator, an open file: held by an
+    LambdaLR's callable object or kept in an optimizer's param group) is kept as the object itself, as a
+    variable bound to it is: its binding is restored, what is done to it in place is not. deepcopy's
+    refusal used to fail the whole comparison as "a bug in nbaccel"."""
+    try:
+        return copy.deepcopy(value)
+    except Exception:  # noqa: BLE001 - whatever deepcopy raised: copy the parts it can
+        if type(value) is dict:
+            return {k: _deepcopy_or_same(v) for k, v in value.items()}
+        if type(value) in (list, tuple):
+            return type(value)(_deepcopy_or_same(v) for v in value)
+        return value
+
+
 def _deep_host_copy(value):
     """deepcopy that moves tensors to the host (state_dicts may hold CUDA tensors)."""
     if isinstance(value, torch.Tensor):
@@ -96,7 +127,31 @@ def _deep_host_copy(value):
         return out
     if isinstance(value, (list, tuple)):
         return type(value)(_deep_host_copy(v) for v in value)
-    return copy.deepcopy(value)
+    return _deepcopy_or_same(value)
+
+
+class _SavedGroups(list):
+    """An optimizer's saved ``param_groups``. ``Optimizer.load_state_dict`` deep-copies them, and an entry
+    deepcopy refuses (a lock kept in a group) made every restore of that optimizer fail: such an entry
+    is kept by reference (`_deepcopy_or_same`); every other group is copied as torch would."""
+
+    def __deepcopy__(self, memo):
+        try:
+            return copy.deepcopy(list(self), memo)
+        except Exception:  # noqa: BLE001 - as in _deepcopy_or_same
+            return [_deepcopy_or_same(group) for group in self]
+
+
+def _overlaps(t: torch.Tensor) -> bool:
+    """Whether some of ``t``'s elements are one memory location (an expanded tensor's are)."""
+    return t.layout == torch.strided and not t.is_nested and torch._debug_has_internal_overlap(t) == 1
+
+
+def _span(t: torch.Tensor) -> int:
+    """How many consecutive storage elements ``t`` reaches, from its offset (strides are never negative)."""
+    if t.numel() == 0:
+        return 0
+    return 1 + sum((size - 1) * stride for size, stride in zip(t.shape, t.stride()))
 
 
 @dataclass
@@ -106,13 +161,37 @@ class _TensorCopy:
     grad: torch.Tensor | None
     requires_grad: bool
     version: int | None = None  # its version counter at capture (`_set_version`)
+    # (shape, stride, storage offset) of a tensor whose elements share memory: `data` is then its storage
+    # from the offset on (`_span` elements), not its elements (see `capture`)
+    overlap: tuple | None = None
+
+    @classmethod
+    def capture(cls, t: torch.Tensor) -> "_TensorCopy":
+        grad = _host_clone(t.grad) if t.is_leaf and t.grad is not None else None
+        overlap = None
+        if _overlaps(t):
+            # An expanded tensor (torch.zeros(1, 64).expand(32, 64)): several elements are one memory
+            # location, and copy_ into it refuses ("more than one element of the written-to tensor refers
+            # to a single memory location"). The memory it reaches is copied and put back instead.
+            overlap = (tuple(t.shape), t.stride(), t.storage_offset())
+            data = _host_clone(t.detach().as_strided((_span(t),), (1,), t.storage_offset()))
+        else:
+            data = _host_clone(t)
+        return cls(t, data, grad, t.requires_grad, _version_of(t), overlap)
 
     def restore(self):
         t = self.tensor
         # A tensor made under torch.inference_mode() (an earlier cell's `preds`) can only be
         # updated in place inside inference mode; outside it copy_ raises.
         with torch.inference_mode() if t.is_inference() else torch.no_grad():
-            if t.shape == self.data.shape and t.dtype == self.data.dtype:
+            if self.overlap is not None:
+                shape, stride, offset = self.overlap
+                if (tuple(t.shape), t.stride(), t.storage_offset()) != self.overlap:
+                    t.as_strided_(shape, stride, offset)
+                t.as_strided((self.data.numel(),), (1,), offset).copy_(self.data)
+            elif t.is_nested:  # no .shape to compare; copy_ refuses a changed structure (then said by restore)
+                t.copy_(self.data)
+            elif t.shape == self.data.shape and t.dtype == self.data.dtype:
                 t.copy_(self.data)
             else:  # the cell resized or re-typed it in place
                 t.data = self.data.to(t.device, copy=True)
@@ -198,6 +277,9 @@ class Snapshot:
     # id(object) -> where the capture found it (`_path_text`), for the objects above: a restore that
     # fails for one names the variable ("cfg", "model.0.weight", "history['loss']").
     paths: dict = field(default_factory=dict)
+    # What the capture could not copy (a RestoreFailure each, `copied` False): not restored between runs;
+    # if the cell depends on it, two runs from the restored state differ and the result says so.
+    left_out: list = field(default_factory=list)
 
     @classmethod
     def capture(cls, namespace: dict | None = None, objects=(), skip=lambda name: False,
@@ -224,30 +306,44 @@ class Snapshot:
         if id(t) in seen or t.is_meta or torch.nn.parameter.is_lazy(t):
             return
         seen.add(id(t))
-        if self.dry:
-            grad = t.grad if t.is_leaf and t.grad is not None else None
-            self.nbytes += t.nbytes + (grad.nbytes if grad is not None else 0)
+        try:
+            if self.dry:
+                grad = t.grad if t.is_leaf and t.grad is not None else None
+                data = _span(t) * t.element_size() if _overlaps(t) else _nbytes(t)
+                self.nbytes += data + (_nbytes(grad) if grad is not None else 0)
+                return
+            copied = _TensorCopy.capture(t)
+        except Exception as error:  # noqa: BLE001 - a tensor nbaccel cannot copy is left out, and said
+            self.left_out.append(RestoreFailure(_path_text(path), error, copied=False))
             return
-        grad = _host_clone(t.grad) if t.is_leaf and t.grad is not None else None
-        data = _host_clone(t)
-        self.tensors.append(_TensorCopy(t, data, grad, t.requires_grad, _version_of(t)))
+        self.tensors.append(copied)
         self.paths[id(t)] = path
-        self.nbytes += data.nbytes + (grad.nbytes if grad is not None else 0)
+        self.nbytes += _nbytes(copied.data) + (_nbytes(copied.grad) if copied.grad is not None else 0)
 
     def _visit(self, obj, seen: set[int], depth: int, path, top_level: bool = False):
-        if isinstance(obj, (types.ModuleType, type, types.FunctionType, types.BuiltinFunctionType, str, bytes,
-                            int, float, bool, type(None))):
+        # type(), not isinstance(): isinstance reads obj.__class__, which a user's property may make raise;
+        # nor do copy.copy or a module's own parameters() run (a user's override refused): any object in
+        # the namespace is captured, or left out and named, never a failure of the comparison.
+        kind = type(obj)
+        if issubclass(kind, _NOT_WALKED):
             return
-        if isinstance(obj, torch.Tensor):
+        if issubclass(kind, torch.Tensor):
             self._add_tensor(obj, seen, path)
             return
         if id(obj) in seen:
             return
         seen.add(id(obj))
-        if isinstance(obj, torch.nn.Module):
-            for name, t in itertools.chain(obj.named_parameters(), obj.named_buffers()):
+        try:
+            self._walk(obj, kind, seen, depth, path, top_level)
+        except Exception as error:  # noqa: BLE001 - an object nbaccel cannot copy is left out, and said
+            self.left_out.append(RestoreFailure(_path_text(path), error, copied=False))
+
+    def _walk(self, obj, kind: type, seen: set[int], depth: int, path, top_level: bool):
+        if issubclass(kind, torch.nn.Module):
+            module = torch.nn.Module  # its own methods: a model's override of parameters() is not called
+            for name, t in itertools.chain(module.named_parameters(obj), module.named_buffers(obj)):
                 self._add_tensor(t, seen, (path, ".", name))
-            for name, m in obj.named_modules():
+            for name, m in module.named_modules(obj):
                 where = (path, ".", name) if name else path
                 if not self.dry:
                     self.modules.append((m, _ModuleLayout.capture(m)))
@@ -257,45 +353,60 @@ class Snapshot:
                 for name, value in vars(m).items():
                     if name not in _MODULE_OWN:
                         self._visit(value, seen, depth + 1, (where, ".", name))
-        elif isinstance(obj, torch.optim.Optimizer):
+        elif issubclass(kind, torch.optim.Optimizer):
             for i, group in enumerate(obj.param_groups):
                 for j, p in enumerate(group["params"]):
                     self._add_tensor(p, seen, (path, ".", f"param_groups[{i}]['params'][{j}]"))
+            # its groups and its state, or neither (a user's state_dict() that raised)
+            groups = None if self.dry else _capture_groups(obj)
+            self._add_state(obj, obj.state_dict(), path, optimizer=True)
             if not self.dry:
-                self.optimizer_groups.append((obj, _capture_groups(obj)))
-            self._add_state(obj, obj.state_dict(), path)
-        elif _is_scheduler(obj) or _is_grad_scaler(obj):
-            self._add_state(obj, obj.state_dict() if not _is_grad_scaler(obj) else dict(vars(obj)), path)
-        elif np is not None and isinstance(obj, np.ndarray):
+                self.optimizer_groups.append((obj, groups))
+        elif _is_scheduler_type(kind) or issubclass(kind, torch.amp.GradScaler):
+            self._add_state(obj, obj.state_dict() if _is_scheduler_type(kind) else dict(vars(obj)), path)
+        elif np is not None and issubclass(kind, np.ndarray):
             if obj.flags.writeable:
                 self.nbytes += obj.nbytes
                 if not self.dry:
                     self.containers.append((obj, obj.copy()))
                     self.paths[id(obj)] = path
-        elif isinstance(obj, (list, dict, set, bytearray)) and depth < _MAX_DEPTH:
+        elif issubclass(kind, (list, dict, set, bytearray)) and depth < _MAX_DEPTH:
+            # The base type's own methods copy and list the contents: a subclass's __copy__ or
+            # __reduce_ex__ (one refused) and its own values() or __iter__ are not called.
+            base = next(b for b in (dict, list, set, bytearray) if issubclass(kind, b))
+            size = base.__len__(obj)
             # Every container we walk through is copied (shallow), not only the top-level ones:
             # `history = {'loss': []}` then `history['loss'].append(x)` mutates a nested list.
-            if top_level or self.nested_items + len(obj) <= _MAX_NESTED_ITEMS:
+            if top_level or self.nested_items + size <= _MAX_NESTED_ITEMS:
                 if not top_level:
-                    self.nested_items += len(obj)
+                    self.nested_items += size
                 if not self.dry:
-                    self.containers.append((obj, copy.copy(obj)))
+                    self.containers.append((obj, base.copy(obj)))
                     self.paths[id(obj)] = path
-            items = obj.items() if isinstance(obj, dict) else enumerate(obj)
-            for key, item in itertools.islice(items, 10_000):
+            if base is bytearray:
+                return
+            items = dict.items(obj) if base is dict else enumerate(base.__iter__(obj))
+            for key, item in list(itertools.islice(items, 10_000)):
                 self._visit(item, seen, depth + 1, (path, "[]", key))
-        elif isinstance(obj, tuple) and depth < _MAX_DEPTH:
-            for i, item in enumerate(obj):
+        elif issubclass(kind, tuple) and depth < _MAX_DEPTH:
+            for i, item in enumerate(tuple.__iter__(obj)):
                 self._visit(item, seen, depth + 1, (path, "[]", i))
 
-    def _add_state(self, obj, state: dict, path):
+    def _add_state(self, obj, state: dict, path, optimizer: bool = False):
         if self.dry:
-            self.nbytes += sum(t.nbytes for t in _tensors_in(state))
+            self.nbytes += sum(_nbytes(t) for t in _tensors_in(state))
             return
         copied = _deep_host_copy(state)
-        self.nbytes += sum(t.nbytes for t in _tensors_in(copied))
+        if optimizer:
+            copied["param_groups"] = _SavedGroups(copied["param_groups"])
+        self.nbytes += sum(_nbytes(t) for t in _tensors_in(copied))
         self.stateful.append((obj, copied))
         self.paths[id(obj)] = path
+
+    def describe_left_out(self) -> str | None:
+        """What the capture could not copy, so no run puts back, with why (None when nothing): for the
+        result of a comparison, e.g. "`thing` (never copied: RuntimeError: ...)"."""
+        return describe_failures(self.left_out) if self.left_out else None
 
     def _failure(self, obj, error: Exception) -> "RestoreFailure":
         path = self.paths.get(id(obj))
@@ -360,12 +471,14 @@ class Snapshot:
 @dataclass
 class RestoreFailure:
     """One object a restore could not put back: where it was found (``cfg``, ``model.0.weight``; None
-    when not known), and why."""
+    when not known), and why; ``copied`` False for one the capture could not copy (`Snapshot.left_out`)."""
     what: str | None
     error: BaseException
+    copied: bool = True
 
     def __str__(self) -> str:
-        return f"`{self.what}` ({_why(self.error)})" if self.what is not None else _why(self.error)
+        why = _why(self.error) if self.copied else f"never copied: {_why(self.error)}"
+        return f"`{self.what}` ({why})" if self.what is not None else why
 
 
 def _why(error: BaseException) -> str:
@@ -529,12 +642,12 @@ def _restore_stateful(obj, state):
             elif isinstance(value, torch.Tensor):
                 value = value.clone()
             else:
-                value = copy.deepcopy(value)
+                value = _deepcopy_or_same(value)
             setattr(obj, key, value)
         for key in [k for k in vars(obj) if k not in state]:
             delattr(obj, key)
         return
-    obj.load_state_dict(_deep_host_copy(state) if isinstance(obj, torch.optim.Optimizer) else copy.deepcopy(state))
+    obj.load_state_dict(_deep_host_copy(state) if isinstance(obj, torch.optim.Optimizer) else _deepcopy_or_same(state))
 
 
 def _process_wide_hooks() -> list[dict]:

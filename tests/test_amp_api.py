@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import random
+import threading
 
 import numpy as np
 import pytest
@@ -711,6 +712,108 @@ def test_a_restore_puts_back_all_it_can_and_names_what_it_could_not():
     assert [(f.what, str(f.error)) for f in info.value.failures] == [("cfg", "frozen"), ("nested['deep']", "frozen")]
     assert str(info.value) == ("nbaccel could not put back `cfg` (TypeError: frozen), `nested['deep']` "
                                "(TypeError: frozen); everything else was put back")
+
+
+class _RefusesCopy(list):
+    def __copy__(self):
+        raise TypeError("no copy")
+
+
+class _RefusesPickle(dict):
+    def __reduce_ex__(self, protocol):
+        raise TypeError("no pickle")
+
+
+class _ParametersRaise(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(2, 2)
+
+    def parameters(self, recurse=True):
+        raise RuntimeError("nope")
+
+
+class _ClassRaises:
+    @property
+    def __class__(self):
+        raise RuntimeError("no class")
+
+
+class _LrWithLock:
+    """A LambdaLR's callable object: its __dict__ is in the scheduler's state_dict, and deepcopy refuses
+    the lock and the generator."""
+
+    def __init__(self):
+        self.lock, self.gen = threading.Lock(), (i for i in range(3))
+
+    def __call__(self, epoch):
+        return 0.5 ** epoch
+
+
+@pytest.mark.filterwarnings("ignore:The PyTorch API of nested tensors")
+def test_objects_the_cell_does_not_touch_never_fail_the_snapshot():
+    """A fault-injection audit: each of these anywhere in the namespace failed every %%amp with "a bug in
+    nbaccel", though the cell never touched them. Each is now captured and put back."""
+    base = torch.zeros(1, 64)
+    model = torch.nn.Linear(2, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    opt.param_groups[0]["lock"] = threading.Lock()  # deepcopy refuses it (also inside load_state_dict)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, _LrWithLock())
+    ns = {"expanded": base.expand(32, 64),  # copy_ into overlapping memory refuses
+          "sparse": torch.eye(4).to_sparse(),  # no nbytes
+          "nested": torch.nested.nested_tensor([torch.ones(2, 3), torch.ones(4, 3)]),  # no .shape
+          "model": model, "opt": opt, "sched": sched, "listed": _RefusesCopy([1, 2]),
+          "mapped": _RefusesPickle(a=1), "odd": _ParametersRaise(), "weird": _ClassRaises()}
+    lock, lr_lambda = opt.param_groups[0]["lock"], sched.lr_lambdas[0]
+    lambda_lock = lr_lambda.lock
+    weight, odd_weight = model.weight.detach().clone(), ns["odd"].lin.weight.detach().clone()
+    snap = Snapshot.capture(ns)
+    assert snap.left_out == [] and snap.describe_left_out() is None
+    assert Snapshot.capture(ns, dry=True).nbytes == snap.nbytes > 0  # the size check counts what is copied
+    for _ in range(2):
+        base.add_(1)
+        ns["sparse"].mul_(2)
+        ns["nested"].mul_(3)
+        model(torch.randn(3, 2)).sum().backward()
+        opt.step()
+        sched.step()
+        ns["listed"].append(3)
+        ns["mapped"]["b"] = 2
+        ns["odd"].lin.weight.data.add_(1)
+        snap.restore()
+        assert ns["expanded"].sum() == 0 and base.sum() == 0
+        assert torch.equal(ns["sparse"].to_dense(), torch.eye(4))
+        assert [t.sum().item() for t in ns["nested"].unbind()] == [6.0, 12.0]
+        assert torch.equal(model.weight, weight) and model.weight.grad is None and opt.state_dict()["state"] == {}
+        assert opt.param_groups[0]["lock"] is lock and opt.param_groups[0]["lr"] == 0.1
+        assert sched.last_epoch == 0 and sched.lr_lambdas[0] is lr_lambda and lr_lambda.lock is lambda_lock
+        assert ns["listed"] == [1, 2] and ns["mapped"] == {"a": 1} and torch.equal(ns["odd"].lin.weight, odd_weight)
+
+
+def test_an_object_nbaccel_cannot_copy_is_left_out_and_named():
+    """What the capture still cannot copy (here a module whose named_modules() raises) is left out of the
+    snapshot, named with why, and the rest captured; a comparison abandoned later names it too."""
+    class HidesModules(torch.nn.Linear):
+        def named_modules(self, *args, **kwargs):
+            raise RuntimeError("hidden")
+
+    ns = {"bad": HidesModules(2, 2), "losses": []}
+    snap = Snapshot.capture(ns)
+    assert snap.describe_left_out() == "`bad` (never copied: RuntimeError: hidden)"
+    ns["losses"].append(1)
+    snap.restore()
+    assert ns["losses"] == []
+
+    def step():
+        ns["losses"].append(1)
+        raise ValueError("user bug")
+
+    with pytest.raises(ValueError) as info:
+        nbaccel.compare_amp(step, repeat=2, warmup=0, namespace=ns)
+    assert ns["losses"] == []
+    assert info.value.__notes__[-1].endswith("not put back (each keeps what the runs did to it): `bad` (never "
+                                             "copied: RuntimeError: hidden). Everything else, and torch's settings, "
+                                             "are as before the call.")
 
 
 def test_snapshot_restores_what_a_cell_does_to_a_modules_structure():

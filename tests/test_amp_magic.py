@@ -328,6 +328,45 @@ def test_a_variable_that_cannot_be_put_back_is_named_and_the_rest_restored(run_c
     assert "bug in nbaccel" not in err and "your variables and torch's" not in err
 
 
+UNUSUAL = """
+import threading, torch
+class Listed(list):
+    def __copy__(self): raise TypeError('no copy')
+class Odd(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(2, 2)
+    def parameters(self, recurse=True): raise RuntimeError('nope')
+class Weird:
+    @property
+    def __class__(self): raise RuntimeError('no class')
+class Lr:
+    def __init__(self): self.lock = threading.Lock()
+    def __call__(self, epoch): return 1.0
+m = torch.nn.Linear(2, 2)
+o = torch.optim.SGD(m.parameters(), lr=0.1)
+o.param_groups[0]['lock'] = threading.Lock()
+sched = torch.optim.lr_scheduler.LambdaLR(o, Lr())
+emb = torch.nn.Embedding(10, 3, sparse=True)
+emb(torch.tensor([1, 2])).sum().backward()  # a sparse gradient
+things = {'expanded': torch.zeros(1, 64).expand(32, 64), 'sparse': torch.eye(4).to_sparse().requires_grad_(),
+          'nested': torch.nested.nested_tensor([torch.randn(2, 3), torch.randn(4, 3)]), 'listed': Listed([1]),
+          'odd': Odd(), 'weird': Weird()}
+a = torch.randn(8, 8)
+"""
+
+
+@pytest.mark.filterwarnings("ignore:The PyTorch API of nested tensors")
+def test_unusual_objects_the_cell_never_touches_do_not_fail_the_magic(run_cell, ip):
+    """A fault-injection audit: each of these anywhere in the namespace failed every %%amp with "this is a
+    bug in nbaccel ... run the cell without %%amp", though the cell never touched them."""
+    run_cell(UNUSUAL)
+    _, captured = run_cell("%%amp --repeat 2 --warmup 0 -q -r res\n(a @ a).sum()")
+    assert "nbaccel" not in captured.stderr and not ip.user_ns["res"].state_changed
+    run_cell("%%amp --repeat 2 --warmup 0 -q\no.step()\nsched.step()\nthings['listed'].append(2)\no.param_groups[0]['lr']")
+    assert ip.user_ns["sched"].last_epoch == 1 and ip.user_ns["things"]["listed"] == [1, 2]
+
+
 def test_a_graph_built_before_the_magic_still_backpropagates(run_cell, ip):
     """Restoring a tensor (copy_) bumped its version counter before every run: any %%amp, even on a cell
     that never touches them, made an earlier cell's `loss.backward()` fail ("modified by an inplace
