@@ -15,7 +15,8 @@ and the user would end up with a model stepped twenty times. A `Snapshot` holds,
 * optimizer / LR scheduler / GradScaler state (their ``state_dict``);
 * shallow copies of lists, dicts, sets and bytearrays up to three levels deep (``losses.append(...)``,
   ``history['loss'].append(...)``) and copies of numpy arrays;
-* the python, numpy, torch CPU and CUDA RNG states.
+* the python, numpy, torch CPU and CUDA RNG states, and the states of generator objects reachable like
+  the variables above (``torch.Generator``, ``numpy.random.default_rng()``, ``random.Random()``).
 
 Host copies keep the snapshot out of the device-memory figures. What is *not* covered (an object
 of a user class mutated in place, files written) is listed in docs/reliability.md.
@@ -269,6 +270,7 @@ class Snapshot:
     optimizer_groups: list = field(default_factory=list)  # (optimizer, _capture_groups(optimizer))
     stateful: list = field(default_factory=list)  # (object, host state_dict copy)
     containers: list = field(default_factory=list)  # (container, shallow copy)
+    generators: list = field(default_factory=list)  # (random number generator object, its state)
     rng: dict = field(default_factory=dict)
     nbytes: int = 0
     skip: object = None  # names (IPython's history: _, _i, Out...) that restore leaves alone
@@ -364,6 +366,14 @@ class Snapshot:
                 self.optimizer_groups.append((obj, groups))
         elif _is_scheduler_type(kind) or issubclass(kind, torch.amp.GradScaler):
             self._add_state(obj, obj.state_dict() if _is_scheduler_type(kind) else dict(vars(obj)), path)
+        elif _is_generator_type(kind):
+            # A generator object of the user's (torch.Generator, numpy's default_rng(), random.Random()):
+            # its state, as the process-wide ones' (it advanced once per run: 12 draws after a %%amp).
+            state = _generator_state(obj)
+            self.nbytes += _nbytes(state) if isinstance(state, torch.Tensor) else 0
+            if not self.dry:
+                self.generators.append((obj, state))
+                self.paths[id(obj)] = path
         elif np is not None and issubclass(kind, np.ndarray):
             if obj.flags.writeable:
                 self.nbytes += obj.nbytes
@@ -460,6 +470,11 @@ class Snapshot:
                 _restore_container(container, saved)
             except Exception as error:  # noqa: BLE001 - as above
                 failures.append(self._failure(container, error))
+        for generator, state in self.generators:
+            try:
+                _set_generator_state(generator, state)
+            except Exception as error:  # noqa: BLE001 - as above
+                failures.append(self._failure(generator, error))
         try:
             _restore_rng(self.rng)
         except Exception as error:  # noqa: BLE001 - as above
@@ -674,6 +689,41 @@ def _restore_container(container, saved):
     elif isinstance(container, set):
         container.clear()
         container.update(saved)
+
+
+def _is_generator_type(kind: type) -> bool:
+    """torch.Generator, numpy's Generator, BitGenerator and RandomState, random.Random (not SystemRandom,
+    which has no state: it reads the OS's)."""
+    if issubclass(kind, torch.Generator):
+        return True
+    if np is not None and issubclass(kind, (np.random.Generator, np.random.BitGenerator, np.random.RandomState)):
+        return True
+    return issubclass(kind, random.Random) and not issubclass(kind, random.SystemRandom)
+
+
+def _generator_state(generator):
+    if isinstance(generator, torch.Generator):
+        return generator.get_state()  # a copy, on the host
+    if np is not None and isinstance(generator, np.random.Generator):
+        return generator.bit_generator.state  # a new dict each time
+    if np is not None and isinstance(generator, np.random.BitGenerator):
+        return generator.state
+    if np is not None and isinstance(generator, np.random.RandomState):
+        return generator.get_state(legacy=False)
+    return generator.getstate()
+
+
+def _set_generator_state(generator, state) -> None:
+    if isinstance(generator, torch.Generator):
+        generator.set_state(state)
+    elif np is not None and isinstance(generator, np.random.Generator):
+        generator.bit_generator.state = state
+    elif np is not None and isinstance(generator, np.random.BitGenerator):
+        generator.state = state
+    elif np is not None and isinstance(generator, np.random.RandomState):
+        generator.set_state(state)
+    else:
+        generator.setstate(state)
 
 
 def _capture_rng() -> dict:

@@ -367,6 +367,17 @@ def test_unusual_objects_the_cell_never_touches_do_not_fail_the_magic(run_cell, 
     assert ip.user_ns["sched"].last_epoch == 1 and ip.user_ns["things"]["listed"] == [1, 2]
 
 
+def test_generator_objects_advance_by_exactly_one_run(run_cell, ip):
+    run_cell("import random, numpy as np, torch\ng = torch.Generator().manual_seed(0)\nr = np.random.default_rng(0)\n"
+             "pr = random.Random(0)")
+    run_cell("%%amp --repeat 1 --warmup 0 -q\na = torch.rand(1, generator=g); b = r.random(); c = pr.random()\n"
+             "(torch.ones(4) * 2).sum()")
+    run_cell("after = (torch.rand(1, generator=g).item(), r.random(), pr.random())\n"
+             "g0, r0, pr0 = torch.Generator().manual_seed(0), np.random.default_rng(0), random.Random(0)\n"
+             "second = (torch.rand(2, generator=g0)[1].item(), r0.random(2)[1], [pr0.random(), pr0.random()][1])")
+    assert ip.user_ns["after"] == ip.user_ns["second"]  # the kept run drew the first; 12 runs drew 12 before
+
+
 def test_a_graph_built_before_the_magic_still_backpropagates(run_cell, ip):
     """Restoring a tensor (copy_) bumped its version counter before every run: any %%amp, even on a cell
     that never touches them, made an earlier cell's `loss.backward()` fail ("modified by an inplace
