@@ -81,12 +81,19 @@ def _version_of(t: torch.Tensor) -> int | None:
 
 
 def _set_version(t: torch.Tensor, version: int | None) -> None:
-    if _SET_VERSION is None or version is None or t._version == version:
+    """Never raises: the values are back either way; where the counter cannot be set, only a graph saved
+    before the magic sees it moved, as it did before this was done."""
+    if _SET_VERSION is None or version is None:
         return
     try:
-        _SET_VERSION((t,), (version,))
-    except TypeError:
-        _SET_VERSION(t, version)
+        if t._version == version:
+            return
+        try:
+            _SET_VERSION((t,), (version,))
+        except TypeError:  # torch before the sequence form: (tensor, version)
+            _SET_VERSION(t, version)
+    except Exception:  # noqa: BLE001 - see above
+        pass
 
 
 def _nbytes(t: torch.Tensor) -> int:

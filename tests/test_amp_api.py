@@ -710,6 +710,31 @@ def test_a_restore_puts_back_values_changed_behind_the_version_counter():
     assert w.tolist() == [1.0, 1.0, 1.0] and w._version == version
 
 
+def test_the_version_counter_is_set_with_torchs_older_one_tensor_form_too(monkeypatch):
+    """torch before the sequence form took (tensor, version); a setter that fails leaves the values
+    restored and the counter moved, never a failed restore."""
+    import nbaccel.snapshot as snapshot
+
+    real, calls = snapshot._SET_VERSION, []
+
+    def one_tensor_form(t, version):
+        if isinstance(t, tuple):
+            raise TypeError("incompatible function arguments")
+        calls.append(version)
+        real((t,), (version,))
+
+    w = torch.ones(3)
+    snap = Snapshot.capture({"w": w})
+    w.add_(1)
+    monkeypatch.setattr(snapshot, "_SET_VERSION", one_tensor_form)
+    snap.restore()
+    assert w.tolist() == [1.0] * 3 and w._version == 0 and calls == [0]
+    monkeypatch.setattr(snapshot, "_SET_VERSION", lambda *args: 1 / 0)
+    w.add_(1)
+    snap.restore()
+    assert w.tolist() == [1.0] * 3 and w._version > 0
+
+
 def test_a_restore_puts_back_all_it_can_and_names_what_it_could_not():
     """One object that refuses (a dict subclass whose clear() raises once the cell ran) no longer stops
     the restore: the list and the RNG after it were left as the run made them."""
