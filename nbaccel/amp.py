@@ -597,7 +597,14 @@ def not_restored(exc: BaseException) -> bool:
 
 def _put_back(snapshot: Snapshot, torch_before: TorchGlobals, device: torch.device) -> str | None:
     """Restore the variables and torch's settings after an exception abandoned a comparison; None, or
-    the note for that exception (starting with `NOT_RESTORED`) when the variables could not all be put back.
+    the note for that exception (a `RestoreNote`, starting with `NOT_RESTORED`) when the variables could
+    not all be put back.
+
+    An object that refuses to be put back (a dict subclass whose ``clear()`` raises once the cell has
+    run) does not stop the rest: `Snapshot.restore` puts back all it can, and the note names exactly
+    what it could not, and why. The user's exception stays the one raised (it once became nbaccel's
+    error, "a bug in nbaccel", and the note said every variable was back when the list and the RNG after
+    that object were not).
 
     The restore allocates (an optimizer's ``load_state_dict`` puts its moments back on the device) while
     the exception's traceback still holds the failed run's frames, so near the memory limit it can run
@@ -606,30 +613,47 @@ def _put_back(snapshot: Snapshot, torch_before: TorchGlobals, device: torch.devi
     The frames stay: they are the user's code and torch's (nbaccel's own hold none of the run's
     tensors), and ``%debug`` needs them. If it still runs out of memory, the user's exception stays the
     one raised, with the returned note, rather than nbaccel's out-of-memory error with the user's as
-    its ``__context__``. Any other failure of the restore is nbaccel's, and raised.
+    its ``__context__``. A failure outside any one object's restore is nbaccel's, and raised.
     """
     from .oom import is_oom
+    from .snapshot import RestoreFailure, RestoreNote, describe_failures, restore_failures
 
-    try:
+    def attempt(drop_state_first: bool) -> list:
         try:
-            snapshot.restore()
-        except Exception as error:  # noqa: BLE001 - an out-of-memory error gets a second try, the rest is raised
+            snapshot.restore(drop_state_first=drop_state_first)
+        except Exception as error:  # noqa: BLE001 - what the restore could not put back is said, not raised
+            failures = restore_failures(error)
+            if failures:
+                return failures
             if not is_oom(error):
                 raise
+            return [RestoreFailure(None, error)]  # from a restore that does not say which object
+        return []
+
+    try:
+        failures = attempt(False)
+        if any(is_oom(f.error) for f in failures):
             _free_memory(device)
-            try:
-                snapshot.restore(drop_state_first=True)
-            except Exception as again:  # noqa: BLE001 - as above
-                if not is_oom(again):
-                    raise
-                first = str(again).strip().splitlines()[0] if str(again).strip() else ""
-                return (f"{NOT_RESTORED}: putting back their saved state ran out of memory "
-                        f"({type(again).__name__}: {first[:200]}). Models, optimizers and tensors may be partly "
-                        "as before the call and partly as the failed run left them: re-create them (or reload a "
-                        "checkpoint) before going on. torch's settings are as before the call.")
+            failures = attempt(True)
     finally:
         torch_before.restore()
-    return None
+    # What the capture could not copy was never put back either: "as before the call" is not promised for it.
+    failures = failures + list(getattr(snapshot, "left_out", ()))
+    if not failures:
+        return None
+    names = [f.what for f in failures if f.what is not None]
+    oom = next((f.error for f in failures if is_oom(f.error)), None)
+    if oom is None:
+        return RestoreNote(f"{NOT_RESTORED}: not put back (each keeps what the runs did to it): "
+                           f"{describe_failures(failures)}. Everything else, and torch's settings, are as before "
+                           "the call.", names)
+    first = str(oom).strip().splitlines()[0] if str(oom).strip() else ""
+    which = (f"Not put back: {describe_failures(failures)}; everything else is as before the call. Re-create those"
+             if names else "Models, optimizers and tensors may be partly as before the call and partly as the "
+             "failed run left them: re-create them")
+    return RestoreNote(f"{NOT_RESTORED}: putting back their saved state ran out of memory ({type(oom).__name__}: "
+                       f"{first[:200]}). {which} (or reload a checkpoint) before going on. torch's settings are as "
+                       "before the call.", names)
 
 
 def _free_memory(device: torch.device) -> None:

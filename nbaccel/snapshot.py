@@ -15,7 +15,8 @@ and the user would end up with a model stepped twenty times. A `Snapshot` holds,
 * optimizer / LR scheduler / GradScaler state (their ``state_dict``);
 * shallow copies of lists, dicts, sets and bytearrays up to three levels deep (``losses.append(...)``,
   ``history['loss'].append(...)``) and copies of numpy arrays;
-* the python, numpy, torch CPU and CUDA RNG states.
+* the python, numpy, torch CPU and CUDA RNG states, and the states of generator objects reachable like
+  the variables above (``torch.Generator``, ``numpy.random.default_rng()``, ``random.Random()``).
 
 Host copies keep the snapshot out of the device-memory figures. What is *not* covered (an object
 of a user class mutated in place, files written) is listed in docs/reliability.md.
@@ -26,6 +27,7 @@ from __future__ import annotations
 import copy
 import itertools
 import random
+import re
 import sys
 import types
 from dataclasses import dataclass, field
@@ -39,15 +41,18 @@ try:  # numpy is a torch dependency in practice, but not a hard one
 except ImportError:  # pragma: no cover
     np = None
 
+# What the capture does not look into (immutable, or code); matched on type(obj) (see `_visit`).
+_NOT_WALKED = (types.ModuleType, type, types.FunctionType, types.BuiltinFunctionType, str, bytes, int, float, bool,
+               type(None))
 _MAX_DEPTH = 3  # how deep into lists/dicts/tuples we look for tensors and modules (and copy containers)
 # Items copied for containers below the top level, in all: a namespace holding thousands of big
 # nested lists would otherwise double its memory; beyond this, nested containers are not restored.
 _MAX_NESTED_ITEMS = 1_000_000
 
 
-def _is_scheduler(obj) -> bool:
+def _is_scheduler_type(kind: type) -> bool:
     schedulers = torch.optim.lr_scheduler
-    return isinstance(obj, (schedulers.LRScheduler, schedulers.ReduceLROnPlateau))  # not one class before torch 2.2
+    return issubclass(kind, (schedulers.LRScheduler, schedulers.ReduceLROnPlateau))  # not one class before torch 2.2
 
 
 def _is_grad_scaler(obj) -> bool:
@@ -56,6 +61,67 @@ def _is_grad_scaler(obj) -> bool:
 
 def _host_clone(t: torch.Tensor) -> torch.Tensor:
     return t.detach().to("cpu", copy=True)
+
+
+# Restoring a tensor writes into it (copy_), and every in-place write bumps its version counter, which
+# autograd checks against the version each saved tensor had when a graph saved it: an earlier cell's
+# `loss = model(x)...` then failed its `loss.backward()` after any %%amp, even one on an unrelated cell
+# ("modified by an inplace operation ... is at version 11"). After the copy the data is exactly what it
+# was when the snapshot was taken, so the counter goes back to its value then. (Skipping the copy for a
+# tensor whose version did not move is not safe: `w.data.mul_(2)` changes w's values without bumping
+# w's counter.) torch 2.13 takes sequences; earlier releases took one tensor and one int.
+_SET_VERSION = getattr(torch._C._autograd, "_unsafe_set_version_counter", None)
+
+
+def _version_of(t: torch.Tensor) -> int | None:
+    try:
+        return t._version
+    except RuntimeError:  # an inference tensor has no version counter
+        return None
+
+
+def _set_version(t: torch.Tensor, version: int | None) -> None:
+    """Never raises: the values are back either way; where the counter cannot be set, only a graph saved
+    before the magic sees it moved, as it did before this was done."""
+    if _SET_VERSION is None or version is None:
+        return
+    try:
+        if t._version == version:
+            return
+        try:
+            _SET_VERSION((t,), (version,))
+        except TypeError:  # torch before the sequence form: (tensor, version)
+            _SET_VERSION(t, version)
+    except Exception:  # noqa: BLE001 - see above
+        pass
+
+
+def _nbytes(t: torch.Tensor) -> int:
+    """``t.nbytes``, also for a sparse COO tensor (which refuses it: its indices and values are counted)."""
+    if t.layout == torch.sparse_coo:
+        return _nbytes(t._indices()) + _nbytes(t._values())
+    try:
+        return t.nbytes
+    except (RuntimeError, NotImplementedError):  # a layout or subclass without it: its storage, if any
+        try:
+            return t.untyped_storage().nbytes()
+        except (RuntimeError, NotImplementedError):
+            return 0
+
+
+def _deepcopy_or_same(value):
+    """``copy.deepcopy``, except that a part it refuses (a lock, a generator, an open file: held by an
+    LambdaLR's callable object or kept in an optimizer's param group) is kept as the object itself, as a
+    variable bound to it is: its binding is restored, what is done to it in place is not. deepcopy's
+    refusal used to fail the whole comparison as "a bug in nbaccel"."""
+    try:
+        return copy.deepcopy(value)
+    except Exception:  # noqa: BLE001 - whatever deepcopy raised: copy the parts it can
+        if type(value) is dict:
+            return {k: _deepcopy_or_same(v) for k, v in value.items()}
+        if type(value) in (list, tuple):
+            return type(value)(_deepcopy_or_same(v) for v in value)
+        return value
 
 
 def _deep_host_copy(value):
@@ -69,7 +135,31 @@ def _deep_host_copy(value):
         return out
     if isinstance(value, (list, tuple)):
         return type(value)(_deep_host_copy(v) for v in value)
-    return copy.deepcopy(value)
+    return _deepcopy_or_same(value)
+
+
+class _SavedGroups(list):
+    """An optimizer's saved ``param_groups``. ``Optimizer.load_state_dict`` deep-copies them, and an entry
+    deepcopy refuses (a lock kept in a group) made every restore of that optimizer fail: such an entry
+    is kept by reference (`_deepcopy_or_same`); every other group is copied as torch would."""
+
+    def __deepcopy__(self, memo):
+        try:
+            return copy.deepcopy(list(self), memo)
+        except Exception:  # noqa: BLE001 - as in _deepcopy_or_same
+            return [_deepcopy_or_same(group) for group in self]
+
+
+def _overlaps(t: torch.Tensor) -> bool:
+    """Whether some of ``t``'s elements are one memory location (an expanded tensor's are)."""
+    return t.layout == torch.strided and not t.is_nested and torch._debug_has_internal_overlap(t) == 1
+
+
+def _span(t: torch.Tensor) -> int:
+    """How many consecutive storage elements ``t`` reaches, from its offset (strides are never negative)."""
+    if t.numel() == 0:
+        return 0
+    return 1 + sum((size - 1) * stride for size, stride in zip(t.shape, t.stride()))
 
 
 @dataclass
@@ -78,16 +168,42 @@ class _TensorCopy:
     data: torch.Tensor
     grad: torch.Tensor | None
     requires_grad: bool
+    version: int | None = None  # its version counter at capture (`_set_version`)
+    # (shape, stride, storage offset) of a tensor whose elements share memory: `data` is then its storage
+    # from the offset on (`_span` elements), not its elements (see `capture`)
+    overlap: tuple | None = None
+
+    @classmethod
+    def capture(cls, t: torch.Tensor) -> "_TensorCopy":
+        grad = _host_clone(t.grad) if t.is_leaf and t.grad is not None else None
+        overlap = None
+        if _overlaps(t):
+            # An expanded tensor (torch.zeros(1, 64).expand(32, 64)): several elements are one memory
+            # location, and copy_ into it refuses ("more than one element of the written-to tensor refers
+            # to a single memory location"). The memory it reaches is copied and put back instead.
+            overlap = (tuple(t.shape), t.stride(), t.storage_offset())
+            data = _host_clone(t.detach().as_strided((_span(t),), (1,), t.storage_offset()))
+        else:
+            data = _host_clone(t)
+        return cls(t, data, grad, t.requires_grad, _version_of(t), overlap)
 
     def restore(self):
         t = self.tensor
         # A tensor made under torch.inference_mode() (an earlier cell's `preds`) can only be
         # updated in place inside inference mode; outside it copy_ raises.
         with torch.inference_mode() if t.is_inference() else torch.no_grad():
-            if t.shape == self.data.shape and t.dtype == self.data.dtype:
+            if self.overlap is not None:
+                shape, stride, offset = self.overlap
+                if (tuple(t.shape), t.stride(), t.storage_offset()) != self.overlap:
+                    t.as_strided_(shape, stride, offset)
+                t.as_strided((self.data.numel(),), (1,), offset).copy_(self.data)
+            elif t.is_nested:  # no .shape to compare; copy_ refuses a changed structure (then said by restore)
+                t.copy_(self.data)
+            elif t.shape == self.data.shape and t.dtype == self.data.dtype:
                 t.copy_(self.data)
             else:  # the cell resized or re-typed it in place
                 t.data = self.data.to(t.device, copy=True)
+        _set_version(t, self.version)
         if t.is_leaf:
             t.requires_grad_(self.requires_grad)
             if self.grad is None:
@@ -161,11 +277,18 @@ class Snapshot:
     optimizer_groups: list = field(default_factory=list)  # (optimizer, _capture_groups(optimizer))
     stateful: list = field(default_factory=list)  # (object, host state_dict copy)
     containers: list = field(default_factory=list)  # (container, shallow copy)
+    generators: list = field(default_factory=list)  # (random number generator object, its state)
     rng: dict = field(default_factory=dict)
     nbytes: int = 0
     skip: object = None  # names (IPython's history: _, _i, Out...) that restore leaves alone
     dry: bool = False  # only count the bytes a capture would copy (see `estimate_bytes`)
     nested_items: int = 0  # items copied for containers below the top level (see _MAX_NESTED_ITEMS)
+    # id(object) -> where the capture found it (`_path_text`), for the objects above: a restore that
+    # fails for one names the variable ("cfg", "model.0.weight", "history['loss']").
+    paths: dict = field(default_factory=dict)
+    # What the capture could not copy (a RestoreFailure each, `copied` False): not restored between runs;
+    # if the cell depends on it, two runs from the restored state differ and the result says so.
+    left_out: list = field(default_factory=list)
 
     @classmethod
     def capture(cls, namespace: dict | None = None, objects=(), skip=lambda name: False,
@@ -176,86 +299,135 @@ class Snapshot:
         if namespace is not None:
             snap.bindings = {k: v for k, v in namespace.items() if not skip(k)}
             for name, value in snap.bindings.items():
-                snap._visit(value, seen, 0, top_level=True)
+                snap._visit(value, seen, 0, name, top_level=True)
         for obj in objects:
-            snap._visit(obj, seen, 0, top_level=True)
+            snap._visit(obj, seen, 0, f"<{type(obj).__name__}>", top_level=True)  # no name: its type
         if not dry:
-            snap.containers.extend((hooks, copy.copy(hooks)) for hooks in _process_wide_hooks())
+            for hooks in _process_wide_hooks():
+                snap.containers.append((hooks, copy.copy(hooks)))
+                snap.paths[id(hooks)] = "torch's process-wide hooks"
             snap.rng = _capture_rng()
         return snap
 
-    def _add_tensor(self, t: torch.Tensor, seen: set[int]):
+    def _add_tensor(self, t: torch.Tensor, seen: set[int], path):
         # A lazy module's uninitialized parameter has no values to copy (and refuses .detach()); a cell
         # that reads such a module is refused before the snapshot (`refuse_uninitialized_lazy`).
         if id(t) in seen or t.is_meta or torch.nn.parameter.is_lazy(t):
             return
         seen.add(id(t))
-        if self.dry:
-            grad = t.grad if t.is_leaf and t.grad is not None else None
-            self.nbytes += t.nbytes + (grad.nbytes if grad is not None else 0)
+        try:
+            if self.dry:
+                grad = t.grad if t.is_leaf and t.grad is not None else None
+                data = _span(t) * t.element_size() if _overlaps(t) else _nbytes(t)
+                self.nbytes += data + (_nbytes(grad) if grad is not None else 0)
+                return
+            copied = _TensorCopy.capture(t)
+        except Exception as error:  # noqa: BLE001 - a tensor nbaccel cannot copy is left out, and said
+            self.left_out.append(RestoreFailure(_path_text(path), error, copied=False))
             return
-        grad = _host_clone(t.grad) if t.is_leaf and t.grad is not None else None
-        data = _host_clone(t)
-        self.tensors.append(_TensorCopy(t, data, grad, t.requires_grad))
-        self.nbytes += data.nbytes + (grad.nbytes if grad is not None else 0)
+        self.tensors.append(copied)
+        self.paths[id(t)] = path
+        self.nbytes += _nbytes(copied.data) + (_nbytes(copied.grad) if copied.grad is not None else 0)
 
-    def _visit(self, obj, seen: set[int], depth: int, top_level: bool = False):
-        if isinstance(obj, (types.ModuleType, type, types.FunctionType, types.BuiltinFunctionType, str, bytes,
-                            int, float, bool, type(None))):
+    def _visit(self, obj, seen: set[int], depth: int, path, top_level: bool = False):
+        # type(), not isinstance(): isinstance reads obj.__class__, which a user's property may make raise;
+        # nor do copy.copy or a module's own parameters() run (a user's override refused): any object in
+        # the namespace is captured, or left out and named, never a failure of the comparison.
+        kind = type(obj)
+        if issubclass(kind, _NOT_WALKED):
             return
-        if isinstance(obj, torch.Tensor):
-            self._add_tensor(obj, seen)
+        if issubclass(kind, torch.Tensor):
+            self._add_tensor(obj, seen, path)
             return
         if id(obj) in seen:
             return
         seen.add(id(obj))
-        if isinstance(obj, torch.nn.Module):
-            for t in list(obj.parameters()) + list(obj.buffers()):
-                self._add_tensor(t, seen)
-            for m in obj.modules():
+        try:
+            self._walk(obj, kind, seen, depth, path, top_level)
+        except Exception as error:  # noqa: BLE001 - an object nbaccel cannot copy is left out, and said
+            self.left_out.append(RestoreFailure(_path_text(path), error, copied=False))
+
+    def _walk(self, obj, kind: type, seen: set[int], depth: int, path, top_level: bool):
+        if issubclass(kind, torch.nn.Module):
+            module = torch.nn.Module  # its own methods: a model's override of parameters() is not called
+            for name, t in itertools.chain(module.named_parameters(obj), module.named_buffers(obj)):
+                self._add_tensor(t, seen, (path, ".", name))
+            for name, m in module.named_modules(obj):
+                where = (path, ".", name) if name else path
                 if not self.dry:
                     self.modules.append((m, _ModuleLayout.capture(m)))
+                    self.paths[id(m)] = where
                 # The attributes a model's own code keeps (self.mask = torch.ones(...), self.history = []):
                 # their values, as for a namespace variable (a trial's counter tensor went up 17 times).
                 for name, value in vars(m).items():
                     if name not in _MODULE_OWN:
-                        self._visit(value, seen, depth + 1)
-        elif isinstance(obj, torch.optim.Optimizer):
-            for group in obj.param_groups:
-                for p in group["params"]:
-                    self._add_tensor(p, seen)
+                        self._visit(value, seen, depth + 1, (where, ".", name))
+        elif issubclass(kind, torch.optim.Optimizer):
+            for i, group in enumerate(obj.param_groups):
+                for j, p in enumerate(group["params"]):
+                    self._add_tensor(p, seen, (path, ".", f"param_groups[{i}]['params'][{j}]"))
+            # its groups and its state, or neither (a user's state_dict() that raised)
+            groups = None if self.dry else _capture_groups(obj)
+            self._add_state(obj, obj.state_dict(), path, optimizer=True)
             if not self.dry:
-                self.optimizer_groups.append((obj, _capture_groups(obj)))
-            self._add_state(obj, obj.state_dict())
-        elif _is_scheduler(obj) or _is_grad_scaler(obj):
-            self._add_state(obj, obj.state_dict() if not _is_grad_scaler(obj) else dict(vars(obj)))
-        elif np is not None and isinstance(obj, np.ndarray):
+                self.optimizer_groups.append((obj, groups))
+        elif _is_scheduler_type(kind) or issubclass(kind, torch.amp.GradScaler):
+            self._add_state(obj, obj.state_dict() if _is_scheduler_type(kind) else dict(vars(obj)), path)
+        elif _is_generator_type(kind):
+            # A generator object of the user's (torch.Generator, numpy's default_rng(), random.Random()):
+            # its state, as the process-wide ones' (it advanced once per run: 12 draws after a %%amp).
+            state = _generator_state(obj)
+            self.nbytes += _nbytes(state) if isinstance(state, torch.Tensor) else 0
+            if not self.dry:
+                self.generators.append((obj, state))
+                self.paths[id(obj)] = path
+        elif np is not None and issubclass(kind, np.ndarray):
             if obj.flags.writeable:
                 self.nbytes += obj.nbytes
                 if not self.dry:
                     self.containers.append((obj, obj.copy()))
-        elif isinstance(obj, (list, dict, set, bytearray)) and depth < _MAX_DEPTH:
+                    self.paths[id(obj)] = path
+        elif issubclass(kind, (list, dict, set, bytearray)) and depth < _MAX_DEPTH:
+            # The base type's own methods copy and list the contents: a subclass's __copy__ or
+            # __reduce_ex__ (one refused) and its own values() or __iter__ are not called.
+            base = next(b for b in (dict, list, set, bytearray) if issubclass(kind, b))
+            size = base.__len__(obj)
             # Every container we walk through is copied (shallow), not only the top-level ones:
             # `history = {'loss': []}` then `history['loss'].append(x)` mutates a nested list.
-            if top_level or self.nested_items + len(obj) <= _MAX_NESTED_ITEMS:
+            if top_level or self.nested_items + size <= _MAX_NESTED_ITEMS:
                 if not top_level:
-                    self.nested_items += len(obj)
+                    self.nested_items += size
                 if not self.dry:
-                    self.containers.append((obj, copy.copy(obj)))
-            items = obj.values() if isinstance(obj, dict) else obj
-            for item in list(items)[:10_000]:
-                self._visit(item, seen, depth + 1)
-        elif isinstance(obj, tuple) and depth < _MAX_DEPTH:
-            for item in obj:
-                self._visit(item, seen, depth + 1)
+                    self.containers.append((obj, base.copy(obj)))
+                    self.paths[id(obj)] = path
+            if base is bytearray:
+                return
+            items = dict.items(obj) if base is dict else enumerate(base.__iter__(obj))
+            for key, item in list(itertools.islice(items, 10_000)):
+                self._visit(item, seen, depth + 1, (path, "[]", key))
+        elif issubclass(kind, tuple) and depth < _MAX_DEPTH:
+            for i, item in enumerate(tuple.__iter__(obj)):
+                self._visit(item, seen, depth + 1, (path, "[]", i))
 
-    def _add_state(self, obj, state: dict):
+    def _add_state(self, obj, state: dict, path, optimizer: bool = False):
         if self.dry:
-            self.nbytes += sum(t.nbytes for t in _tensors_in(state))
+            self.nbytes += sum(_nbytes(t) for t in _tensors_in(state))
             return
         copied = _deep_host_copy(state)
-        self.nbytes += sum(t.nbytes for t in _tensors_in(copied))
+        if optimizer:
+            copied["param_groups"] = _SavedGroups(copied["param_groups"])
+        self.nbytes += sum(_nbytes(t) for t in _tensors_in(copied))
         self.stateful.append((obj, copied))
+        self.paths[id(obj)] = path
+
+    def describe_left_out(self) -> str | None:
+        """What the capture could not copy, so no run puts back, with why (None when nothing): for the
+        result of a comparison, e.g. "`thing` (never copied: RuntimeError: ...)"."""
+        return describe_failures(self.left_out) if self.left_out else None
+
+    def _failure(self, obj, error: Exception) -> "RestoreFailure":
+        path = self.paths.get(id(obj))
+        return RestoreFailure(_path_text(path) if path is not None else f"<{type(obj).__name__}>", error)
 
     def restore(self, drop_state_first: bool = False):
         """Put everything back. Safe to call many times; each call restores the same state.
@@ -263,26 +435,144 @@ class Snapshot:
 
         ``drop_state_first`` (after an out-of-memory error): an optimizer's current state is dropped
         before its saved state is loaded, so its old and restored moments are never on the device
-        together. Not by default: a ``load_state_dict`` that refuses would leave the optimizer empty."""
+        together. Not by default: a ``load_state_dict`` that refuses would leave the optimizer empty.
+
+        An object that cannot be put back (a dict subclass whose ``clear()`` refuses once the cell has
+        run) does not stop the rest: everything else is restored, and then `RestoreIncomplete` names
+        what was not (or, when one of them ran out of memory, that error is raised, with the list in
+        `restore_failures`). A failed restore once stopped at the first such object and the variables
+        after it (lists, the RNG) kept what the run did, while the magic said all were put back.
+        A KeyboardInterrupt stops it at once."""
         if not self.rng:
             return
         if self.namespace is not None:
             for name in [k for k in self.namespace if k not in self.bindings and not self.skip(k)]:
                 del self.namespace[name]  # a name the cell created
             self.namespace.update(self.bindings)
+        failures = []
         for copy_ in self.tensors:
-            copy_.restore()
+            try:
+                copy_.restore()
+            except Exception as error:  # noqa: BLE001 - collected, the rest restored, then raised
+                failures.append(self._failure(copy_.tensor, error))
         for module, layout in self.modules:
-            layout.restore(module)
+            try:
+                layout.restore(module)
+            except Exception as error:  # noqa: BLE001 - as above
+                failures.append(self._failure(module, error))
         for optimizer, groups in self.optimizer_groups:  # before load_state_dict, which needs the same layout
-            _restore_groups(optimizer, groups)
+            try:
+                _restore_groups(optimizer, groups)
+            except Exception as error:  # noqa: BLE001 - as above
+                failures.append(self._failure(optimizer, error))
         for obj, state in self.stateful:
-            if drop_state_first and isinstance(obj, torch.optim.Optimizer):
-                obj.state.clear()
-            _restore_stateful(obj, state)
+            try:
+                if drop_state_first and isinstance(obj, torch.optim.Optimizer):
+                    obj.state.clear()
+                _restore_stateful(obj, state)
+            except Exception as error:  # noqa: BLE001 - as above
+                failures.append(self._failure(obj, error))
         for container, saved in self.containers:
-            _restore_container(container, saved)
-        _restore_rng(self.rng)
+            try:
+                _restore_container(container, saved)
+            except Exception as error:  # noqa: BLE001 - as above
+                failures.append(self._failure(container, error))
+        for generator, state in self.generators:
+            try:
+                _set_generator_state(generator, state)
+            except Exception as error:  # noqa: BLE001 - as above
+                failures.append(self._failure(generator, error))
+        try:
+            _restore_rng(self.rng)
+        except Exception as error:  # noqa: BLE001 - as above
+            failures.append(RestoreFailure("the random number generators' state", error))
+        if failures:
+            raise_failures(failures)
+
+
+@dataclass
+class RestoreFailure:
+    """One object a restore could not put back: where it was found (``cfg``, ``model.0.weight``; None
+    when not known), and why; ``copied`` False for one the capture could not copy (`Snapshot.left_out`)."""
+    what: str | None
+    error: BaseException
+    copied: bool = True
+
+    def __str__(self) -> str:
+        why = _why(self.error) if self.copied else f"never copied: {_why(self.error)}"
+        return f"`{self.what}` ({why})" if self.what is not None else why
+
+
+def _why(error: BaseException) -> str:
+    text = str(error).strip()
+    first = text.splitlines()[0] if text else ""
+    return f"{type(error).__name__}: {first[:200]}" if first else type(error).__name__
+
+
+class RestoreIncomplete(Exception):
+    """`Snapshot.restore` put back everything it could, but not ``failures`` (`RestoreFailure` each)."""
+
+    def __init__(self, failures: list):
+        super().__init__(f"nbaccel could not put back {describe_failures(failures)}; everything else was put back")
+        self.failures = failures
+
+
+def describe_failures(failures: list) -> str:
+    """One entry per object, as in "`cfg` (TypeError: frozen), `opt` (...)" (a failed layout and a failed
+    ``load_state_dict`` of one optimizer are one)."""
+    first = {}
+    for failure in failures:
+        first.setdefault(failure.what, failure)
+    return ", ".join(str(f) for f in first.values())
+
+
+def raise_failures(failures: list):
+    """Raise what `Snapshot.restore` reports for ``failures``: `RestoreIncomplete`, or the first
+    out-of-memory error among them (the machine's, which nbaccel's out-of-memory handling and %%budget
+    recognise by its type), carrying the list in `restore_failures`."""
+    from .oom import is_oom
+
+    oom = next((f.error for f in failures if is_oom(f.error)), None)
+    if oom is not None:
+        oom._nbaccel_restore_failures = failures
+        raise oom
+    raise RestoreIncomplete(failures) from failures[0].error
+
+
+def restore_failures(error: BaseException) -> list:
+    """The objects a failed `Snapshot.restore` could not put back, from what it raised (empty when it
+    raised something else)."""
+    if isinstance(error, RestoreIncomplete):
+        return error.failures
+    return list(getattr(error, "_nbaccel_restore_failures", ()))
+
+
+def _path_text(path) -> str:
+    """``("history", "[]", "loss")`` nested in tuples -> ``history['loss']``; a string as it is."""
+    steps = []
+    while isinstance(path, tuple):
+        path, how, key = path
+        steps.append(f".{key}" if how == "." else f"[{key!r}]")
+    return path + "".join(reversed(steps))
+
+
+class RestoreNote(str):
+    """The note `amp._put_back` adds to an abandoned comparison's exception when the variables could not
+    all be put back (a str, as ``add_note`` takes), with ``names``: the variables not put back, for the
+    magic's own line."""
+
+    names: tuple = ()
+
+    def __new__(cls, text: str, names=()):
+        note = super().__new__(cls, text)
+        # the variable each failed object was found under: `model` for `model.0.weight`
+        note.names = tuple(dict.fromkeys(re.split(r"[.\[]", name, maxsplit=1)[0] for name in names))
+        return note
+
+
+def not_put_back(exc: BaseException) -> tuple:
+    """The variables a `RestoreNote` on ``exc`` names (empty when there is none)."""
+    return next((note.names for note in getattr(exc, "__notes__", ()) if isinstance(note, RestoreNote)), ())
 
 
 def _tensors_in(value):
@@ -374,12 +664,12 @@ def _restore_stateful(obj, state):
             elif isinstance(value, torch.Tensor):
                 value = value.clone()
             else:
-                value = copy.deepcopy(value)
+                value = _deepcopy_or_same(value)
             setattr(obj, key, value)
         for key in [k for k in vars(obj) if k not in state]:
             delattr(obj, key)
         return
-    obj.load_state_dict(_deep_host_copy(state) if isinstance(obj, torch.optim.Optimizer) else copy.deepcopy(state))
+    obj.load_state_dict(_deep_host_copy(state) if isinstance(obj, torch.optim.Optimizer) else _deepcopy_or_same(state))
 
 
 def _process_wide_hooks() -> list[dict]:
@@ -406,6 +696,41 @@ def _restore_container(container, saved):
     elif isinstance(container, set):
         container.clear()
         container.update(saved)
+
+
+def _is_generator_type(kind: type) -> bool:
+    """torch.Generator, numpy's Generator, BitGenerator and RandomState, random.Random (not SystemRandom,
+    which has no state: it reads the OS's)."""
+    if issubclass(kind, torch.Generator):
+        return True
+    if np is not None and issubclass(kind, (np.random.Generator, np.random.BitGenerator, np.random.RandomState)):
+        return True
+    return issubclass(kind, random.Random) and not issubclass(kind, random.SystemRandom)
+
+
+def _generator_state(generator):
+    if isinstance(generator, torch.Generator):
+        return generator.get_state()  # a copy, on the host
+    if np is not None and isinstance(generator, np.random.Generator):
+        return generator.bit_generator.state  # a new dict each time
+    if np is not None and isinstance(generator, np.random.BitGenerator):
+        return generator.state
+    if np is not None and isinstance(generator, np.random.RandomState):
+        return generator.get_state(legacy=False)
+    return generator.getstate()
+
+
+def _set_generator_state(generator, state) -> None:
+    if isinstance(generator, torch.Generator):
+        generator.set_state(state)
+    elif np is not None and isinstance(generator, np.random.Generator):
+        generator.bit_generator.state = state
+    elif np is not None and isinstance(generator, np.random.BitGenerator):
+        generator.state = state
+    elif np is not None and isinstance(generator, np.random.RandomState):
+        generator.set_state(state)
+    else:
+        generator.setstate(state)
 
 
 def _capture_rng() -> dict:

@@ -310,6 +310,91 @@ def test_a_list_inside_a_dict_is_restored(run_cell, ip):
     assert not any("differ" in a or "moved by" in a for a in res.advice)
 
 
+def test_a_variable_that_cannot_be_put_back_is_named_and_the_rest_restored(run_cell, ip):
+    """A fault-injection audit: an object whose restore fails (a dict subclass whose clear() refuses after
+    the run) stopped the restore there, so `seen` kept the run's append and the RNG stayed advanced,
+    while the magic said "a bug in nbaccel ... your variables ... are as they were before the magic"."""
+    run_cell("import torch\nclass Settings(dict):\n    frozen = False\n    def clear(self):\n"
+             "        if Settings.frozen: raise TypeError('frozen')\n        super().clear()\n"
+             "cfg = Settings(lr=.1); seen = []; torch.manual_seed(0)")
+    _, captured = run_cell("%%amp --repeat 1 --warmup 0\nseen.append(torch.rand(1).item()); Settings.frozen = True\n"
+                           "(torch.ones(4) * 2).sum()", expect_error=Exception)
+    run_cell("Settings.frozen = False\nnext_draw = torch.rand(1).item()\ntorch.manual_seed(0)")
+    assert ip.user_ns["seen"] == [] and ip.user_ns["next_draw"] == ip.user_ns["torch"].rand(1).item()
+    err = unfolded(captured.stderr)
+    assert ("nbaccel %%amp: between two runs nbaccel could not put back `cfg` (TypeError: frozen), so the comparison "
+            "was abandoned: torch's global settings") in err
+    assert "and so are your variables except `cfg`, which could not be put back (see the note under the error)" in err
+    assert "bug in nbaccel" not in err and "your variables and torch's" not in err
+
+
+UNUSUAL = """
+import threading, torch
+class Listed(list):
+    def __copy__(self): raise TypeError('no copy')
+class Odd(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(2, 2)
+    def parameters(self, recurse=True): raise RuntimeError('nope')
+class Weird:
+    @property
+    def __class__(self): raise RuntimeError('no class')
+class Lr:
+    def __init__(self): self.lock = threading.Lock()
+    def __call__(self, epoch): return 1.0
+m = torch.nn.Linear(2, 2)
+o = torch.optim.SGD(m.parameters(), lr=0.1)
+o.param_groups[0]['lock'] = threading.Lock()
+sched = torch.optim.lr_scheduler.LambdaLR(o, Lr())
+emb = torch.nn.Embedding(10, 3, sparse=True)
+emb(torch.tensor([1, 2])).sum().backward()  # a sparse gradient
+things = {'expanded': torch.zeros(1, 64).expand(32, 64), 'sparse': torch.eye(4).to_sparse().requires_grad_(),
+          'nested': torch.nested.nested_tensor([torch.randn(2, 3), torch.randn(4, 3)]), 'listed': Listed([1]),
+          'odd': Odd(), 'weird': Weird()}
+a = torch.randn(8, 8)
+"""
+
+
+@pytest.mark.filterwarnings("ignore:The PyTorch API of nested tensors")
+def test_unusual_objects_the_cell_never_touches_do_not_fail_the_magic(run_cell, ip):
+    """A fault-injection audit: each of these anywhere in the namespace failed every %%amp with "this is a
+    bug in nbaccel ... run the cell without %%amp", though the cell never touched them."""
+    run_cell(UNUSUAL)
+    _, captured = run_cell("%%amp --repeat 2 --warmup 0 -q -r res\n(a @ a).sum()")
+    assert "nbaccel" not in captured.stderr and not ip.user_ns["res"].state_changed
+    run_cell("%%amp --repeat 2 --warmup 0 -q\no.step()\nsched.step()\nthings['listed'].append(2)\no.param_groups[0]['lr']")
+    assert ip.user_ns["sched"].last_epoch == 1 and ip.user_ns["things"]["listed"] == [1, 2]
+
+
+def test_generator_objects_advance_by_exactly_one_run(run_cell, ip):
+    run_cell("import random, numpy as np, torch\ng = torch.Generator().manual_seed(0)\nr = np.random.default_rng(0)\n"
+             "pr = random.Random(0)")
+    run_cell("%%amp --repeat 1 --warmup 0 -q\na = torch.rand(1, generator=g); b = r.random(); c = pr.random()\n"
+             "(torch.ones(4) * 2).sum()")
+    run_cell("after = (torch.rand(1, generator=g).item(), r.random(), pr.random())\n"
+             "g0, r0, pr0 = torch.Generator().manual_seed(0), np.random.default_rng(0), random.Random(0)\n"
+             "second = (torch.rand(2, generator=g0)[1].item(), r0.random(2)[1], [pr0.random(), pr0.random()][1])")
+    assert ip.user_ns["after"] == ip.user_ns["second"]  # the kept run drew the first; 12 runs drew 12 before
+
+
+def test_a_graph_built_before_the_magic_still_backpropagates(run_cell, ip):
+    """Restoring a tensor (copy_) bumped its version counter before every run: any %%amp, even on a cell
+    that never touches them, made an earlier cell's `loss.backward()` fail ("modified by an inplace
+    operation ... is at version 11"). A tensor the kept run really changes in place still moves."""
+    run_cell("import torch\ntorch.manual_seed(0)\nmodel = torch.nn.Linear(16, 4)\nx = torch.randn(8, 16)\n"
+             "loss = model(x).pow(2).mean()\na = torch.randn(32, 32)\n"
+             "b = torch.randn(4, requires_grad=True)\nc = torch.ones(4)\npending = (b * c).sum()")
+    versions = {name: ip.user_ns[name]._version for name in ("x", "a", "c")}
+    run_cell("%%amp --repeat 1 --warmup 0 -q\n(a @ a).sum()")
+    assert {name: ip.user_ns[name]._version for name in versions} == versions
+    run_cell("loss.backward()")
+    assert ip.user_ns["model"].weight.grad is not None
+    run_cell("%%amp --repeat 1 --warmup 0 -q\nc.mul_(2)\nc.sum()")
+    assert ip.user_ns["c"].tolist() == [2.0] * 4 and ip.user_ns["c"]._version == versions["c"] + 1
+    run_cell("pending.backward()", expect_error=RuntimeError)  # autograd still sees the kept run's write
+
+
 def test_an_inference_tensor_from_an_earlier_cell_is_restored(run_cell, ip):
     # A tensor made under inference_mode can only change in place inside it: restoring it between
     # runs raised "Inplace update to inference tensor outside InferenceMode" and failed every later %%amp.

@@ -10,11 +10,13 @@ from IPython.core.magic import Magics, cell_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments
 
 from ..amp import MIN_RUNS, compare_amp, not_restored, overflow_hint, planned_runs
+from ..cell_reads import and_list
 from ..device import DeviceError, autocast_dtype, device_info, dtype_name, resolve_device
 from ..options import magic_spelled, whole_number
 from ..precision import make_recipe
 from ..render.display import in_kernel
-from ..snapshot import LazyModuleNotReady, SnapshotTooLarge
+from ..snapshot import (LazyModuleNotReady, SnapshotTooLarge, describe_failures, not_put_back,
+                        restore_failures)
 from ..timing import format_seconds
 from .common import (cell_function, check_name, check_name_free, dtype_hint, help_option, history_name,
                      interrupt_without_frames, interrupted_in_nbaccel, output_can_be_silenced, parse_line,
@@ -187,8 +189,12 @@ def _abandon_note(exc: BaseException, where: str | None, no_restore: bool) -> st
     # compare_amp restores torch's settings either way; the variables only when it snapshotted them.
     settings = ("torch's global settings (grad mode, default dtype and device, autocast, TF32, cuDNN and oneDNN "
                 "flags, matmul precision, threads, anomaly mode)")
+    names = not_put_back(exc)  # what `_put_back` could not restore (the rest it did)
     state = (f"{settings} are as they were before the magic; your variables keep what the runs did (--no-restore)"
              if no_restore else
+             f"{settings} are as they were before the magic, and so are your variables except "
+             f"{and_list([f'`{n}`' for n in names])}, which could not be put back (see the note under the error)"
+             if names else
              f"{settings} are as they were before the magic, but not all your variables: putting them back "
              f"{'was interrupted' if isinstance(exc, KeyboardInterrupt) else 'ran out of memory too'} (see the note "
              "under the error)" if not_restored(exc) else
@@ -202,6 +208,10 @@ def _abandon_note(exc: BaseException, where: str | None, no_restore: bool) -> st
     if not isinstance(exc, Exception):  # Ctrl-C while nbaccel's own code ran: nobody's bug
         return (f"nbaccel %%amp: interrupted ({type(exc).__name__}) while nbaccel was comparing, not in the cell; "
                 f"the comparison was abandoned: {state}.")
+    failures = restore_failures(exc)
+    if failures:  # putting the variables back between runs failed for some object (the rest was put back)
+        return (f"nbaccel %%amp: between two runs nbaccel could not put back {describe_failures(failures)}, so the "
+                f"comparison was abandoned: {state}. --no-restore compares without putting variables back.")
     # Not the cell: nbaccel itself failed. Say so, rather than blame the user's code.
     return (f"nbaccel %%amp: nbaccel itself failed while comparing ({type(exc).__name__}); this is a bug in nbaccel, "
             f"not in your cell. {state[0].upper() + state[1:]}; run the cell without %%amp meanwhile.")
