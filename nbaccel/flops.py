@@ -29,9 +29,7 @@ An audited run is slower than a plain one, so it is never the run that is timed.
 from __future__ import annotations
 
 import contextlib
-import signal
 import sys
-import threading
 from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -44,6 +42,7 @@ from torch.utils.weak import WeakTensorKeyDictionary
 
 from .analysis.op_flops import op_flops
 from .device import DTYPE_NAMES
+from .signals import sigint_held as _sigint_held  # here first; tests and callers import it from here too
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -73,31 +72,6 @@ _IGNORED = frozenset({"aten::t", "aten::view", "aten::detach", "aten::expand", "
 # inference fast path); the audit runs them with autocast on inside, as the timed runs do.
 _CASTS_INSIDE = frozenset({"aten::_transformer_encoder_layer_fwd"})
 _AUTOCAST_KEYS = (("cpu", torch._C.DispatchKey.AutocastCPU), ("cuda", torch._C.DispatchKey.AutocastCUDA))
-
-
-@contextlib.contextmanager
-def _sigint_held():
-    """A Ctrl-C waits until the block is done, then goes to the handler that was there before (Python's
-    KeyboardInterrupt, or the program's own; none if it ignored SIGINT). Main thread only: elsewhere
-    Python delivers no signals anyway, and one not installed from Python is left alone."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    previous = signal.getsignal(signal.SIGINT)
-    if previous is None:  # installed outside Python: it could not be put back
-        yield
-        return
-    caught = []
-    signal.signal(signal.SIGINT, lambda *args: caught.append(args))
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, previous)
-    if caught:
-        if callable(previous):
-            previous(*caught[0])  # signal.default_int_handler raises KeyboardInterrupt
-        elif previous == signal.SIG_DFL:
-            raise KeyboardInterrupt
 
 
 def _import_what_dispatch_modes_need() -> None:

@@ -1,0 +1,187 @@
+"""A Ctrl-C that lands while a magic undoes what it did (its teardown) must still leave the process as
+the magic found it, and the cell must still read as interrupted (the KeyboardInterrupt is raised after
+the cleanup, never swallowed).
+
+CPython 3.11 turns a pending SIGINT into KeyboardInterrupt where it checks for signals: as a Python
+function starts, among other places. The tests raise one there deterministically (`interrupt_at`: a
+trace function that raises at the first call of the named function, or as a chosen line of it
+starts), through a real IPython shell, and compare what a teardown could leave behind before and
+after: autocast (and its nesting), the profiler and its Python tracer, nbaccel's recording lock,
+torch's dispatch-mode stack, logging, fds 1 and 2, the stderr filter's threads and pipes, the
+measuring-magic guard and the option spelling. The autouse fixture in conftest.py checks torch's
+global flags and the optimizer step hooks on top.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.filterwarnings("ignore")
+
+
+@contextlib.contextmanager
+def interrupt_at(file_suffix: str, func: str, after: str | None = None, nth: int = 1):
+    """Raise KeyboardInterrupt once, at the ``nth`` call of ``func`` in a file whose name ends with
+    ``file_suffix``; with ``after`` (a piece of that function's source), as the line after the one
+    holding it starts instead. Yields a list that holds True once it was raised."""
+    raised = []
+    target = None
+    calls = 0
+
+    def local(frame, event, arg):
+        if raised or event != "line" or frame.f_lineno <= target:
+            return local
+        raised.append(True)
+        sys.settrace(None)
+        raise KeyboardInterrupt
+
+    def trace(frame, event, arg):
+        nonlocal target, calls
+        code = frame.f_code
+        if raised or event != "call" or code.co_name != func or not code.co_filename.endswith(file_suffix):
+            return None
+        calls += 1
+        if calls < nth:
+            return None
+        if after is None:
+            raised.append(True)
+            sys.settrace(None)
+            raise KeyboardInterrupt
+        lines, first = inspect.getsourcelines(code)
+        target = first + next(i for i, text in enumerate(lines) if after in text)
+        return local
+
+    sys.settrace(trace)
+    try:
+        yield raised
+    finally:
+        sys.settrace(None)
+
+
+def _autocast_nesting() -> int:
+    level = torch.autocast_increment_nesting()
+    torch.autocast_decrement_nesting()
+    return level - 1
+
+
+def _filter_threads() -> int:
+    return sum(t.name == "nbaccel-stderr-filter" for t in threading.enumerate())
+
+
+def _open_fds() -> set[str]:
+    return set(os.listdir("/proc/self/fd"))
+
+
+def _hidden_run_files() -> set[str]:
+    import tempfile
+
+    return {f for f in os.listdir(tempfile.gettempdir()) if f.startswith(f"nbaccel-hidden-run-{os.getpid()}-")}
+
+
+def left_behind() -> dict:
+    """What a magic's teardown could leave changed in the process (beyond conftest's global_state)."""
+    from nbaccel.magics.common import _measuring
+    from nbaccel.options import in_magic
+    from nbaccel.profile import _RECORDING
+
+    for _ in range(200):  # a filter thread ends when its pipe closes: give it a moment
+        if not _filter_threads():
+            break
+        time.sleep(0.01)
+    return {
+        "autocast cpu": torch.is_autocast_enabled("cpu"), "autocast nesting": _autocast_nesting(),
+        "profiler": torch.autograd._profiler_enabled(), "sys.getprofile": sys.getprofile(),
+        "recording lock held": _RECORDING.locked(), "dispatch modes": torch._C._len_torch_dispatch_stack(),
+        "logging.disable": logging.root.manager.disable,
+        "a logger's warnings enabled": logging.getLogger("nbaccel.test").isEnabledFor(logging.WARNING),
+        "fd 1": os.readlink("/proc/self/fd/1"), "fd 2": os.readlink("/proc/self/fd/2"),
+        "stderr filter threads": _filter_threads(), "open fds": _open_fds(),
+        "hidden-run files": _hidden_run_files(), "measuring": list(_measuring), "in_magic": in_magic(),
+        "SIGINT handler": signal.getsignal(signal.SIGINT),
+    }
+
+
+def interrupted_run(run_cell, cell: str, file_suffix: str, func: str, after: str | None = None):
+    """Run ``cell`` once uninterrupted (first-call costs and lazily opened files out of the way), then
+    with a KeyboardInterrupt at ``func``; return (what changed, captured output of the second run)."""
+    run_cell(cell)
+    before = left_behind()
+    with interrupt_at(file_suffix, func, after) as raised:
+        result, captured = run_cell(cell, expect_error=KeyboardInterrupt)  # the cell reads as interrupted
+    assert raised, f"{func} in {file_suffix} was never called"
+    after_run = left_behind()
+    changed = {key: (value, after_run[key]) for key, value in before.items() if after_run[key] != value}
+    return changed, captured
+
+
+PROFILE = "%%profile_gpu --amp bf16 --stack -q\ny = x @ x\n"
+AMP = "%%amp --warmup 0 --repeat 1 -q\ny = x @ x\ny.sum()\n"
+
+
+@pytest.fixture
+def x(ip):
+    ip.user_ns["x"] = torch.randn(64, 64)
+
+
+# --- %%profile_gpu's teardown ------------------------------------------------------------------
+
+@pytest.mark.parametrize("file_suffix, func", [
+    ("torch/amp/autocast_mode.py", "__exit__"),   # the recipe's autocast, as the profile stops
+    ("nbaccel/profile.py", "__exit__"),           # the profile's own __exit__, at its first line
+    ("nbaccel/profile.py", "_stop"),
+    ("nbaccel/profile.py", "_stop_recording"),
+    ("torch/profiler/profiler.py", "stop"),       # torch's profiler stop, at its first line
+])
+def test_a_ctrl_c_while_a_profile_stops_still_stops_everything(run_cell, x, file_suffix, func):
+    """A fault-injection audit: a Ctrl-C at autocast's __exit__ left autocast on; one at the first line of
+    profile.__exit__ left the profiler running (its Python tracer as sys.setprofile), autocast on, the
+    CPU's fp32 precision changed, the optimizer step hook registered, the recording lock held, fd 2 on
+    the stderr filter's pipe, and a segfault at exit."""
+    changed, captured = interrupted_run(run_cell, PROFILE, file_suffix, func)
+    assert changed == {}
+    assert "nbaccel: interrupted (KeyboardInterrupt)" in captured.stderr
+
+
+# --- the recipe (nbaccel.precision, %%amp's runs, %%profile_gpu --amp) -------------------------------
+
+def test_a_ctrl_c_as_the_recipes_autocast_exits_still_puts_everything_back():
+    """The recipe's own teardown, from Python: autocast off again at its nesting level (a level left up
+    means its weight-cast cache is never cleared again), the optimizer step hook removed, the CPU's fp32
+    precision back; the interrupt still raised."""
+    import nbaccel
+    from torch.optim.optimizer import _global_optimizer_post_hooks
+
+    hooks, nesting = len(_global_optimizer_post_hooks), _autocast_nesting()
+    with pytest.raises(KeyboardInterrupt), interrupt_at("torch/amp/autocast_mode.py", "__exit__"):
+        with nbaccel.precision("bf16", "cpu"):
+            assert torch.is_autocast_enabled("cpu")
+    assert not torch.is_autocast_enabled("cpu")
+    assert _autocast_nesting() == nesting
+    assert len(_global_optimizer_post_hooks) == hooks
+
+
+def test_a_ctrl_c_while_a_setting_is_put_back_after_a_check_leaves_it_as_the_user_set_it():
+    """Reading the fp32 precision settings sets one for a moment where a reading cannot tell "none" from
+    a value (here oneDNN's backend value "ieee", the same as its ops read): a Ctrl-C as it was put back
+    left it at the value it was checked against ("tf32"), for every later CPU op."""
+    from nbaccel.precision import _fp32_state
+
+    before = torch.backends.mkldnn.fp32_precision
+    torch.backends.mkldnn.set_flags(_fp32_precision="ieee")
+    try:
+        with pytest.raises(KeyboardInterrupt), interrupt_at("nbaccel/precision.py", "_write_raw", nth=2):
+            _fp32_state()  # _write_raw: 1st sets "tf32" for the check, 2nd puts "ieee" back
+        assert torch.backends.mkldnn.fp32_precision == "ieee"
+        assert torch.backends.mkldnn.matmul.fp32_precision == "ieee"
+    finally:
+        torch.backends.mkldnn.set_flags(_fp32_precision=before)
