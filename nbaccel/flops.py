@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._python_dispatch import TorchDispatchMode, _pop_mode
 from torch.utils._pytree import tree_flatten
 from torch.utils.flop_counter import flop_registry
 from torch.utils.weak import WeakTensorKeyDictionary
@@ -179,8 +179,23 @@ class OpAudit(TorchDispatchMode):
         return super().__enter__()
 
     def __exit__(self, *exc):
-        self._depth -= 1
-        return super().__exit__(*exc)
+        # A Ctrl-C in torch's __exit__ left the audit on torch's mode stack, and every later op of the
+        # session ran through it: at its first line nothing was undone, at its _pop_mode the flags it
+        # keeps were put back but the mode not popped. Held, and finished after one that still got in
+        # (one at the first line of this __exit__ is undone by the recipe around the audit:
+        # `precision.apply_recipe._exit_modes_left`).
+        flags, depth = len(self.old_dispatch_mode_flags), torch._C._len_torch_dispatch_stack()
+        try:
+            with _sigint_held():
+                return super().__exit__(*exc)
+        except KeyboardInterrupt:
+            if len(self.old_dispatch_mode_flags) == flags:  # nothing undone yet
+                super().__exit__(*exc)
+            elif torch._C._len_torch_dispatch_stack() == depth:  # the flags put back, the mode still on
+                _pop_mode()
+            raise
+        finally:
+            self._depth -= 1
 
     def _autocast_inside(self, func) -> list:
         """The autocast keys to turn back on while ``func`` runs: those on as the audit began, for an

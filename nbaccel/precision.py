@@ -19,6 +19,7 @@ it was.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from dataclasses import dataclass
 
@@ -443,7 +444,8 @@ class apply_recipe:  # noqa: N801 - a context manager used like a function: `wit
     that no longer holds the value the recipe set: the body changed it
     (``torch.backends.cudnn.benchmark = True`` in the cell), and code run once under the recipe
     keeps what it did (see `_kept_fp32_state` for the legacy setters). When the body raises, every
-    setting goes back.
+    setting goes back, and a torch dispatch mode the body entered and left on torch's stack is
+    exited (`_exit_modes_left`).
 
     A class, not a generator, so that its teardown can run again: a Ctrl-C that landed as autocast's
     own ``__exit__`` started left autocast on (and its nesting level up, so its weight-cast cache was
@@ -463,6 +465,7 @@ class apply_recipe:  # noqa: N801 - a context manager used like a function: `wit
         self._watched = {"cudnn.benchmark": benchmark,
                          **{f"autocast.{t}": _autocast_knob(t) for t in _autocast_types(recipe)}}
         self._benchmark_before = benchmark[0]()
+        self._modes_before = torch._C._len_torch_dispatch_stack()
         # The undoing's steps, each cleared once done (see `_undo`).
         self._autocasts: list = []  # autocast contexts entered, innermost last
         self._hook = None  # the optimizer step hook
@@ -513,6 +516,8 @@ class apply_recipe:  # noqa: N801 - a context manager used like a function: `wit
         if self._hook is not None:
             self._hook.remove()
             self._hook = None
+        if failed:
+            self._exit_modes_left()
         target = self._before if after is None else _kept_fp32_state(self._before, self._as_set, after)
         _write_fp32_state(target, _fp32_state())  # writes only what differs: safe to run again
         benchmark = self._watched["cudnn.benchmark"]
@@ -522,6 +527,21 @@ class apply_recipe:  # noqa: N801 - a context manager used like a function: `wit
             if name != "cudnn.benchmark":
                 self._watched[name][1](value)
         self._undone = True
+
+    def _exit_modes_left(self) -> None:
+        """Exit the torch dispatch modes (``TorchDispatchMode``) the failed body left on torch's stack.
+
+        A Ctrl-C that lands as a mode's ``with`` ends, at the first line of its ``__exit__``, leaves the
+        mode on the stack, and every later op of the session runs through it: %%amp's `flops.OpAudit`
+        (the innermost context of its audited run, which the recipe encloses) did that. A body that
+        raised has no use for a mode it entered."""
+        from torch.utils._python_dispatch import _get_current_dispatch_mode, _pop_mode
+
+        while (depth := torch._C._len_torch_dispatch_stack()) > self._modes_before:
+            with contextlib.suppress(Exception):  # its own __exit__ first: a mode may keep state of its own
+                _get_current_dispatch_mode().__exit__(None, None, None)
+            if torch._C._len_torch_dispatch_stack() >= depth:
+                _pop_mode()
 
 
 def _fresh_casts_after_optimizer_steps():

@@ -185,3 +185,34 @@ def test_a_ctrl_c_while_a_setting_is_put_back_after_a_check_leaves_it_as_the_use
         assert torch.backends.mkldnn.matmul.fp32_precision == "ieee"
     finally:
         torch.backends.mkldnn.set_flags(_fp32_precision=before)
+
+
+# --- %%amp's audited run ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("file_suffix, func", [
+    ("nbaccel/flops.py", "__exit__"),                 # OpAudit's own, at its first line
+    ("torch/utils/_python_dispatch.py", "__exit__"),  # torch's TorchDispatchMode.__exit__
+    ("torch/utils/_python_dispatch.py", "_pop_mode"),  # after torch put its flags back
+])
+def test_a_ctrl_c_as_the_op_audit_ends_leaves_no_dispatch_mode_on(run_cell, x, file_suffix, func):
+    """The audit: one at OpAudit.__exit__ (or in torch's __exit__ under it) left it on torch's dispatch-mode
+    stack, and every later op of the session ran through a stale audit."""
+    changed, _ = interrupted_run(run_cell, "%%amp --warmup 0 --repeat 1 -q\ny = x @ x\n", file_suffix, func)
+    assert changed == {}
+    from torch.utils import _python_dispatch
+
+    assert not _python_dispatch._is_in_torch_dispatch_mode  # torch's own flag, put back with the mode
+
+
+def test_a_mode_a_failed_body_left_on_the_stack_is_exited_by_the_recipe():
+    """What undoes the first case above: a Ctrl-C at the first line of OpAudit.__exit__ runs none of it,
+    and the recipe around the audit exits the mode its failed body left on torch's stack."""
+    import nbaccel
+    from nbaccel.flops import OpAudit
+
+    audit = OpAudit()
+    with pytest.raises(RuntimeError), nbaccel.precision("bf16", "cpu"):
+        audit.__enter__()  # and never left, as after a Ctrl-C at the first line of its __exit__
+        raise RuntimeError("the body failed")
+    assert torch._C._len_torch_dispatch_stack() == 0
+    assert audit._depth == 0
