@@ -216,3 +216,29 @@ def test_a_mode_a_failed_body_left_on_the_stack_is_exited_by_the_recipe():
         raise RuntimeError("the body failed")
     assert torch._C._len_torch_dispatch_stack() == 0
     assert audit._depth == 0
+
+
+# --- hidden runs (nbaccel.quiet) ---------------------------------------------------------------------
+
+def test_a_ctrl_c_as_a_hidden_run_puts_fds_1_and_2_back_still_puts_them_back(run_cell, x):
+    """The audit: one at the first line of fd_output_hidden.__exit__ left fds 1 and 2 on
+    /tmp/nbaccel-hidden-run-*.log for the rest of the session."""
+    changed, _ = interrupted_run(run_cell, AMP, "nbaccel/quiet.py", "__exit__")
+    assert changed == {}
+
+
+def test_a_ctrl_c_as_a_hidden_run_removes_its_file_leaves_no_file():
+    """Its file was removed inside contextlib.suppress(OSError): a Ctrl-C at the first line of
+    suppress.__init__ (the first contextlib call of the exit) left it in the temp folder."""
+    from nbaccel.quiet import fd_output_hidden
+
+    fds = fd_output_hidden()
+    fds.__enter__()
+    try:
+        with interrupt_at("contextlib.py", "__init__"):
+            fds.__exit__(None, None, None)
+    except KeyboardInterrupt:
+        pass
+    fds.__exit__(None, None, None)  # what hiding_side_channels does after an interrupt: nothing left to do
+    assert not os.path.exists(fds.path)
+    assert _hidden_run_files() == set()
