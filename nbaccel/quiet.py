@@ -41,13 +41,19 @@ import warnings
 @contextlib.contextmanager
 def unlogged_and_unwarned():
     previous = logging.root.manager.disable  # the level the user's own logging.disable() set, if any
-    logging.disable(logging.CRITICAL)
     try:
+        # Inside the try: logging.disable sets the level, then clears the loggers' caches of what is
+        # enabled (_clear_cache); a Ctrl-C between the two left logging switched off for good.
+        logging.disable(logging.CRITICAL)
         with warnings.catch_warnings(record=True):
             warnings.simplefilter("always")
             yield
     finally:
-        logging.disable(previous)
+        try:
+            logging.disable(previous)
+        except KeyboardInterrupt:  # the level is back, but the caches may still say "disabled": again
+            logging.disable(previous)
+            raise
 
 
 def _open_figures() -> set:

@@ -111,12 +111,12 @@ def left_behind() -> dict:
     }
 
 
-def interrupted_run(run_cell, cell: str, file_suffix: str, func: str, after: str | None = None):
+def interrupted_run(run_cell, cell: str, file_suffix: str, func: str, after: str | None = None, nth: int = 1):
     """Run ``cell`` once uninterrupted (first-call costs and lazily opened files out of the way), then
     with a KeyboardInterrupt at ``func``; return (what changed, captured output of the second run)."""
     run_cell(cell)
     before = left_behind()
-    with interrupt_at(file_suffix, func, after) as raised:
+    with interrupt_at(file_suffix, func, after, nth) as raised:
         result, captured = run_cell(cell, expect_error=KeyboardInterrupt)  # the cell reads as interrupted
     assert raised, f"{func} in {file_suffix} was never called"
     after_run = left_behind()
@@ -242,3 +242,14 @@ def test_a_ctrl_c_as_a_hidden_run_removes_its_file_leaves_no_file():
     fds.__exit__(None, None, None)  # what hiding_side_channels does after an interrupt: nothing left to do
     assert not os.path.exists(fds.path)
     assert _hidden_run_files() == set()
+
+
+@pytest.mark.parametrize("nth", [1, 2])  # as logging is switched off for a hidden run, as it is switched back on
+def test_a_ctrl_c_in_logging_disable_leaves_logging_on(run_cell, x, nth):
+    """The audit: one at logging's _clear_cache (called by logging.disable(CRITICAL) before the try that
+    switched it back on) left logging.root.manager.disable at 50 for good; one as it was switched back on
+    left the loggers' caches saying their levels were disabled."""
+    # the cell logs: in a hidden run its logger caches its level as disabled
+    cell = "%%amp --warmup 0 --repeat 1 -q\nimport logging\nlogging.getLogger('nbaccel.test').warning('run')\ny = x @ x\n"
+    changed, _ = interrupted_run(run_cell, cell, "logging/__init__.py", "_clear_cache", nth=nth)
+    assert changed == {}
