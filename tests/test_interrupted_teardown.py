@@ -253,3 +253,20 @@ def test_a_ctrl_c_in_logging_disable_leaves_logging_on(run_cell, x, nth):
     cell = "%%amp --warmup 0 --repeat 1 -q\nimport logging\nlogging.getLogger('nbaccel.test').warning('run')\ny = x @ x\n"
     changed, _ = interrupted_run(run_cell, cell, "logging/__init__.py", "_clear_cache", nth=nth)
     assert changed == {}
+
+
+# --- the stderr filter around the profiler's own calls (nbaccel.stderr_filter) -------------------
+
+@pytest.mark.parametrize("file_suffix, func", [
+    ("threading.py", "wait"),    # in thread.start(): the thread runs, start() never returns
+    ("threading.py", "start"),   # before the thread exists
+    ("nbaccel/stderr_filter.py", "stop"),
+])
+def test_a_ctrl_c_as_the_stderr_filter_starts_or_stops_leaves_no_thread_pipe_or_fd_2_on_it(run_cell, x, file_suffix,
+                                                                                          func):
+    """The audit: thread.start() and os.dup2(write_end, 2) ran before the try; a Ctrl-C in start() (five
+    interrupted profiles) left five nbaccel-stderr-filter threads and about 20 fds, and once fd 2 on the
+    pipe."""
+    for _ in range(3):
+        changed, _ = interrupted_run(run_cell, "%%profile_gpu -q\ny = x @ x\n", file_suffix, func)
+        assert changed == {}
