@@ -58,11 +58,12 @@ def whole_number(name: str, value, minimum: int, error: type[Exception] = ValueE
 def magic_spelling(active: bool = True):
     """Within this block (or decorated function), `option` spells options as a magic's command
     line does; ``active=False`` switches back to Python's spelling."""
-    token = _IN_MAGIC.set(active)
-    try:
+    previous = _IN_MAGIC.get()
+    try:  # set inside: a Ctrl-C between the set and the try left every later error in the magic's spelling
+        _IN_MAGIC.set(active)
         yield
     finally:
-        _IN_MAGIC.reset(token)
+        _IN_MAGIC.set(previous)
 
 
 def magic_spelled(magic):

@@ -270,3 +270,18 @@ def test_a_ctrl_c_as_the_stderr_filter_starts_or_stops_leaves_no_thread_pipe_or_
     for _ in range(3):
         changed, _ = interrupted_run(run_cell, "%%profile_gpu -q\ny = x @ x\n", file_suffix, func)
         assert changed == {}
+
+
+# --- the magics' own guards ----------------------------------------------------------------------
+
+@pytest.mark.parametrize("file_suffix, func, after", [
+    ("nbaccel/magics/common.py", "sole_measuring_magic", "_measuring.append(name)"),
+    ("nbaccel/options.py", "magic_spelling", "_IN_MAGIC.set(active)"),
+])
+def test_a_ctrl_c_right_after_a_magic_marks_itself_running_leaves_no_mark(run_cell, x, file_suffix, func, after):
+    """The audit: one between the mark and the try that removes it (the line after it, where CPython
+    checks for signals after a call) left _measuring == ['amp'], every later %%amp and %%profile_gpu
+    refused as nested, or in_magic() True, every later API error spelled as a magic's option."""
+    changed, _ = interrupted_run(run_cell, AMP, file_suffix, func, after=after)
+    assert changed == {}
+    run_cell(AMP)  # not refused as nested

@@ -246,11 +246,12 @@ def sole_measuring_magic(name: str):
     when the run reaches it; `refuse_nested_cell_magic` catches the written one earlier."""
     if _measuring:
         raise _nested_error(_measuring[-1], name)
-    _measuring.append(name)
-    try:
+    depth = len(_measuring)
+    try:  # appended inside: a Ctrl-C between the append and the try refused every later magic as nested
+        _measuring.append(name)
         yield
     finally:
-        _measuring.pop()
+        del _measuring[depth:]
 
 
 def store_result(shell, name: str | None, result) -> None:
