@@ -12,6 +12,7 @@ and the interrupt is raised when everything is undone (`finish`).
 from __future__ import annotations
 
 import _signal  # signal's C functions, see sigint_held
+import sys
 from typing import Callable
 
 
@@ -25,36 +26,59 @@ class sigint_held:  # noqa: N801 - a context manager used like a function: `with
 
     A class calling ``_signal`` (the C functions that ``signal.signal`` and ``signal.getsignal`` wrap in
     Python code for their enums): between the handler's swap and its swap back no Python function of
-    its own runs, so no KeyboardInterrupt raised as one starts (a fault injector's) can leave Ctrl-C
-    swallowed for good. A real Ctrl-C cannot land there: the handler then is this one.
+    its own runs but ``__exit__`` itself. A real Ctrl-C cannot raise at its first line (the handler then
+    is this one), but another KeyboardInterrupt can (a fault injector's, raised as a function starts),
+    and the block then ends without putting the handler back: every later Ctrl-C would be caught here
+    and never delivered. So the handler checks that the block may still run (the frame that entered it
+    is on the stack); if not, it ends the hold itself and passes the signal on. (A Ctrl-C that comes
+    while that frame still runs after such an exception is lost: nbaccel's holding functions let the
+    exception through at once, or after running their teardown a second time.)
     """
 
     def __enter__(self) -> "sigint_held":
         self._caught: list = []
+        self._owner = sys._getframe(1)  # the frame whose `with` holds SIGINT
         self._previous = _signal.getsignal(_signal.SIGINT)
         if self._previous is None:  # installed outside Python: it could not be put back
             self._held = False
+            self._owner = None
             return self
         try:
             _signal.signal(_signal.SIGINT, self._caught_one)
             self._held = True
         except ValueError:  # not the main thread (of the main interpreter): no signal is delivered here
             self._held = False
+            self._owner = None
         return self
 
-    def _caught_one(self, *args) -> None:
-        self._caught.append(args)
+    def _caught_one(self, signum, frame) -> None:
+        running = sys._getframe(1)
+        while running is not None and running is not self._owner:
+            running = running.f_back
+        if running is not None:  # the block still runs: the signal waits for its end
+            self._caught.append((signum, frame))
+            return
+        # The block is over, and its __exit__ never ran: the hold ends now, and the signal goes on.
+        self._end()
+        self._deliver(signum, frame)
+
+    def _end(self) -> None:
+        _signal.signal(_signal.SIGINT, self._previous)
+        self._held = False
+        self._owner = None  # the frame and its locals are not kept alive
+
+    def _deliver(self, signum, frame) -> None:
+        if callable(self._previous):
+            self._previous(signum, frame)  # signal.default_int_handler raises KeyboardInterrupt
+        elif self._previous == _signal.SIG_DFL:
+            raise KeyboardInterrupt
 
     def __exit__(self, exc_type, exc, tb) -> bool:
         if not self._held:
             return False
-        _signal.signal(_signal.SIGINT, self._previous)
-        self._held = False
+        self._end()
         if self._caught:
-            if callable(self._previous):
-                self._previous(*self._caught[0])  # signal.default_int_handler raises KeyboardInterrupt
-            elif self._previous == _signal.SIG_DFL:
-                raise KeyboardInterrupt
+            self._deliver(*self._caught[0])
         return False
 
 

@@ -285,3 +285,40 @@ def test_a_ctrl_c_right_after_a_magic_marks_itself_running_leaves_no_mark(run_ce
     changed, _ = interrupted_run(run_cell, AMP, file_suffix, func, after=after)
     assert changed == {}
     run_cell(AMP)  # not refused as nested
+
+
+# --- the hold itself (nbaccel.signals) -----------------------------------------------------------
+
+def test_a_hold_whose_exit_never_ran_passes_the_next_ctrl_c_on():
+    """A KeyboardInterrupt raised at the first line of sigint_held.__exit__ (a fault injector's: a real
+    Ctrl-C is caught by the hold there) ended the block with the hold's handler still installed, and
+    every later Ctrl-C of the session was caught and never delivered."""
+    from nbaccel.signals import sigint_held
+
+    def held():
+        with sigint_held():
+            pass
+
+    before = signal.getsignal(signal.SIGINT)
+    try:
+        with pytest.raises(KeyboardInterrupt), interrupt_at("nbaccel/signals.py", "__exit__"):
+            held()
+        assert signal.getsignal(signal.SIGINT) is not before  # left installed: what the handler now checks
+        with pytest.raises(KeyboardInterrupt):
+            signal.raise_signal(signal.SIGINT)  # delivered, not held
+        assert signal.getsignal(signal.SIGINT) is before
+    finally:
+        signal.signal(signal.SIGINT, before)
+
+
+def test_a_held_ctrl_c_inside_the_block_still_waits_for_its_end():
+    from nbaccel.signals import sigint_held
+
+    def inner():  # the signal is handled in a frame below the one that holds it
+        signal.raise_signal(signal.SIGINT)
+        return "ran on"
+
+    with pytest.raises(KeyboardInterrupt):
+        with sigint_held():
+            assert inner() == "ran on"
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
