@@ -61,7 +61,7 @@ from .precision import apply_recipe, make_recipe
 from .profile_options import ProfileError, ProfileOptions, check_options, trace_is_file, validate
 from .profile_result import ProfileResult
 from .quiet import hiding_side_channels
-from .signals import finish, sigint_held
+from .signals import exit_again, finish, sigint_held
 from .stderr_filter import dropped_stderr_lines
 from .trace_io import _RANK_NAME, worker_name, write_step_traces, write_trace_bytes
 
@@ -598,6 +598,7 @@ def profile_function(fn: Callable[[], object], options: ProfileOptions | None = 
     try:
         with prof:
             value = None
+            quiet = None
             try:
                 for i in range(runs):
                     quiet = hidden() if hidden is not None and i < runs - 1 else contextlib.nullcontext()
@@ -607,6 +608,8 @@ def profile_function(fn: Callable[[], object], options: ProfileOptions | None = 
             except BaseException as exc:  # a Ctrl-C between runs, in the hiding: the profile must not blame fn
                 if not any(exc is e for e in raised):
                     prof._own_failure = exc
+                if isinstance(exc, KeyboardInterrupt):  # one at the first line of the hidden run's exit
+                    exit_again(quiet)
                 raise
     except KeyboardInterrupt as exc:
         # One that landed at the first line of prof.__exit__ ran none of it: the profiler would run on.

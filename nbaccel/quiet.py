@@ -37,6 +37,8 @@ import sys
 import tempfile
 import warnings
 
+from .signals import exit_again
+
 
 @contextlib.contextmanager
 def unlogged_and_unwarned():
@@ -219,14 +221,17 @@ def hiding_side_channels(silence):
     @contextlib.contextmanager
     def hidden():
         captured = None
-        fds = fd_output_hidden()
+        fds, others = fd_output_hidden(), (silence(), unlogged_and_unwarned(), new_figures_closed())
         try:
-            with fds, silence() as captured, unlogged_and_unwarned(), new_figures_closed():
+            with fds, others[0] as captured, others[1], others[2]:
                 yield
         except KeyboardInterrupt:
-            # One at the first line of fd_output_hidden.__exit__ ran none of it: fds 1 and 2 stayed on the
-            # hidden run's file for the rest of the session (the cell's output, and every later cell's,
-            # went there). Run again, it puts them back; it does nothing when it ran.
+            # One at the first line of an __exit__ ran none of it: fd_output_hidden's left fds 1 and 2 on the
+            # hidden run's file for the rest of the session (the cell's output, and every later cell's, went
+            # there); contextlib's left logging off, or the silencer's capture on, until the garbage collector
+            # closed the generator. Each is exited again; none does anything when it had exited.
+            for context in reversed(others):
+                exit_again(context)
             fds.__exit__(None, None, None)
             raise
         except BaseException:  # SystemExit too (argparse's usage line), as fd_output_hidden replays it

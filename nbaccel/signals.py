@@ -12,6 +12,7 @@ and the interrupt is raised when everything is undone (`finish`).
 from __future__ import annotations
 
 import _signal  # signal's C functions, see sigint_held
+import inspect
 import sys
 from typing import Callable
 
@@ -59,13 +60,9 @@ class sigint_held:  # noqa: N801 - a context manager used like a function: `with
             self._caught.append((signum, frame))
             return
         # The block is over, and its __exit__ never ran: the hold ends now, and the signal goes on.
-        self._end()
-        self._deliver(signum, frame)
-
-    def _end(self) -> None:
         _signal.signal(_signal.SIGINT, self._previous)
-        self._held = False
-        self._owner = None  # the frame and its locals are not kept alive
+        self._held, self._owner = False, None
+        self._deliver(signum, frame)
 
     def _deliver(self, signum, frame) -> None:
         if callable(self._previous):
@@ -76,7 +73,8 @@ class sigint_held:  # noqa: N801 - a context manager used like a function: `with
     def __exit__(self, exc_type, exc, tb) -> bool:
         if not self._held:
             return False
-        self._end()
+        _signal.signal(_signal.SIGINT, self._previous)  # no Python call before this line (see the class)
+        self._held, self._owner = False, None  # the frame and its locals are not kept alive
         if self._caught:
             self._deliver(*self._caught[0])
         return False
@@ -97,3 +95,15 @@ def finish(teardown: Callable, *args) -> None:
         with sigint_held():
             teardown(*args)
         raise
+
+
+def exit_again(context) -> None:
+    """After a KeyboardInterrupt came out of ``context``'s ``with``: exit it once more if it may not have
+    exited. One raised at the first line of its ``__exit__`` ran none of it, and a
+    ``contextlib.contextmanager`` then stays suspended at its ``yield`` until the garbage collector
+    closes it, maybe much later (logging switched off, fds 1 and 2 on a hidden run's file until then).
+    Only such a generator-based one still suspended is exited; any other is left alone (one that can be
+    exited again safely, like `quiet.fd_output_hidden`, is exited by its caller directly)."""
+    gen = getattr(context, "gen", None)
+    if inspect.isgenerator(gen) and inspect.getgeneratorstate(gen) == inspect.GEN_SUSPENDED:
+        context.__exit__(None, None, None)

@@ -68,6 +68,28 @@ def interrupt_at(file_suffix: str, func: str, after: str | None = None, nth: int
         sys.settrace(None)
 
 
+@contextlib.contextmanager
+def interrupt_at_the_exit_of(generator_name: str):
+    """Raise KeyboardInterrupt once, at the first line of contextlib's ``__exit__`` for a
+    ``@contextlib.contextmanager`` function named ``generator_name``: none of its cleanup runs."""
+    raised = []
+
+    def trace(frame, event, arg):
+        if event == "call" and frame.f_code.co_name == "__exit__" and frame.f_code.co_filename.endswith("contextlib.py"):
+            gen = getattr(frame.f_locals.get("self"), "gen", None)
+            if getattr(gen, "__name__", None) == generator_name:
+                raised.append(True)
+                sys.settrace(None)
+                raise KeyboardInterrupt
+        return None
+
+    sys.settrace(trace)
+    try:
+        yield raised
+    finally:
+        sys.settrace(None)
+
+
 def _autocast_nesting() -> int:
     level = torch.autocast_increment_nesting()
     torch.autocast_decrement_nesting()
@@ -107,7 +129,7 @@ def left_behind() -> dict:
         "fd 1": os.readlink("/proc/self/fd/1"), "fd 2": os.readlink("/proc/self/fd/2"),
         "stderr filter threads": _filter_threads(), "open fds": _open_fds(),
         "hidden-run files": _hidden_run_files(), "measuring": list(_measuring), "in_magic": in_magic(),
-        "SIGINT handler": signal.getsignal(signal.SIGINT),
+        "SIGINT handler": signal.getsignal(signal.SIGINT), "sys.stdout": sys.stdout, "sys.stderr": sys.stderr,
     }
 
 
@@ -116,7 +138,9 @@ def interrupted_run(run_cell, cell: str, file_suffix: str, func: str, after: str
     with a KeyboardInterrupt at ``func``; return (what changed, captured output of the second run)."""
     run_cell(cell)
     before = left_behind()
-    with interrupt_at(file_suffix, func, after, nth) as raised:
+    injected = interrupt_at_the_exit_of(func) if file_suffix == "contextlib.py" else interrupt_at(file_suffix, func,
+                                                                                                    after, nth)
+    with injected as raised:
         result, captured = run_cell(cell, expect_error=KeyboardInterrupt)  # the cell reads as interrupted
     assert raised, f"{func} in {file_suffix} was never called"
     after_run = left_behind()
@@ -225,6 +249,29 @@ def test_a_ctrl_c_as_a_hidden_run_puts_fds_1_and_2_back_still_puts_them_back(run
     /tmp/nbaccel-hidden-run-*.log for the rest of the session."""
     changed, _ = interrupted_run(run_cell, AMP, "nbaccel/quiet.py", "__exit__")
     assert changed == {}
+
+
+@pytest.mark.parametrize("cell, generator", [
+    (AMP, "unlogged_and_unwarned"),    # logging off, warnings recorded
+    ("%%profile_gpu --warmup 1 -q\ny = x @ x\n", "hidden"),   # a profile's hidden warmup run, all of the above
+])
+def test_a_ctrl_c_at_the_first_line_of_a_hidden_runs_context_exit_still_undoes_it(run_cell, x, cell, generator):
+    """A sweep of one KeyboardInterrupt at each function start of a hidden run's end: one at the first line
+    of contextlib's __exit__ left that generator suspended (logging off, stdout captured, fds 1 and 2 on
+    the hidden run's file) until the garbage collector closed it."""
+    changed, _ = interrupted_run(run_cell, cell, "contextlib.py", generator)
+    assert changed == {}
+
+
+def test_a_ctrl_c_at_the_first_line_of_the_silencers_exit_gives_stdout_back(ip, x):
+    """The same for the magics' silencer (IPython's capture of stdout, stderr and displays): sys.stdout
+    stayed the capture's buffer, and every later print of the session vanished. Run without the tests'
+    own capture around the cell, which would put sys.stdout back itself."""
+    before = sys.stdout, sys.stderr
+    with interrupt_at_the_exit_of("silenced") as raised:
+        result = ip.run_cell(AMP)
+    assert raised and isinstance(result.error_in_exec, KeyboardInterrupt)
+    assert (sys.stdout, sys.stderr) == before
 
 
 def test_a_ctrl_c_as_a_hidden_run_removes_its_file_leaves_no_file():
