@@ -323,7 +323,8 @@ def test_a_ctrl_c_as_the_stderr_filter_starts_or_stops_leaves_no_thread_pipe_or_
 
 @pytest.mark.parametrize("file_suffix, func, after", [
     ("nbaccel/magics/common.py", "sole_measuring_magic", "_measuring.append(name)"),
-    ("nbaccel/options.py", "magic_spelling", "_IN_MAGIC.set(active)"),
+    ("nbaccel/options.py", "spelled", "_IN_MAGIC.set(True)"),          # magic_spelled, around the magic
+    ("nbaccel/options.py", "__enter__", "_IN_MAGIC.get()"),            # magic_spelling, around the cell
 ])
 def test_a_ctrl_c_right_after_a_magic_marks_itself_running_leaves_no_mark(run_cell, x, file_suffix, func, after):
     """The audit: one between the mark and the try that removes it (the line after it, where CPython
@@ -369,3 +370,35 @@ def test_a_held_ctrl_c_inside_the_block_still_waits_for_its_end():
         with sigint_held():
             assert inner() == "ran on"
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def test_a_ctrl_c_as_the_cells_spelling_ends_leaves_no_magic_spelling_behind(run_cell, x, ip):
+    """The cell runs in magic_spelling(False) inside the magic's spelling. As a contextlib generator, a
+    Ctrl-C at the first line of its exit left it suspended, and when the garbage collector closed it its
+    cleanup set the value it had found: the magic's spelling, for every later error of the session."""
+    import gc
+
+    from nbaccel.options import in_magic, magic_spelling
+
+    def is_the_cells_spelling(context) -> bool:
+        return isinstance(context, magic_spelling) or getattr(getattr(context, "gen", None), "__name__", "") == "magic_spelling"
+
+    raised = []
+
+    def trace(frame, event, arg):
+        if event == "call" and frame.f_code.co_name == "__exit__" and is_the_cells_spelling(frame.f_locals.get("self")):
+            raised.append(True)
+            sys.settrace(None)
+            raise KeyboardInterrupt
+        return None
+
+    sys.settrace(trace)
+    try:
+        run_cell(AMP, expect_error=KeyboardInterrupt)
+    finally:
+        sys.settrace(None)
+    assert raised
+    sys.last_type = sys.last_value = sys.last_traceback = None  # what kept the interrupted frames alive
+    ip.run_cell("1")  # a next cell, as the user would run
+    gc.collect()
+    assert in_magic() is False
