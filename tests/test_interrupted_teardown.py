@@ -135,7 +135,9 @@ def left_behind() -> dict:
 
 def interrupted_run(run_cell, cell: str, file_suffix: str, func: str, after: str | None = None, nth: int = 1):
     """Run ``cell`` once uninterrupted (first-call costs and lazily opened files out of the way), then
-    with a KeyboardInterrupt at ``func``; return (what changed, captured output of the second run)."""
+    with a KeyboardInterrupt at ``func`` (`interrupt_at`; for ``file_suffix="contextlib.py"``, ``func``
+    names the generator whose contextlib ``__exit__`` it lands at: `interrupt_at_the_exit_of`); return
+    (what changed, captured output of the second run)."""
     run_cell(cell)
     before = left_behind()
     injected = interrupt_at_the_exit_of(func) if file_suffix == "contextlib.py" else interrupt_at(file_suffix, func,
@@ -272,6 +274,21 @@ def test_a_ctrl_c_at_the_first_line_of_the_silencers_exit_gives_stdout_back(ip, 
         result = ip.run_cell(AMP)
     assert raised and isinstance(result.error_in_exec, KeyboardInterrupt)
     assert (sys.stdout, sys.stderr) == before
+
+
+@pytest.mark.parametrize("file_suffix, func", [
+    ("IPython/utils/capture.py", "__exit__"),       # at the first line of the capture's exit
+    ("IPython/core/displaypub.py", "__init__"),     # in its __enter__, after sys.stdout was replaced
+    ("IPython/core/displayhook.py", "__init__"),
+])
+def test_a_ctrl_c_in_ipythons_capture_of_a_hidden_run_gives_stdout_back(ip, x, file_suffix, func):
+    """The sweep: IPython's capture_output replaces sys.stdout, then builds its display publisher and
+    hook; a Ctrl-C there (or at its __exit__'s first line) left sys.stdout its buffer for good."""
+    before = sys.stdout, sys.stderr, sys.displayhook, ip.display_pub
+    with interrupt_at(file_suffix, func) as raised:
+        result = ip.run_cell(AMP)
+    assert raised and isinstance(result.error_in_exec, KeyboardInterrupt)
+    assert (sys.stdout, sys.stderr, sys.displayhook, ip.display_pub) == before
 
 
 def test_a_ctrl_c_as_a_hidden_run_removes_its_file_leaves_no_file():

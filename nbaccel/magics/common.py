@@ -213,9 +213,29 @@ def cell_number(shell) -> int:
 @contextlib.contextmanager
 def silenced():
     """Hide stdout, stderr and rich displays of the measurement runs (the API adds logging, warnings and
-    pyplot figures: `nbaccel.quiet`)."""
-    with capture_output(stdout=True, stderr=True, display=True) as captured:
-        yield captured  # its stdout/stderr: a failing run's prints are shown (`quiet.hiding_side_channels`)
+    pyplot figures: `nbaccel.quiet`).
+
+    Not a ``with``: IPython's capture replaces sys.stdout first and then builds its display publisher
+    and hook (traitlets, dozens of Python calls), so a Ctrl-C inside its ``__enter__`` left sys.stdout its
+    buffer with no ``__exit__`` to come, and one at the first line of its ``__exit__`` did the same: every
+    later print of the session vanished. Its ``__exit__`` puts back what ``__enter__`` saved, so it is
+    run whatever happened, and once more after an interrupt."""
+    capture = capture_output(stdout=True, stderr=True, display=True)
+    try:
+        yield capture.__enter__()  # its stdout/stderr: a failing run's prints are shown (`quiet.hiding_side_channels`)
+    finally:
+        try:
+            _uncapture(capture)
+        except KeyboardInterrupt:
+            _uncapture(capture)
+            raise
+
+
+def _uncapture(capture) -> None:
+    try:
+        capture.__exit__(None, None, None)
+    except AttributeError:  # its __enter__ stopped before saving the display hook, which it had not replaced
+        pass
 
 
 # --- one measuring magic at a time -------------------------------------------------------------
