@@ -103,6 +103,19 @@ def quiet_kineto():
 
 _CYCLE_WARNING = r"Warning: Profiler clears events"
 
+
+def _quietly(call: Callable[[], object]) -> None:
+    """``call()`` inside `quiet_kineto`. Not a plain ``with``: an interrupt at the first line of contextlib's
+    ``__exit__`` left the generator suspended, fd 2 on the filter's pipe until the garbage collector
+    closed it; its exit is run again then (`signals.exit_again`)."""
+    quieted = quiet_kineto()
+    try:
+        with quieted:
+            call()
+    except KeyboardInterrupt:
+        exit_again(quieted)
+        raise
+
 _UNKNOWN_BLOCK = b"Memory block of unknown size was allocated before the profiling started"
 
 
@@ -237,8 +250,7 @@ class profile:  # noqa: N801 - a context manager used like a function: `with nba
         unknown_block_filter.__enter__()
         self._unknown_block_filter = unknown_block_filter
         self._profiler_state = "starting"  # an interrupt inside start() may come after the profiler is on
-        with quiet_kineto():
-            self._prof.start()
+        _quietly(self._prof.start)
         self._profiler_state = "on"
         if self.recipe is not None:
             recipe_context = apply_recipe(self.recipe)
@@ -283,8 +295,7 @@ class profile:  # noqa: N801 - a context manager used like a function: `with nba
                 self._open_span()
             elif self.steps_done == self.options.warmup + self.options.steps:
                 self._close_span()
-            with quiet_kineto():
-                self._prof.step()
+            _quietly(self._prof.step)
 
     def _stop(self, exc_type=None, exc=None, tb=None) -> None:
         """Stop recording and undo what `_start` did: the step range, the ``--amp`` recipe, the profiler,
@@ -345,6 +356,11 @@ class profile:  # noqa: N801 - a context manager used like a function: `with nba
                         self._kineto_quieted = quieted
                     except Exception:  # noqa: BLE001 - a filter that cannot start must not keep the profiler on
                         pass  # stopped unfiltered: Kineto's marker line shows
+                step_range = getattr(self._prof, "step_rec_fn", None)
+                if step_range is not None and getattr(step_range, "record", True) is None:
+                    # An interrupt at the start of torch's own step range (in prof.step()) left it not entered,
+                    # and stop() failed on it (AssertionError) before stopping anything: the profiler ran on.
+                    self._prof.step_rec_fn = None
                 self._profiler_state = "stopping"
                 self._prof.stop()
                 self._profiler_state = None
