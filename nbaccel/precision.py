@@ -502,7 +502,8 @@ class apply_recipe:  # noqa: N801 - a context manager used like a function: `wit
         """Put back what the recipe set; called again after an interrupt, it does only what is left."""
         if self._undone:
             return
-        if self._body_changed is None:  # read before anything is undone: what the body set itself
+        first_try = self._body_changed is None
+        if first_try:  # read before anything is undone: what the body set itself
             if failed:
                 self._body_changed = ({}, None)
             else:
@@ -519,7 +520,9 @@ class apply_recipe:  # noqa: N801 - a context manager used like a function: `wit
         if failed:
             self._exit_modes_left()
         target = self._before if after is None else _kept_fp32_state(self._before, self._as_set, after)
-        _write_fp32_state(target, _fp32_state())  # writes only what differs: safe to run again
+        # Writes only what differs from the state now: read again on a second try (the first may have written
+        # some); on the first, `after` is that state (autocast's exits change none of it).
+        _write_fp32_state(target, after if first_try and after is not None else _fp32_state())
         benchmark = self._watched["cudnn.benchmark"]
         if benchmark[0]() != (kept := changed.get("cudnn.benchmark", self._benchmark_before)):
             benchmark[1](kept)

@@ -220,7 +220,7 @@ class profile:  # noqa: N801 - a context manager used like a function: `with nba
         # taken: a listing that fails (a folder without read permission, a Ctrl-C on a slow share) left
         # it held, and every later profile in the process was "another thread is recording".
         self._earlier, self._created = _trace_folder_before(opts.trace)
-        with sigint_held():  # taken and noted together: a Ctrl-C in between left it held for good
+        with sigint_held():  # taken and noted together: a Ctrl-C in between would leave it held for good
             self._holds_lock = _RECORDING.acquire(blocking=False)
         if not self._holds_lock:  # taken since check() by another thread
             raise _another_thread_recording()
