@@ -363,6 +363,10 @@ class profile:  # noqa: N801 - a context manager used like a function: `with nba
                     self._prof.step_rec_fn = None
                 self._profiler_state = "stopping"
                 self._prof.stop()
+                if torch.autograd._profiler_enabled():
+                    # An interrupt in prof.step() cut short the stop that ends the active steps after torch's
+                    # schedule had moved on: stop() then found nothing to do, and the profiler ran on.
+                    self._prof.stop_trace()
                 self._profiler_state = None
         # Its own step: after an interrupt between the stop and this exit, the exit runs without a second stop.
         if self._kineto_quieted is not None:

@@ -216,11 +216,14 @@ def test_a_ctrl_c_while_a_setting_is_put_back_after_a_check_leaves_it_as_the_use
 @pytest.mark.parametrize("file_suffix, func, nth", [
     ("contextlib.py", "quiet_kineto", 1),               # the stderr filter around the profiler's start
     ("torch/autograd/profiler.py", "__enter__", 2),     # torch's own step range, in prof.step()
+    ("torch/profiler/profiler.py", "stop_trace", 1),    # the stop that ends the active steps, in prof.step()
 ])
 def test_a_ctrl_c_around_a_scheduled_profiles_steps_still_stops_everything(run_cell, x, file_suffix, func, nth):
     """The sweep of a profile with a warmup step: one at the first line of quiet_kineto's contextlib exit
     left fd 2 on the filter's pipe; one at the start of torch's step range in prof.step() left it not
-    entered, and torch's stop() asserted on it before stopping anything: the profiler ran on."""
+    entered, and torch's stop() asserted on it before stopping anything; one in the stop that ends the
+    active steps (in prof.step(), after torch's schedule had moved on) left stop() nothing to do: in
+    both, the profiler ran on."""
     changed, _ = interrupted_run(run_cell, "%%profile_gpu --warmup 1 -q\ny = x @ x\n", file_suffix, func, nth=nth)
     assert changed == {}
 
