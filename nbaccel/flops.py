@@ -29,21 +29,20 @@ An audited run is slower than a plain one, so it is never the run that is timed.
 from __future__ import annotations
 
 import contextlib
-import signal
 import sys
-import threading
 from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._python_dispatch import TorchDispatchMode, _pop_mode
 from torch.utils._pytree import tree_flatten
 from torch.utils.flop_counter import flop_registry
 from torch.utils.weak import WeakTensorKeyDictionary
 
 from .analysis.op_flops import op_flops
 from .device import DTYPE_NAMES
+from .signals import sigint_held as _sigint_held  # here first; tests and callers import it from here too
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -73,31 +72,6 @@ _IGNORED = frozenset({"aten::t", "aten::view", "aten::detach", "aten::expand", "
 # inference fast path); the audit runs them with autocast on inside, as the timed runs do.
 _CASTS_INSIDE = frozenset({"aten::_transformer_encoder_layer_fwd"})
 _AUTOCAST_KEYS = (("cpu", torch._C.DispatchKey.AutocastCPU), ("cuda", torch._C.DispatchKey.AutocastCUDA))
-
-
-@contextlib.contextmanager
-def _sigint_held():
-    """A Ctrl-C waits until the block is done, then goes to the handler that was there before (Python's
-    KeyboardInterrupt, or the program's own; none if it ignored SIGINT). Main thread only: elsewhere
-    Python delivers no signals anyway, and one not installed from Python is left alone."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    previous = signal.getsignal(signal.SIGINT)
-    if previous is None:  # installed outside Python: it could not be put back
-        yield
-        return
-    caught = []
-    signal.signal(signal.SIGINT, lambda *args: caught.append(args))
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, previous)
-    if caught:
-        if callable(previous):
-            previous(*caught[0])  # signal.default_int_handler raises KeyboardInterrupt
-        elif previous == signal.SIG_DFL:
-            raise KeyboardInterrupt
 
 
 def _import_what_dispatch_modes_need() -> None:
@@ -207,8 +181,23 @@ class OpAudit(TorchDispatchMode):
         return super().__enter__()
 
     def __exit__(self, *exc):
-        self._depth -= 1
-        return super().__exit__(*exc)
+        # A Ctrl-C in torch's __exit__ left the audit on torch's mode stack, and every later op of the
+        # session ran through it: at its first line nothing was undone, at its _pop_mode the flags it
+        # keeps were put back but the mode not popped. Held, and finished after one that still got in
+        # (one at the first line of this __exit__ is undone by the recipe around the audit:
+        # `precision.apply_recipe._exit_modes_left`).
+        flags, depth = len(self.old_dispatch_mode_flags), torch._C._len_torch_dispatch_stack()
+        try:
+            with _sigint_held():
+                return super().__exit__(*exc)
+        except KeyboardInterrupt:
+            if len(self.old_dispatch_mode_flags) == flags:  # nothing undone yet
+                super().__exit__(*exc)
+            elif torch._C._len_torch_dispatch_stack() == depth:  # the flags put back, the mode still on
+                _pop_mode()
+            raise
+        finally:
+            self._depth -= 1
 
     def _autocast_inside(self, func) -> list:
         """The autocast keys to turn back on while ``func`` runs: those on as the audit began, for an

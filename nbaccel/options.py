@@ -9,7 +9,6 @@ the user typed the option (``%%profile_gpu --top 0`` -> "--top must be ...",
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import numbers
 from contextvars import ContextVar
@@ -54,15 +53,29 @@ def whole_number(name: str, value, minimum: int, error: type[Exception] = ValueE
     return int(value)
 
 
-@contextlib.contextmanager
-def magic_spelling(active: bool = True):
-    """Within this block (or decorated function), `option` spells options as a magic's command
-    line does; ``active=False`` switches back to Python's spelling."""
-    token = _IN_MAGIC.set(active)
-    try:
-        yield
-    finally:
-        _IN_MAGIC.reset(token)
+class magic_spelling:  # noqa: N801 - a context manager used like a function: `with magic_spelling():`
+    """Within this block, `option` spells options as a magic's command line does; ``active=False``
+    switches back to Python's spelling.
+
+    A class, not a contextlib generator: a Ctrl-C at the first line of contextlib's ``__exit__`` left
+    the generator suspended, and when the garbage collector closed it, maybe much later, its cleanup set
+    the spelling it had found -- for the user's cell inside a magic, the magic's, for every later error
+    of the session. An exit skipped here leaves the value to the enclosing block's exit (`magic_spelled`
+    puts it back in a ``finally`` of its own).
+    """
+
+    def __init__(self, active: bool = True):
+        self.active = active
+        self._previous: list = []
+
+    def __enter__(self) -> "magic_spelling":
+        self._previous.append(_IN_MAGIC.get())
+        _IN_MAGIC.set(self.active)
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        _IN_MAGIC.set(self._previous.pop())
+        return False
 
 
 def magic_spelled(magic):
@@ -71,7 +84,11 @@ def magic_spelled(magic):
     @functools.wraps(magic)
     def spelled(*args, **kwargs):
         __tracebackhide__ = True  # noqa: F841 - IPython hides this frame from the user's traceback
-        with magic_spelling():
+        previous = _IN_MAGIC.get()
+        try:  # set inside, put back with no Python call before it: no Ctrl-C leaves the magic's spelling on
+            _IN_MAGIC.set(True)
             return magic(*args, **kwargs)
+        finally:
+            _IN_MAGIC.set(previous)
 
     return spelled

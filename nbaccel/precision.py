@@ -28,6 +28,7 @@ from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from .device import DTYPE_NAMES, DeviceError, DeviceInfo, autocast_dtype, device_info, dtype_name, resolve_device
 from .options import option
+from .signals import finish, sigint_held
 
 NEW_TF32_API = hasattr(torch.backends.cuda.matmul, "fp32_precision")
 
@@ -264,8 +265,14 @@ def _with_raw(state: dict, values: dict, read):
             _write_raw(path, value)
         return read()
     finally:
-        for path in values:
-            _write_raw(path, state[_KEYS[path]])
+        try:  # a Ctrl-C here would leave a setting at the value it was read against, not the user's
+            with sigint_held():
+                for path in values:
+                    _write_raw(path, state[_KEYS[path]])
+        except KeyboardInterrupt:
+            for path in values:
+                _write_raw(path, state[_KEYS[path]])
+            raise
 
 
 def _write_fp32_state(target: dict, current: dict) -> None:
@@ -495,8 +502,7 @@ class precision:  # noqa: N801 - a context manager used like a function: `with n
         return bool(self._active.pop().__exit__(exc_type, exc, tb))
 
 
-@contextlib.contextmanager
-def apply_recipe(recipe: Recipe):
+class apply_recipe:  # noqa: N801 - a context manager used like a function: `with apply_recipe(recipe):`
     """Enter a `Recipe`: flags first, autocast innermost; unwind in reverse, whatever happens.
 
     On exit each setting the recipe manages (every float32 precision setting, ``cudnn.benchmark``,
@@ -504,43 +510,112 @@ def apply_recipe(recipe: Recipe):
     that no longer holds the value the recipe set: the body changed it
     (``torch.backends.cudnn.benchmark = True`` in the cell), and code run once under the recipe
     keeps what it did (see `_kept_fp32_state` for the legacy setters). When the body raises, every
-    setting goes back.
+    setting goes back, and a torch dispatch mode the body entered and left on torch's stack is
+    exited (`_exit_modes_left`).
+
+    A class, not a generator, so that its teardown can run again: a Ctrl-C that landed as autocast's
+    own ``__exit__`` started left autocast on (and its nesting level up, so its weight-cast cache was
+    never cleared again) for the rest of the session. The setting up and the undoing run with SIGINT
+    held; each step of the undoing is done once, and ``__exit__`` run again after an interrupt still
+    got in (at its first line: `nbaccel.profile` does that) does what is left (`signals.finish`).
     """
-    before = _fp32_state()
-    as_set = _recipe_fp32_state(recipe, before)
-    benchmark = _attribute_knob(torch.backends.cudnn, "benchmark")
-    watched = {"cudnn.benchmark": benchmark, **{f"autocast.{t}": _autocast_knob(t) for t in _autocast_types(recipe)}}
-    benchmark_before = benchmark[0]()
-    after = None
-    changed_by_body: dict = {}
-    try:
-        _write_fp32_state(as_set, before)
-        if recipe.cudnn_benchmark is not None:
-            benchmark[1](recipe.cudnn_benchmark)
-        with contextlib.ExitStack() as autocast:  # torch.autocast's own exit restores autocast
-            for context in _autocast_contexts(recipe):
-                autocast.enter_context(context)
-            if recipe.autocast_dtype is not None:
-                autocast.enter_context(_fresh_casts_after_optimizer_steps())
-            watched_as_set = _readings(watched)
-            yield recipe
-            after = _fp32_state()
-            changed_by_body = {name: value for name, value in _readings(watched).items()
-                               if value != watched_as_set[name]}
-    finally:
-        if after is None:  # the body raised (or the recipe could not be set): everything as before
-            _write_fp32_state(before, _fp32_state())
-        else:
-            _write_fp32_state(_kept_fp32_state(before, as_set, after), after)
-        if benchmark[0]() != (kept := changed_by_body.pop("cudnn.benchmark", benchmark_before)):
+
+    def __init__(self, recipe: Recipe):
+        self.recipe = recipe
+
+    def __enter__(self) -> Recipe:
+        recipe = self.recipe
+        self._before = _fp32_state()
+        self._as_set = _recipe_fp32_state(recipe, self._before)
+        benchmark = _attribute_knob(torch.backends.cudnn, "benchmark")
+        self._watched = {"cudnn.benchmark": benchmark,
+                         **{f"autocast.{t}": _autocast_knob(t) for t in _autocast_types(recipe)}}
+        self._benchmark_before = benchmark[0]()
+        self._modes_before = torch._C._len_torch_dispatch_stack()
+        # The undoing's steps, each cleared once done (see `_undo`).
+        self._autocasts: list = []  # autocast contexts entered, innermost last
+        self._hook = None  # the optimizer step hook
+        self._body_changed: tuple | None = None  # (settings the body changed, fp32 state after it) once read
+        self._undone = False
+        try:
+            with sigint_held():
+                _write_fp32_state(self._as_set, self._before)
+                if recipe.cudnn_benchmark is not None:
+                    benchmark[1](recipe.cudnn_benchmark)
+                for context in _autocast_contexts(recipe):  # torch.autocast's own exit restores autocast
+                    context.__enter__()
+                    self._autocasts.append(context)
+                if recipe.autocast_dtype is not None:
+                    self._hook = _fresh_casts_after_optimizer_steps()
+                self._watched_as_set = _readings(self._watched)
+        except BaseException:  # the recipe could not be set (or a Ctrl-C came): everything as before
+            finish(self._undo, True)
+            raise
+        return recipe
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        failed = exc_type is not None
+        try:  # `signals.finish`, inlined: an interrupt at finish's own first line would skip everything
+            with sigint_held():
+                self._undo(failed)
+        except KeyboardInterrupt:
+            with sigint_held():
+                self._undo(failed)  # what the interrupt left
+            raise
+        return False
+
+    def _undo(self, failed: bool) -> None:
+        """Put back what the recipe set; called again after an interrupt, it does only what is left."""
+        if self._undone:
+            return
+        first_try = self._body_changed is None
+        if first_try:  # read before anything is undone: what the body set itself
+            if failed:
+                self._body_changed = ({}, None)
+            else:
+                changed = {name: value for name, value in _readings(self._watched).items()
+                           if value != self._watched_as_set[name]}
+                self._body_changed = (changed, _fp32_state())
+        changed, after = self._body_changed
+        while self._autocasts:  # innermost first; removed only once it has exited
+            self._autocasts[-1].__exit__(None, None, None)
+            self._autocasts.pop()
+        if self._hook is not None:
+            self._hook.remove()
+            self._hook = None
+        if failed:
+            self._exit_modes_left()
+        target = self._before if after is None else _kept_fp32_state(self._before, self._as_set, after)
+        # Writes only what differs from the state now: read again on a second try (the first may have written
+        # some); on the first, `after` is that state (autocast's exits change none of it).
+        _write_fp32_state(target, after if first_try and after is not None else _fp32_state())
+        benchmark = self._watched["cudnn.benchmark"]
+        if benchmark[0]() != (kept := changed.get("cudnn.benchmark", self._benchmark_before)):
             benchmark[1](kept)
-        for name, value in changed_by_body.items():  # autocast the body turned on or off itself
-            watched[name][1](value)
+        for name, value in changed.items():  # autocast the body turned on or off itself
+            if name != "cudnn.benchmark":
+                self._watched[name][1](value)
+        self._undone = True
+
+    def _exit_modes_left(self) -> None:
+        """Exit the torch dispatch modes (``TorchDispatchMode``) the failed body left on torch's stack.
+
+        A Ctrl-C that lands as a mode's ``with`` ends, at the first line of its ``__exit__``, leaves the
+        mode on the stack, and every later op of the session runs through it: %%amp's `flops.OpAudit`
+        (the innermost context of its audited run, which the recipe encloses) did that. A body that
+        raised has no use for a mode it entered."""
+        from torch.utils._python_dispatch import _get_current_dispatch_mode, _pop_mode
+
+        while (depth := torch._C._len_torch_dispatch_stack()) > self._modes_before:
+            with contextlib.suppress(Exception):  # its own __exit__ first: a mode may keep state of its own
+                _get_current_dispatch_mode().__exit__(None, None, None)
+            if torch._C._len_torch_dispatch_stack() >= depth:
+                _pop_mode()
 
 
-@contextlib.contextmanager
 def _fresh_casts_after_optimizer_steps():
-    """Clear autocast's weight-cast cache after every ``optimizer.step()`` in the body.
+    """Clear autocast's weight-cast cache after every ``optimizer.step()`` in the body; returns the
+    hook's handle (``.remove()``).
 
     Inside one autocast region torch caches the reduced-precision copy of each weight (a leaf that
     requires grad) and never checks whether the weight changed since. A cell that is a training loop
@@ -551,11 +626,7 @@ def _fresh_casts_after_optimizer_steps():
     covers GradScaler.step too, which calls ``optimizer.step``). A hand-written in-place update
     (``p -= lr * p.grad``) is not an optimizer step and is not seen: docs/amp.md says so.
     """
-    handle = register_optimizer_step_post_hook(lambda optimizer, args, kwargs: torch.clear_autocast_cache())
-    try:
-        yield
-    finally:
-        handle.remove()
+    return register_optimizer_step_post_hook(lambda optimizer, args, kwargs: torch.clear_autocast_cache())
 
 
 def _recipe_fp32_state(recipe: Recipe, before: dict) -> dict:

@@ -61,6 +61,7 @@ from .precision import apply_recipe, make_recipe
 from .profile_options import ProfileError, ProfileOptions, check_options, trace_is_file, validate
 from .profile_result import ProfileResult
 from .quiet import hiding_side_channels
+from .signals import exit_again, finish, sigint_held
 from .stderr_filter import dropped_stderr_lines
 from .trace_io import _RANK_NAME, worker_name, write_step_traces, write_trace_bytes
 
@@ -83,14 +84,37 @@ def quiet_kineto():
     try:
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=_CYCLE_WARNING)
-            with dropped_stderr_lines(_KINETO_NOISE.match):
+            filtered = dropped_stderr_lines(_KINETO_NOISE.match)
+            filtered.__enter__()
+            try:
                 yield
+            finally:
+                # Not a `with`: a Ctrl-C at the first line of its __exit__ would leave fd 2 on the filter's
+                # pipe; run again, it ends what is left of it (nothing once it has ended).
+                try:
+                    filtered.__exit__(None, None, None)
+                except KeyboardInterrupt:
+                    filtered.__exit__(None, None, None)
+                    raise
     finally:
         if shown_before is not None:  # a hidden warning must still reach the user's own profilers
             shown.difference_update({m for m in shown - shown_before if re.match(_CYCLE_WARNING, m)})
 
 
 _CYCLE_WARNING = r"Warning: Profiler clears events"
+
+
+def _quietly(call: Callable[[], object]) -> None:
+    """``call()`` inside `quiet_kineto`. Not a plain ``with``: an interrupt at the first line of contextlib's
+    ``__exit__`` left the generator suspended, fd 2 on the filter's pipe until the garbage collector
+    closed it; its exit is run again then (`signals.exit_again`)."""
+    quieted = quiet_kineto()
+    try:
+        with quieted:
+            call()
+    except KeyboardInterrupt:
+        exit_again(quieted)
+        raise
 
 _UNKNOWN_BLOCK = b"Memory block of unknown size was allocated before the profiling started"
 
@@ -143,7 +167,13 @@ class profile:  # noqa: N801 - a context manager used like a function: `with nba
         self.result: ProfileResult | None = None
         self.steps_done = 0
         self._prof = None
-        self._stack: contextlib.ExitStack | None = None
+        # What a started profile must undo, each cleared once undone (`_stop` runs again after an interrupt):
+        self._holds_lock = False  # _RECORDING
+        self._profiler_state = None  # torch's profiler: None (off), "starting", "on" or "stopping"
+        self._kineto_quieted = None  # quiet_kineto() around the profiler's stop, entered
+        self._entered = False  # __enter__ returned: the code ran
+        self._unknown_block_filter = None  # drop_unknown_block_warning, entered
+        self._recipe_context: apply_recipe | None = None  # the --amp recipe, entered
         # Other programs' CPU use during the active steps: one span around them all (two /proc
         # readings, ~55 us each), never per op. Tests pass a meter with scripted readers.
         self._meter = contention_meter
@@ -183,20 +213,23 @@ class profile:  # noqa: N801 - a context manager used like a function: `with nba
         opts = self.options
         self.check()
         # Each `with` is a profile of its own: a second use of the object counted on from the first's steps.
-        self.steps_done, self._own_failure, self.result = 0, None, None
+        self.steps_done, self._own_failure, self.result, self._entered = 0, None, None, False
         # What the trace folder holds and lacks as the profile starts, not after the code ran: under
         # torchrun the other ranks write their files into the same folder meanwhile, and they are not
         # earlier runs (nor is which rank "created the folder" worth a race). Read before the lock is
         # taken: a listing that fails (a folder without read permission, a Ctrl-C on a slow share) left
         # it held, and every later profile in the process was "another thread is recording".
         self._earlier, self._created = _trace_folder_before(opts.trace)
-        if not _RECORDING.acquire(blocking=False):  # taken since check() by another thread
+        with sigint_held():  # taken and noted together: a Ctrl-C in between would leave it held for good
+            self._holds_lock = _RECORDING.acquire(blocking=False)
+        if not self._holds_lock:  # taken since check() by another thread
             raise _another_thread_recording()
         try:
             self._start(opts)
         except BaseException:
-            _RECORDING.release()
+            self._stop(*sys.exc_info())  # what was started, and the lock
             raise
+        self._entered = True
         return self
 
     def _start(self, opts: ProfileOptions) -> None:
@@ -213,32 +246,28 @@ class profile:  # noqa: N801 - a context manager used like a function: `with nba
         self._prof = torch.profiler.profile(activities=activities, schedule=schedule, record_shapes=True,
                                             profile_memory=opts.memory, with_stack=opts.stack)
         # Entered first, left last (in _stop, after the profiler stopped): the line comes from frees.
-        self._unknown_block_filter = drop_unknown_block_warning(enabled=opts.memory)
-        self._unknown_block_filter.__enter__()
-        try:
-            with quiet_kineto():
-                self._prof.start()
-        except BaseException:
-            self._unknown_block_filter.__exit__(None, None, None)
-            raise
-        self._stack = contextlib.ExitStack()
-        try:
-            if self.recipe is not None:
-                self._stack.enter_context(apply_recipe(self.recipe))
-                self._cudnn_benchmark = bool(torch.backends.cudnn.benchmark)
-            self._meter = self._meter or ContentionMeter()
-            if not opts.warmup:
-                self._open_span()
-            if not opts.scheduled:
-                # One step without a schedule is recorded as torch's schedule records each step: a
-                # ProfilerStep range around the code. Without it the trace spans only its first to last
-                # op, and "wall time" (and FLOP/s over it) left out the Python, I/O and sleeps before the
-                # first op and after the last (a trial: 6.6 ms for a 212 ms block).
-                self._step_range = torch.profiler.record_function("ProfilerStep#0")
-                self._step_range.__enter__()
-        except BaseException:
-            self._stop(*sys.exc_info(), release=False)  # __enter__ releases the lock as it re-raises
-            raise
+        unknown_block_filter = drop_unknown_block_warning(enabled=opts.memory)
+        unknown_block_filter.__enter__()
+        self._unknown_block_filter = unknown_block_filter
+        self._profiler_state = "starting"  # an interrupt inside start() may come after the profiler is on
+        _quietly(self._prof.start)
+        self._profiler_state = "on"
+        if self.recipe is not None:
+            recipe_context = apply_recipe(self.recipe)
+            recipe_context.__enter__()
+            self._recipe_context = recipe_context
+            self._cudnn_benchmark = bool(torch.backends.cudnn.benchmark)
+        self._meter = self._meter or ContentionMeter()
+        if not opts.warmup:
+            self._open_span()
+        if not opts.scheduled:
+            # One step without a schedule is recorded as torch's schedule records each step: a
+            # ProfilerStep range around the code. Without it the trace spans only its first to last
+            # op, and "wall time" (and FLOP/s over it) left out the Python, I/O and sleeps before the
+            # first op and after the last (a trial: 6.6 ms for a 212 ms block).
+            step_range = torch.profiler.record_function("ProfilerStep#0")
+            step_range.__enter__()
+            self._step_range = step_range
 
     def _open_span(self) -> None:
         self._span = self._meter.span("profiled steps")
@@ -266,36 +295,103 @@ class profile:  # noqa: N801 - a context manager used like a function: `with nba
                 self._open_span()
             elif self.steps_done == self.options.warmup + self.options.steps:
                 self._close_span()
-            with quiet_kineto():
-                self._prof.step()
+            _quietly(self._prof.step)
 
-    def _stop(self, exc_type=None, exc=None, tb=None, release=True) -> None:
+    def _stop(self, exc_type=None, exc=None, tb=None) -> None:
+        """Stop recording and undo what `_start` did: the step range, the ``--amp`` recipe, the profiler,
+        the stderr filter, the lock. ``exc_*``: the block's exception, if any (the recipe keeps a flag
+        the code set only when it succeeded).
+
+        A Ctrl-C that cut this short left the profiler running (with ``--stack`` its Python tracer as
+        ``sys.setprofile``; a segfault as the process exited), autocast on, the recording lock held
+        (every later profile refused) and fd 2 on the filter's pipe. So the steps run with SIGINT
+        held, each is done once (its reference is cleared when it is), and this runs again when an
+        interrupt still got in (`signals.finish`; `__exit__` and `profile_function` call it again
+        after one at their first line): the interrupt is raised when everything is undone."""
+        finish(self._stop_steps, exc_type, exc, tb)
+
+    def _stop_steps(self, exc_type, exc, tb) -> None:
         try:
-            step_range, self._step_range = self._step_range, None
-            if step_range is not None:
+            if self._step_range is not None:
                 if self.device.type == "cuda":  # the step ends when its kernels do, as its wall time says
                     torch.cuda.synchronize(self.device)
-                step_range.__exit__(None, None, None)
+                self._step_range.__exit__(None, None, None)
+                self._step_range = None
         finally:
-            self._stop_recording(exc_type, exc, tb, release)
+            self._stop_recording(exc_type, exc, tb)
 
-    def _stop_recording(self, exc_type, exc, tb, release) -> None:
+    def _stop_recording(self, exc_type, exc, tb) -> None:
         try:
-            if self._stack is not None:
+            if self._recipe_context is not None:
                 # The exception, if any, goes to the recipe: it keeps flags the code set only on success.
-                self._stack.__exit__(exc_type, exc, tb)
+                self._recipe_context.__exit__(exc_type, exc, tb)
+                self._recipe_context = None
         finally:
-            self._stack = None
             if self.device.type == "cuda":
                 torch.cuda.synchronize(self.device)  # every queued kernel belongs to this profile
             self._close_span()  # still open without a schedule, or when the code raised
             try:
-                with quiet_kineto():
-                    self._prof.stop()
+                self._stop_profiler()
             finally:
-                self._unknown_block_filter.__exit__(None, None, None)
-                if release:
-                    _RECORDING.release()
+                try:
+                    if self._unknown_block_filter is not None:
+                        self._unknown_block_filter.__exit__(None, None, None)
+                        self._unknown_block_filter = None
+                finally:
+                    if self._holds_lock:
+                        _RECORDING.release()
+                        self._holds_lock = False
+
+    def _stop_profiler(self) -> None:
+        if self._profiler_state is not None:
+            # An interrupted start() or stop() left torch's profiler on or off: stop() only while it is
+            # on (a second stop() past the point where the first switched it off would fail).
+            if self._profiler_state != "on" and not torch.autograd._profiler_enabled():
+                self._profiler_state = None
+            else:
+                if self._kineto_quieted is None:
+                    quieted = quiet_kineto()
+                    try:
+                        quieted.__enter__()
+                        self._kineto_quieted = quieted
+                    except Exception:  # noqa: BLE001 - a filter that cannot start must not keep the profiler on
+                        pass  # stopped unfiltered: Kineto's marker line shows
+                step_range = getattr(self._prof, "step_rec_fn", None)
+                if step_range is not None and getattr(step_range, "record", True) is None:
+                    # An interrupt at the start of torch's own step range (in prof.step()) left it not entered,
+                    # and stop() failed on it (AssertionError) before stopping anything: the profiler ran on.
+                    self._prof.step_rec_fn = None
+                self._profiler_state = "stopping"
+                self._prof.stop()
+                if torch.autograd._profiler_enabled():
+                    # An interrupt in prof.step() cut short the stop that ends the active steps after torch's
+                    # schedule had moved on: stop() then found nothing to do, and the profiler ran on.
+                    self._prof.stop_trace()
+                self._profiler_state = None
+        # Its own step: after an interrupt between the stop and this exit, the exit runs without a second stop.
+        if self._kineto_quieted is not None:
+            self._kineto_quieted.__exit__(None, None, None)
+            self._kineto_quieted = None
+
+    def _left_to_stop(self) -> bool:
+        """Whether some of `_stop`'s work is still to do (it never ran, or an interrupt stopped it)."""
+        return bool(self._holds_lock or self._profiler_state is not None or self._kineto_quieted is not None
+                    or self._step_range is not None or self._recipe_context is not None
+                    or self._unknown_block_filter is not None)
+
+    def _stop_after_interrupt(self, interrupt: KeyboardInterrupt) -> None:
+        """After ``interrupt`` came out of the ``with`` block: if it landed at the first line of `__exit__`,
+        none of it ran, and the profiler, the recipe's flags and the lock are still on; stop them, and
+        say so as `__exit__` would. Nothing when `__exit__` ran (the code's own interrupt, or one later)."""
+        if not self._left_to_stop():
+            return
+        self._stop(type(interrupt), interrupt, interrupt.__traceback__)
+        if not self._entered:  # in __enter__, which said so
+            return
+        body = interrupt.__context__  # what the block raised, if anything, as __exit__ was called
+        code = ("had finished" if body is None else "had been interrupted" if isinstance(body, KeyboardInterrupt)
+                else f"had raised {type(body).__name__}")
+        self._say_interrupted("while the profiler stopped", code)
 
     def __exit__(self, exc_type, exc, tb) -> bool:
         try:
@@ -304,6 +400,8 @@ class profile:  # noqa: N801 - a context manager used like a function: `with nba
             if exc_type is None:
                 raise
         except KeyboardInterrupt:
+            # One at the first line of _stop (or of finish) skipped all of it: run it now (nothing if it ran).
+            self._stop(exc_type, exc, tb)
             # the code's own failure is not said below then: this note says both
             code = ("had finished" if exc_type is None else "had been interrupted"
                     if issubclass(exc_type, KeyboardInterrupt) else f"had raised {exc_type.__name__}")
@@ -516,18 +614,27 @@ def profile_function(fn: Callable[[], object], options: ProfileOptions | None = 
             raised.append(exc)
             raise
 
-    with profile(options=options, contention_meter=contention_meter) as prof:
-        value = None
-        try:
-            for i in range(runs):
-                quiet = hidden() if hidden is not None and i < runs - 1 else contextlib.nullcontext()
-                with quiet:
-                    value = code()
-                prof.step()
-        except BaseException as exc:  # a Ctrl-C between runs, in the hiding: the profile must not blame fn
-            if not any(exc is e for e in raised):
-                prof._own_failure = exc
-            raise
+    prof = profile(options=options, contention_meter=contention_meter)
+    try:
+        with prof:
+            value = None
+            quiet = None
+            try:
+                for i in range(runs):
+                    quiet = hidden() if hidden is not None and i < runs - 1 else contextlib.nullcontext()
+                    with quiet:
+                        value = code()
+                    prof.step()
+            except BaseException as exc:  # a Ctrl-C between runs, in the hiding: the profile must not blame fn
+                if not any(exc is e for e in raised):
+                    prof._own_failure = exc
+                if isinstance(exc, KeyboardInterrupt):  # one at the first line of the hidden run's exit
+                    exit_again(quiet)
+                raise
+    except KeyboardInterrupt as exc:
+        # One that landed at the first line of prof.__exit__ ran none of it: the profiler would run on.
+        prof._stop_after_interrupt(exc)
+        raise
     prof.result.value = value
     return prof.result
 

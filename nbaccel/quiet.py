@@ -37,17 +37,25 @@ import sys
 import tempfile
 import warnings
 
+from .signals import exit_again
+
 
 @contextlib.contextmanager
 def unlogged_and_unwarned():
     previous = logging.root.manager.disable  # the level the user's own logging.disable() set, if any
-    logging.disable(logging.CRITICAL)
     try:
+        # Inside the try: logging.disable sets the level, then clears the loggers' caches of what is
+        # enabled (_clear_cache); a Ctrl-C between the two left logging switched off for good.
+        logging.disable(logging.CRITICAL)
         with warnings.catch_warnings(record=True):
             warnings.simplefilter("always")
             yield
     finally:
-        logging.disable(previous)
+        try:
+            logging.disable(previous)
+        except KeyboardInterrupt:  # the level is back, but the caches may still say "disabled": again
+            logging.disable(previous)
+            raise
 
 
 def _open_figures() -> set:
@@ -120,11 +128,16 @@ class fd_output_hidden:  # noqa: N801 - a context manager, named like the genera
     thread writes to them goes to the file (a hidden run is short).
     A class, not a generator: a Ctrl-C that lands while the fds are put back must not leave fd 1 on
     the file for the rest of the session, so ``__exit__`` puts them back again before it lets the
-    interrupt through.
+    interrupt through. One at the first line of ``__exit__`` runs none of it: ``__exit__`` can be run
+    again, and does nothing once it has run (`hiding_side_channels` does that).
     """
 
-    def __enter__(self):
+    def __init__(self):
         self._saved: list[tuple[int, int]] = []  # (fd, a copy of what it was)
+        self._sink = None
+
+    def __enter__(self):
+        self._saved = []
         try:  # a file of its own: blocks may nest (a profile's hidden run inside a comparison's)
             self._sink, self.path = tempfile.mkstemp(prefix=f"nbaccel-hidden-run-{os.getpid()}-", suffix=".log")
         except OSError:
@@ -168,8 +181,10 @@ class fd_output_hidden:  # noqa: N801 - a context manager, named like the genera
                 finally:
                     os.close(self._sink)
                     self._saved, self._sink = [], None
-                    with contextlib.suppress(OSError):
+                    try:  # not contextlib.suppress: a Ctrl-C at its first line would leave the file
                         os.unlink(self.path)
+                    except OSError:
+                        pass
         return False
 
     def _put_back(self) -> None:
@@ -206,10 +221,18 @@ def hiding_side_channels(silence):
     @contextlib.contextmanager
     def hidden():
         captured = None
+        fds, others = fd_output_hidden(), (silence(), unlogged_and_unwarned(), new_figures_closed())
         try:
-            with fd_output_hidden(), silence() as captured, unlogged_and_unwarned(), new_figures_closed():
+            with fds, others[0] as captured, others[1], others[2]:
                 yield
         except KeyboardInterrupt:
+            # One at the first line of an __exit__ ran none of it: fd_output_hidden's left fds 1 and 2 on the
+            # hidden run's file for the rest of the session (the cell's output, and every later cell's, went
+            # there); contextlib's left logging off, or the silencer's capture on, until the garbage collector
+            # closed the generator. Each is exited again; none does anything when it had exited.
+            for context in reversed(others):
+                exit_again(context)
+            fds.__exit__(None, None, None)
             raise
         except BaseException:  # SystemExit too (argparse's usage line), as fd_output_hidden replays it
             replay_prints(captured)

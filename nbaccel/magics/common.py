@@ -213,9 +213,29 @@ def cell_number(shell) -> int:
 @contextlib.contextmanager
 def silenced():
     """Hide stdout, stderr and rich displays of the measurement runs (the API adds logging, warnings and
-    pyplot figures: `nbaccel.quiet`)."""
-    with capture_output(stdout=True, stderr=True, display=True) as captured:
-        yield captured  # its stdout/stderr: a failing run's prints are shown (`quiet.hiding_side_channels`)
+    pyplot figures: `nbaccel.quiet`).
+
+    Not a ``with``: IPython's capture replaces sys.stdout first and then builds its display publisher
+    and hook (traitlets, dozens of Python calls), so a Ctrl-C inside its ``__enter__`` left sys.stdout its
+    buffer with no ``__exit__`` to come, and one at the first line of its ``__exit__`` did the same: every
+    later print of the session vanished. Its ``__exit__`` puts back what ``__enter__`` saved, so it is
+    run whatever happened, and once more after an interrupt."""
+    capture = capture_output(stdout=True, stderr=True, display=True)
+    try:
+        yield capture.__enter__()  # its stdout/stderr: a failing run's prints are shown (`quiet.hiding_side_channels`)
+    finally:
+        try:
+            _uncapture(capture)
+        except KeyboardInterrupt:
+            _uncapture(capture)
+            raise
+
+
+def _uncapture(capture) -> None:
+    try:
+        capture.__exit__(None, None, None)
+    except AttributeError:  # its __enter__ stopped before saving the display hook, which it had not replaced
+        pass
 
 
 # --- one measuring magic at a time -------------------------------------------------------------
@@ -246,11 +266,12 @@ def sole_measuring_magic(name: str):
     when the run reaches it; `refuse_nested_cell_magic` catches the written one earlier."""
     if _measuring:
         raise _nested_error(_measuring[-1], name)
-    _measuring.append(name)
-    try:
+    depth = len(_measuring)
+    try:  # appended inside: a Ctrl-C between the append and the try refused every later magic as nested
+        _measuring.append(name)
         yield
     finally:
-        _measuring.pop()
+        del _measuring[depth:]
 
 
 def store_result(shell, name: str | None, result) -> None:
