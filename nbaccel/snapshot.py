@@ -572,7 +572,10 @@ class RestoreNote(str):
 
 def not_put_back(exc: BaseException) -> tuple:
     """The variables a `RestoreNote` on ``exc`` names (empty when there is none)."""
-    return next((note.names for note in getattr(exc, "__notes__", ()) if isinstance(note, RestoreNote)), ())
+    notes = getattr(exc, "__notes__", ())
+    if not isinstance(notes, (list, tuple)):  # a cell may set __notes__ to anything (None, a number)
+        return ()
+    return next((note.names for note in notes if isinstance(note, RestoreNote)), ())
 
 
 def _tensors_in(value):
