@@ -262,6 +262,7 @@ def _safely(what: str, fn, *args):
 
 
 def _message(exc: BaseException) -> str:
+    """``str(exc)``, or "" for an exception whose ``__str__`` raises (the user's: nbaccel only reads it)."""
     try:
         return str(exc)
     except Exception:  # an exception whose __str__ raises: nothing to read
@@ -567,11 +568,8 @@ def overflow_hint(exc: BaseException) -> str | None:
 
     The usual case is a mask's "minus infinity" (``scores.masked_fill(~mask, -1e9)``): fine in fp32,
     but under fp16 autocast ``scores`` is fp16, and torch raises rather than round -1e9 to -inf."""
-    try:
-        text = str(exc)
-    except Exception:  # noqa: BLE001 - the user's __str__ raised: no hint, rather than that error in place of theirs
-        return None
-    if not _HALF_OVERFLOW.search(text):
+    # the user's __str__ may raise: no hint then, rather than that error in place of theirs
+    if not _HALF_OVERFLOW.search(_message(exc)):
         return None
     return ("fp16's largest finite value is 65504, so a constant beyond it (such as -1e9 for a mask) cannot be "
             "written into an fp16 tensor: use torch.finfo(x.dtype).min (the most negative value x's own dtype "

@@ -25,6 +25,7 @@ of a user class mutated in place, files written) is listed in docs/reliability.m
 from __future__ import annotations
 
 import copy
+import functools
 import itertools
 import random
 import re
@@ -449,42 +450,27 @@ class Snapshot:
             for name in [k for k in self.namespace if k not in self.bindings and not self.skip(k)]:
                 del self.namespace[name]  # a name the cell created
             self.namespace.update(self.bindings)
+        def stateful(obj, state):
+            if drop_state_first and isinstance(obj, torch.optim.Optimizer):
+                obj.state.clear()
+            _restore_stateful(obj, state)
+
+        # (the object restored, how), in order: param groups before load_state_dict, which needs them
+        steps = [*((c.tensor, c.restore) for c in self.tensors),
+                 *((m, functools.partial(layout.restore, m)) for m, layout in self.modules),
+                 *((o, functools.partial(_restore_groups, o, g)) for o, g in self.optimizer_groups),
+                 *((o, functools.partial(stateful, o, st)) for o, st in self.stateful),
+                 *((c, functools.partial(_restore_container, c, saved)) for c, saved in self.containers),
+                 *((g, functools.partial(_set_generator_state, g, st)) for g, st in self.generators)]
         failures = []
-        for copy_ in self.tensors:
+        for obj, put_back in steps:
             try:
-                copy_.restore()
+                put_back()
             except Exception as error:  # noqa: BLE001 - collected, the rest restored, then raised
-                failures.append(self._failure(copy_.tensor, error))
-        for module, layout in self.modules:
-            try:
-                layout.restore(module)
-            except Exception as error:  # noqa: BLE001 - as above
-                failures.append(self._failure(module, error))
-        for optimizer, groups in self.optimizer_groups:  # before load_state_dict, which needs the same layout
-            try:
-                _restore_groups(optimizer, groups)
-            except Exception as error:  # noqa: BLE001 - as above
-                failures.append(self._failure(optimizer, error))
-        for obj, state in self.stateful:
-            try:
-                if drop_state_first and isinstance(obj, torch.optim.Optimizer):
-                    obj.state.clear()
-                _restore_stateful(obj, state)
-            except Exception as error:  # noqa: BLE001 - as above
                 failures.append(self._failure(obj, error))
-        for container, saved in self.containers:
-            try:
-                _restore_container(container, saved)
-            except Exception as error:  # noqa: BLE001 - as above
-                failures.append(self._failure(container, error))
-        for generator, state in self.generators:
-            try:
-                _set_generator_state(generator, state)
-            except Exception as error:  # noqa: BLE001 - as above
-                failures.append(self._failure(generator, error))
         try:
             _restore_rng(self.rng)
-        except Exception as error:  # noqa: BLE001 - as above
+        except Exception as error:  # noqa: BLE001 - collected as above
             failures.append(RestoreFailure("the random number generators' state", error))
         if failures:
             raise_failures(failures)

@@ -18,10 +18,10 @@ from __future__ import annotations
 
 import torch
 
-from .flops import _sigint_held
 from .memory import PeakMemory
 from .profile import _RECORDING, quiet_kineto
 from .profile_options import profiler_running
+from .signals import sigint_held
 
 METHOD = ("peak of torch's CPU allocator minus its level before (each allocation and free, recorded by "
           "torch.profiler with profile_memory; what torch.cuda.max_memory_allocated counts on a GPU; memory "
@@ -47,12 +47,12 @@ class CpuTensorPeak:
     def available() -> bool:
         """No profiler recording in this process: this thread's (a user's own, an nbaccel.profile around
         the call), or another thread's (torch's process-wide flag; two at once crash the process)."""
-        return not (profiler_running() or torch.autograd.profiler._is_profiler_enabled or _RECORDING.locked())
+        return not (_profiler_on() or _RECORDING.locked())
 
     def __enter__(self) -> "CpuTensorPeak":
-        with _sigint_held():  # a Ctrl-C while Kineto starts left the profiler on, or the lock taken, for good
+        with sigint_held():  # a Ctrl-C while Kineto starts left the profiler on, or the lock taken, for good
             self._locked = _RECORDING.acquire(blocking=False)  # an nbaccel.profile in another thread waits
-            if not self._locked or not self.available_to_us():
+            if not self._locked or _profiler_on():
                 self._release()  # taken since `available`: no measure (result stays None)
                 return self
             try:
@@ -65,13 +65,10 @@ class CpuTensorPeak:
                 raise
         return self
 
-    def available_to_us(self) -> bool:
-        return not (profiler_running() or torch.autograd.profiler._is_profiler_enabled)
-
     def __exit__(self, *exc) -> None:
         if self._prof is None:
             return
-        with _sigint_held():  # stopped whatever happens: a profiler left on records every later op
+        with sigint_held():  # stopped whatever happens: a profiler left on records every later op
             # A profiler the cell started and stopped inside this one ends this one's session too.
             valid = profiler_running()
             self._stop()
@@ -90,6 +87,11 @@ class CpuTensorPeak:
         if self._locked:
             _RECORDING.release()
             self._locked = False
+
+
+def _profiler_on() -> bool:
+    """A profiler records: this thread's, or another thread's (torch's process-wide flag)."""
+    return profiler_running() or torch.autograd.profiler._is_profiler_enabled
 
 
 def _peak_added(prof) -> int:

@@ -69,18 +69,16 @@ def interrupt_at(file_suffix: str, func: str, after: str | None = None, nth: int
 
 
 @contextlib.contextmanager
-def interrupt_at_the_exit_of(generator_name: str):
-    """Raise KeyboardInterrupt once, at the first line of contextlib's ``__exit__`` for a
-    ``@contextlib.contextmanager`` function named ``generator_name``: none of its cleanup runs."""
+def interrupt_at_an_exit(is_it):
+    """Raise KeyboardInterrupt once, at the first line of an ``__exit__`` whose ``self`` ``is_it``:
+    none of that context's cleanup runs. Yields a list that holds True once it was raised."""
     raised = []
 
     def trace(frame, event, arg):
-        if event == "call" and frame.f_code.co_name == "__exit__" and frame.f_code.co_filename.endswith("contextlib.py"):
-            gen = getattr(frame.f_locals.get("self"), "gen", None)
-            if getattr(gen, "__name__", None) == generator_name:
-                raised.append(True)
-                sys.settrace(None)
-                raise KeyboardInterrupt
+        if event == "call" and frame.f_code.co_name == "__exit__" and is_it(frame.f_locals.get("self")):
+            raised.append(True)
+            sys.settrace(None)
+            raise KeyboardInterrupt
         return None
 
     sys.settrace(trace)
@@ -88,6 +86,13 @@ def interrupt_at_the_exit_of(generator_name: str):
         yield raised
     finally:
         sys.settrace(None)
+
+
+def interrupt_at_the_exit_of(generator_name: str):
+    """`interrupt_at_an_exit` of a ``@contextlib.contextmanager`` function named ``generator_name``."""
+    return interrupt_at_an_exit(
+        lambda context: isinstance(context, contextlib._GeneratorContextManager)
+        and getattr(getattr(context, "gen", None), "__name__", None) == generator_name)
 
 
 def _autocast_nesting() -> int:
@@ -415,20 +420,8 @@ def test_a_ctrl_c_as_the_cells_spelling_ends_leaves_no_magic_spelling_behind(run
     def is_the_cells_spelling(context) -> bool:
         return isinstance(context, magic_spelling) or getattr(getattr(context, "gen", None), "__name__", "") == "magic_spelling"
 
-    raised = []
-
-    def trace(frame, event, arg):
-        if event == "call" and frame.f_code.co_name == "__exit__" and is_the_cells_spelling(frame.f_locals.get("self")):
-            raised.append(True)
-            sys.settrace(None)
-            raise KeyboardInterrupt
-        return None
-
-    sys.settrace(trace)
-    try:
+    with interrupt_at_an_exit(is_the_cells_spelling) as raised:
         run_cell(AMP, expect_error=KeyboardInterrupt)
-    finally:
-        sys.settrace(None)
     assert raised
     sys.last_type = sys.last_value = sys.last_traceback = None  # what kept the interrupted frames alive
     ip.run_cell("1")  # a next cell, as the user would run
