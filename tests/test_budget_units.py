@@ -218,6 +218,25 @@ def test_an_uninitialized_lazy_module_holds_nothing_and_breaks_nothing():
     assert rows["lazy"].nbytes == sum(p.nbytes for p in lazy[1].parameters()) and rows["t"].nbytes == 32
 
 
+def test_sparse_and_nested_tensors_count_their_parts():
+    """A sparse tensor has no storage torch will show (`untyped_storage()` raises): the status, the
+    OOM explanation and %%amp's too-large-snapshot message raised NotImplementedError on one."""
+    dense = torch.zeros(100, 100)
+    dense[::10, ::10] = 1.0  # 100 nonzeros
+    coo = dense.to_sparse()
+    # built from its parts, so that each part's storage is exactly its size (to_sparse_csr() may keep
+    # a larger index buffer behind a view, which the table rightly counts whole)
+    csr = torch.sparse_csr_tensor(torch.arange(0, 101, dtype=torch.int64), torch.arange(100, dtype=torch.int64),
+                                  torch.ones(100), size=(100, 100))
+    jagged = torch.nested.nested_tensor([torch.randn(2, 3), torch.randn(4, 3)], layout=torch.jagged)
+    rows = {h.name: h for h in namespace_holders({"coo": coo, "csr": csr, "jagged": jagged, "both": [coo, csr]})}
+    assert rows["coo"].nbytes == 100 * (2 * 8 + 4)  # two int64 indices and one fp32 value per nonzero
+    assert rows["csr"].nbytes == 101 * 8 + 100 * 8 + 100 * 4  # row pointers, column indices, values
+    assert rows["coo"].dtype == rows["csr"].dtype == "fp32" and rows["coo"].device == "cpu"
+    assert rows["jagged"].nbytes == 6 * 3 * 4 + 3 * 8  # values, and the offsets beside them
+    assert rows["both"].nbytes == rows["coo"].nbytes + rows["csr"].nbytes
+
+
 def test_a_loss_that_keeps_its_elementwise_buffer_is_named():
     # MSELoss returns a 0-d tensor on the elementwise buffer's storage: `loss` alone keeps 512 KiB here.
     x, y = torch.randn(256, 512), torch.randn(256, 512)
