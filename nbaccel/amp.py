@@ -46,7 +46,8 @@ from .options import in_magic, option, whole_number
 from .precision import (FP32, Recipe, TorchGlobals, apply_recipe, autocast_in_effect, make_recipe,
                         relaxed_fp32_settings)
 from .quiet import hiding_side_channels
-from .snapshot import Snapshot, SnapshotTooLarge, available_host_memory, estimate_bytes, refuse_uninitialized_lazy
+from .snapshot import (Snapshot, SnapshotTooLarge, available_host_memory, distinct_failures, estimate_bytes,
+                       refuse_uninitialized_lazy)
 from .tensor_peak import MAX_OPS, CpuTensorPeak
 from .timing import Clock, Stats
 
@@ -717,6 +718,7 @@ def _build_result(info, order, times, memory, audits, amp_recipe, base_recipe, b
         snapshot_bytes=snapshot.nbytes,
         restored=restore,
         state_changed=state_changed,
+        not_copied=distinct_failures(snapshot.left_out),
         nonfinite_result=bool(nonfinite),
         made_by="%%amp" if in_magic() else "compare_amp()",
         value=value,

@@ -249,6 +249,13 @@ def advise(result: AmpResult) -> list[str]:
                      f"{verdict}.")
     elif result.state_changed and not result.iterators:  # the iterator line says it
         notes.append(f"Careful: {state_reason}; the runs did not all start from the same state.")
+    if result.not_copied and result.restored:
+        # Said after a comparison that succeeded too (an abandoned one's note names them already): the
+        # promise "your variables as after one run" does not hold for these.
+        it = "it" if len(result.not_copied) == 1 else "them"
+        notes.append(f"Not restored between runs (nbaccel could not copy {it}): {', '.join(result.not_copied)}. If "
+                     f"the cell changes {it}, each run started from what the run before left, and {it} now "
+                     f"{'holds' if it == 'it' else 'hold'} what all the runs did, not one run.")
     if result.nonfinite_result and not state_reason:
         n = drift["amp_only_nonfinite"] if drift else None
         where = f" ({n} element{'s' if n != 1 else ''})" if n else ""

@@ -88,6 +88,9 @@ class AmpResult(ResultMixin):
     # Two runs under the recipe from the restored state gave different values: the code depends on
     # state the snapshot does not restore (an attribute of your own object, a file...).
     state_changed: bool = False
+    # What the snapshot could not copy, so no run put it back, each with why: ["`bad` (never copied:
+    # RuntimeError: ...)"] (`Snapshot.left_out`).
+    not_copied: list[str] = field(default_factory=list)
     nonfinite_result: bool = False  # the cell's value has inf/NaN under the recipe where fp32's is finite
     drift_skipped: str | None = None  # why there is no drift although both variants ran (nbaccel's failure)
     # Autocast already on around the call ({device type: dtype}): the recipes overrode it (see advise).
@@ -338,6 +341,7 @@ class AmpResult(ResultMixin):
             "snapshot_bytes": self.snapshot_bytes,
             "restored": self.restored,
             "state_changed": self.state_changed,
+            "not_copied": self.not_copied,
             "iterators": self.iterators,
             "compiled": self.compiled,
             "compiled_while_timed": self.compiled_while_timed,

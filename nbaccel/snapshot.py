@@ -503,13 +503,18 @@ class RestoreIncomplete(Exception):
         self.failures = failures
 
 
-def describe_failures(failures: list) -> str:
-    """One entry per object, as in "`cfg` (TypeError: frozen), `opt` (...)" (a failed layout and a failed
-    ``load_state_dict`` of one optimizer are one)."""
+def distinct_failures(failures: list) -> list[str]:
+    """One entry per object, as in ["`cfg` (TypeError: frozen)", "`opt` (...)"] (a failed layout and a
+    failed ``load_state_dict`` of one optimizer are one)."""
     first = {}
     for failure in failures:
         first.setdefault(failure.what, failure)
-    return ", ".join(str(f) for f in first.values())
+    return [str(f) for f in first.values()]
+
+
+def describe_failures(failures: list) -> str:
+    """`distinct_failures` in one line: "`cfg` (TypeError: frozen), `opt` (...)"."""
+    return ", ".join(distinct_failures(failures))
 
 
 def raise_failures(failures: list):

@@ -867,6 +867,25 @@ def test_an_object_nbaccel_cannot_copy_is_left_out_and_named():
                                              "are as before the call.")
 
 
+def test_a_comparison_that_succeeds_names_what_it_could_not_copy():
+    """The twelfth session's leftover: only an abandoned comparison said what the snapshot left out; one
+    that succeeded promised "as after one run" for an object every run had changed."""
+    class HidesModules(torch.nn.Linear):
+        def named_modules(self, *args, **kwargs):
+            raise RuntimeError("hidden")
+
+    bad = HidesModules(2, 2)
+    ns = {"bad": bad, "x": torch.ones(3, 2)}
+    res = nbaccel.compare_amp(lambda: bad(ns["x"]).sum(), repeat=2, warmup=0, namespace=ns)
+    assert res.not_copied == ["`bad` (never copied: RuntimeError: hidden)"]
+    line = next(a for a in res.advice if a.startswith("Not restored between runs"))
+    assert "`bad` (never copied: RuntimeError: hidden)" in line and "could not copy it)" in line
+    assert res.to_dict()["not_copied"] == res.not_copied and json.loads(res.to_json())["not_copied"] == res.not_copied
+    assert "Not restored between runs" in str(res)
+    clean = nbaccel.compare_amp(lambda: ns["x"].sum(), repeat=2, warmup=0, namespace={"x": ns["x"]})
+    assert clean.not_copied == [] and not any(a.startswith("Not restored") for a in clean.advice)
+
+
 def test_snapshot_restores_what_a_cell_does_to_a_modules_structure():
     """A user trial: a cell that registers a hook, prunes, adds weight_norm (a parametrization swaps the
     class) or assigns a new Parameter did it once more each run: 17 hooks after %%amp, a mask pruning
