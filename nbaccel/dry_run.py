@@ -22,6 +22,7 @@ from .device import DTYPE_NAMES
 from .memory import cuda_counters, reset_cuda_peak
 from .model_states import make_optimizer
 from .options import in_magic, option
+from .storages import storage_bytes, storage_keys, storages
 
 
 class LiveBytes(TorchDispatchMode):
@@ -42,10 +43,14 @@ class LiveBytes(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
-        inputs = {t.untyped_storage()._cdata for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)}
-        for t in tree_leaves(out):
+        inputs = set()
+        for t in tree_leaves((args, kwargs)):
             if isinstance(t, torch.Tensor):
-                storage = t.untyped_storage()
+                inputs |= storage_keys(t)
+        for t in tree_leaves(out):
+            if not isinstance(t, torch.Tensor):
+                continue
+            for storage in storages(t):  # a sparse gradient (Embedding(sparse=True)): its indices and values
                 key = storage._cdata
                 if key in inputs or key in self._live:
                     continue
@@ -223,7 +228,7 @@ def _probe(model, optimizer, example, batches, device, amp_dtype, loss_fn, name:
     if opt is not None:
         opt.step()
         opt.zero_grad(set_to_none=True)
-    states_measured = sum(t.untyped_storage().nbytes() for s in (opt.state.values() if opt else [])
+    states_measured = sum(storage_bytes(t) for s in (opt.state.values() if opt else [])
                           for t in s.values() if isinstance(t, torch.Tensor))
     fwd, kept, bwd, allocated = [], [], [], []
     for b in batches:

@@ -15,6 +15,7 @@ import torch
 
 from .device import DTYPE_NAMES
 from .memory import format_bytes as _fmt
+from .storages import storages as storages_of
 
 
 @dataclass
@@ -33,35 +34,6 @@ class Holder:
                 "bytes": self.nbytes, "detail": self.detail}
 
 
-# A sparse tensor has no storage of its own (torch refuses `untyped_storage()` on it): its memory is
-# the storages of these dense parts.
-_SPARSE_PARTS = {
-    torch.sparse_coo: ("_indices", "_values"),
-    torch.sparse_csr: ("crow_indices", "col_indices", "values"),
-    torch.sparse_csc: ("ccol_indices", "row_indices", "values"),
-    torch.sparse_bsr: ("crow_indices", "col_indices", "values"),
-    torch.sparse_bsc: ("ccol_indices", "row_indices", "values"),
-}
-
-
-def _dense_parts(t: torch.Tensor):
-    """The strided tensors whose storages hold ``t``'s memory: ``t`` itself, a sparse tensor's
-    indices and values, a wrapper subclass's inner tensors (a jagged nested tensor's values and
-    offsets). A sparse tensor in the namespace used to make the status and the OOM explanation raise."""
-    parts = _SPARSE_PARTS.get(t.layout)
-    if parts:
-        for part in parts:
-            yield from _dense_parts(getattr(t, part)())
-    elif type(t) not in (torch.Tensor, torch.nn.Parameter) and hasattr(t, "__tensor_flatten__"):
-        inner, _ = t.__tensor_flatten__()
-        for attr in inner:
-            value = getattr(t, attr, None)
-            if isinstance(value, torch.Tensor):
-                yield from _dense_parts(value)
-    else:
-        yield t
-
-
 def _storages(tensors) -> dict:
     """{storage key: (bytes, device, dtype)} for the tensors, each storage once (the StorageImpl
     address identifies a storage while it is alive, on every device); a tensor split into parts
@@ -72,12 +44,8 @@ def _storages(tensors) -> dict:
         if not isinstance(tensor, torch.Tensor) or tensor.is_meta or torch.nn.parameter.is_lazy(tensor):
             continue
         dtype = DTYPE_NAMES.get(tensor.dtype, str(tensor.dtype).replace("torch.", ""))
-        for t in _dense_parts(tensor):
-            try:
-                storage = t.untyped_storage()
-            except (RuntimeError, NotImplementedError):  # a subclass with no storage to read: nothing counted
-                continue
-            found.setdefault(storage._cdata, (storage.nbytes(), str(t.device), dtype))
+        for storage in storages_of(tensor):
+            found.setdefault(storage._cdata, (storage.nbytes(), str(storage.device), dtype))
     return found
 
 

@@ -277,6 +277,26 @@ def test_live_bytes_also_sums_freed_storages():
     del b
 
 
+def test_live_bytes_counts_a_sparse_tensor_by_its_indices_and_values():
+    """A sparse op output has no storage torch shows: the dry run of a model with nn.Embedding(sparse=True)
+    (its gradient is sparse) failed with "Cannot access storage of SparseTensorImpl", blamed on the example."""
+    dense = torch.zeros(100, 100)
+    dense[::10, ::10] = 1.0  # 100 nonzeros
+    with LiveBytes() as live:
+        coo = dense.to_sparse()
+        held = live.current
+    assert held == coo._indices().untyped_storage().nbytes() + coo._values().untyped_storage().nbytes() >= 100 * 20
+    del coo
+
+
+def test_a_model_with_a_sparse_embedding_is_estimated():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Embedding(1000, 32, sparse=True), torch.nn.Flatten(), torch.nn.Linear(256, 4))
+    est = estimate_memory(model, optimizer="sgd", batch=16, example=torch.randint(0, 1000, (4, 8)))
+    assert est.param_bytes == (1000 * 32 + 256 * 4 + 4) * 4
+    assert est.single("fp32")["activations"] > 0  # the input batch and the Linear's input at least
+
+
 def test_cpu_estimate_brackets_the_rss_between_tensor_peak_and_no_reuse_bound():
     model = _mlp()
     est = estimate_memory(model, optimizer="adamw", batch=256, device="cpu")

@@ -1,0 +1,63 @@
+"""Which storages hold a tensor's memory, for every layout.
+
+A strided tensor's memory is its storage. A sparse tensor has none that torch will show
+(``untyped_storage()`` raises "Cannot access storage of SparseTensorImpl"): its memory is the
+storages of its indices and values. A wrapper subclass (a jagged nested tensor) keeps its memory in
+the inner tensors ``__tensor_flatten__`` names. Everything that counts bytes per storage (what holds
+memory now, the estimator's dry run) goes through `dense_parts`, so one sparse gradient (an
+``nn.Embedding(sparse=True)``) cannot make it raise.
+"""
+
+from __future__ import annotations
+
+import torch
+
+# The dense parts of each sparse layout, by the accessor that returns each.
+_SPARSE_PARTS = {
+    torch.sparse_coo: ("_indices", "_values"),
+    torch.sparse_csr: ("crow_indices", "col_indices", "values"),
+    torch.sparse_csc: ("ccol_indices", "row_indices", "values"),
+    torch.sparse_bsr: ("crow_indices", "col_indices", "values"),
+    torch.sparse_bsc: ("ccol_indices", "row_indices", "values"),
+}
+
+
+def dense_parts(t: torch.Tensor):
+    """The strided tensors whose storages hold ``t``'s memory: ``t`` itself, a sparse tensor's indices
+    and values, a wrapper subclass's inner tensors."""
+    parts = _SPARSE_PARTS.get(t.layout)
+    if parts:
+        for part in parts:
+            yield from dense_parts(getattr(t, part)())
+    elif type(t) not in (torch.Tensor, torch.nn.Parameter) and hasattr(t, "__tensor_flatten__"):
+        inner, _ = t.__tensor_flatten__()
+        for attr in inner:
+            value = getattr(t, attr, None)
+            if isinstance(value, torch.Tensor):
+                yield from dense_parts(value)
+    else:
+        yield t
+
+
+def storages(t: torch.Tensor):
+    """The ``UntypedStorage`` objects behind ``t`` (see `dense_parts`); a part whose storage cannot be
+    read (a subclass without one) is skipped: it holds nothing nbaccel can count."""
+    for part in dense_parts(t):
+        try:
+            yield part.untyped_storage()
+        except (RuntimeError, NotImplementedError):
+            continue
+
+
+def storage_keys(t: torch.Tensor) -> set:
+    """Identities of the storages behind ``t``: the StorageImpl address, unique while it is alive, on
+    every device (meta included)."""
+    return {s._cdata for s in storages(t)}
+
+
+def storage_bytes(t: torch.Tensor) -> int:
+    """Bytes of the storages behind ``t``, each once."""
+    return sum({s._cdata: s.nbytes() for s in storages(t)}.values())
+
+
+__all__ = ["dense_parts", "storage_bytes", "storage_keys", "storages"]
