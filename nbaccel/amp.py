@@ -111,7 +111,10 @@ class _GradientProbe:
 
     def _record(self, t):
         if t.grad is not None:
-            self.grads[id(t)] = t.grad.detach().to("cpu", copy=True)
+            grad = t.grad.detach().to("cpu", copy=True)
+            # A sparse gradient (nn.Embedding(sparse=True)): its values are the entries (isfinite and
+            # comparisons refuse a sparse tensor); coalesced, so two runs' entries line up by index.
+            self.grads[id(t)] = grad.coalesce() if grad.layout == torch.sparse_coo else grad
 
     def __exit__(self, *exc):
         for h in self._handles:
@@ -119,11 +122,23 @@ class _GradientProbe:
         self._handles.clear()
 
 
+def _entries(grad: torch.Tensor) -> torch.Tensor:
+    """The entries of a gradient as recorded: a sparse one's values, a dense one itself."""
+    return grad.values() if grad.layout == torch.sparse_coo else grad
+
+
+def _same_entries(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether two runs' gradients hold the same entries in the same places (their values line up)."""
+    if a.layout != b.layout or a.shape != b.shape:
+        return False
+    return a.layout != torch.sparse_coo or torch.equal(a.indices(), b.indices())
+
+
 def _gradient_report(base: _GradientProbe | None, amp: _GradientProbe, recipe: Recipe, scaler_info: dict) -> dict | None:
     if not amp.grads:
         return None
-    overflow_tensors = sum(1 for g in amp.grads.values() if not torch.isfinite(g).all())
-    overflow_elements = sum(int((~torch.isfinite(g)).sum()) for g in amp.grads.values())
+    overflow_tensors = sum(1 for g in amp.grads.values() if not torch.isfinite(_entries(g)).all())
+    overflow_elements = sum(int((~torch.isfinite(_entries(g))).sum()) for g in amp.grads.values())
     # bf16 has fp32's range: an entry nonzero in fp32 and 0 under bf16 underflowed only if fp32's value
     # was below bf16's smallest normal number; a larger one was switched off, a ReLU, max or dropout
     # whose input changed sign with rounding (a numbers audit: 1,548 "underflowed" bf16 entries were 6
@@ -137,8 +152,9 @@ def _gradient_report(base: _GradientProbe | None, amp: _GradientProbe, recipe: R
     if base is not None:
         for key, g_amp in amp.grads.items():
             g_base = base.grads.get(key)
-            if g_base is None or g_base.shape != g_amp.shape:
+            if g_base is None or not _same_entries(g_base, g_amp):
                 continue
+            g_base, g_amp = _entries(g_base), _entries(g_amp)
             mask = g_base != 0
             nonzero += int(mask.sum())
             zeroed = mask & (g_amp == 0)

@@ -149,3 +149,28 @@ def test_a_plain_fp32_cell_gets_no_such_note():
     res = nbaccel.compare_amp(lambda: model(x).sum(), dtype="bf16", device="cpu", repeat=3, warmup=0)
     assert not any("was not fp32" in line for line in res.advice)
     assert res.baseline_reduced == [] and "not fp32" not in str(res) and "cell's own" not in str(res)
+
+
+def test_a_step_with_sparse_gradients_is_compared_and_applied_once():
+    """A user trial: nn.Embedding(sparse=True) gives a sparse gradient, and the gradient report's
+    isfinite() refused it, so every %%amp of such a step failed as "a bug in nbaccel"."""
+    torch.manual_seed(0)
+    emb, head = torch.nn.Embedding(1000, 16, sparse=True), torch.nn.Linear(16, 4)
+    sparse_opt, dense_opt = torch.optim.SparseAdam(list(emb.parameters())), torch.optim.Adam(head.parameters())
+    idx = torch.randint(0, 1000, (32,))
+
+    def step():
+        sparse_opt.zero_grad()
+        dense_opt.zero_grad()
+        loss = head(emb(idx)).pow(2).mean()
+        loss.backward()
+        sparse_opt.step()
+        dense_opt.step()
+        return loss.detach()
+
+    res = nbaccel.compare_amp(step, repeat=2, warmup=0,
+                              namespace={"emb": emb, "head": head, "sparse_opt": sparse_opt, "dense_opt": dense_opt})
+    assert res.gradients["tensors_with_grad"] == 3 and res.gradients["overflow_tensors"] == 0
+    assert res.gradients["underflow_elements"] == 0  # the sparse entries compared by index: none zeroed
+    assert emb.weight.grad.layout == torch.sparse_coo
+    assert sparse_opt.state[emb.weight]["step"] == 1  # as after exactly one step
