@@ -157,9 +157,30 @@ def _unfirm_timing(result: AmpResult) -> str | None:
     return f"{why} (see the warning{'s' if overlap and contended else ''}): re-run {fix}"
 
 
+def _beyond_autocast(result: AmpResult) -> dict[str, list[str]]:
+    """{dtype: heavy ops} for the matmuls and convolutions that ran in a dtype autocast leaves alone
+    (float64, complex): autocast casts float32 ops only."""
+    ops = result.amp.ops
+    if ops.empty:
+        return {}
+    found: dict[str, list[str]] = {}
+    for op, dtype in ops.loc[ops["heavy"], ["op", "dtype"]].itertuples(index=False):
+        if dtype in ("float64", "complex64", "complex128"):
+            found.setdefault(dtype, []).append(op)
+    return found
+
+
 def _nothing_to_cast(result: AmpResult) -> str:
     if result.precision["reduced"]:  # the cell's own bf16 tensors: the same ops in both variants
         return result.nothing_cast_words + " (autocast casts matmuls and convolutions)"
+    beyond = _beyond_autocast(result)
+    if beyond:
+        # A trial's float64 Linear was told "reductions and elementwise ops stay fp32" of a matmul.
+        ran = "; ".join(f"{', '.join(sorted(set(ops)))} in {dtype}" for dtype, ops in beyond.items())
+        fix = ("convert the model and its inputs with .float() to compare" if "float64" in beyond else
+               "complex values have no bf16 or fp16 form, so mixed precision does not apply to them")
+        return (f"{result.nothing_cast_words} -- autocast casts float32 ops only, and the matmuls and convolutions "
+                f"here ran in {ran}: {fix}")
     return (f"{result.nothing_cast_words} -- autocast had nothing here to cast (reductions and elementwise ops "
             "stay fp32); it speeds up matmuls and convolutions")
 

@@ -65,6 +65,11 @@ def _leaves(value, prefix="value"):
     elif isinstance(value, dict):
         for k, v in value.items():
             yield from _leaves(v, f"{prefix}[{k!r}]")
+    elif isinstance(value, torch.Tensor) and value.is_nested:
+        # each component on its own: a nested tensor has no dense form to subtract (to_dense refuses a
+        # jagged one, a strided one has no sizes)
+        for i, v in enumerate(value.unbind()):
+            yield from _leaves(v, f"{prefix}[{i}]")
     else:
         yield prefix, value
 
@@ -78,9 +83,12 @@ def _strided(leaf):
 
 
 def _as_float64(leaf) -> torch.Tensor | None:
-    """A float leaf as a float64 tensor (numbers as 0-d ones); None for what drift does not compare."""
+    """A float leaf as a float64 tensor (numbers as 0-d ones), a complex one as complex128 (its error
+    is the modulus of the difference); None for what drift does not compare."""
     if isinstance(leaf, torch.Tensor):
         leaf = _strided(leaf)
+        if leaf.is_complex():
+            return leaf.to(torch.complex128)
         return leaf.double() if leaf.is_floating_point() else None
     if isinstance(leaf, (int, float)) and not isinstance(leaf, bool):
         try:
@@ -103,7 +111,9 @@ def _leaf_drift(path: str, b: torch.Tensor, a: torch.Tensor, sources: float | No
     scale = b[finite_b].abs().max().item() if bool(finite_b.any()) else 0.0
     return {"name": path, "shape": list(b.shape), "max_abs": max_abs,
             "max_rel": max_abs / scale if scale else (math.inf if max_abs else 0.0),
-            "base": b.item() if b.numel() == 1 else None, "amp": a.item() if a.numel() == 1 else None,
+            # a single value as a number (not a complex one: to_dict() is JSON)
+            "base": b.item() if b.numel() == 1 and not b.is_complex() else None,
+            "amp": a.item() if a.numel() == 1 and not a.is_complex() else None,
             "amp_only_nonfinite": amp_only, "fp32_only_nonfinite": base_only, "compared": int(both.sum()),
             # the fp32 value's largest magnitude (what max_rel divides by), and that of the values it was
             # computed from (None: not known, a large result or not made in the audited run)

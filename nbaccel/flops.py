@@ -110,6 +110,15 @@ def _largest(t: torch.Tensor) -> float:
     return float(torch.where(torch.isfinite(a), a, 0).amax()) if a.numel() else 0.0
 
 
+def _has_shape(value) -> bool:
+    """Whether ``value`` is no tensor, or a dense one whose sizes are its shape: a nested tensor's raise
+    ("NestedTensorImpl doesn't support sizes"), a sparse one's are not its operand's (padding advice for
+    it would be wrong)."""
+    if not isinstance(value, torch.Tensor):
+        return True
+    return value.layout == torch.strided and not value.is_nested
+
+
 def dtype_name(dtype) -> str:
     return DTYPE_NAMES.get(dtype, str(dtype).replace("torch.", "") if dtype is not None else "none")
 
@@ -141,9 +150,12 @@ class OpAudit(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         self.calls += 1
-        if func not in flop_registry:
+        if func not in flop_registry and not types:
             # A composite op seen whole (inference mode, see the module docstring): record what it
-            # decomposes into instead; NotImplemented means it has no decomposition.
+            # decomposes into instead; NotImplemented means it has no decomposition. Not for a tensor
+            # subclass's op (``types``: a jagged nested tensor): its decomposition reaches the same op
+            # on the same subclass, and the audit recursed until Python's limit (a user trial's
+            # `nt @ w`); the subclass runs it whole, as in the timed runs.
             with self:
                 out = func.decompose(*args, **kwargs)
             if out is not NotImplemented:
@@ -165,7 +177,7 @@ class OpAudit(TorchDispatchMode):
         record.calls += 1
         record.input_dtypes.update(dtype_name(t.dtype) for t in flat_in if isinstance(t, torch.Tensor))
         record.flops += _flops_of(func, name, args, kwargs, out)
-        if name in MATMUL_OPS and len(record.shapes) < 32:
+        if name in MATMUL_OPS and len(record.shapes) < 32 and all(map(_has_shape, flat_in)):
             shapes = tuple(tuple(t.shape) for t in flat_in if isinstance(t, torch.Tensor))
             record.shapes.add(shapes)
         return out
@@ -271,7 +283,9 @@ class OpAudit(TorchDispatchMode):
     def unaligned_matmuls(self, multiple: int = 8) -> list[dict]:
         """Matmul operand dims that are not multiples of ``multiple`` (Tensor Cores want 8 for fp16/bf16)."""
         found = []
-        for (op, _dtype), r in self.records.items():
+        for (op, dtype), r in self.records.items():
+            if dtype not in _TILE_DTYPES:  # a float64, complex or integer matmul: no padding puts it on tiles
+                continue
             for shapes in r.shapes:
                 # dims of 1 are matrix-vector products: padding them would only add work
                 dims = sorted({d for shape in shapes for d in shape[-2:] if d > 1 and d % multiple})
@@ -281,6 +295,11 @@ class OpAudit(TorchDispatchMode):
                                   # per call: how much of the work padding could speed up
                                   "flops": op_flops(op.replace(".", "::", 1), [list(s) for s in shapes])})
         return found
+
+
+# The dtypes Tensor Cores and AMX tiles take from autocast (fp32 through TF32 on a GPU): the only ones
+# padding advice is for.
+_TILE_DTYPES = {"fp32", "bf16", "fp16"}
 
 
 def _dtype_ran(name: str, flat_in: list, out) -> torch.dtype | None:

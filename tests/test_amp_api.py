@@ -2055,3 +2055,39 @@ def test_an_interrupt_while_the_allocator_meter_starts_leaves_no_profiler_or_loc
     with nbaccel.profile() as prof:
         (x * 2).sum()
     assert prof.result is not None
+
+
+def test_a_float64_or_complex_matmul_is_told_autocast_casts_float32_only():
+    """A user trial: a float64 Linear was told "autocast had nothing here to cast (reductions and
+    elementwise ops stay fp32)" of a matmul, and advised to pad its dims for AMX tiles."""
+    torch.manual_seed(0)
+    model, x = torch.nn.Linear(8, 4).double(), torch.randn(3, 8, dtype=torch.float64)
+    res = nbaccel.compare_amp(lambda: model(x).sum(), repeat=2, warmup=0, device="cpu")
+    line = unfolded(next(a for a in res.advice if a.startswith("No speedup")))
+    assert ("autocast casts float32 ops only, and the matmuls and convolutions here ran in aten::addmm in float64: "
+            "convert the model and its inputs with .float() to compare") in line
+    assert not any(a.startswith("Matmul dims") for a in res.advice) and res.unaligned_matmuls == []
+    z = torch.randn(12, 12, dtype=torch.complex64)
+    res = nbaccel.compare_amp(lambda: z @ z, repeat=2, warmup=0, device="cpu")
+    line = unfolded(next(a for a in res.advice if a.startswith("No speedup")))
+    assert "aten::mm in complex64: complex values have no bf16 or fp16 form" in line
+    # a complex result is compared (the modulus of the difference): it was "no float tensor"
+    assert res.drift is not None and res.drift["max_abs"] == 0.0 and res.drift_skipped is None
+    json.dumps(res.to_dict()["drift"])
+
+
+@pytest.mark.filterwarnings("ignore:The PyTorch API of nested tensors")
+def test_nested_tensor_matmuls_are_audited_and_their_drift_compared_per_component():
+    """A user trial: `nt @ w` on a jagged nested tensor recursed in the op audit until Python's limit, and a
+    strided nested bmm raised in it ("NestedTensorImpl doesn't support sizes"); both were reported as the
+    cell's error. The drift now compares each component."""
+    torch.manual_seed(0)
+    w = torch.randn(64, 64)
+    jagged = torch.nested.nested_tensor([torch.randn(3, 64), torch.randn(5, 64)], layout=torch.jagged)
+    strided = torch.nested.nested_tensor([torch.randn(3, 64), torch.randn(5, 64)])
+    weights = torch.nested.nested_tensor([w, w])
+    for fn in (lambda: jagged @ w, lambda: torch.nn.functional.linear(jagged, w), lambda: torch.bmm(strided, weights)):
+        res = nbaccel.compare_amp(fn, repeat=2, warmup=0, device="cpu")
+        assert res.drift is not None and [leaf["name"] for leaf in res.drift["leaves"]] == ["value[0]", "value[1]"]
+        assert 0 < res.drift["max_rel"] < 0.05  # bf16 rounding of 64-term dot products
+        assert res.reduced_by_recipe  # the matmul ran in bf16 under the recipe
