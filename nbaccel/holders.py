@@ -104,43 +104,59 @@ def _named_values(namespace: dict, skip):
             yield name, value
 
 
+def _total(storages: dict) -> int:
+    return sum(b for b, _, _ in storages.values())
+
+
+def _split(storages: dict, counted: dict) -> tuple[dict, str]:
+    """(the storages no earlier row counted, "shares 4 MiB with big" for the rest, or "")."""
+    own = {k: v for k, v in storages.items() if k not in counted}
+    shared = {k: v for k, v in storages.items() if k in counted}
+    if not shared:
+        return own, ""
+    return own, f"shares {_fmt(_total(shared))} with {', '.join(sorted({counted[k] for k in shared}))}"
+
+
+def _joined(*parts: str) -> str:
+    return "; ".join(p for p in parts if p)
+
+
 def namespace_holders(namespace: dict, top: int = 10, skip=lambda name: False) -> list[Holder]:
     """The ``top`` largest holders of tensor memory in ``namespace``, largest first.
 
     Modules report parameters + buffers + gradients; optimizers their state tensors (Adam's
-    moments...); tensors and one-level containers the storages not already owned by a module or
-    optimizer listed here (those are shown in ``detail`` as shared).
+    moments...); tensors and one-level containers their storages. Each storage is counted once, by
+    the first row that holds it -- modules and optimizers first, the largest first (so `encoder =
+    model.encoder` shares its bytes with `model`), then the other names in the namespace's order,
+    IPython's output cache (``Out[n]``) last -- and every later row that holds it says so in
+    ``detail`` ("shares 4 MiB with big") with 0 bytes for it: the rows add up to what the names hold.
     """
-    owned: dict = {}  # storage key -> owner name, for modules and optimizers
+    counted: dict = {}  # storage key -> the name of the row that counts it
     rows: list[Holder] = []
-    values = list(_named_values(namespace, skip))
-    seen_objects: dict[int, str] = {}
+    # sorted() is stable: the user's own names in their order, then the output cache's entries
+    values = sorted(_named_values(namespace, skip), key=lambda item: item[0].startswith("Out["))
+    stateful, seen_objects = [], set()
     for name, value in values:
+        if isinstance(value, (torch.nn.Module, torch.optim.Optimizer)) and id(value) not in seen_objects:
+            seen_objects.add(id(value))  # a second name for the same model: not a second row
+            if isinstance(value, torch.nn.Module):
+                params, buffers, grads = _module_tensors(value)
+                parts = {"params": _storages(params), "buffers": _storages(buffers), "grads": _storages(grads)}
+            else:
+                parts = {"state": _storages(_optimizer_tensors(value))}
+            stateful.append((name, value, parts))
+    stateful.sort(key=lambda item: -_total({k: v for part in item[2].values() for k, v in part.items()}))
+    for name, value, parts in stateful:
+        total = {k: v for part in parts.values() for k, v in part.items()}
+        own, shared = _split(total, counted)
+        counted.update(dict.fromkeys(own, name))
         if isinstance(value, torch.nn.Module):
-            if id(value) in seen_objects:
-                continue
-            seen_objects[id(value)] = name
-            params, buffers, grads = _module_tensors(value)
-            parts = {"params": _storages(params), "buffers": _storages(buffers), "grads": _storages(grads)}
-            total = {}
-            for part in parts.values():
-                total.update(part)
-            for key in total:
-                owned.setdefault(key, name)
-            device, dtype = _describe(parts["params"] or total)
-            detail = " + ".join(f"{label} {_fmt(sum(b for b, _, _ in part.values()))}"
-                                for label, part in parts.items() if part)
-            rows.append(Holder(name, "module", device, dtype, sum(b for b, _, _ in total.values()), detail))
-        elif isinstance(value, torch.optim.Optimizer):
-            if id(value) in seen_objects:
-                continue
-            seen_objects[id(value)] = name
-            states = _storages(_optimizer_tensors(value))
-            for key in states:
-                owned.setdefault(key, name)
-            device, dtype = _describe(states)
-            rows.append(Holder(name, "optimizer", device, dtype, sum(b for b, _, _ in states.values()),
-                               _optimizer_detail(value, states)))
+            kind, (device, dtype) = "module", _describe(parts["params"] or total)
+            detail = " + ".join(f"{label} {_fmt(_total(part))}" for label, part in parts.items() if part)
+        else:
+            kind, (device, dtype) = "optimizer", _describe(total)
+            detail = _optimizer_detail(value, total)
+        rows.append(Holder(name, kind, device, dtype, _total(own), _joined(detail, shared)))
     for name, value in values:
         if isinstance(value, torch.Tensor):
             tensors, kind = [value], "tensor"
@@ -151,15 +167,12 @@ def namespace_holders(namespace: dict, top: int = 10, skip=lambda name: False) -
         else:
             continue
         storages = _storages(tensors)
-        shared = {k: v for k, v in storages.items() if k in owned}
-        own = {k: v for k, v in storages.items() if k not in owned}
+        own, shared = _split(storages, counted)
+        counted.update(dict.fromkeys(own, name))
         device, dtype = _describe(storages)
-        detail = f"{len(tensors)} tensors" if kind == "container" else _view_detail(value, storages)
-        if shared:
-            owners = sorted({owned[k] for k in shared})
-            detail = (detail + "; " if detail else "") + f"shares {_fmt(sum(b for b, _, _ in shared.values()))} with {', '.join(owners)}"
+        detail = f"{len(tensors)} tensors" if kind == "container" else _view_detail(value, own)
         if own or kind == "tensor":
-            rows.append(Holder(name, kind, device, dtype, sum(b for b, _, _ in own.values()), detail))
+            rows.append(Holder(name, kind, device, dtype, _total(own), _joined(detail, shared)))
     rows.sort(key=lambda h: h.nbytes, reverse=True)
     return rows[:top]
 

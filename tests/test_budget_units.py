@@ -200,14 +200,34 @@ def test_namespace_table_counts_storages_once_and_names_owners():
     assert rows["model"].nbytes == 2 * 5050 * 4 and "grads" in rows["model"].detail
     assert rows["opt"].nbytes == 2 * 5050 * 4 + 2 * 4  # two moments + a 4-byte step per parameter tensor
     assert rows["big"].nbytes == 4_000_000 and rows["big"].dtype == "fp32" and rows["big"].device == "cpu"
-    assert rows["view"].nbytes == 4_000_000  # a view reports its whole storage (what del would need to free)
-    assert rows["view"].detail == "10x1000 view of a 3.81 MiB storage: .clone() frees the rest"
+    # each storage once (a user trial: `alias = big; row = big[0]` listed 12 MiB for one 4 MiB storage)
+    assert rows["view"].nbytes == 0 and rows["view"].detail == "shares 3.81 MiB with big"
     assert rows["big"].detail == "" and rows["Out[5]"].detail == ""  # whole storages, or too small to remark
-    assert rows["w"].nbytes == 0 and "shares" in rows["w"].detail and "model" in rows["w"].detail
+    assert rows["w"].nbytes == 0 and rows["w"].detail == "shares 19.5 KiB with model"
     assert rows["losses"].kind == "container" and rows["losses"].nbytes == 160
     assert rows["Out[5]"].nbytes == 1000
     assert "n" not in rows
-    assert [h.name for h in namespace_holders(ns, top=2)] == ["big", "view"]
+    assert [h.name for h in namespace_holders(ns, top=2)] == ["big", "opt"]
+    # a view alone keeps its whole storage, and says what frees the rest
+    rows = {h.name: h for h in namespace_holders({"view": torch.zeros(1000, 1000)[:10]})}
+    assert rows["view"].nbytes == 4_000_000
+    assert rows["view"].detail == "10x1000 view of a 3.81 MiB storage: .clone() frees the rest"
+
+
+def test_a_second_name_for_a_storage_or_a_submodule_shares_it():
+    """The rows add up to what the names hold: an alias, a displayed result (Out[n] and the name it came
+    from), a submodule bound to its own name, each shares the bytes with the first row that holds them."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(100, 100), torch.nn.Linear(100, 10))
+    big = torch.zeros(1000, 1000)
+    ns = {"Out": {3: big}, "encoder": model[0], "big": big, "alias": big, "row": big[0], "model": model}
+    rows = {h.name: h for h in namespace_holders(ns, top=20)}
+    assert rows["big"].nbytes == 4_000_000 and rows["big"].detail == ""  # the user's name, not Out[3]
+    for name in ("alias", "row", "Out[3]"):
+        assert rows[name].nbytes == 0 and rows[name].detail.endswith("shares 3.81 MiB with big"), name
+    assert rows["model"].nbytes == (100 * 100 + 100 + 100 * 10 + 10) * 4  # the larger module counts the shared part
+    assert rows["encoder"].nbytes == 0 and rows["encoder"].detail == "params 39.5 KiB; shares 39.5 KiB with model"
+    assert sum(h.nbytes for h in rows.values()) == 4_000_000 + rows["model"].nbytes
 
 
 def test_an_uninitialized_lazy_module_holds_nothing_and_breaks_nothing():
@@ -229,7 +249,8 @@ def test_sparse_and_nested_tensors_count_their_parts():
     csr = torch.sparse_csr_tensor(torch.arange(0, 101, dtype=torch.int64), torch.arange(100, dtype=torch.int64),
                                   torch.ones(100), size=(100, 100))
     jagged = torch.nested.nested_tensor([torch.randn(2, 3), torch.randn(4, 3)], layout=torch.jagged)
-    rows = {h.name: h for h in namespace_holders({"coo": coo, "csr": csr, "jagged": jagged, "both": [coo, csr]})}
+    rows = {h.name: h for h in namespace_holders({"coo": coo, "csr": csr, "jagged": jagged,
+                                                  "both": [dense.to_sparse(), csr.clone()]})}
     assert rows["coo"].nbytes == 100 * (2 * 8 + 4)  # two int64 indices and one fp32 value per nonzero
     assert rows["csr"].nbytes == 101 * 8 + 100 * 8 + 100 * 4  # row pointers, column indices, values
     assert rows["coo"].dtype == rows["csr"].dtype == "fp32" and rows["coo"].device == "cpu"
