@@ -38,7 +38,7 @@ from .amp_result import MEMORY_NOISE_FLOOR, MEMORY_SAME, MIN_RUNS, AmpResult, Va
 from .cell_reads import KINDS, and_list, describe, graphs_compiled, objects_read, take_first
 from .contention import ContentionMeter
 from .device import DTYPE_NAMES, DeviceError, device_info, dtype_name, resolve_device
-from .drift import compute_drift, leaf_magnitudes, resolution, runs_differ, to_host
+from .drift import compute_drift, leaf_dtypes, leaf_magnitudes, resolution, runs_differ, to_host
 from .flops import OpAudit
 from .holders import namespace_holders
 from .memory import PeakMemory, PeakMeter, format_bytes, meter_series, note_harness
@@ -390,13 +390,14 @@ class _Runner:
         host = _safely("copy the result to the host", to_host, value)
         # read now, while the value's tensors are alive: the audit keys them weakly
         magnitudes = _safely("read the result's magnitudes", leaf_magnitudes, value, audit.magnitude_of)[0] or {}
+        dtypes = _safely("read the result's dtypes", leaf_dtypes, value)[0]
         scales_after = _scaler_scales(self.snapshot)
         scaler_info = {
             "grad_scaler": scaler_use.calls > 0,
             # GradScaler halves its scale when it finds inf/NaN gradients and skips that optimizer step.
             "scaler_skipped_step": any(a < b for a, b in zip(scales_after, scales_before)) if scales_before else None,
         }
-        return audit, probe, host, scaler_info, magnitudes
+        return audit, probe, host, scaler_info, magnitudes, dtypes
 
 
 def compare_amp(
@@ -686,8 +687,15 @@ def _build_result(info, order, times, memory, audits, amp_recipe, base_recipe, b
 
     amp_variant = variant(_amp_name(amp_recipe), amp_recipe)
     base_variant = variant("fp32", base_recipe) if baseline else None
-    amp_audit, amp_probe, (amp_value, amp_error), scaler_info, amp_magnitudes = audits[id(amp_recipe)]
+    amp_audit, amp_probe, (amp_value, amp_error), scaler_info, amp_magnitudes, amp_dtypes = audits[id(amp_recipe)]
     base_probe = audits[id(base_recipe)][1] if baseline else None
+    # The audit is a TorchDispatchMode, and torch runs a few ops otherwise under one: torch.sparse.mm
+    # under autocast returns fp32 there and bf16 without it (a user trial: "no op ran in bf16", drift 0,
+    # beside a bf16 result). Then the drift is the kept run's, which ran as the timed runs did.
+    kept_dtypes = _safely("read the result's dtypes", leaf_dtypes, value)[0]
+    audit_differs = None not in (amp_dtypes, kept_dtypes) and amp_dtypes != kept_dtypes
+    if audit_differs and amp_error is None:
+        amp_value, amp_error = _safely("copy the result to the host", to_host, value)
     drift, why = None, amp_error
     if baseline:
         (base_value, base_error), base_magnitudes = audits[id(base_recipe)][2], audits[id(base_recipe)][4]
@@ -697,7 +705,7 @@ def _build_result(info, order, times, memory, audits, amp_recipe, base_recipe, b
             drift, why = _safely("compare the two results", compute_drift, base_value, amp_value, base_magnitudes,
                                  resolution(amp_recipe))
     state_changed = False
-    if restore and why is None:
+    if restore and why is None and not audit_differs:
         # Two runs under the recipe from the restored state (the audited one and the kept one) must
         # agree; if they do not, the code depends on state the snapshot does not restore.
         kept, _ = _safely("copy the result to the host", to_host, value)
@@ -734,6 +742,7 @@ def _build_result(info, order, times, memory, audits, amp_recipe, base_recipe, b
         snapshot_bytes=snapshot.nbytes,
         restored=restore,
         state_changed=state_changed,
+        audit_differs=audit_differs,
         not_copied=distinct_failures(snapshot.left_out),
         nonfinite_result=bool(nonfinite),
         made_by="%%amp" if in_magic() else "compare_amp()",

@@ -270,6 +270,11 @@ def advise(result: AmpResult) -> list[str]:
                      f"{verdict}.")
     elif result.state_changed and not result.iterators:  # the iterator line says it
         notes.append(f"Careful: {state_reason}; the runs did not all start from the same state.")
+    if result.audit_differs:
+        notes.append(f"The audited {dtype} run returned other dtypes than the kept run: an op ran otherwise under the "
+                     "op audit (a TorchDispatchMode; torch.sparse.mm does under autocast), so the dtypes per op, the "
+                     "share of FLOPs in reduced precision and the gradient report describe the audited run, not the "
+                     "timed ones. The drift compares the fp32 run with the kept run, which ran as the timed ones.")
     if result.not_copied and result.restored:
         # Said after a comparison that succeeded too (an abandoned one's note names them already): the
         # promise "your variables as after one run" does not hold for these.

@@ -88,6 +88,10 @@ class AmpResult(ResultMixin):
     # Two runs under the recipe from the restored state gave different values: the code depends on
     # state the snapshot does not restore (an attribute of your own object, a file...).
     state_changed: bool = False
+    # The audited run under the recipe returned other dtypes than the kept run: an op ran otherwise under
+    # the op audit (a TorchDispatchMode), so the per-op dtypes and FLOPs describe the audited run only;
+    # the drift is the kept run's.
+    audit_differs: bool = False
     # What the snapshot could not copy, so no run put it back, each with why: ["`bad` (never copied:
     # RuntimeError: ...)"] (`Snapshot.left_out`).
     not_copied: list[str] = field(default_factory=list)
@@ -195,7 +199,8 @@ class AmpResult(ResultMixin):
         variants then ran the same kernels, so their times say nothing about the recipe (a user trial
         read "speedup 6.48x" on a cell of means and concatenations)."""
         recipe = self.amp.recipe
-        if recipe.autocast_dtype is None or self.amp.ops.empty or self.reduced_by_recipe or self.baseline_reduced:
+        if (recipe.autocast_dtype is None or self.amp.ops.empty or self.reduced_by_recipe or self.baseline_reduced
+                or self.audit_differs):  # the audit did not see what the timed runs did
             return False  # (a cell running its own autocast has a flag of its own: `baseline_reduced`)
         return not ((recipe.tf32 or recipe.cudnn_benchmark) and self.precision["heavy_fp32"])
 
@@ -341,6 +346,7 @@ class AmpResult(ResultMixin):
             "snapshot_bytes": self.snapshot_bytes,
             "restored": self.restored,
             "state_changed": self.state_changed,
+            "audit_differs": self.audit_differs,
             "not_copied": self.not_copied,
             "iterators": self.iterators,
             "compiled": self.compiled,

@@ -48,6 +48,12 @@ def to_host(value):
     return value
 
 
+def leaf_dtypes(value) -> list:
+    """The dtype of each tensor leaf of a run's value (None for other leaves), in `_leaves` order: what
+    two runs' values are made of, before `to_host` turns every float into float64."""
+    return [leaf.dtype if isinstance(leaf, torch.Tensor) else None for _, leaf in _leaves(value)]
+
+
 def leaf_magnitudes(value, magnitude_of) -> dict[str, float]:
     """{leaf path: ``magnitude_of(leaf)``} for the leaves of a run's value it knows (not None)."""
     found = {}

@@ -2091,3 +2091,21 @@ def test_nested_tensor_matmuls_are_audited_and_their_drift_compared_per_componen
         assert res.drift is not None and [leaf["name"] for leaf in res.drift["leaves"]] == ["value[0]", "value[1]"]
         assert 0 < res.drift["max_rel"] < 0.05  # bf16 rounding of 64-term dot products
         assert res.reduced_by_recipe  # the matmul ran in bf16 under the recipe
+
+
+def test_an_audited_run_that_returns_other_dtypes_than_the_timed_runs_is_said():
+    """A user trial: under a TorchDispatchMode (the op audit) torch.sparse.mm inside bf16 autocast returns
+    fp32, without one bf16. The report read "no op ran in bf16", drift 0, "same kernels", beside a bf16
+    result 1e-2 away from fp32's. The drift is now the kept run's, and the report says whose dtypes it lists."""
+    torch.manual_seed(0)
+    sp = torch.sparse_coo_tensor(torch.tensor([[0, 1, 2], [2, 0, 1]]), torch.randn(3), (4, 4))
+    d = torch.randn(4, 4)
+    res = nbaccel.compare_amp(lambda: torch.sparse.mm(sp, d), repeat=2, warmup=0, device="cpu")
+    assert res.value.dtype == torch.bfloat16  # what the timed runs ran (torch 2.13)
+    assert res.audit_differs and not res.nothing_cast and res.to_dict()["audit_differs"]
+    expected = (res.value.double() - torch.sparse.mm(sp, d).double()).abs().max().item()
+    assert res.drift["max_abs"] == pytest.approx(expected) and expected > 0
+    assert any(a.startswith("The audited bf16 run returned other dtypes than the kept run") for a in res.advice)
+    assert "ran in reduced precision (in the audited run, which differed from the timed ones" in unfolded(str(res))
+    plain = nbaccel.compare_amp(lambda: d @ d, repeat=2, warmup=0, device="cpu")
+    assert not plain.audit_differs and "in the audited run" not in str(plain)

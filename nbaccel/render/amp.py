@@ -224,7 +224,9 @@ def _gradient_lines(result) -> list[str]:
 
 def _precision_lines(result) -> list[str]:
     p = result.precision
-    lines = [f"ran in reduced precision: {', '.join(p['reduced']) or 'none'}"]
+    # the op audit's view; where its run differed from the timed ones, the line says whose it is
+    where = " (in the audited run, which differed from the timed ones: see the advice)" if result.audit_differs else ""
+    lines = [f"ran in reduced precision{where}: {', '.join(p['reduced']) or 'none'}"]
     if p["reduced_flop_share"] is not None:
         lines.append(f"share of FLOPs in reduced precision: {p['reduced_flop_share']:.0%}")
     if p["heavy_fp32"]:
