@@ -322,8 +322,11 @@ def _flops_of(func, name: str, args, kwargs, out) -> int:
     """The op's FLOPs: nbaccel's formula from the argument shapes, the one %%profile_gpu applies to
     the same op in a trace (so the two magics agree; it also covers what torch's flop_counter lacks:
     CPU attention, fused inference fast paths, oneDNN's LSTM, and counts a grouped convolution's
-    weight gradient once where the registry counts it ``groups`` times), else torch's formula, else 0."""
+    weight gradient once where the registry counts it ``groups`` times), else torch's formula, else 0.
+    0 for an op on a sparse (or nested) operand: its dims are not its work, as %%profile_gpu reads it."""
     try:
+        if not all(map(_has_shape, tree_flatten((args, kwargs))[0])):
+            return 0
         # as the profiler records them: each argument's shape (a list of shapes for a tensor list,
         # [] for a non-tensor) and the non-tensor values
         dims = [list(a.shape) if isinstance(a, torch.Tensor)

@@ -401,3 +401,28 @@ def test_cpu_only_torch_profiler_trace(tmp_path):
     assert fl.flops_per_s is None and fl.time_base == "cpu" and fl.matmul_flops_per_s > 0
     assert fl.reason and "no GPU activity" in fl.reason
     json.dumps(summary(trace))
+
+
+@pytest.mark.filterwarnings("ignore:Sparse CSR tensor support is in beta")
+def test_a_sparse_operand_gives_no_flops_and_no_shapes_to_pad(tmp_path):
+    """A user trial: a 2000x2000 sparse matrix with 2000 nonzeros times a dense 2000x64 one was counted as
+    a dense matmul (1.02 GFLOP, "1.09 TFLOP/s" on a 2-core CPU), and its sparse 4x4 operand was given
+    padding advice. The profiler records a sparse operand's dims but no strides: that marks it."""
+    torch = pytest.importorskip("torch")
+    from torch.profiler import ProfilerActivity, profile
+
+    n = 2000
+    sp = torch.sparse_coo_tensor(torch.stack([torch.arange(n), torch.randperm(n)]), torch.randn(n), (n, n))
+    sp, d, a = sp.coalesce(), torch.randn(n, 64), torch.randn(4, 5)
+    with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+        torch.sparse.mm(sp, d)
+        sp.to_sparse_csr() @ d
+        torch.mm(a, a.T)  # dense: counted
+    path = tmp_path / "sparse.json"
+    prof.export_chrome_trace(str(path))
+    trace = load_trace(path)
+    ops = trace.op_columns
+    sparse = {name for name, flag in zip(ops["name"], ops["non_strided"]) if flag}
+    assert {"aten::_sparse_mm", "aten::addmm"} <= sparse and "aten::mm" in ops["name"]
+    assert achieved_flops(trace).flops == 2 * 4 * 5 * 4  # the dense mm alone
+    assert all(f is None for f, flag in zip(ops["flops"], ops["non_strided"]) if flag)

@@ -238,6 +238,7 @@ def test_an_uninitialized_lazy_module_holds_nothing_and_breaks_nothing():
     assert rows["lazy"].nbytes == sum(p.nbytes for p in lazy[1].parameters()) and rows["t"].nbytes == 32
 
 
+@pytest.mark.filterwarnings("ignore:Sparse CSR tensor support is in beta")
 def test_sparse_and_nested_tensors_count_their_parts():
     """A sparse tensor has no storage torch will show (`untyped_storage()` raises): the status, the
     OOM explanation and %%amp's too-large-snapshot message raised NotImplementedError on one."""

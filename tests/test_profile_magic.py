@@ -1023,3 +1023,19 @@ def test_wall_time_covers_the_code_not_only_its_ops():
     assert header["flops_per_s"] == pytest.approx(2 * 64**3 / (header["wall_us"] * 1e-6))
     table = prof.result.table()
     assert not table["name"].str.startswith("ProfilerStep").any()  # the range is not an op row
+
+
+@pytest.mark.filterwarnings("ignore:Sparse CSR tensor support is in beta")
+def test_a_sparse_matmul_cell_counts_no_dense_flops_and_offers_no_padding(run_cell, ip):
+    """A user trial read "achieved: 364 GFLOP/s" on a 2-core CPU for sparse matmuls counted as dense ones."""
+    run_cell("import torch\ntorch.manual_seed(0)\nn = 2000\n"
+             "sp = torch.sparse_coo_tensor(torch.stack([torch.arange(n), torch.randperm(n)]), torch.randn(n), (n, n))"
+             ".coalesce()\ncsr = sp.to_sparse_csr()\nd = torch.randn(n, 64)")
+    run_cell("%%profile_gpu --top 3 -q -r prof\na = torch.sparse.mm(sp, d)\nb = csr @ d")
+    text = unfolded(ip.user_ns["prof"])
+    assert "achieved: no FLOP formula matched an op" in text and "GFLOP" not in text
+    assert "the matmul/conv ops took sparse (non-strided) operands: no tile shapes to pad" in text
+    # %%amp's op audit counts none either (its FLOP share and achieved FLOP/s read the same formulas)
+    res = nbaccel.compare_amp(lambda: torch.mm(ip.user_ns["sp"], ip.user_ns["d"]), dtype="bf16", device="cpu",
+                              repeat=2, warmup=0)
+    assert res.baseline.flops == res.amp.flops == 0

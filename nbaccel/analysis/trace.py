@@ -76,7 +76,7 @@ class TraceData:
     DataFrames (times in microseconds, as in the trace):
 
     * ``ops``: name, pid, tid, ts_us, dur_us, self_us, external_id, input_dims, input_types,
-      concrete_inputs, category, parent (row of the enclosing op on the same thread, -1 if
+      concrete_inputs, non_strided (a sparse or other non-strided operand: no FLOPs), category, parent (row of the enclosing op on the same thread, -1 if
       none), dtype, flops, flops_counted, device_self_us, device_total_us, tc_device_us,
       math_dtype.
     * ``kernels``: name, device, stream, ts_us, dur_us, correlation, external_id, op_index,
@@ -316,12 +316,22 @@ def load_trace(source: str | os.PathLike | Mapping | list) -> TraceData:
         return _build(events, header, where if isinstance(source, (str, os.PathLike)) else None)
 
 
+def _non_strided(args: Mapping) -> bool:
+    """Whether an op took a tensor that is not strided (sparse COO/CSR, mkldnn): the profiler records
+    its dims but no strides. Its FLOPs are not those of its dims (a 2000x2000 sparse matrix with 2000
+    nonzeros read as a dense one: 1 TFLOP/s on a 2-core CPU, a user trial), nor do its dims want padding."""
+    dims, strides = args.get("Input Dims"), args.get("Input Strides")
+    if not isinstance(dims, list) or not isinstance(strides, list) or len(dims) != len(strides):
+        return False  # older traces record no strides
+    return any(isinstance(d, list) and d and s == [] for d, s in zip(dims, strides))
+
+
 def _build(events: list, header: Mapping, source: str | None) -> TraceData:
     counts: Counter = Counter()
     unknown: Counter = Counter()
     op_cols: dict[str, list] = {k: [] for k in (
         "name", "pid", "tid", "ts_us", "dur_us", "external_id", "input_dims", "input_types",
-        "concrete_inputs")}
+        "concrete_inputs", "non_strided")}
     gpu: dict[str, list] = {k: [] for k in (
         "kind", "name", "device", "stream", "ts_us", "dur_us", "correlation", "external_id",
         "bytes", "grid", "block")}
@@ -358,6 +368,7 @@ def _build(events: list, header: Mapping, source: str | None) -> TraceData:
             op_cols["input_dims"].append(args.get("Input Dims"))
             op_cols["input_types"].append(args.get("Input type"))
             op_cols["concrete_inputs"].append(args.get("Concrete Inputs"))
+            op_cols["non_strided"].append(_non_strided(args))
         elif kind in ("kernel", "memcpy", "memset"):
             gpu["kind"].append(kind)
             gpu["name"].append(name)

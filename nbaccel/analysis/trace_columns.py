@@ -139,8 +139,8 @@ def build_op_columns(op: dict, nest: Nesting, gpu: dict, links: list) -> dict[st
             if tc:
                 tc_total[j] += dur
             j = parent[j]
-    flops = [op_flops(nm, d, t, c) for nm, d, t, c in zip(
-        op["name"], op["input_dims"], op["input_types"], op["concrete_inputs"])]
+    flops = [None if sparse else op_flops(nm, d, t, c) for nm, d, t, c, sparse in zip(
+        op["name"], op["input_dims"], op["input_types"], op["concrete_inputs"], op["non_strided"])]
     # Ops recorded while torch.compile compiles trace the model on fake tensors (shapes, no data):
     # no math ran, so they have no FLOPs (analysis/phases.py).
     compiling = compile_flags(op["name"], parent)
@@ -168,6 +168,7 @@ def build_op_columns(op: dict, nest: Nesting, gpu: dict, links: list) -> dict[st
         "input_dims": op["input_dims"],
         "input_types": op["input_types"],
         "concrete_inputs": op["concrete_inputs"],
+        "non_strided": op["non_strided"],
         "category": [op_category(x) for x in op["name"]],
         "parent": parent,
         "compiling": compiling,  # in a torch.compile range (analysis/phases.py); kept for the categories

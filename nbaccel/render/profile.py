@@ -309,8 +309,14 @@ def unaligned_lines(result, limit: int = UNALIGNED_ROWS) -> list[str]:
         out.append(f"... and {len(entries) - limit} more{each} (result.unaligned lists them all)")
     if out:
         return out
-    if "matmul/conv" not in result.op_columns["category"]:
+    cols = result.op_columns
+    matmuls = [i for i, cat in enumerate(cols["category"]) if cat == "matmul/conv"]
+    if not matmuls:
         return ["no matmul/conv ops were recorded, so there are no shapes to pad"]
+    sparse = cols.get("non_strided")
+    if sparse and all(sparse[i] for i in matmuls):
+        return ["the matmul/conv ops took sparse (non-strided) operands: no tile shapes to pad, and no FLOPs "
+                "counted from their dims"]
     return ["all matmul/conv dims are multiples of 8 (16 for int8)"]
 
 
