@@ -267,7 +267,7 @@ def fp32_tensor_core_misses(ops, min_share: float = 0.01) -> pd.DataFrame:
     })
 
 
-def _gemm_dims(name: str, dims) -> dict | None:
+def gemm_dims(name: str, dims) -> dict | None:
     """The (M, K, N) of a matmul op, or the channels of a convolution, from its input dims."""
     def shape(i):
         if not isinstance(dims, (list, tuple)) or i >= len(dims):
@@ -323,7 +323,7 @@ def unaligned_shapes(ops, total_us: float | None = None) -> list[dict]:
         if cat != "matmul/conv" or not counted:
             continue
         name, input_dims, dtype = names[i], dims_col[i], dtypes[i]
-        dims = _gemm_dims(name, input_dims)
+        dims = gemm_dims(name, input_dims)
         if not dims:
             continue
         multiple = 16 if dtype == "int8" else 8

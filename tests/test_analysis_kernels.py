@@ -120,6 +120,16 @@ def test_every_labelled_name_gets_a_valid_category(labelled_names):
         ("aten::conv2d", "matmul/conv"),
         ("aten::convolution", "matmul/conv"),
         ("aten::cudnn_convolution", "matmul/conv"),
+        # recurrent layers: their gates are matmuls (a trial's LSTM profile read "other 99.7%")
+        ("aten::lstm", "matmul/conv"),
+        ("aten::gru", "matmul/conv"),
+        ("aten::mkldnn_rnn_layer", "matmul/conv"),
+        ("aten::mkldnn_rnn_layer_backward", "matmul/conv"),
+        ("aten::_cudnn_rnn", "matmul/conv"),
+        ("aten::_cudnn_rnn_backward", "matmul/conv"),
+        ("CudnnRnnBackward0", "matmul/conv"),
+        ("aten::_thnn_fused_lstm_cell", "matmul/conv"),
+        ("aten::lstm_mps", "other"),  # whole names only: no prefix match
         ("aten::scaled_dot_product_attention", "attention"),
         ("aten::_scaled_dot_product_flash_attention", "attention"),
         ("aten::_flash_attention_forward", "attention"),

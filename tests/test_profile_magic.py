@@ -1039,3 +1039,16 @@ def test_a_sparse_matmul_cell_counts_no_dense_flops_and_offers_no_padding(run_ce
     res = nbaccel.compare_amp(lambda: torch.mm(ip.user_ns["sp"], ip.user_ns["d"]), dtype="bf16", device="cpu",
                               repeat=2, warmup=0)
     assert res.baseline.flops == res.amp.flops == 0
+
+
+def test_a_recurrent_layer_is_matmul_time_and_its_shapes_are_said_to_be_unread(run_cell, ip):
+    """A user trial: an LSTM's profile read "other 99.7%" and "no matmul/conv ops were recorded" beside
+    mkldnn_rnn_layer rows with FLOPs, so the matmul advice never fired for a recurrent model."""
+    run_cell("import torch\ntorch.manual_seed(0)\nlstm = torch.nn.LSTM(8, 16, num_layers=2)\nseq = torch.randn(20, 4, 8)")
+    run_cell("%%profile_gpu -q -r prof --device cpu\no, _ = lstm(seq)\no.sum().backward()")
+    prof = ip.user_ns["prof"]
+    shares = {category: percent for category, _, _, percent in prof.category_rows}
+    assert max(shares, key=shares.get) == "matmul/conv" and shares.get("other", 0) < 50
+    text = unfolded(prof)
+    assert "no matmul/conv op here has operand shapes nbaccel reads (recurrent layers" in text
+    assert "fp32 matmul/conv take" in text

@@ -231,8 +231,11 @@ def kernel_category(kernel_name: str) -> str:
 _OP_MATMUL = re.compile(
     r"^aten::(?:mm|addmm|bmm|baddbmm|addbmm|matmul|linear|_scaled_mm|_int_mm|addmv|mv|dot|einsum"
     r"|conv\w*|_convolution\w*|convolution\w*|cudnn_convolution\w*|mkldnn_convolution"
-    r"|_conv_depthwise2d|miopen_convolution\w*|_addmm_activation|tensordot)$"
-    r"|^(?:Mm|Addmm|Bmm|Baddbmm|Convolution|Linear|Matmul)Backward\d*$",
+    r"|_conv_depthwise2d|miopen_convolution\w*|_addmm_activation|tensordot"
+    # recurrent layers: their gates are matmuls (a trial's LSTM read "other 99.7%", and no matmul advice)
+    r"|lstm|gru|rnn_tanh|rnn_relu|lstm_cell|gru_cell|rnn_tanh_cell|rnn_relu_cell|mkldnn_rnn_layer\w*"
+    r"|_cudnn_rnn\w*|miopen_rnn\w*|_thnn_fused_lstm_cell\w*|_thnn_fused_gru_cell\w*)$"
+    r"|^(?:Mm|Addmm|Bmm|Baddbmm|Convolution|Linear|Matmul|MkldnnRnnLayer|CudnnRnn|MiopenRnn)Backward\d*$",
 )
 _OP_ATTENTION = re.compile(
     r"scaled_dot_product|_flash_attention|_efficient_attention|flash_attn|attention",

@@ -14,6 +14,7 @@ from ..analysis import CATEGORIES
 from ..analysis.sums import desc_order
 from ..memory import format_bytes
 from ..options import option
+from ..profile_table import gemm_dims
 from ..timing import format_seconds
 from .common import bar, bullet_list, esc, figures, format_share, labelled, prose, si, table, text_table, wrap
 
@@ -313,10 +314,14 @@ def unaligned_lines(result, limit: int = UNALIGNED_ROWS) -> list[str]:
     matmuls = [i for i, cat in enumerate(cols["category"]) if cat == "matmul/conv"]
     if not matmuls:
         return ["no matmul/conv ops were recorded, so there are no shapes to pad"]
-    sparse = cols.get("non_strided")
-    if sparse and all(sparse[i] for i in matmuls):
+    sparse = cols.get("non_strided") or [False] * len(cols["name"])
+    if all(sparse[i] for i in matmuls):
         return ["the matmul/conv ops took sparse (non-strided) operands: no tile shapes to pad, and no FLOPs "
                 "counted from their dims"]
+    if not any(gemm_dims(cols["name"][i], cols["input_dims"][i]) for i in matmuls if not sparse[i]):
+        # a recurrent layer's matmuls run inside its op, whose inputs are no GEMM operands
+        return ["no matmul/conv op here has operand shapes nbaccel reads (recurrent layers run their "
+                "matmuls inside one op): no shapes to check for padding"]
     return ["all matmul/conv dims are multiples of 8 (16 for int8)"]
 
 
