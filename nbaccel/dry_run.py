@@ -205,6 +205,21 @@ def _autocast(device: torch.device, dtype):
     return torch.autocast(device.type, dtype=dtype)
 
 
+def _first_step(opt: torch.optim.Optimizer, replica: torch.nn.Module) -> None:
+    """The dry run's first optimizer step, its failure said as the optimizer's: it was told to pass a
+    batch the model accepts (a trial: Adam on an nn.Embedding(sparse=True) model, whose input was fine)."""
+    try:
+        opt.step()
+    except (RuntimeError, ValueError, TypeError) as exc:
+        sparse = any(p.grad is not None and p.grad.layout != torch.strided for p in replica.parameters())
+        fix = (f"the model makes sparse gradients (nn.Embedding(sparse=True)): pass {option('optimizer', 'sparseadam')}"
+               f" when all its gradients are sparse, else {option('optimizer', 'sgd')}, which takes both (the "
+               "estimate counts a sparse gradient at its parameter's dense size)" if sparse
+               else f"pass an {option('optimizer')} that takes this model's parameters")
+        raise EstimateError(f"the dry run's optimizer step ({type(opt).__name__}) failed after the forward and "
+                            f"backward had run: {type(exc).__name__}: {exc}\n{fix}") from exc
+
+
 def _probe(model, optimizer, example, batches, device, amp_dtype, loss_fn, name: str = "model") -> dict:
     """Dry runs of a training step on a copy of the model: activations per batch, step temporaries."""
     replica = copy.deepcopy(model).to(device)
@@ -226,7 +241,7 @@ def _probe(model, optimizer, example, batches, device, amp_dtype, loss_fn, name:
     # First step unmeasured: the optimizer allocates its state lazily, as in real training.
     forward_backward(batches[0])
     if opt is not None:
-        opt.step()
+        _first_step(opt, replica)
         opt.zero_grad(set_to_none=True)
     states_measured = sum(storage_bytes(t) for s in (opt.state.values() if opt else [])
                           for t in s.values() if isinstance(t, torch.Tensor))

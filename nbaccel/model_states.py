@@ -16,10 +16,10 @@ import torch
 from .options import option
 
 
-OPTIMIZERS = ("adamw", "adam", "sgd", "sgd-momentum", "adagrad", "rmsprop", "none")
+OPTIMIZERS = ("adamw", "adam", "sgd", "sgd-momentum", "adagrad", "rmsprop", "sparseadam", "none")
 # Subclasses first (AdamW is an Adam): a subclass of these keeps the same state.
 _KNOWN = ((torch.optim.AdamW, "adamw"), (torch.optim.Adam, "adam"), (torch.optim.SGD, "sgd"),
-          (torch.optim.Adagrad, "adagrad"), (torch.optim.RMSprop, "rmsprop"))
+          (torch.optim.Adagrad, "adagrad"), (torch.optim.RMSprop, "rmsprop"), (torch.optim.SparseAdam, "sparseadam"))
 
 
 def closest_optimizer(name: str) -> str:
@@ -34,8 +34,8 @@ def _optimizer_spec(optimizer) -> tuple[str, dict]:
         name = next((n for cls, n in _KNOWN if isinstance(optimizer, cls)), None)
         if name is None:
             raise ValueError(f"the state size of {type(optimizer).__name__} is not known here (Adam, AdamW, SGD, "
-                             f"Adagrad and RMSprop are); pass {option('optimizer')} with the closest of "
-                             f"{', '.join(OPTIMIZERS)} (e.g. adam for an optimizer with two moments)")
+                             f"Adagrad, RMSprop and SparseAdam are); pass the closest of {', '.join(OPTIMIZERS)} "
+                             f"by name instead, e.g. {option('optimizer', 'adam')} for an optimizer with two moments")
         group = optimizer.param_groups[0]
         if name == "sgd" and group.get("momentum", 0):
             name = "sgd-momentum"
@@ -62,6 +62,7 @@ def optimizer_state_bytes(params, optimizer="adamw") -> tuple[int, int]:
     steps_on_device = bool(hyper.get("fused") or hyper.get("capturable"))
     per_param = {"adamw": 2 + bool(hyper.get("amsgrad")), "adam": 2 + bool(hyper.get("amsgrad")),
                  "sgd": 0, "sgd-momentum": 1, "adagrad": 1, "none": 0,
+                 "sparseadam": 2,  # dense moments beside a sparse gradient; its step is a Python int
                  "rmsprop": 1 + bool(hyper.get("momentum")) + bool(hyper.get("centered"))}[name]
     has_step = name in ("adamw", "adam", "adagrad", "rmsprop")
     step = 4 * len(params) if has_step else 0
@@ -85,6 +86,7 @@ def make_optimizer(optimizer, params):
     return {"adamw": lambda: torch.optim.AdamW(params), "adam": lambda: torch.optim.Adam(params),
             "sgd": lambda: torch.optim.SGD(params, lr=0.01), "sgd-momentum": lambda: torch.optim.SGD(params, lr=0.01, momentum=0.9),
             "adagrad": lambda: torch.optim.Adagrad(params), "rmsprop": lambda: torch.optim.RMSprop(params),
+            "sparseadam": lambda: torch.optim.SparseAdam(params),
             "none": lambda: None}[name]()
 
 

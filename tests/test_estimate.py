@@ -10,6 +10,7 @@ import torch
 from nbaccel.memory import format_bytes
 
 from nbaccel.dry_run import _probe
+from nbaccel.dry_run import EstimateError
 from nbaccel.estimate import LiveBytes, estimate_memory, optimizer_state_bytes
 from text_helpers import unfolded
 
@@ -289,6 +290,32 @@ def test_live_bytes_counts_a_sparse_tensor_by_its_indices_and_values():
     del coo
 
 
+def test_sparse_adam_states_are_exact():
+    emb = torch.nn.Embedding(100, 8, sparse=True)
+    opt = torch.optim.SparseAdam(list(emb.parameters()))
+    emb(torch.tensor([1, 2, 3])).sum().backward()
+    opt.step()
+    assert optimizer_state_bytes(list(emb.parameters()), opt) == (_state_bytes(opt), 0) == (2 * 100 * 8 * 4, 0)
+    assert optimizer_state_bytes(list(emb.parameters()), "sparseadam") == (2 * 100 * 8 * 4, 0)
+
+
+def test_an_optimizer_that_refuses_the_gradients_is_named_not_the_input():
+    """A user trial: Adam on an nn.Embedding(sparse=True) model failed the dry run, and the message said to
+    pass a batch the model accepts; the batch was fine."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Embedding(1000, 16, sparse=True), torch.nn.Flatten(), torch.nn.Linear(80, 4))
+    example = torch.randint(0, 1000, (8, 5))
+    for optimizer, refuses in (("adam", "Adam does not support sparse gradients"),
+                               ("sparseadam", "SparseAdam does not support dense gradients")):
+        with pytest.raises(EstimateError) as info:
+            estimate_memory(model, optimizer=optimizer, batch=8, example=example)
+        message = str(info.value)
+        assert message.startswith("the dry run's optimizer step (") and refuses in message
+        assert "optimizer='sgd', which takes both" in message and "example=" not in message
+    est = estimate_memory(model, optimizer="sgd", batch=8, example=example)  # what the message offers works
+    assert est.param_bytes == (1000 * 16 + 80 * 4 + 4) * 4
+
+
 def test_a_model_with_a_sparse_embedding_is_estimated():
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Embedding(1000, 32, sparse=True), torch.nn.Flatten(), torch.nn.Linear(256, 4))
@@ -424,8 +451,8 @@ def test_wrong_arguments_are_named(kwargs, error, message):
 
 def test_an_unknown_optimizer_class_is_named():
     model = _mlp()
-    with pytest.raises(ValueError, match=r"the state size of NAdam is not known here.*pass optimizer with the "
-                                         r"closest"):
+    with pytest.raises(ValueError, match=r"the state size of NAdam is not known here.*pass the closest of .* by "
+                                         r"name instead, e.g. optimizer='adam' for an optimizer with two moments"):
         estimate_memory(model, optimizer=torch.optim.NAdam(model.parameters()), batch=8, device="cpu")
 
 

@@ -93,7 +93,7 @@ class BudgetMagics(Magics):
               help="predict the training memory of this nn.Module (BUDGET is then the per-GPU memory to compare "
                    "with, e.g. 80GiB, and does not start watching)")
     @argument("--optimizer", default=None,
-              help="for --model (default adamw): adamw, adam, sgd, sgd-momentum, adagrad, rmsprop, none, or an optimizer variable")
+              help="for --model (default adamw): adamw, adam, sgd, sgd-momentum, adagrad, rmsprop, sparseadam, none, or an optimizer variable")
     @argument("--batch", type=int, default=None, help="for --model: the global batch size")
     @argument("--input", default=None, metavar="NAME",
               help="for --model: an example batch (tensor or tuple, first dim = batch); needed unless the first "
