@@ -631,3 +631,12 @@ def test_a_transformer_without_an_example_is_asked_for_one():
     with pytest.raises(Exception, match=r"its first layer, model\.layers\[0\]\.self_attn \(a MultiheadAttention\), is "
                                         r"not; pass an example"):
         estimate_memory(enc, batch=8, device="cpu")
+
+
+def test_a_float64_model_is_labelled_by_its_own_dtype():
+    """A user trial: a float64 model's rows and headline read "fp32" beside float64 bytes."""
+    torch.manual_seed(0)
+    est = estimate_memory(torch.nn.Linear(8, 4).double(), batch=8, device="cpu")
+    assert list(est.fits) == ["float64", "bf16 AMP"] and est.param_bytes == 36 * 8
+    assert "fits in float64 (peak" in unfolded(est) and est.single("float64")["total"] > 0
+    assert list(estimate_memory(_mlp(), batch=8, device="cpu").fits)[0] == "fp32"
