@@ -15,7 +15,7 @@ import torch
 
 from .device import DTYPE_NAMES
 from .memory import format_bytes as _fmt
-from .storages import storages as storages_of
+from .storages import memory_blocks
 
 
 @dataclass
@@ -44,8 +44,8 @@ def _storages(tensors) -> dict:
         if not isinstance(tensor, torch.Tensor) or tensor.is_meta or torch.nn.parameter.is_lazy(tensor):
             continue
         dtype = DTYPE_NAMES.get(tensor.dtype, str(tensor.dtype).replace("torch.", ""))
-        for storage in storages_of(tensor):
-            found.setdefault(storage._cdata, (storage.nbytes(), str(storage.device), dtype))
+        for key, nbytes, device in memory_blocks(tensor):
+            found.setdefault(key, (nbytes, str(device), dtype))
     return found
 
 

@@ -61,6 +61,8 @@ def _is_grad_scaler(obj) -> bool:
 
 
 def _host_clone(t: torch.Tensor) -> torch.Tensor:
+    if t.layout == torch._mkldnn:  # a oneDNN tensor (CPU only) has no strides for .to(copy=True) to allocate
+        return t.detach().clone()
     return t.detach().to("cpu", copy=True)
 
 
@@ -492,7 +494,12 @@ class RestoreFailure:
 def _why(error: BaseException) -> str:
     text = str(error).strip()
     first = text.splitlines()[0] if text else ""
-    return f"{type(error).__name__}: {first[:200]}" if first else type(error).__name__
+    if len(first) > 200:
+        # cut at the end of a sentence or a word, not mid-word (torch's dispatcher messages run long)
+        cut = first[:200]
+        end = cut.rfind(". ")
+        first = cut[:end + 1] if end >= 40 else cut.rsplit(" ", 1)[0] + " ..."
+    return f"{type(error).__name__}: {first}" if first else type(error).__name__
 
 
 class RestoreIncomplete(Exception):

@@ -49,6 +49,14 @@ def storages(t: torch.Tensor):
             continue
 
 
+def memory_blocks(t: torch.Tensor) -> list[tuple]:
+    """(identity, bytes, device) of each block of memory behind ``t``: its storages (see `storages`), or
+    for a oneDNN tensor (``to_mkldnn()``), which has no storage to show, the tensor itself."""
+    if t.layout == torch._mkldnn:
+        return [(("mkldnn", id(t)), t.numel() * t.element_size(), t.device)]
+    return [(s._cdata, s.nbytes(), s.device) for s in storages(t)]
+
+
 def storage_keys(t: torch.Tensor) -> set:
     """Identities of the storages behind ``t``: the StorageImpl address, unique while it is alive, on
     every device (meta included)."""
@@ -60,4 +68,4 @@ def storage_bytes(t: torch.Tensor) -> int:
     return sum({s._cdata: s.nbytes() for s in storages(t)}.values())
 
 
-__all__ = ["dense_parts", "storage_bytes", "storage_keys", "storages"]
+__all__ = ["dense_parts", "memory_blocks", "storage_bytes", "storage_keys", "storages"]

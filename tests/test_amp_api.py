@@ -841,6 +841,26 @@ def test_objects_the_cell_does_not_touch_never_fail_the_snapshot():
         assert ns["listed"] == [1, 2] and ns["mapped"] == {"a": 1} and torch.equal(ns["odd"].lin.weight, odd_weight)
 
 
+def test_a_onednn_tensor_is_copied_and_a_long_reason_is_cut_at_a_word():
+    """A user trial: one to_mkldnn() tensor anywhere in the namespace was left out of every %%amp's snapshot
+    (its .to(copy=True) refused), with torch's message cut mid-word ("selective/custom build pro)")."""
+    from nbaccel.snapshot import RestoreFailure
+
+    mk = torch.randn(8, 8).to_mkldnn()
+    before = mk.to_dense().clone()
+    snap = Snapshot.capture({"mk": mk})
+    assert snap.left_out == []
+    mk.copy_(torch.zeros(8, 8).to_mkldnn())
+    snap.restore()
+    assert torch.equal(mk.to_dense(), before)
+    long = RuntimeError("Could not run 'aten::empty_strided' with arguments from the 'MkldnnCPU' backend. This could "
+                        "be because the operator doesn't exist for this backend, or was omitted during the "
+                        "selective/custom build process (if using custom build).")
+    assert str(RestoreFailure("mk", long)) == ("`mk` (RuntimeError: Could not run 'aten::empty_strided' with arguments "
+                                               "from the 'MkldnnCPU' backend.)")
+    assert str(RestoreFailure("x", RuntimeError("word " * 60))).endswith("word ...)")
+
+
 def test_an_object_nbaccel_cannot_copy_is_left_out_and_named():
     """What the capture still cannot copy (here a module whose named_modules() raises) is left out of the
     snapshot, named with why, and the rest captured; a comparison abandoned later names it too."""

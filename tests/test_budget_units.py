@@ -214,6 +214,14 @@ def test_namespace_table_counts_storages_once_and_names_owners():
     assert rows["view"].detail == "10x1000 view of a 3.81 MiB storage: .clone() frees the rest"
 
 
+def test_a_onednn_tensor_counts_its_elements():
+    """to_mkldnn() tensors have no storage to show: they read 0 B, device and dtype "-" (a user trial)."""
+    mk = torch.randn(512, 512).to_mkldnn()
+    rows = {h.name: h for h in namespace_holders({"mk": mk, "same": mk})}
+    assert (rows["mk"].nbytes, rows["mk"].device, rows["mk"].dtype) == (512 * 512 * 4, "cpu", "fp32")
+    assert rows["same"].nbytes == 0 and rows["same"].detail == "shares 1 MiB with mk"
+
+
 def test_a_second_name_for_a_storage_or_a_submodule_shares_it():
     """The rows add up to what the names hold: an alias, a displayed result (Out[n] and the name it came
     from), a submodule bound to its own name, each shares the bytes with the first row that holds them."""
