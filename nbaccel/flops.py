@@ -176,7 +176,7 @@ class OpAudit(TorchDispatchMode):
         record = self.records[(name, dtype_name(_dtype_ran(name, flat_in, out)))]
         record.calls += 1
         record.input_dtypes.update(dtype_name(t.dtype) for t in flat_in if isinstance(t, torch.Tensor))
-        record.flops += _flops_of(func, name, args, kwargs, out)
+        record.flops += _flops_of(func, name, args, kwargs, out, flat_in)
         if name in MATMUL_OPS and len(record.shapes) < 32 and all(map(_has_shape, flat_in)):
             shapes = tuple(tuple(t.shape) for t in flat_in if isinstance(t, torch.Tensor))
             record.shapes.add(shapes)
@@ -318,14 +318,15 @@ def _dtype_ran(name: str, flat_in: list, out) -> torch.dtype | None:
     return next((t.dtype for t in tensors if t.is_floating_point()), tensors[0].dtype if tensors else None)
 
 
-def _flops_of(func, name: str, args, kwargs, out) -> int:
+def _flops_of(func, name: str, args, kwargs, out, flat_in=None) -> int:
     """The op's FLOPs: nbaccel's formula from the argument shapes, the one %%profile_gpu applies to
     the same op in a trace (so the two magics agree; it also covers what torch's flop_counter lacks:
     CPU attention, fused inference fast paths, oneDNN's LSTM, and counts a grouped convolution's
     weight gradient once where the registry counts it ``groups`` times), else torch's formula, else 0.
-    0 for an op on a sparse (or nested) operand: its dims are not its work, as %%profile_gpu reads it."""
+    0 for an op on a sparse (or nested) operand: its dims are not its work, as %%profile_gpu reads it.
+    ``flat_in``: the flattened arguments, where the caller has them already."""
     try:
-        if not all(map(_has_shape, tree_flatten((args, kwargs))[0])):
+        if not all(map(_has_shape, tree_flatten((args, kwargs))[0] if flat_in is None else flat_in)):
             return 0
         # as the profiler records them: each argument's shape (a list of shapes for a tensor list,
         # [] for a non-tensor) and the non-tensor values

@@ -2118,7 +2118,8 @@ def test_an_audited_run_that_returns_other_dtypes_than_the_timed_runs_is_said():
     fp32, without one bf16. The report read "no op ran in bf16", drift 0, "same kernels", beside a bf16
     result 1e-2 away from fp32's. The drift is now the kept run's, and the report says whose dtypes it lists."""
     torch.manual_seed(0)
-    sp = torch.sparse_coo_tensor(torch.tensor([[0, 1, 2], [2, 0, 1]]), torch.randn(3), (4, 4))
+    sp = torch.sparse_coo_tensor(torch.tensor([[0, 1, 2], [2, 0, 1]]), torch.randn(3), (4, 4),
+                                 check_invariants=True)
     d = torch.randn(4, 4)
     res = nbaccel.compare_amp(lambda: torch.sparse.mm(sp, d), repeat=2, warmup=0, device="cpu")
     assert res.value.dtype == torch.bfloat16  # what the timed runs ran (torch 2.13)

@@ -412,7 +412,8 @@ def test_a_sparse_operand_gives_no_flops_and_no_shapes_to_pad(tmp_path):
     from torch.profiler import ProfilerActivity, profile
 
     n = 2000
-    sp = torch.sparse_coo_tensor(torch.stack([torch.arange(n), torch.randperm(n)]), torch.randn(n), (n, n))
+    sp = torch.sparse_coo_tensor(torch.stack([torch.arange(n), torch.randperm(n)]), torch.randn(n), (n, n),
+                                 check_invariants=True)
     sp, d, a = sp.coalesce(), torch.randn(n, 64), torch.randn(4, 5)
     with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
         torch.sparse.mm(sp, d)

@@ -1035,7 +1035,8 @@ def test_wall_time_covers_the_code_not_only_its_ops():
 def test_a_sparse_matmul_cell_counts_no_dense_flops_and_offers_no_padding(run_cell, ip):
     """A user trial read "achieved: 364 GFLOP/s" on a 2-core CPU for sparse matmuls counted as dense ones."""
     run_cell("import torch\ntorch.manual_seed(0)\nn = 2000\n"
-             "sp = torch.sparse_coo_tensor(torch.stack([torch.arange(n), torch.randperm(n)]), torch.randn(n), (n, n))"
+             "sp = torch.sparse_coo_tensor(torch.stack([torch.arange(n), torch.randperm(n)]), torch.randn(n), (n, n), "
+             "check_invariants=True)"
              ".coalesce()\ncsr = sp.to_sparse_csr()\nd = torch.randn(n, 64)")
     run_cell("%%profile_gpu --top 3 -q -r prof\na = torch.sparse.mm(sp, d)\nb = csr @ d")
     text = unfolded(ip.user_ns["prof"])
