@@ -60,6 +60,7 @@ from .options import in_magic, option
 from .precision import apply_recipe, make_recipe
 from .profile_options import ProfileError, ProfileOptions, check_options, trace_is_file, validate
 from .profile_result import ProfileResult
+from .profiler_guard import SecondProfilerGuard
 from .quiet import hiding_side_channels
 from .signals import exit_again, finish, sigint_held
 from .stderr_filter import dropped_stderr_lines
@@ -174,6 +175,9 @@ class profile:  # noqa: N801 - a context manager used like a function: `with nba
         self._entered = False  # __enter__ returned: the code ran
         self._unknown_block_filter = None  # drop_unknown_block_warning, entered
         self._recipe_context: apply_recipe | None = None  # the --amp recipe, entered
+        # refuses a torch profiler the profiled code starts (it ended this one's session: a segfault)
+        self._guard = SecondProfilerGuard(lambda: getattr(self._prof, "profiler", None),
+                                          "%%profile_gpu" if in_magic() else "nbaccel.profile")
         # Other programs' CPU use during the active steps: one span around them all (two /proc
         # readings, ~55 us each), never per op. Tests pass a meter with scripted readers.
         self._meter = contention_meter
@@ -252,6 +256,7 @@ class profile:  # noqa: N801 - a context manager used like a function: `with nba
         self._profiler_state = "starting"  # an interrupt inside start() may come after the profiler is on
         _quietly(self._prof.start)
         self._profiler_state = "on"
+        self._guard.install()  # a profiler the code starts now would end this one's session
         if self.recipe is not None:
             recipe_context = apply_recipe(self.recipe)
             recipe_context.__enter__()
@@ -330,6 +335,7 @@ class profile:  # noqa: N801 - a context manager used like a function: `with nba
             if self.device.type == "cuda":
                 torch.cuda.synchronize(self.device)  # every queued kernel belongs to this profile
             self._close_span()  # still open without a schedule, or when the code raised
+            self._guard.remove()  # before the stop: torch's own calls of the stop need no guard, later ones none
             try:
                 self._stop_profiler()
             finally:

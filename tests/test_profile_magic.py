@@ -1059,3 +1059,29 @@ def test_a_recurrent_layer_is_matmul_time_and_its_shapes_are_said_to_be_unread(r
     text = unfolded(prof)
     assert "no matmul/conv op here has operand shapes nbaccel reads (recurrent layers" in text
     assert "fp32 matmul/conv take" in text
+
+
+@pytest.mark.parametrize("opts, starts", [
+    ("", "with torch.profiler.profile() as mine:"),
+    ("--warmup 1 --steps 2", "with torch.autograd.profiler.profile() as mine:"),
+])
+def test_a_profiler_the_cell_starts_is_refused_not_a_crash(run_cell, ip, opts, starts):
+    """A user trial: a cell that ran its own torch profiler ended nbaccel's Kineto session, and reading the
+    trace killed the kernel with a segmentation fault (in the warm-up steps too, where nothing afterwards
+    can tell). The cell's profiler now fails as it starts, and the profile is discarded."""
+    from nbaccel.profile_options import ProfileError
+
+    prepare, start = (torch.autograd.profiler.profile.__dict__[n] for n in ("_prepare_trace", "_start_trace"))
+    run_cell("import torch\nx = torch.randn(32, 32)")
+    result, out = run_cell(f"%%profile_gpu {opts}\n{starts}\n    x @ x", expect_error=ProfileError)
+    assert "torch runs one profiler per process" in str(result.error_in_exec)
+    assert "the partial profile discarded" in out.stderr
+    assert not torch.autograd._profiler_enabled()
+    assert torch.autograd.profiler.profile.__dict__["_prepare_trace"] is prepare  # the guard is gone
+    assert torch.autograd.profiler.profile.__dict__["_start_trace"] is start
+    run_cell(f"{starts}\n    x @ x")  # the user's own profiler works again outside
+    run_cell("%%profile_gpu -q -r prof\nx @ x")  # and so does the next profile
+    assert ip.user_ns["prof"].op_calls > 0
+    with nbaccel.profile(device="cpu"), pytest.raises(ProfileError, match="nbaccel.profile is profiling this code"):
+        with torch.profiler.profile():
+            pass
