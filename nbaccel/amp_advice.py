@@ -181,6 +181,12 @@ def _nothing_to_cast(result: AmpResult) -> str:
                "complex values have no bf16 or fp16 form, so mixed precision does not apply to them")
         return (f"{result.nothing_cast_words} -- autocast casts float32 ops only, and the matmuls and convolutions "
                 f"here ran in {ran}: {fix}")
+    heavy = result.heavy_fp32_calls
+    if heavy:
+        # A trial's cell turned autocast off around its matmul: "nothing here to cast" read as "no matmul".
+        return (f"{result.nothing_cast_words} -- its matmuls and convolutions ({', '.join(heavy)}) stayed fp32 under "
+                "the recipe: the cell runs them outside autocast (torch.autocast(..., enabled=False) around them) "
+                "or casts their inputs back to fp32")
     return (f"{result.nothing_cast_words} -- autocast had nothing here to cast (reductions and elementwise ops "
             "stay fp32); it speeds up matmuls and convolutions")
 
@@ -328,7 +334,7 @@ def advise(result: AmpResult) -> list[str]:
         dims = sorted({d for m in unaligned for d in m["unaligned"]})[:6]
         notes.append("Matmul dims " + ", ".join(map(str, dims)) + " are not multiples of 8; pad them (e.g. to "
                      + ", ".join(str(-(-d // 8) * 8) for d in dims) + ") " + _what_padding_feeds(info, dtype) + ".")
-    heavy = result.heavy_fp32_calls if autocast else []
+    heavy = result.heavy_fp32_calls if autocast and not result.nothing_cast else []  # else the line above says it
     if heavy:
         notes.append("Heavy ops still in fp32 under autocast: " + ", ".join(heavy)
                      + " (their inputs were cast back, or they ran outside the autocast region).")

@@ -2130,3 +2130,22 @@ def test_an_audited_run_that_returns_other_dtypes_than_the_timed_runs_is_said():
     assert "ran in reduced precision (in the audited run, which differed from the timed ones" in unfolded(str(res))
     plain = nbaccel.compare_amp(lambda: d @ d, repeat=2, warmup=0, device="cpu")
     assert not plain.audit_differs and "in the audited run" not in str(plain)
+
+
+def test_a_cell_that_turns_autocast_off_around_its_matmul_is_told_so_once():
+    """A user trial: "autocast had nothing here to cast (reductions and elementwise ops stay fp32)" beside
+    "Heavy ops still in fp32 under autocast: aten::addmm", for a cell with autocast(enabled=False) around it."""
+    torch.manual_seed(0)
+    model, x = torch.nn.Linear(64, 64), torch.randn(16, 64)
+
+    def cell():
+        with torch.autocast("cpu", enabled=False):
+            out = model(x)
+        return out.sum()
+
+    res = nbaccel.compare_amp(cell, repeat=2, warmup=0, device="cpu")
+    assert res.nothing_cast
+    line = unfolded(next(a for a in res.advice if a.startswith("No speedup")))
+    assert ("no op ran in bf16 -- its matmuls and convolutions (aten::addmm) stayed fp32 under the recipe: the cell "
+            "runs them outside autocast (torch.autocast(..., enabled=False) around them)") in line
+    assert not any(a.startswith("Heavy ops still in fp32") for a in res.advice)
