@@ -725,7 +725,8 @@ def _build_result(info, order, times, memory, audits, amp_recipe, base_recipe, b
                "return it from the function")
     elif baseline and drift is None and why is None:
         why = ("the result holds no float tensor, array or number that both runs returned with the same shape "
-               "(ints, bools and other objects are not compared): return the loss or the output to see the drift")
+               "(integer and bool tensors or arrays, and other objects, are not compared): return the loss or the "
+               "output to see the drift")
     # With both variants, a missing drift now always has its reason above: inf/NaN is read from the drift only.
     nonfinite = drift is not None and drift["amp_only_nonfinite"] > 0
     return AmpResult(

@@ -58,8 +58,8 @@ def _compiled_note(compiled: list[str]) -> str:
     """The timed runs run compiled code; the op audit sees eager ops."""
     return (f"{and_list(compiled)} {'is' if len(compiled) == 1 else 'are'} torch.compile'd: the times and peak "
             "memory are the compiled code's, but the op audit records the eager ops, so the dtypes per op, "
-            "the FLOPs and the drift above are eager's (inductor fuses elementwise ops and may keep their "
-            "intermediates in fp32).")
+            "the FLOPs and the drift above are eager's (the default backend, inductor, fuses elementwise ops "
+            "and may keep their intermediates in fp32).")
 
 
 def _compiled_while_timed_note(result: AmpResult) -> str:

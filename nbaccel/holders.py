@@ -170,7 +170,8 @@ def namespace_holders(namespace: dict, top: int = 10, skip=lambda name: False) -
         own, shared = _split(storages, counted)
         counted.update(dict.fromkeys(own, name))
         device, dtype = _describe(storages)
-        detail = f"{len(tensors)} tensors" if kind == "container" else _view_detail(value, own)
+        detail = (f"{len(tensors)} tensor{'s' if len(tensors) != 1 else ''}" if kind == "container"
+                  else _view_detail(value, own))
         if own or kind == "tensor":
             rows.append(Holder(name, kind, device, dtype, _total(own), _joined(detail, shared)))
     rows.sort(key=lambda h: h.nbytes, reverse=True)

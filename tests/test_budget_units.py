@@ -518,6 +518,10 @@ def test_the_context_manager_says_what_it_is():
     with b:
         pass
     assert repr(b) == "<nbaccel memory_budget 1 GiB on cpu (soft), 1 block measured; .history has them>"
+    # its status names its rows as the repr does (a trial: "1 cell watched" above a row "block 1")
+    text, html = str(b.status()), b.status()._repr_html_()
+    assert "1 block watched:" in text and "cell watched" not in text and "last block:" in html
+    assert text.splitlines()[text.splitlines().index("1 block watched:") + 1].startswith("block ")
 
 
 def test_plain_sgd_says_it_keeps_no_state():

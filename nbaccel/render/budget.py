@@ -163,8 +163,17 @@ def _history_rows(records, last=10):
             for r in records[-last:]]
 
 
+def _unit(records) -> str:
+    """What the rows are: notebook cells, or a script's `memory_budget` blocks ("block 1", ...)."""
+    return "block" if records and all(r.label.startswith("block ") for r in records) else "cell"
+
+
+def _history_headers(records) -> list[str]:
+    return [_unit(records), *HISTORY_HEADERS[1:]]
+
+
 def _history_title(records, last=10) -> str:
-    return plural(len(records), "cell") + " watched" + (f", the last {last}" if len(records) > last else "")
+    return plural(len(records), _unit(records)) + " watched" + (f", the last {last}" if len(records) > last else "")
 
 
 def _holder_rows(holders):
@@ -196,7 +205,7 @@ def status_text(s) -> str:
     # new budget replaced) under it, folded.
     out = [_status_head(s, note=False), *([prose("  " + s.note)] if s.note else []), _now_line(s)]
     if s.records:
-        out += ["", _history_title(s.records) + ":", text_table(HISTORY_HEADERS, _history_rows(s.records))]
+        out += ["", _history_title(s.records) + ":", text_table(_history_headers(s.records), _history_rows(s.records))]
     if s.holders:
         out += ["", "what holds memory now (largest first):", text_table(HOLDER_HEADERS, _holder_rows(s.holders),
                                                                                 left=HOLDER_WORDS)]
@@ -208,8 +217,9 @@ def status_html(s) -> str:
     parts = [f"<h4>{esc(_status_head(s))}</h4><div>{esc(_now_line(s))}</div>"]
     if s.records:
         last = s.records[-1]
-        parts.append(GAUGE_CSS + f"<div>last cell: {_gauge_bar(last.fraction, last.status)}{esc(_cell_line(last))}</div>")
-        parts.append(table(HISTORY_HEADERS, _history_rows(s.records), name_columns=(), text_columns=(0, 5)))
+        parts.append(GAUGE_CSS + f"<div>last {_unit(s.records)}: {_gauge_bar(last.fraction, last.status)}"
+                     f"{esc(_cell_line(last))}</div>")
+        parts.append(table(_history_headers(s.records), _history_rows(s.records), name_columns=(), text_columns=(0, 5)))
     if s.holders:
         parts.append("<h4>What holds memory now</h4>" + table(HOLDER_HEADERS, _holder_rows(s.holders),
                                                                            text_columns=HOLDER_WORDS[1:]))
