@@ -2,8 +2,8 @@
 
 Sizes are the bytes of the *storages* behind the tensors, counted once per storage: a view
 (``x[:10]``, ``w.t()``) costs nothing extra, and a tensor that is also a module's parameter is
-reported as shared rather than counted twice. Containers one level deep (lists, tuples, dict
-values) are included, because ``losses.append(loss)`` without ``.item()`` is a classic leak, and so
+reported as shared rather than counted twice. Containers (lists, tuples, dict values, nested up to
+three levels) are included, because ``losses.append(loss)`` without ``.item()`` is a classic leak, and so
 is IPython's output cache (``Out[n]``, ``_``), which keeps every displayed tensor alive.
 """
 
@@ -87,12 +87,34 @@ def _optimizer_detail(opt: torch.optim.Optimizer, states: dict) -> str:
     return f"{name}: no state yet (it is created at the first step)"
 
 
-def _container_tensors(value):
-    items = value.values() if isinstance(value, dict) else value
-    try:
-        return [v for v in items if isinstance(v, torch.Tensor)]
-    except TypeError:
-        return []
+# How far into nested lists, tuples and dicts the table looks, and at most how many items it reads:
+# `ckpt = {"model": model.state_dict(), "opt": opt.state_dict()}` keeps its tensors two levels down.
+CONTAINER_DEPTH = 3
+CONTAINER_ITEMS = 10_000
+
+
+def _container_tensors(value) -> list:
+    """The tensors in a list, tuple or dict, and in those nested in it (up to `CONTAINER_DEPTH` levels,
+    `CONTAINER_ITEMS` items in all): a checkpoint dict of state_dicts, a history of per-step dicts (a
+    user trial's 12 MiB checkpoint was missing from the table one level deeper)."""
+    found, left = [], [CONTAINER_ITEMS]
+
+    def walk(container, depth: int) -> None:
+        try:
+            items = list(container.values() if isinstance(container, dict) else container)
+        except TypeError:
+            return
+        for item in items:
+            left[0] -= 1
+            if left[0] < 0:
+                return
+            if isinstance(item, torch.Tensor):
+                found.append(item)
+            elif depth < CONTAINER_DEPTH and isinstance(item, (list, tuple, dict)):
+                walk(item, depth + 1)
+
+    walk(value, 1)
+    return found
 
 
 def _named_values(namespace: dict, skip):
@@ -125,7 +147,7 @@ def namespace_holders(namespace: dict, top: int = 10, skip=lambda name: False) -
     """The ``top`` largest holders of tensor memory in ``namespace``, largest first.
 
     Modules report parameters + buffers + gradients; optimizers their state tensors (Adam's
-    moments...); tensors and one-level containers their storages. Each storage is counted once, by
+    moments...); tensors and containers (nested up to `CONTAINER_DEPTH` levels) their storages. Each storage is counted once, by
     the first row that holds it -- modules and optimizers first, the largest first (so `encoder =
     model.encoder` shares its bytes with `model`), then the other names in the namespace's order,
     IPython's output cache (``Out[n]``) last -- and every later row that holds it says so in

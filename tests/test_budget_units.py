@@ -214,6 +214,23 @@ def test_namespace_table_counts_storages_once_and_names_owners():
     assert rows["view"].detail == "10x1000 view of a 3.81 MiB storage: .clone() frees the rest"
 
 
+def test_tensors_in_nested_containers_are_counted():
+    """A user trial: `ckpt = copy.deepcopy({"model": model.state_dict(), "opt": opt.state_dict()})` (12 MiB) and
+    a history of per-step dicts were missing from the table and from the OOM explanation."""
+    import copy
+
+    model = torch.nn.Linear(100, 100)
+    ckpt = copy.deepcopy({"model": model.state_dict(), "epoch": 3})
+    history = [{"step": i, "w": torch.ones(10, 10)} for i in range(4)]
+    deep = [[[[torch.ones(1000)]]]]  # four levels down: past the limit
+    rows = {h.name: h for h in namespace_holders({"ckpt": ckpt, "history": history, "deep": deep, "model": model})}
+    assert rows["ckpt"].nbytes == (100 * 100 + 100) * 4 and rows["ckpt"].detail == "2 tensors"
+    assert rows["history"].nbytes == 4 * 400 and rows["history"].detail == "4 tensors"
+    assert "deep" not in rows
+    # a live state_dict's tensors are the model's: a container holding nothing of its own is not a row
+    assert [h.name for h in namespace_holders({"model": model, "sd": {"m": model.state_dict()}})] == ["model"]
+
+
 def test_a_onednn_tensor_counts_its_elements():
     """to_mkldnn() tensors have no storage to show: they read 0 B, device and dtype "-" (a user trial)."""
     mk = torch.randn(512, 512).to_mkldnn()
