@@ -148,10 +148,11 @@ def namespace_holders(namespace: dict, top: int = 10, skip=lambda name: False) -
 
     Modules report parameters + buffers + gradients; optimizers their state tensors (Adam's
     moments...); tensors and containers (nested up to `CONTAINER_DEPTH` levels) their storages. Each
-    storage is counted once, by the first row that holds it -- modules and optimizers first, the largest first (so `encoder =
-    model.encoder` shares its bytes with `model`), then the other names in the namespace's order,
-    IPython's output cache (``Out[n]``) last -- and every later row that holds it says so in
-    ``detail`` ("shares 4 MiB with big") with 0 bytes for it: the rows add up to what the names hold.
+    storage is counted once, by the first row that holds it -- modules and optimizers first, the
+    largest first (so `encoder = model.encoder` shares its bytes with `model`), then the other names
+    in the namespace's order, IPython's output cache (``Out[n]``) last -- and every later row that
+    holds it says so in ``detail`` ("shares 4 MiB with big") with 0 bytes for it: the rows add up to
+    what the names hold.
     """
     counted: dict = {}  # storage key -> the name of the row that counts it
     rows: list[Holder] = []
