@@ -130,6 +130,9 @@ def test_every_labelled_name_gets_a_valid_category(labelled_names):
         ("CudnnRnnBackward0", "matmul/conv"),
         ("aten::_thnn_fused_lstm_cell", "matmul/conv"),
         ("aten::lstm_mps", "other"),  # whole names only: no prefix match
+        ("quantized::linear_dynamic", "matmul/conv"),  # quantize_dynamic's Linear (a trial: "elementwise 95%")
+        ("quantized::conv2d.new", "matmul/conv"),
+        ("aten::quantize_per_tensor", "elementwise"),
         ("aten::scaled_dot_product_attention", "attention"),
         ("aten::_scaled_dot_product_flash_attention", "attention"),
         ("aten::_flash_attention_forward", "attention"),

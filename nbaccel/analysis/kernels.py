@@ -235,7 +235,9 @@ _OP_MATMUL = re.compile(
     # recurrent layers: their gates are matmuls (a trial's LSTM read "other 99.7%", and no matmul advice)
     r"|lstm|gru|rnn_tanh|rnn_relu|lstm_cell|gru_cell|rnn_tanh_cell|rnn_relu_cell|mkldnn_rnn_layer\w*"
     r"|_cudnn_rnn\w*|miopen_rnn\w*|_thnn_fused_lstm_cell\w*|_thnn_fused_gru_cell\w*)$"
-    r"|^(?:Mm|Addmm|Bmm|Baddbmm|Convolution|Linear|Matmul|MkldnnRnnLayer|CudnnRnn|MiopenRnn)Backward\d*$",
+    r"|^(?:Mm|Addmm|Bmm|Baddbmm|Convolution|Linear|Matmul|MkldnnRnnLayer|CudnnRnn|MiopenRnn)Backward\d*$"
+    # quantized modules' GEMMs (quantize_dynamic's Linear): "quant" alone is an elementwise (de)quantize
+    r"|^quantized::(?:linear|conv|matmul)[\w.]*$",
 )
 _OP_ATTENTION = re.compile(
     r"scaled_dot_product|_flash_attention|_efficient_attention|flash_attn|attention",
