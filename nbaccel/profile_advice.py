@@ -126,9 +126,12 @@ def _phase_notes(result: ProfileResult) -> list[str]:
         head = (f"Waiting for the DataLoader took {share:.0%} of the profiled time "
                 f"({times['data_loading_us'] / 1e3:,.1f} ms in {calls} call{'s' if calls != 1 else ''} of __next__)")
         if times["data_loading_workers"]:
-            fix = ("its worker processes did not have the batches ready (the first call also waits for them to start, "
-                   "the last for them to stop): more workers (num_workers), a larger prefetch_factor, "
-                   "persistent_workers=True" + (", pin_memory=True" if result.on_device else ""))
+            # The trace does not say whether the loader's workers persist (a trial's loader had
+            # persistent_workers=True and was told to set it): the suggestion says when it applies.
+            fix = ("its worker processes did not have the batches ready: more workers (num_workers), a larger "
+                   "prefetch_factor" + (", pin_memory=True" if result.on_device else "") + ", and, unless the loader "
+                   "has it already, persistent_workers=True (without it each pass over the loader starts and stops "
+                   "its workers, and its first and last batches wait for that)")
             c = result.contention
             if c is not None and c.cores and c.threads and c.threads >= c.cores:
                 fix += (f"; but torch already runs {c.threads} threads on the {c.cores} CPU cores this process may use, "

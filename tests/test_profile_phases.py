@@ -16,6 +16,7 @@ import nbaccel
 from nbaccel.analysis import kernel_category, op_category
 from nbaccel.analysis import phases
 from nbaccel.contention import Contention
+from text_helpers import unfolded
 
 DATA = Path(__file__).parent / "data"
 
@@ -119,6 +120,8 @@ def test_waiting_for_dataloader_workers_is_a_category_and_advice(traces):
     assert line.startswith(f"Waiting for the DataLoader took {share:.0%} of the profiled time "
                            f"({t['data_loading_us'] / 1e3:,.1f} ms in 5 calls of __next__): its worker processes")
     assert "compete" not in line  # a loaded trace has no core count
+    # the trace cannot say whether the workers persist (a trial's loader had it and was told to set it)
+    assert "unless the loader has it already, persistent_workers=True (without it each pass" in unfolded(line)
 
 
 def test_dataloader_advice_says_workers_compete_when_torch_threads_fill_the_cores(traces):
