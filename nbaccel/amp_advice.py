@@ -187,8 +187,10 @@ def _nothing_to_cast(result: AmpResult) -> str:
         return (f"{result.nothing_cast_words} -- its matmuls and convolutions ({', '.join(heavy)}) stayed fp32 under "
                 "the recipe: the cell runs them outside autocast (torch.autocast(..., enabled=False) around them) "
                 "or casts their inputs back to fp32")
+    # autocast is per thread: a trial's matmuls in threads the cell started were neither cast nor audited
     return (f"{result.nothing_cast_words} -- autocast had nothing here to cast (reductions and elementwise ops "
-            "stay fp32); it speeds up matmuls and convolutions")
+            "stay fp32); it speeds up matmuls and convolutions, those of the thread that runs the cell (not of "
+            "threads it starts)")
 
 
 def _without_units(info, dtype: str) -> str:
@@ -303,8 +305,9 @@ def advise(result: AmpResult) -> list[str]:
         notes.append(f"fp32 produced inf/NaN where {dtype} did not ({drift['fp32_only_nonfinite']} "
                      f"element{'s' if drift['fp32_only_nonfinite'] != 1 else ''}); the drift figures leave those out.")
     if result.amp.ops.empty:
-        notes.append("The cell ran no torch operators, so autocast had nothing to change: %%amp compares "
-                     "torch code (the times are of plain Python).")
+        notes.append("The cell ran no torch operators (on the thread that runs it: autocast and the op audit do not "
+                     "reach threads it starts), so autocast had nothing to change: %%amp compares torch code (the "
+                     "times are of plain Python).")
         speedup = None  # a "speedup" of plain Python is noise; say nothing more about it
     if result.speedup_from_noise and speedup is not None:
         notes.append(_same_kernels(result, speedup, dtype))

@@ -242,8 +242,8 @@ def advise(result: ProfileResult) -> list[str]:
     total = result.time_total_us
     where = "device" if on_device else "CPU"
     if not n_ops:
-        notes.append("No torch operators were recorded: torch.profiler sees torch work only; for plain Python "
-                     "time use %prun or pyinstrument.")
+        notes.append("No torch operators were recorded: torch.profiler sees torch work only, and only on the thread "
+                     "that runs the code (not in threads it starts); for plain Python time use %prun or pyinstrument.")
     notes += _phase_notes(result)
     if n_ops and total > 0:
         fp32 = pt.pairwise_sum(t for t, c, d in zip(ops[time_col], ops["category"], ops["math_dtype"])

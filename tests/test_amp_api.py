@@ -1608,7 +1608,8 @@ def test_nothing_cast_is_the_verdict_however_noisy_the_times():
     assert result.speedup_uncertain
     line = next(a for a in result.advice if a.startswith("No speedup"))
     assert line == ("No speedup: no op ran in bf16 -- autocast had nothing here to cast (reductions and elementwise "
-                    "ops stay fp32); it speeds up matmuls and convolutions. Both variants ran the same kernels, so the "
+                    "ops stay fp32); it speeds up matmuls and convolutions, those of the thread that runs the cell "
+                    "(not of threads it starts). Both variants ran the same kernels, so the "
                     f"{result.speedup:.2f}x between their times is run-to-run variation, not an effect of bf16.")
     assert not any("larger repeat" in a or "lacks bf16 units" in a for a in result.advice)
 
