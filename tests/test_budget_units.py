@@ -273,7 +273,7 @@ def test_sparse_and_nested_tensors_count_their_parts():
     # built from its parts, so that each part's storage is exactly its size (to_sparse_csr() may keep
     # a larger index buffer behind a view, which the table rightly counts whole)
     csr = torch.sparse_csr_tensor(torch.arange(0, 101, dtype=torch.int64), torch.arange(100, dtype=torch.int64),
-                                  torch.ones(100), size=(100, 100))
+                                  torch.ones(100), size=(100, 100), check_invariants=True)
     jagged = torch.nested.nested_tensor([torch.randn(2, 3), torch.randn(4, 3)], layout=torch.jagged)
     rows = {h.name: h for h in namespace_holders({"coo": coo, "csr": csr, "jagged": jagged,
                                                   "both": [dense.to_sparse(), csr.clone()]})}
