@@ -111,12 +111,12 @@ def _largest(t: torch.Tensor) -> float:
 
 
 def _has_shape(value) -> bool:
-    """Whether ``value`` is no tensor, or a dense one whose sizes are its shape: a nested tensor's raise
-    ("NestedTensorImpl doesn't support sizes"), a sparse one's are not its operand's (padding advice for
-    it would be wrong)."""
+    """Whether ``value`` is no tensor, or a dense one whose sizes are its shape (strided, or oneDNN's
+    blocked layout): a nested tensor's raise ("NestedTensorImpl doesn't support sizes"), a sparse one's
+    are not its operand's (its FLOPs would be a dense one's, and padding advice for it wrong)."""
     if not isinstance(value, torch.Tensor):
         return True
-    return value.layout == torch.strided and not value.is_nested
+    return value.layout in (torch.strided, torch._mkldnn) and not value.is_nested
 
 
 def dtype_name(dtype) -> str:

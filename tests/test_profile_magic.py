@@ -1085,3 +1085,24 @@ def test_a_profiler_the_cell_starts_is_refused_not_a_crash(run_cell, ip, opts, s
     with nbaccel.profile(device="cpu"), pytest.raises(ProfileError, match="nbaccel.profile is profiling this code"):
         with torch.profiler.profile():
             pass
+
+
+@pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated")
+def test_a_onednn_convolution_keeps_its_flops():
+    """A review: the sparse-operand rule (dims without strides) took oneDNN's tensors, dense but strideless,
+    for sparse ones, and counted a to_mkldnn() convolution as 0 FLOPs in both magics."""
+    from torch.utils import mkldnn as mkldnn_utils
+
+    from nbaccel.flops import OpAudit
+
+    torch.manual_seed(0)
+    conv = mkldnn_utils.to_mkldnn(torch.nn.Conv2d(3, 8, 3))
+    x = torch.randn(2, 3, 16, 16).to_mkldnn()
+    expected = 2 * 2 * 8 * 3 * 3 * 3 * 14 * 14
+    with nbaccel.profile(device="cpu") as prof:
+        conv(x)
+    assert prof.result.flops.flops == expected
+    audit = OpAudit()
+    with audit:
+        conv(x)
+    assert audit.total_flops == expected

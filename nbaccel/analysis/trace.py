@@ -76,9 +76,9 @@ class TraceData:
     DataFrames (times in microseconds, as in the trace):
 
     * ``ops``: name, pid, tid, ts_us, dur_us, self_us, external_id, input_dims, input_types,
-      concrete_inputs, non_strided (a sparse or other non-strided operand: no FLOPs), category, parent (row of the enclosing op on the same thread, -1 if
-      none), dtype, flops, flops_counted, device_self_us, device_total_us, tc_device_us,
-      math_dtype.
+      concrete_inputs, non_strided (a sparse operand: no FLOPs), category, parent (row of the
+      enclosing op on the same thread, -1 if none), dtype, flops, flops_counted, device_self_us,
+      device_total_us, tc_device_us, math_dtype.
     * ``kernels``: name, device, stream, ts_us, dur_us, correlation, external_id, op_index,
       op_name, link, tensor_cores, category, grid, block.
     * ``memcpy``: same launch columns plus bytes and kind (HtoD/DtoH/DtoD/...).
@@ -316,10 +316,13 @@ def load_trace(source: str | os.PathLike | Mapping | list) -> TraceData:
         return _build(events, header, where if isinstance(source, (str, os.PathLike)) else None)
 
 
-def _non_strided(args: Mapping) -> bool:
-    """Whether an op took a tensor that is not strided (sparse COO/CSR, mkldnn): the profiler records
-    its dims but no strides. Its FLOPs are not those of its dims (a 2000x2000 sparse matrix with 2000
-    nonzeros read as a dense one: 1 TFLOP/s on a 2-core CPU, a user trial), nor do its dims want padding."""
+def _non_strided(name: str, args: Mapping) -> bool:
+    """Whether an op took a sparse tensor (COO, CSR, ...): the profiler records its dims but no strides.
+    Its FLOPs are not those of its dims (a 2000x2000 sparse matrix with 2000 nonzeros read as a dense
+    one: 1 TFLOP/s on a 2-core CPU, a user trial), nor do its dims want padding. oneDNN's tensors have
+    no strides either, but are dense: they go to its own ops (``aten::mkldnn_convolution``), left out."""
+    if "mkldnn" in name:
+        return False
     dims, strides = args.get("Input Dims"), args.get("Input Strides")
     if not isinstance(dims, list) or not isinstance(strides, list) or len(dims) != len(strides):
         return False  # older traces record no strides
@@ -368,7 +371,7 @@ def _build(events: list, header: Mapping, source: str | None) -> TraceData:
             op_cols["input_dims"].append(args.get("Input Dims"))
             op_cols["input_types"].append(args.get("Input type"))
             op_cols["concrete_inputs"].append(args.get("Concrete Inputs"))
-            op_cols["non_strided"].append(_non_strided(args))
+            op_cols["non_strided"].append(_non_strided(name, args))
         elif kind in ("kernel", "memcpy", "memset"):
             gpu["kind"].append(kind)
             gpu["name"].append(name)
