@@ -3,7 +3,7 @@
 Sizes are the bytes of the *storages* behind the tensors, counted once per storage: a view
 (``x[:10]``, ``w.t()``) costs nothing extra, and a tensor that is also a module's parameter is
 reported as shared rather than counted twice. Containers (lists, tuples, dict values, nested up to
-three levels) are included, because ``losses.append(loss)`` without ``.item()`` is a classic leak, and so
+five levels) are included, because ``losses.append(loss)`` without ``.item()`` is a classic leak, and so
 is IPython's output cache (``Out[n]``, ``_``), which keeps every displayed tensor alive.
 """
 
@@ -87,17 +87,19 @@ def _optimizer_detail(opt: torch.optim.Optimizer, states: dict) -> str:
     return f"{name}: no state yet (it is created at the first step)"
 
 
-# How far into nested lists, tuples and dicts the table looks, and at most how many items it reads:
-# `ckpt = {"model": model.state_dict(), "opt": opt.state_dict()}` keeps its tensors two levels down.
-CONTAINER_DEPTH = 3
-CONTAINER_ITEMS = 10_000
+# How far into nested lists, tuples and dicts the table looks, and at most how many items it reads
+# below the top level (a top-level list, `losses` of 20,000 tensors, is read whole): a checkpoint
+# `{"model": model.state_dict(), "opt": opt.state_dict()}` keeps Adam's moments four levels down
+# (ckpt -> "opt" -> "state" -> 0 -> "exp_avg").
+CONTAINER_DEPTH = 5
+NESTED_ITEMS = 10_000
 
 
 def _container_tensors(value) -> list:
     """The tensors in a list, tuple or dict, and in those nested in it (up to `CONTAINER_DEPTH` levels,
-    `CONTAINER_ITEMS` items in all): a checkpoint dict of state_dicts, a history of per-step dicts (a
-    user trial's 12 MiB checkpoint was missing from the table one level deeper)."""
-    found, left = [], [CONTAINER_ITEMS]
+    `NESTED_ITEMS` items below the top): a checkpoint dict of state_dicts, a history of per-step dicts
+    (a user trial's 12 MiB checkpoint was missing from the table one level deeper)."""
+    found, left = [], [NESTED_ITEMS]
 
     def walk(container, depth: int) -> None:
         try:
@@ -105,9 +107,10 @@ def _container_tensors(value) -> list:
         except TypeError:
             return
         for item in items:
-            left[0] -= 1
-            if left[0] < 0:
-                return
+            if depth > 1:
+                left[0] -= 1
+                if left[0] < 0:
+                    return
             if isinstance(item, torch.Tensor):
                 found.append(item)
             elif depth < CONTAINER_DEPTH and isinstance(item, (list, tuple, dict)):
@@ -152,7 +155,7 @@ def namespace_holders(namespace: dict, top: int = 10, skip=lambda name: False) -
     largest first (so `encoder = model.encoder` shares its bytes with `model`), then the other names
     in the namespace's order, IPython's output cache (``Out[n]``) last -- and every later row that
     holds it says so in ``detail`` ("shares 4 MiB with big") with 0 bytes for it: the rows add up to
-    what the names hold.
+    what the names hold. (A container whose tensors are all counted already gets no row.)
     """
     counted: dict = {}  # storage key -> the name of the row that counts it
     rows: list[Holder] = []
@@ -206,6 +209,8 @@ def _view_detail(tensor: torch.Tensor, storages: dict) -> str:
 
     ``loss = nn.MSELoss()(x, y)`` is a 0-d tensor whose storage is the whole elementwise buffer
     (512 KiB for a 256x512 batch); keeping ``loss`` around keeps that buffer."""
+    if tensor.layout != torch.strided or tensor.is_nested:  # a sparse tensor is no view: its parts are its memory
+        return ""
     held = sum(b for b, _, _ in storages.values())
     own = tensor.numel() * tensor.element_size()
     if held < VIEW_NOTE_BYTES or held < 2 * own:

@@ -220,12 +220,19 @@ def test_tensors_in_nested_containers_are_counted():
     import copy
 
     model = torch.nn.Linear(100, 100)
-    ckpt = copy.deepcopy({"model": model.state_dict(), "epoch": 3})
+    opt = torch.optim.Adam(model.parameters())
+    model(torch.randn(2, 100)).sum().backward()
+    opt.step()
+    ckpt = copy.deepcopy({"model": model.state_dict(), "opt": opt.state_dict(), "epoch": 3})
     history = [{"step": i, "w": torch.ones(10, 10)} for i in range(4)]
-    deep = [[[[torch.ones(1000)]]]]  # four levels down: past the limit
-    rows = {h.name: h for h in namespace_holders({"ckpt": ckpt, "history": history, "deep": deep, "model": model})}
-    assert rows["ckpt"].nbytes == (100 * 100 + 100) * 4 and rows["ckpt"].detail == "2 tensors"
+    deep = [[[[[[torch.ones(1000)]]]]]]  # six levels down: past the limit
+    losses = [torch.tensor(float(i)) for i in range(20_000)]  # a top-level list is read whole
+    rows = {h.name: h for h in namespace_holders({"ckpt": ckpt, "history": history, "deep": deep, "model": model,
+                                                  "losses": losses})}
+    # the weights, Adam's two moments (four levels down: ckpt -> "opt" -> "state" -> 0) and its steps
+    assert rows["ckpt"].nbytes == 3 * (100 * 100 + 100) * 4 + 2 * 4 and rows["ckpt"].detail == "8 tensors"
     assert rows["history"].nbytes == 4 * 400 and rows["history"].detail == "4 tensors"
+    assert rows["losses"].nbytes == 20_000 * 4 and rows["losses"].detail == "20000 tensors"
     assert "deep" not in rows
     # a live state_dict's tensors are the model's: a container holding nothing of its own is not a row
     assert [h.name for h in namespace_holders({"model": model, "sd": {"m": model.state_dict()}})] == ["model"]
@@ -282,6 +289,9 @@ def test_sparse_and_nested_tensors_count_their_parts():
     assert rows["coo"].dtype == rows["csr"].dtype == "fp32" and rows["coo"].device == "cpu"
     assert rows["jagged"].nbytes == 6 * 3 * 4 + 3 * 8  # values, and the offsets beside them
     assert rows["both"].nbytes == rows["coo"].nbytes + rows["csr"].nbytes
+    assert rows["coo"].detail == rows["csr"].detail == ""  # no view note: a sparse tensor's parts are its memory
+    full = torch.randn(100, 100).to_sparse()  # indices and values 5x the dense size: still no "view of" note
+    assert namespace_holders({"full": full})[0].detail == ""
 
 
 def test_a_loss_that_keeps_its_elementwise_buffer_is_named():
