@@ -693,7 +693,10 @@ def _build_result(info, order, times, memory, audits, amp_recipe, base_recipe, b
     # under autocast returns fp32 there and bf16 without it (a user trial: "no op ran in bf16", drift 0,
     # beside a bf16 result). Then the drift is the kept run's, which ran as the timed runs did.
     kept_dtypes = _safely("read the result's dtypes", leaf_dtypes, value)[0]
-    audit_differs = None not in (amp_dtypes, kept_dtypes) and amp_dtypes != kept_dtypes
+    # Leaf by leaf, over results of one structure: a result that grew between the runs (a list the
+    # snapshot does not restore) is state that changed, for the check below, not the audit's doing.
+    audit_differs = (None not in (amp_dtypes, kept_dtypes) and len(amp_dtypes) == len(kept_dtypes)
+                     and any(a != k for a, k in zip(amp_dtypes, kept_dtypes) if a is not None and k is not None))
     if audit_differs and amp_error is None:
         amp_value, amp_error = _safely("copy the result to the host", to_host, value)
     drift, why = None, amp_error

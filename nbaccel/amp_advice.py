@@ -170,11 +170,16 @@ def _beyond_autocast(result: AmpResult) -> dict[str, list[str]]:
     return found
 
 
+# How the "no speedup" verdict names heavy ops that stayed fp32; the "Heavy ops still in fp32" line is
+# left out only where that verdict was given (it is not with too few runs, a compiled cell, inf/NaN...).
+STAYED_FP32 = "stayed fp32 under the recipe"
+
+
 def _nothing_to_cast(result: AmpResult) -> str:
     if result.precision["reduced"]:  # the cell's own bf16 tensors: the same ops in both variants
         return result.nothing_cast_words + " (autocast casts matmuls and convolutions)"
     beyond = _beyond_autocast(result)
-    if beyond:
+    if beyond and not result.precision["heavy_fp32"]:  # all of them wide: else the fp32 ones are the finding
         # A trial's float64 Linear was told "reductions and elementwise ops stay fp32" of a matmul.
         ran = "; ".join(f"{', '.join(sorted(set(ops)))} in {dtype}" for dtype, ops in beyond.items())
         fix = ("convert the model and its inputs with .float() to compare" if "float64" in beyond else
@@ -184,9 +189,9 @@ def _nothing_to_cast(result: AmpResult) -> str:
     heavy = result.heavy_fp32_calls
     if heavy:
         # A trial's cell turned autocast off around its matmul: "nothing here to cast" read as "no matmul".
-        return (f"{result.nothing_cast_words} -- its matmuls and convolutions ({', '.join(heavy)}) stayed fp32 under "
-                "the recipe: the cell runs them outside autocast (torch.autocast(..., enabled=False) around them) "
-                "or casts their inputs back to fp32")
+        return (f"{result.nothing_cast_words} -- its matmuls and convolutions ({', '.join(heavy)}) {STAYED_FP32}: "
+                "the cell runs them outside autocast (torch.autocast(..., enabled=False) around them) or casts "
+                "their inputs back to fp32")
     # autocast is per thread: a trial's matmuls in threads the cell started were neither cast nor audited
     return (f"{result.nothing_cast_words} -- autocast had nothing here to cast (reductions and elementwise ops "
             "stay fp32); it speeds up matmuls and convolutions, those of the thread that runs the cell (not of "
@@ -337,8 +342,8 @@ def advise(result: AmpResult) -> list[str]:
         dims = sorted({d for m in unaligned for d in m["unaligned"]})[:6]
         notes.append("Matmul dims " + ", ".join(map(str, dims)) + " are not multiples of 8; pad them (e.g. to "
                      + ", ".join(str(-(-d // 8) * 8) for d in dims) + ") " + _what_padding_feeds(info, dtype) + ".")
-    heavy = result.heavy_fp32_calls if autocast and not result.nothing_cast else []  # else the line above says it
-    if heavy:
+    heavy = result.heavy_fp32_calls if autocast else []
+    if heavy and not any(STAYED_FP32 in note for note in notes):  # the verdict above names them already
         notes.append("Heavy ops still in fp32 under autocast: " + ", ".join(heavy)
                      + " (their inputs were cast back, or they ran outside the autocast region).")
     grads = result.gradients

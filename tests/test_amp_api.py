@@ -2150,3 +2150,51 @@ def test_a_cell_that_turns_autocast_off_around_its_matmul_is_told_so_once():
     assert ("no op ran in bf16 -- its matmuls and convolutions (aten::addmm) stayed fp32 under the recipe: the cell "
             "runs them outside autocast (torch.autocast(..., enabled=False) around them)") in line
     assert not any(a.startswith("Heavy ops still in fp32") for a in res.advice)
+
+
+def test_heavy_fp32_ops_are_named_where_no_verdict_names_them():
+    """A review: the "Heavy ops still in fp32" line was dropped whenever nothing was cast, but the verdict that
+    names them instead is not given without a baseline (nor with a compiled cell...): then the matmul was
+    named nowhere."""
+    torch.manual_seed(0)
+    model, x = torch.nn.Linear(64, 64), torch.randn(16, 64)
+
+    def cell():
+        with torch.autocast("cpu", enabled=False):
+            return model(x).sum()
+
+    res = nbaccel.compare_amp(cell, repeat=2, warmup=0, device="cpu", baseline=False)  # no speed verdict
+    assert res.nothing_cast and not any("stayed fp32 under the recipe" in a for a in res.advice)
+    assert any(a.startswith("Heavy ops still in fp32 under autocast: aten::addmm") for a in res.advice)
+
+
+def test_a_float64_matmul_beside_an_fp32_one_kept_out_of_autocast_names_the_fp32_one():
+    """A review: one float64 matmul made the verdict "convert to .float()", hiding a larger fp32 matmul the
+    cell ran outside autocast."""
+    torch.manual_seed(0)
+    small, x64 = torch.randn(4, 4, dtype=torch.float64), torch.randn(4, 4, dtype=torch.float64)
+    big = torch.nn.Linear(256, 256)
+    x = torch.randn(64, 256)
+
+    def cell():
+        with torch.autocast("cpu", enabled=False):
+            out = big(x)
+        return out.sum() + (small @ x64).sum()
+
+    res = nbaccel.compare_amp(cell, repeat=2, warmup=0, device="cpu")
+    line = unfolded(next(a for a in res.advice if a.startswith("No speedup")))
+    assert "(aten::addmm) stayed fp32 under the recipe" in line and ".float()" not in line
+
+
+def test_a_result_that_grows_between_runs_is_state_not_the_audit():
+    """A review: a result list that grew between the runs (a global the snapshot does not restore) was
+    reported as the op audit running otherwise, and the state check that names the real cause was skipped."""
+    grown = []
+    w = torch.randn(8, 8)
+
+    def cell():
+        grown.append(w @ w)
+        return list(grown)
+
+    res = nbaccel.compare_amp(cell, repeat=2, warmup=0, device="cpu", namespace={})
+    assert not res.audit_differs
