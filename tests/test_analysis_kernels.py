@@ -128,7 +128,11 @@ def test_every_labelled_name_gets_a_valid_category(labelled_names):
         ("aten::_cudnn_rnn", "matmul/conv"),
         ("aten::_cudnn_rnn_backward", "matmul/conv"),
         ("CudnnRnnBackward0", "matmul/conv"),
-        ("aten::_thnn_fused_lstm_cell", "matmul/conv"),
+        ("aten::_thnn_fused_lstm_cell", "other"),  # the cell's pointwise gate kernel, not a GEMM
+        ("aten::_cudnn_rnn_flatten_weight", "other"),  # a weight copy
+        ("quantized::linear_prepack", "elementwise"),  # not a GEMM ("quant": the (de)quantize rule)
+        ("quantized::conv2d_stride", "elementwise"),
+        ("quantized::linear_relu_dynamic", "matmul/conv"),
         ("aten::lstm_mps", "other"),  # whole names only: no prefix match
         ("quantized::linear_dynamic", "matmul/conv"),  # quantize_dynamic's Linear (a trial: "elementwise 95%")
         ("quantized::conv2d.new", "matmul/conv"),

@@ -232,12 +232,15 @@ _OP_MATMUL = re.compile(
     r"^aten::(?:mm|addmm|bmm|baddbmm|addbmm|matmul|linear|_scaled_mm|_int_mm|addmv|mv|dot|einsum"
     r"|conv\w*|_convolution\w*|convolution\w*|cudnn_convolution\w*|mkldnn_convolution"
     r"|_conv_depthwise2d|miopen_convolution\w*|_addmm_activation|tensordot"
-    # recurrent layers: their gates are matmuls (a trial's LSTM read "other 99.7%", and no matmul advice)
-    r"|lstm|gru|rnn_tanh|rnn_relu|lstm_cell|gru_cell|rnn_tanh_cell|rnn_relu_cell|mkldnn_rnn_layer\w*"
-    r"|_cudnn_rnn\w*|miopen_rnn\w*|_thnn_fused_lstm_cell\w*|_thnn_fused_gru_cell\w*)$"
+    # whole recurrent layers: their gates are matmuls (a trial's LSTM read "other 99.7%", and no matmul
+    # advice); not the cells' fused gate kernels (_thnn_fused_lstm_cell: pointwise) nor weight copies
+    r"|lstm|gru|rnn_tanh|rnn_relu|mkldnn_rnn_layer|mkldnn_rnn_layer_backward|_cudnn_rnn|_cudnn_rnn_backward"
+    r"|miopen_rnn|miopen_rnn_backward)$"
     r"|^(?:Mm|Addmm|Bmm|Baddbmm|Convolution|Linear|Matmul|MkldnnRnnLayer|CudnnRnn|MiopenRnn)Backward\d*$"
-    # quantized modules' GEMMs (quantize_dynamic's Linear): "quant" alone is an elementwise (de)quantize
-    r"|^quantized::(?:linear|conv|matmul)[\w.]*$",
+    # quantized modules' GEMMs (quantize_dynamic's Linear); not their weights' prepack/unpack or
+    # accessors ("quant" alone is an elementwise (de)quantize)
+    r"|^quantized::(?:linear(?:_relu)?(?:_dynamic)?(?:_fp16)?|conv[123]d(?:_relu)?|conv_transpose[123]d"
+    r"|matmul)(?:\.\w+)?$",
 )
 _OP_ATTENTION = re.compile(
     r"scaled_dot_product|_flash_attention|_efficient_attention|flash_attn|attention",
