@@ -161,7 +161,9 @@ class MemoryEstimate(ResultMixin):
 
     def precision_key(self, precision: str) -> str:
         """The key of ``fits`` that ``precision`` names: the key itself ("fp32", "bf16 AMP"), or its dtype
-        alone ("bf16", "torch.bfloat16": a new user's `single("bf16")` was a bare KeyError)."""
+        alone ("bf16", "torch.bfloat16": a new user's `single("bf16")` was a bare KeyError). The run
+        without autocast is keyed by the model's own dtype ("fp32" for most models, "float64", or "bf16"
+        for a bf16 model, whose dtype then names that run rather than "bf16 AMP")."""
         if precision in self.fits:
             return precision
         keys = list(self.fits)
@@ -169,6 +171,8 @@ class MemoryEstimate(ResultMixin):
             wanted = dtype_name(precision)
         except DeviceError:
             wanted = None
+        if wanted in self.fits:  # a bf16 model's run without autocast is "bf16", beside "bf16 AMP"
+            return wanted
         match = [k for k in keys if k.split()[0] == wanted]
         if len(match) == 1:
             return match[0]

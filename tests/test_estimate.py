@@ -640,3 +640,12 @@ def test_a_float64_model_is_labelled_by_its_own_dtype():
     assert list(est.fits) == ["float64", "bf16 AMP"] and est.param_bytes == 36 * 8
     assert "fits in float64 (peak" in unfolded(est) and est.single("float64")["total"] > 0
     assert list(estimate_memory(_mlp(), batch=8, device="cpu").fits)[0] == "fp32"
+
+
+def test_a_bf16_model_is_keyed_by_its_dtype_and_its_dtype_still_names_a_row():
+    """A review: a bf16 model's keys "bf16" and "bf16 AMP" made precision_key(torch.bfloat16) ambiguous."""
+    torch.manual_seed(0)
+    est = estimate_memory(torch.nn.Linear(8, 4).to(torch.bfloat16), batch=8, device="cpu")
+    assert list(est.fits) == ["bf16", "bf16 AMP"]
+    assert est.precision_key(torch.bfloat16) == est.precision_key("bf16") == "bf16"
+    assert est.precision_key("bf16 AMP") == "bf16 AMP"
