@@ -7,8 +7,9 @@ segmentation fault (a user trial: the kernel died, in ``export_chrome_trace``). 
 tell that it happened during the warm-up steps, so the second profiler is stopped as it starts: while
 `SecondProfilerGuard` is installed, torch's ``autograd.profiler.profile`` (which every torch profiler
 is built on) refuses to prepare or start any profiler but nbaccel's own, with a `ProfileError` that
-says why. The profiled code then fails at its ``with`` line, and the profile is discarded as for any
-failure of the code. Installed and removed as single attribute assignments, so a Ctrl-C cannot leave
+says why. The profiled code then fails where its profiler starts (its ``with`` line; under a schedule
+that begins with ``wait`` steps, its first recording ``step()``), and the profile is discarded as for
+any failure of the code. Installed and removed as single attribute assignments, so a Ctrl-C cannot leave
 half of it behind.
 """
 
