@@ -58,14 +58,14 @@ def memory_blocks(t: torch.Tensor) -> list[tuple]:
 
 
 def storage_keys(t: torch.Tensor) -> set:
-    """Identities of the storages behind ``t``: the StorageImpl address, unique while it is alive, on
-    every device (meta included)."""
-    return {s._cdata for s in storages(t)}
+    """Identities of the memory behind ``t`` (`memory_blocks`): a storage's StorageImpl address, unique
+    while it is alive, on every device (meta included)."""
+    return {key for key, _, _ in memory_blocks(t)}
 
 
 def storage_bytes(t: torch.Tensor) -> int:
-    """Bytes of the storages behind ``t``, each once."""
-    return sum({s._cdata: s.nbytes() for s in storages(t)}.values())
+    """Bytes of the memory behind ``t`` (`memory_blocks`), each block once."""
+    return sum({key: nbytes for key, nbytes, _ in memory_blocks(t)}.values())
 
 
 __all__ = ["dense_parts", "memory_blocks", "storage_bytes", "storage_keys", "storages"]
