@@ -49,19 +49,21 @@ if TYPE_CHECKING:
 
 # Ops that dominate training time and that Tensor Cores / AMX accelerate in reduced precision.
 HEAVY_OPS = frozenset({
-    "aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::convolution", "aten::convolution_backward",
+    "aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::addbmm", "aten::convolution",
+    "aten::convolution_backward",
     "aten::_convolution", "aten::_scaled_dot_product_flash_attention", "aten::_scaled_dot_product_efficient_attention",
     "aten::_scaled_dot_product_cudnn_attention", "aten::_flash_attention_forward", "aten::_efficient_attention_forward",
     "aten::_scaled_dot_product_flash_attention_for_cpu",
     # fused inference fast paths of nn.TransformerEncoderLayer / nn.MultiheadAttention (their matmuls inside)
     "aten::_transformer_encoder_layer_fwd", "aten::_native_multi_head_attention",
+    "aten::_trilinear",  # nn.Bilinear's batched products
     # attention's and recurrent layers' backward kernels, and the recurrent layers' own (oneDNN, cuDNN)
     "aten::_scaled_dot_product_flash_attention_backward", "aten::_scaled_dot_product_efficient_attention_backward",
     "aten::_scaled_dot_product_cudnn_attention_backward", "aten::_scaled_dot_product_flash_attention_for_cpu_backward",
     "aten::_flash_attention_backward", "aten::_efficient_attention_backward",
     "aten::mkldnn_rnn_layer", "aten::mkldnn_rnn_layer_backward", "aten::_cudnn_rnn", "aten::_cudnn_rnn_backward",
 })
-MATMUL_OPS = frozenset({"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm"})
+MATMUL_OPS = frozenset({"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::addbmm"})
 # View and bookkeeping ops say nothing about arithmetic precision; leaving them out keeps the table readable.
 _IGNORED = frozenset({"aten::t", "aten::view", "aten::detach", "aten::expand", "aten::_unsafe_view", "aten::transpose",
                       "aten::permute", "aten::unsqueeze", "aten::squeeze", "aten::as_strided", "aten::slice",
@@ -70,7 +72,9 @@ _IGNORED = frozenset({"aten::t", "aten::view", "aten::detach", "aten::expand", "
 
 # Fused ops that autocast passes through and that cast inside their kernel (nn.TransformerEncoder's
 # inference fast path); the audit runs them with autocast on inside, as the timed runs do.
-_CASTS_INSIDE = frozenset({"aten::_transformer_encoder_layer_fwd"})
+# aten::_trilinear (nn.Bilinear, F.bilinear) has no autocast rule of its own and runs its inner bmm
+# calls cast: under the audit it ran all fp32, and a trial read "no op ran in bf16", drift 0.
+_CASTS_INSIDE = frozenset({"aten::_transformer_encoder_layer_fwd", "aten::_trilinear"})
 _AUTOCAST_KEYS = (("cpu", torch._C.DispatchKey.AutocastCPU), ("cuda", torch._C.DispatchKey.AutocastCUDA))
 
 
@@ -173,7 +177,10 @@ class OpAudit(TorchDispatchMode):
         if name in _IGNORED or func.namespace == "profiler":  # record_function markers, not math
             return out
         flat_in, _ = tree_flatten((args, kwargs))
-        record = self.records[(name, dtype_name(_dtype_ran(name, flat_in, out)))]
+        # An op that casts inside ran its math in autocast's dtype, whatever it returns (_trilinear's
+        # bf16 bmm calls sum into an fp32 result)
+        ran = self._cast_dtype(keys, flat_in) if keys else _dtype_ran(name, flat_in, out)
+        record = self.records[(name, dtype_name(ran))]
         record.calls += 1
         record.input_dtypes.update(dtype_name(t.dtype) for t in flat_in if isinstance(t, torch.Tensor))
         record.flops += _flops_of(func, name, args, kwargs, out, flat_in)
@@ -231,6 +238,14 @@ class OpAudit(TorchDispatchMode):
             keys = self._keys_for[func] = [key for key in self._autocast_keys
                                            if not torch._C._dispatch_has_kernel_for_dispatch_key(func.name(), key)]
         return keys
+
+    @staticmethod
+    def _cast_dtype(keys: list, flat_in: list):
+        """The dtype autocast casts to on the device of the op's first tensor, among the autocast keys
+        the op ran with (`_autocast_inside`)."""
+        device = next((t.device.type for t in flat_in if isinstance(t, torch.Tensor)), "cpu")
+        key = dict(_AUTOCAST_KEYS).get(device)
+        return torch.get_autocast_dtype(device) if key in keys else None
 
     def _follow_magnitudes(self, args, kwargs, out) -> None:
         small = [t for t in tree_flatten(out)[0]

@@ -2198,3 +2198,30 @@ def test_a_result_that_grows_between_runs_is_state_not_the_audit():
 
     res = nbaccel.compare_amp(cell, repeat=2, warmup=0, device="cpu", namespace={})
     assert not res.audit_differs
+
+
+def test_bilinear_runs_its_products_in_bf16_and_the_audit_says_so():
+    """A user trial: aten::_trilinear (nn.Bilinear) has no autocast rule and casts its inner bmm calls, but
+    the audit turned autocast off inside it: "no op ran in bf16", drift 0, "state changed between runs"."""
+    torch.manual_seed(0)
+    bil, a, b = torch.nn.Bilinear(16, 24, 8), torch.randn(32, 16), torch.randn(32, 24)
+    res = nbaccel.compare_amp(lambda: bil(a, b).sum(), repeat=3, warmup=0, device="cpu")
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        under_autocast = bil(a, b).sum().item()
+    assert res.reduced_by_recipe == ["aten::_trilinear (bf16)"] and not res.nothing_cast
+    assert not res.state_changed
+    moved = abs(under_autocast - bil(a, b).sum().item())
+    assert moved > 0 and res.drift["max_abs"] == pytest.approx(moved, rel=1e-6)
+
+
+def test_addbmm_is_a_heavy_op_with_flops_in_both_magics():
+    """A user trial: addbmm counted 0 FLOPs, its inner addmm_ calls were "other"."""
+    from nbaccel.analysis.kernels import op_category
+
+    inp, b1, b2 = torch.randn(6, 10), torch.randn(4, 6, 9), torch.randn(4, 9, 10)
+    res = nbaccel.compare_amp(lambda: torch.addbmm(inp, b1, b2), repeat=2, warmup=0, device="cpu")
+    assert res.baseline.flops == 2 * 4 * 6 * 9 * 10 and "aten::addbmm (bf16)" in res.reduced_by_recipe
+    with nbaccel.profile(device="cpu") as prof:
+        torch.addbmm(inp, b1, b2)
+    assert prof.result.flops.flops == 2 * 4 * 6 * 9 * 10
+    assert {op_category(n) for n in ("aten::addbmm", "aten::addmm_", "aten::addmv_", "aten::baddbmm_")} == {"matmul/conv"}

@@ -133,6 +133,22 @@ def test_every_labelled_name_gets_a_valid_category(labelled_names):
         ("quantized::linear_prepack", "elementwise"),  # not a GEMM ("quant": the (de)quantize rule)
         ("quantized::conv2d_stride", "elementwise"),
         ("quantized::linear_relu_dynamic", "matmul/conv"),
+        # a trial's op coverage check: in-place forms, fallback conv kernels, norm/softmax backward
+        ("aten::addmv_", "matmul/conv"),
+        ("aten::addbmm", "matmul/conv"),
+        ("aten::_trilinear", "matmul/conv"),
+        ("aten::slow_conv_dilated2d", "matmul/conv"),
+        ("aten::slow_conv_transpose3d", "matmul/conv"),
+        ("aten::native_batch_norm_backward", "reduction"),
+        ("aten::native_group_norm_backward", "reduction"),
+        ("aten::_softmax_backward_data", "reduction"),
+        ("aten::_safe_softmax", "reduction"),
+        ("aten::sqrt_", "elementwise"),
+        ("aten::sigmoid_", "elementwise"),
+        ("aten::log1p", "elementwise"),
+        ("aten::upsample_bilinear2d", "elementwise"),
+        ("aten::_embedding_bag", "memory copy"),
+        ("aten::addr", "other"),  # an outer product: no GEMM
         ("aten::lstm_mps", "other"),  # whole names only: no prefix match
         ("quantized::linear_dynamic", "matmul/conv"),  # quantize_dynamic's Linear (a trial: "elementwise 95%")
         ("quantized::conv2d.new", "matmul/conv"),

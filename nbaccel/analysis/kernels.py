@@ -229,9 +229,12 @@ def kernel_category(kernel_name: str) -> str:
 
 # CPU op names (aten::..., autograd nodes, custom ops) -> category.
 _OP_MATMUL = re.compile(
-    r"^aten::(?:mm|addmm|bmm|baddbmm|addbmm|matmul|linear|_scaled_mm|_int_mm|addmv|mv|dot|einsum"
+    r"^aten::(?:mm|addmm_?|bmm|baddbmm_?|addbmm_?|matmul|linear|_scaled_mm|_int_mm|addmv_?|mv|dot|vdot|einsum"
+    r"|chain_matmul|linalg_multi_dot|linalg_vecdot|_trilinear|bilinear"
     r"|conv\w*|_convolution\w*|convolution\w*|cudnn_convolution\w*|mkldnn_convolution"
     r"|_conv_depthwise2d|miopen_convolution\w*|_addmm_activation|tensordot"
+    # the CPU's fallback convolution kernels (dilated, transposed, float64): a trial read 94.5% "other"
+    r"|slow_conv\w*|_slow_conv2d\w*|thnn_conv\w*|_nnpack_spatial_convolution"
     # whole recurrent layers: their gates are matmuls (a trial's LSTM read "other 99.7%", and no matmul
     # advice); not the cells' fused gate kernels (_thnn_fused_lstm_cell: pointwise) nor weight copies
     r"|lstm|gru|rnn_tanh|rnn_relu|mkldnn_rnn_layer|mkldnn_rnn_layer_backward|_cudnn_rnn|_cudnn_rnn_backward"
@@ -251,23 +254,33 @@ _OP_REDUCTION = re.compile(
     r"|group_norm|native_group_norm|batch_norm|native_batch_norm|_batch_norm\w*|cudnn_batch_norm"
     r"|rms_norm|_fused_rms_norm|var|std|var_mean|prod|max|min|amax|amin|argmax|argmin|cumsum"
     r"|logsumexp|topk|cross_entropy_loss|nll_loss\w*|binary_cross_entropy\w*|mse_loss|all|any"
-    r"|max_pool\w*|avg_pool\w*|adaptive_\w*pool\w*)$"  # pooling: a reduction over each window
+    r"|max_pool\w*|avg_pool\w*|adaptive_\w*pool\w*"  # pooling: a reduction over each window
+    # the norms' and softmax's backward kernels, as their forward ones
+    r"|native_batch_norm_backward|batch_norm_backward|cudnn_batch_norm_backward|native_group_norm_backward"
+    r"|native_layer_norm_backward|_fused_rms_norm_backward|_safe_softmax|_softmax_backward_data"
+    r"|_log_softmax_backward_data)$"
     r"|rms_norm|layer_norm|Softmax|NormBackward|SumBackward|MeanBackward|MaxPool\w*Backward|AvgPool\w*Backward",
 )
 _OP_ELEMENTWISE = re.compile(
-    r"^aten::(?:add|add_|sub|sub_|rsub|mul|mul_|div|div_|relu|relu_|gelu|silu|silu_|sigmoid|tanh|exp"
-    r"|exp_|log|log_|log2|pow|rsqrt|sqrt|neg|abs|sign|clamp\w*|where|masked_fill\w*|fill_|zero_"
+    r"^aten::(?:add|sub|rsub|mul|div|relu|gelu|silu|sigmoid|tanh|exp"
+    r"|log|log2|log10|log1p|expm1|exp2|pow|rsqrt|sqrt|neg|abs|sign|clamp\w*|where|masked_fill\w*|fill|zero"
+    r"|tan|atan|atan2|asin|acos|sinh|cosh|asinh|acosh|atanh|erfc|erfinv|hardsigmoid|relu6|selu|celu"
+    r"|prelu|_prelu_kernel|logit|xlogy|nan_to_num|copysign|hypot|lgamma|digamma|true_divide|floor_divide"
+    r"|tanh_backward|hardtanh_backward|leaky_relu_backward|elu_backward|softplus_backward"
+    r"|hardswish_backward|hardsigmoid_backward|mish_backward|upsample_\w+|_upsample_\w+"
     r"|dropout|native_dropout|threshold\w*|leaky_relu|hardtanh|addcmul\w*|addcdiv\w*|lerp\w*|sin|cos"
     r"|eq|ne|lt|le|gt|ge|logical_\w+|bitwise_\w+|maximum|minimum|reciprocal|square|erf|floor|ceil"
     r"|round|sigmoid_backward|gelu_backward|silu_backward|threshold_backward|mish|softplus"
     r"|hardswish|elu|glu|sgn|trunc|frac|remainder|fmod|clone|zeros_like|ones_like"
     # random numbers, one per element (dropout's mask is aten::bernoulli_: a trial's top op, was "other")
-    r"|bernoulli_?|uniform_|normal_|random_|exponential_|native_dropout_backward)$"
+    # (each name also in place: sqrt_, sigmoid_, tanh_... were "other")
+    r"|bernoulli|uniform|normal|random|exponential|native_dropout_backward)_?$"
     r"|rotary|act_and_mul|quant",
 )
 _OP_COPY = re.compile(
     r"^aten::(?:copy_|to|_to_copy|contiguous|cat|_cat|stack|clone|index_select|gather|scatter\w*"
     r"|index|index_put_?|_index_put_impl_|embedding|embedding_dense_backward|repeat\w*|pad"
+    r"|embedding_bag|_embedding_bag\w*|embedding_backward|embedding_renorm_"
     r"|constant_pad_nd|narrow_copy|masked_select|take|flip|roll|_unsafe_index\w*)$"
     r"|reshape_and_cache|Memcpy|Memset",
 )

@@ -313,7 +313,9 @@ _SEQ_FIRST_ATTN_BWD = {"aten::_flash_attention_backward", "aten::_efficient_atte
 #: Op names for which :func:`op_flops` knows a formula.
 FLOP_OPS = frozenset(
     {"aten::mm", "aten::bmm", "aten::addmm", "aten::matmul", "aten::linear", "aten::baddbmm",
-     "aten::_addmm_activation", "aten::mv", "aten::addmv", "aten::addmv_"}
+     "aten::_addmm_activation", "aten::mv", "aten::addmv", "aten::addmv_",
+     # addbmm (a sum of batched products) and the in-place forms (addbmm runs its batches as addmm_)
+     "aten::addbmm", "aten::addmm_", "aten::baddbmm_", "aten::addbmm_"}
     | set(_CONV_ARGS)
     | _HEADS_FIRST_ATTN
     | _SEQ_FIRST_ATTN
@@ -347,7 +349,7 @@ def op_flops(
     s = lambda i: _shape(input_dims, i)  # noqa: E731 - tiny local accessor
     if name == "aten::mm":
         return _mm(s(0), s(1))
-    if name in ("aten::addmm", "aten::_addmm_activation"):
+    if name in ("aten::addmm", "aten::_addmm_activation", "aten::addmm_"):
         return _mm(s(1), s(2))
     if name == "aten::mv":
         return _mv(s(0), s(1))
@@ -355,7 +357,7 @@ def op_flops(
         return _mv(s(1), s(2))
     if name == "aten::bmm":
         return _bmm(s(0), s(1))
-    if name == "aten::baddbmm":
+    if name in ("aten::baddbmm", "aten::baddbmm_", "aten::addbmm", "aten::addbmm_"):
         return _bmm(s(1), s(2))
     if name == "aten::matmul":
         return _matmul(s(0), s(1))
