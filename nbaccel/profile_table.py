@@ -267,8 +267,25 @@ def fp32_tensor_core_misses(ops, min_share: float = 0.01) -> pd.DataFrame:
     })
 
 
-def gemm_dims(name: str, dims) -> dict | None:
-    """The (M, K, N) of a matmul op, or the channels of a convolution, from its input dims."""
+# Where the `transposed` flag sits among a convolution op's arguments (its Concrete Inputs).
+_TRANSPOSED_ARG = {"convolution": 6, "_convolution": 6, "convolution_overrideable": 6, "convolution_backward": 7,
+                   "convolution_backward_overrideable": 7}
+
+
+def _transposed(base: str, concrete) -> bool:
+    """A transposed convolution: by name (``conv_transpose2d``), or by the ``transposed`` argument of the
+    generic ops that carry the FLOPs (``aten::_convolution``, ``convolution_backward``): read by name
+    alone, a ConvTranspose1d(6, 10) was told to pad C_out=6 (its C_in)."""
+    if "transpose" in base:
+        return True
+    i = _TRANSPOSED_ARG.get(base)
+    return (i is not None and isinstance(concrete, (list, tuple)) and i < len(concrete)
+            and str(concrete[i]).strip().lower() == "true")
+
+
+def gemm_dims(name: str, dims, concrete=None) -> dict | None:
+    """The (M, K, N) of a matmul op, or the channels of a convolution, from its input dims (and, for a
+    convolution, its Concrete Inputs, which say whether it is transposed)."""
     def shape(i):
         if not isinstance(dims, (list, tuple)) or i >= len(dims):
             return None
@@ -293,7 +310,7 @@ def gemm_dims(name: str, dims) -> dict | None:
             return None
         # Implicit GEMM: K = C_in/groups * kernel volume, N = C_out; the channels are what to pad. A
         # transposed convolution's weight is (C_in, C_out/groups, ...).
-        c_out = w[1] if "transpose" in base else w[0]
+        c_out = w[1] if _transposed(base, concrete) else w[0]
         return {"C_in": x[1] if len(x) > 1 else None, "C_out": c_out}
     else:
         return None
@@ -316,6 +333,8 @@ def unaligned_shapes(ops, total_us: float | None = None) -> list[dict]:
         return []
     col = ops.__getitem__ if isinstance(ops, dict) else (lambda c: ops[c].tolist())  # lists or a DataFrame
     names, dims_col, dtypes = col("name"), col("input_dims"), col("dtype")
+    # a merged or hand-made table may lack them: convolutions are then read by name alone
+    concrete = col("concrete_inputs") if "concrete_inputs" in ops else [None] * len(names)
     dev_total, dur, flops = col("device_total_us"), col("dur_us"), col("flops")
     found: dict[tuple, dict] = {}
     on_device = any(v > 0 for v in col("device_self_us"))
@@ -323,7 +342,7 @@ def unaligned_shapes(ops, total_us: float | None = None) -> list[dict]:
         if cat != "matmul/conv" or not counted:
             continue
         name, input_dims, dtype = names[i], dims_col[i], dtypes[i]
-        dims = gemm_dims(name, input_dims)
+        dims = gemm_dims(name, input_dims, concrete[i])
         if not dims:
             continue
         multiple = 16 if dtype == "int8" else 8

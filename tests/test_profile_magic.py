@@ -1106,3 +1106,15 @@ def test_a_onednn_convolution_keeps_its_flops():
     with audit:
         conv(x)
     assert audit.total_flops == expected
+
+
+def test_a_transposed_convolution_pads_its_own_output_channels():
+    """A user trial: ConvTranspose1d(6, 10) was told "C_out=6 -> 8" (its C_in): the ops that carry the
+    FLOPs (aten::_convolution, convolution_backward) are not named "transpose"; their argument says it."""
+    torch.manual_seed(0)
+    conv, x = torch.nn.ConvTranspose1d(6, 10, 3), torch.randn(2, 6, 20, requires_grad=True)
+    with nbaccel.profile(device="cpu") as prof:
+        conv(x).sum().backward()
+    rows = prof.result.unaligned
+    assert rows and all(r["dims"]["C_out"] == 10 for r in rows), rows
+    assert all(r["pad_to"].get("C_out") == 16 for r in rows if "C_out" in r["unaligned"])
