@@ -193,9 +193,10 @@ def _nothing_to_cast(result: AmpResult) -> str:
                 "the cell runs them outside autocast (torch.autocast(..., enabled=False) around them) or casts "
                 "their inputs back to fp32")
     # autocast is per thread: a trial's matmuls in threads the cell started were neither cast nor audited
-    return (f"{result.nothing_cast_words} -- autocast had nothing here to cast (reductions and elementwise ops "
-            "stay fp32); it speeds up matmuls and convolutions, those of the thread that runs the cell (not of "
-            "threads it starts)")
+    # (a trial's torch.mv, cdist and linalg cells read "reductions and elementwise ops stay fp32" alone)
+    return (f"{result.nothing_cast_words} -- autocast had nothing here to cast (it leaves reductions, elementwise "
+            "ops and ops such as mv, dot, cdist and linalg in fp32); it speeds up matrix products and "
+            "convolutions, those of the thread that runs the cell (not of threads it starts)")
 
 
 def _without_units(info, dtype: str) -> str:

@@ -1607,9 +1607,10 @@ def test_nothing_cast_is_the_verdict_however_noisy_the_times():
     result = _slower_under_autocast([0.010, 0.014, 0.009, 0.013], [0.012, 0.013, 0.015, 0.011], lambda: x.sum())
     assert result.speedup_uncertain
     line = next(a for a in result.advice if a.startswith("No speedup"))
-    assert line == ("No speedup: no op ran in bf16 -- autocast had nothing here to cast (reductions and elementwise "
-                    "ops stay fp32); it speeds up matmuls and convolutions, those of the thread that runs the cell "
-                    "(not of threads it starts). Both variants ran the same kernels, so the "
+    assert line == ("No speedup: no op ran in bf16 -- autocast had nothing here to cast (it leaves reductions, "
+                    "elementwise ops and ops such as mv, dot, cdist and linalg in fp32); it speeds up matrix products "
+                    "and convolutions, those of the thread that runs the cell (not of threads it starts). Both "
+                    "variants ran the same kernels, so the "
                     f"{result.speedup:.2f}x between their times is run-to-run variation, not an effect of bf16.")
     assert not any("larger repeat" in a or "lacks bf16 units" in a for a in result.advice)
 
