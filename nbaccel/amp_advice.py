@@ -219,9 +219,6 @@ def _no_speedup(result: AmpResult, speedup: float, dtype: str) -> str:
     CPU's features is a fact whatever the timing; "too small or memory-bound" is read from the timing
     itself, so it is said only when the times are firm (no overlap, no contention)."""
     info, precision = result.device, result.precision
-    if result.nothing_cast:
-        # Neither the CPU's units nor a larger --repeat (a trial was told both) has anything to do with it.
-        return _same_kernels(result, speedup, dtype)
     if info.type == "cpu" and not info.has_units(dtype):
         fact = (f"this CPU lacks {dtype} units (AMX / AVX512-{dtype.upper()}), so autocast only adds casts. "
                 "Measure on a GPU with Tensor Cores.")
@@ -315,7 +312,9 @@ def advise(result: AmpResult) -> list[str]:
                      "reach threads it starts), so autocast had nothing to change: %%amp compares torch code (the "
                      "times are of plain Python).")
         speedup = None  # a "speedup" of plain Python is noise; say nothing more about it
-    if result.speedup_from_noise and speedup is not None:
+    if result.nothing_cast and speedup is not None:
+        # A fact of the op audit, whatever the times: before "too few runs to rank", which left a cell
+        # whose recipe cast nothing without the reason (its tests passed or failed with the timing).
         notes.append(_same_kernels(result, speedup, dtype))
         speedup = None
     if result.nonfinite_result:
