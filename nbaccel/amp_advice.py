@@ -9,6 +9,7 @@ import torch
 from .amp_result import MIN_RUNS, NO_SPEEDUP_BELOW, REDUCED_DTYPES, memory_ranges, too_few_runs
 from .cell_reads import and_list, take_first
 from .drift import near_zero_figures, relative_words, resolution
+from .flops import AUTOCAST_DTYPES
 from .memory import format_bytes
 from .options import in_magic, option
 from .precision import describe
@@ -158,40 +159,46 @@ def _unfirm_timing(result: AmpResult) -> str | None:
 
 
 def _beyond_autocast(result: AmpResult) -> dict[str, list[str]]:
-    """{dtype: heavy ops} for the matmuls and convolutions that ran in a dtype autocast leaves alone
-    (float64, complex): autocast casts float32 ops only."""
+    """{dtype: heavy ops} for the matmuls and convolutions that ran in a floating dtype autocast leaves
+    alone (float64, complex; `flops.AUTOCAST_DTYPES` are the ones it works with): it casts float32 ops only."""
     ops = result.amp.ops
     if ops.empty:
         return {}
     found: dict[str, list[str]] = {}
     for op, dtype in ops.loc[ops["heavy"], ["op", "dtype"]].itertuples(index=False):
-        if dtype in ("float64", "complex64", "complex128"):
+        if dtype not in AUTOCAST_DTYPES and dtype.startswith(("float", "complex")):  # not an integer matmul
             found.setdefault(dtype, []).append(op)
     return found
 
 
-# How the "no speedup" verdict names heavy ops that stayed fp32; the "Heavy ops still in fp32" line is
-# left out only where that verdict was given (it is not with too few runs, a compiled cell, inf/NaN...).
-STAYED_FP32 = "stayed fp32 under the recipe"
+def _why_nothing_cast(result: AmpResult) -> str:
+    """Which reason `_nothing_to_cast` gives: "own" (the cell's own bf16 ops), "wide" (every heavy op in
+    float64/complex), "fp32" (heavy ops kept in fp32: the verdict names them, so the "Heavy ops still in
+    fp32" line is left out), or "none" (no op autocast casts)."""
+    if result.precision["reduced"]:
+        return "own"
+    if result.precision["heavy_fp32"]:  # before "wide": the fp32 ones are the finding
+        return "fp32"
+    return "wide" if _beyond_autocast(result) else "none"
 
 
 def _nothing_to_cast(result: AmpResult) -> str:
-    if result.precision["reduced"]:  # the cell's own bf16 tensors: the same ops in both variants
+    why = _why_nothing_cast(result)
+    if why == "own":  # the cell's own bf16 tensors: the same ops in both variants
         return result.nothing_cast_words + " (autocast casts matmuls and convolutions)"
-    beyond = _beyond_autocast(result)
-    if beyond and not result.precision["heavy_fp32"]:  # all of them wide: else the fp32 ones are the finding
+    if why == "wide":
         # A trial's float64 Linear was told "reductions and elementwise ops stay fp32" of a matmul.
+        beyond = _beyond_autocast(result)
         ran = "; ".join(f"{', '.join(sorted(set(ops)))} in {dtype}" for dtype, ops in beyond.items())
         fix = ("convert the model and its inputs with .float() to compare" if "float64" in beyond else
                "complex values have no bf16 or fp16 form, so mixed precision does not apply to them")
         return (f"{result.nothing_cast_words} -- autocast casts float32 ops only, and the matmuls and convolutions "
                 f"here ran in {ran}: {fix}")
-    heavy = result.heavy_fp32_calls
-    if heavy:
+    if why == "fp32":
         # A trial's cell turned autocast off around its matmul: "nothing here to cast" read as "no matmul".
-        return (f"{result.nothing_cast_words} -- its matmuls and convolutions ({', '.join(heavy)}) {STAYED_FP32}: "
-                "the cell runs them outside autocast (torch.autocast(..., enabled=False) around them) or casts "
-                "their inputs back to fp32")
+        return (f"{result.nothing_cast_words} -- its matmuls and convolutions ({', '.join(result.heavy_fp32_calls)}) "
+                "stayed fp32 under the recipe: the cell runs them outside autocast (torch.autocast(..., "
+                "enabled=False) around them) or casts their inputs back to fp32")
     # autocast is per thread: a trial's matmuls in threads the cell started were neither cast nor audited
     # (a trial's torch.mv, cdist and linalg cells read "reductions and elementwise ops stay fp32" alone)
     return (f"{result.nothing_cast_words} -- autocast had nothing here to cast (it leaves reductions, elementwise "
@@ -312,10 +319,12 @@ def advise(result: AmpResult) -> list[str]:
                      "reach threads it starts), so autocast had nothing to change: %%amp compares torch code (the "
                      "times are of plain Python).")
         speedup = None  # a "speedup" of plain Python is noise; say nothing more about it
+    heavy_named = False  # whether the verdict below names the heavy ops that stayed fp32
     if result.nothing_cast and speedup is not None:
         # A fact of the op audit, whatever the times: before "too few runs to rank", which left a cell
         # whose recipe cast nothing without the reason (its tests passed or failed with the timing).
         notes.append(_same_kernels(result, speedup, dtype))
+        heavy_named = _why_nothing_cast(result) == "fp32"
         speedup = None
     if result.nonfinite_result:
         speedup = None  # a wrong answer faster is not a finding: the overflow note above is the advice
@@ -343,7 +352,7 @@ def advise(result: AmpResult) -> list[str]:
         notes.append("Matmul dims " + ", ".join(map(str, dims)) + " are not multiples of 8; pad them (e.g. to "
                      + ", ".join(str(-(-d // 8) * 8) for d in dims) + ") " + _what_padding_feeds(info, dtype) + ".")
     heavy = result.heavy_fp32_calls if autocast else []
-    if heavy and not any(STAYED_FP32 in note for note in notes):  # the verdict above names them already
+    if heavy and not heavy_named:
         notes.append("Heavy ops still in fp32 under autocast: " + ", ".join(heavy)
                      + " (their inputs were cast back, or they ran outside the autocast region).")
     grads = result.gradients

@@ -183,8 +183,9 @@ class OpAudit(TorchDispatchMode):
         record = self.records[(name, dtype_name(ran))]
         record.calls += 1
         record.input_dtypes.update(dtype_name(t.dtype) for t in flat_in if isinstance(t, torch.Tensor))
-        record.flops += _flops_of(func, name, args, kwargs, out, flat_in)
-        if name in MATMUL_OPS and len(record.shapes) < 32 and all(map(_has_shape, flat_in)):
+        dense = all(map(_has_shape, flat_in))  # read once: the FLOPs and the shapes both need it
+        record.flops += _flops_of(func, name, args, kwargs, out, dense)
+        if name in MATMUL_OPS and len(record.shapes) < 32 and dense:
             shapes = tuple(tuple(t.shape) for t in flat_in if isinstance(t, torch.Tensor))
             record.shapes.add(shapes)
         return out
@@ -299,7 +300,7 @@ class OpAudit(TorchDispatchMode):
         """Matmul operand dims that are not multiples of ``multiple`` (Tensor Cores want 8 for fp16/bf16)."""
         found = []
         for (op, dtype), r in self.records.items():
-            if dtype not in _TILE_DTYPES:  # a float64, complex or integer matmul: no padding puts it on tiles
+            if dtype not in AUTOCAST_DTYPES:  # a float64, complex or integer matmul: no padding puts it on tiles
                 continue
             for shapes in r.shapes:
                 # dims of 1 are matrix-vector products: padding them would only add work
@@ -312,9 +313,10 @@ class OpAudit(TorchDispatchMode):
         return found
 
 
-# The dtypes Tensor Cores and AMX tiles take from autocast (fp32 through TF32 on a GPU): the only ones
-# padding advice is for.
-_TILE_DTYPES = {"fp32", "bf16", "fp16"}
+# The dtypes autocast works with (fp32 ops it casts, the bf16/fp16 they become) and Tensor Cores and AMX
+# tiles take (fp32 through TF32 on a GPU): the only ones padding advice is for. A heavy op in any other
+# (float64, complex) is one autocast leaves alone.
+AUTOCAST_DTYPES = frozenset({"fp32", "bf16", "fp16"})
 
 
 def _dtype_ran(name: str, flat_in: list, out) -> torch.dtype | None:
@@ -333,15 +335,17 @@ def _dtype_ran(name: str, flat_in: list, out) -> torch.dtype | None:
     return next((t.dtype for t in tensors if t.is_floating_point()), tensors[0].dtype if tensors else None)
 
 
-def _flops_of(func, name: str, args, kwargs, out, flat_in=None) -> int:
+def _flops_of(func, name: str, args, kwargs, out, dense: bool | None = None) -> int:
     """The op's FLOPs: nbaccel's formula from the argument shapes, the one %%profile_gpu applies to
     the same op in a trace (so the two magics agree; it also covers what torch's flop_counter lacks:
     CPU attention, fused inference fast paths, oneDNN's LSTM, and counts a grouped convolution's
     weight gradient once where the registry counts it ``groups`` times), else torch's formula, else 0.
     0 for an op on a sparse (or nested) operand: its dims are not its work, as %%profile_gpu reads it.
-    ``flat_in``: the flattened arguments, where the caller has them already."""
+    ``dense``: whether every operand is dense (`_has_shape`), where the caller knows it already."""
     try:
-        if not all(map(_has_shape, tree_flatten((args, kwargs))[0] if flat_in is None else flat_in)):
+        if dense is None:
+            dense = all(map(_has_shape, tree_flatten((args, kwargs))[0]))
+        if not dense:
             return 0
         # as the profiler records them: each argument's shape (a list of shapes for a tensor list,
         # [] for a non-tensor) and the non-tensor values

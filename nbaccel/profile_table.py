@@ -18,6 +18,7 @@ import numpy as np
 from .analysis import CATEGORIES
 from .analysis.sums import desc_order, kahan_sum, pairwise_sum  # noqa: F401 - used here and re-exported
 from .analysis.metrics import category_totals
+from .analysis.op_flops import conv_transposed
 from .analysis.phases import DATA_LOADING
 from .flops import pad_to_multiple
 
@@ -267,22 +268,6 @@ def fp32_tensor_core_misses(ops, min_share: float = 0.01) -> pd.DataFrame:
     })
 
 
-# Where the `transposed` flag sits among a convolution op's arguments (its Concrete Inputs).
-_TRANSPOSED_ARG = {"convolution": 6, "_convolution": 6, "convolution_overrideable": 6, "convolution_backward": 7,
-                   "convolution_backward_overrideable": 7}
-
-
-def _transposed(base: str, concrete) -> bool:
-    """A transposed convolution: by name (``conv_transpose2d``), or by the ``transposed`` argument of the
-    generic ops that carry the FLOPs (``aten::_convolution``, ``convolution_backward``): read by name
-    alone, a ConvTranspose1d(6, 10) was told to pad C_out=6 (its C_in)."""
-    if "transpose" in base:
-        return True
-    i = _TRANSPOSED_ARG.get(base)
-    return (i is not None and isinstance(concrete, (list, tuple)) and i < len(concrete)
-            and str(concrete[i]).strip().lower() == "true")
-
-
 def gemm_dims(name: str, dims, concrete=None) -> dict | None:
     """The (M, K, N) of a matmul op, or the channels of a convolution, from its input dims (and, for a
     convolution, its Concrete Inputs, which say whether it is transposed)."""
@@ -310,7 +295,10 @@ def gemm_dims(name: str, dims, concrete=None) -> dict | None:
             return None
         # Implicit GEMM: K = C_in/groups * kernel volume, N = C_out; the channels are what to pad. A
         # transposed convolution's weight is (C_in, C_out/groups, ...).
-        c_out = w[1] if _transposed(base, concrete) else w[0]
+        # (by name, conv_transpose2d; else by the argument of _convolution / convolution_backward, which
+        # carry the FLOPs: read by name alone, a ConvTranspose1d(6, 10) was told to pad C_out=6)
+        transposed = "transpose" in base or conv_transposed(name, concrete) is True
+        c_out = w[1] if transposed else w[0]
         return {"C_in": x[1] if len(x) > 1 else None, "C_out": c_out}
     else:
         return None

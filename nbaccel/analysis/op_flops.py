@@ -131,6 +131,34 @@ def _linear(x: list[int] | None, w: list[int] | None) -> int | None:
     return 2 * prod(x[:-1]) * w[1] * w[0]
 
 
+def _conv_arg(spec: dict, args: list, key: str) -> Any:
+    """A convolution's argument ``key`` (its position in ``spec``, an `_CONV_ARGS` entry, or a value the
+    overload fixes) from the parsed Concrete Inputs ``args``; None when not recorded."""
+    pos = spec.get(key)
+    if isinstance(pos, bool) or pos is None:
+        return pos
+    return args[pos] if pos < len(args) else None
+
+
+# convolution_backward's `transposed` argument (grad_output, input, weight, bias_sizes, stride, padding,
+# dilation, transposed, ...)
+_CONV_BACKWARD_TRANSPOSED = 7
+
+
+def conv_transposed(name: str, concrete: Sequence[Any] | None) -> bool | None:
+    """Whether convolution op ``name`` is a transposed one, from the overload or its recorded Concrete
+    Inputs (the ops that carry the FLOPs, ``aten::_convolution`` and ``convolution_backward``, say it
+    only there); None when not known."""
+    args = [_parse_concrete(c) for c in (concrete or ())]
+    if name == "aten::convolution_backward":
+        value = args[_CONV_BACKWARD_TRANSPOSED] if len(args) > _CONV_BACKWARD_TRANSPOSED else None
+    elif name in _CONV_ARGS:
+        value = _conv_arg(_CONV_ARGS[name], args, "transposed")
+    else:
+        return None
+    return value if isinstance(value, bool) else None
+
+
 def _parse_concrete(value: Any) -> Any:
     """'[2, 2]' -> [2, 2], '1' -> 1, 'same' -> 'same', '' -> None."""
     if value is None:
@@ -178,10 +206,7 @@ def _conv(name: str, dims: Dims, concrete: Sequence[Any] | None, output_dims: Di
     args = [_parse_concrete(c) for c in (concrete or ())]
 
     def arg(key: str) -> Any:
-        pos = spec.get(key)
-        if isinstance(pos, bool) or pos is None:
-            return pos
-        return args[pos] if pos < len(args) else None
+        return _conv_arg(spec, args, key)
 
     transposed = arg("transposed")
     if not isinstance(transposed, bool):
@@ -279,7 +304,7 @@ def _conv_backward(dims: Dims, concrete: Sequence[Any] | None) -> int | None:
     if grad_out is None or x is None or w is None or not (len(grad_out) == len(x) == len(w) >= 3):
         return None
     args = [_parse_concrete(c) for c in (concrete or ())]
-    transposed = args[7] if len(args) > 7 else None
+    transposed = conv_transposed("aten::convolution_backward", concrete)
     mask = args[10] if len(args) > 10 else None
     if not isinstance(transposed, bool) or not (isinstance(mask, (list, tuple)) and len(mask) >= 2):
         return None  # without output_mask we cannot tell which gradients were computed
