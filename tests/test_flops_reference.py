@@ -379,3 +379,37 @@ def test_a_heavy_op_with_a_wider_mask_is_filed_under_its_narrowest_input():
         F.scaled_dot_product_attention(q, q, q, attn_mask=mask)
     table = audit.table()
     assert set(table[table["heavy"]]["dtype"]) == {"bf16"}
+
+
+@pytest.mark.parametrize("n, in1, in2, out", [(32, 16, 24, 8), (7, 5, 3, 4), (5, 1, 9, 2)])
+def test_the_amp_audit_counts_bilinear_as_the_bmm_calls_the_profiler_sees(n, in1, in2, out):
+    """A trial: nn.Bilinear's aten::_trilinear (forward, and the three _trilinear calls of its backward)
+    counted 0 FLOPs in %%amp's audit, which sees it whole, while %%profile_gpu counted the bmm calls a
+    trace records under it. Both now agree, on the forward's hand count too: out * (2*n*in1*in2 + 2*n*in2)."""
+    from nbaccel.flops import OpAudit
+
+    bil, a, b = nn.Bilinear(in1, in2, out), _leaf(n, in1), _leaf(n, in2)
+    step = lambda: bil(a, b).sum().backward()  # noqa: E731
+    total, ops = profiled(step)
+    assert set(ops) == {"aten::bmm"}  # the trace's children carry the FLOPs, the _trilinear rows none
+    with OpAudit() as audit:
+        step()
+    table = audit.table()
+    assert set(table[table["flops"] > 0]["op"]) == {"aten::_trilinear"}
+    assert audit.total_flops == total
+    with OpAudit() as audit:
+        bil(a, b)
+    assert audit.total_flops == profiled(lambda: bil(a, b))[0] == out * (2 * n * in1 * in2 + 2 * n * in2)
+
+
+def test_one_dimensional_products_count_two_flops_per_element():
+    """`v @ v`, torch.dot, torch.vdot and torch.inner run aten::dot / aten::vdot, which no registry
+    counts: 2 FLOPs per element (a multiply-add), in both magics."""
+    from nbaccel.flops import OpAudit
+
+    v = torch.randn(1000)
+    run = lambda: (torch.dot(v, v), torch.vdot(v, v), v @ v, torch.inner(v, v))  # noqa: E731
+    assert profiled(run)[0] == 4 * 2000
+    with OpAudit() as audit:
+        run()
+    assert audit.total_flops == 4 * 2000

@@ -15,8 +15,9 @@ Beyond ``flop_counter``'s registry, with the same conventions (checked against i
 backward), the CPU's attention kernel, which the registry lacks, so ``FlopCounterMode`` counts 0
 for attention on the CPU; ``aten::_addmm_activation``, the fused linear + ReLU/GELU of
 ``nn.TransformerEncoderLayer``'s inference fast path (an addmm); ``aten::mv``/``aten::addmv``,
-matrix-vector products (``A @ v`` and its backward); recurrent layers (`rnn_flops`: LSTM, GRU,
-RNN). Where the registry is wrong, nbaccel is not: ``flop_counter`` counts a grouped
+matrix-vector products (``A @ v`` and its backward); ``aten::dot``/``aten::vdot`` (``v @ v``);
+recurrent layers (`rnn_flops`: LSTM, GRU, RNN); ``aten::_trilinear`` (`trilinear_flops`:
+nn.Bilinear, forward and backward). Where the registry is wrong, nbaccel is not: ``flop_counter`` counts a grouped
 convolution's weight gradient ``groups`` times over (it multiplies by all input channels, not
 those of one group).
 
@@ -30,6 +31,7 @@ from math import prod
 from typing import Any, Sequence
 
 from .rnn_flops import RNN_OPS, rnn_flops
+from .trilinear_flops import trilinear_flops
 
 __all__ = ["op_flops", "dtype_of", "FLOP_OPS"]
 
@@ -340,7 +342,9 @@ FLOP_OPS = frozenset(
     {"aten::mm", "aten::bmm", "aten::addmm", "aten::matmul", "aten::linear", "aten::baddbmm",
      "aten::_addmm_activation", "aten::mv", "aten::addmv", "aten::addmv_",
      # addbmm (a sum of batched products) and the in-place forms (addbmm runs its batches as addmm_)
-     "aten::addbmm", "aten::addmm_", "aten::baddbmm_", "aten::addbmm_"}
+     "aten::addbmm", "aten::addmm_", "aten::baddbmm_", "aten::addbmm_",
+     "aten::dot", "aten::vdot",  # 1-D products (`v @ v`, torch.inner); in no FLOP registry
+     "aten::_trilinear"}  # nn.Bilinear
     | set(_CONV_ARGS)
     | _HEADS_FIRST_ATTN
     | _SEQ_FIRST_ATTN
@@ -384,6 +388,8 @@ def op_flops(
         return _bmm(s(0), s(1))
     if name in ("aten::baddbmm", "aten::baddbmm_", "aten::addbmm", "aten::addbmm_"):
         return _bmm(s(1), s(2))
+    if name in ("aten::dot", "aten::vdot"):
+        return _matmul(s(0), s(1)) if len(s(0) or ()) == 1 else None
     if name == "aten::matmul":
         return _matmul(s(0), s(1))
     if name == "aten::linear":
@@ -402,6 +408,8 @@ def op_flops(
         return _conv_backward(input_dims, concrete_inputs)
     if name in RNN_OPS:
         return rnn_flops(name, input_dims, concrete_inputs, _parse_concrete)
+    if name == "aten::_trilinear":
+        return trilinear_flops([s(0), s(1), s(2)], concrete_inputs, _parse_concrete)
     if name == "aten::_transformer_encoder_layer_fwd":
         return _encoder_layer(input_dims)
     if name == "aten::_native_multi_head_attention":
