@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from . import profile_table as pt
+from .attention_fallback import fallback_note, inside_fallback
 from .options import in_magic, option
 from .render.common import format_share
 from .timing import format_seconds
@@ -232,6 +233,39 @@ def _random_notes(ops: dict, time_col: str, total: float, where: str) -> list[st
     return notes
 
 
+def _fp32_matmul_notes(result: ProfileResult, ops: dict, time_col: str, total: float, where: str) -> list[str]:
+    """"try %%amp" where fp32 matmul/conv ops are a fifth of the time, naming the ops counted (the
+    category bar also holds wrappers' own time: a trial read 45% here beside a 68% bar for einsum),
+    and not where it cannot help: under the recipe already (a trial's --amp bf16 profile was told to
+    try --amp bf16), or inside the CPU's attention math fallback, which computes in fp32 whatever
+    autocast casts (`attention_fallback`)."""
+    skip = inside_fallback(ops) if not result.on_device else [False] * len(ops["name"])
+    times: dict[str, float] = {}
+    for name, t, c, d, inside in zip(ops["name"], ops[time_col], ops["category"], ops["math_dtype"], skip):
+        if c == "matmul/conv" and d == "fp32" and not inside:
+            times[name] = times.get(name, 0.0) + t
+    fp32 = pt.pairwise_sum(list(times.values()))
+    if fp32 / total < FP32_MATMUL_SHARE:
+        return []
+    named = sorted(times, key=times.get, reverse=True)
+    ran = ", ".join(f"{n} {format_share(times[n] / total)}" for n in named[:3])
+    if len(named) > 3:
+        ran += f", {len(named) - 3} more {format_share(pt.pairwise_sum([times[n] for n in named[3:]]) / total)}"
+    share = f"fp32 matmul/conv ops take {fp32 / total:.0%} of {where} time ({ran})"
+    if result.options.amp:
+        return [f"{share} under the {result.options.amp} recipe: autocast left them in fp32 (ops on its fp32 list, "
+                "inputs cast back to fp32, or code that turns autocast off around them); "
+                f"{amp_comparison_name()}'s op table shows each op's dtype."]
+    if result.on_device:
+        return [f"{share}: try {_amp_words(result)} -- bf16/fp16 run on Tensor Cores."]
+    if result.loaded or result.device.has_bf16_units:
+        return [f"{share}: try {_amp_words(result)} -- bf16 helps on CPUs with AMX/AVX512-BF16 units; "
+                "on others it only adds casts."]
+    # a trial on an Ice Lake was sent to %%amp as the one fix for a step of many small matmuls
+    return [f"{share}; this CPU has no bf16 units (AMX / AVX512-BF16), so mixed precision would only add casts "
+            "here: cut the matmul time itself (fewer, larger matmuls), or compare on a GPU."]
+
+
 def advise(result: ProfileResult) -> list[str]:
     """One line per finding, each quoting the number that triggered it."""
     notes = []
@@ -246,19 +280,10 @@ def advise(result: ProfileResult) -> list[str]:
                      "that runs the code (not in threads it starts); for plain Python time use %prun or pyinstrument.")
     notes += _phase_notes(result)
     if n_ops and total > 0:
-        fp32 = pt.pairwise_sum(t for t, c, d in zip(ops[time_col], ops["category"], ops["math_dtype"])
-                               if c == "matmul/conv" and d == "fp32")
-        if fp32 / total >= FP32_MATMUL_SHARE:
-            share = f"fp32 matmul/conv take {fp32 / total:.0%} of {where} time"
-            if on_device:
-                notes.append(f"{share}: try {_amp_words(result)} -- bf16/fp16 run on Tensor Cores.")
-            elif result.loaded or result.device.has_bf16_units:
-                notes.append(f"{share}: try {_amp_words(result)} -- bf16 helps on CPUs with AMX/AVX512-BF16 units; "
-                             "on others it only adds casts.")
-            else:  # a trial on an Ice Lake was sent to %%amp as the one fix for a step of many small matmuls
-                notes.append(f"{share}; this CPU has no bf16 units (AMX / AVX512-BF16), so mixed precision would "
-                             "only add casts here: cut the matmul time itself (fewer, larger matmuls), or compare "
-                             "on a GPU.")
+        notes += _fp32_matmul_notes(result, ops, time_col, total, where)
+        fallback = fallback_note(ops, total, on_device, where)
+        if fallback:
+            notes.append(fallback)
     busy = result.busy
     idle = 1 - busy["busy_fraction"] if busy and busy["busy_fraction"] is not None else None
     steps = _steps(result)

@@ -975,15 +975,15 @@ def test_the_mixed_precision_advice_names_what_its_maker_would_run(run_cell, ip,
     w = torch.randn(512, 512)
     ip.user_ns["w"] = w
     run_cell("%%profile_gpu -q -r prof --trace " + str(tmp_path / "t.json") + "\nfor _ in range(3): w @ w")
-    magic = next(a for a in ip.user_ns["prof"].advice if a.startswith("fp32 matmul/conv take"))
+    magic = next(a for a in ip.user_ns["prof"].advice if a.startswith("fp32 matmul/conv ops take"))
     assert "try %%amp (or --amp bf16 here) -- " in magic
     with nbaccel.profile() as prof:
         for _ in range(3):
             w @ w
-    api = next(a for a in prof.result.advice if a.startswith("fp32 matmul/conv take"))
+    api = next(a for a in prof.result.advice if a.startswith("fp32 matmul/conv ops take"))
     assert "try nbaccel.compare_amp (or amp='bf16' here) -- " in api
     loaded = next(a for a in nbaccel.load_trace(str(tmp_path / "t.json")).advice
-                  if a.startswith("fp32 matmul/conv take"))
+                  if a.startswith("fp32 matmul/conv ops take"))
     assert "try nbaccel.compare_amp -- " in loaded  # a file cannot be profiled again under a recipe
     # On a CPU without bf16 units (a trial's Ice Lake) mixed precision is not the fix to try.
     import dataclasses
@@ -991,8 +991,9 @@ def test_the_mixed_precision_advice_names_what_its_maker_would_run(run_cell, ip,
     result = prof.result
     result.device = dataclasses.replace(result.device, cpu_features={"amx_bf16": False, "avx512_bf16": False})
     result.__dict__.pop("advice", None)
-    line = next(a for a in result.advice if a.startswith("fp32 matmul/conv take"))
-    assert line.endswith("of CPU time; this CPU has no bf16 units (AMX / AVX512-BF16), so mixed precision would only "
+    line = next(a for a in result.advice if a.startswith("fp32 matmul/conv ops take"))
+    assert re.search(r"of CPU time \(aten::mm \d+\.\d%[^)]*\); this CPU", line)
+    assert line.endswith("this CPU has no bf16 units (AMX / AVX512-BF16), so mixed precision would only "
                          "add casts here: cut the matmul time itself (fewer, larger matmuls), or compare on a GPU.")
 
 
@@ -1058,7 +1059,7 @@ def test_a_recurrent_layer_is_matmul_time_and_its_shapes_are_said_to_be_unread(r
     assert max(shares, key=shares.get) == "matmul/conv" and shares.get("other", 0) < 50
     text = unfolded(prof)
     assert "no matmul/conv op here has operand shapes nbaccel reads (recurrent layers" in text
-    assert "fp32 matmul/conv take" in text
+    assert "fp32 matmul/conv ops take" in text
 
 
 @pytest.mark.parametrize("opts, starts", [

@@ -151,7 +151,7 @@ def conv_transposed(name: str, concrete: Sequence[Any] | None) -> bool | None:
     """Whether convolution op ``name`` is a transposed one, from the overload or its recorded Concrete
     Inputs (the ops that carry the FLOPs, ``aten::_convolution`` and ``convolution_backward``, say it
     only there); None when not known."""
-    args = [_parse_concrete(c) for c in (concrete or ())]
+    args = [parse_concrete(c) for c in (concrete or ())]
     if name == "aten::convolution_backward":
         value = args[_CONV_BACKWARD_TRANSPOSED] if len(args) > _CONV_BACKWARD_TRANSPOSED else None
     elif name in _CONV_ARGS:
@@ -161,7 +161,7 @@ def conv_transposed(name: str, concrete: Sequence[Any] | None) -> bool | None:
     return value if isinstance(value, bool) else None
 
 
-def _parse_concrete(value: Any) -> Any:
+def parse_concrete(value: Any) -> Any:
     """'[2, 2]' -> [2, 2], '1' -> 1, 'same' -> 'same', '' -> None."""
     if value is None:
         return None
@@ -205,7 +205,7 @@ def _conv(name: str, dims: Dims, concrete: Sequence[Any] | None, output_dims: Di
     if x is None or w is None or len(x) != len(w) or len(x) < 3:
         return None
     spec = _CONV_ARGS[name]
-    args = [_parse_concrete(c) for c in (concrete or ())]
+    args = [parse_concrete(c) for c in (concrete or ())]
 
     def arg(key: str) -> Any:
         return _conv_arg(spec, args, key)
@@ -305,7 +305,7 @@ def _conv_backward(dims: Dims, concrete: Sequence[Any] | None) -> int | None:
     grad_out, x, w = _shape(dims, 0), _shape(dims, 1), _shape(dims, 2)
     if grad_out is None or x is None or w is None or not (len(grad_out) == len(x) == len(w) >= 3):
         return None
-    args = [_parse_concrete(c) for c in (concrete or ())]
+    args = [parse_concrete(c) for c in (concrete or ())]
     transposed = conv_transposed("aten::convolution_backward", concrete)
     mask = args[10] if len(args) > 10 else None
     if not isinstance(transposed, bool) or not (isinstance(mask, (list, tuple)) and len(mask) >= 2):
@@ -407,9 +407,9 @@ def op_flops(
     if name == "aten::convolution_backward":
         return _conv_backward(input_dims, concrete_inputs)
     if name in RNN_OPS:
-        return rnn_flops(name, input_dims, concrete_inputs, _parse_concrete)
+        return rnn_flops(name, input_dims, concrete_inputs, parse_concrete)
     if name == "aten::_trilinear":
-        return trilinear_flops([s(0), s(1), s(2)], concrete_inputs, _parse_concrete)
+        return trilinear_flops([s(0), s(1), s(2)], concrete_inputs, parse_concrete)
     if name == "aten::_transformer_encoder_layer_fwd":
         return _encoder_layer(input_dims)
     if name == "aten::_native_multi_head_attention":
