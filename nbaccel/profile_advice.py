@@ -237,12 +237,13 @@ def _fp32_matmul_notes(result: ProfileResult, ops: dict, time_col: str, total: f
     """"try %%amp" where fp32 matmul/conv ops are a fifth of the time, naming the ops counted (the
     category bar also holds wrappers' own time: a trial read 45% here beside a 68% bar for einsum),
     and not where it cannot help: under the recipe already (a trial's --amp bf16 profile was told to
-    try --amp bf16), or inside the CPU's attention math fallback, which computes in fp32 whatever
-    autocast casts (`attention_fallback`)."""
-    skip = inside_fallback(ops) if not result.on_device else [False] * len(ops["name"])
+    try --amp bf16), inside the CPU's attention math fallback, which computes in fp32 whatever
+    autocast casts (`attention_fallback`), or inside an op autocast keeps in fp32 (`kept_fp32`: cdist)."""
+    fallback = inside_fallback(ops) if not result.on_device else [False] * len(ops["name"])
     times: dict[str, float] = {}
-    for name, t, c, d, inside in zip(ops["name"], ops[time_col], ops["category"], ops["math_dtype"], skip):
-        if c == "matmul/conv" and d == "fp32" and not inside:
+    for name, t, c, d, in_fallback, kept in zip(ops["name"], ops[time_col], ops["category"], ops["math_dtype"],
+                                                fallback, result.kept_fp32_by):
+        if c == "matmul/conv" and d == "fp32" and not in_fallback and kept is None:
             times[name] = times.get(name, 0.0) + t
     fp32 = pt.pairwise_sum(list(times.values()))
     if fp32 / total < FP32_MATMUL_SHARE:

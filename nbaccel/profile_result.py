@@ -26,6 +26,7 @@ from .device import DeviceInfo
 from .op_attribution import memory_by_op, source_by_op
 from .precision import Recipe
 from .profile_advice import advise
+from .kept_fp32 import kept_fp32_by
 from .profile_options import ProfileError, ProfileOptions, check_table_args, table_sort
 from .results import ResultMixin
 from .trace_io import write_trace_bytes
@@ -384,7 +385,13 @@ class ProfileResult(ResultMixin):
         """Matmul/conv calls with dims to pad (`profile_table.unaligned_shapes`), each with its
         ``share`` of the time the advice weighs it against: device time on a GPU profile, self CPU
         time on the CPU. Listed on any device; `profile_advice.padding_pays_here` says which count now."""
-        return pt.unaligned_shapes(self.op_columns, self.time_total_us)
+        return pt.unaligned_shapes(self.op_columns, self.time_total_us, self.kept_fp32_by)
+
+    @functools.cached_property
+    def kept_fp32_by(self) -> list[str | None]:
+        """Per op row, the op around it that autocast keeps in fp32 (`kept_fp32`: cdist's matmul), or
+        None: its matmuls stay fp32 under any recipe."""
+        return kept_fp32_by(self.op_columns, "cuda" if self.on_device else "cpu")
 
     @property
     def time_total_us(self) -> float:

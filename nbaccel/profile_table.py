@@ -307,7 +307,7 @@ def gemm_dims(name: str, dims, concrete=None) -> dict | None:
     return {"M": a[-2], "K": a[-1], "N": b[-1]}
 
 
-def unaligned_shapes(ops, total_us: float | None = None) -> list[dict]:
+def unaligned_shapes(ops, total_us: float | None = None, kept_fp32_by: list | None = None) -> list[dict]:
     """Matmul/conv calls whose GEMM dims are not multiples of 8 (16 for int8), with padded sizes.
 
     Tensor Cores (and CPU AMX tiles, which take bf16/fp16/int8 but not fp32) process fixed-size
@@ -315,7 +315,8 @@ def unaligned_shapes(ops, total_us: float | None = None) -> list[dict]:
     kernels for odd leading dimensions. Each distinct (op, shapes) is listed once, with its calls,
     time (device total on a GPU profile, CPU total on the CPU), self FLOPs and, given the profile's
     ``total_us``, ``share`` of it (else None); most time first, then most FLOPs. ``ops``: the op
-    rows as a DataFrame or as column lists (`TraceData.op_columns`).
+    rows as a DataFrame or as column lists (`TraceData.op_columns`). ``kept_fp32_by``: per row, the
+    op around it that autocast keeps in fp32 (`nbaccel.kept_fp32`), noted as the entry's ``kept_fp32_by``.
     """
     if not len(ops["name"]):
         return []
@@ -342,7 +343,7 @@ def unaligned_shapes(ops, total_us: float | None = None) -> list[dict]:
         entry = found.setdefault(key, {
             "op": name, "shapes": key[1], "dtype": dtype, "multiple": multiple, "dims": dims,
             "unaligned": bad, "pad_to": {k: pad_to_multiple(v, multiple) for k, v in bad.items()},
-            "calls": 0, "time_us": 0.0, "flops": 0.0})
+            "calls": 0, "time_us": 0.0, "flops": 0.0, "kept_fp32_by": kept_fp32_by[i] if kept_fp32_by else None})
         entry["calls"] += 1
         entry["time_us"] += float(dev_total[i] if on_device else dur[i])
         entry["flops"] += 0.0 if _isnan(flops[i]) else float(flops[i])  # counted ops only: their self FLOPs

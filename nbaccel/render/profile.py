@@ -290,7 +290,8 @@ def unaligned_lines(result, limit: int = UNALIGNED_ROWS) -> list[str]:
     entries = result.unaligned
     where = "device" if result.on_device else "CPU"
     out = []
-    later = sorted({e["dtype"] for e in entries[:limit] if not padding_pays_here(result, e)})  # rows shown
+    # rows shown; one inside an op autocast keeps in fp32 says its own reason
+    later = sorted({e["dtype"] for e in entries[:limit] if not padding_pays_here(result, e) and not e.get("kept_fp32_by")})
     amx_bf16 = "bf16" in cpu_tile_dtypes(result)
     if later:
         out.append(f"{'/'.join(later)} matmul/conv on the CPU run on the vector units, not on tiles: padding their "
@@ -301,6 +302,9 @@ def unaligned_lines(result, limit: int = UNALIGNED_ROWS) -> list[str]:
         fixes = ", ".join(f"{k}={v} -> {e['pad_to'][k]}" for k, v in e["unaligned"].items())
         share = f", {format_share(e['share'])} of {where} time" if e.get("share") is not None else ""
         when = (f"multiple of {e['multiple']} for {e['dtype']}" if padding_pays_here(result, e)
+                # a trial's cdist read "K=63 -> 64 (for a GPU or bf16 autocast)": autocast keeps it fp32
+                else f"inside {e['kept_fp32_by']}, which autocast keeps in fp32: no tiles for it on the CPU"
+                if e.get("kept_fp32_by")
                 else f"for a GPU or bf16 autocast; not {e['dtype']} on the CPU" if amx_bf16
                 else "for a GPU; not on this CPU")
         out.append(f"{e['op']} [{e['shapes']}] x{e['calls']} ({_time(e['time_us'])}{share}): {fixes} ({when})")

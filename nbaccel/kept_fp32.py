@@ -1,0 +1,34 @@
+"""Matmuls that autocast leaves in fp32 because an op around them is on its fp32 list.
+
+Autocast acts on the outermost op that has a rule: ``torch.cdist`` is on the fp32 list (CUDA's and
+the CPU's), so the ``aten::mm`` it runs inside ``aten::_euclidean_dist`` stays fp32 under any
+recipe, and its K is the points' dim + 2 (the squared norms ride along). A trial's profile of a
+cdist cell read "fp32 matmul/conv take 30% of CPU time: try %%amp" and "K=63 -> 64", though
+``--amp bf16`` left that mm in fp32. An op without a rule of its own passes autocast on to what
+it calls (``einsum``'s ``bmm``, ``linalg_matrix_power``'s ``mm`` run in bf16), so only the ops
+listed here keep their matmuls in fp32; tests/test_kept_fp32.py checks each against torch's
+autocast on the CPU. On CUDA only the cdist family is listed: its fp32 rule is in torch's autocast
+op reference; ``pinverse`` has none there, so its matmuls are cast.
+"""
+
+from __future__ import annotations
+
+from .analysis.phases import inside_rows
+
+_CDIST = frozenset({"aten::cdist", "aten::_cdist_forward", "aten::_euclidean_dist"})
+KEPT_FP32 = {"cpu": _CDIST | {"aten::pinverse", "aten::linalg_pinv"}, "cuda": _CDIST}
+
+
+def kept_fp32_by(ops: dict, device_type: str) -> list[str | None]:
+    """For each op: the outermost op around it (or itself) that autocast keeps in fp32 on
+    ``device_type``, whose matmuls stay fp32 whatever the recipe; None for the others."""
+    kept = KEPT_FP32.get(device_type, _CDIST)
+    names, parent = ops["name"], ops["parent"]
+    out: list[str | None] = [None] * len(names)
+    for i in inside_rows(parent, [j for j, name in enumerate(names) if name in kept]):
+        j = i
+        while j >= 0:
+            if names[j] in kept:
+                out[i] = names[j]
+            j = parent[j]
+    return out
