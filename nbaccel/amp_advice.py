@@ -382,8 +382,13 @@ def advise(result: AmpResult) -> list[str]:
             notes.append(f"Peak memory {mem:.0%} lower ({sizes}).")
         elif result.memory_firm and mem < -0.05 and autocast:
             # The peak is measured, what filled it is not: the usual cause is named as one, not asserted.
+            # weights copies need a backward to keep them: a trial's forward-only attention cell (no
+            # weights at all) was told of them
+            cause = (f"autocast keeps {dtype} copies of fp32 weights for the backward pass" if result.gradients else
+                     f"autocast makes {dtype} copies of the inputs of each op it casts, beside the fp32 originals "
+                     "the cell still holds")
             notes.append(f"Peak memory {-mem:.0%} higher under {dtype} ({sizes}). A common cause (not measured "
-                         f"here): autocast keeps {dtype} copies of fp32 weights for the backward pass.")
+                         f"here): {cause}.")
     if info.type == "cpu":
         notes.append(describe(info) + ". These are CPU figures, not GPU ones.")
     return notes
