@@ -220,7 +220,7 @@ class Contention:
             # format_seconds: a tiny step read "lasted 0 ms in all" (a user trial) with a fixed unit
             return (f"contention: not measured ({runs} lasted {format_seconds(wall)} in all, under the "
                     f"{MIN_WINDOW_S:g} s that /proc/stat's 10 ms ticks need)")
-        return (f"contention: other programs used {self.figures()}{during}, torch using {self.threads} threads "
+        return (f"contention: other programs used {self.figures()}{during}, torch using {self.threads} thread{'s' if self.threads != 1 else ''} "
                 f"({self.method})")
 
     def to_dict(self) -> dict:
@@ -257,10 +257,14 @@ class ContentionMeter:
             unknown, method = reader.available(), reader.method
             busy, ours = busy or reader.busy, ours or reader.ours
             cores = cores if cores is not None else (len(reader.cpus) if reader.cpus else None)
+        # torch's threads as the measured code ran: read again as each span ends, since the code may set
+        # them (a cell's torch.set_num_threads(1) was reported "torch using 2 threads")
+        self._threads = None
         if threads is None:
             import torch
 
-            threads = torch.get_num_threads()
+            self._threads = torch.get_num_threads
+            threads = self._threads()
         self._busy, self._ours, self._now = busy, ours, now
         self.result = Contention(cores=cores, threads=threads, method=method, unknown=unknown)
 
@@ -274,6 +278,8 @@ class ContentionMeter:
             yield
         finally:
             end = self._read()
+            if self._threads is not None:
+                self.result.threads = self._threads()
             if start is not None and end is not None:
                 # Kept signed and clamped only in the sum (`Contention.others_cores`): a span shorter
                 # than a 10 ms tick reads 0 or 10 ms of busy time against our exact CPU time, and

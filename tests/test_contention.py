@@ -416,3 +416,18 @@ def test_a_contended_slowdown_is_not_given_a_confident_cause():
     assert ("No speedup measured (0.33x), but other programs competed for the CPU (see the warning): re-run when "
             "the machine is quiet.") in advice
     assert "No speedup (" not in advice and "memory-bound" not in advice and "larger batch" not in advice
+
+
+def test_the_thread_count_is_the_one_the_measured_code_ran_with():
+    """A trial: a cell that called torch.set_num_threads(1) read "torch using 2 threads" (the count was read
+    before the cell ran). It is read again as each span ends; one thread is "1 thread"."""
+    script = Script(busy_rate=1.0, ours_rate=1.0, step=0.5)
+    before = torch.get_num_threads()
+    meter = ContentionMeter(busy=lambda: script.busy, ours=lambda: script.ours, now=script.now, cores=2)
+    try:
+        with meter.span("fp32"):
+            torch.set_num_threads(1)
+    finally:
+        torch.set_num_threads(before)
+    assert meter.result.threads == 1 and "torch using 1 thread (" in meter.result.summary()
+    assert ContentionMeter(busy=lambda: 0.0, ours=lambda: 0.0, now=script.now, cores=2, threads=2).result.threads == 2
