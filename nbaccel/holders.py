@@ -153,14 +153,16 @@ def namespace_holders(namespace: dict, top: int = 10, skip=lambda name: False) -
     moments...); tensors and containers (nested up to `CONTAINER_DEPTH` levels) their storages. Each
     storage is counted once, by the first row that holds it -- modules and optimizers first, the
     largest first (so `encoder = model.encoder` shares its bytes with `model`), then the other names
-    in the namespace's order, IPython's output cache (``Out[n]``) last -- and every later row that
+    in the namespace's order (views smaller than their storage after the rest), IPython's output
+    cache (``Out[n]``) last -- and every later row that
     holds it says so in ``detail`` ("shares 4 MiB with big") with 0 bytes for it: the rows add up to
     what the names hold. (A container whose tensors are all counted already gets no row.)
     """
     counted: dict = {}  # storage key -> the name of the row that counts it
     rows: list[Holder] = []
-    # sorted() is stable: the user's own names in their order, then the output cache's entries
-    values = sorted(_named_values(namespace, skip), key=lambda item: item[0].startswith("Out["))
+    # sorted() is stable: the user's own names in their order, views of a larger storage after the rest
+    # (`y = big[:2]`, named before `big`, took big's bytes), then the output cache's entries
+    values = sorted(_named_values(namespace, skip), key=lambda item: (item[0].startswith("Out["), _part_of(item[1])))
     stateful, seen_objects = [], set()
     for name, value in values:
         if isinstance(value, (torch.nn.Module, torch.optim.Optimizer)) and id(value) not in seen_objects:
@@ -202,6 +204,16 @@ def namespace_holders(namespace: dict, top: int = 10, skip=lambda name: False) -
             rows.append(Holder(name, kind, device, dtype, _total(own), _joined(detail, shared)))
     rows.sort(key=lambda h: h.nbytes, reverse=True)
     return rows[:top]
+
+
+def _part_of(value) -> bool:
+    """Whether ``value`` is a dense tensor smaller than the storage it views (a slice, a 0-d loss)."""
+    if not isinstance(value, torch.Tensor) or value.layout != torch.strided or value.is_nested:
+        return False
+    try:
+        return value.numel() * value.element_size() < value.untyped_storage().nbytes()
+    except (RuntimeError, NotImplementedError):  # a tensor subclass or meta tensor without a storage
+        return False
 
 
 def _view_detail(tensor: torch.Tensor, storages: dict) -> str:

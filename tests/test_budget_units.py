@@ -262,6 +262,18 @@ def test_a_second_name_for_a_storage_or_a_submodule_shares_it():
     assert sum(h.nbytes for h in rows.values()) == 4_000_000 + rows["model"].nbytes
 
 
+def test_a_view_named_before_its_base_shares_the_bytes_with_the_base():
+    """`head = torch.empty(0)` at the top of a notebook, `big = ...; head = big[:2]` later: head comes first in
+    the namespace's order and took big's 3.8 MiB, and big read "shares 3.81 MiB with head"."""
+    big = torch.zeros(1000, 1000)
+    rows = {h.name: h for h in namespace_holders({"head": big[:2], "loss": big.sum(), "big": big}, top=20)}
+    assert rows["big"].nbytes == 4_000_000 and rows["big"].detail == ""
+    assert rows["head"].nbytes == 0 and rows["head"].detail.endswith("shares 3.81 MiB with big")
+    # a view with no other name still counts what it keeps alive, and says so
+    rows = {h.name: h for h in namespace_holders({"head": big[:2]})}
+    assert rows["head"].nbytes == 4_000_000 and "view of a 3.81 MiB storage" in rows["head"].detail
+
+
 def test_an_uninitialized_lazy_module_holds_nothing_and_breaks_nothing():
     """A review: a LazyLinear before its first forward made the status (and the too-large-snapshot
     message, and the OOM explanation) raise torch's "uninitialized parameter" ValueError."""
