@@ -20,8 +20,8 @@ Also ``results_frame`` (saved results into one DataFrame) and ``side_by_side``. 
 ``python -m nbaccel env`` and ``python -m nbaccel trace PATH``.
 
 Errors and warnings a script may catch, all top-level names here: `ProfileError`, `DeviceError`,
-`BudgetError`, `BudgetExceeded`, `EstimateError`, `SnapshotTooLarge`, `LazyModuleNotReady`, `TraceError`, `RankFailure`,
-`RankMismatch`; `TraceWarning`, `SharedTraceWarning`, `TraceSaveWarning`, `BudgetWarning`.
+`BudgetError`, `BudgetExceeded`, `EstimateError`, `SnapshotTooLarge`, `LazyModuleNotReady`, `TraceError`, `RankNotFound`,
+`RankFailure`, `RankMismatch`; `TraceWarning`, `SharedTraceWarning`, `TraceSaveWarning`, `BudgetWarning`.
 (``nbaccel.profile`` is the profiler, not its module: its warnings are ``nbaccel.SharedTraceWarning``.)
 See docs/api.md.
 """
@@ -36,7 +36,7 @@ from .precision import precision  # noqa: E402
 from .profile import ProfileResult, profile  # noqa: E402
 from .render.side_by_side import side_by_side  # noqa: E402
 from .results import results_frame  # noqa: E402
-from .trace_result import MultiRankResult, TraceError, TraceWarning, load_trace  # noqa: E402
+from .trace_result import MultiRankResult, RankNotFound, TraceError, TraceWarning, load_trace  # noqa: E402
 # What a script catches, importable from here: the modules that define them are shadowed or internal
 # (``nbaccel.profile`` is the profiler class, so nbaccel.profile.SharedTraceWarning was an AttributeError).
 from .budget import BudgetError, BudgetExceeded, BudgetWarning  # noqa: E402
@@ -47,7 +47,7 @@ from .profile_options import ProfileError  # noqa: E402
 from .snapshot import LazyModuleNotReady, SnapshotTooLarge  # noqa: E402
 
 __all__ = ["compare_amp", "AmpResult", "memory_budget", "MemoryBudget", "estimate_memory", "MemoryEstimate", "precision", "profile", "ProfileResult", "env_report", "results_frame", "side_by_side", "load_trace", "MultiRankResult",
-           "TraceError", "TraceWarning", "load_ipython_extension",
+           "TraceError", "RankNotFound", "TraceWarning", "load_ipython_extension",
            "unload_ipython_extension",
            # errors and warnings
            "ProfileError", "DeviceError", "BudgetError", "BudgetExceeded", "EstimateError", "SnapshotTooLarge",

@@ -228,3 +228,19 @@ def test_a_cell_failing_in_a_hidden_run_shows_no_nbaccel_frame(run_cell, ip, fai
                            "    raise ValueError('boom')\n", expect_error=ValueError)
     assert "raise ValueError('boom')" in captured.stdout
     assert "nbaccel" not in re.sub(r"nbaccel %%amp: .*", "", captured.stdout).replace("%%amp", ""), captured.stdout
+
+
+def test_a_second_profiler_in_the_cell_fails_at_its_line_and_at_nbaccels_check(run_cell):
+    """A docs audit: reliability.md promised no frame of nbaccel's, and the second-profiler refusal shows
+    one: IPython never hides the frame that raised. The traceback is the cell's `with` line, torch's
+    profiler frames, and the check with its message, as reliability.md now says."""
+    from nbaccel.profile_options import ProfileError
+
+    run_cell("import torch\nxx = torch.ones(4, 4)")
+    _, captured = run_cell("%%profile_gpu\nwith torch.profiler.profile():\n    xx @ xx\n", expect_error=ProfileError)
+    shown = captured.stdout
+    assert shown.index("----> 1 with torch.profiler.profile():") < shown.index("torch/profiler/profiler.py")
+    assert shown.index("torch/profiler/profiler.py") < shown.index("nbaccel/profiler_guard.py")
+    assert [line for line in shown.splitlines() if "nbaccel/" in line] == [
+        line for line in shown.splitlines() if "profiler_guard.py" in line and line.startswith("File ")]
+    assert "runs one profiler per process" in shown

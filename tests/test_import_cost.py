@@ -63,13 +63,14 @@ def test_the_errors_and_warnings_a_script_catches_are_top_level_names():
     from nbaccel.distributed import RankFailure
 
     caught = ("ProfileError", "DeviceError", "BudgetError", "BudgetExceeded", "EstimateError", "SnapshotTooLarge",
-              "TraceError", "RankFailure", "RankMismatch", "TraceWarning", "SharedTraceWarning", "TraceSaveWarning",
+              "TraceError", "RankNotFound", "RankFailure", "RankMismatch", "TraceWarning", "SharedTraceWarning", "TraceSaveWarning",
               "BudgetWarning")
     for name in caught:
         assert name in nbaccel.__all__ and isinstance(getattr(nbaccel, name), type), name
         assert issubclass(getattr(nbaccel, name), Exception), name
     assert nbaccel.BudgetError is BudgetError and nbaccel.RankFailure is RankFailure
     assert issubclass(nbaccel.SharedTraceWarning, UserWarning)
+    assert issubclass(nbaccel.RankNotFound, nbaccel.TraceError) and issubclass(nbaccel.RankNotFound, LookupError)
     for named in ("profile", "load_trace", "memory_budget", "nbaccel.distributed", "python -m nbaccel trace",
                   "SharedTraceWarning", *caught):
         assert named in nbaccel.__doc__, named
