@@ -356,7 +356,8 @@ def _flops_of(func, name: str, args, kwargs, out, dense: bool | None = None) -> 
         concrete = [None if isinstance(a, torch.Tensor) or (isinstance(a, (list, tuple))
                                                             and any(isinstance(t, torch.Tensor) for t in a))
                     else a for a in args]
-        own = op_flops(name, dims, concrete_inputs=concrete)
+        types = [str(a.dtype) if isinstance(a, torch.Tensor) else "" for a in args]  # complex: 4x (op_flops)
+        own = op_flops(name, dims, types, concrete_inputs=concrete)
         if own is not None:
             return own
         counter = flop_registry.get(func.overloadpacket)

@@ -413,3 +413,25 @@ def test_one_dimensional_products_count_two_flops_per_element():
     with OpAudit() as audit:
         run()
     assert audit.total_flops == 4 * 2000
+
+
+def test_complex_matmuls_count_four_real_multiply_adds_and_complex_convolutions_their_three_real_ones():
+    """A complex multiply-add is 8 real FLOPs (a real one 2): a Fourier layer's complex einsum read 4x too
+    few in both magics. torch runs a complex convolution as three real ones, which both see and count."""
+    from nbaccel.flops import OpAudit
+
+    a, b = torch.randn(4, 8, 16, dtype=torch.cfloat), torch.randn(4, 16, 8, dtype=torch.cfloat)
+    real = 2 * 4 * 8 * 16 * 8
+    run = lambda: (torch.bmm(a, b), torch.einsum("bij,bjk->bik", a, b), a[0] @ b[0])  # noqa: E731
+    expected = 4 * (real + real + real // 4)
+    assert profiled(run)[0] == expected
+    with OpAudit() as audit:
+        run()
+    assert audit.total_flops == expected
+    x, w = torch.randn(2, 3, 16, 16, dtype=torch.cfloat), torch.randn(4, 3, 3, 3, dtype=torch.cfloat)
+    conv = lambda: F.conv2d(x, w)  # noqa: E731
+    one_real = profiled(lambda: F.conv2d(x.real.contiguous(), w.real.contiguous()))[0]
+    assert profiled(conv)[0] == 3 * one_real > 0
+    with OpAudit() as audit:
+        conv()
+    assert audit.total_flops == 3 * one_real

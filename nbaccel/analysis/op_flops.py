@@ -358,6 +358,12 @@ FLOP_OPS = frozenset(
 )
 
 
+# A complex multiply-add is 4 real multiplies and 4 adds: 8 FLOPs where a real one is 2 (a complex
+# GEMM, cgemm/zgemm, does 4x the real work). Complex convolutions need no factor: torch runs them as
+# three real ones (Gauss's trick), which the trace and the op audit both see and count.
+COMPLEX_FACTOR = 4
+
+
 def op_flops(
     name: str,
     input_dims: Dims | None,
@@ -367,12 +373,21 @@ def op_flops(
 ) -> int | None:
     """FLOPs of op ``name`` (forward or backward) from its recorded ``Input Dims``, or ``None`` if unknown.
 
-    ``input_types`` is accepted for symmetry with the trace columns (FLOPs do not depend on
-    dtype). ``concrete_inputs`` are the profiler's ``Concrete Inputs`` strings (stride,
+    ``input_types`` (the trace's ``Input type`` strings, or dtype names): an op on complex operands
+    counts `COMPLEX_FACTOR` times the real count (a trial's Fourier-layer einsum read 4x too few).
+    ``concrete_inputs`` are the profiler's ``Concrete Inputs`` strings (stride,
     padding...), needed for convolution output sizes unless ``output_dims`` is known.
     Varlen (nested/cumulative-sequence) attention returns ``None``: its 3-D packed shapes do
     not give per-sequence lengths.
     """
+    flops = _real_flops(name, input_dims, concrete_inputs, output_dims)
+    if flops is not None and any("complex" in str(t).lower() for t in input_types or ()):
+        return flops * COMPLEX_FACTOR
+    return flops
+
+
+def _real_flops(name: str, input_dims: Dims | None, concrete_inputs: Sequence[Any] | None,
+                output_dims: Dims | None) -> int | None:
     if name not in FLOP_OPS or not input_dims:
         return None
     s = lambda i: _shape(input_dims, i)  # noqa: E731 - tiny local accessor
