@@ -38,7 +38,8 @@ def fallback_rows(names: list) -> list[int]:
 def inside_fallback(ops: dict) -> list[bool]:
     """Whether each op is the math fallback or runs inside it."""
     flags = [False] * len(ops["name"])
-    for i in inside_rows(ops["parent"], fallback_rows(ops["name"])):
+    rows = fallback_rows(ops["name"])
+    for i in inside_rows(ops["parent"], rows) if rows else ():  # most profiles have none: no walk
         flags[i] = True
     return flags
 
