@@ -221,6 +221,28 @@ def _same_kernels(result: AmpResult, speedup: float, dtype: str) -> str:
             f"{speedup:.2f}x between their times is run-to-run variation, not an effect of {dtype}.")
 
 
+# scaled_dot_product_attention's math path is the one caller of aten::_safe_softmax (torch 2.13; flex
+# attention's eager path is the other): the op audit sees it where the math fallback ran.
+_MATH_ATTENTION_MARK = "aten::_safe_softmax"
+
+
+def _cpu_attention_fallback(result: AmpResult) -> bool:
+    """Whether the recipe's run took scaled_dot_product_attention's math fallback on the CPU with its
+    matmuls left in fp32: the fallback computes bf16/fp16 inputs in fp32 there (attention_fallback.py),
+    and a trial's %%amp blamed "ops autocast keeps in fp32" and "inputs cast back" for it."""
+    ops = result.amp.ops
+    return (result.device.type == "cpu" and not ops.empty and _MATH_ATTENTION_MARK in set(ops["op"])
+            and "aten::bmm" in result.precision["heavy_fp32"])
+
+
+def _attention_fallback_note(dtype: str) -> str:
+    return (f"scaled_dot_product_attention ran torch's math fallback ({_MATH_ATTENTION_MARK} is its op), not a "
+            f"fused kernel: on the CPU it computes {dtype} inputs in fp32, so its aten::bmm calls stayed fp32 "
+            "under autocast. Common causes: dropout_p > 0 (the CPU's fused kernel takes no dropout), q/k/v head "
+            "dims that differ, inputs that are not 4-D; %%profile_gpu names the one here, and one call under "
+            "torch.nn.attention.sdpa_kernel(SDPBackend.FLASH_ATTENTION) makes torch say why.")
+
+
 def _no_speedup(result: AmpResult, speedup: float, dtype: str) -> str:
     """The advice for a speedup under `NO_SPEEDUP_BELOW` (1.05x). A cause read from the op audit or the
     CPU's features is a fact whatever the timing; "too small or memory-bound" is read from the timing
@@ -238,8 +260,9 @@ def _no_speedup(result: AmpResult, speedup: float, dtype: str) -> str:
                 + (f". It has AMX-BF16: use {option('dtype', 'bf16')}." if info.cpu_features.get("amx_bf16")
                    else "."))
     elif precision["reduced_flop_share"] is not None and precision["reduced_flop_share"] < 0.5:
-        fact = (f"only {precision['reduced_flop_share']:.0%} of the FLOPs ran in {dtype}; the time goes to ops "
-                "autocast keeps in fp32.")
+        fact = (f"only {precision['reduced_flop_share']:.0%} of the FLOPs ran in {dtype}; "
+                + ("scaled_dot_product_attention's math fallback computed in fp32 (see below)."
+                   if _cpu_attention_fallback(result) else "the time goes to ops autocast keeps in fp32."))
     else:
         fact = None  # the cause below is inferred from the times
     if fact is None and result.worker_loaders:  # the start-up named above, not the batch size
@@ -352,6 +375,9 @@ def advise(result: AmpResult) -> list[str]:
         notes.append("Matmul dims " + ", ".join(map(str, dims)) + " are not multiples of 8; pad them (e.g. to "
                      + ", ".join(str(-(-d // 8) * 8) for d in dims) + ") " + _what_padding_feeds(info, dtype) + ".")
     heavy = result.heavy_fp32_calls if autocast else []
+    if heavy and autocast and _cpu_attention_fallback(result):
+        notes.append(_attention_fallback_note(dtype))
+        heavy = [h for h in heavy if not h.startswith("aten::bmm")]  # the fallback's, said above
     if heavy and not heavy_named:
         notes.append("Heavy ops still in fp32 under autocast: " + ", ".join(heavy)
                      + " (their inputs were cast back, or they ran outside the autocast region).")

@@ -50,8 +50,9 @@ def cpu_reasons(dims, concrete) -> list[str]:
     args = [parse_concrete(c) for c in (concrete or ())]
     dropout = args[_DROPOUT] if len(args) > _DROPOUT else None
     if isinstance(dropout, (int, float)) and not isinstance(dropout, bool) and dropout > 0:
-        reasons.append(f"dropout_p={dropout:g} (the fused kernel takes no dropout; model.eval() turns it off "
-                       "outside training)")
+        # model.eval() does not change an argument: a trial's eval-mode GPT passed dropout_p=self.drop
+        reasons.append(f"dropout_p={dropout:g} (the fused kernel takes no dropout: outside training pass 0.0, as "
+                       "nn.MultiheadAttention does, e.g. dropout_p=self.p if self.training else 0.0)")
     shapes = [d for d in (dims or [])[:3] if isinstance(d, list) and d]
     if len(shapes) == 3:
         if any(len(s) != 4 for s in shapes):

@@ -197,9 +197,10 @@ def _amp_words(result: ProfileResult) -> str:
     return amp_comparison_name() + again
 
 
-def _random_notes(ops: dict, time_col: str, total: float, where: str) -> list[str]:
+def _random_notes(ops: dict, time_col: str, total: float, where: str, in_attention: list[bool]) -> list[str]:
     """Dropout (whole: its op with the ops inside it) and random tensors made in the profiled code,
-    when they are a fifth of the time."""
+    when they are a fifth of the time. ``in_attention``: per op, whether it runs inside the attention
+    math fallback, whose dropout is its ``dropout_p`` argument (model.eval() leaves that as it is)."""
     inclusive = "device_total_us" if time_col == "device_self_us" else "dur_us"
     parent, names = ops["parent"], ops["name"]
 
@@ -213,19 +214,23 @@ def _random_notes(ops: dict, time_col: str, total: float, where: str) -> list[st
 
     notes = []
     for kind, column in ((_DROPOUT_OPS, inclusive), (_RANDOM_OPS, time_col)):
-        times, calls = {}, {}
+        times, calls, argument = {}, {}, False
         for i, name in enumerate(names):
             if name in kind and (kind is _RANDOM_OPS or outermost(i)):
                 times[name] = times.get(name, 0.0) + ops[column][i]
                 calls[name] = calls.get(name, 0) + 1
+                argument = argument or (kind is _DROPOUT_OPS and in_attention[i])
         share = pt.pairwise_sum(list(times.values())) / total
         if share < RANDOM_SHARE:
             continue
         mine = sorted(times, key=times.get, reverse=True)
         named = ", ".join(f"{n} {calls[n]} call{'s' if calls[n] != 1 else ''}" for n in mine[:3])
         if kind is _DROPOUT_OPS:
+            off = ("model.eval() turns dropout off" + (
+                   ", but not scaled_dot_product_attention's dropout_p argument, part of it here: pass 0.0 "
+                   "outside training" if argument else ""))
             notes.append(f"Dropout takes {share:.0%} of {where} time ({named}, with the ops inside): if this is "
-                         "evaluation or inference, model.eval() turns dropout off; in training it is dropout's "
+                         f"evaluation or inference, {off}; in training it is dropout's "
                          "cost, which torch.compile cuts by drawing the masks inside fused kernels.")
         else:
             notes.append(f"Making random tensors takes {share:.0%} of {where} time ({named}): if they stand in "
@@ -233,13 +238,14 @@ def _random_notes(ops: dict, time_col: str, total: float, where: str) -> list[st
     return notes
 
 
-def _fp32_matmul_notes(result: ProfileResult, ops: dict, time_col: str, total: float, where: str) -> list[str]:
+def _fp32_matmul_notes(result: ProfileResult, ops: dict, time_col: str, total: float, where: str,
+                       in_fallback: list[bool]) -> list[str]:
     """"try %%amp" where fp32 matmul/conv ops are a fifth of the time, naming the ops counted (the
     category bar also holds wrappers' own time: a trial read 45% here beside a 68% bar for einsum),
     and not where it cannot help: under the recipe already (a trial's --amp bf16 profile was told to
     try --amp bf16), inside the CPU's attention math fallback, which computes in fp32 whatever
     autocast casts (`attention_fallback`), or inside an op autocast keeps in fp32 (`kept_fp32`: cdist)."""
-    fallback = inside_fallback(ops) if not result.on_device else [False] * len(ops["name"])
+    fallback = in_fallback if not result.on_device else [False] * len(ops["name"])  # CUDA's runs in bf16
     times: dict[str, float] = {}
     for name, t, c, d, in_fallback, kept in zip(ops["name"], ops[time_col], ops["category"], ops["math_dtype"],
                                                 fallback, result.kept_fp32_by):
@@ -280,8 +286,9 @@ def advise(result: ProfileResult) -> list[str]:
         notes.append("No torch operators were recorded: torch.profiler sees torch work only, and only on the thread "
                      "that runs the code (not in threads it starts); for plain Python time use %prun or pyinstrument.")
     notes += _phase_notes(result)
+    in_fallback = inside_fallback(ops)  # attention's math fallback: the ops inside it
     if n_ops and total > 0:
-        notes += _fp32_matmul_notes(result, ops, time_col, total, where)
+        notes += _fp32_matmul_notes(result, ops, time_col, total, where, in_fallback)
         fallback = fallback_note(ops, total, on_device, where)
         if fallback:
             notes.append(fallback)
@@ -318,7 +325,7 @@ def advise(result: ProfileResult) -> list[str]:
                          "their time in fixed per-op costs (Python binding, dispatch, allocation); try "
                          "torch.compile (fuses them) or give each op more work (larger tensors per op).")
     if n_ops and total > 0:
-        notes += _random_notes(ops, time_col, total, where)
+        notes += _random_notes(ops, time_col, total, where, in_fallback)
     if on_device and result.device_time_us > 0:
         transfer = pt.pairwise_sum([t for c, t, _, _ in result.category_rows if c == "data transfer"])
         if transfer / result.device_time_us >= TRANSFER_SHARE:

@@ -116,3 +116,38 @@ def test_on_a_gpu_no_cpu_reason_is_given_and_torch_is_asked_instead():
     assert "80% of device time" in line and "dropout_p" not in line and "head dims" not in line
     assert "SDPBackend.EFFICIENT_ATTENTION" in line and "bf16/fp16 in fp32" not in line
     assert fallback_note(ops, total=1000.0, on_device=True, where="device") is None  # 8%: under a tenth
+
+
+def test_a_dropout_argument_is_not_said_to_be_turned_off_by_eval(run_cell, ip):
+    """A trial: an eval-mode model passing dropout_p=self.drop to F.scaled_dot_product_attention was told
+    "model.eval() turns it off"; eval() changes no argument."""
+    ip.user_ns.update(dict(zip("qkv", _qkv())), torch=torch)
+    run_cell("%%profile_gpu -q -r prof\nout = torch.nn.functional.scaled_dot_product_attention(q, k, v, dropout_p=0.1)")
+    advice = ip.user_ns["prof"].advice
+    line = next(a for a in advice if "math fallback" in a)
+    assert "dropout_p=0.1 (the fused kernel takes no dropout: outside training pass 0.0" in line
+    assert "model.eval()" not in line
+    dropout = next((a for a in advice if a.startswith("Dropout takes")), None)
+    if dropout is not None:  # the mask and scaling are a fifth of the time or more (they are on 2 cores)
+        assert "but not scaled_dot_product_attention's dropout_p argument" in dropout
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "fp16"])
+def test_amp_names_the_fallback_as_why_attentions_matmuls_stayed_fp32(run_cell, ip, dtype,
+                                                                     cpu_with_bf16_and_fp16_units):
+    """A trial: %%amp on the fallback said "the time goes to ops autocast keeps in fp32" and "their inputs
+    were cast back, or they ran outside the autocast region": autocast cast q, k and v, and the CPU's math
+    fallback computed them in fp32."""
+    ip.user_ns.update(dict(zip("qkv", _qkv(v_dim=32))), torch=torch)
+    run_cell(f"%%amp -q -r res --dtype {dtype} --repeat 3\n"
+             "out = torch.nn.functional.scaled_dot_product_attention(q, k, v)\nout.sum()")
+    advice = ip.user_ns["res"].advice
+    line = next(a for a in advice if a.startswith("scaled_dot_product_attention ran torch's math fallback"))
+    assert f"on the CPU it computes {dtype} inputs in fp32, so its aten::bmm calls stayed fp32" in line
+    assert not any("their inputs were cast back" in a for a in advice)
+    assert not any("ops autocast keeps in fp32" in a for a in advice)
+    # a fused call: nothing of the kind
+    ip.user_ns.update(dict(zip("qkv", _qkv())))
+    run_cell(f"%%amp -q -r res --dtype {dtype} --repeat 3\n"
+             "out = torch.nn.functional.scaled_dot_product_attention(q, k, v)\nout.sum()")
+    assert not any("math fallback" in a for a in ip.user_ns["res"].advice)
