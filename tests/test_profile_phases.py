@@ -192,7 +192,7 @@ def test_the_math_inside_an_attention_op_counts_as_attention(run_cell, ip):
     run_cell("%%profile_gpu -q -r prof\nlayer(x).sum().backward()")
     prof = ip.user_ns["prof"]
     cols, cats = prof.op_columns, _cats(prof)
-    inside = phases.inside_attention(cols["category"], cols["parent"])
+    inside = phases.inside_attention(cols["category"], cols["parent"], cols["name"])
     bmm_inside = sum(t for name, t, i in zip(cols["name"], cols["self_us"], inside) if i and name == "aten::bmm")
     assert bmm_inside > 0  # the forward's attention matmuls ran inside the SDPA op
     own = sum(t for c, t in zip(cols["category"], cols["self_us"]) if c == "attention")
@@ -202,6 +202,31 @@ def test_the_math_inside_an_attention_op_counts_as_attention(run_cell, ip):
     # measured time, asserted here before, fell under its bound when other programs took the CPU.)
     assert [p for p, i in zip(prof.op_phases, inside) if i] == ["attention"] * sum(inside)
     assert {"aten::bmm", "aten::_softmax"} <= {n for n, i in zip(cols["name"], inside) if i}
+
+
+def test_the_projections_inside_the_attention_fast_path_are_matmuls(run_cell, ip):
+    """A user trial: an eval-mode encoder read "attention 46%" (11% in train mode): nn.MultiheadAttention's
+    inference fast path (aten::_native_multi_head_attention) runs the q/k/v and output projections inside it,
+    as aten::mm / aten::addmm, two thirds of its FLOPs. They are matmul/conv, as beside the training path's
+    attention op; its bmm and softmax stay attention."""
+    import torch
+
+    torch.manual_seed(0)
+    enc = torch.nn.TransformerEncoder(torch.nn.TransformerEncoderLayer(64, 4, 128, batch_first=True), 1).eval()
+    ip.user_ns.update(enc=enc, x=torch.randn(4, 32, 64), torch=torch)
+    run_cell("%%profile_gpu -q -r prof\nwith torch.no_grad():\n    y = enc(x)")
+    prof = ip.user_ns["prof"]
+    cols = prof.op_columns
+    block = cols["name"].index("aten::_native_multi_head_attention")
+    children = {cols["name"][i]: prof.op_phases[i] for i, p in enumerate(cols["parent"]) if p == block}
+    assert children["aten::mm"] is None and children["aten::addmm"] is None  # their own category: matmul/conv
+    assert children["aten::bmm"] == "attention" and children["aten::_softmax"] == "attention"
+    grand = [prof.op_phases[i] for i, p in enumerate(cols["parent"]) if p >= 0 and cols["parent"][p] == block
+             and cols["name"][p] == "aten::mm"]
+    assert grand and set(grand) == {None}  # what a projection runs is not attention either
+    cats = _cats(prof)
+    mm_time = sum(t for n, t, p in zip(cols["name"], cols["self_us"], cols["parent"]) if p == block and n == "aten::mm")
+    assert cats["matmul/conv"] >= mm_time > 0
 
 
 def test_an_optimizer_steps_ops_count_as_optimizer_on_the_cpu(run_cell, ip):

@@ -190,13 +190,48 @@ def _inside(ranges: list[tuple[float, float]], starts: list[float], ts: float, e
     return k >= 0 and end <= ranges[k][1]
 
 
-def inside_attention(categories: list, parent: list) -> list[bool]:
+# Attention ops that hold their q/k/v and output projections too: nn.MultiheadAttention's inference fast
+# path (eval, no grad) runs them as aten::mm / aten::addmm inside it, where the training path runs them as
+# aten::linear beside the attention op. A trial's eval-mode encoder read "attention 46%" (in train: 11%),
+# two thirds of it the projections' matmuls.
+_ATTENTION_BLOCKS = frozenset({"aten::_native_multi_head_attention"})
+_PROJECTIONS = frozenset({"aten::mm", "aten::addmm", "aten::linear", "aten::_addmm_activation", "aten::matmul"})
+
+
+def inside_attention(categories: list, parent: list, names: list | None = None) -> list[bool]:
     """Whether each op runs inside an attention op (``parent``: row of the enclosing op). The CPU's
     ``scaled_dot_product_attention`` runs its math as child ops (``aten::bmm``, ``aten::_softmax``...):
     a user trial read "attention 0.1 %" for a transformer whose attention matmuls were filed under
-    matmul/conv. (CUDA's breakdown is by kernel, and its fused attention kernels are attention already.)"""
-    state = _self_or_ancestor(parent, lambda j: categories[j] == "attention")
-    return [p >= 0 and state[p] for p in parent]
+    matmul/conv. (CUDA's breakdown is by kernel, and its fused attention kernels are attention already.)
+    The projections inside an attention block (`_ATTENTION_BLOCKS`, given ``names``) are not its
+    attention: they, and what they run, keep their own categories."""
+    n = len(parent)
+    # scope[i]: whether what op i runs is attention's; None until known
+    scope: list = [None] * n
+
+    def projection(i: int) -> bool:
+        if names is None or names[i] not in _PROJECTIONS:
+            return False
+        j = parent[i]
+        while j >= 0 and categories[j] != "attention":
+            j = parent[j]
+        return j >= 0 and names[j] in _ATTENTION_BLOCKS
+
+    for i in range(n):
+        chain, j = [], i
+        while j >= 0 and scope[j] is None:
+            if categories[j] == "attention":
+                scope[j] = True
+                break
+            if projection(j):
+                scope[j] = False
+                break
+            chain.append(j)
+            j = parent[j]
+        known = j >= 0 and scope[j]
+        for k in chain:
+            scope[k] = known
+    return [p >= 0 and bool(scope[p]) and not projection(i) for i, p in enumerate(parent)]
 
 
 def optimizer_step_ranges(ann: dict) -> dict[tuple, list[tuple[float, float]]]:
@@ -235,7 +270,7 @@ def op_phases(cols: dict, ann: dict) -> list[str | None]:
     spent 35-49 % of its time there, all filed under "elementwise"), "attention" (inside an attention
     op: its math), else None. Compiling wins: a DataLoader never runs inside a compile."""
     flags = cols["compiling"] if "compiling" in cols else compile_flags(cols["name"], cols["parent"])
-    attention = inside_attention(cols["category"], cols["parent"])
+    attention = inside_attention(cols["category"], cols["parent"], cols["name"])
     ranges = {DATA_LOADING: dataloader_ranges(ann), OPTIMIZER: _without_model_math(optimizer_step_ranges(ann), cols)}
     starts = {phase: {k: [r[0] for r in v] for k, v in by_thread.items()} for phase, by_thread in ranges.items()}
     out: list[str | None] = []
