@@ -9,7 +9,7 @@ import torch
 from .amp_result import MIN_RUNS, NO_SPEEDUP_BELOW, REDUCED_DTYPES, memory_ranges, too_few_runs
 from .cell_reads import and_list, take_first
 from .drift import near_zero_figures, relative_words, resolution
-from .flops import AUTOCAST_DTYPES
+from .flops import AUTOCAST_DTYPES, padding_worth_it
 from .memory import format_bytes
 from .options import in_magic, option
 from .precision import describe
@@ -370,8 +370,8 @@ def advise(result: AmpResult) -> list[str]:
                 line = f"{label} measured {speedup:.2f}x faster, but {_unfirm_timing(result)} before relying on it."
             notes.append(line + _without_units(info, dtype))
     unaligned = _significant_unaligned(result)
-    if unaligned:
-        dims = sorted({d for m in unaligned for d in m["unaligned"]})[:6]
+    dims = sorted({d for m in unaligned for d in m["unaligned"] if padding_worth_it(d)})[:6]
+    if dims:
         notes.append("Matmul dims " + ", ".join(map(str, dims)) + " are not multiples of 8; pad them (e.g. to "
                      + ", ".join(str(-(-d // 8) * 8) for d in dims) + ") " + _what_padding_feeds(info, dtype) + ".")
     heavy = result.heavy_fp32_calls if autocast else []

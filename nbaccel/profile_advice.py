@@ -13,6 +13,7 @@ import numpy as np
 
 from . import profile_table as pt
 from .attention_fallback import fallback_note, inside_fallback
+from .flops import padding_worth_it
 from .options import in_magic, option
 from .render.common import format_share
 from .timing import format_seconds
@@ -345,12 +346,13 @@ def advise(result: ProfileResult) -> list[str]:
                      f"{names}); enable TF32 (torch.backends.cuda.matmul.fp32_precision = 'tf32') or use "
                      f"{amp_comparison_name()}.")
     significant = [e for e in result.unaligned if (e["share"] or 0) >= UNALIGNED_SHARE and padding_pays_here(result, e)]
-    if significant:
-        pairs = {}
-        for entry in significant:
-            for dim, size in entry["unaligned"].items():
+    pairs = {}
+    for entry in significant:
+        for dim, size in entry["unaligned"].items():
+            if padding_worth_it(size, entry["multiple"]):  # 4 -> 8 would double the work
                 pairs[size] = entry["pad_to"][dim]
-        shown = sorted(pairs.items())[:6]
+    shown = sorted(pairs.items())[:6]
+    if shown:
         notes.append("Matmul/conv dims not multiples of 8 (16 for int8): "
                      + ", ".join(f"{a} -> pad to {b}" for a, b in shown)
                      + ("; padded sizes fill Tensor Core tiles." if result.device.type != "cpu"

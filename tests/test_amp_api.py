@@ -1516,6 +1516,22 @@ def test_padding_advice_only_for_unaligned_matmuls_that_carry_the_work():
     assert padding in dataclasses.replace(res, device=amx if res.device.cpu_features.get("amx_bf16") else no_amx).advice
 
 
+def test_no_padding_advice_where_padding_would_add_more_than_a_quarter_of_the_work():
+    """A user trial: a decoder's batched projection ([48, 4, 128] @ [48, 128, 256]; M=4 is its batch size)
+    was told "Matmul dims 4 are not multiples of 8; pad them (e.g. to 8)": padding 4 to 8 doubles the work."""
+    from nbaccel.flops import padding_worth_it
+
+    assert [n for n in (4, 10, 12, 13, 61, 63, 1001) if padding_worth_it(n)] == [13, 61, 63, 1001]
+    a, b = torch.randn(48, 4, 128), torch.randn(48, 128, 256)
+    res = nbaccel.compare_amp(lambda: torch.bmm(a, b).sum(), repeat=3, warmup=0)
+    entry, = res.unaligned_matmuls  # still listed
+    assert entry["unaligned"] == [4]
+    assert not any(x.startswith("Matmul dims") for x in res.advice)
+    a = torch.randn(48, 61, 128)
+    res = nbaccel.compare_amp(lambda: torch.bmm(a, b).sum(), repeat=3, warmup=0)
+    assert any(x.startswith("Matmul dims 61 are not multiples of 8; pad them (e.g. to 64)") for x in res.advice)
+
+
 def test_a_result_whose_value_has_a_grad_fn_can_be_deep_copied():
     import copy
 

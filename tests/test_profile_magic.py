@@ -88,6 +88,16 @@ def test_shape_advice_pads_1001_to_1008(run_cell, ip, cpu_with_bf16_and_fp16_uni
     assert "N=1001 -> 1008" in unfolded(prof)
 
 
+def test_a_dim_whose_padding_would_double_the_work_is_listed_not_advised(run_cell, ip, cpu_with_bf16_and_fp16_units):
+    """M=4 (a batch of 4 rows per product) padded to 8 doubles the matmul: listed in the shapes, no advice."""
+    ip.user_ns.update(a=torch.randn(48, 4, 512, dtype=torch.bfloat16), b=torch.randn(48, 512, 512, dtype=torch.bfloat16),
+                      torch=torch)
+    run_cell("%%profile_gpu -q -r prof\nfor _ in range(3): torch.bmm(a, b)")
+    prof = ip.user_ns["prof"]
+    assert [e["unaligned"] for e in prof.unaligned if e["op"] == "aten::bmm"] == [{"M": 4}]
+    assert not any(a.startswith("Matmul/conv dims not multiples of 8") for a in prof.advice)
+
+
 def test_fp32_on_the_cpu_is_not_told_to_pad(run_cell, ip):
     # A user trial: an fp32 CNN on the CPU was told "3 -> pad to 8 ... fill Tensor Core / AMX tiles";
     # AMX has no fp32 tiles, and 8 input channels would make the first convolution 2.7x the work.
