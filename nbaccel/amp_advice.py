@@ -235,11 +235,18 @@ def _cpu_attention_fallback(result: AmpResult) -> bool:
             and "aten::bmm" in result.precision["heavy_fp32"])
 
 
+def _profiler_name(dtype: str | None = None) -> str:
+    """The profiler as the result's maker would run it, under the recipe when ``dtype`` is given."""
+    if in_magic():
+        return "%%profile_gpu" + (f" --amp {dtype}" if dtype else "")
+    return f'nbaccel.profile(amp="{dtype}")' if dtype else "nbaccel.profile()"
+
+
 def _attention_fallback_note(dtype: str) -> str:
     return (f"scaled_dot_product_attention ran torch's math fallback ({_MATH_ATTENTION_MARK} is its op), not a "
             f"fused kernel: on the CPU it computes {dtype} inputs in fp32, so its aten::bmm calls stayed fp32 "
             "under autocast. Common causes: dropout_p > 0 (the CPU's fused kernel takes no dropout), q/k/v head "
-            "dims that differ, inputs that are not 4-D; %%profile_gpu names the one here, and one call under "
+            f"dims that differ, inputs that are not 4-D; {_profiler_name()} names the one here, and one call under "
             "torch.nn.attention.sdpa_kernel(SDPBackend.FLASH_ATTENTION) makes torch say why.")
 
 
@@ -270,8 +277,12 @@ def _no_speedup(result: AmpResult, speedup: float, dtype: str) -> str:
                 "without them before reading a speedup.")
     hedge = _unfirm_timing(result)
     if hedge is None:
+        # "try a larger batch" alone sent a trial's GPT step there, whose bf16 slowdown was one op (the CPU's
+        # bf16 flash-attention backward, 8.7x its fp32 time) at any batch size
         return f"No speedup ({speedup:.2f}x): " + (fact or f"the work is too small or memory-bound for {dtype} to "
-                                                   "pay for its casts; try a larger batch.")
+                                                   f"pay for its casts (try a larger batch), or an op runs slower in "
+                                                   f"{dtype} here: {_profiler_name()} and {_profiler_name(dtype)} of "
+                                                   "the cell show which.")
     note = f"No speedup measured ({speedup:.2f}x), but {hedge}."
     return note + (" " + fact[0].upper() + fact[1:] if fact else "")
 

@@ -1919,6 +1919,10 @@ def test_fp16_on_a_cpu_without_amx_fp16_names_the_missing_units_not_the_batch_si
                        "on AVX512-FP16 vector units, which gain little over fp32. It has AMX-BF16: use dtype='bf16'.")
     with_amx = dataclasses.replace(fp16, device=dataclasses.replace(cpu, cpu_features={**units, "amx_fp16": True}))
     assert any("too small or memory-bound for fp16" in a for a in with_amx.advice)
+    # and the cause a batch size cannot fix (a trial's GPT step: one op 8.7x slower in bf16), with how to find it
+    verdict = next(a for a in with_amx.advice if a.startswith("No speedup"))
+    assert verdict.endswith("(try a larger batch), or an op runs slower in fp16 here: nbaccel.profile() and "
+                            'nbaccel.profile(amp="fp16") of the cell show which.')
 
 
 def test_a_variants_attribute_asked_of_the_result_names_where_it_is():
