@@ -97,10 +97,11 @@ def _reduced_in_baseline(result: AmpResult) -> str | None:
     names = ", ".join(sorted(set(reduced["op"]))[:3])
     calls = int(reduced["calls"].sum())
     return (f"The fp32 run was not fp32: {calls} matmul/conv call{'s' if calls != 1 else ''} ({names}) ran in "
-            f"{dtypes} there too -- the cell turns on torch.autocast or casts to {dtypes} itself. Both runs then "
+            f"{dtypes} there too -- the cell turns on torch.autocast, casts to {dtypes} itself, or works on "
+            f"{dtypes} tensors made earlier (a model or inputs converted with .to() in an earlier cell). Both runs then "
             "run reduced-precision code, so the speedup, memory and drift compare the recipe with the cell's own "
-            "precision, not with fp32; take the autocast (or the .to(torch.bfloat16)) out of the cell to compare "
-            "against fp32.")
+            "precision, not with fp32; give the cell fp32 tensors and model, without an autocast or cast of its "
+            "own, to compare against fp32.")
 
 
 def _near_zero_notes(result: AmpResult, drift: dict, dtype: str) -> list[str]:

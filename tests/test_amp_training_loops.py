@@ -174,3 +174,14 @@ def test_a_step_with_sparse_gradients_is_compared_and_applied_once():
     assert res.gradients["underflow_elements"] == 0  # the sparse entries compared by index: none zeroed
     assert emb.weight.grad.layout == torch.sparse_coo
     assert sparse_opt.state[emb.weight]["step"] == 1  # as after exactly one step
+
+
+def test_tensors_made_bf16_in_an_earlier_cell_are_named_as_a_cause(run_cell, ip):
+    """A trial: q, k, v made bf16 in an earlier cell were told "the cell turns on torch.autocast or casts to
+    bf16 itself ... take the autocast out of the cell", though it did neither."""
+    run_cell("import torch\na, b = torch.randn(64, 64).bfloat16(), torch.randn(64, 64).bfloat16()")
+    run_cell("%%amp -q -r res --repeat 3\n(a @ b).float().sum()")
+    line = next(x for x in ip.user_ns["res"].advice if x.startswith("The fp32 run was not fp32"))
+    assert "or works on bf16 tensors made earlier (a model or inputs converted with .to() in an earlier cell)" in line
+    assert line.endswith("give the cell fp32 tensors and model, without an autocast or cast of its own, to compare "
+                         "against fp32.")
