@@ -96,7 +96,8 @@ def _reduced_in_baseline(result: AmpResult) -> str | None:
     dtypes = " and ".join(result.baseline_reduced)
     names = ", ".join(sorted(set(reduced["op"]))[:3])
     calls = int(reduced["calls"].sum())
-    return (f"The fp32 run was not fp32: {calls} matmul/conv call{'s' if calls != 1 else ''} ({names}) ran in "
+    what = "matmul/conv/attention" if any("attention" in n for n in reduced["op"]) else "matmul/conv"
+    return (f"The fp32 run was not fp32: {calls} {what} call{'s' if calls != 1 else ''} ({names}) ran in "
             f"{dtypes} there too -- the cell turns on torch.autocast, casts to {dtypes} itself, or works on "
             f"{dtypes} tensors made earlier (a model or inputs converted with .to() in an earlier cell). Both runs then "
             "run reduced-precision code, so the speedup, memory and drift compare the recipe with the cell's own "
