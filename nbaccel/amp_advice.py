@@ -230,7 +230,7 @@ _MATH_ATTENTION_MARK = "aten::_safe_softmax"
 
 def _cpu_attention_fallback(result: AmpResult) -> bool:
     """Whether the recipe's run took scaled_dot_product_attention's math fallback on the CPU with its
-    matmuls left in fp32: the fallback computes bf16/fp16 inputs in fp32 there (attention_fallback.py),
+    matmuls left in fp32: the fallback computes bf16/fp16 inputs in fp32 there (attention_advice.py),
     and a trial's %%amp blamed "ops autocast keeps in fp32" and "inputs cast back" for it."""
     ops = result.amp.ops
     return (result.device.type == "cpu" and not ops.empty and _MATH_ATTENTION_MARK in set(ops["op"])

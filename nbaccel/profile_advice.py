@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from . import profile_table as pt
-from .attention_fallback import fallback_note, inside_fallback
+from .attention_advice import fallback_note, handwritten_note, inside_fallback
 from .flops import padding_worth_it
 from .options import in_magic, option
 from .render.common import format_share
@@ -239,13 +239,18 @@ def _random_notes(ops: dict, time_col: str, total: float, where: str, in_attenti
     return notes
 
 
+def _in_attention(result: ProfileResult) -> list[bool]:
+    """Per op row: whether it is, or runs inside, an attention op (its category or its phase)."""
+    return [c == "attention" or p == "attention" for c, p in zip(result.op_columns["category"], result.op_phases)]
+
+
 def _fp32_matmul_notes(result: ProfileResult, ops: dict, time_col: str, total: float, where: str,
                        in_fallback: list[bool]) -> list[str]:
     """"try %%amp" where fp32 matmul/conv ops are a fifth of the time, naming the ops counted (the
     category bar also holds wrappers' own time: a trial read 45% here beside a 68% bar for einsum),
     and not where it cannot help: under the recipe already (a trial's --amp bf16 profile was told to
     try --amp bf16), inside the CPU's attention math fallback, which computes in fp32 whatever
-    autocast casts (`attention_fallback`), or inside an op autocast keeps in fp32 (`kept_fp32`: cdist)."""
+    autocast casts (`attention_advice`), or inside an op autocast keeps in fp32 (`kept_fp32`: cdist)."""
     fallback = in_fallback if not result.on_device else [False] * len(ops["name"])  # CUDA's runs in bf16
     times: dict[str, float] = {}
     for name, t, c, d, in_fallback, kept in zip(ops["name"], ops[time_col], ops["category"], ops["math_dtype"],
@@ -290,9 +295,10 @@ def advise(result: ProfileResult) -> list[str]:
     in_fallback = inside_fallback(ops)  # attention's math fallback: the ops inside it
     if n_ops and total > 0:
         notes += _fp32_matmul_notes(result, ops, time_col, total, where, in_fallback)
-        fallback = fallback_note(ops, total, on_device, where)
-        if fallback:
-            notes.append(fallback)
+        for attention in (fallback_note(ops, total, on_device, where),
+                          handwritten_note(ops, _in_attention(result), time_col, total, where, on_device)):
+            if attention:
+                notes.append(attention)
     busy = result.busy
     idle = 1 - busy["busy_fraction"] if busy and busy["busy_fraction"] is not None else None
     steps = _steps(result)

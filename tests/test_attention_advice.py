@@ -1,4 +1,4 @@
-"""scaled_dot_product_attention's math fallback in a profile (nbaccel/attention_fallback.py).
+"""scaled_dot_product_attention's math fallback in a profile (nbaccel/attention_advice.py).
 
 A trial: a cell of F.scaled_dot_product_attention with v's head dim 32 beside q's and k's 64 ran
 torch's math fallback, and %%profile_gpu said "fp32 matmul/conv take 31% of CPU time: try %%amp";
@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 
 import nbaccel
-from nbaccel.attention_fallback import MATH_FALLBACK, cpu_reasons, fallback_note
+from nbaccel.attention_advice import MATH_FALLBACK, cpu_reasons, fallback_note
 from text_helpers import unfolded
 
 B, H, L, D = 2, 4, 128, 64
@@ -151,3 +151,50 @@ def test_amp_names_the_fallback_as_why_attentions_matmuls_stayed_fp32(run_cell, 
     run_cell(f"%%amp -q -r res --dtype {dtype} --repeat 3\n"
              "out = torch.nn.functional.scaled_dot_product_attention(q, k, v)\nout.sum()")
     assert not any("math fallback" in a for a in ip.user_ns["res"].advice)
+
+
+_HAND = """
+s = q @ k.transpose(-2, -1) / 8.0
+s = s.masked_fill(~mask, float("-inf"))
+o = torch.softmax(s, dim=-1) @ v
+"""
+
+
+@pytest.mark.parametrize("cell", [
+    _HAND,
+    "o = torch.einsum('bhij,bhjd->bhid', (torch.einsum('bhid,bhjd->bhij', q, k) / 8).softmax(-1), v)",
+    "o, w = mha(x, x, x)",  # need_weights=True, the default: bmm, softmax, bmm
+])
+def test_attention_written_out_by_hand_is_sent_to_sdpa(run_cell, ip, cell):
+    """A trial: hand-written causal attention (46 ms where F.scaled_dot_product_attention(is_causal=True) took
+    28 ms on the same shapes) got "try %%amp" alone."""
+    q, k, v = _qkv()
+    ip.user_ns.update(q=q, k=k, v=v, mask=torch.ones(L, L, dtype=torch.bool).tril(), torch=torch,
+                      mha=torch.nn.MultiheadAttention(64, 4, batch_first=True), x=torch.randn(8, 128, 64))
+    run_cell("%%profile_gpu -q -r prof\n" + cell)
+    line = next(a for a in ip.user_ns["prof"].advice if a.startswith("Attention written out by hand"))
+    assert "1 time, the first product " in line and "F.scaled_dot_product_attention(q, k, v" in line
+    assert "need_weights=False" in line and "dropout_p=0 only" not in line
+
+
+@pytest.mark.parametrize("cell", [
+    "o = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)",
+    "o, w = mha(x, x, x, need_weights=False)",
+    "p = torch.softmax(q @ k.transpose(-2, -1), -1)",  # no product by the probabilities
+    "o = torch.softmax(q @ k.transpose(-2, -1), -1).sum(-1, keepdim=True) * (q @ q.transpose(-2, -1))",
+])
+def test_no_hand_written_attention_where_there_is_none(run_cell, ip, cell):
+    q, k, v = _qkv()
+    ip.user_ns.update(q=q, k=k, v=v, torch=torch, mha=torch.nn.MultiheadAttention(64, 4, batch_first=True),
+                      x=torch.randn(8, 128, 64))
+    run_cell("%%profile_gpu -q -r prof\n" + cell)
+    assert not any(a.startswith("Attention written out by hand") for a in ip.user_ns["prof"].advice)
+
+
+def test_hand_written_attention_with_dropout_is_told_the_cpu_kernel_takes_none(run_cell, ip):
+    q, k, v = _qkv()
+    ip.user_ns.update(q=q, k=k, v=v, torch=torch)
+    run_cell("%%profile_gpu -q -r prof\n"
+             "o = torch.nn.functional.dropout(torch.softmax(q @ k.transpose(-2, -1), -1), 0.1) @ v")
+    line = next(a for a in ip.user_ns["prof"].advice if a.startswith("Attention written out by hand"))
+    assert "(on the CPU with dropout_p=0 only: its fused kernel takes no dropout" in line
