@@ -255,7 +255,8 @@ def _fp32_matmul_notes(result: ProfileResult, ops: dict, time_col: str, total: f
     times: dict[str, float] = {}
     for name, t, c, d, in_fallback, kept in zip(ops["name"], ops[time_col], ops["category"], ops["math_dtype"],
                                                 fallback, result.kept_fp32_by):
-        if c == "matmul/conv" and d == "fp32" and not in_fallback and kept is None:
+        # aten ops only: an autograd node's range (AddmmBackward0) is a wrapper whose aten::mm holds the work
+        if c == "matmul/conv" and d == "fp32" and not in_fallback and kept is None and name.startswith("aten::"):
             times[name] = times.get(name, 0.0) + t
     fp32 = pt.pairwise_sum(list(times.values()))
     if fp32 / total < FP32_MATMUL_SHARE:
@@ -271,9 +272,12 @@ def _fp32_matmul_notes(result: ProfileResult, ops: dict, time_col: str, total: f
                 f"{amp_comparison_name()}'s op table shows each op's dtype."]
     if result.on_device:
         return [f"{share}: try {_amp_words(result)} -- bf16/fp16 run on Tensor Cores."]
-    if result.loaded or result.device.has_bf16_units:
+    if result.loaded:  # recorded on a machine this one cannot ask about
         return [f"{share}: try {_amp_words(result)} -- bf16 helps on CPUs with AMX/AVX512-BF16 units; "
                 "on others it only adds casts."]
+    if result.device.has_bf16_units:
+        units = "AMX-BF16 tiles" if result.device.cpu_features.get("amx_bf16") else "AVX512-BF16 units"
+        return [f"{share}: try {_amp_words(result)} -- this CPU's {units} run bf16 matmuls."]
     # a trial on an Ice Lake was sent to %%amp as the one fix for a step of many small matmuls
     return [f"{share}; this CPU has no bf16 units (AMX / AVX512-BF16), so mixed precision would only add casts "
             "here: cut the matmul time itself (fewer, larger matmuls), or compare on a GPU."]
@@ -363,6 +367,13 @@ def advise(result: ProfileResult) -> list[str]:
                      + ", ".join(f"{a} -> pad to {b}" for a, b in shown)
                      + ("; padded sizes fill Tensor Core tiles." if result.device.type != "cpu"
                         else "; padded sizes fill AMX tiles."))
+    if result.options.amp == "fp16" and result.device.type == "cpu" and result.loaded is None \
+            and not result.device.cpu_features.get("amx_fp16"):
+        # as %%amp says it: fp16 without AMX-FP16 runs on vector units (1024^3: fp16 6.0 ms, fp32 6.1, bf16 1.6)
+        bf16 = (f" (it has AMX-BF16: {option('amp', 'bf16')} runs on its tiles)"
+                if result.device.cpu_features.get("amx_bf16") else "")
+        notes.append(f"This CPU has no AMX-FP16: the fp16 matmuls of {option('amp', 'fp16')} run on its vector units, "
+                     f"which gain little over fp32{bf16}.")
     if result.device.type == "cpu" and result.loaded is None:
         notes.append("Profiled on the CPU (no CUDA device): times are CPU times; GPU figures need a GPU.")
     return notes

@@ -198,3 +198,4 @@ def test_hand_written_attention_with_dropout_is_told_the_cpu_kernel_takes_none(r
              "o = torch.nn.functional.dropout(torch.softmax(q @ k.transpose(-2, -1), -1), 0.1) @ v")
     line = next(a for a in ip.user_ns["prof"].advice if a.startswith("Attention written out by hand"))
     assert "(on the CPU with dropout_p=0 only: its fused kernel takes no dropout" in line
+

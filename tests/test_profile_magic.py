@@ -987,6 +987,8 @@ def test_the_mixed_precision_advice_names_what_its_maker_would_run(run_cell, ip,
     run_cell("%%profile_gpu -q -r prof --trace " + str(tmp_path / "t.json") + "\nfor _ in range(3): w @ w")
     magic = next(a for a in ip.user_ns["prof"].advice if a.startswith("fp32 matmul/conv ops take"))
     assert "try %%amp (or --amp bf16 here) -- " in magic
+    # the units are this CPU's, known: no "on others it only adds casts" hedge (a trial on an AMX CPU)
+    assert magic.endswith("-- this CPU's AMX-BF16 tiles run bf16 matmuls.")
     with nbaccel.profile() as prof:
         for _ in range(3):
             w @ w
@@ -1129,3 +1131,19 @@ def test_a_transposed_convolution_pads_its_own_output_channels():
     rows = prof.result.unaligned
     assert rows and all(r["dims"]["C_out"] == 10 for r in rows), rows
     assert all(r["pad_to"].get("C_out") == 16 for r in rows if "C_out" in r["unaligned"])
+
+
+def test_profile_under_fp16_on_a_cpu_without_amx_fp16_says_so(run_cell, ip, monkeypatch):
+    """A trial: %%profile_gpu --amp fp16 never said that this CPU has no fp16 matrix units (%%amp does)."""
+    import nbaccel.device as device
+
+    flags = device.cpu_flags() | {"amx_bf16", "amx_tile", "avx512_bf16", "avx512_fp16"}
+    flags -= {"amx_fp16"}
+    monkeypatch.setattr(device, "cpu_flags", lambda: flags)
+    monkeypatch.setattr(device, "_cpu_feature", lambda name: name in flags)
+    ip.user_ns.update(w=torch.randn(256, 256), torch=torch)
+    run_cell("%%profile_gpu -q -r prof --amp fp16\nfor _ in range(3): w @ w")
+    assert ("This CPU has no AMX-FP16: the fp16 matmuls of --amp fp16 run on its vector units, which gain little "
+            "over fp32 (it has AMX-BF16: --amp bf16 runs on its tiles).") in ip.user_ns["prof"].advice
+    run_cell("%%profile_gpu -q -r prof --amp bf16\nfor _ in range(3): w @ w")
+    assert not any("AMX-FP16" in a for a in ip.user_ns["prof"].advice)
