@@ -6,6 +6,7 @@
     python -m benchmarks compare old.json new.json [--threshold 0.10]   # exit 1 on a regression, 2 on a bad file
     python -m benchmarks markdown suite.json      # the tables as Markdown, for docs/benchmarks.md
     python -m benchmarks.bench_amp                # issue 2's %%amp-vs-Timer benchmark
+    python -m benchmarks.bench_attention          # the facts behind the attention advice, side by side
 """
 
 from __future__ import annotations

@@ -192,3 +192,13 @@ def test_timer_statement_applies_the_recipe():
 def test_tf32_variant_needs_cuda():
     with pytest.raises(DeviceError, match="TF32"):
         nbaccel.compare_amp(lambda: None, dtype="tf32", device="cpu")
+
+
+def test_the_attention_benchmark_prints_its_three_ratios(capsys):
+    from benchmarks import bench_attention
+
+    assert bench_attention.main(["--min-run-time", "0.01"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split(":")[0] for line in lines[1:]] == ["1. causal attention", "2. SDPA",
+                                                         "3. causal SDPA forward + backward"]
+    assert all(line.endswith("x") and float(line.rsplit(": ", 1)[1][:-1]) > 0 for line in lines[1:])
