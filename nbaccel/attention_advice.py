@@ -46,8 +46,9 @@ def fallback_rows(names: list) -> list[int]:
 def inside_fallback(ops: dict) -> list[bool]:
     """Whether each op is the math fallback or runs inside it."""
     flags = [False] * len(ops["name"])
-    rows = fallback_rows(ops["name"])
-    for i in inside_rows(ops["parent"], rows) if rows else ():  # most profiles have none: no walk
+    if MATH_FALLBACK not in ops["name"]:  # most profiles have none: a C-speed scan, no walk
+        return flags
+    for i in inside_rows(ops["parent"], fallback_rows(ops["name"])):
         flags[i] = True
     return flags
 
@@ -74,9 +75,9 @@ def cpu_reasons(dims, concrete) -> list[str]:
 def fallback_note(ops: dict, total: float, on_device: bool, where: str) -> str | None:
     """The line for a profile whose attention ran the math fallback for at least `FALLBACK_SHARE` of
     ``total`` (the time shares are of), else None."""
-    rows = fallback_rows(ops["name"])
-    if not rows or total <= 0:
+    if MATH_FALLBACK not in ops["name"] or total <= 0:
         return None
+    rows = fallback_rows(ops["name"])
     inclusive = ops["device_total_us"] if on_device else ops["dur_us"]
     share = sum(inclusive[i] for i in rows) / total
     if share < FALLBACK_SHARE:
@@ -143,11 +144,14 @@ def handwritten_attention(ops: dict, in_attention: list) -> list[tuple[int, int]
     return found
 
 
-def handwritten_note(ops: dict, in_attention: list, time_col: str, total: float, where: str,
+def handwritten_note(ops: dict, in_attention, time_col: str, total: float, where: str,
                      on_device: bool) -> str | None:
-    """The line for hand-written attention taking at least `FALLBACK_SHARE` of ``total``, else None."""
-    pairs = handwritten_attention(ops, in_attention)
-    if not pairs or total <= 0:
+    """The line for hand-written attention taking at least `FALLBACK_SHARE` of ``total``, else None.
+    ``in_attention()`` gives the per-row flags `handwritten_attention` needs, asked only when a softmax ran."""
+    if _SOFTMAX not in ops["name"] or total <= 0:  # a C-speed scan: most profiles have no softmax
+        return None
+    pairs = handwritten_attention(ops, in_attention())
+    if not pairs:
         return None
     ts, dur, key = ops["ts_us"], ops["dur_us"], lambda i: (ops["pid"][i], ops["tid"][i])
     windows: dict = {}

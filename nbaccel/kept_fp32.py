@@ -25,8 +25,9 @@ def kept_fp32_by(ops: dict, device_type: str) -> list[str | None]:
     kept = KEPT_FP32.get(device_type, _CDIST)
     names, parent = ops["name"], ops["parent"]
     out: list[str | None] = [None] * len(names)
-    rows = [j for j, name in enumerate(names) if name in kept]
-    for i in inside_rows(parent, rows) if rows else ():  # most profiles have none: no walk
+    if kept.isdisjoint(names):  # most profiles have none: a C-speed scan, no walk
+        return out
+    for i in inside_rows(parent, [j for j, name in enumerate(names) if name in kept]):
         j = i
         while j >= 0:
             if names[j] in kept:

@@ -251,13 +251,14 @@ def _fp32_matmul_notes(result: ProfileResult, ops: dict, time_col: str, total: f
     and not where it cannot help: under the recipe already (a trial's --amp bf16 profile was told to
     try --amp bf16), inside the CPU's attention math fallback, which computes in fp32 whatever
     autocast casts (`attention_advice`), or inside an op autocast keeps in fp32 (`kept_fp32`: cdist)."""
-    fallback = in_fallback if not result.on_device else [False] * len(ops["name"])  # CUDA's runs in bf16
     times: dict[str, float] = {}
-    for name, t, c, d, in_fallback, kept in zip(ops["name"], ops[time_col], ops["category"], ops["math_dtype"],
-                                                fallback, result.kept_fp32_by):
-        # aten ops only: an autograd node's range (AddmmBackward0) is a wrapper whose aten::mm holds the work
-        if c == "matmul/conv" and d == "fp32" and not in_fallback and kept is None and name.startswith("aten::"):
-            times[name] = times.get(name, 0.0) + t
+    names, kept, dtypes, spent = ops["name"], result.kept_fp32_by, ops["math_dtype"], ops[time_col]
+    for i in [i for i, c in enumerate(ops["category"]) if c == "matmul/conv"]:  # a few rows of many
+        # aten ops only: an autograd node's range (AddmmBackward0) is a wrapper whose aten::mm holds the work;
+        # the fallback's only on the CPU (CUDA's runs in the inputs' dtype)
+        if dtypes[i] == "fp32" and kept[i] is None and not (in_fallback[i] and not result.on_device) \
+                and names[i].startswith("aten::"):
+            times[names[i]] = times.get(names[i], 0.0) + spent[i]
     fp32 = pt.pairwise_sum(list(times.values()))
     if fp32 / total < FP32_MATMUL_SHARE:
         return []
@@ -300,7 +301,7 @@ def advise(result: ProfileResult) -> list[str]:
     if n_ops and total > 0:
         notes += _fp32_matmul_notes(result, ops, time_col, total, where, in_fallback)
         for attention in (fallback_note(ops, total, on_device, where),
-                          handwritten_note(ops, _in_attention(result), time_col, total, where, on_device)):
+                          handwritten_note(ops, lambda: _in_attention(result), time_col, total, where, on_device)):
             if attention:
                 notes.append(attention)
     busy = result.busy

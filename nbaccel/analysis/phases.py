@@ -209,21 +209,23 @@ def inside_attention(categories: list, parent: list, names: list | None = None) 
     # scope[i]: whether what op i runs is attention's; None until known
     scope: list = [None] * n
 
-    def projection(i: int) -> bool:
-        if names is None or names[i] not in _PROJECTIONS:
-            return False
-        j = parent[i]
-        while j >= 0 and categories[j] != "attention":
-            j = parent[j]
-        return j >= 0 and names[j] in _ATTENTION_BLOCKS
-
+    blocks = names is not None and not _ATTENTION_BLOCKS.isdisjoint(names)  # C-speed: most profiles have none
+    projections = set()  # rows of projections inside an attention block
+    if blocks:
+        for i, name in enumerate(names):
+            if name in _PROJECTIONS:
+                j = parent[i]
+                while j >= 0 and categories[j] != "attention":
+                    j = parent[j]
+                if j >= 0 and names[j] in _ATTENTION_BLOCKS:
+                    projections.add(i)
     for i in range(n):
         chain, j = [], i
         while j >= 0 and scope[j] is None:
             if categories[j] == "attention":
                 scope[j] = True
                 break
-            if projection(j):
+            if j in projections:
                 scope[j] = False
                 break
             chain.append(j)
@@ -231,7 +233,7 @@ def inside_attention(categories: list, parent: list, names: list | None = None) 
         known = j >= 0 and scope[j]
         for k in chain:
             scope[k] = known
-    return [p >= 0 and bool(scope[p]) and not projection(i) for i, p in enumerate(parent)]
+    return [p >= 0 and bool(scope[p]) and i not in projections for i, p in enumerate(parent)]
 
 
 def optimizer_step_ranges(ann: dict) -> dict[tuple, list[tuple[float, float]]]:
