@@ -96,13 +96,20 @@ def compile_flags(names: list, parent: list) -> list[bool]:
 
 def _self_or_ancestor(parent: list, is_it) -> list[bool]:
     """Whether each op, or one of the ops it is nested in, ``is_it(row)``; each row looked at once."""
+    return _nearest_verdict(parent, lambda j: True if is_it(j) else None)
+
+
+def _nearest_verdict(parent: list, verdict) -> list[bool]:
+    """For each op, the ``verdict(row)`` (True / False; None: none, look further out) of the op itself
+    or of the nearest op it is nested in that has one, False where none has; each row looked at once."""
     flags: list = [None] * len(parent)
     for i in range(len(parent)):
         chain = []
         j = i
         while j >= 0 and flags[j] is None:
-            if is_it(j):
-                flags[j] = True
+            found = verdict(j)
+            if found is not None:
+                flags[j] = found
                 break
             chain.append(j)
             j = parent[j]
@@ -205,10 +212,6 @@ def inside_attention(categories: list, parent: list, names: list | None = None) 
     matmul/conv. (CUDA's breakdown is by kernel, and its fused attention kernels are attention already.)
     The projections inside an attention block (`_ATTENTION_BLOCKS`, given ``names``) are not its
     attention: they, and what they run, keep their own categories."""
-    n = len(parent)
-    # scope[i]: whether what op i runs is attention's; None until known
-    scope: list = [None] * n
-
     blocks = names is not None and not _ATTENTION_BLOCKS.isdisjoint(names)  # C-speed: most profiles have none
     projections = set()  # rows of projections inside an attention block
     if blocks:
@@ -219,20 +222,9 @@ def inside_attention(categories: list, parent: list, names: list | None = None) 
                     j = parent[j]
                 if j >= 0 and names[j] in _ATTENTION_BLOCKS:
                     projections.add(i)
-    for i in range(n):
-        chain, j = [], i
-        while j >= 0 and scope[j] is None:
-            if categories[j] == "attention":
-                scope[j] = True
-                break
-            if j in projections:
-                scope[j] = False
-                break
-            chain.append(j)
-            j = parent[j]
-        known = j >= 0 and scope[j]
-        for k in chain:
-            scope[k] = known
+    # whether what each op runs is attention's: the nearest attention op (yes) or projection (no) around it
+    scope = _nearest_verdict(parent, lambda j: True if categories[j] == "attention" else False if j in projections
+                             else None)
     return [p >= 0 and bool(scope[p]) and i not in projections for i, p in enumerate(parent)]
 
 
