@@ -269,8 +269,10 @@ def _no_speedup(result: AmpResult, speedup: float, dtype: str) -> str:
                 + (f". It has AMX-BF16: use {option('dtype', 'bf16')}." if info.cpu_features.get("amx_bf16")
                    else "."))
     elif precision["reduced_flop_share"] is not None and precision["reduced_flop_share"] < 0.5:
+        # the fallback's bmm calls are among the fp32 ones, not known to be all of them (a review: a cell's own
+        # bmm under autocast(enabled=False) beside it had 8x their FLOPs)
         fact = (f"only {precision['reduced_flop_share']:.0%} of the FLOPs ran in {dtype}; "
-                + ("scaled_dot_product_attention's math fallback computed in fp32 (see below)."
+                + ("its heavy ops ran in fp32, scaled_dot_product_attention's math fallback among them (see below)."
                    if _cpu_attention_fallback(result) else "the time goes to ops autocast keeps in fp32."))
     else:
         fact = None  # the cause below is inferred from the times
@@ -388,12 +390,16 @@ def advise(result: AmpResult) -> list[str]:
         notes.append("Matmul dims " + ", ".join(map(str, dims)) + " are not multiples of 8; pad them (e.g. to "
                      + ", ".join(str(-(-d // 8) * 8) for d in dims) + ") " + _what_padding_feeds(info, dtype) + ".")
     heavy = result.heavy_fp32_calls if autocast else []
-    if heavy and autocast and _cpu_attention_fallback(result):
+    # The fallback's bmm calls are among the fp32 ones, not known to be all of them: the op audit cannot tell
+    # them from the cell's own (a review: a bmm under autocast(enabled=False) beside it, 8x their FLOPs).
+    fallback = bool(heavy) and autocast and _cpu_attention_fallback(result)
+    if fallback:
         notes.append(_attention_fallback_note(dtype))
-        heavy = [h for h in heavy if not h.startswith("aten::bmm")]  # the fallback's, said above
     if heavy and not heavy_named:
-        notes.append("Heavy ops still in fp32 under autocast: " + ", ".join(heavy)
-                     + " (their inputs were cast back, or they ran outside the autocast region).")
+        why = ("the math fallback's bmm calls above among them; any others had their inputs cast back, or ran "
+               "outside the autocast region" if fallback else "their inputs were cast back, or they ran outside the "
+               "autocast region")
+        notes.append("Heavy ops still in fp32 under autocast: " + ", ".join(heavy) + f" ({why}).")
     grads = result.gradients
     if grads and grads["dtype"] == "fp16" and not result.nonfinite_result:
         if grads["overflow_tensors"] and not grads["grad_scaler"]:

@@ -11,8 +11,10 @@ its ops out (`inside_fallback`) and this note says why instead.
 
 Attention written out by hand -- ``softmax(q @ k.transpose(-2, -1) / sqrt(d)) @ v``, its einsum form,
 and ``nn.MultiheadAttention`` asked for its weights (``need_weights=True``, the default) -- runs the
-same separate ops (`handwritten_note`): found as a matmul whose Lq x Lk result a softmax takes, and a
-matmul that takes the softmax's Lq x Lk output, on one thread, outside any attention op. (A trial's
+same separate ops (`handwritten_note`): found as a batched matmul whose Lq x Lk result a softmax over
+its last dim takes, and a batched matmul that takes the softmax's Lq x Lk output, on one thread,
+outside any attention op. (Unbatched 2-D attention, one head and one sequence, is left out: it is
+an mm -> softmax -> mm like a classifier's or an MoE router's.) (A trial's
 hand-written causal attention took 46 ms where F.scaled_dot_product_attention(..., is_causal=True) on
 the same shapes took 28 ms.)
 
@@ -33,9 +35,9 @@ from .analysis.op_flops import parse_concrete
 from .analysis.phases import inside_rows
 
 MATH_FALLBACK = "aten::_scaled_dot_product_attention_math"
-# The fallback's share of the profiled time from which it gets a line: a tenth, as the other
-# share-based rules in profile_advice.
-FALLBACK_SHARE = 0.10
+# The share of the profiled time from which the fallback, or attention written by hand, gets a line: a
+# tenth, as the other share-based rules in profile_advice.
+ATTENTION_SHARE = 0.10
 _DROPOUT = 4  # position of dropout_p among the recorded arguments (q, k, v, attn_mask, dropout_p, ...)
 
 
@@ -73,14 +75,14 @@ def cpu_reasons(dims, concrete) -> list[str]:
 
 
 def fallback_note(ops: dict, total: float, on_device: bool, where: str) -> str | None:
-    """The line for a profile whose attention ran the math fallback for at least `FALLBACK_SHARE` of
+    """The line for a profile whose attention ran the math fallback for at least `ATTENTION_SHARE` of
     ``total`` (the time shares are of), else None."""
     if MATH_FALLBACK not in ops["name"] or total <= 0:
         return None
     rows = fallback_rows(ops["name"])
     inclusive = ops["device_total_us"] if on_device else ops["dur_us"]
     share = sum(inclusive[i] for i in rows) / total
-    if share < FALLBACK_SHARE:
+    if share < ATTENTION_SHARE:
         return None
     calls = f"{len(rows)} call{'s' if len(rows) != 1 else ''}"
     line = (f"scaled_dot_product_attention ran torch's math fallback ({MATH_FALLBACK}, {calls}, {share:.0%} of "
@@ -101,8 +103,10 @@ def fallback_note(ops: dict, total: float, on_device: bool, where: str) -> str |
             "torch.nn.attention.sdpa_kernel(SDPBackend.FLASH_ATTENTION) (it raises after a warning per reason).")
 
 
-_PRODUCTS = frozenset({"aten::bmm", "aten::mm", "aten::baddbmm"})  # the innermost matmul ops
-_SOFTMAX = "aten::_softmax"  # what softmax(), F.softmax and Tensor.softmax run
+# The innermost batched matmul ops. Batched only: a classifier's or an MoE router's `(x @ W).softmax(-1) @ E`
+# is an mm -> softmax -> mm too (a review found both called attention); attention has heads or a batch.
+_PRODUCTS = frozenset({"aten::bmm", "aten::baddbmm"})
+_SOFTMAX = "aten::_softmax"  # what softmax(), F.softmax and Tensor.softmax run: (self, dim, half_to_float)
 
 
 def _operands(name: str, dims) -> tuple[list, list] | None:
@@ -118,6 +122,7 @@ def handwritten_attention(ops: dict, in_attention: list) -> list[tuple[int, int]
     result's last two dims a softmax takes, then a matmul whose first operand has them, on one thread,
     none of them inside an attention op (``in_attention``: per row, whether it runs inside one)."""
     names, dims = ops["name"], ops["input_dims"]
+    concrete = ops.get("concrete_inputs") or [None] * len(names)  # softmax's dim is recorded there
     threads: dict = {}
     for i, name in enumerate(names):
         if (name in _PRODUCTS or name == _SOFTMAX) and not in_attention[i]:
@@ -130,7 +135,10 @@ def handwritten_attention(ops: dict, in_attention: list) -> list[tuple[int, int]
             if names[i] == _SOFTMAX:
                 shape = (dims[i] or [None])[0]
                 scores = tuple(shape[-2:]) if isinstance(shape, list) and len(shape) >= 2 else None
-                pending = (last[0], scores) if last and scores and last[1] == scores else None
+                # over the keys, the last dim: a softmax over the queries (dim 1) is no attention SDPA computes
+                dim = parse_concrete(concrete[i][1]) if concrete[i] and len(concrete[i]) > 1 else None
+                last_dim = isinstance(dim, int) and scores is not None and dim in (-1, len(shape) - 1)
+                pending = (last[0], scores) if last and last_dim and last[1] == scores else None
                 continue
             operands = _operands(names[i], dims[i])
             if operands is None:
@@ -146,7 +154,7 @@ def handwritten_attention(ops: dict, in_attention: list) -> list[tuple[int, int]
 
 def handwritten_note(ops: dict, in_attention, time_col: str, total: float, where: str,
                      on_device: bool) -> str | None:
-    """The line for hand-written attention taking at least `FALLBACK_SHARE` of ``total``, else None.
+    """The line for hand-written attention taking at least `ATTENTION_SHARE` of ``total``, else None.
     ``in_attention()`` gives the per-row flags `handwritten_attention` needs, asked only when a softmax ran."""
     if _SOFTMAX not in ops["name"] or total <= 0:  # a C-speed scan: most profiles have no softmax
         return None
@@ -165,7 +173,7 @@ def handwritten_note(ops: dict, in_attention, time_col: str, total: float, where
                 dropout = dropout or "dropout" in ops["name"][i] or "bernoulli" in ops["name"][i]
                 break
     share = spent / total
-    if share < FALLBACK_SHARE:
+    if share < ATTENTION_SHARE:
         return None
     a, b = _operands(ops["name"][pairs[0][0]], ops["input_dims"][pairs[0][0]])
     product = " @ ".join("x".join(map(str, d)) for d in (a, b))
@@ -176,5 +184,5 @@ def handwritten_note(ops: dict, in_attention, time_col: str, total: float, where
     return (f"Attention written out by hand (a matmul, a softmax of its result and a matmul by that, outside "
             f"scaled_dot_product_attention: {times}, the first product {product}) takes {share:.0%} of {where} "
             "time in its forward: F.scaled_dot_product_attention(q, k, v, attn_mask=..., is_causal=...) runs it as one "
-            f"fused kernel{caveat}, without the score matrix in memory. nn.MultiheadAttention runs it this way when it "
-            "returns its weights (need_weights=True, the default): pass need_weights=False.")
+            f"fused kernel{caveat}, without the score matrix in memory. (nn.MultiheadAttention runs this way when it "
+            "returns its weights, need_weights=True, its default: if this is one, pass need_weights=False.)")

@@ -16,7 +16,9 @@ from __future__ import annotations
 from .analysis.phases import inside_rows
 
 _CDIST = frozenset({"aten::cdist", "aten::_cdist_forward", "aten::_euclidean_dist"})
-KEPT_FP32 = {"cpu": _CDIST | {"aten::pinverse", "aten::linalg_pinv"}, "cuda": _CDIST}
+# pinverse is on the CPU's fp32 list; linalg_pinv, which it calls, is not: torch.linalg.pinv's own mm runs in
+# bf16 under autocast, and only the linalg_pinv inside a pinverse is kept (by the pinverse around it)
+KEPT_FP32 = {"cpu": _CDIST | {"aten::pinverse"}, "cuda": _CDIST}
 
 
 def kept_fp32_by(ops: dict, device_type: str) -> list[str | None]:

@@ -198,9 +198,9 @@ def _amp_words(result: ProfileResult) -> str:
     return amp_comparison_name() + again
 
 
-def _random_notes(ops: dict, time_col: str, total: float, where: str, in_attention: list[bool]) -> list[str]:
+def _random_notes(ops: dict, time_col: str, total: float, where: str, in_fallback: list[bool]) -> list[str]:
     """Dropout (whole: its op with the ops inside it) and random tensors made in the profiled code,
-    when they are a fifth of the time. ``in_attention``: per op, whether it runs inside the attention
+    when they are a fifth of the time. ``in_fallback``: per op, whether it runs inside the attention
     math fallback, whose dropout is its ``dropout_p`` argument (model.eval() leaves that as it is)."""
     inclusive = "device_total_us" if time_col == "device_self_us" else "dur_us"
     parent, names = ops["parent"], ops["name"]
@@ -220,7 +220,7 @@ def _random_notes(ops: dict, time_col: str, total: float, where: str, in_attenti
             if name in kind and (kind is _RANDOM_OPS or outermost(i)):
                 times[name] = times.get(name, 0.0) + ops[column][i]
                 calls[name] = calls.get(name, 0) + 1
-                argument = argument or (kind is _DROPOUT_OPS and in_attention[i])
+                argument = argument or (kind is _DROPOUT_OPS and in_fallback[i])
         share = pt.pairwise_sum(list(times.values())) / total
         if share < RANDOM_SHARE:
             continue
@@ -246,8 +246,9 @@ def _in_attention(result: ProfileResult) -> list[bool]:
 
 def _fp32_matmul_notes(result: ProfileResult, ops: dict, time_col: str, total: float, where: str,
                        in_fallback: list[bool]) -> list[str]:
-    """"try %%amp" where fp32 matmul/conv ops are a fifth of the time, naming the ops counted (the
-    category bar also holds wrappers' own time: a trial read 45% here beside a 68% bar for einsum),
+    """"try %%amp" where fp32 matmul/conv ops are a fifth of the time, naming the ops counted with their
+    shares, so that the line can be checked against the table and the bar (a trial read 45% here beside
+    a 68% bar for einsum, whose own time the bar holds: its tensor-list input records no dtype),
     and not where it cannot help: under the recipe already (a trial's --amp bf16 profile was told to
     try --amp bf16), inside the CPU's attention math fallback, which computes in fp32 whatever
     autocast casts (`attention_advice`), or inside an op autocast keeps in fp32 (`kept_fp32`: cdist)."""

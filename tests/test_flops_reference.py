@@ -432,6 +432,10 @@ def test_complex_matmuls_count_four_real_multiply_adds_and_complex_convolutions_
     conv = lambda: F.conv2d(x, w)  # noqa: E731
     one_real = profiled(lambda: F.conv2d(x.real.contiguous(), w.real.contiguous()))[0]
     assert profiled(conv)[0] == 3 * one_real > 0
+    with nbaccel.profile(device="cpu") as prof:  # the complex op around them says what they sum to
+        conv()
+    ops = prof.result.op_columns
+    assert ops["flops"][ops["name"].index("aten::conv2d")] == 3 * one_real
     with OpAudit() as audit:
         conv()
     assert audit.total_flops == 3 * one_real

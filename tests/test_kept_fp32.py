@@ -18,7 +18,9 @@ x, y, A = torch.randn(64, 61), torch.randn(64, 61), torch.randn(64, 64)
 # each kept op's own call, and ops without an fp32 rule that run matmuls inside (autocast casts those)
 _KEPT_CALLS = {"aten::cdist": lambda: torch.cdist(x, y), "aten::pinverse": lambda: torch.pinverse(x)}
 _CAST_CALLS = {"aten::einsum": lambda: torch.einsum("ij,jk->ik", A, A),
-               "aten::linalg_matrix_power": lambda: torch.linalg.matrix_power(A, 3)}
+               "aten::linalg_matrix_power": lambda: torch.linalg.matrix_power(A, 3),
+               # pinverse's inner op, called on its own: no fp32 rule (a review found it listed)
+               "aten::linalg_pinv": lambda: torch.linalg.pinv(x)}
 
 
 def _matmul_rows_under_autocast(run):
@@ -52,6 +54,8 @@ def test_only_the_cdist_family_is_listed_for_cuda():
     ops = {"name": ["aten::pinverse", "aten::linalg_pinv", "aten::mm"], "parent": [-1, 0, 1]}
     assert kept_fp32_by(ops, "cuda") == [None, None, None]
     assert kept_fp32_by(ops, "cpu") == ["aten::pinverse"] * 3
+    alone = {"name": ["aten::linalg_pinv", "aten::mm"], "parent": [-1, 0]}
+    assert kept_fp32_by(alone, "cpu") == [None, None]
 
 
 def test_profile_gpu_of_cdist_sends_nobody_to_amp_or_to_padding(run_cell, ip, cpu_with_bf16_and_fp16_units):

@@ -359,9 +359,11 @@ FLOP_OPS = frozenset(
 
 
 # A complex multiply-add is 4 real multiplies and 4 adds: 8 FLOPs where a real one is 2 (a complex
-# GEMM, cgemm/zgemm, does 4x the real work). Complex convolutions need no factor: torch runs them as
-# three real ones (Gauss's trick), which the trace and the op audit both see and count.
+# GEMM, cgemm/zgemm, does 4x the real work). torch runs a complex convolution as three real ones
+# (Gauss's trick), which the trace and the op audit both see and count; the complex op around them
+# (not counted itself: its children have formulas) says 3x, what they sum to.
 COMPLEX_FACTOR = 4
+COMPLEX_CONV_FACTOR = 3
 
 
 def op_flops(
@@ -373,8 +375,9 @@ def op_flops(
 ) -> int | None:
     """FLOPs of op ``name`` (forward or backward) from its recorded ``Input Dims``, or ``None`` if unknown.
 
-    ``input_types`` (the trace's ``Input type`` strings, or dtype names): an op on complex operands
-    counts `COMPLEX_FACTOR` times the real count (a trial's Fourier-layer einsum read 4x too few).
+    ``input_types`` (the trace's ``Input type`` strings, or dtype names): a matmul on complex operands
+    counts `COMPLEX_FACTOR` times the real count (a Fourier layer's complex einsum read 4x too few), a
+    convolution `COMPLEX_CONV_FACTOR` times (the three real ones torch runs it as).
     ``concrete_inputs`` are the profiler's ``Concrete Inputs`` strings (stride,
     padding...), needed for convolution output sizes unless ``output_dims`` is known.
     Varlen (nested/cumulative-sequence) attention returns ``None``: its 3-D packed shapes do
@@ -382,7 +385,8 @@ def op_flops(
     """
     flops = _real_flops(name, input_dims, concrete_inputs, output_dims)
     if flops is not None and any("complex" in str(t).lower() for t in input_types or ()):
-        return flops * COMPLEX_FACTOR
+        conv = name in _CONV_ARGS or name == "aten::convolution_backward"
+        return flops * (COMPLEX_CONV_FACTOR if conv else COMPLEX_FACTOR)
     return flops
 
 
