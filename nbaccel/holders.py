@@ -15,7 +15,7 @@ import torch
 
 from .device import DTYPE_NAMES
 from .memory import format_bytes as _fmt
-from .storages import memory_blocks
+from .storages import memory_blocks, storage_bytes
 
 
 @dataclass
@@ -210,10 +210,7 @@ def _part_of(value) -> bool:
     """Whether ``value`` is a dense tensor smaller than the storage it views (a slice, a 0-d loss)."""
     if not isinstance(value, torch.Tensor) or value.layout != torch.strided or value.is_nested:
         return False
-    try:
-        return value.numel() * value.element_size() < value.untyped_storage().nbytes()
-    except (RuntimeError, NotImplementedError):  # a tensor subclass or meta tensor without a storage
-        return False
+    return value.numel() * value.element_size() < storage_bytes(value)
 
 
 def _view_detail(tensor: torch.Tensor, storages: dict) -> str:

@@ -8,7 +8,9 @@ cdist cell read "fp32 matmul/conv take 30% of CPU time: try %%amp" and "K=63 -> 
 it calls (``einsum``'s ``bmm``, ``linalg_matrix_power``'s ``mm`` run in bf16), so only the ops
 listed here keep their matmuls in fp32; tests/test_kept_fp32.py checks each against torch's
 autocast on the CPU. On CUDA only the cdist family is listed: its fp32 rule is in torch's autocast
-op reference; ``pinverse`` has none there, so its matmuls are cast.
+op reference; ``pinverse`` has none there, so its matmuls are cast. The CPU's attention math
+fallback is listed too: not for an autocast rule, but because it computes in fp32 whatever its
+inputs' dtype, which is the same for the advice ("try %%amp" cannot help it).
 """
 
 from __future__ import annotations
@@ -18,7 +20,9 @@ from .analysis.phases import inside_rows
 _CDIST = frozenset({"aten::cdist", "aten::_cdist_forward", "aten::_euclidean_dist"})
 # pinverse is on the CPU's fp32 list; linalg_pinv, which it calls, is not: torch.linalg.pinv's own mm runs in
 # bf16 under autocast, and only the linalg_pinv inside a pinverse is kept (by the pinverse around it)
-KEPT_FP32 = {"cpu": _CDIST | {"aten::pinverse"}, "cuda": _CDIST}
+# scaled_dot_product_attention's math fallback on the CPU computes bf16/fp16 inputs in fp32 (attention_advice):
+# autocast casts q, k and v, and its bmm calls still run in fp32. On CUDA it runs in the inputs' dtype.
+KEPT_FP32 = {"cpu": _CDIST | {"aten::pinverse", "aten::_scaled_dot_product_attention_math"}, "cuda": _CDIST}
 
 
 def kept_fp32_by(ops: dict, device_type: str) -> list[str | None]:

@@ -244,21 +244,18 @@ def _in_attention(result: ProfileResult) -> list[bool]:
     return [c == "attention" or p == "attention" for c, p in zip(result.op_columns["category"], result.op_phases)]
 
 
-def _fp32_matmul_notes(result: ProfileResult, ops: dict, time_col: str, total: float, where: str,
-                       in_fallback: list[bool]) -> list[str]:
+def _fp32_matmul_notes(result: ProfileResult, ops: dict, time_col: str, total: float, where: str) -> list[str]:
     """"try %%amp" where fp32 matmul/conv ops are a fifth of the time, naming the ops counted with their
     shares, so that the line can be checked against the table and the bar (a trial read 45% here beside
     a 68% bar for einsum, whose own time the bar holds: its tensor-list input records no dtype),
     and not where it cannot help: under the recipe already (a trial's --amp bf16 profile was told to
-    try --amp bf16), inside the CPU's attention math fallback, which computes in fp32 whatever
-    autocast casts (`attention_advice`), or inside an op autocast keeps in fp32 (`kept_fp32`: cdist)."""
+    try --amp bf16), or inside an op whose matmuls stay fp32 under autocast (`kept_fp32`: cdist, and on
+    the CPU the attention math fallback, which computes in fp32 whatever autocast casts)."""
     times: dict[str, float] = {}
     names, kept, dtypes, spent = ops["name"], result.kept_fp32_by, ops["math_dtype"], ops[time_col]
     for i in [i for i, c in enumerate(ops["category"]) if c == "matmul/conv"]:  # a few rows of many
-        # aten ops only: an autograd node's range (AddmmBackward0) is a wrapper whose aten::mm holds the work;
-        # the fallback's only on the CPU (CUDA's runs in the inputs' dtype)
-        if dtypes[i] == "fp32" and kept[i] is None and not (in_fallback[i] and not result.on_device) \
-                and names[i].startswith("aten::"):
+        # aten ops only: an autograd node's range (AddmmBackward0) is a wrapper whose aten::mm holds the work
+        if dtypes[i] == "fp32" and kept[i] is None and names[i].startswith("aten::"):
             times[names[i]] = times.get(names[i], 0.0) + spent[i]
     fp32 = pt.pairwise_sum(list(times.values()))
     if fp32 / total < FP32_MATMUL_SHARE:
@@ -298,9 +295,9 @@ def advise(result: ProfileResult) -> list[str]:
         notes.append("No torch operators were recorded: torch.profiler sees torch work only, and only on the thread "
                      "that runs the code (not in threads it starts); for plain Python time use %prun or pyinstrument.")
     notes += _phase_notes(result)
-    in_fallback = inside_fallback(ops)  # attention's math fallback: the ops inside it
+    in_fallback = inside_fallback(ops)  # attention's math fallback: the ops inside it (its dropout, below)
     if n_ops and total > 0:
-        notes += _fp32_matmul_notes(result, ops, time_col, total, where, in_fallback)
+        notes += _fp32_matmul_notes(result, ops, time_col, total, where)
         for attention in (fallback_note(ops, total, on_device, where),
                           handwritten_note(ops, lambda: _in_attention(result), time_col, total, where, on_device)):
             if attention:

@@ -16,7 +16,10 @@ from nbaccel.kept_fp32 import KEPT_FP32, kept_fp32_by
 _MATMULS = {"aten::mm", "aten::bmm", "aten::addmm"}
 x, y, A = torch.randn(64, 61), torch.randn(64, 61), torch.randn(64, 64)
 # each kept op's own call, and ops without an fp32 rule that run matmuls inside (autocast casts those)
-_KEPT_CALLS = {"aten::cdist": lambda: torch.cdist(x, y), "aten::pinverse": lambda: torch.pinverse(x)}
+_KEPT_CALLS = {"aten::cdist": lambda: torch.cdist(x, y), "aten::pinverse": lambda: torch.pinverse(x),
+               # v's head dim beside q's and k's: the CPU's math fallback, which computes in fp32
+               "aten::_scaled_dot_product_attention_math": lambda: torch.nn.functional.scaled_dot_product_attention(
+                   A.view(1, 1, 64, 64), A.view(1, 1, 64, 64), A[:, :32].reshape(1, 1, 64, 32))}
 _CAST_CALLS = {"aten::einsum": lambda: torch.einsum("ij,jk->ik", A, A),
                "aten::linalg_matrix_power": lambda: torch.linalg.matrix_power(A, 3),
                # pinverse's inner op, called on its own: no fp32 rule (a review found it listed)
