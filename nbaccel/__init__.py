@@ -34,6 +34,7 @@ from .estimate import MemoryEstimate, estimate_memory  # noqa: E402
 from .environment import env_report  # noqa: E402
 from .precision import precision  # noqa: E402
 from .profile import ProfileResult, profile  # noqa: E402
+from .profile_compare import ProfileComparison, compare_profiles  # noqa: E402
 from .render.side_by_side import side_by_side  # noqa: E402
 from .results import results_frame  # noqa: E402
 from .trace_result import MultiRankResult, RankNotFound, TraceError, TraceWarning, load_trace  # noqa: E402
@@ -46,7 +47,7 @@ from .profile import SharedTraceWarning, TraceSaveWarning  # noqa: E402
 from .profile_options import ProfileError  # noqa: E402
 from .snapshot import LazyModuleNotReady, SnapshotTooLarge  # noqa: E402
 
-__all__ = ["compare_amp", "AmpResult", "memory_budget", "MemoryBudget", "estimate_memory", "MemoryEstimate", "precision", "profile", "ProfileResult", "env_report", "results_frame", "side_by_side", "load_trace", "MultiRankResult",
+__all__ = ["compare_amp", "AmpResult", "memory_budget", "MemoryBudget", "estimate_memory", "MemoryEstimate", "precision", "profile", "ProfileResult", "compare_profiles", "ProfileComparison", "env_report", "results_frame", "side_by_side", "load_trace", "MultiRankResult",
            "TraceError", "RankNotFound", "TraceWarning", "load_ipython_extension",
            "unload_ipython_extension",
            # errors and warnings

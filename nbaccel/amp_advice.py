@@ -244,6 +244,15 @@ def _profiler_name(dtype: str | None = None) -> str:
     return f'nbaccel.profile(amp="{dtype}")' if dtype else "nbaccel.profile()"
 
 
+def _compare_how(dtype: str) -> str:
+    """How to find the op that lost: two profiles of the cell, compared op by op (`profile_compare`)."""
+    if in_magic():
+        return (f"%%profile_gpu -r p32 on the cell, then %%profile_gpu --amp {dtype} --compare p32, names the ops "
+                "that got slower")
+    return (f'profiling the code with nbaccel.profile() and with nbaccel.profile(amp="{dtype}"), then '
+            "nbaccel.compare_profiles(first.result, second.result), names the ops that got slower")
+
+
 def _attention_fallback_note(dtype: str) -> str:
     return (f"scaled_dot_product_attention ran torch's math fallback ({_MATH_ATTENTION_MARK} is its op), not a "
             f"fused kernel: on the CPU it computes {dtype} inputs in fp32, so its aten::bmm calls stayed fp32 "
@@ -285,8 +294,7 @@ def _no_speedup(result: AmpResult, speedup: float, dtype: str) -> str:
         # bf16 flash-attention backward, 8.7x its fp32 time) at any batch size
         return f"No speedup ({speedup:.2f}x): " + (fact or f"the work is too small or memory-bound for {dtype} to "
                                                    f"pay for its casts (try a larger batch), or an op runs slower in "
-                                                   f"{dtype} here: {_profiler_name()} and {_profiler_name(dtype)} of "
-                                                   "the cell show which.")
+                                                   f"{dtype} here: {_compare_how(dtype)}.")
     note = f"No speedup measured ({speedup:.2f}x), but {hedge}."
     return note + (" " + fact[0].upper() + fact[1:] if fact else "")
 

@@ -1921,8 +1921,9 @@ def test_fp16_on_a_cpu_without_amx_fp16_names_the_missing_units_not_the_batch_si
     assert any("too small or memory-bound for fp16" in a for a in with_amx.advice)
     # and the cause a batch size cannot fix (a trial's GPT step: one op 8.7x slower in bf16), with how to find it
     verdict = next(a for a in with_amx.advice if a.startswith("No speedup"))
-    assert verdict.endswith("(try a larger batch), or an op runs slower in fp16 here: nbaccel.profile() and "
-                            'nbaccel.profile(amp="fp16") of the cell show which.')
+    assert verdict.endswith("(try a larger batch), or an op runs slower in fp16 here: profiling the code with "
+                            'nbaccel.profile() and with nbaccel.profile(amp="fp16"), then nbaccel.compare_profiles('
+                            'first.result, second.result), names the ops that got slower.')
 
 
 def test_a_variants_attribute_asked_of_the_result_names_where_it_is():

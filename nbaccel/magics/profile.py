@@ -11,7 +11,8 @@ from IPython.core.magic_arguments import argument, magic_arguments
 
 from ..device import dtype_name
 from ..options import magic_spelled, magic_spelling
-from ..profile import profile_function
+from ..profile import ProfileResult, profile_function
+from ..profile_compare import compare_profiles
 from ..profile_options import DTYPES, ProfileError, ProfileOptions, validate
 from ..op_attribution import CELL_LINE
 from ..profile_table import SORT_COLUMNS
@@ -39,6 +40,9 @@ class ProfileMagics(Magics):
                    "folder with one {host}_{pid}.{ms}.pt.trace.json per step (tensorboard_trace_handler layout)")
     @argument("--amp", nargs="?", const="auto", default=None, metavar="DTYPE",
               help="profile under the %%%%amp recipe: autocast bf16|fp16|auto (+TF32 on CUDA); bare --amp = auto")
+    @argument("--compare", default=None, metavar="NAME",
+              help="also show this run op by op against an earlier profile stored with -r NAME: which ops got "
+                   "slower or faster, which are new (e.g. -r p32 first, then --amp bf16 --compare p32)")
     @argument("--device", default="auto", help="auto, cpu or cuda[:N] (default: cuda when present)")
     @argument("-r", "--result", default=None, metavar="NAME", help="store the ProfileResult in this variable")
     @argument("-q", "--quiet", action="store_true", help="do not display the result")
@@ -70,12 +74,13 @@ class ProfileMagics(Magics):
                                  stack=args.stack, warmup=args.warmup, steps=args.steps, trace=args.trace,
                                  amp=args.amp, device=args.device)
         try:
-            validate(options)  # every refusal happens here, before the cell runs
+            dev = validate(options)[0]  # every refusal happens here, before the cell runs
         except ProfileError as exc:
             raise UsageError(str(exc)) from None
         except KeyboardInterrupt as exc:  # reading the device can take a moment on a first call
             raise interrupted_in_nbaccel(exc, "%%profile_gpu", "while nbaccel checked the options",
                                          "the cell did not run") from None
+        earlier = earlier_profile(self.shell, args.compare, dev)
         run = annotated_cell_function(self.shell, cell) if args.stack else cell_function(self.shell, cell)
         raised_in_cell = []  # what the cell itself raised: its own, shown as it is
 
@@ -99,7 +104,36 @@ class ProfileMagics(Magics):
                 raise
             raise interrupt_without_frames(exc) from None  # in nbaccel's profiler: no nbaccel frames
         show_result(self.shell, "%%profile_gpu", result, args.result, args.quiet)
+        if earlier is not None and not args.quiet:
+            comparison = compare_profiles(earlier, result, labels=(args.compare, _this_run(result)),
+                                          made_by=f"%%profile_gpu --compare {args.compare}")
+            show_result(self.shell, "%%profile_gpu", comparison, None, False)
         return result.value
+
+
+def _this_run(result) -> str:
+    return f"this run, {result.recipe_label}" if result.recipe_label else "this run"
+
+
+def earlier_profile(shell, name: str | None, dev):
+    """The ProfileResult ``--compare NAME`` names, checked before the cell runs; None without the option."""
+    if name is None:
+        return None
+    value = shell.user_ns.get(name, _MISSING)
+    if value is _MISSING:
+        raise UsageError(f"--compare {name}: there is no variable {name!r}. Store a profile first with "
+                         f"%%profile_gpu -r {name} (e.g. without --amp), then profile again with --compare {name}")
+    if not isinstance(value, ProfileResult):
+        raise UsageError(f"--compare {name}: {name} is a {type(value).__name__}, not a profile; --compare takes a "
+                         f"ProfileResult stored with %%profile_gpu -r {name} (or %profile_trace -r {name})")
+    if value.device.type != dev.type:
+        raise UsageError(f"--compare {name}: {name} was recorded on {value.device.type} and this profile runs on "
+                         f"{dev.type}; their op times do not compare. Use --device {value.device.type}, or "
+                         "compare with a profile of this device")
+    return value
+
+
+_MISSING = object()
 
 
 

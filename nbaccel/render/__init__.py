@@ -8,7 +8,8 @@ something true. Shared pieces (escaping, tables, bars, CSS) are in `common`.
 
 import importlib
 
-_BY_KIND = {"amp": "amp", "profile": "profile", "budget": "budget", "estimate": "budget", "env": "env", "multirank": "multirank"}
+_BY_KIND = {"amp": "amp", "profile": "profile", "budget": "budget", "estimate": "budget", "env": "env", "multirank": "multirank",
+           "profile_compare": "profile_compare"}
 
 
 def renderer(result):

@@ -1,0 +1,202 @@
+"""compare_profiles / %%profile_gpu --compare: two profiles of one cell, op by op."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from IPython.core.error import UsageError
+
+import nbaccel
+from nbaccel.profile_compare import MIN_RATIO, MIN_SHARE, ProfileComparison
+from nbaccel.render import profile_compare as render
+from text_helpers import unfolded
+
+TRACES = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "traces"
+H100 = TRACES / "tracelens_h100_Qwen_Qwen1.5-0.5B-Chat__1016005.json.gz"
+B200 = TRACES / "tracelens_b200_eager_trace.json.gz"
+
+
+def profiled(work, steps=1, **options):
+    work()  # oneDNN's first-call setup is not what the tests compare
+    with nbaccel.profile(steps=steps, **options) as prof:
+        for _ in range(steps):
+            work()
+            if steps > 1:
+                prof.step()
+    return prof.result
+
+
+def small():
+    a = torch.randn(32, 32)
+    for _ in range(5):
+        a @ a
+
+
+def large_and_sorted():
+    a = torch.randn(1024, 1024)  # ~30,000x the FLOPs of small's: slower through any noise
+    for _ in range(5):
+        a @ a
+    torch.sort(torch.randn(200_000))
+
+
+def test_a_slower_op_and_a_new_one_are_named_with_their_times():
+    before, after = profiled(small), profiled(large_and_sorted)
+    c = nbaccel.compare_profiles(before, after)
+    slower = {r["name"]: r for r in c.slower}
+    assert "aten::mm" in slower  
+    mm = slower["aten::mm"]
+    assert mm["before_calls"] == mm["after_calls"] == 5
+    assert mm["ratio"] == pytest.approx(mm["after_us"] / mm["before_us"]) and mm["ratio"] > 5
+    assert "aten::sort" in [r["name"] for r in c.new]
+    assert c.time_column == "cpu_self_us" and not c.on_device
+    # every op of both profiles is in the rows, per step, and their sums are the ops' self times
+    ops = {r["name"] for r in before.grouped_rows("op")} | {r["name"] for r in after.grouped_rows("op")}
+    assert {r["name"] for r in c.rows} == ops
+    assert c.op_time_us[1] == pytest.approx(sum(r["cpu_self_us"] for r in after.grouped_rows("op")))
+    text = unfolded(str(c))
+    assert "compare_profiles(): after against before, op by op" in text
+    assert f"slower in after: aten::mm {mm['ratio']:.3g}x slower" in text
+    assert "only in after: aten::sort" in text
+    assert "self CPU time" in text and "divided by the profile's recorded steps (1 recorded step each)" in text
+    json.dumps(c.to_dict())  # plain JSON
+    assert c.to_dict()["slower"][0] in slower and "aten::sort" in c.to_dict()["new"]
+    assert list(c.ops.columns) == ["name", "category", "before_calls", "after_calls", "before_us", "after_us",
+                                   "change_us", "ratio"]
+
+
+def test_times_are_per_step_so_one_step_and_three_compare():
+    """Without dividing by the steps, the same work profiled over 3 steps read 3x slower."""
+    def work():
+        a = torch.randn(256, 256)
+        for _ in range(20):
+            a @ a
+    one, three = profiled(work, steps=1), profiled(work, steps=3)
+    c = nbaccel.compare_profiles(one, three)
+    assert c.steps == (1, 3)
+    mm = next(r for r in c.rows if r["name"] == "aten::mm")
+    assert mm["before_calls"] == mm["after_calls"] == 20
+    per_step = sum(r["cpu_self_us"] for r in three.grouped_rows("op")) / 3
+    assert c.op_time_us[1] == pytest.approx(per_step)
+    assert "1 and 3 recorded steps" in unfolded(str(c))
+
+
+def test_labels_default_to_the_autocast_recipe():
+    plain = profiled(small)
+    amp = profiled(small, amp="bf16")
+    c = nbaccel.compare_profiles(plain, amp)
+    assert c.labels == ("before", "autocast bf16 (cpu)")
+    assert nbaccel.compare_profiles(plain, amp, labels=("fp32", "bf16")).labels == ("fp32", "bf16")
+    with pytest.raises(ValueError, match="labels are two names"):
+        nbaccel.compare_profiles(plain, amp, labels=("fp32",))
+
+
+def _rows(*specs):
+    return [{"name": n, "category": "other", "before_calls": bc, "after_calls": ac, "before_us": b, "after_us": a,
+             "change_us": a - b, "ratio": a / b if b and a else None} for n, bc, ac, b, a in specs]
+
+
+def test_an_op_is_named_only_past_both_thresholds():
+    total = 10_000.0  # us of op time; 2% = 200 us
+    rows = _rows(("big_and_slower", 1, 1, 1000, 1000 * MIN_RATIO),        # +250 us, 1.25x: named
+                 ("slower_but_tiny", 1, 1, 10, 100),                     # 10x but +90 us: not named
+                 ("changed_little", 1, 1, 4000, 4000 * 1.2),             # +800 us but 1.2x: not named
+                 ("faster", 1, 1, 2000, 2000 / MIN_RATIO),               # -400 us, 1.25x faster: named
+                 ("new", 0, 1, 0, 300), ("gone", 1, 0, 300, 0),
+                 ("rest", 1, 1, total - 7310, total - 7310))
+    c = ProfileComparison(before=None, after=None, labels=("a", "b"), time_column="cpu_self_us", rows=rows)
+    assert max(c.op_time_us) * MIN_SHARE >= 200
+    assert [r["name"] for r in c.slower] == ["big_and_slower"]
+    assert [r["name"] for r in c.faster] == ["faster"]
+    assert [r["name"] for r in c.new] == ["new"] and [r["name"] for r in c.gone] == ["gone"]
+
+
+def test_nothing_named_says_where_to_look():
+    same = profiled(small)
+    c = dataclasses.replace(nbaccel.compare_profiles(same, same))
+    assert not (c.slower or c.faster or c.new or c.gone)
+    assert all(r["ratio"] == 1 for r in c.rows if r["ratio"] is not None)
+    assert "no op changed by 1.25x and by 2% of the ops' time or more" in unfolded(str(c))
+
+
+def test_wrong_inputs_say_what_it_takes():
+    p = profiled(small)
+    with pytest.raises(TypeError, match="compare_profiles takes two ProfileResults .* after is Tensor"):
+        nbaccel.compare_profiles(p, torch.ones(1))
+    gpu = dataclasses.replace(p, device=dataclasses.replace(p.device, type="cuda"))
+    with pytest.raises(ValueError, match="before was recorded on cpu, after on cuda"):
+        nbaccel.compare_profiles(p, gpu)
+
+
+def test_two_real_gpu_traces_compare_device_self_times():
+    for path in (H100, B200):
+        if not path.exists():
+            pytest.skip(f"reference trace not found at {path} (CI keeps a copy of shared/ at ../shared)")
+    h100, b200 = nbaccel.load_trace(H100), nbaccel.load_trace(B200)
+    c = nbaccel.compare_profiles(h100, b200, labels=("H100", "B200"))
+    assert c.on_device and c.time_column == "device_self_us"
+    steps = c.steps
+    expected = sum(r["device_self_us"] for r in b200.grouped_rows("op")) / steps[1]
+    assert c.op_time_us[1] == pytest.approx(expected)
+    text = unfolded(str(c))
+    assert "B200 against H100" in text and "device self time" in text
+    itself = nbaccel.compare_profiles(h100, h100)
+    assert not (itself.slower or itself.faster or itself.new or itself.gone)
+
+
+def test_html_and_widget_show_the_findings_and_the_table():
+    c = nbaccel.compare_profiles(profiled(small), profiled(large_and_sorted), labels=("small", "large"))
+    html = render.html(c)
+    assert "large against small, op by op" in html and "aten::mm" in html and "only in large: aten::sort" in html
+    widget = render.widget(c)
+    assert "slower in large: aten::mm" in widget.value
+
+
+# --- the magic ---------------------------------------------------------------------------------------
+
+SETUP = """
+import torch
+a = torch.randn(32, 32)
+runs = 0
+"""
+
+
+def test_magic_compares_this_run_with_a_stored_profile(run_cell, ip):
+    run_cell(SETUP)
+    run_cell("%%profile_gpu -q -r p32\nruns += 1\nfor _ in range(5): a @ a")
+    _, captured = run_cell("%%profile_gpu --amp bf16 --compare p32\nruns += 1\nb = torch.randn(1024, 1024)\n"
+                           "for _ in range(5): b @ b")
+    texts = [o.data["text/plain"] for o in captured.outputs if "text/plain" in o.data]
+    assert len(texts) == 2  # the profile, then the comparison
+    comparison = unfolded(texts[1])
+    assert comparison.startswith("%%profile_gpu --compare p32: this run, autocast bf16 (cpu) against p32, op by op")
+    assert "slower in this run, autocast bf16 (cpu): aten::mm" in comparison
+    assert ip.user_ns["runs"] == 2
+    # -q shows neither; -r keeps the profile, not the comparison
+    _, captured = run_cell("%%profile_gpu -q --compare p32 -r again\nruns += 1\na @ a")
+    assert not captured.outputs and isinstance(ip.user_ns["again"], nbaccel.ProfileResult)
+
+
+@pytest.mark.parametrize("setup, opts, message", [
+    ("", "--compare p32", r"--compare p32: there is no variable 'p32'\. Store a profile first with "
+                          r"%%profile_gpu -r p32"),
+    ("p32 = a", "--compare p32", r"--compare p32: p32 is a Tensor, not a profile"),
+])
+def test_magic_refuses_what_is_not_a_stored_profile_before_the_cell_runs(run_cell, ip, setup, opts, message):
+    run_cell(SETUP + setup)
+    with pytest.raises(UsageError, match=message):
+        ip.run_cell_magic("profile_gpu", opts, "runs += 1\na @ a")
+    assert ip.user_ns["runs"] == 0
+
+
+def test_magic_refuses_a_profile_of_another_device(run_cell, ip):
+    run_cell(SETUP)
+    run_cell("%%profile_gpu -q -r p32\na @ a")
+    p32 = ip.user_ns["p32"]
+    ip.user_ns["p32"] = dataclasses.replace(p32, device=dataclasses.replace(p32.device, type="cuda"))
+    with pytest.raises(UsageError, match="p32 was recorded on cuda and this profile runs on cpu"):
+        ip.run_cell_magic("profile_gpu", "--compare p32", "runs += 1\na @ a")
+    assert ip.user_ns["runs"] == 0
