@@ -7,6 +7,7 @@
     python -m benchmarks markdown suite.json      # the tables as Markdown, for docs/benchmarks.md
     python -m benchmarks.bench_amp                # issue 2's %%amp-vs-Timer benchmark
     python -m benchmarks.bench_attention          # the facts behind the attention advice, side by side
+    python -m benchmarks.bench_cpu_fp16           # fp16 vs fp32 convolutions and matmuls on a CPU without AMX-FP16
 """
 
 from __future__ import annotations

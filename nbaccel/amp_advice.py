@@ -150,7 +150,9 @@ def _what_padding_feeds(info, dtype: str) -> str:
 def _unfirm_timing(result: AmpResult) -> str | None:
     """Why the times cannot rank the two variants, with what to do about it; None when they can.
     A slowdown earns the same hedge as a speedup: contention or overlapping IQRs move either way."""
-    overlap, contended = result.speedup_uncertain, result.contention_warning is not None
+    # contention that cannot explain the ratio (`AmpResult.beyond_contention`) does not make it unfirm
+    overlap = result.speedup_uncertain
+    contended = result.contention_warning is not None and not result.beyond_contention
     if not overlap and not contended:
         return None
     why = " and ".join(w for w, on in (("the two variants' IQRs overlap", overlap),
@@ -261,6 +263,18 @@ def _attention_fallback_note(dtype: str) -> str:
             "torch.nn.attention.sdpa_kernel(SDPBackend.FLASH_ATTENTION) makes torch say why.")
 
 
+MUCH_SLOWER = 0.5  # a speedup under this is a slowdown of 2x or more: "gain little" no longer says it
+
+
+def _fp16_conv_backward(result: AmpResult) -> list[str]:
+    """The fp16 convolution backward ops of the audit (the CPU's slow fp16 path), as their names."""
+    ops = result.amp.ops
+    if ops.empty:
+        return []
+    rows = ops.loc[ops["heavy"] & (ops["dtype"] == "fp16"), "op"]
+    return sorted({op for op in rows if "convolution_backward" in op})
+
+
 def _no_speedup(result: AmpResult, speedup: float, dtype: str) -> str:
     """The advice for a speedup under `NO_SPEEDUP_BELOW` (1.05x). A cause read from the op audit or the
     CPU's features is a fact whatever the timing; "too small or memory-bound" is read from the timing
@@ -272,11 +286,19 @@ def _no_speedup(result: AmpResult, speedup: float, dtype: str) -> str:
     elif info.type == "cpu" and dtype == "fp16" and not info.cpu_features.get("amx_fp16"):
         # AVX512-FP16 counts as fp16 units, but without AMX-FP16 oneDNN's fp16 matmuls run on vector
         # units (on the project's VM, Sapphire Rapids: a 1024^3 matmul in fp16 6.0 ms, fp32 6.1 ms,
-        # bf16 on AMX 1.6 ms), so "try a larger batch" sent a trial user the wrong way.
+        # bf16 on AMX 1.6 ms), so "try a larger batch" sent a trial user the wrong way. Its fp16
+        # convolution weight gradient is far worse (`python -m benchmarks.bench_cpu_fp16`: 304x fp32 there),
+        # which a trial's CNN step met as fp16 20x slower than fp32, and "gain little" was no description.
         fact = ("this CPU has no AMX-FP16 (matrix units for fp16): its fp16 matmuls run on AVX512-FP16 "
-                "vector units, which gain little over fp32"
-                + (f". It has AMX-BF16: use {option('dtype', 'bf16')}." if info.cpu_features.get("amx_bf16")
-                   else "."))
+                "vector units, which gain little over fp32")
+        if speedup < MUCH_SLOWER:
+            convs = _fp16_conv_backward(result)
+            fact = (f"fp16 is {1 / speedup:.1f}x slower than fp32 here. " + fact[0].upper() + fact[1:]
+                    + (", and oneDNN's fp16 convolution backward (here: " + ", ".join(convs) + ") takes a far slower "
+                       "path than fp32's" if convs else ", and some of its fp16 kernels take far slower paths")
+                    + f"; {_compare_how(dtype)}")
+        fact += (f". It has AMX-BF16: use {option('dtype', 'bf16')}." if info.cpu_features.get("amx_bf16")
+                 else ".")
     elif precision["reduced_flop_share"] is not None and precision["reduced_flop_share"] < 0.5:
         # the fallback's bmm calls are among the fp32 ones, not known to be all of them (a review: a cell's own
         # bmm under autocast(enabled=False) beside it had 8x their FLOPs)

@@ -29,6 +29,9 @@ MEMORY_NOISE_FLOOR = 1 << 20  # fp32 peak below which a memory saving is not rep
 MEMORY_SAME = 0.005
 REDUCED_DTYPES = ("bf16", "fp16")
 NO_SPEEDUP_BELOW = 1.05  # a measured ratio under this is reported as no speedup
+# A ratio this many times what other programs' measured load could cause (`AmpResult.beyond_contention`) is
+# the variants' own, contention or not: 1.5 leaves room for load that came in bursts.
+BEYOND_CONTENTION = 1.5
 
 
 def _empty_frame() -> pd.DataFrame:
@@ -295,6 +298,19 @@ class AmpResult(ResultMixin):
         return notes
 
     @property
+    def beyond_contention(self) -> bool:
+        """Whether the variants' ratio is more than other programs' measured load could make it: the
+        slower variant's time is over `BEYOND_CONTENTION` times the most that load could slow it
+        (`Contention.slowdown_bound`). A trial: fp16 20x slower than fp32 (a CPU without AMX-FP16)
+        while others took one of the two cores was hedged as "re-run when the machine is quiet"."""
+        speedup = self.speedup
+        if not speedup or self.contention is None or self.speedup_uncertain:
+            return False
+        slower = "fp32" if speedup > 1 else self.amp.name
+        bound = self.contention.slowdown_bound(slower)
+        return bound is not None and max(speedup, 1 / speedup) > BEYOND_CONTENTION * bound
+
+    @property
     def contention_warning(self) -> str | None:
         """What other programs' CPU use did to the times, when it reached the threshold
         (`contention.MIN_OTHERS_CORES`, and more demand than cores), else None."""
@@ -302,8 +318,12 @@ class AmpResult(ResultMixin):
         # and the data loading are host work that waits for a core like any CPU code.
         hurt = ("the times include that contention" if self.device.type == "cpu" else
                 "the times include the host-side delays it causes (kernel launches, Python, data loading)")
-        claim = "the speedup may not hold" if self.baseline is not None else "they may not hold"
-        return warning_line(self.contention, "during the timed runs", f"{hurt} and {claim}")
+        if self.beyond_contention:
+            claim = (f"but the {max(self.speedup, 1 / self.speedup):.1f}x between the variants is more than that "
+                     "load can cause")
+        else:
+            claim = "and the speedup may not hold" if self.baseline is not None else "and they may not hold"
+        return warning_line(self.contention, "during the timed runs", f"{hurt} {claim}")
 
     def __deepcopy__(self, memo):
         """A copy whose ``value`` is detached: the kept run's output usually carries a ``grad_fn``, and

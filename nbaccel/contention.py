@@ -187,6 +187,19 @@ class Contention:
         others = max(0.0, sum(self.others_s.get(n, 0.0) for n in names) / wall)
         return min(others, float(self.cores)) if self.cores else others
 
+    def slowdown_bound(self, span: str) -> float | None:
+        """The most other programs' measured load could have slowed ``span``'s code: its threads had at
+        least the cores the others left free, on average. None when not measured, or when the others left
+        under a quarter of a core (then any slowdown is possible)."""
+        others = self.others_cores(span)
+        if others is None or not self.cores:
+            return None
+        free = self.cores - others
+        if free < 0.25:
+            return None
+        threads = min(self.threads or 1, self.cores)
+        return max(1.0, threads / min(free, threads))
+
     def contended_spans(self) -> list[str | None]:
         """The figures (None = all spans together) that reach the threshold: others averaged at
         least `MIN_OTHERS_CORES`, and with torch's threads they needed more cores than there are,

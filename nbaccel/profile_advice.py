@@ -244,6 +244,9 @@ def _in_attention(result: ProfileResult) -> list[bool]:
     return [c == "attention" or p == "attention" for c, p in zip(result.op_columns["category"], result.op_phases)]
 
 
+SLOW_FP16_CONV_SHARE = 0.2  # an fp16 convolution backward past this share of the time is named
+
+
 def _fp32_matmul_notes(result: ProfileResult, ops: dict, time_col: str, total: float, where: str) -> list[str]:
     """"try %%amp" where fp32 matmul/conv ops are a fifth of the time, naming the ops counted with their
     shares, so that the line can be checked against the table and the bar (a trial read 45% here beside
@@ -369,10 +372,16 @@ def advise(result: ProfileResult) -> list[str]:
     if result.options.amp == "fp16" and result.device.type == "cpu" and result.loaded is None \
             and not result.device.cpu_features.get("amx_fp16"):
         # as %%amp says it: fp16 without AMX-FP16 runs on vector units (1024^3: fp16 6.0 ms, fp32 6.1, bf16 1.6)
-        bf16 = (f" (it has AMX-BF16: {option('amp', 'bf16')} runs on its tiles)"
+        bf16 = (f" It has AMX-BF16: {option('amp', 'bf16')} runs on its tiles."
                 if result.device.cpu_features.get("amx_bf16") else "")
+        # and its fp16 convolution weight gradient is far slower than fp32's (`benchmarks.bench_cpu_fp16`: 304x on
+        # the project's VM): a trial's CNN step spent 99% of its time there, and the line said only "gain little"
+        convs = [r for r in result.grouped_rows("op") if r["dtype"] == "fp16" and "convolution_backward" in r["name"]
+                 and (r["percent"] or 0) >= 100 * SLOW_FP16_CONV_SHARE]
+        slow = ("; oneDNN's fp16 convolution backward takes a far slower path than fp32's (here "
+                + ", ".join(f"{r['name']} {r['percent']:.0f}% of CPU time" for r in convs) + ")") if convs else ""
         notes.append(f"This CPU has no AMX-FP16: the fp16 matmuls of {option('amp', 'fp16')} run on its vector units, "
-                     f"which gain little over fp32{bf16}.")
+                     f"which gain little over fp32{slow}.{bf16}")
     if result.device.type == "cpu" and result.loaded is None:
         notes.append("Profiled on the CPU (no CUDA device): times are CPU times; GPU figures need a GPU.")
     return notes

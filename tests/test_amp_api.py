@@ -2260,3 +2260,55 @@ def test_nothing_cast_is_said_with_too_few_runs_to_rank_too():
     assert res.nothing_cast and res.speedup < 1
     assert any(a.startswith("No speedup: no op ran in bf16") for a in res.advice)
     assert not any("cannot rank" in a for a in res.advice)
+
+
+def _fp16_conv_slower(times_fp32, times_amp):
+    """compare_amp of a conv step under fp16 with scripted times, on a CPU made to lack AMX-FP16."""
+    from nbaccel.device import device_info
+
+    if not device_info(torch.device("cpu")).supports_fp16:
+        pytest.skip("this CPU has no fp16 units: compare_amp refuses fp16 on it")
+    conv, x = torch.nn.Conv2d(4, 4, 3, padding=1), torch.randn(1, 4, 8, 8)
+    fp32, amp = iter(times_fp32), iter(times_amp)
+    clock = FakeClock(lambda: next(amp) if torch.is_autocast_enabled("cpu") else next(fp32))
+    res = nbaccel.compare_amp(lambda: conv(x).sum().backward(), repeat=4, warmup=0, clock=clock, dtype="fp16")
+    units = {"amx_bf16": True, "avx512_bf16": True, "amx_fp16": False, "avx512_fp16": True}
+    return dataclasses.replace(res, device=dataclasses.replace(res.device, cpu_features=units))
+
+
+def test_fp16_many_times_slower_on_a_cpu_without_amx_fp16_names_the_convolution_backward():
+    """A trial's CNN step ran 20x slower under fp16 (oneDNN's fp16 convolution weight gradient: 304x fp32's,
+    benchmarks.bench_cpu_fp16), and the verdict said the matmuls "gain little over fp32"."""
+    res = _fp16_conv_slower([0.010] * 4, [0.200] * 4)
+    verdict = next(a for a in res.advice if a.startswith("No speedup"))
+    assert verdict == ("No speedup (0.05x): fp16 is 20.0x slower than fp32 here. This CPU has no AMX-FP16 (matrix "
+                       "units for fp16): its fp16 matmuls run on AVX512-FP16 vector units, which gain little over "
+                       "fp32, and oneDNN's fp16 convolution backward (here: aten::convolution_backward) takes a far "
+                       "slower path than fp32's; profiling the code with nbaccel.profile() and with "
+                       'nbaccel.profile(amp="fp16"), then nbaccel.compare_profiles(first.result, second.result), '
+                       "names the ops that got slower. It has AMX-BF16: use dtype='bf16'.")
+    # a small slowdown keeps the short form
+    small = _fp16_conv_slower([0.010] * 4, [0.012] * 4)
+    assert any(a.startswith("No speedup (0.83x): this CPU has no AMX-FP16") and "20.0x" not in a for a in small.advice)
+
+
+def test_a_ratio_beyond_what_the_measured_contention_can_cause_is_not_hedged():
+    """A trial: fp16 20x slower while other programs took one of the two cores read "No speedup measured
+    (0.05x), but other programs competed for the CPU ... re-run when the machine is quiet"."""
+    from nbaccel.contention import Contention
+
+    res = _fp16_conv_slower([0.010] * 4, [0.200] * 4)
+    one_core = Contention(cores=2, threads=2, wall_s={"fp32": 1.0, "fp16": 1.0}, others_s={"fp32": 1.0, "fp16": 1.0})
+    assert one_core.slowdown_bound("fp16") == 2.0  # 2 threads on the 1 core left free
+    loaded = dataclasses.replace(res, contention=one_core)
+    assert loaded.beyond_contention
+    assert loaded.contention_warning.endswith("the times include that contention but the 20.0x between the variants "
+                                              "is more than that load can cause; re-run when the machine is quiet")
+    assert any(a.startswith("No speedup (0.05x): fp16 is 20.0x slower") for a in loaded.advice)
+    # 2.5x is within what 1 of 2 cores taken can do (up to 2x, with the 1.5 margin: 3x): hedged as before
+    near = dataclasses.replace(_fp16_conv_slower([0.010] * 4, [0.025] * 4), contention=one_core)
+    assert not near.beyond_contention
+    assert any(a.startswith("No speedup measured (0.40x), but other programs competed for the CPU") for a in near.advice)
+    # others leaving under a quarter of a core free: any slowdown is possible
+    swamped = Contention(cores=2, threads=2, wall_s={"fp32": 1.0, "fp16": 1.0}, others_s={"fp32": 1.9, "fp16": 1.9})
+    assert swamped.slowdown_bound("fp16") is None and not dataclasses.replace(res, contention=swamped).beyond_contention

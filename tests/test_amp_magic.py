@@ -588,8 +588,9 @@ def test_a_long_comparison_says_after_its_first_run_how_long_the_rest_takes(run_
     notes = [line for line in captured.stderr.splitlines() if "more runs" in line]
     assert len(notes) == 1
     # 2 x (1 warmup + 4 timed + 1 audited + 1 memory) + the kept run = 15, one done.
-    first, rest = (float(v) for v in re.search(r"the first run took ([\d.]+) ms; 14 more runs .* will take up to "
-                                               r"about ([\d.]+) ms \(less where the first run paid one-time setup\)",
+    first, rest = (float(v) for v in re.search(r"the first run took ([\d.]+) ms; 14 more runs .* take about "
+                                               r"([\d.]+) ms at that pace: longer if the other variant is slower, "
+                                               r"shorter where the first run paid one-time setup\.",
                                                notes[0]).groups())
     assert 20 <= first < 500 and rest == pytest.approx(14 * first, rel=0.01)  # measured, not guessed
     assert "--repeat 3 --warmup 0 (11 runs in all)" in notes[0]

@@ -202,3 +202,14 @@ def test_the_attention_benchmark_prints_its_three_ratios(capsys):
     assert [line.split(":")[0] for line in lines[1:]] == ["1. causal attention", "2. SDPA",
                                                          "3. causal SDPA forward + backward"]
     assert all(line.endswith("x") and float(line.rsplit(": ", 1)[1][:-1]) > 0 for line in lines[1:])
+
+
+def test_the_cpu_fp16_benchmark_prints_its_five_ratios(capsys):
+    from benchmarks import bench_cpu_fp16
+
+    assert bench_cpu_fp16.main(["--min-run-time", "0.01"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split(":")[0] for line in lines[1:]] == ["1. conv forward", "2. conv input gradient",
+                                                         "3. conv weight gradient", "4. matmul 1024^3",
+                                                         "5. matmul 1024^3"]
+    assert all(line.endswith("x") and float(line.rsplit(": ", 1)[1][:-1]) > 0 for line in lines[1:])

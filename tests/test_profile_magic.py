@@ -1144,6 +1144,13 @@ def test_profile_under_fp16_on_a_cpu_without_amx_fp16_says_so(run_cell, ip, monk
     ip.user_ns.update(w=torch.randn(256, 256), torch=torch)
     run_cell("%%profile_gpu -q -r prof --amp fp16\nfor _ in range(3): w @ w")
     assert ("This CPU has no AMX-FP16: the fp16 matmuls of --amp fp16 run on its vector units, which gain little "
-            "over fp32 (it has AMX-BF16: --amp bf16 runs on its tiles).") in ip.user_ns["prof"].advice
+            "over fp32. It has AMX-BF16: --amp bf16 runs on its tiles.") in ip.user_ns["prof"].advice
     run_cell("%%profile_gpu -q -r prof --amp bf16\nfor _ in range(3): w @ w")
     assert not any("AMX-FP16" in a for a in ip.user_ns["prof"].advice)
+    # A trial's CNN step under --amp fp16 spent 99% in the fp16 convolution backward (304x fp32's weight
+    # gradient: benchmarks.bench_cpu_fp16), and the line said only "gain little over fp32".
+    ip.user_ns.update(conv=torch.nn.Conv2d(8, 8, 3, padding=1), x=torch.randn(2, 8, 16, 16))
+    run_cell("%%profile_gpu -q -r prof --amp fp16\nconv(x).sum().backward()")
+    line = next(a for a in ip.user_ns["prof"].advice if "AMX-FP16" in a)
+    assert re.search(r"which gain little over fp32; oneDNN's fp16 convolution backward takes a far slower path than "
+                     r"fp32's \(here aten::convolution_backward \d+% of CPU time\)\. It has AMX-BF16", line), line

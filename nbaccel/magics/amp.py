@@ -158,11 +158,14 @@ def _note_long_run(shell, seconds: float, runs_left: int, args, device):
     Returns the display handle, if any."""
     if seconds * (runs_left + 1) <= LONG_RUN_SECONDS:
         return None
-    # "up to": the first run also pays one-time costs (oneDNN/cuDNN setup, a torch.compile in the cell
-    # compiling), so the rest can be far quicker (a trial: "about 54 s" announced, 4.9 s in all).
+    # Not "up to": the other variant's runs can be far slower (a trial: fp16 convolutions on a CPU without
+    # AMX-FP16, 20x fp32: "up to about 9.85 s" announced, 84.9 s taken), and the first run also pays one-time
+    # costs (oneDNN/cuDNN setup, a torch.compile in the cell compiling), so the rest can be far quicker
+    # (a trial: "about 54 s" announced, 4.9 s in all).
     note = (f"nbaccel %%amp: the first run took {format_seconds(seconds)}; {runs_left} more runs (warmup, timed, "
-            f"memory and audited runs per variant, then the kept run) will take up to about "
-            f"{format_seconds(seconds * runs_left)} (less where the first run paid one-time setup).")
+            f"memory and audited runs per variant, then the kept run) take about "
+            f"{format_seconds(seconds * runs_left)} at that pace: longer if the other variant is slower, shorter "
+            "where the first run paid one-time setup.")
     fewer = _fewer_runs(args, device)
     if fewer:
         note += f" For fewer: {fewer}."
