@@ -301,6 +301,23 @@ class profile:  # noqa: N801 - a context manager used like a function: `with nba
             elif self.steps_done == self.options.warmup + self.options.steps:
                 self._close_span()
             _quietly(self._prof.step)
+        elif self.steps_done == 1:
+            # steps=1 records one step, as torch's schedule(active=1) would: the first prof.step() ends the
+            # recording. It recorded every iteration of a loop calling step() and said "1 step" (a trial: 3
+            # iterations' ops, FLOPs and wall time under a header of one).
+            self._end_recording()
+
+    def _end_recording(self) -> None:
+        """Stop recording before the block ends (what `_stop` does but the recipe, lock and filter, which
+        stay until the block's exit)."""
+        if self._step_range is not None:
+            if self.device.type == "cuda":  # the step ends when its kernels do
+                torch.cuda.synchronize(self.device)
+            self._step_range.__exit__(None, None, None)
+            self._step_range = None
+        self._close_span()
+        self._guard.remove()
+        self._stop_profiler()
 
     def _stop(self, exc_type=None, exc=None, tb=None) -> None:
         """Stop recording and undo what `_start` did: the step range, the ``--amp`` recipe, the profiler,
@@ -429,8 +446,13 @@ class profile:  # noqa: N801 - a context manager used like a function: `with nba
             return False
         needed = self.options.warmup + self.options.steps
         if self.options.scheduled and self.steps_done < needed:
+            active = max(0, self.steps_done - self.options.warmup)
+            # "no active step was completed" was said of warmup=1, steps=2 with 2 calls: one was
+            done = (f"only {active} of the {self.options.steps} active steps {'was' if active == 1 else 'were'} completed"
+                    if active
+                    else "so no active step was completed")
             raise ProfileError(f"profile(warmup={self.options.warmup}, steps={self.options.steps}) needs {needed} "
-                               f"calls to .step(); got {self.steps_done}, so no active step was completed")
+                               f"calls to .step(); got {self.steps_done}, {done}")
         try:
             self.result = self._build()
         except KeyboardInterrupt:

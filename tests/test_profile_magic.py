@@ -828,16 +828,45 @@ def test_context_manager_api_for_scripts():
 def test_context_manager_with_steps_needs_step_calls():
     from nbaccel.profile import ProfileError
 
-    with pytest.raises(ProfileError, match="needs 3 calls to .step"):
+    with pytest.raises(ProfileError, match=r"needs 3 calls to \.step\(\); got 1, so no active step was completed"):
         with nbaccel.profile(warmup=1, steps=2) as prof:
             torch.ones(3) + 1
             prof.step()
     assert not torch._C._autograd._profiler_enabled()
+    # a trial: two calls read "so no active step was completed" although one was
+    with pytest.raises(ProfileError, match="got 2, only 1 of the 2 active steps was completed"):
+        with nbaccel.profile(warmup=1, steps=2) as prof:
+            for _ in range(2):
+                torch.ones(3) + 1
+                prof.step()
     with nbaccel.profile(warmup=1, steps=2) as prof:
         for _ in range(3):
             torch.ones(3) + 1
             prof.step()
     assert len(prof.result.step_times_us) == 2
+
+
+def test_the_default_one_step_ends_at_the_first_step_call():
+    """A trial: a loop calling prof.step() under the default steps=1 recorded all 3 iterations (3x the op
+    calls, FLOPs and wall time) under a header of "1 step". One step is recorded, as schedule(active=1) would."""
+    a = torch.randn(64, 64)
+    with nbaccel.profile() as once:
+        a @ a
+    with nbaccel.profile() as loop:
+        for _ in range(3):
+            a @ a
+            loop.step()
+        assert not torch._C._autograd._profiler_enabled()  # stopped at the first step(), the block goes on
+    assert loop.steps_done == 3 and len(loop.result.step_times_us) == 1
+    assert loop.result.op_calls == once.result.op_calls
+    mm = lambda r: next(row for row in r.grouped_rows("op") if row["name"] == "aten::mm")  # noqa: E731
+    assert mm(loop.result)["calls"] == 1 and mm(loop.result)["flops"] == mm(once.result)["flops"]
+    # the recipe stays on for the rest of the block, and comes off at its end
+    with nbaccel.profile(amp="bf16") as amp:
+        a @ a
+        amp.step()
+        assert torch.is_autocast_enabled("cpu")
+    assert not torch.is_autocast_enabled("cpu")
 
 
 def test_torch_cycle_warning_hidden_during_our_calls_only():
