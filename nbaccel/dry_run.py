@@ -19,13 +19,14 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 from .device import DTYPE_NAMES
+from .eager_modes import EagerWhileActive
 from .memory import cuda_counters, reset_cuda_peak
 from .model_states import make_optimizer
 from .options import in_magic, option
 from .storages import storage_bytes, storage_keys, storages
 
 
-class LiveBytes(TorchDispatchMode):
+class LiveBytes(EagerWhileActive, TorchDispatchMode):
     """Peak bytes of the tensor storages created by ops while the mode is active.
 
     An op output whose storage is new (not one of the op's inputs' storages: views and in-place

@@ -41,6 +41,7 @@ from torch.utils.flop_counter import flop_registry
 from torch.utils.weak import WeakTensorKeyDictionary
 
 from .analysis.op_flops import op_flops
+from .eager_modes import EagerWhileActive
 from .device import DTYPE_NAMES
 from .signals import sigint_held as _sigint_held  # here first; tests and callers import it from here too
 
@@ -135,7 +136,7 @@ class _OpRecord:
     shapes: set = field(default_factory=set)  # matmul operand shapes, for the multiple-of-8 check
 
 
-class OpAudit(TorchDispatchMode):
+class OpAudit(EagerWhileActive, TorchDispatchMode):
     """Records (op, output dtype) -> calls, FLOPs and matmul shapes for everything run inside it."""
 
     def __init__(self):
