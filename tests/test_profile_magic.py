@@ -128,6 +128,19 @@ def test_cpu_shapes_list_says_fp32_padding_counts_on_a_gpu_or_under_bf16(run_cel
     assert row.endswith("(multiple of 8 for bf16)")
 
 
+def test_a_listed_padding_that_adds_over_a_quarter_of_the_work_says_so(run_cell, ip):
+    """A trial: under --amp bf16 an RGB stem's conv read "C_in=3 -> 8 (multiple of 8 for bf16)", advice to
+    make it 2.7x the work; the advice leaves such dims out (flops.padding_worth_it), and so the list says."""
+    ip.user_ns.update(stem=torch.nn.Conv2d(3, 16, 3, padding=1), img=torch.randn(2, 3, 16, 16), torch=torch)
+    run_cell("%%profile_gpu -q -r prof --amp bf16 --device cpu\nstem(img)")
+    row = next(line for line in render_profile.unaligned_lines(ip.user_ns["prof"]) if "C_in=3" in line)
+    assert "C_in=3 -> 8 (+167% work: not worth it)" in row
+    assert not any("3 -> pad to 8" in a for a in ip.user_ns["prof"].advice)
+    prof, _, _ = profile_cell(run_cell, ip, opts="-q -r prof --device cpu --amp bf16")
+    assert any("N=1001 -> 1008 (" in line and "not worth it" not in line
+               for line in render_profile.unaligned_lines(prof))
+
+
 def test_on_a_cpu_without_amx_padding_counts_only_on_a_gpu(run_cell, ip):
     """A trial on an Ice Lake (no AMX) read "padded sizes count ... under bf16 autocast (AMX tiles)"."""
     import dataclasses

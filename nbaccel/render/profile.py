@@ -278,6 +278,15 @@ def stream_lines(result, limit: int = 8) -> list[str]:
 UNALIGNED_ROWS = 12
 
 
+def _padding(dim: str, size: int, padded: int, multiple: int) -> str:
+    """``C_in=3 -> 8``, and what it costs where the advice leaves it out (`flops.padding_worth_it`): a trial
+    read "C_in=3 -> 8 (multiple of 8 for bf16)" for an RGB stem as advice to make that conv 2.7x the work."""
+    from ..flops import padding_worth_it
+
+    fix = f"{dim}={size} -> {padded}"
+    return fix if padding_worth_it(size, multiple) else fix + f" (+{padded / size - 1:.0%} work: not worth it)"
+
+
 def unaligned_lines(result, limit: int = UNALIGNED_ROWS) -> list[str]:
     """The shapes list: matmul/conv calls with dims to pad, most time first, ``limit`` of them.
 
@@ -299,7 +308,7 @@ def unaligned_lines(result, limit: int = UNALIGNED_ROWS) -> list[str]:
                    + (f" or under bf16 autocast (AMX tiles; {amp_comparison_name()}):" if amx_bf16 else
                       "; this CPU has no AMX tiles, so not here in any precision:"))
     for e in entries[:limit]:
-        fixes = ", ".join(f"{k}={v} -> {e['pad_to'][k]}" for k, v in e["unaligned"].items())
+        fixes = ", ".join(_padding(k, v, e["pad_to"][k], e["multiple"]) for k, v in e["unaligned"].items())
         share = f", {format_share(e['share'])} of {where} time" if e.get("share") is not None else ""
         when = (f"multiple of {e['multiple']} for {e['dtype']}" if padding_pays_here(result, e)
                 # a trial's cdist read "K=63 -> 64 (for a GPU or bf16 autocast)": autocast keeps it fp32
