@@ -225,3 +225,24 @@ def test_cudnn_rnn_from_its_schema():
     frozen = concrete[:21] + ["[True, True, True, False]"]
     assert op_flops("aten::_cudnn_rnn_backward", dims, None, frozen) == LSTM_FORWARD
     assert op_flops("aten::_cudnn_rnn_backward", dims, None, concrete[:21]) is None  # mask unknown
+
+
+def test_int8_and_fp8_gemms_count_their_multiply_adds():
+    """A trial: torch._int_mm (int8 x int8 -> int32) read "no FLOP formula matched an op", its shapes checked
+    for padding (16 for int8) but its work uncounted. 2 ops per multiply-add, as the int8 TOPS peaks count."""
+    assert op_flops("aten::_int_mm", [[1000, 1024], [1024, 1000]]) == 2 * 1000 * 1024 * 1000
+    assert op_flops("aten::_scaled_mm", [[64, 128], [128, 32], [], [], [], []]) == 2 * 64 * 128 * 32
+    assert op_flops("aten::_int_mm", [[64, 128], [127, 32]]) is None  # inner dims disagree
+
+
+def test_a_profiled_int_mm_is_counted_as_int8():
+    import torch
+
+    import nbaccel
+
+    a = torch.randint(-128, 127, (64, 128), dtype=torch.int8)
+    b = torch.randint(-128, 127, (128, 32), dtype=torch.int8)
+    with nbaccel.profile() as prof:
+        torch._int_mm(a, b)
+    row = next(r for r in prof.result.grouped_rows("op") if r["name"] == "aten::_int_mm")
+    assert row["flops"] == 2 * 64 * 128 * 32 and row["dtype"] == "int8"

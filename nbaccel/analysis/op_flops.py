@@ -344,6 +344,9 @@ FLOP_OPS = frozenset(
      # addbmm (a sum of batched products) and the in-place forms (addbmm runs its batches as addmm_)
      "aten::addbmm", "aten::addmm_", "aten::baddbmm_", "aten::addbmm_",
      "aten::dot", "aten::vdot",  # 1-D products (`v @ v`, torch.inner); in no FLOP registry
+     # int8 x int8 -> int32 and fp8 GEMMs, (M, K) x (K, N) with a multiply-add as 2 ops, as their peaks
+     # (int8 TOPS, fp8 TFLOP/s) count them; torch._int_mm had none (a trial: "no FLOP formula matched")
+     "aten::_int_mm", "aten::_scaled_mm",
      "aten::_trilinear"}  # nn.Bilinear
     | set(_CONV_ARGS)
     | _HEADS_FIRST_ATTN
@@ -395,7 +398,7 @@ def _real_flops(name: str, input_dims: Dims | None, concrete_inputs: Sequence[An
     if name not in FLOP_OPS or not input_dims:
         return None
     s = lambda i: _shape(input_dims, i)  # noqa: E731 - tiny local accessor
-    if name == "aten::mm":
+    if name in ("aten::mm", "aten::_int_mm", "aten::_scaled_mm"):
         return _mm(s(0), s(1))
     if name in ("aten::addmm", "aten::_addmm_activation", "aten::addmm_"):
         return _mm(s(1), s(2))
