@@ -1191,7 +1191,7 @@ def test_profile_under_fp16_on_a_cpu_without_amx_fp16_says_so(run_cell, ip, monk
     assert not any("AMX-FP16" in a for a in ip.user_ns["prof"].advice)
     # A trial's CNN step under --amp fp16 spent 99% in the fp16 convolution backward (304x fp32's weight
     # gradient: benchmarks.bench_cpu_fp16), and the line said only "gain little over fp32".
-    ip.user_ns.update(conv=torch.nn.Conv2d(8, 8, 3, padding=1), x=torch.randn(2, 8, 16, 16))
+    ip.user_ns.update(conv=torch.nn.Conv2d(16, 16, 3, padding=1), x=torch.randn(4, 16, 32, 32))  # ~60% there
     run_cell("%%profile_gpu -q -r prof --amp fp16\nconv(x).sum().backward()")
     line = next(a for a in ip.user_ns["prof"].advice if "AMX-FP16" in a)
     assert re.search(r"which gain little over fp32; oneDNN's fp16 convolution backward takes a far slower path than "

@@ -30,6 +30,7 @@ CATEGORIES = (
     "matmul/conv",
     "attention",
     "elementwise",
+    "normalization",
     "reduction",
     "memory copy",
     "data transfer",
@@ -163,6 +164,14 @@ _MATMUL_K = re.compile(
     r"|dot_kernel|reduce_1Block_kernel|epilogue::impl::globalKernel|triton_tem_|magma",
     re.IGNORECASE,
 )
+# Batch/layer/group/RMS norms: a category of their own, not "reduction" (a CV trial read a CNN's "reduction
+# 35-66%" as sums and means; it was BatchNorm forward and backward). Before the reduction patterns,
+# which also match them ("norm", "GammaBeta"); a vector norm (torch.linalg.vector_norm) stays a reduction.
+_NORM_K = re.compile(
+    r"bn_fw|bn_bw|batch_?norm|BatchNorm|layer_?norm|LayerNorm|GammaBeta|rms_?norm|RMSNorm|RmsNorm"
+    r"|group_?norm|GroupNorm|instance_?norm|RowwiseMoments",
+    re.IGNORECASE,
+)
 _REDUCTION_K = re.compile(
     r"reduce|softmax|norm(?!al)|GammaBeta|bn_fw|bn_bw|cross_entropy|nll_loss|triton_red_|triton_per_"
     r"|argmax|argmin|topk|cumsum|DeviceReduce|sum_functor|MeanOps"
@@ -212,8 +221,8 @@ def kernel_category(kernel_name: str) -> str:
         return "other"  # RNG seed unpacking for dropout (unpack_cudnn), not a cuDNN matmul
     if re.search(r"fbgemm|split_embedding", name):
         return "other"  # embedding lookups/bucketize: neither GEMM nor plain copy
-    if re.search(r"bn_fw|bn_bw|batch_norm|BatchNorm", name):
-        return "reduction"  # cuDNN batch-norm signatures mention cudnnTensorStruct
+    if _NORM_K.search(name):
+        return "normalization"  # before matmul: cuDNN batch-norm signatures mention cudnnTensorStruct
     if re.search(r"nchwToNhwc|nhwcToNchw", name):
         return "memory copy"  # cuDNN layout conversion, not a conv
     if uses_tensor_cores(name) is True or _MATMUL_K.search(name):
@@ -249,17 +258,23 @@ _OP_ATTENTION = re.compile(
     r"scaled_dot_product|_flash_attention|_efficient_attention|flash_attn|attention",
     re.IGNORECASE,
 )
+_OP_NORM = re.compile(
+    r"^aten::(?:layer_norm|native_layer_norm|group_norm|native_group_norm|batch_norm|native_batch_norm"
+    r"|_batch_norm\w*|cudnn_batch_norm|miopen_batch_norm|_native_batch_norm_legit\w*|instance_norm"
+    r"|rms_norm|_fused_rms_norm"
+    # their backward kernels and autograd nodes, as their forward ones
+    r"|native_batch_norm_backward|batch_norm_backward|cudnn_batch_norm_backward|native_group_norm_backward"
+    r"|native_layer_norm_backward|_fused_rms_norm_backward)$"
+    r"|rms_norm|layer_norm|(?:BatchNorm|LayerNorm|GroupNorm|RmsNorm)\w*Backward",
+)
 _OP_REDUCTION = re.compile(
-    r"^aten::(?:_?softmax|_?log_softmax|sum|mean|norm|linalg_vector_norm|layer_norm|native_layer_norm"
-    r"|group_norm|native_group_norm|batch_norm|native_batch_norm|_batch_norm\w*|cudnn_batch_norm"
-    r"|rms_norm|_fused_rms_norm|var|std|var_mean|prod|max|min|amax|amin|argmax|argmin|cumsum"
+    r"^aten::(?:_?softmax|_?log_softmax|sum|mean|norm|linalg_vector_norm"
+    r"|var|std|var_mean|prod|max|min|amax|amin|argmax|argmin|cumsum"
     r"|logsumexp|topk|cross_entropy_loss|nll_loss\w*|binary_cross_entropy\w*|mse_loss|all|any"
     r"|max_pool\w*|avg_pool\w*|adaptive_\w*pool\w*"  # pooling: a reduction over each window
-    # the norms' and softmax's backward kernels, as their forward ones
-    r"|native_batch_norm_backward|batch_norm_backward|cudnn_batch_norm_backward|native_group_norm_backward"
-    r"|native_layer_norm_backward|_fused_rms_norm_backward|_safe_softmax|_softmax_backward_data"
-    r"|_log_softmax_backward_data)$"
-    r"|rms_norm|layer_norm|Softmax|NormBackward|SumBackward|MeanBackward|MaxPool\w*Backward|AvgPool\w*Backward",
+    # softmax's backward kernels, as its forward ones
+    r"|_safe_softmax|_softmax_backward_data|_log_softmax_backward_data)$"
+    r"|Softmax|NormBackward|SumBackward|MeanBackward|MaxPool\w*Backward|AvgPool\w*Backward",
 )
 _OP_ELEMENTWISE = re.compile(
     r"^aten::(?:add|sub|rsub|mul|div|relu|gelu|silu|sigmoid|tanh|exp"
@@ -307,6 +322,8 @@ def op_category(op_name: str) -> str:
         return "attention"
     if _OP_MATMUL.search(name):
         return "matmul/conv"
+    if _OP_NORM.search(name):
+        return "normalization"
     if _OP_REDUCTION.search(name):
         return "reduction"
     if _OP_COPY.search(name):
