@@ -9,6 +9,7 @@ naming the fix, spelled the way the caller typed it (``top=`` in Python, ``--top
 from __future__ import annotations
 
 import os
+import re
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -70,6 +71,10 @@ def trace_is_file(path: str) -> bool:
     return str(path).endswith((".json", ".json.gz"))
 
 
+# An extension of letters (.txt, .trace, .gz, .pt): a name that reads as a file. Not ".2" (a folder "run1.2").
+_FILE_SUFFIX = re.compile(r"\.[A-Za-z][A-Za-z0-9]{0,5}")
+
+
 def check_trace_path(path: str) -> None:
     """Refuse a --trace path that cannot be written, before the code runs (not after a long step).
     Missing folders on the way are fine, for a file as for a folder of steps: they are created
@@ -86,6 +91,12 @@ def check_trace_path(path: str) -> None:
         if p.exists() and not p.is_dir():
             raise ProfileError(f"{option('trace', path)} exists and is not a folder; a name without .json is a folder "
                                "(one trace file per step), a name ending in .json is one file")
+        if not p.exists() and not str(path).endswith(("/", os.sep)) and _FILE_SUFFIX.fullmatch(p.suffix):
+            # a trial's --trace out.txt made a folder named out.txt: a name that reads as a file is asked about
+            raise ProfileError(f"{option('trace', path)}: a name not ending in .json is a folder (one trace file per "
+                               f"step), and {p.name} reads as a file name. For one file use {p.stem}.json (or "
+                               f"{p.stem}.json.gz); for a folder, a name without an extension or with a trailing / "
+                               f"({path}/)")
         folder = p
     ancestor = folder
     while not ancestor.exists():

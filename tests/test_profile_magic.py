@@ -708,6 +708,22 @@ def test_unwritable_trace_folder_is_refused(ip, tmp_path, monkeypatch):
     assert ip.user_ns["ran"] == 0
 
 
+def test_a_trace_name_that_reads_as_a_file_is_asked_about(run_cell, ip, tmp_path):
+    """A trial: --trace out.txt made a folder named out.txt with the trace inside it."""
+    ip.user_ns["ran"] = 0
+    with pytest.raises(UsageError, match=r"--trace .*out\.txt: a name not ending in \.json is a folder .* out\.txt reads as "
+                                         r"a file name\. For one file use out\.json \(or out\.json\.gz\); for a folder, a "
+                                         r"name without an extension or with a trailing /"):
+        ip.run_cell_magic("profile_gpu", f"--trace {tmp_path}/out.txt", "ran += 1")
+    assert ip.user_ns["ran"] == 0 and not (tmp_path / "out.txt").exists()
+    # a trailing / says "folder"; so does a folder that exists; ".2" is no file extension
+    for name in ("out.txt/", "run1.2"):
+        run_cell(f"%%profile_gpu -q --trace {tmp_path}/{name}\nran += 1")
+        assert (tmp_path / name.rstrip("/")).is_dir()
+    run_cell(f"%%profile_gpu -q --trace {tmp_path}/out.txt\nran += 1")  # exists now, as a folder
+    assert ip.user_ns["ran"] == 3
+
+
 @pytest.mark.parametrize("name", ["t.json", "t.json.gz", "steps"])
 def test_a_trace_that_fails_to_write_keeps_the_profile(run_cell, ip, tmp_path, monkeypatch, name):
     # A new user's `--trace /sys/run.json` (writable by the check, refused by the kernel at write
