@@ -551,29 +551,37 @@ def compare_amp(
             if restore:
                 add_note(again, INTERRUPTED_RESTORE)
             raise
+        # An iterator the runs used up is not put back (a trial: "your variables ... as they were" above the
+        # note saying the runs used it up): noted first, so the line about the variables can say so.
+        used_up = isinstance(exc, StopIteration) and iterators and cell.ran and hasattr(exc, "add_note")
+        if used_up:
+            add_note(exc, used_up_note(iterators))
         if cell.failure is not None and cell.failure[0] is exc:
             if on_cell_error is not None:
                 on_cell_error(exc, cell.where(order))
             elif hasattr(exc, "add_note"):  # a script has no magic to say which run: the traceback does
                 restored = ("torch's settings are as before the call, your variables not all (see the next note)"
-                            if problem else "your variables and torch's settings are as before the call" if restore
+                            if problem else f"torch's settings are as before the call, your variables too except "
+                            f"{and_list(iterators)}, which the runs used up (the note above)" if restore and used_up
+                            else "your variables and torch's settings are as before the call" if restore
                             else "torch's settings are as before the call (restore=False: variables keep what the runs did)")
                 add_note(exc, f"nbaccel.compare_amp: raised {cell.where(order)}; {restored}")
                 hint = overflow_hint(exc)
                 if hint:
                     add_note(exc, f"nbaccel.compare_amp: {hint}")
-            if isinstance(exc, StopIteration) and iterators and cell.ran and hasattr(exc, "add_note"):
-                add_note(exc, used_up_note(iterators))
         if problem and hasattr(exc, "add_note"):
             add_note(exc, problem)
         raise
     return result
 
 
+USED_UP = "the comparison's runs used it up"  # the mark of `used_up_note` among an exception's notes
+
+
 def used_up_note(iterators: list[str]) -> str:
     """Why a cell that takes one item per run raised StopIteration under the comparison."""
     return (f"nbaccel: {and_list(iterators)} {'is an iterator' if len(iterators) == 1 else 'are iterators'} the cell "
-            "takes items from, and the comparison's runs used it up (no snapshot can rewind an iterator). Take "
+            f"takes items from, and {USED_UP} (no snapshot can rewind an iterator). Take "
             f"the batch before the magic ({take_first(iterators)}) and use `batch` in the cell.")
 
 

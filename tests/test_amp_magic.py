@@ -784,6 +784,15 @@ def test_an_iterator_the_runs_use_up_is_named_in_the_error(run_cell, ip):
     notes = result.error_in_exec.__notes__
     assert any(n.startswith("nbaccel: `gen` (a generator) is an iterator the cell takes items from, and the "
                             "comparison's runs used it up") for n in notes), notes
+    # a trial: the line above the traceback said "your variables ... are as they were before the magic"
+    assert ("and so are your variables except the iterator the runs used up (see the note under the error)"
+            in unfolded(captured.stderr)), captured.stderr
+    # and from Python, the note about the variables says it too
+    ip.user_ns["gen"] = ip.user_ns["batches"]()
+    with pytest.raises(StopIteration) as info:
+        nbaccel.compare_amp(ip.user_ns["step"], repeat=3, warmup=0, namespace=ip.user_ns)
+    assert any("your variables too except `gen` (a generator), which the runs used up (the note above)" in n for n in info.value.__notes__), \
+        info.value.__notes__
 
 
 def iterators_read(fn, namespace=None):
