@@ -615,8 +615,17 @@ def not_restored(exc: BaseException) -> bool:
     """Whether `_put_back` noted on ``exc`` that the variables could not be fully restored. The cell may
     have set ``__notes__`` to anything (None, a number, items whose ``__str__`` raises): nbaccel's own
     notes are strings, and reading the rest must not replace the cell's exception."""
+    return _noted(exc, lambda n: n.startswith(NOT_RESTORED))
+
+
+def used_up(exc: BaseException) -> bool:
+    """Whether ``exc`` carries `used_up_note` (an iterator the runs used up), read as `not_restored` reads."""
+    return _noted(exc, lambda n: USED_UP in n)
+
+
+def _noted(exc: BaseException, test) -> bool:
     notes = getattr(exc, "__notes__", ())
-    return isinstance(notes, (list, tuple)) and any(isinstance(n, str) and n.startswith(NOT_RESTORED) for n in notes)
+    return isinstance(notes, (list, tuple)) and any(isinstance(n, str) and test(n) for n in notes)
 
 
 def _put_back(snapshot: Snapshot, torch_before: TorchGlobals, device: torch.device) -> str | None:

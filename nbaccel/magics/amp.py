@@ -9,7 +9,7 @@ from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments
 
-from ..amp import MIN_RUNS, USED_UP, compare_amp, not_restored, overflow_hint, planned_runs
+from ..amp import MIN_RUNS, compare_amp, not_restored, overflow_hint, planned_runs, used_up
 from ..cell_reads import and_list
 from ..device import DeviceError, autocast_dtype, device_info, dtype_name, resolve_device
 from ..options import magic_spelled, whole_number
@@ -202,7 +202,7 @@ def _abandon_note(exc: BaseException, where: str | None, no_restore: bool) -> st
              f"{'was interrupted' if isinstance(exc, KeyboardInterrupt) else 'ran out of memory too'} (see the note "
              "under the error)" if not_restored(exc) else
              f"{settings} are as they were before the magic, and so are your variables except the iterator the "
-             "runs used up (see the note under the error)" if any(USED_UP in str(n) for n in getattr(exc, "__notes__", ()))
+             "runs used up (see the note under the error)" if used_up(exc)
              else
              f"your variables and {settings} are as they were before the magic")
     if where is not None:
