@@ -114,6 +114,9 @@ class MemoryEstimate(ResultMixin):
     # The module's buffers (BatchNorm's running statistics, ...): state beside ``param_bytes``, in every step's
     # peak, never sharded (DDP broadcasts them, FSDP keeps them whole on each rank).
     buffer_bytes: int = 0
+    # What the estimate assumed or measured that a figure alone does not say (the loss, the optimizer's
+    # reading, sparse gradients), one line each, shown under the phases.
+    assumptions: tuple = ()
 
     def per_gpu(self, precision: str, strategy: str, n: int) -> dict:
         """Bytes per GPU for one configuration, by component.
@@ -133,11 +136,12 @@ class MemoryEstimate(ResultMixin):
         shard = n if n > 1 else 1
         local_batch = math.ceil(self.batch / n)
         params = self.param_bytes / shard if strategy == "zero3" else self.param_bytes
-        grads = self.grad_bytes / shard if strategy in ("zero2", "zero3") else self.grad_bytes
+        all_grads = fit.grads_at(local_batch)  # sparse gradients grow with the (local) batch
+        grads = all_grads / shard if strategy in ("zero2", "zero3") else all_grads
         states = self.state_bytes / shard if strategy in ("zero1", "zero2", "zero3") else self.state_bytes
         extra = 0.0
         if strategy == "ddp" and n > 1:
-            extra = self.grad_bytes  # gradient buckets (unless gradient_as_bucket_view=True)
+            extra = all_grads  # gradient buckets (unless gradient_as_bucket_view=True)
         if strategy == "zero3" and n > 1:
             extra = 2 * self.largest_layer_bytes  # the unit being computed + the one prefetched
         step_temp = fit.step_temporaries / (shard if strategy != "ddp" else 1)
@@ -150,13 +154,17 @@ class MemoryEstimate(ResultMixin):
         total = held + extra + phases[peak_phase]
         # Host probes only, one process: the RSS the step can reach if glibc reuses no freed block.
         allocated = fit.allocated_at(local_batch) if n == 1 else None
+        # Every live byte was allocated, so the bound is never below the peak; two lines fitted apart could
+        # cross (a trial read "RSS can reach up to 199 MiB" under a 391 MiB peak, then from dense-sized
+        # sparse gradients).
+        no_reuse = None if allocated is None else max(held + allocated, total)
         return {"precision": precision, "strategy": strategy, "gpus": n, "batch_per_gpu": local_batch,
                 "params": int(params), "buffers": self.buffer_bytes, "grads": int(grads), "optimizer": int(states),
                 "activations": activations,
                 "forward_temporaries": max(0, fit.forward_at(local_batch) - activations),
                 "backward_working": fit.backward_working_at(local_batch), "step_temporaries": int(step_temp),
                 "overhead": int(extra), "peak_phase": peak_phase, "total": int(total),
-                "total_no_reuse": None if allocated is None else int(held + allocated),
+                "total_no_reuse": None if no_reuse is None else int(no_reuse),
                 "fits": self.budget_bytes is not None and total <= self.budget_bytes}
 
     def precision_key(self, precision: str) -> str:
@@ -265,7 +273,7 @@ class MemoryEstimate(ResultMixin):
                 "activations": {k: v.to_dict() for k, v in self.fits.items()},
                 "single_gpu": {k: self.single(k) for k in self.fits}, "budget_bytes": self.budget_bytes,
                 "budget_source": self.budget_source, "summary": self.summary, "probe_device": self.probe_device,
-                "method": self.method, "note": self.note, "table": self.table().to_dict(orient="records")}
+                "method": self.method, "note": self.note, "assumptions": list(self.assumptions), "table": self.table().to_dict(orient="records")}
 
 
 def _check_arguments(batch, example, probe_batches, amp_dtype, loss_fn, name, gpu_counts) -> None:
@@ -368,7 +376,6 @@ def estimate_memory(model: torch.nn.Module, optimizer="adamw", batch: int = 32, 
     param_bytes = sum(p.numel() * p.element_size() for p in params)
     buffers = list(model.buffers())
     buffer_bytes = sum(b.numel() * b.element_size() for b in buffers)
-    grad_bytes = sum(p.numel() * p.element_size() for p in trainable)
     state_device, state_host = optimizer_state_bytes(trainable, optimizer)
     if dev.type == "cpu":
         state_device, state_host = state_device + state_host, 0
@@ -383,16 +390,22 @@ def estimate_memory(model: torch.nn.Module, optimizer="adamw", batch: int = 32, 
     for label, dtype in ((_own_precision(params), None), (f"{DTYPE_NAMES[amp]} AMP", amp)):
         probe = _dry_run(model, optimizer, example, probe_batches, dev, dtype, loss_fn, name)
         allocated = None if dev.type == "cuda" else probe["allocated"]
-        fits[label] = ActivationFit(label, probe_batches, probe["forward"], probe["backward"], grad_bytes, probe["step"],
-                                    allocated, None if allocated is None else probe["step_allocated"],
-                                    kept=probe["kept"])
+        # Sparse gradients are measured (their rows), the dense ones exact arithmetic.
+        dense_grads = sum(p.numel() * p.element_size() for i, p in enumerate(params)
+                          if p.requires_grad and i not in probe["sparse_params"])
+        fits[label] = ActivationFit(label, probe_batches, probe["forward"], probe["backward"], dense_grads,
+                                    probe["step"], allocated, None if allocated is None else probe["step_allocated"],
+                                    kept=probe["kept"], sparse_grads=probe["sparse_grads"] or None)
         states_measured = probe["states_measured"]
+    notes = _sparse_grad_notes(model, probe["sparse_params"], fits, batch)
+    grad_bytes = next(iter(fits.values())).grads_at(batch)
     meter = ("the CUDA caching allocator's counters (memory_allocated, max_memory_allocated)" if dev.type == "cuda"
              else "live tensor storages counted by a TorchDispatchMode (exact tensor bytes; the process's RSS "
                   "under glibc's default heap is higher by a placement-dependent amount, at most total_no_reuse: "
                   "every byte the step allocates, also fitted linearly)")
     tensors = f"{len(params)} parameter tensors" + (f" and {len(buffers)} buffers" if buffers else "")
-    method = (f"params/buffers/grads/optimizer states: exact arithmetic on {tensors}; activations "
+    sparse = " (sparse gradients: measured in the dry run, fitted linearly)" if notes else ""
+    method = (f"params/buffers/grads/optimizer states: exact arithmetic on {tensors}{sparse}; activations "
               "(bytes alive at the end of the forward), the forward's and the backward's peaks: one dry training step "
               f"on a copy of the model at batches {probe_batches[0]} and {probe_batches[1]} on {dev} (by {meter}), "
               f"each extrapolated linearly to batch {batch}; optimizer step temporaries: measured once after them; "
@@ -404,7 +417,23 @@ def estimate_memory(model: torch.nn.Module, optimizer="adamw", batch: int = 32, 
         state_bytes=state_device, state_host_bytes=state_host, largest_layer_bytes=_largest_leaf_bytes(model),
         fits=fits, budget_bytes=budget_bytes, budget_source=source, probe_device=str(dev), method=method,
         states_measured=states_measured, gpu_counts=tuple(gpu_counts), buffer_bytes=buffer_bytes,
+        assumptions=tuple(notes),
     )
+
+
+def _sparse_grad_notes(model: torch.nn.Module, sparse_params: set, fits: dict, batch: int) -> list[str]:
+    """Where gradients are sparse: which, what the dry run measured, and the dense size they are not."""
+    if not sparse_params:
+        return []
+    named = [(n, p) for i, (n, p) in enumerate(model.named_parameters()) if i in sparse_params]
+    dense = sum(p.numel() * p.element_size() for _, p in named)
+    fit = next(iter(fits.values()))
+    at = fit.grads_at(batch) - fit.grad_bytes
+    names = ", ".join(n for n, _ in named[:3]) + (f" and {len(named) - 3} more" if len(named) > 3 else "")
+    return [f"grads: {names} get{'s' if len(named) == 1 else ''} sparse gradients (the rows the batch looks up): "
+            f"measured {', '.join(format_bytes(b) for b in fit.sparse_grads)} at batch "
+            f"{', '.join(map(str, fit.batches))} (indices and values), fitted linearly: {format_bytes(at)} at batch "
+            f"{batch}, not the dense {format_bytes(dense)}"]
 
 
 # The estimator's names in one place, wherever they are defined (the magic, the renderer and scripts

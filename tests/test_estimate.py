@@ -649,3 +649,33 @@ def test_a_bf16_model_is_keyed_by_its_dtype_and_its_dtype_still_names_a_row():
     assert list(est.fits) == ["bf16", "bf16 AMP"]
     assert est.precision_key(torch.bfloat16) == est.precision_key("bf16") == "bf16"
     assert est.precision_key("bf16 AMP") == "bf16 AMP"
+
+
+class _Bag(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.emb = torch.nn.EmbeddingBag(20000, 64, sparse=True)
+        self.fc = torch.nn.Linear(64, 4)
+
+    def forward(self, x):
+        return self.fc(self.emb(x))
+
+
+def test_sparse_gradients_are_measured_not_counted_at_the_dense_size():
+    """A user trial: EmbeddingBag(200000, 256, sparse=True) at batch 64x30 showed "grads 195 MiB" (the table's
+    dense size; the real sparse gradient was 1.89 MiB) and an RSS bound below the peak."""
+    from nbaccel.storages import storage_bytes
+
+    torch.manual_seed(0)
+    model, x = _Bag(), torch.randint(0, 20000, (64, 30))
+    est = estimate_memory(model, optimizer="sgd", batch=64, example=x, device="cpu")
+    model(x).sum().backward()
+    real = storage_bytes(model.emb.weight.grad) + (64 * 4 + 4) * 4  # the sparse one + the Linear's dense ones
+    assert real < 20000 * 64 * 4 / 10
+    for p in est.fits:
+        one = est.single(p)
+        assert one["grads"] == real  # one row per lookup: linear in the batch, so the fit is exact
+        assert one["total_no_reuse"] >= one["total"]
+    assert est.grad_bytes == real
+    text = unfolded(str(est))
+    assert f"emb.weight gets sparse gradients" in text and f"not the dense {format_bytes(20000 * 64 * 4)}" in text

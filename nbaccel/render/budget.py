@@ -448,7 +448,7 @@ def estimate_text(e) -> str:
         out += [prose(_unsplit_line(e)), ""]
     out += [prose(_ACTIVATIONS)] + [prose("  " + line) for line in _fit_lines(e)]
     out += [prose(_phases_title(e))] + [prose("  " + line) for line in _phase_lines(e)]
-    out += map(prose, _rss_line(e))
+    out += map(prose, list(e.assumptions) + _rss_line(e))
     out += ["", labelled("compared with: ", _compared_with(e)), labelled("method: ", e.method)]
     return "\n".join(out)
 
@@ -473,7 +473,7 @@ def estimate_html(e) -> str:
                 + sharding
                 + f"<div>{esc(_ACTIVATIONS)}</div>" + bullet_list(_fit_lines(e))
                 + f"<div>{esc(_phases_title(e)[0].upper() + _phases_title(e)[1:])}</div>" + bullet_list(_phase_lines(e))
-                + bullet_list(_rss_line(e))
+                + bullet_list(list(e.assumptions) + _rss_line(e))
                 + f'<div class="muted">compared with: {esc(_compared_with(e))}; method: {esc(e.method)}</div>')
 
 
