@@ -21,7 +21,7 @@ from torch.utils._pytree import tree_leaves
 from .device import DTYPE_NAMES
 from .eager_modes import EagerWhileActive
 from .memory import cuda_counters, reset_cuda_peak
-from .model_states import make_optimizer
+from .model_states import make_optimizers
 from .options import in_magic, option
 from .storages import storage_bytes, storage_keys, storages
 
@@ -214,20 +214,26 @@ def _first_step(opt: torch.optim.Optimizer, replica: torch.nn.Module) -> None:
     except (RuntimeError, ValueError, TypeError) as exc:
         sparse = any(p.grad is not None and p.grad.layout != torch.strided for p in replica.parameters())
         fix = (f"the model makes sparse gradients (nn.Embedding(sparse=True)): pass {option('optimizer', 'sparseadam')}"
-               f" when all its gradients are sparse, else {option('optimizer', 'sgd')}, which takes both (the "
-               "estimate counts a sparse gradient at its parameter's dense size)" if sparse
+               f" when all its gradients are sparse, else {option('optimizer', 'sgd')}, which takes both, or the "
+               f"optimizer objects of the step ({_several()}), each over its own parameters" if sparse
                else f"pass an {option('optimizer')} that takes this model's parameters")
         raise EstimateError(f"the dry run's optimizer step ({type(opt).__name__}) failed after the forward and "
                             f"backward had run: {type(exc).__name__}: {exc}\n{fix}") from exc
 
 
-def _probe(model, optimizer, example, batches, device, amp_dtype, loss_fn, name: str = "model") -> dict:
-    """Dry runs of a training step on a copy of the model: activations per batch, step temporaries."""
+def _several() -> str:
+    return ("--optimizer opt_sp,opt for opt_sp = SparseAdam(the embeddings' parameters), opt = Adam(the rest)"
+            if in_magic() else "optimizer=[SparseAdam(the embeddings' parameters), Adam(the rest)]")
+
+
+def _probe(model, optimizer, example, batches, device, amp_dtype, loss_fn, name: str = "model", plan=None) -> dict:
+    """Dry runs of a training step on a copy of the model: activations per batch, step temporaries.
+    ``plan``: `model_states.optimizer_plan` (default ``optimizer`` over every trainable parameter)."""
     replica = copy.deepcopy(model).to(device)
     replica.train()
     for p in replica.parameters():
         p.grad = None
-    opt = make_optimizer(optimizer, [p for p in replica.parameters() if p.requires_grad])
+    opts = make_optimizers(plan or [(optimizer, None)], list(model.parameters()), list(replica.parameters()))
 
     def forward_backward(b, meter=None):
         inputs = _example_batch(replica, example, b, device, name)
@@ -241,10 +247,10 @@ def _probe(model, optimizer, example, batches, device, amp_dtype, loss_fn, name:
 
     # First step unmeasured: the optimizer allocates its state lazily, as in real training.
     forward_backward(batches[0])
-    if opt is not None:
+    for opt in opts:
         _first_step(opt, replica)
-        opt.zero_grad(set_to_none=True)
-    states_measured = sum(storage_bytes(t) for s in (opt.state.values() if opt else [])
+    replica.zero_grad(set_to_none=True)
+    states_measured = sum(storage_bytes(t) for opt in opts for s in opt.state.values()
                           for t in s.values() if isinstance(t, torch.Tensor))
     fwd, kept, bwd, allocated, sparse, sparse_params = [], [], [], [], [], set()
     for b in batches:
@@ -262,12 +268,13 @@ def _probe(model, optimizer, example, batches, device, amp_dtype, loss_fn, name:
         sparse_params = {i for i, _ in grads}
         sparse.append(sum(n for _, n in grads))
     step, step_allocated = 0, 0
-    if opt is not None:
+    if opts:
         with _Peak(device) as peak:
-            opt.step()
+            for opt in opts:
+                opt.step()
         step, step_allocated = peak.peak, peak.allocated
     replica.zero_grad(set_to_none=True)
-    del replica, opt
+    del replica, opts
     return {"forward": fwd, "kept": kept, "backward": bwd, "step": step, "states_measured": states_measured,
             "allocated": allocated, "step_allocated": step_allocated, "sparse_grads": sparse,
             "sparse_params": sparse_params}
@@ -419,12 +426,12 @@ def _layer_misfit(layer: torch.nn.Module, t: torch.Tensor) -> bool:
     return False
 
 
-def _dry_run(model, optimizer, example, batches, device, amp_dtype, loss_fn, name):
+def _dry_run(model, optimizer, example, batches, device, amp_dtype, loss_fn, name, plan=None):
     """`_probe`, with a failure of the model on the probe input said as such: the user's error (e.g. a
     shape mismatch) shows the probe batch, not the batch they asked for, which is confusing alone.
     An `EstimateError` (docs/api.md: the estimate could not use the model's input), chained from the model's."""
     try:
-        return _probe(model, optimizer, example, batches, device, amp_dtype, loss_fn, name)
+        return _probe(model, optimizer, example, batches, device, amp_dtype, loss_fn, name, plan)
     except (RuntimeError, ValueError, TypeError, IndexError, KeyError, AssertionError) as exc:
         from .oom import is_oom
 

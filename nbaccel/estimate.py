@@ -46,8 +46,8 @@ from .device import DTYPE_NAMES, DeviceError, device_info, dtype_name, resolve_d
 from .dry_run import PHASES, ActivationFit, EstimateError, LiveBytes, _default_loss, _dry_run, _example_option
 from .memory import format_bytes
 from .model_states import (OPTIMIZERS, _largest_leaf_bytes, _optimizer_spec, closest_optimizer, make_optimizer,
-                           optimizer_state_bytes)
-from .options import option
+                           optimizer_plan, optimizer_state_bytes, plan_name, plan_state_bytes)
+from .options import in_magic, option
 from .results import ResultMixin
 
 if TYPE_CHECKING:
@@ -376,10 +376,11 @@ def estimate_memory(model: torch.nn.Module, optimizer="adamw", batch: int = 32, 
     param_bytes = sum(p.numel() * p.element_size() for p in params)
     buffers = list(model.buffers())
     buffer_bytes = sum(b.numel() * b.element_size() for b in buffers)
-    state_device, state_host = optimizer_state_bytes(trainable, optimizer)
+    plan = optimizer_plan(optimizer, params, name)
+    state_device, state_host = plan_state_bytes(plan, params)
     if dev.type == "cpu":
         state_device, state_host = state_device + state_host, 0
-    opt_name = _optimizer_spec(optimizer)[0]
+    opt_name = plan_name(plan)
     loss_fn = loss_fn or _default_loss
     if amp_dtype == "auto":
         amp = torch.bfloat16 if (dev.type == "cpu" or info.supports_bf16) else torch.float16
@@ -388,7 +389,7 @@ def estimate_memory(model: torch.nn.Module, optimizer="adamw", batch: int = 32, 
     probe_batches = list(probe_batches)
     fits, states_measured = {}, None
     for label, dtype in ((_own_precision(params), None), (f"{DTYPE_NAMES[amp]} AMP", amp)):
-        probe = _dry_run(model, optimizer, example, probe_batches, dev, dtype, loss_fn, name)
+        probe = _dry_run(model, optimizer, example, probe_batches, dev, dtype, loss_fn, name, plan)
         allocated = None if dev.type == "cuda" else probe["allocated"]
         # Sparse gradients are measured (their rows), the dense ones exact arithmetic.
         dense_grads = sum(p.numel() * p.element_size() for i, p in enumerate(params)
@@ -397,7 +398,7 @@ def estimate_memory(model: torch.nn.Module, optimizer="adamw", batch: int = 32, 
                                     probe["step"], allocated, None if allocated is None else probe["step_allocated"],
                                     kept=probe["kept"], sparse_grads=probe["sparse_grads"] or None)
         states_measured = probe["states_measured"]
-    notes = _sparse_grad_notes(model, probe["sparse_params"], fits, batch)
+    notes = _optimizer_notes(model, plan, name) + _sparse_grad_notes(model, probe["sparse_params"], fits, batch)
     grad_bytes = next(iter(fits.values())).grads_at(batch)
     meter = ("the CUDA caching allocator's counters (memory_allocated, max_memory_allocated)" if dev.type == "cuda"
              else "live tensor storages counted by a TorchDispatchMode (exact tensor bytes; the process's RSS "
@@ -419,6 +420,35 @@ def estimate_memory(model: torch.nn.Module, optimizer="adamw", batch: int = 32, 
         states_measured=states_measured, gpu_counts=tuple(gpu_counts), buffer_bytes=buffer_bytes,
         assumptions=tuple(notes),
     )
+
+
+def _optimizer_notes(model: torch.nn.Module, plan: list, name: str) -> list[str]:
+    """What the optimizer(s) were read as: plain SGD's lack of state, and the parameters that optimizer
+    objects leave out (they get no state here)."""
+    notes = []
+    if any(opt == "sgd" for opt, _ in plan):
+        # A trial's `--optimizer sgd` read 0 B of state while its own SGD(momentum=0.9) kept 88.5 KiB.
+        notes.append(f"optimizer: sgd means momentum=0, no state; {option('optimizer', 'sgd-momentum')} or your "
+                     f"optimizer object ({option('optimizer', 'opt') if in_magic() else 'optimizer=opt'}) for SGD "
+                     "with momentum (one buffer the size of the parameters)")
+    if all(held is None for _, held in plan):
+        return notes
+    covered = {i for _, held in plan for i in (held or ())}
+    named = list(model.named_parameters())
+    left = [(n, p) for i, (n, p) in enumerate(named) if p.requires_grad and i not in covered]
+    if left:
+        kinds = ", ".join(type(opt).__name__ for opt, _ in plan)
+        names = ", ".join(n for n, _ in left[:3]) + (f" and {len(left) - 3} more" if len(left) > 3 else "")
+        size = format_bytes(sum(p.numel() * p.element_size() for _, p in left))
+        notes.append(f"optimizer: the {kinds} passed update{'s' if len(plan) == 1 else ''} "
+                     f"{len(named) - len(left)} of {name}'s {len(named)} parameter tensors; the other {len(left)} "
+                     f"({names}: {size}) get no optimizer state in this estimate (their gradients are counted): "
+                     f"pass every optimizer of the step ({_several_option()}) to count theirs")
+    return notes
+
+
+def _several_option() -> str:
+    return "--optimizer opt_sp,opt" if in_magic() else "optimizer=[opt_sp, opt]"
 
 
 def _sparse_grad_notes(model: torch.nn.Module, sparse_params: set, fits: dict, batch: int) -> list[str]:

@@ -90,6 +90,72 @@ def make_optimizer(optimizer, params):
             "none": lambda: None}[name]()
 
 
+def optimizer_plan(optimizer, params: list, name: str = "model") -> list[tuple]:
+    """[(optimizer, indices into ``params`` it updates, or None for every trainable one)], one per optimizer.
+
+    An optimizer object updates its own parameters only: the usual sparse setup is SparseAdam over the
+    embeddings and SGD/Adam over the rest, and a trial's SparseAdam object, rebuilt over every parameter,
+    failed on the dense ones. Several objects (a list) each keep state for theirs; a name is made over all.
+    """
+    several = isinstance(optimizer, (list, tuple))
+    if several and (not optimizer or not all(isinstance(o, torch.optim.Optimizer) for o in optimizer)):
+        raise TypeError(f"{option('optimizer')} takes one name or optimizer, or several optimizer objects (one "
+                        f"per part of the model, e.g. SparseAdam for the embeddings and AdamW for the rest), got "
+                        f"{optimizer!r}")
+    plan, seen = [], {}
+    index = {id(p): i for i, p in enumerate(params)}
+    for opt in optimizer if several else [optimizer]:
+        if not isinstance(opt, torch.optim.Optimizer):
+            plan.append((opt, None))
+            continue
+        held = sorted({index[id(p)] for g in opt.param_groups for p in g["params"] if id(p) in index})
+        if not held:
+            raise ValueError(f"the {type(opt).__name__} passed as {option('optimizer')} holds none of {name}'s "
+                             f"parameters (an optimizer of another model, or of a copy?): pass the one built over "
+                             f"{name}.parameters(), or a name such as adamw")
+        for i in held:
+            if i in seen:
+                raise ValueError(f"parameter {i} of {name} is in two of the optimizers passed ({seen[i]} and "
+                                 f"{type(opt).__name__}): each parameter is updated by one optimizer")
+            seen[i] = type(opt).__name__
+        plan.append((opt, held))
+    return plan
+
+
+def plan_name(plan: list[tuple]) -> str:
+    """"adamw", or "sparseadam+sgd-momentum" for several optimizers."""
+    return "+".join(_optimizer_spec(opt)[0] for opt, _ in plan)
+
+
+def plan_state_bytes(plan: list[tuple], params: list) -> tuple[int, int]:
+    """`optimizer_state_bytes` of each optimizer over the parameters it updates, added up."""
+    device = host = 0
+    for opt, held in plan:
+        mine = params if held is None else [params[i] for i in held]
+        d, h = optimizer_state_bytes(mine, opt)
+        device, host = device + d, host + h
+    return device, host
+
+
+def make_optimizers(plan: list[tuple], params: list, replicas: list) -> list:
+    """The plan's optimizers over ``replicas`` (the copies of ``params``, in the same order), each over the
+    parameters it holds, group by group (a group's own settings kept)."""
+    made = []
+    for opt, held in plan:
+        if held is None:
+            one = make_optimizer(opt, [r for r in replicas if r.requires_grad])
+        else:
+            index = {id(p): i for i, p in enumerate(params)}
+            groups = [{**{k: v for k, v in g.items() if k != "params"},
+                       "params": [replicas[index[id(p)]] for p in g["params"]
+                                  if id(p) in index and replicas[index[id(p)]].requires_grad]}
+                      for g in opt.param_groups]
+            one = make_optimizer(opt, [g for g in groups if g["params"]])
+        if one is not None:
+            made.append(one)
+    return made
+
+
 def _largest_leaf_bytes(model: torch.nn.Module) -> int:
     sizes = [sum(p.numel() * p.element_size() for p in m.parameters(recurse=False)) for m in model.modules()]
     return max(sizes, default=0)

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import html
 import re
 
 import pytest
 import torch
 from IPython.core.error import UsageError
 
-from nbaccel.memory import current_rss
+from nbaccel.memory import current_rss, format_bytes
 from nbaccel.render import display as display_module
 from text_helpers import unfolded
 
@@ -804,3 +805,39 @@ def test_a_budget_given_as_an_option_says_it_is_the_first_word(ip):
         with pytest.raises(UsageError, match=r"\(the budget is written without an option: %memory_budget 2GiB\)"):
             ip.run_line_magic("memory_budget", line)
     assert ip.find_line_magic("memory_budget").__self__.watcher is None  # nothing was set
+
+
+def test_estimate_with_sgd_names_the_users_sgd_with_momentum(ip, run_cell):
+    """A user trial: --optimizer sgd (no momentum: 0 B) beside their own opt = SGD(momentum=0.9), which the status
+    showed with 88.5 KiB of state; nothing said the two differ."""
+    run_cell("import torch\ntorch.manual_seed(0)\nmodel = torch.nn.Sequential(torch.nn.Linear(64, 128), "
+             "torch.nn.ReLU(), torch.nn.Linear(128, 8))\nopt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)")
+    _, captured = run_cell("%memory_budget --model model --optimizer sgd --batch 64 -r est")
+    n = 64 * 128 + 128 + 128 * 8 + 8
+    for shown in _estimate_renderings(ip, captured, "est"):
+        shown = unfolded(html.unescape(shown))
+        assert "sgd means momentum=0, no state; --optimizer sgd-momentum or your optimizer object (--optimizer opt)" \
+            in shown
+        assert (f"your opt is SGD(momentum=0.9) over 4 of model's 4 parameter tensors, with {format_bytes(4 * n)} of "
+                "state; this estimate assumes sgd (0 B): pass --optimizer opt to estimate yours") in shown
+
+
+def test_estimate_with_one_of_two_optimizers_respects_its_parameters(ip, run_cell):
+    """A user trial: --optimizer opt_sp, a SparseAdam over the embeddings only, was rebuilt over every parameter
+    and refused, telling the user to pass sparseadam (what they had passed)."""
+    run_cell("import torch\ntorch.manual_seed(0)\nclass M(torch.nn.Module):\n"
+             "    def __init__(self):\n        super().__init__()\n"
+             "        self.emb = torch.nn.EmbeddingBag(5000, 32, sparse=True)\n        self.fc = torch.nn.Linear(32, 4)\n"
+             "    def forward(self, x):\n        return self.fc(self.emb(x))\n"
+             "m = M()\nx = torch.randint(0, 5000, (16, 10))\nopt_sp = torch.optim.SparseAdam(list(m.emb.parameters()))\n"
+             "opt = torch.optim.SGD(m.fc.parameters(), lr=0.1, momentum=0.9)")
+    _, captured = run_cell("%memory_budget --model m --optimizer opt_sp --batch 16 --input x -r est")
+    est = ip.user_ns["est"]
+    assert est.state_bytes == 2 * 5000 * 32 * 4
+    text = unfolded(_estimate_renderings(ip, captured, "est")[0])
+    assert "the other 2 (fc.weight, fc.bias" in text and "get no optimizer state in this estimate" in text
+    assert "your opt updates parameters of m that --optimizer opt_sp leaves out: --optimizer opt_sp,opt" in text
+    run_cell("%memory_budget --model m --optimizer opt_sp,opt --batch 16 --input x -q -r both")
+    both = ip.user_ns["both"]
+    assert both.optimizer == "sparseadam+sgd-momentum" and both.state_bytes == 2 * 5000 * 32 * 4 + (32 * 4 + 4) * 4
+    assert not any("optimizer" in line for line in both.assumptions)

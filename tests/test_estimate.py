@@ -679,3 +679,35 @@ def test_sparse_gradients_are_measured_not_counted_at_the_dense_size():
     assert est.grad_bytes == real
     text = unfolded(str(est))
     assert f"emb.weight gets sparse gradients" in text and f"not the dense {format_bytes(20000 * 64 * 4)}" in text
+
+
+def test_an_optimizer_object_keeps_state_only_for_its_own_parameters():
+    """A user trial: SparseAdam over the embeddings only (the usual split: SparseAdam for them, Adam for the
+    rest) was rebuilt over every parameter and failed on the Linear's dense gradients."""
+    torch.manual_seed(0)
+    model, x = _Bag(), torch.randint(0, 20000, (8, 30))
+    opt_sp = torch.optim.SparseAdam(list(model.emb.parameters()))
+    est = estimate_memory(model, optimizer=opt_sp, batch=16, example=x, device="cpu")
+    emb = 20000 * 64 * 4
+    assert est.optimizer == "sparseadam" and est.state_bytes == 2 * emb == est.states_measured
+    text = unfolded(str(est))
+    assert ("the SparseAdam passed updates 1 of model's 3 parameter tensors; the other 2 (fc.weight, fc.bias: "
+            f"{format_bytes((64 * 4 + 4) * 4)}) get no optimizer state in this estimate") in text
+    # Both optimizers of the step: each keeps state for its own parameters, as torch allocates it.
+    opt = torch.optim.Adam(model.fc.parameters())
+    both = estimate_memory(model, optimizer=[opt_sp, opt], batch=16, example=x, device="cpu")
+    assert both.optimizer == "sparseadam+adam" and both.state_bytes == 2 * emb + 2 * (64 * 4 + 4) * 4 + 2 * 4
+    assert both.state_bytes == both.states_measured and "get no optimizer state" not in str(both)
+    with pytest.raises(ValueError, match="holds none of model's parameters"):
+        estimate_memory(model, optimizer=torch.optim.SGD(_mlp().parameters(), lr=0.1), batch=16, example=x)
+    with pytest.raises(ValueError, match="is in two of the optimizers passed"):
+        estimate_memory(model, optimizer=[opt_sp, torch.optim.SGD(model.parameters(), lr=0.1)], batch=16, example=x)
+
+
+def test_plain_sgd_says_it_keeps_no_state():
+    """A user trial: optimizer='sgd' read 0 B of state beside their SGD(momentum=0.9) with 88.5 KiB."""
+    est = estimate_memory(_mlp(), optimizer="sgd", batch=32, device="cpu")
+    assert est.state_bytes == 0
+    assert ("sgd means momentum=0, no state; optimizer='sgd-momentum' or your optimizer object (optimizer=opt) for "
+            "SGD with momentum") in unfolded(str(est))
+    assert "momentum=0" not in str(estimate_memory(_mlp(), optimizer="sgd-momentum", batch=32, device="cpu"))

@@ -93,7 +93,9 @@ class BudgetMagics(Magics):
               help="predict the training memory of this nn.Module (BUDGET is then the per-GPU memory to compare "
                    "with, e.g. 80GiB, and does not start watching)")
     @argument("--optimizer", default=None,
-              help="for --model (default adamw): adamw, adam, sgd, sgd-momentum, adagrad, rmsprop, sparseadam, none, or an optimizer variable")
+              help="for --model (default adamw): adamw, adam, sgd (momentum=0: no state), sgd-momentum, adagrad, "
+                   "rmsprop, sparseadam, none; or an optimizer variable (state for its own parameters), or several "
+                   "(opt_sp,opt: SparseAdam for the embeddings, Adam for the rest)")
     @argument("--batch", type=int, default=None, help="for --model: the global batch size")
     @argument("--input", default=None, metavar="NAME",
               help="for --model: an example batch (tensor or tuple, first dim = batch); needed unless the first "
@@ -259,15 +261,7 @@ class BudgetMagics(Magics):
             raise UsageError("--model needs --batch N (the global batch size, at least 1)")
         if args.batch < 1:
             raise UsageError(f"--batch is the global batch size, at least 1; got {args.batch}")
-        optimizer = args.optimizer or "adamw"
-        if optimizer.lower() not in OPTIMIZERS:
-            if optimizer not in self.shell.user_ns:  # most likely a misspelt name: list the names
-                raise UsageError(f"--optimizer {optimizer!r} is neither one of {', '.join(OPTIMIZERS)}"
-                                 f"{closest_optimizer(optimizer)} nor a variable in the namespace")
-            optimizer = self._lookup(optimizer, "--optimizer")
-            if not isinstance(optimizer, torch.optim.Optimizer):
-                raise UsageError(f"--optimizer takes one of {', '.join(OPTIMIZERS)} or an optimizer variable, "
-                                 f"got a {type(optimizer).__name__}")
+        optimizer = self._optimizer_arg(args.optimizer or "adamw", OPTIMIZERS, closest_optimizer)
         example = self._lookup(args.input, "--input") if args.input else None
         device = self._device(args.device)
         # A per-GPU memory to compare with (it may be larger than anything in this machine): estimate_memory
@@ -282,6 +276,9 @@ class BudgetMagics(Magics):
             raise UsageError(str(exc)) from None
         if args.budget is None and self.watcher is not None:
             result = replace(result, budget_source="the budget being watched")
+        mine = (self._own_optimizer(model, optimizer, args.model) if isinstance(optimizer, str)
+                else self._other_optimizers(model, optimizer, args))
+        result = replace(result, assumptions=result.assumptions + tuple(mine))
         result = replace(result, note=self._prediction_note(args, device, result))
         self._estimate = result
         if self.watcher is not None:
@@ -291,6 +288,68 @@ class BudgetMagics(Magics):
         store_result(self.shell, args.result, result)
         if not args.quiet:
             display_result(result)
+
+    def _optimizer_arg(self, text, names, closest):
+        """A name (adamw, sgd, ...), an optimizer variable, or several variables "opt_sp,opt" (one optimizer per
+        part of the model: SparseAdam for the embeddings, Adam for the rest)."""
+        if text.lower() in names:
+            return text
+        parts = [part.strip() for part in text.split(",")]
+        found = []
+        for part in parts:
+            if part not in self.shell.user_ns:  # most likely a misspelt name: list the names
+                raise UsageError(f"--optimizer {part!r} is neither one of {', '.join(names)}{closest(part)} nor a "
+                                 "variable in the namespace")
+            value = self._lookup(part, "--optimizer")
+            if not isinstance(value, torch.optim.Optimizer):
+                raise UsageError(f"--optimizer takes one of {', '.join(names)}, an optimizer variable or several "
+                                 f"(opt_sp,opt), got {part!r}: a {type(value).__name__}")
+            found.append(value)
+        return found[0] if len(found) == 1 else found
+
+    def _own_optimizer(self, model, named: str, name: str) -> list[str]:
+        """The user's own optimizers over this model whose state differs from the name passed: a trial's
+        `--optimizer sgd` read 0 B while `opt`, SGD(momentum=0.9) over the model, kept 88.5 KiB."""
+        from ..model_states import _optimizer_spec, optimizer_plan, optimizer_state_bytes
+
+        params = list(model.parameters())
+        ids = {id(p) for p in params}
+        guessed = sum(optimizer_state_bytes(params, named))
+        notes = []
+        for var, value in self.shell.user_ns.items():
+            if var.startswith("_") or not isinstance(value, torch.optim.Optimizer):
+                continue
+            if not any(id(p) in ids for g in value.param_groups for p in g["params"]):
+                continue
+            try:
+                kind = _optimizer_spec(value)[0]
+                held = optimizer_plan(value, params)[0][1]
+            except ValueError:
+                continue
+            theirs = sum(optimizer_state_bytes([params[i] for i in held], value))
+            if kind != named.lower() and theirs != guessed:
+                hyper = f"(momentum={value.param_groups[0]['momentum']})" if kind == "sgd-momentum" else ""
+                notes.append(f"your {var} is {type(value).__name__}{hyper} over {len(held)} of {name}'s "
+                             f"{len(params)} parameter tensors, with {format_bytes(theirs)} of state; this estimate assumes "
+                             f"{named} ({format_bytes(guessed)}): pass --optimizer {var} to estimate yours")
+        return notes
+
+    def _other_optimizers(self, model, passed, args) -> list[str]:
+        """The namespace's optimizers over the parameters the ones passed leave out (the dense half of a
+        SparseAdam + Adam setup), by name: the command that counts their state too."""
+        passed = passed if isinstance(passed, list) else [passed]
+        params = list(model.parameters())
+        covered = {id(p) for o in passed for g in o.param_groups for p in g["params"]}
+        left = {id(p) for p in params if p.requires_grad and id(p) not in covered}
+        others = [var for var, value in self.shell.user_ns.items()
+                  if not var.startswith("_") and isinstance(value, torch.optim.Optimizer)
+                  and all(value is not o for o in passed)
+                  and any(id(p) in left for g in value.param_groups for p in g["params"])]
+        if not left or not others:
+            return []
+        return [f"your {', '.join(others)} update{'s' if len(others) == 1 else ''} parameters of {args.model} that "
+                f"--optimizer {args.optimizer} leaves out: --optimizer {','.join([args.optimizer] + others)} counts "
+                "their state too"]
 
     def _prediction_note(self, args, device, estimate) -> str:
         """What a prediction leaves as it was: "budget 1 GiB" in its summary read as a budget now being
