@@ -148,11 +148,45 @@ def _example_batch(model: torch.nn.Module, example, batch: int, device: torch.de
                         "dimension is the batch" + (f" ({path} takes {takes})" if takes else ""))
 
 
-def _default_loss(output) -> torch.Tensor:
+def _first_float(output) -> torch.Tensor | None:
     for t in tree_leaves(output if not hasattr(output, "logits") else output.logits):
         if isinstance(t, torch.Tensor) and t.is_floating_point():
-            return t.float().sum()
-    raise EstimateError("the model's output has no floating-point tensor to backpropagate from; pass loss_fn")
+            return t
+    return None
+
+
+DEFAULT_LOSS = "the sum of the output (output.float().sum(): a loss that keeps nothing of its own)"
+
+
+def _default_loss(output) -> torch.Tensor:
+    t = _first_float(output)
+    if t is not None:
+        return t.float().sum()
+    raise EstimateError("the model's output has no floating-point tensor to backpropagate from; pass "
+                        + ("--loss NAME" if in_magic() else "loss_fn"))
+
+
+def _head_shape(output) -> tuple[int, int] | None:
+    """(rows, last dimension) of the output the default loss reads: the logits of a classifier or vocabulary
+    head when the last dimension is its classes. None for an output of fewer than two dimensions."""
+    t = _first_float(output)
+    if t is None or t.dim() < 2 or not t.shape[-1]:
+        return None
+    return t.numel() // t.shape[-1], t.shape[-1]
+
+
+def loss_takes_batch(loss_fn) -> bool:
+    """Whether ``loss_fn`` is called as ``loss_fn(output, batch)``: two or more positional parameters without a
+    default (a cross-entropy needs the targets, which come with the batch), else ``loss_fn(output)``."""
+    import inspect
+
+    try:
+        params = inspect.signature(loss_fn).parameters.values()
+    except (TypeError, ValueError):  # a builtin without a signature: called with the output alone
+        return False
+    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+                  and p.default is p.empty]
+    return len(positional) >= 2
 
 
 class _Peak:
@@ -235,10 +269,17 @@ def _probe(model, optimizer, example, batches, device, amp_dtype, loss_fn, name:
         p.grad = None
     opts = make_optimizers(plan or [(optimizer, None)], list(model.parameters()), list(replica.parameters()))
 
+    takes_batch, heads = loss_takes_batch(loss_fn), []
+
     def forward_backward(b, meter=None):
         inputs = _example_batch(replica, example, b, device, name)
         with _autocast(device, amp_dtype):
-            loss = loss_fn(replica(*inputs))
+            out = replica(*inputs)
+            if meter:
+                heads.append(_head_shape(out))
+            single = example is None or isinstance(example, torch.Tensor)
+            loss = loss_fn(out, inputs[0] if single else inputs) if takes_batch else loss_fn(out)
+            del out  # not held through the backward by this function (the real step's loss holds what it needs)
         # The forward's peak, and what it leaves alive for the backward: the activations (tensors saved
         # by autograd, the input batch, the loss; under autocast also the 16-bit copies of the weights).
         forward = (meter.phase(), meter.live()) if meter else None
@@ -277,7 +318,7 @@ def _probe(model, optimizer, example, batches, device, amp_dtype, loss_fn, name:
     del replica, opts
     return {"forward": fwd, "kept": kept, "backward": bwd, "step": step, "states_measured": states_measured,
             "allocated": allocated, "step_allocated": step_allocated, "sparse_grads": sparse,
-            "sparse_params": sparse_params}
+            "sparse_params": sparse_params, "heads": heads}
 
 
 def _line(batches, values) -> tuple[float, float]:

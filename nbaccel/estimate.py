@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from .device import DTYPE_NAMES, DeviceError, device_info, dtype_name, resolve_device
-from .dry_run import PHASES, ActivationFit, EstimateError, LiveBytes, _default_loss, _dry_run, _example_option
+from .dry_run import PHASES, ActivationFit, EstimateError, LiveBytes, _default_loss, _dry_run, _example_option, _line
 from .memory import format_bytes
 from .model_states import (OPTIMIZERS, _largest_leaf_bytes, _optimizer_spec, closest_optimizer, make_optimizer,
                            optimizer_plan, optimizer_state_bytes, plan_name, plan_state_bytes)
@@ -341,7 +341,10 @@ def estimate_memory(model: torch.nn.Module, optimizer="adamw", batch: int = 32, 
     optional for models whose first layer is ``nn.Linear``. ``budget``: "24GiB" or a share such as 0.9 (read like
     ``memory_budget``'s; it may exceed this machine: a per-GPU memory); default
     the device's memory. ``device``: where the dry runs execute (a copy of the model goes there).
-    ``loss_fn(output) -> scalar``: default the sum of the first floating-point output.
+    ``loss_fn(output) -> scalar``, or ``loss_fn(output, batch)`` (two positional parameters without a default:
+    ``batch`` is the probe batch as the model got it, a tensor or the tuple): default the sum of the first
+    floating-point output, which keeps no buffer of its own (a cross-entropy keeps ones the logits' size; the
+    result says so for an output with a wide last dimension).
     ``probe_batches``: the two dry-run batch sizes (default an eighth and a quarter of ``batch``).
 
     Off CUDA the predicted ``total`` counts tensor bytes; ``single(p)["total_no_reuse"]`` is the
@@ -381,13 +384,14 @@ def estimate_memory(model: torch.nn.Module, optimizer="adamw", batch: int = 32, 
     if dev.type == "cpu":
         state_device, state_host = state_device + state_host, 0
     opt_name = plan_name(plan)
-    loss_fn = loss_fn or _default_loss
+    loss_words = _loss_words(loss_fn)
+    own_loss, loss_fn = loss_fn is not None, loss_fn or _default_loss
     if amp_dtype == "auto":
         amp = torch.bfloat16 if (dev.type == "cpu" or info.supports_bf16) else torch.float16
     else:
         amp = {"bf16": torch.bfloat16, "fp16": torch.float16}[amp_dtype]
     probe_batches = list(probe_batches)
-    fits, states_measured = {}, None
+    fits, states_measured, heads = {}, None, None
     for label, dtype in ((_own_precision(params), None), (f"{DTYPE_NAMES[amp]} AMP", amp)):
         probe = _dry_run(model, optimizer, example, probe_batches, dev, dtype, loss_fn, name, plan)
         allocated = None if dev.type == "cuda" else probe["allocated"]
@@ -398,7 +402,9 @@ def estimate_memory(model: torch.nn.Module, optimizer="adamw", batch: int = 32, 
                                     probe["step"], allocated, None if allocated is None else probe["step_allocated"],
                                     kept=probe["kept"], sparse_grads=probe["sparse_grads"] or None)
         states_measured = probe["states_measured"]
+        heads = heads or probe["heads"]
     notes = _optimizer_notes(model, plan, name) + _sparse_grad_notes(model, probe["sparse_params"], fits, batch)
+    notes += [] if own_loss else _head_notes(heads, probe_batches, batch)
     grad_bytes = next(iter(fits.values())).grads_at(batch)
     meter = ("the CUDA caching allocator's counters (memory_allocated, max_memory_allocated)" if dev.type == "cuda"
              else "live tensor storages counted by a TorchDispatchMode (exact tensor bytes; the process's RSS "
@@ -409,7 +415,8 @@ def estimate_memory(model: torch.nn.Module, optimizer="adamw", batch: int = 32, 
     method = (f"params/buffers/grads/optimizer states: exact arithmetic on {tensors}{sparse}; activations "
               "(bytes alive at the end of the forward), the forward's and the backward's peaks: one dry training step "
               f"on a copy of the model at batches {probe_batches[0]} and {probe_batches[1]} on {dev} (by {meter}), "
-              f"each extrapolated linearly to batch {batch}; optimizer step temporaries: measured once after them; "
+              f"each extrapolated linearly to batch {batch}; loss: {loss_words}; optimizer step temporaries: "
+              "measured once after them; "
               "sharding: ZeRO accounting, global batch split evenly; not included: CUDA context, allocator "
               "fragmentation")
     return MemoryEstimate(
@@ -420,6 +427,42 @@ def estimate_memory(model: torch.nn.Module, optimizer="adamw", batch: int = 32, 
         states_measured=states_measured, gpu_counts=tuple(gpu_counts), buffer_bytes=buffer_bytes,
         assumptions=tuple(notes),
     )
+
+
+# A classifier or vocabulary head: a last dimension this wide is classes, whose softmax the default loss skips.
+HEAD_CLASSES = 1024
+
+
+def _loss_option() -> str:
+    return "--loss NAME (a function in the namespace)" if in_magic() else "loss_fn="
+
+
+def _loss_words(loss_fn) -> str:
+    """The loss the dry run used, as the method line says it."""
+    from .dry_run import DEFAULT_LOSS, loss_takes_batch
+
+    if loss_fn is None:
+        return f"{DEFAULT_LOSS}, nbaccel's default; pass the real one with {_loss_option()}"
+    called = "loss_fn(output, batch)" if loss_takes_batch(loss_fn) else "loss_fn(output)"
+    return f"{getattr(loss_fn, '__name__', type(loss_fn).__name__)}, called as {called}"
+
+
+def _head_notes(heads: list, batches: list, batch: int) -> list[str]:
+    """Under the default loss, an output whose last dimension is wide (a vocabulary head): a cross-entropy over
+    it keeps buffers the logits' size that the sum does not (a trial's vocabulary model peaked at 666 MiB
+    against a predicted 280 MiB)."""
+    if len(heads) < 2 or any(h is None for h in heads) or heads[0][1] < HEAD_CLASSES:
+        return []
+    classes = heads[0][1]
+    intercept, slope = _line(batches, [rows for rows, _ in heads])
+    rows = int(round(intercept + slope * batch))
+    return [f"loss: the default sums the output; its last dimension has {classes:,} entries (a classifier or "
+            f"vocabulary head?), and a softmax/cross-entropy over them keeps buffers of about the logits' size that "
+            f"the sum does not: {rows:,} rows x {classes:,} x 4 B = {format_bytes(rows * classes * 4)} at batch "
+            f"{batch} (rows measured: {', '.join(f'{r:,}' for r, _ in heads)} at batch "
+            f"{', '.join(map(str, batches))}, scaled linearly; float32), at least once (log_softmax's output, kept "
+            f"for the backward) and more in the backward; pass the real loss with {_loss_option()}, taking "
+            "(output) or (output, batch)"]
 
 
 def _optimizer_notes(model: torch.nn.Module, plan: list, name: str) -> list[str]:

@@ -841,3 +841,23 @@ def test_estimate_with_one_of_two_optimizers_respects_its_parameters(ip, run_cel
     both = ip.user_ns["both"]
     assert both.optimizer == "sparseadam+sgd-momentum" and both.state_bytes == 2 * 5000 * 32 * 4 + (32 * 4 + 4) * 4
     assert not any("optimizer" in line for line in both.assumptions)
+
+
+def test_estimate_takes_the_loss_from_the_namespace(ip, run_cell):
+    """A user trial: loss_fn existed in Python only, and the magic's display never said which loss it assumed."""
+    run_cell("import torch\ntorch.manual_seed(0)\nmodel = torch.nn.Sequential(torch.nn.Embedding(2000, 32), "
+             "torch.nn.Linear(32, 2000))\nx = torch.randint(0, 2000, (16, 12))\n"
+             "def ce(out, batch):\n    return torch.nn.functional.cross_entropy(out.flatten(0, 1), batch.flatten())\n"
+             "n = 3")
+    _, captured = run_cell("%memory_budget --model model --batch 16 --input x -r est")
+    text = unfolded(_estimate_renderings(ip, captured, "est")[0])
+    assert "pass the real loss with --loss NAME (a function in the namespace)" in text
+    assert "loss: the sum of the output" in text
+    _, captured = run_cell("%memory_budget --model model --batch 16 --input x --loss ce -r real")
+    assert "loss: ce, called as loss_fn(output, batch)" in ip.user_ns["real"].method
+    assert not ip.user_ns["real"].assumptions
+    for line, says in (("--model model --batch 16 --input x --loss n", "--loss n is a int, not a function"),
+                       ("--model model --batch 16 --input x --loss nothing", "--loss 'nothing' names nothing"),
+                       ("6GiB --loss ce", "--loss goes with --model")):
+        with pytest.raises(UsageError, match=re.escape(says)):
+            ip.run_line_magic("memory_budget", line)

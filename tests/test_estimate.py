@@ -711,3 +711,30 @@ def test_plain_sgd_says_it_keeps_no_state():
     assert ("sgd means momentum=0, no state; optimizer='sgd-momentum' or your optimizer object (optimizer=opt) for "
             "SGD with momentum") in unfolded(str(est))
     assert "momentum=0" not in str(estimate_memory(_mlp(), optimizer="sgd-momentum", batch=32, device="cpu"))
+
+
+def _vocab_model():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Embedding(2000, 32), torch.nn.Linear(32, 2000))
+
+
+def _smoothed_ce(output, batch):
+    return torch.nn.functional.cross_entropy(output.flatten(0, 1), batch.flatten(), label_smoothing=0.1)
+
+
+def test_the_default_loss_is_said_and_a_vocabulary_head_is_warned_of():
+    """A user trial: a vocabulary head (Linear(hidden, 5000) over batch*T rows, cross-entropy with label smoothing)
+    peaked at 666 MiB against a predicted 280 MiB; nothing said the dry run's loss was the output's sum."""
+    model, x = _vocab_model(), torch.randint(0, 2000, (16, 12))
+    est = estimate_memory(model, optimizer="adamw", batch=16, example=x, device="cpu")
+    assert "loss: the sum of the output (output.float().sum()" in est.method
+    rows = 16 * 12  # batch x tokens: the logits' rows at the batch asked for
+    assert (f"{rows:,} rows x 2,000 x 4 B = {format_bytes(rows * 2000 * 4)} at batch 16 (rows measured: 24, 48 at "
+            "batch 2, 4") in unfolded(str(est))
+    assert "pass the real loss with loss_fn=" in unfolded(str(est))
+    # The real loss, taking (output, batch): its buffers are measured, and no warning is left.
+    real = estimate_memory(model, optimizer="adamw", batch=16, example=x, device="cpu", loss_fn=_smoothed_ce)
+    assert "loss: _smoothed_ce, called as loss_fn(output, batch)" in real.method and not real.assumptions
+    assert real.single("fp32")["total"] > est.single("fp32")["total"] + rows * 2000 * 4
+    # A narrow output (8 classes) is no vocabulary: no warning.
+    assert not estimate_memory(_mlp(), optimizer="adamw", batch=32, device="cpu").assumptions

@@ -40,7 +40,7 @@ from .common import check_name, help_option, history_name, parse_line, split_lin
 _NEGATIVE = re.compile(r"^-\.?[0-9]")
 # Options that take a value: a negative number after one of them is that option's value (--near -0.5),
 # not a negative budget.
-_VALUE_OPTIONS = {"--device", "--near", "--model", "--optimizer", "--batch", "--input", "-r", "--result"}
+_VALUE_OPTIONS = {"--device", "--near", "--model", "--optimizer", "--batch", "--input", "--loss", "-r", "--result"}
 # Options a user may expect that mean something else here, said instead of the closest spelling.
 # "--estimate" (a user trial) read "did you mean --strict?": the estimate is asked for with --model.
 OPTION_MEANINGS = dict.fromkeys(
@@ -100,6 +100,10 @@ class BudgetMagics(Magics):
     @argument("--input", default=None, metavar="NAME",
               help="for --model: an example batch (tensor or tuple, first dim = batch); needed unless the first "
                    "layer is nn.Linear")
+    @argument("--loss", default=None, metavar="NAME",
+              help="for --model: the loss function in the namespace, called as NAME(output) or NAME(output, batch) "
+                   "(batch: the --input rows of the dry run); default the output's sum, which keeps no buffer "
+                   "(a cross-entropy over a vocabulary keeps ones the logits' size)")
     @argument("-r", "--result", default=None, metavar="NAME", help="store the result (status or estimate) here")
     @argument("-q", "--quiet", action="store_true", help="do not display the status or estimate")
     @line_magic
@@ -150,7 +154,8 @@ class BudgetMagics(Magics):
             return self._estimate_cmd(args)
         near = NEAR if args.near is None else args.near
         for_model = [name for name, value in (("--optimizer", args.optimizer), ("--batch", args.batch),
-                                              ("--input", args.input)) if value is not None]
+                                              ("--input", args.input), ("--loss", args.loss))
+                    if value is not None]
         if for_model:  # silently watching a budget instead of the prediction asked for would mislead
             raise UsageError(f"{_go(for_model)} with --model: "
                              "%memory_budget 80GiB --model model --batch 32 predicts that model's memory")
@@ -263,6 +268,10 @@ class BudgetMagics(Magics):
             raise UsageError(f"--batch is the global batch size, at least 1; got {args.batch}")
         optimizer = self._optimizer_arg(args.optimizer or "adamw", OPTIMIZERS, closest_optimizer)
         example = self._lookup(args.input, "--input") if args.input else None
+        loss_fn = self._lookup(args.loss, "--loss") if args.loss else None
+        if loss_fn is not None and not callable(loss_fn):
+            raise UsageError(f"--loss {args.loss} is a {type(loss_fn).__name__}, not a function: define "
+                             "def loss(output, batch): return F.cross_entropy(...) and pass --loss loss")
         device = self._device(args.device)
         # A per-GPU memory to compare with (it may be larger than anything in this machine): estimate_memory
         # reads it like the API does; without one, the active budget.
@@ -271,7 +280,7 @@ class BudgetMagics(Magics):
             budget = f"{self.watcher.budget}B"
         try:
             result = estimate_memory(model, optimizer=optimizer, batch=args.batch, example=example, budget=budget,
-                                     device=device, name=args.model)
+                                     device=device, name=args.model, loss_fn=loss_fn)
         except (ValueError, TypeError) as exc:
             raise UsageError(str(exc)) from None
         if args.budget is None and self.watcher is not None:
