@@ -861,3 +861,13 @@ def test_estimate_takes_the_loss_from_the_namespace(ip, run_cell):
                        ("6GiB --loss ce", "--loss goes with --model")):
         with pytest.raises(UsageError, match=re.escape(says)):
             ip.run_line_magic("memory_budget", line)
+
+
+def test_input_takes_a_variable_name_not_an_expression(ip, run_cell):
+    """A user trial: --input (x, off) failed with argparse's "unrecognized arguments: off)"."""
+    run_cell("import torch\nmodel = torch.nn.Linear(4, 4)\nx = torch.randn(8, 4)\noff = torch.zeros(8)")
+    with pytest.raises(UsageError, match=re.escape("--input takes a variable's name, got '(x, off)': make a variable "
+                                                   "first (inp = (x, off)), then --input inp")):
+        ip.run_line_magic("memory_budget", "--model model --batch 8 --input (x, off)")
+    with pytest.raises(UsageError, match=re.escape("--model takes a variable's name, got 'nets[0]'")):
+        ip.run_line_magic("memory_budget", "--model nets[0] --batch 8")

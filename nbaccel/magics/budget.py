@@ -137,6 +137,7 @@ class BudgetMagics(Magics):
         for previous, token in zip([None] + tokens, tokens):
             if _NEGATIVE.match(token) and previous not in _VALUE_OPTIONS:
                 raise UsageError(f"a budget must be positive, got {token}; write e.g. 6GiB, 512MiB or 0.8")
+        _check_names(tokens)
         args = parse_line(self.memory_budget, line, meanings=OPTION_MEANINGS)
         if args is None:  # -h/--help: the help was printed
             return None
@@ -522,6 +523,19 @@ class BudgetMagics(Magics):
         stb = shell.InteractiveTB.get_exception_only(etype, value)
         shell._showtraceback(etype, value, stb)
         return None
+
+
+def _check_names(tokens: list[str]) -> None:
+    """--input, --model and --loss take a variable's name: ``--input (x, off)`` (a trial) read argparse's
+    "unrecognized arguments: off)"."""
+    for i, (previous, token) in enumerate(zip([None] + tokens, tokens)):
+        if previous in ("--input", "--model", "--loss") and not token.isidentifier() and not token.startswith("-"):
+            rest = tokens[i:]
+            end = next((j for j, t in enumerate(rest) if t.endswith((")", "]"))), 0)
+            typed = " ".join(rest[:end + 1])
+            fix = (f"make a variable first (inp = {typed}), then {previous} inp" if previous == "--input" else
+                   f"assign it to a variable first, then {previous} NAME")
+            raise UsageError(f"{previous} takes a variable's name, got {typed!r}: {fix}")
 
 
 def _go(options: list[str]) -> str:
