@@ -758,3 +758,21 @@ def test_a_meter_entered_and_dropped_without_exit_is_not_kept_measuring():
     del block
     gc.collect()
     assert len(_open_meters) == before
+
+
+def test_untouched_tensors_above_the_rss_are_said_as_not_resident_yet():
+    """A user trial on the CPU: big = torch.empty(64, 20, 200000, 4) (3.81 GiB, never written) was listed at 3.81 GiB
+    under "allocated at the failure: 2.29 GiB (process RSS)", with nothing to say why the RSS was lower."""
+    from nbaccel.budget import status
+    from nbaccel.oom import explain_oom
+    from nbaccel.render import budget as budget_render
+
+    big = torch.empty(2**32, dtype=torch.uint8)  # 4 GiB reserved, none of it written: not resident
+    ns = {"big": big}
+    exp = explain_oom(RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to allocate 100 bytes."), ns)
+    assert exp.device == "cpu" and exp.allocated_bytes < big.nbytes
+    says = "pages a tensor has never written (torch.empty, untouched) are not resident yet"
+    assert says in unfolded(budget_render.text(exp))
+    assert says in unfolded(budget_render.text(status(None, torch.device("cpu"), ns)))
+    small = {"x": torch.ones(10)}
+    assert says not in budget_render.text(status(None, torch.device("cpu"), small))

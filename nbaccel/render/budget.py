@@ -9,6 +9,7 @@ FloatProgress carrying the same class) so browser tests can find it. The CSS tar
 from __future__ import annotations
 
 from ..budget import PUSHED, harness_words, plural, share_text
+from ..holders import unresident_line
 from ..memory import format_bytes
 from ..timing import format_seconds
 from .common import bullet_list, esc, labelled, prose, table, text_table, wrap
@@ -197,7 +198,8 @@ def _status_head(s, note: bool = True) -> str:
 def _now_line(s) -> str:
     if s.allocated_now is not None:
         return f"now: {format_bytes(s.used_now)} reserved, {format_bytes(s.allocated_now)} allocated"
-    return f"now: process RSS {format_bytes(s.used_now)}"
+    unresident = unresident_line(s.holders, s.used_now)
+    return f"now: process RSS {format_bytes(s.used_now)}" + (f" ({unresident})" if unresident else "")
 
 
 def status_text(s) -> str:
@@ -241,6 +243,8 @@ def _oom_facts(e) -> list[str]:
         lines.append(f"memory budget: {format_bytes(e.budget_bytes)}")
     if e.allocated_bytes is not None:
         lines.append(f"allocated at the failure: {format_bytes(e.allocated_bytes)} ({e.allocated_method})")
+        if e.device.split(":")[0] == "cpu" and unresident_line(e.holders, e.allocated_bytes):
+            lines.append(unresident_line(e.holders, e.allocated_bytes))
     if f.reserved_unallocated:
         lines.append(f"reserved but unallocated (cache): {format_bytes(f.reserved_unallocated)}")
     if f.capacity is not None:
