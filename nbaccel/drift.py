@@ -9,7 +9,8 @@ The relative error of a leaf is its largest absolute difference over the fp32 va
 magnitude. For a result far smaller than the values it was computed from, that measures rounding,
 not accuracy on the data: ``out.sum()`` of LayerNorm outputs up to 4.6 came to -4e-4 in fp32 and
 -3e-5 under bf16, "92 %", where bf16's resolution at one of those outputs alone is 4.6 * 2**-7 = 0.036. The op audit knows those
-values for a small result (`flops.OpAudit.magnitude_of`); a leaf whose fp32 value is within one unit
+values for a small result (`flops.OpAudit.magnitude_of`), carried through the products and quotients
+that followed as the rounding is (a mean of large sums is judged at its own scale); a leaf whose fp32 value is within one unit
 of the recipe's rounding of them (|fp32| <= eps * their magnitude) is ``near_zero``: its relative
 error is kept in the leaf but left out of ``max_rel``, and the report gives its absolute difference.
 """

@@ -29,6 +29,7 @@ An audited run is slower than a plain one, so it is never the run that is timed.
 from __future__ import annotations
 
 import contextlib
+import math
 import sys
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -171,7 +172,7 @@ class OpAudit(EagerWhileActive, TorchDispatchMode):
                 out = func(*args, **kwargs)
         else:
             out = func(*args, **kwargs)
-        self._follow_magnitudes(args, kwargs, out)  # views and detach too: they pass a result on
+        self._follow_magnitudes(func, args, kwargs, out)  # views and detach too: they pass a result on
         # "aten::mm", as torch.profiler and the dispatcher's schemas name ops, so %%amp's op table and
         # %%profile_gpu's read the same.
         name = f"{func.namespace}::{func.overloadpacket.__name__}"
@@ -249,7 +250,7 @@ class OpAudit(EagerWhileActive, TorchDispatchMode):
         key = dict(_AUTOCAST_KEYS).get(device)
         return torch.get_autocast_dtype(device) if key in keys else None
 
-    def _follow_magnitudes(self, args, kwargs, out) -> None:
+    def _follow_magnitudes(self, func, args, kwargs, out) -> None:
         small = [t for t in tree_flatten(out)[0]
                  if isinstance(t, torch.Tensor) and t.is_floating_point() and 0 < t.numel() <= SMALL_RESULT]
         if not small and not isinstance(out, float):  # a float: .item() (aten::_local_scalar_dense)
@@ -257,21 +258,61 @@ class OpAudit(EagerWhileActive, TorchDispatchMode):
         if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
             return  # reading a value would break the capture of a CUDA graph
         try:
-            sources = 0.0
-            for t in tree_flatten((args, kwargs))[0]:
-                if not isinstance(t, torch.Tensor) or not t.is_floating_point():
-                    continue
-                known = self._magnitudes.get(t)
-                if known is not None:
-                    sources = max(sources, known)
-                elif t.numel() > 1:  # a lone number made elsewhere is a constant, not rounded data
-                    sources = max(sources, _largest(t))
+            sources = self._scaled_sources(func, args, kwargs)
+            if sources is None:
+                sources = 0.0
+                for t in tree_flatten((args, kwargs))[0]:
+                    if isinstance(t, torch.Tensor) and t.is_floating_point():
+                        sources = max(sources, self._source_size(t))
             if isinstance(out, float):
                 self._number_magnitudes[out] = max(abs(out), sources)
             for t in small:  # each output its own size: nll_loss's second one is a count, not data
                 self._magnitudes[t] = max(_largest(t), sources)
         except Exception:  # noqa: BLE001 - sparse, meta or subclass tensors: no magnitude, never a failed cell
             pass
+
+    def _source_size(self, t) -> float:
+        """The magnitude at which an input carries rounding: what made it (`magnitude_of`), its own
+        largest element for data the audit did not see made, 0 for an exact value (a lone number made
+        elsewhere is a constant, not rounded data; an integer tensor, a count)."""
+        if not isinstance(t, torch.Tensor):
+            return 0.0
+        known = self._magnitudes.get(t)
+        if known is not None:
+            return known
+        return _largest(t) if t.is_floating_point() and t.numel() > 1 else 0.0
+
+    def _scaled_sources(self, func, args, kwargs) -> float | None:
+        """For a product or quotient of small values, the magnitude its inputs' rounding reaches it at:
+        the rounding carried through the scaling, not the largest magnitude met on the way. A user
+        trial's cross_entropy(..., label_smoothing=0.1) sums 700 x 5000 log-probabilities (3.04e7)
+        and divides that by 700 and by 5000 classes: the loss, 8.66, read as near 0 "next to values
+        up to 3.04e+07", where the sum's rounding reaches it as 3.04e7 / 700 x 2e-5 = 0.87. For
+        z = a * b the error is |b| e_a + |a| e_b; for a / b, e_a / |b| + |a| e_b / b^2 (e: each
+        magnitude, `_source_size`; |a| its largest element, |b| the divisor's smallest): a cancellation
+        scaled afterwards stays as near 0 as it was. None for any other op (the largest magnitude is taken)."""
+        name = func.overloadpacket.__name__.rstrip("_")
+        if func.namespace != "aten" or name not in ("mul", "div") or len(args) != 2 or kwargs.get("rounding_mode"):
+            return None
+        sizes = []
+        for x in args:
+            if isinstance(x, bool) or not isinstance(x, (int, float, torch.Tensor)):
+                return None
+            if isinstance(x, torch.Tensor):
+                if x.is_complex() or x.numel() == 0:
+                    return None
+                a = x.detach().abs().double()
+                sizes.append((float(a.amax()), float(a.amin()), self._source_size(x)))
+            else:
+                sizes.append((abs(x), abs(x), 0.0))
+        (a_max, _, e_a), (b_max, b_min, e_b) = sizes
+        if not all(map(math.isfinite, (a_max, b_max, e_a, e_b))):
+            return None
+        if name == "mul":
+            return e_a * b_max + a_max * e_b
+        if b_min == 0:  # a division by 0 somewhere: no scale to carry
+            return None
+        return e_a / b_min + a_max * e_b / (b_min * b_min)
 
     def magnitude_of(self, value) -> float | None:
         """For a small float result of the audited run (a tensor of at most `SMALL_RESULT` elements,

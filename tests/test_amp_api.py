@@ -183,10 +183,43 @@ def test_the_audit_follows_a_small_result_back_to_the_values_it_came_from():
         number = passed_on.item()
         mean = big.mean()
         count = torch.tensor(3.0) * 2  # made and computed from lone numbers only
-    assert audit.magnitude_of(total) == audit.magnitude_of(passed_on) == audit.magnitude_of(number) == 4.0
+    assert audit.magnitude_of(total) == 4.0
+    # halved, the sum's rounding is halved too: as near 0 as before (|1e-6| / 4.0 == |5e-7| / 2.0)
+    assert audit.magnitude_of(passed_on) == audit.magnitude_of(number) == 2.0
     assert audit.magnitude_of(mean) == pytest.approx(float(big.abs().max()))
     assert audit.magnitude_of(count) == 6.0  # its own size: a constant is no rounded data
     assert audit.magnitude_of(big) is None and audit.magnitude_of(1.5) is None  # large, or not made there
+
+
+def test_a_mean_of_large_sums_is_judged_by_the_rounding_that_reaches_it_not_the_sums():
+    # A user trial: cross_entropy(lin(h), y, label_smoothing=0.1) sums 700 x 5000 log-probabilities
+    # (3.04e7), then divides by 700 and 5000; the loss 8.66 read "near 0: fp32 8.66, next to values up to
+    # 3.04e+07 it was computed from" and drift["max_rel"] was None.
+    from nbaccel.flops import OpAudit
+
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(64, 5000)
+    h, y = torch.randn(700, 64), torch.randint(0, 5000, (700,))
+    res = nbaccel.compare_amp(lambda: torch.nn.functional.cross_entropy(lin(h), y, label_smoothing=0.1),
+                              dtype="bf16", device="cpu", repeat=3, warmup=0)
+    leaf = res.drift["leaves"][0]
+    assert not leaf["near_zero"] and res.drift["max_rel"] is not None and res.drift["max_rel"] < 0.05
+    assert leaf["sources"] < 100, leaf  # the per-class log-probabilities' scale, not the 3e7 sum
+    assert "near 0" not in str(res)
+    # Scaling does not hide a cancellation: a sum that cancels stays near 0 divided by a count,
+    # a Python number or an integer tensor alike.
+    out = torch.tensor([[4.0, -4.0], [2.5, -2.5 + 1e-3]])
+    with OpAudit() as audit:
+        total = out.sum()
+        per_count = total / torch.tensor(4)
+        scaled = total * 1000.0
+        product = total * torch.tensor([3.0, 5.0])  # two values made elsewhere: data, not a constant
+    assert audit.magnitude_of(per_count) == pytest.approx(1.0)
+    assert audit.magnitude_of(scaled) == pytest.approx(4000.0)
+    assert audit.magnitude_of(product) == pytest.approx(4.0 * 5.0 + float(total.abs()) * 5.0)
+    eps = torch.finfo(torch.bfloat16).eps
+    for t in (total, per_count, scaled):
+        assert abs(float(t)) <= eps * audit.magnitude_of(t)  # near 0, each
 
 
 def test_a_near_0_result_is_not_reported_as_a_drift_but_a_real_one_is():
