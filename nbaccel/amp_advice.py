@@ -9,7 +9,7 @@ import torch
 from .amp_result import MIN_RUNS, NO_SPEEDUP_BELOW, REDUCED_DTYPES, memory_ranges, too_few_runs
 from .cell_reads import and_list, take_first
 from .drift import near_zero_figures, relative_words, resolution
-from .flops import AUTOCAST_DTYPES, padding_worth_it
+from .flops import AUTOCAST_DTYPES, integer_matmuls, padding_worth_it
 from .memory import format_bytes
 from .options import in_magic, option
 from .precision import describe
@@ -178,12 +178,15 @@ def _beyond_autocast(result: AmpResult) -> dict[str, list[str]]:
 def _why_nothing_cast(result: AmpResult) -> str:
     """Which reason `_nothing_to_cast` gives: "own" (the cell's own bf16 ops), "wide" (every heavy op in
     float64/complex), "fp32" (heavy ops kept in fp32: the verdict names them, so the "Heavy ops still in
-    fp32" line is left out), or "none" (no op autocast casts)."""
+    fp32" line is left out), "integer" (its matmuls are integer or quantized ones, `flops.integer_matmuls`),
+    or "none" (no op autocast casts)."""
     if result.precision["reduced"]:
         return "own"
     if result.precision["heavy_fp32"]:  # before "wide": the fp32 ones are the finding
         return "fp32"
-    return "wide" if _beyond_autocast(result) else "none"
+    if _beyond_autocast(result):
+        return "wide"
+    return "integer" if integer_matmuls(result.amp.ops) else "none"
 
 
 def _nothing_to_cast(result: AmpResult) -> str:
@@ -203,6 +206,14 @@ def _nothing_to_cast(result: AmpResult) -> str:
         return (f"{result.nothing_cast_words} -- its matmuls and convolutions ({', '.join(result.heavy_fp32_calls)}) "
                 "stayed fp32 under the recipe: the cell runs them outside autocast (torch.autocast(..., "
                 "enabled=False) around them) or casts their inputs back to fp32")
+    if why == "integer":
+        # A trial's quantize_dynamic(model)(x) and torch._int_mm cells were told "autocast had nothing here to
+        # cast (it leaves reductions, elementwise ops ...)": they were all matmuls, int8 ones.
+        found = integer_matmuls(result.amp.ops)
+        widths = sorted(set(found.values()))
+        return (f"{result.nothing_cast_words} -- the matmuls here are {' and '.join(widths)} ({', '.join(sorted(found))}): "
+                "autocast casts float32 ops only and leaves integer and quantized ops alone; compare "
+                f"{result.amp.name} on the fp32 version (the model before quantizing, float32 tensors) instead")
     # autocast is per thread: a trial's matmuls in threads the cell started were neither cast nor audited
     # (a trial's torch.mv, cdist and linalg cells read "reductions and elementwise ops stay fp32" alone)
     return (f"{result.nothing_cast_words} -- autocast had nothing here to cast (it leaves reductions, elementwise "

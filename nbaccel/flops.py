@@ -423,6 +423,35 @@ def padding_worth_it(n: int, multiple: int = 8) -> bool:
     return pad_to_multiple(n, multiple) <= n * (1 + MAX_PADDING_OVERHEAD)
 
 
+# Matrix products on integer or quantized operands, with the width of their weights: autocast casts
+# float32 ops only and leaves these alone. The audit records them, but neither as heavy (their output
+# is fp32 for quantize_dynamic's linear, whose int8 weights sit in a packed object, not a tensor) nor
+# with FLOPs, and a trial's quantize_dynamic(model)(x) and torch._int_mm(a, b) cells were told
+# "autocast had nothing here to cast (it leaves reductions, elementwise ops ...)" of nothing but matmuls.
+QUANTIZED_MATMULS = {
+    "quantized::linear_dynamic": "int8", "quantized::linear": "int8", "quantized::linear_relu": "int8",
+    "quantized::linear_relu_dynamic": "int8", "quantized::linear_dynamic_fp16": "fp16 (packed)",
+    "quantized::conv1d": "int8", "quantized::conv2d": "int8", "quantized::conv3d": "int8",
+    "quantized::conv2d_relu": "int8", "quantized::conv_transpose2d": "int8",
+    "aten::_int_mm": "int8", "aten::_weight_int8pack_mm": "int8", "aten::_weight_int4pack_mm": "int4",
+    "aten::_weight_int4pack_mm_for_cpu": "int4",
+}
+
+
+def integer_matmuls(table: pd.DataFrame) -> dict[str, str]:
+    """{op: the width it computes in} for the audit's integer and quantized matrix products: the ops of
+    `QUANTIZED_MATMULS`, and heavy ops (``aten::mm`` ...) that ran on integer tensors."""
+    if table.empty:
+        return {}
+    found = {}
+    for op, dtype, heavy in table[["op", "dtype", "heavy"]].itertuples(index=False):
+        if op in QUANTIZED_MATMULS:
+            found[op] = QUANTIZED_MATMULS[op]
+        elif heavy and dtype.startswith(("int", "uint", "qint", "quint")):
+            found[op] = dtype
+    return found
+
+
 REDUCED = {"bf16", "fp16"}
 
 

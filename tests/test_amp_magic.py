@@ -972,6 +972,24 @@ def test_no_restore_on_a_training_step_that_turns_grad_off_is_not_blamed_on_bf16
     assert "torch's settings were put back before each run" in unfolded(res)
 
 
+@pytest.mark.filterwarnings("ignore:torch.quantize_per_tensor")  # torch 2.13 deprecates quantized tensors
+def test_int8_matmuls_are_named_as_what_autocast_leaves_alone(run_cell, ip):
+    # A user trial: quantize_dynamic(model)(x) and torch._int_mm(a, b) were told "autocast had nothing here
+    # to cast (it leaves reductions, elementwise ops and ops such as mv ...)": the cells were all matmuls.
+    run_cell("import torch\nfrom torch import nn\ntorch.manual_seed(0)\n"
+             "model = nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 32))\n"
+             "q = torch.ao.quantization.quantize_dynamic(model, {nn.Linear}, dtype=torch.qint8)\n"
+             "x = torch.randn(16, 64)\n"
+             "a = torch.randint(-128, 127, (32, 64), dtype=torch.int8)\n"
+             "b = torch.randint(-128, 127, (64, 32), dtype=torch.int8)")
+    for cell, op in (("q(x)", "quantized::linear_dynamic"), ("torch._int_mm(a, b)", "aten::_int_mm")):
+        run_cell(f"%%amp --dtype bf16 --device cpu --repeat 3 --warmup 0 -q -r res\n{cell}")
+        line = unfolded(next(a for a in ip.user_ns["res"].advice if a.startswith("No speedup")))
+        assert f"the matmuls here are int8 ({op}): autocast casts float32 ops only and leaves integer and " \
+               "quantized ops alone; compare bf16 on the fp32 version" in line, line
+        assert "nothing here to cast" not in line
+
+
 def test_a_sum_that_cancels_to_near_0_is_not_read_as_a_100_percent_drift(run_cell, ip):
     # Was (a user trial): "drift max rel 1.00e+00" and "The result moved by 100.0% (relative) under
     # bf16" for out.sum() of a TransformerEncoderLayer: fp32 4.3e-4 from outputs up to 4.8, bf16 0.0.
