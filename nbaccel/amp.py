@@ -39,7 +39,7 @@ from .cell_reads import KINDS, and_list, describe, graphs_compiled, objects_read
 from .contention import ContentionMeter
 from .device import DTYPE_NAMES, DeviceError, device_info, dtype_name, resolve_device
 from .drift import compute_drift, leaf_dtypes, leaf_magnitudes, resolution, runs_differ, to_host
-from .flops import OpAudit
+from .flops import OpAudit, switching_ops
 from .holders import namespace_holders
 from .memory import PeakMemory, PeakMeter, format_bytes, meter_series, note_harness
 from .options import in_magic, option, whole_number
@@ -134,7 +134,10 @@ def _same_entries(a: torch.Tensor, b: torch.Tensor) -> bool:
     return a.layout != torch.sparse_coo or torch.equal(a.indices(), b.indices())
 
 
-def _gradient_report(base: _GradientProbe | None, amp: _GradientProbe, recipe: Recipe, scaler_info: dict) -> dict | None:
+def _gradient_report(base: _GradientProbe | None, amp: _GradientProbe, recipe: Recipe, scaler_info: dict,
+                     switches: list[str] = ()) -> dict | None:
+    """Overflow, underflow and switched-off gradient entries of the recipe's audited run against fp32's.
+    ``switches``: the ops of the audit that zero a gradient by a comparison (`flops.switching_ops`)."""
     if not amp.grads:
         return None
     overflow_tensors = sum(1 for g in amp.grads.values() if not torch.isfinite(_entries(g)).all())
@@ -149,6 +152,7 @@ def _gradient_report(base: _GradientProbe | None, amp: _GradientProbe, recipe: R
     dtype = recipe.autocast_dtype or torch.float32
     tiny = torch.finfo(dtype).tiny if dtype == torch.bfloat16 else math.inf
     underflow = switched = nonzero = 0
+    switched_largest, switched_sum, switched_count = 0.0, 0.0, 0  # the fp32 sizes: of them, of their tensors'
     if base is not None:
         for key, g_amp in amp.grads.items():
             g_base = base.grads.get(key)
@@ -160,7 +164,12 @@ def _gradient_report(base: _GradientProbe | None, amp: _GradientProbe, recipe: R
             zeroed = mask & (g_amp == 0)
             small = g_base.abs() < tiny
             underflow += int((zeroed & small).sum())
-            switched += int((zeroed & ~small).sum())
+            off = zeroed & ~small
+            if bool(off.any()):
+                switched += int(off.sum())
+                switched_largest = max(switched_largest, float(g_base[off].abs().max()))
+                switched_sum += float(g_base[mask].abs().double().sum())
+                switched_count += int(mask.sum())
     return {
         "dtype": DTYPE_NAMES.get(recipe.autocast_dtype, "fp32"),
         "tensors_with_grad": len(amp.grads),
@@ -169,6 +178,12 @@ def _gradient_report(base: _GradientProbe | None, amp: _GradientProbe, recipe: R
         "underflow_elements": underflow if base is not None else None,
         "underflow_fraction": underflow / nonzero if base is not None and nonzero else None,
         "switched_off_elements": switched if base is not None else None,
+        # how large they were in fp32, beside the mean nonzero fp32 magnitude of the tensors they are in:
+        # far smaller, they are the small end of a sum that rounding or cancellation took to 0
+        "switched_off_largest": switched_largest if switched else None,
+        "switched_off_typical": switched_sum / switched_count if switched else None,
+        # the ops seen that zero a gradient by a comparison of their input: the other cause they can have
+        "switch_ops": list(switches),
         # fp32 values under this count as underflow when they became 0 (bf16); None: every zeroed one (fp16)
         "underflow_below": tiny if tiny < math.inf else None,
         **scaler_info,
@@ -758,7 +773,7 @@ def _build_result(info, order, times, memory, audits, amp_recipe, base_recipe, b
         timer_method=clock.method,
         drift=drift,
         drift_skipped=why if baseline else None,
-        gradients=_gradient_report(base_probe, amp_probe, amp_recipe, scaler_info),
+        gradients=_gradient_report(base_probe, amp_probe, amp_recipe, scaler_info, switching_ops(amp_variant.ops)),
         unaligned_matmuls=amp_audit.unaligned_matmuls(),
         snapshot_bytes=snapshot.nbytes,
         restored=restore,

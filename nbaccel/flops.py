@@ -452,6 +452,32 @@ def integer_matmuls(table: pd.DataFrame) -> dict[str, str]:
     return found
 
 
+# Ops that pass a gradient through or zero it by a comparison of their input (a ReLU's sign, a max's
+# winner, a dropout's mask, a clamp's bounds): where rounding moves the input across the line, a
+# gradient entry of normal size becomes exactly 0. The gradient report names them as a cause of such
+# zeros only where the audit saw one: a trial's LSTM + Linear (none of these) read "a ReLU, max or
+# dropout whose input flipped sign" of 81 entries that bf16 rounding in sums had made 0.
+SWITCH_OPS = frozenset({
+    "aten::relu", "aten::relu_", "aten::threshold", "aten::threshold_", "aten::threshold_backward",
+    "aten::relu6", "aten::hardtanh", "aten::hardtanh_", "aten::hardtanh_backward",
+    "aten::clamp", "aten::clamp_", "aten::clamp_min", "aten::clamp_min_", "aten::clamp_max", "aten::clamp_max_",
+    "aten::max", "aten::min", "aten::amax", "aten::amin", "aten::maximum", "aten::minimum",
+    "aten::max_pool1d", "aten::max_pool2d", "aten::max_pool3d", "aten::max_pool2d_with_indices",
+    "aten::max_pool3d_with_indices", "aten::max_pool2d_with_indices_backward",
+    "aten::max_pool3d_with_indices_backward", "aten::adaptive_max_pool1d", "aten::adaptive_max_pool2d",
+    "aten::adaptive_max_pool3d", "aten::adaptive_max_pool2d_backward", "aten::adaptive_max_pool3d_backward",
+    "aten::mkldnn_max_pool2d", "aten::mkldnn_max_pool2d_backward",
+    "aten::dropout", "aten::native_dropout", "aten::native_dropout_backward", "aten::feature_dropout",
+    "aten::alpha_dropout", "aten::_fused_dropout", "aten::_masked_scale",
+    "aten::topk", "aten::sort", "aten::kthvalue", "aten::median", "aten::nanmedian",
+})
+
+
+def switching_ops(table: pd.DataFrame) -> list[str]:
+    """The `SWITCH_OPS` the audit recorded, by name."""
+    return [] if table.empty else sorted(set(table["op"]) & SWITCH_OPS)
+
+
 REDUCED = {"bf16", "fp16"}
 
 

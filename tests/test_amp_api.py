@@ -2030,8 +2030,11 @@ def test_a_relu_that_flips_with_rounding_is_not_called_underflow():
     assert g["underflow_elements"] == 0 and g["underflow_fraction"] == 0
     assert g["switched_off_elements"] == 3  # a's two entries and head's one
     text = str(res)
-    assert ("switched off: 3 entries of normal size in fp32 became 0 in bf16 (a ReLU, max or dropout whose input "
-            "flipped sign with rounding; not underflow)") in " ".join(text.split())
+    assert g["switch_ops"] == ["aten::relu", "aten::threshold_backward"]
+    assert g["switched_off_largest"] == 2.0  # a's fp32 gradient: head's 2.0, passed back through the ReLU
+    assert ("switched off: 3 entries of normal size in fp32 became 0 in bf16 (an op such as aten::relu or "
+            "aten::threshold_backward whose input flipped sign or order with rounding, or rounding and cancellation "
+            "in a sum; in fp32 they were at most 2, ") in " ".join(text.split())
     assert not any("GradScaler" in line for line in res.advice)
 
 
@@ -2054,6 +2057,7 @@ def test_fp16_gradients_lost_in_the_activations_are_underflow(rows, cpu_with_bf1
     assert g["underflow_elements"] == 16 and g["underflow_fraction"] == 1.0 and g["switched_off_elements"] == 0
     assert g["underflow_below"] is None and json.dumps(res.to_dict(), allow_nan=False)
     assert any("(underflow): use torch.amp.GradScaler" in line for line in res.advice)
+    assert "flipped sign" not in str(res)  # no ReLU or max in the cell to name
 
 
 def test_cpu_memory_is_torchs_allocator_peak_the_same_in_every_run(monkeypatch):

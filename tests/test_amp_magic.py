@@ -990,6 +990,22 @@ def test_int8_matmuls_are_named_as_what_autocast_leaves_alone(run_cell, ip):
         assert "nothing here to cast" not in line
 
 
+def test_gradient_entries_zeroed_without_a_relu_are_not_blamed_on_one(run_cell, ip):
+    # A user trial: a packed LSTM + Linear (no ReLU, max or dropout) read "switched off: 81 entries ... (a
+    # ReLU, max or dropout whose input flipped sign with rounding)"; they were small entries of sums that
+    # bf16 rounding cancelled. Here w's gradient is 1.0 - 0.999 in fp32 and 1 - 1 in bf16.
+    run_cell("import torch\nw = torch.nn.Parameter(torch.ones(1, 1))\nX = torch.tensor([[1.0], [-0.999]])")
+    _, captured = run_cell("%%amp --dtype bf16 --device cpu --repeat 3 --warmup 0 -r res\n"
+                           "w.grad = None\nloss = torch.mm(X, w).sum()\nloss.backward()\nloss")
+    g = ip.user_ns["res"].gradients
+    assert g["switched_off_elements"] == 1 and g["switch_ops"] == []
+    assert g["switched_off_largest"] == pytest.approx(1e-3, rel=1e-3)
+    text = " ".join(captured.outputs[0].data["text/plain"].split())
+    assert ("switched off: 1 entry of normal size in fp32 became 0 in bf16 (rounding or cancellation in a sum made "
+            "them exactly 0 (the op audit saw no ReLU, max or dropout); in fp32 they were at most 0.001") in text
+    assert "flipped sign" not in text
+
+
 def test_a_sum_that_cancels_to_near_0_is_not_read_as_a_100_percent_drift(run_cell, ip):
     # Was (a user trial): "drift max rel 1.00e+00" and "The result moved by 100.0% (relative) under
     # bf16" for out.sum() of a TransformerEncoderLayer: fp32 4.3e-4 from outputs up to 4.8, bf16 0.0.
