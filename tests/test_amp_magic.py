@@ -1006,6 +1006,23 @@ def test_gradient_entries_zeroed_without_a_relu_are_not_blamed_on_one(run_cell, 
     assert "flipped sign" not in text
 
 
+def test_the_gradscaler_line_says_the_underflow_measured_this_step(run_cell, ip, cpu_with_bf16_and_fp16_units):
+    # A user trial: "underflow: 2081 entries nonzero in fp32 became 0 in fp16 (0.054%)", then "fp16 training
+    # without torch.amp.GradScaler: no overflow this step, but small gradients can underflow later".
+    # Here big's 4096 gradient entries are of normal size; tiny's one is 1e-9 x 4, lost in fp16.
+    run_cell("import torch\nbig = torch.nn.Parameter(torch.ones(64, 64))\ntiny = torch.nn.Parameter(torch.ones(1, 1))\n"
+             "x, z = torch.ones(8, 64), torch.ones(4, 1)")
+    run_cell("%%amp --dtype fp16 --device cpu --repeat 3 --warmup 0 -q -r res\nbig.grad = tiny.grad = None\n"
+             "loss = torch.mm(x, big).float().sum() + torch.mm(z, tiny).float().sum() * 1e-9\nloss.backward()")
+    res = ip.user_ns["res"]
+    g = res.gradients
+    assert g["underflow_elements"] == 1 and 0 < g["underflow_fraction"] < 0.001
+    line = unfolded(next(a for a in res.advice if a.startswith("fp16 training without")))
+    assert line == ("fp16 training without torch.amp.GradScaler: no overflow this step, and 1 gradient entry (0.024% of "
+                    "the nonzero ones) underflowed to 0 this step: a GradScaler scales the loss so they stay "
+                    "representable."), line
+
+
 def test_a_sum_that_cancels_to_near_0_is_not_read_as_a_100_percent_drift(run_cell, ip):
     # Was (a user trial): "drift max rel 1.00e+00" and "The result moved by 100.0% (relative) under
     # bf16" for out.sum() of a TransformerEncoderLayer: fp32 4.3e-4 from outputs up to 4.8, bf16 0.0.
