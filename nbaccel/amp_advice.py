@@ -332,6 +332,23 @@ def _no_speedup(result: AmpResult, speedup: float, dtype: str) -> str:
     return note + (" " + fact[0].upper() + fact[1:] if fact else "")
 
 
+# GradScaler's check of the gradients (GradScaler.unscale_), as the op audit names it.
+_SCALER_CHECK = "aten::_amp_foreach_non_finite_check_and_unscale_"
+
+
+def _bf16_scaler_note(result: AmpResult) -> str:
+    """A GradScaler used under bf16: not needed there, and not free."""
+    ops = result.amp.ops
+    calls = int(ops.loc[ops["op"] == _SCALER_CHECK, "calls"].sum()) if not ops.empty else 0
+    seen = f" ({_SCALER_CHECK}: {calls} call{'s' if calls != 1 else ''} in this step)" if calls else ""
+    bf16 = torch.finfo(torch.bfloat16)
+    return (f"The cell scales its loss with a torch.amp.GradScaler, which bf16 does not need: bf16 has fp32's exponent "
+            f"range (smallest normal {bf16.tiny:.2g}, largest {bf16.max:.2g}), so its gradients do not underflow or "
+            f"overflow as fp16's do. The scaler still checks every gradient for inf/NaN{seen} and reads the result "
+            "on the host in scaler.step() each step; for bf16, make it with torch.amp.GradScaler(enabled=False) "
+            "(the same code, every call a pass-through) or drop it.")
+
+
 def advise(result: AmpResult) -> list[str]:
     """One line per finding, each backed by a number in the result."""
     notes = []
@@ -459,6 +476,8 @@ def advise(result: AmpResult) -> list[str]:
         elif not grads["grad_scaler"]:
             notes.append("fp16 training without torch.amp.GradScaler: no overflow this step, but small gradients "
                          "can underflow later; GradScaler guards against it.")
+    if grads and grads["dtype"] == "bf16" and grads["grad_scaler"]:
+        notes.append(_bf16_scaler_note(result))
     if drift and drift["max_rel"] is not None and drift["max_rel"] > 0.05 and not state_reason:
         notes.append(f"The result moved by {result.drift['max_rel']:.1%} (relative) under {dtype}; check that "
                      "this accuracy is acceptable (e.g. keep loss/softmax in fp32).")

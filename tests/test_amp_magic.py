@@ -1023,6 +1023,24 @@ def test_the_gradscaler_line_says_the_underflow_measured_this_step(run_cell, ip,
                     "representable."), line
 
 
+def test_a_gradscaler_under_bf16_is_said_to_be_unneeded(run_cell, ip):
+    # The scaler guards fp16's narrow range; bf16 has fp32's, and the scaler's inf/NaN check costs per step.
+    run_cell("import torch\ntorch.manual_seed(0)\nm = torch.nn.Linear(16, 4)\n"
+             "opt = torch.optim.SGD(m.parameters(), lr=0.1)\nscaler = torch.amp.GradScaler('cpu')\nx = torch.randn(8, 16)")
+    step = ("opt.zero_grad()\nloss = m(x).float().pow(2).mean()\nscaler.scale(loss).backward()\n"
+            "scaler.step(opt)\nscaler.update()")
+    run_cell(f"%%amp --dtype bf16 --device cpu --repeat 3 --warmup 0 -q -r res\n{step}")
+    line = unfolded(next(a for a in ip.user_ns["res"].advice if "GradScaler" in a))
+    assert line.startswith("The cell scales its loss with a torch.amp.GradScaler, which bf16 does not need: bf16 has "
+                           "fp32's exponent range (smallest normal 1.2e-38, largest 3.4e+38)"), line
+    assert "(aten::_amp_foreach_non_finite_check_and_unscale_: 1 call in this step)" in line
+    assert "torch.amp.GradScaler(enabled=False)" in line
+    # Without a scaler, or a scaler made with enabled=False: nothing to say.
+    run_cell("scaler = torch.amp.GradScaler('cpu', enabled=False)")
+    run_cell(f"%%amp --dtype bf16 --device cpu --repeat 3 --warmup 0 -q -r res\n{step}")
+    assert not any("GradScaler" in a for a in ip.user_ns["res"].advice)
+
+
 def test_a_sum_that_cancels_to_near_0_is_not_read_as_a_100_percent_drift(run_cell, ip):
     # Was (a user trial): "drift max rel 1.00e+00" and "The result moved by 100.0% (relative) under
     # bf16" for out.sum() of a TransformerEncoderLayer: fp32 4.3e-4 from outputs up to 4.8, bf16 0.0.
