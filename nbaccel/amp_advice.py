@@ -11,6 +11,7 @@ from .cell_reads import and_list, take_first
 from .drift import near_zero_figures, relative_words, resolution
 from .flops import AUTOCAST_DTYPES, integer_matmuls, padding_worth_it
 from .memory import format_bytes
+from .timing import format_seconds
 from .options import in_magic, option
 from .precision import describe
 
@@ -349,6 +350,35 @@ def _bf16_scaler_note(result: AmpResult) -> str:
             "(the same code, every call a pass-through) or drop it.")
 
 
+# Restores of the variables taking this many times as long as the runs (at the slower variant's median
+# run each), and RESTORE_NOTE_SECONDS in all, earn an advice line: the comparison's time is mostly restoring.
+RESTORE_DOMINATES = 2.0
+RESTORE_NOTE_SECONDS = 0.5
+
+
+def _restore_note(result: AmpResult) -> str | None:
+    """When restoring the snapshot costs far more than the runs: what that did to the comparison's time,
+    and the ways out. A user trial: Embedding(400000, 256, sparse=True) + SparseAdam, a 1.15 GiB snapshot;
+    --repeat 5 of a 7 ms step took 8.49 s, 0.25 s with --no-restore."""
+    restores = result.restore_times
+    medians = [v.median for v in (result.baseline, result.amp) if v is not None and v.times.times]
+    if not restores or not medians:
+        return None
+    spent, run = sum(restores), max(medians)
+    if spent < RESTORE_NOTE_SECONDS or spent < RESTORE_DOMINATES * run * len(restores):
+        return None
+    each = (format_seconds(restores[0]) if len(restores) == 1 else
+            f"{format_seconds(min(restores))} to {format_seconds(max(restores))} each")
+    return (f"Restoring your variables before each run (a {format_bytes(result.snapshot_bytes)} host snapshot) took "
+            f"{format_seconds(spent)} in all over {len(restores)} runs ({each}), where the slower variant's median run "
+            f"takes {format_seconds(run)}: the comparison's time went mostly to restoring. "
+            f"{'--no-restore' if in_magic() else 'restore=False'} skips it, at a cost: each run then starts from what "
+            "the one before left, so the variants do not start from the same state and the drift and gradients "
+            "compare different steps. Or make the snapshot smaller: del the tensors the cell does not use (every "
+            "tensor in the namespace is copied), or keep large state, such as a big embedding table and its "
+            "optimizer state, out of the namespace the cell runs in.")
+
+
 def advise(result: AmpResult) -> list[str]:
     """One line per finding, each backed by a number in the result."""
     notes = []
@@ -501,6 +531,9 @@ def advise(result: AmpResult) -> list[str]:
                      "the cell still holds")
             notes.append(f"Peak memory {-mem:.0%} higher under {dtype} ({sizes}). A common cause (not measured "
                          f"here): {cause}.")
+    restoring = _restore_note(result)
+    if restoring:
+        notes.append(restoring)
     if info.type == "cpu":
         notes.append(describe(info) + ". These are CPU figures, not GPU ones.")
     return notes

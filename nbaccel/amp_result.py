@@ -87,6 +87,9 @@ class AmpResult(ResultMixin):
     gradients: dict | None = None
     unaligned_matmuls: list = field(default_factory=list)
     snapshot_bytes: int = 0
+    # seconds each restore of the snapshot took, before each run, in order (perf_counter): time the runs'
+    # figures leave out; empty without a snapshot (restore=False) or for a result made by hand
+    restore_times: list[float] = field(default_factory=list)
     restored: bool = True  # False: --no-restore, runs continued from each other's state
     # Two runs under the recipe from the restored state gave different values: the code depends on
     # state the snapshot does not restore (an attribute of your own object, a file...).
@@ -364,6 +367,7 @@ class AmpResult(ResultMixin):
             "reduced_by_recipe": self.reduced_by_recipe,
             "unaligned_matmuls": self.unaligned_matmuls,
             "snapshot_bytes": self.snapshot_bytes,
+            "restore_times": self.restore_times,
             "restored": self.restored,
             "state_changed": self.state_changed,
             "audit_differs": self.audit_differs,

@@ -26,6 +26,8 @@ DTYPES = ("bf16", "fp16", "auto", "tf32")
 # A comparison projected (from its measured first run) to take longer than this says so, with a
 # shorter line to run instead: the cell runs planned_runs(...) times, 15 with the defaults.
 LONG_RUN_SECONDS = 5.0
+# The restore before each run is named in that note when it is at least this share of a run's time.
+RESTORE_WORTH_SAYING = 0.1
 
 
 @magics_class
@@ -78,8 +80,8 @@ class AmpMagics(Magics):
         cell_errors = []  # (exception, which run) when the cell itself raised
         notes = []  # the long-run note's display handle, replaced when the comparison ends
 
-        def note_long_run(seconds, runs_left):
-            notes.append(_note_long_run(self.shell, seconds, runs_left, args, device))
+        def note_long_run(seconds, runs_left, restore_seconds):
+            notes.append(_note_long_run(self.shell, seconds, runs_left, args, device, restore_seconds))
 
         started, finished = time.perf_counter(), False
         with sole_measuring_magic("amp"):
@@ -150,21 +152,27 @@ class AmpMagics(Magics):
         return args, device, cell_function(self.shell, cell)
 
 
-def _note_long_run(shell, seconds: float, runs_left: int, args, device):
+def _note_long_run(shell, seconds: float, runs_left: int, args, device, restore_seconds: float = 0.0):
     """After the first run: when all runs together will take long, say so now, and how to shorten it.
+    ``restore_seconds``: what restoring the variables took before it, which every run pays too.
 
     In a Jupyter kernel the note is a display that the magic empties when the runs are over (as a
     stderr line it stayed under the result as a red box); elsewhere it is a line on stderr.
     Returns the display handle, if any."""
-    if seconds * (runs_left + 1) <= LONG_RUN_SECONDS:
+    each = seconds + restore_seconds
+    if each * (runs_left + 1) <= LONG_RUN_SECONDS:
         return None
     # Not "up to": the other variant's runs can be far slower (a trial: fp16 convolutions on a CPU without
     # AMX-FP16, 20x fp32: "up to about 9.85 s" announced, 84.9 s taken), and the first run also pays one-time
     # costs (oneDNN/cuDNN setup, a torch.compile in the cell compiling), so the rest can be far quicker
     # (a trial: "about 54 s" announced, 4.9 s in all).
-    note = (f"nbaccel %%amp: the first run took {format_seconds(seconds)}; {runs_left} more runs (warmup, timed, "
-            f"memory and audited runs per variant, then the kept run) take about "
-            f"{format_seconds(seconds * runs_left)} at that pace: longer if the other variant is slower, shorter "
+    # Restoring the snapshot comes before every run, untimed: a trial's 1.15 GiB one made a 7 ms step's
+    # comparison take 8.49 s, and the note, estimated from the run alone, never came.
+    restoring = (f" and restoring your variables before it {format_seconds(restore_seconds)}, as before each run"
+                 if restore_seconds >= RESTORE_WORTH_SAYING * each else "")
+    note = (f"nbaccel %%amp: the first run took {format_seconds(seconds)}{restoring}; {runs_left} more runs (warmup, "
+            f"timed, memory and audited runs per variant, then the kept run) take about "
+            f"{format_seconds(each * runs_left)} at that pace: longer if the other variant is slower, shorter "
             "where the first run paid one-time setup.")
     fewer = _fewer_runs(args, device)
     if fewer:
