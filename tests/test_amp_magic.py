@@ -1007,6 +1007,7 @@ def test_no_restore_on_a_training_step_that_turns_grad_off_is_not_blamed_on_bf16
 
 
 @pytest.mark.filterwarnings("ignore:torch.quantize_per_tensor")  # torch 2.13 deprecates quantized tensors
+@pytest.mark.filterwarnings("ignore:torch.ao.quantization is deprecated")  # and its eager quantization API
 def test_int8_matmuls_are_named_as_what_autocast_leaves_alone(run_cell, ip):
     # A user trial: quantize_dynamic(model)(x) and torch._int_mm(a, b) were told "autocast had nothing here
     # to cast (it leaves reductions, elementwise ops and ops such as mv ...)": the cells were all matmuls.
