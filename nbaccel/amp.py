@@ -50,6 +50,7 @@ from .quiet import hiding_side_channels
 from .snapshot import (Snapshot, SnapshotTooLarge, available_host_memory, distinct_failures, estimate_bytes,
                        refuse_uninitialized_lazy)
 from .tensor_peak import MAX_OPS, CpuTensorPeak
+from .profile_options import profiler_running
 from .timing import Clock, Stats
 
 
@@ -521,6 +522,13 @@ def compare_amp(
         _check_snapshot_size(namespace, state, skip, max_snapshot_fraction)
         snapshot = Snapshot.capture(namespace, objects=state, skip=skip)
     note_harness("%%amp" if in_magic() else "compare_amp", snapshot.nbytes)
+    # Inside a profiler (a trial: `with nbaccel.profile(): compare_amp(step)`), its overhead is in every
+    # timed run, and the profile holds all the runs: this report says so, and a mark in the trace lets
+    # the profile's say so too (`profile_advice._compare_amp_note`).
+    under_profiler = profiler_running()
+    if under_profiler:
+        with torch.profiler.record_function(f"{COMPARE_AMP_MARK} ({planned_runs(warmup, repeat, baseline, dev)} runs)"):
+            pass
     iterators = [describe(name, it) for name, it in reads["iterators"].items()]
     compiled = [describe(name, model) for name, model in reads["compiled"].items()]
     loaders = [describe(name, loader) for name, loader in reads["worker_loaders"].items()]
@@ -567,6 +575,7 @@ def compare_amp(
         result.iterators, result.compiled, result.worker_loaders = iterators, compiled, loaders
         result.compiled_while_timed = compiled_while_timed
         result.contention = runner.meter.result
+        result.under_profiler = under_profiler
     except BaseException as exc:  # KeyboardInterrupt too; re-raised unchanged
         def add_note(error: BaseException, note: str) -> None:
             # add_note raises TypeError where the user's code set __notes__ to something not a list
@@ -614,6 +623,7 @@ def compare_amp(
     return result
 
 
+COMPARE_AMP_MARK = "nbaccel.compare_amp"  # a range in a profile around which compare_amp ran (`profile_advice`)
 USED_UP = "the comparison's runs used it up"  # the mark of `used_up_note` among an exception's notes
 
 

@@ -107,6 +107,7 @@ class AmpResult(ResultMixin):
     outer_autocast: dict = field(default_factory=dict)
     # Other programs' CPU use during the timed runs, per variant (None: made by hand, not measured).
     contention: Contention | None = None
+    under_profiler: bool = False  # a torch profiler was recording the runs (its overhead is in the times)
     # The iterators the cell reads, described ("`it` (a generator)"): no snapshot rewinds them, so each
     # run took its own items (`nbaccel.cell_reads`).
     iterators: list[str] = field(default_factory=list)
@@ -298,6 +299,11 @@ class AmpResult(ResultMixin):
         contended = self.contention_warning
         if contended:
             notes.append(contended)
+        if self.under_profiler:
+            notes.append("a torch profiler was recording during these runs (a profile around the comparison): its "
+                         "per-op cost is in every time, more in the variant that runs more ops (the casts); compare "
+                         "outside the profile, and profile one variant with "
+                         + ("%%profile_gpu --amp" if self.made_by == "%%amp" else "nbaccel.profile(amp=...)"))
         return notes
 
     @property
@@ -383,6 +389,7 @@ class AmpResult(ResultMixin):
             "advice": self.advice,
             "noise_warnings": self.noise_warnings,
             "contention": self.contention.to_dict() if self.contention else None,
+            "under_profiler": self.under_profiler,
         }
 
 

@@ -285,6 +285,20 @@ def _fp32_matmul_notes(result: ProfileResult, ops: dict, time_col: str, total: f
             "here: cut the matmul time itself (fewer, larger matmuls), or compare on a GPU."]
 
 
+def _compare_amp_note(result: ProfileResult) -> str | None:
+    """A profile around nbaccel.compare_amp records all its runs (a trial: 17 runs and the snapshot restores
+    read as "1 step", with first-step advice about AdamW's state); compare_amp marks the trace (`amp.COMPARE_AMP_MARK`)."""
+    from .amp import COMPARE_AMP_MARK  # lazily: amp imports this module's neighbours
+
+    marks = [n for n in result.trace.column("annotations", "name") if str(n).startswith(COMPARE_AMP_MARK)]
+    if not marks:
+        return None
+    return (f"This profile holds {len(marks)} nbaccel.compare_amp call{'s' if len(marks) > 1 else ''} "
+            f"({', '.join(m[len(COMPARE_AMP_MARK):].strip(' ()') for m in marks)}): both variants' warmup, timed, "
+            "memory and audited runs and the snapshot restores between them, not one step of the code. Profile the "
+            f"code itself, under one recipe: {option('amp', 'bf16')}.")
+
+
 def advise(result: ProfileResult) -> list[str]:
     """One line per finding, each quoting the number that triggered it."""
     notes = []
@@ -298,6 +312,9 @@ def advise(result: ProfileResult) -> list[str]:
         notes.append("No torch operators were recorded: torch.profiler sees torch work only, and only on the thread "
                      "that runs the code (not in threads it starts); for plain Python time use %prun or pyinstrument.")
     notes += _phase_notes(result)
+    compare_amp = _compare_amp_note(result)
+    if compare_amp:
+        notes.append(compare_amp)
     in_fallback = inside_fallback(ops)  # attention's math fallback: the ops inside it (its dropout, below)
     if n_ops and total > 0:
         notes += _fp32_matmul_notes(result, ops, time_col, total, where)

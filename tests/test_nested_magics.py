@@ -50,3 +50,26 @@ def test_a_magic_that_failed_does_not_block_the_next_one(run_cell):
     run_cell("%%amp --repeat 3 -q\n1 / 0", expect_error=ZeroDivisionError)
     run_cell("%%profile_gpu -q\n1 / 0", expect_error=ZeroDivisionError)
     run_cell("%%amp --repeat 3 -q\nx @ x")
+
+
+def test_compare_amp_inside_a_profile_is_said_in_both_reports():
+    """A trial: `with nbaccel.profile(): compare_amp(step)` read "1 step" with first-step advice about AdamW
+    for 17 runs and their restores, and compare_amp's times held the profiler's cost with no word of it."""
+    import torch
+
+    import nbaccel
+
+    m, x = torch.nn.Linear(32, 32), torch.randn(16, 32)
+    with nbaccel.profile() as prof:
+        res = nbaccel.compare_amp(lambda: m(x).sum(), dtype="bf16", device="cpu", repeat=3, warmup=0)
+    assert res.under_profiler and res.to_dict()["under_profiler"] is True
+    assert any(w.startswith("a torch profiler was recording during these runs") and "nbaccel.profile(amp=...)" in w
+               for w in res.noise_warnings)
+    note = next(a for a in prof.result.advice if a.startswith("This profile holds"))
+    assert note.startswith("This profile holds 1 nbaccel.compare_amp call (11 runs): both variants' warmup, timed")
+    # alone, neither says it
+    alone = nbaccel.compare_amp(lambda: m(x).sum(), dtype="bf16", device="cpu", repeat=3, warmup=0)
+    assert not alone.under_profiler and not any("profiler was recording" in w for w in alone.noise_warnings)
+    with nbaccel.profile() as plain:
+        m(x).sum()
+    assert not any(a.startswith("This profile holds") for a in plain.result.advice)
