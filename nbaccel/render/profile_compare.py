@@ -21,7 +21,12 @@ def _ratio(before, after) -> str:
     if not before or not after:
         return "-"
     # "0.61x" read as "61% of the time" to some and "0.61x the speed" to others: words say which way
-    return f"{after / before:.3g}x slower" if after >= before else f"{before / after:.3g}x faster"
+    return f"{times(after / before)} slower" if after >= before else f"{times(before / after)} faster"
+
+
+def times(ratio: float) -> str:
+    """``3.14x``, ``1,350x`` (not 3 significant digits' ``1.35e+03x``)."""
+    return f"{ratio:,.0f}x" if ratio >= 100 else f"{ratio:.3g}x"
 
 
 def _change(us: float) -> str:
@@ -44,21 +49,16 @@ def _names(rows, what) -> str:
 def finding_lines(c) -> list[str]:
     a, b = c.labels
     total = max(c.op_time_us) or 1.0
-    lines = []
-    if c.slower:
-        lines.append(f"slower in {b}: " + _names(
-            c.slower, lambda r: f"{r['name']} {r['after_us'] / r['before_us']:.3g}x slower ({_time(r['before_us'])} -> "
-                                f"{_time(r['after_us'])})"))
-    if c.new:
-        lines.append(f"only in {b}: " + _names(
-            c.new, lambda r: f"{r['name']} {_time(r['after_us'])} ({r['after_us'] / total:.0%})"))
-    if c.faster:
-        lines.append(f"faster in {b}: " + _names(
-            c.faster, lambda r: f"{r['name']} {r['before_us'] / r['after_us']:.3g}x faster ({_time(r['before_us'])} "
-                                f"-> {_time(r['after_us'])})"))
-    if c.gone:
-        lines.append(f"only in {a}: " + _names(
-            c.gone, lambda r: f"{r['name']} {_time(r['before_us'])} ({r['before_us'] / total:.0%})"))
+
+    def changed(r) -> str:  # "aten::mm 3.1x slower (1 ms -> 3.1 ms)"
+        return f"{r['name']} {_ratio(r['before_us'], r['after_us'])} ({_time(r['before_us'])} -> {_time(r['after_us'])})"
+
+    def alone(side):  # "aten::sort 29 ms (68%)", of the one profile that ran it
+        return lambda r: f"{r['name']} {_time(r[side])} ({r[side] / total:.0%})"
+
+    kinds = ((f"slower in {b}", c.slower, changed), (f"only in {b}", c.new, alone("after_us")),
+             (f"faster in {b}", c.faster, changed), (f"only in {a}", c.gone, alone("before_us")))
+    lines = [f"{label}: " + _names(rows, what) for label, rows, what in kinds if rows]
     if not lines:
         lines.append(f"no op changed by {MIN_RATIO:.2f}x and by {MIN_SHARE:.0%} of the ops' time or more: the "
                      "difference is spread over many ops, or within one profile's noise (the table has every op)")
