@@ -21,7 +21,7 @@ Also ``results_frame`` (saved results into one DataFrame) and ``side_by_side``. 
 
 Errors and warnings a script may catch, all top-level names here: `ProfileError`, `DeviceError`,
 `BudgetError`, `BudgetExceeded`, `EstimateError`, `SnapshotTooLarge`, `LazyModuleNotReady`, `TraceError`, `RankNotFound`,
-`RankFailure`, `RankMismatch`; `TraceWarning`, `SharedTraceWarning`, `TraceSaveWarning`, `BudgetWarning`.
+`RankFailure`, `RankMismatch`, `NoProcessGroup`; `TraceWarning`, `SharedTraceWarning`, `TraceSaveWarning`, `BudgetWarning`.
 (``nbaccel.profile`` is the profiler, not its module: its warnings are ``nbaccel.SharedTraceWarning``.)
 See docs/api.md.
 """
@@ -52,13 +52,13 @@ __all__ = ["compare_amp", "AmpResult", "memory_budget", "MemoryBudget", "estimat
            "unload_ipython_extension",
            # errors and warnings
            "ProfileError", "DeviceError", "BudgetError", "BudgetExceeded", "EstimateError", "SnapshotTooLarge",
-           "LazyModuleNotReady", "RankFailure", "RankMismatch", "SharedTraceWarning", "TraceSaveWarning", "BudgetWarning"]
+           "LazyModuleNotReady", "RankFailure", "RankMismatch", "NoProcessGroup", "SharedTraceWarning", "TraceSaveWarning", "BudgetWarning"]
 
 
 
 def __getattr__(name: str):
     # nbaccel.distributed's errors without importing it with every `import nbaccel`: it is for torchrun.
-    if name in ("RankFailure", "RankMismatch"):
+    if name in ("RankFailure", "RankMismatch", "NoProcessGroup"):
         from . import distributed
         return getattr(distributed, name)
     raise AttributeError(f"module 'nbaccel' has no attribute {name!r}")

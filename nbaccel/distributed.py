@@ -65,7 +65,8 @@ from dataclasses import dataclass, field
 import torch.distributed as dist
 
 __all__ = ["is_distributed", "rank", "world_size", "run_all", "gather", "gather_amp", "compare_amp", "profile",
-           "memory_budget", "RankFailure", "RankMismatch", "RankReport", "BudgetReport", "trace_path", "summarize"]
+           "memory_budget", "RankFailure", "RankMismatch", "NoProcessGroup", "RankReport", "BudgetReport",
+           "trace_path", "summarize"]
 
 _CPU_GROUPS: dict = {}
 
@@ -98,6 +99,10 @@ class RankMismatch(ValueError):
         super().__init__(f"{what} needs the same options on every rank (their runs, and the collectives in them, "
                          f"pair up one for one), but they differ: {detail}. Pass the same values on every rank "
                          "(only device may differ).")
+
+
+class NoProcessGroup(RuntimeError):
+    """torchrun started several ranks, but no process group is initialised: the ranks cannot be gathered."""
 
 
 def _by_value(per_rank: dict[int, object]) -> str:
@@ -135,12 +140,45 @@ def is_distributed() -> bool:
     return dist.is_available() and dist.is_initialized()
 
 
+def _torchrun_env() -> tuple[int, int]:
+    """(RANK, WORLD_SIZE) as torchrun sets them for every worker, with or without a process group;
+    (0, 1) outside torchrun or where they are not whole numbers."""
+    try:
+        return int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+    except ValueError:
+        return 0, 1
+
+
 def rank() -> int:
-    return dist.get_rank() if is_distributed() else 0
+    """This process's rank: the process group's, else torchrun's ``RANK`` (0 outside torchrun).
+
+    Under torchrun without ``init_process_group`` it once said 0 in every process (a user trial: both
+    ranks printed as rank 0), so ``if nd.rank() == 0:`` ran on every rank."""
+    return dist.get_rank() if is_distributed() else _torchrun_env()[0]
 
 
 def world_size() -> int:
-    return dist.get_world_size() if is_distributed() else 1
+    """The process group's size, else torchrun's ``WORLD_SIZE`` (1 outside torchrun)."""
+    return dist.get_world_size() if is_distributed() else _torchrun_env()[1]
+
+
+def _need_group(what: str) -> None:
+    """Refuse to gather when torchrun started several ranks but no process group exists.
+
+    Without a group every process measured itself as a world of one: a user trial under
+    ``torchrun --nproc_per_node=2`` got "across 1 rank(s)" from both ranks, and `profile` wrote
+    ``nbaccel.rank0.pt.trace.json`` from both, one silently overwriting the other. Nothing could
+    be gathered, so the call is refused before anything runs, on every rank (each sees the same
+    environment), naming the fix."""
+    if is_distributed():
+        return
+    this, world = _torchrun_env()
+    if world > 1:
+        raise NoProcessGroup(
+            f"torchrun started {world} ranks (this is rank {this}) but no process group is initialised, so "
+            f"{what} cannot gather them: call torch.distributed.init_process_group('gloo') (CPU) or "
+            "init_process_group('nccl') (GPUs) first; to measure each process on its own, call nbaccel's plain "
+            "functions instead (nbaccel.compare_amp, nbaccel.profile, nbaccel.memory_budget)")
 
 
 def cpu_group():
@@ -172,6 +210,7 @@ def run_all(fn, group=None, *, options: dict | None = None, what: str = "this ca
     ranks. ``starting``: ``fn`` is ``what``'s own preparation, not the user's code, and
     `RankFailure` says so.
     """
+    _need_group(what if what != "this call" else "nbaccel.distributed.run_all")
     error, value = None, None
     try:
         value = fn()
@@ -310,6 +349,7 @@ def _ident() -> dict:
 
 
 def _gather_rows(local: dict, group=None) -> list[dict]:
+    _need_group("nbaccel.distributed.gather")
     rows = _all_gather({**_ident(), **local}, group)
     return sorted(rows, key=lambda r: r["rank"])
 

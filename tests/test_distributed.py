@@ -255,6 +255,40 @@ def test_without_process_group_it_is_one_rank():
     assert nd.trace_path("d", rank_=3) == os.path.join("d", "nbaccel.rank3.pt.trace.json")
 
 
+def test_torchrun_without_a_process_group_is_refused_on_each_rank(tmp_path):
+    """A user trial: under torchrun without init_process_group, both ranks said rank 0, printed "across 1
+    rank(s)", and nd.profile wrote nbaccel.rank0.pt.trace.json from both (one overwrote the other)."""
+    _torchrun(tmp_path, "nogroup")
+    for r, got in enumerate(_ranks(tmp_path)):
+        assert got["rank"] == r and got["world_size"] == 2
+        for call in ("amp", "profile", "budget"):
+            assert got[call]["error"] == "NoProcessGroup", (r, call, got[call])
+            assert got[call]["message"].startswith(f"torchrun started 2 ranks (this is rank {r}) but no process "
+                                                   f"group is initialised, so nbaccel.distributed.")
+            assert "call torch.distributed.init_process_group('gloo')" in got[call]["message"]
+        assert not got["traces_made"]  # refused before the trace folder was made, or any code ran
+
+
+@pytest.mark.parametrize("call", ["compare_amp", "profile", "memory_budget", "gather", "run_all"])
+def test_torchrun_env_without_a_group_names_the_call_and_runs_nothing(monkeypatch, tmp_path, call):
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "1")
+    assert nd.rank() == 1 and nd.world_size() == 2 and not nd.is_distributed()
+    assert nd.trace_path("d") == os.path.join("d", "nbaccel.rank1.pt.trace.json")  # no longer rank 0's file
+    ran = []
+    calls = {
+        "compare_amp": lambda: nd.compare_amp(lambda: ran.append(1), device="cpu", warmup=0, repeat=2, state=[None]),
+        "profile": lambda: nd.profile(str(tmp_path / "t")).__enter__(),
+        "memory_budget": lambda: nd.memory_budget("4GiB", device="cpu").__enter__(),
+        "gather": lambda: nd.gather("x", {"v": 1}, ["v"]),
+        "run_all": lambda: nd.run_all(lambda: ran.append(1)),
+    }
+    with pytest.raises(nd.NoProcessGroup, match=rf"torchrun started 2 ranks \(this is rank 1\) but no process group is "
+                                                rf"initialised, so nbaccel\.distributed\.{call} cannot gather them"):
+        calls[call]()
+    assert not ran and not (tmp_path / "t").exists()
+
+
 def test_failed_rank_keeps_its_own_error_when_the_exchange_fails(monkeypatch):
     # What a rank sees when the others were stuck in DDP's all-reduce until the pg timeout.
     def timed_out(obj, group=None):

@@ -1,6 +1,6 @@
 """Worker for tests/test_distributed.py, launched by ``torchrun --nproc-per-node 2`` (no tests here).
 
-    torchrun ... tests/test_distributed_worker.py OUT_DIR ok|raise
+    torchrun ... tests/test_distributed_worker.py OUT_DIR ok|raise|nogroup
 """
 
 import contextlib
@@ -72,9 +72,35 @@ def _failures(r: int, result: dict, traces: str) -> None:
     result["after"] = _outcome(lambda: nd.compare_amp(lambda: torch.ones(8).sum(), warmup=0, repeat=2, state=[None]))
 
 
+def _without_group(out: str) -> None:
+    """torchrun's two workers, no init_process_group: each says which rank it is, and every gathering
+    call is refused before it runs or writes anything (a trial: both said rank 0 and wrote one trace)."""
+    import nbaccel.distributed as nd
+
+    r = nd.rank()
+    traces = os.path.join(out, "nogroup_traces")
+
+    def profiled():
+        with nd.profile(traces):
+            torch.ones(8).sum()
+
+    def budgeted():
+        with nd.memory_budget("4GiB"):
+            torch.ones(8).sum()
+
+    result = {"rank": r, "world_size": nd.world_size(),
+              "amp": _outcome(lambda: nd.compare_amp(lambda: torch.ones(8).sum(), warmup=0, repeat=2, state=[None])),
+              "profile": _outcome(profiled), "budget": _outcome(budgeted), "traces_made": os.path.exists(traces)}
+    with open(os.path.join(out, f"rank{r}.json"), "w", encoding="utf-8") as f:
+        json.dump(result, f, default=str)
+
+
 def main(out: str, mode: str) -> None:
     import nbaccel.distributed as nd
 
+    if mode == "nogroup":
+        _without_group(out)
+        return
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=40))
     r = dist.get_rank()
     result = {"rank": r}

@@ -63,7 +63,8 @@ def test_the_errors_and_warnings_a_script_catches_are_top_level_names():
     from nbaccel.distributed import RankFailure
 
     caught = ("ProfileError", "DeviceError", "BudgetError", "BudgetExceeded", "EstimateError", "SnapshotTooLarge",
-              "TraceError", "RankNotFound", "RankFailure", "RankMismatch", "TraceWarning", "SharedTraceWarning", "TraceSaveWarning",
+              "TraceError", "RankNotFound", "RankFailure", "RankMismatch", "NoProcessGroup", "TraceWarning", "SharedTraceWarning",
+              "TraceSaveWarning",
               "BudgetWarning")
     for name in caught:
         assert name in nbaccel.__all__ and isinstance(getattr(nbaccel, name), type), name
