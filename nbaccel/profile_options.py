@@ -155,6 +155,33 @@ def check_table_args(group, sort, ascending, filter, top) -> None:  # noqa: A002
         raise ProfileError(f"{option('ascending')} takes True or False, got {ascending!r}")
 
 
+_MEMORY_SORTS = ("memory", "self_memory_bytes", "memory_bytes")
+_DEVICE_SORTS = ("device", "device_self_us", "device_total_us")
+
+
+def check_table_fits(group, sort, *, device_time: bool, memory: bool, stack: bool) -> None:
+    """Refuse, with `ProfileError`, a ``table()`` grouping or sort the profile has no data for, as
+    `check_options` / `validate` / `load_trace` refuse the same options when a profile is made.
+
+    ``sort`` is read already (`table_sort`): a key or a column. ``device_time``: the profile has a
+    device's times (a CUDA profile or a trace with kernels); ``memory``, ``stack``: it was made with
+    them. Unchecked, a user trial got ``sort="memory"`` without ``memory=True`` and ``sort="device"`` on
+    a CPU profile as rows in first-seen order (every value 0), and ``group="source"`` without
+    ``stack=True`` as one bogus row named 'aten::fill_, aten::mul_, aten::sqrt'."""
+    if sort in _MEMORY_SORTS and not memory:
+        raise ProfileError(f"{option('sort', sort)} needs the memory a profile records with {option('memory', True)}, "
+                           f"and this one was made without it: profile again with {option('memory', True)} (a saved "
+                           "trace: load_trace(path, memory=True))")
+    if sort in _DEVICE_SORTS and not device_time:
+        raise ProfileError(f"{option('sort', sort)} needs device time, and this profile has none (it ran on the CPU, "
+                           f"or its trace has no kernels): use {option('sort', 'self')} or {option('sort', 'cpu')}")
+    if group == "source" and not stack:
+        raise ProfileError(f"{option('group', group)} needs the source lines a profile records with "
+                           f"{option('stack', True)}, and this one was made without it: profile again with "
+                           f"{option('stack', True)} (a saved trace: load_trace(path, stack=True)), or group by "
+                           "'op' or 'op+shape'")
+
+
 def check_options(options: ProfileOptions) -> None:
     """The checks that need neither the machine nor the process: run when a profile is made
     (``nbaccel.profile(top=0)`` fails there, as ``nbaccel.precision("fp8")`` does, not at the

@@ -27,7 +27,7 @@ from .op_attribution import memory_by_op, source_by_op
 from .precision import Recipe
 from .profile_advice import advise
 from .kept_fp32 import kept_fp32_by
-from .profile_options import ProfileError, ProfileOptions, check_table_args, table_sort
+from .profile_options import ProfileError, ProfileOptions, check_table_args, check_table_fits, table_sort
 from .results import ResultMixin
 from .trace_io import write_trace_bytes
 
@@ -270,6 +270,9 @@ class ProfileResult(ResultMixin):
         """The operator table grouped by ``op|op+shape|source``, sorted by a --sort key or any column."""
         sort = table_sort(sort)
         check_table_args(group, sort, ascending, filter, top)
+        # device time as validate() allows sort="device": a CUDA profile (a loaded one: its trace has kernels)
+        check_table_fits(group, sort, device_time=self.device.type == "cuda", memory=self.options.memory,
+                         stack=self.options.stack)
         return pt.select(self.grouped(group or self.options.group), sort or self.default_sort, ascending, filter, top)
 
     @property

@@ -46,7 +46,8 @@ from .analysis.sums import intervals_union
 from .analysis.trace import TraceData, TraceError, TraceWarning, _build, _metadata, paused_gc
 from .device import DeviceInfo
 from .options import in_magic, option, whole_number
-from .profile_options import ProfileError, ProfileOptions, check_grouping, check_sort, check_table_args, sort_name, table_sort
+from .profile_options import (ProfileError, ProfileOptions, check_grouping, check_sort, check_table_args,
+                              check_table_fits, sort_name, table_sort)
 from .profile_result import ProfileResult
 from .results import ResultMixin
 from .trace_io import TraceIdentity, TraceStream, peek_identity, trace_files
@@ -571,6 +572,7 @@ class MultiRankResult(ResultMixin):
             if rank not in self.ranks:
                 raise RankNotFound(f"no rank {rank} in this result; ranks: {', '.join(map(str, self.ranks))}")
             return self.ranks[rank].table(group=group, sort=sort, ascending=ascending, filter=filter, top=top)
+        check_table_fits(group, sort, device_time=self.on_device, memory=self.options.memory, stack=self.options.stack)
         return pt.select(self.grouped(group or self.options.group), sort or self.default_sort, ascending, filter, top)
 
     @property

@@ -134,7 +134,6 @@ def test_result_tables_still_take_sort_keys_columns_and_groupings(tables, kind):
     result = tables[kind]
     assert list(result.table(sort="name", ascending=True)["name"]) == sorted(result.table()["name"])
     assert len(result.table(sort="calls", group="op+shape", filter="", top=1)) == 1
-    assert len(result.table(group="source")) >= 1
     # as profile(sort=...) and the magics read them (a review: "neither a sort key nor a column")
     assert result.table(sort="FLOPS").equals(result.table(sort="flops"))
     assert result.table(sort="count").equals(result.table(sort="calls"))
@@ -256,3 +255,37 @@ def test_a_comment_after_the_options_is_a_comment(run_cell, ip):
     run_cell("import torch\nx = torch.ones(4, 4)")
     run_cell("%%amp --repeat 3 --warmup 0 -q -r res  # fp32 vs bf16\nx @ x")
     assert ip.user_ns["res"].amp.name == "bf16"
+
+
+@pytest.mark.parametrize("kind", ["profile", "multirank"])
+@pytest.mark.parametrize("kwargs, said", [
+    ({"sort": "memory"}, "sort='memory' needs the memory a profile records with memory=True, and this one was made "
+                         "without it: profile again with memory=True"),
+    ({"sort": "self_memory_bytes"}, "sort='self_memory_bytes' needs the memory a profile records with memory=True"),
+    ({"sort": "device"}, "sort='device' needs device time, and this profile has none (it ran on the CPU, or its trace "
+                         "has no kernels): use sort='self' or sort='cpu'"),
+    ({"sort": "gpu"}, "sort='device' needs device time"),  # read as profile() reads it
+    ({"sort": "device_total_us"}, "sort='device_total_us' needs device time"),
+    ({"group": "source"}, "group='source' needs the source lines a profile records with stack=True, and this one was "
+                          "made without it"),
+])
+def test_result_tables_refuse_what_the_profile_did_not_record_as_profile_does(tables, kind, kwargs, said):
+    """A user trial: table(sort="memory") without memory=True and sort="device" on a CPU profile came back in
+    first-seen order (all zeros), group="source" without stack=True as one row named 'aten::fill_, aten::mul_,
+    aten::sqrt'; profile(), load_trace() and the CLI refuse the same options."""
+    result = tables[kind]
+    with pytest.raises(ProfileError, match="^" + re.escape(said)):
+        result.table(**kwargs)
+    if kind == "multirank":  # one rank of it, the same
+        with pytest.raises(ProfileError, match="^" + re.escape(said)):
+            result.table(rank=0, **kwargs)
+
+
+def test_result_tables_take_what_the_profile_recorded():
+    with nbaccel.profile(memory=True) as mem:
+        torch.ones(64, 64) @ torch.ones(64, 64)
+    memory = mem.result.table(sort="memory")
+    assert list(memory["self_memory_bytes"]) == sorted(memory["self_memory_bytes"], reverse=True)
+    with nbaccel.profile(stack=True) as stacked:
+        torch.ones(4, 4) @ torch.ones(4, 4)
+    assert len(stacked.result.table(group="source")) >= 1
