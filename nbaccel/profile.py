@@ -165,7 +165,9 @@ class profile:  # noqa: N801 - a context manager used like a function: `with nba
         check_options(self.options)  # what needs no machine fails here; the rest when the block starts
         if self.options.trace:
             _warn_if_shared_trace(self.options.trace)
-        self.result: ProfileResult | None = None
+        self._result: ProfileResult | None = None
+        # "ready" (made), "recording" (in the block), "done" (.result made) or "discarded" (the block raised)
+        self._state = "ready"
         self.steps_done = 0
         self._prof = None
         # What a started profile must undo, each cleared once undone (`_stop` runs again after an interrupt):
@@ -217,7 +219,7 @@ class profile:  # noqa: N801 - a context manager used like a function: `with nba
         opts = self.options
         self.check()
         # Each `with` is a profile of its own: a second use of the object counted on from the first's steps.
-        self.steps_done, self._own_failure, self.result, self._entered = 0, None, None, False
+        self.steps_done, self._own_failure, self._result, self._entered = 0, None, None, False
         # What the trace folder holds and lacks as the profile starts, not after the code ran: under
         # torchrun the other ranks write their files into the same folder meanwhile, and they are not
         # earlier runs (nor is which rank "created the folder" worth a race). Read before the lock is
@@ -234,7 +236,50 @@ class profile:  # noqa: N801 - a context manager used like a function: `with nba
             self._stop(*sys.exc_info())  # what was started, and the lock
             raise
         self._entered = True
+        self._state = "recording"
         return self
+
+    @property
+    def result(self) -> ProfileResult:
+        """The `ProfileResult`, made when the ``with`` block ends.
+
+        Before that it was a silent None (a user trial read ``prof.result`` inside the block and got
+        ``'NoneType' object has no attribute 'ops'``); now an AttributeError says when it comes."""
+        if self._result is not None:
+            return self._result
+        if self._state == "recording":
+            why = "the profile is still recording: read prof.result after the with block ends"
+        elif self._state == "discarded":
+            why = ("its with block raised (the profiled code raised or was interrupted, or .step() was called too "
+                   "few times), so the partial profile was discarded: run the block again")
+        else:
+            why = ("this profile has not run yet: use it as `with nbaccel.profile(...) as prof:` and read prof.result "
+                   "after the block")
+        raise AttributeError(f"nbaccel.profile has no .result yet: {why}")
+
+    @result.setter
+    def result(self, value: ProfileResult) -> None:
+        self._result = value
+
+    def __repr__(self) -> str:
+        """Its state and where the result is, as MemoryBudget's repr says (printed, it was the default
+        ``<nbaccel.profile.profile object at 0x...>``)."""
+        opts = self.options
+        device = getattr(self, "device", None) or opts.device
+        steps = f"{opts.steps} step{'s' if opts.steps != 1 else ''}" + (f" after {opts.warmup} warmup" if opts.warmup
+                                                                          else "")
+        what = f"{device}, {steps}" + "".join(f", {flag}" for flag in ("memory", "shapes", "stack")
+                                              if getattr(opts, flag) is True)
+        if self._result is not None:
+            return (f"<nbaccel.profile done ({what}): .result holds the ProfileResult, "
+                    f"{self._result.op_count} op events>")
+        if self._state == "recording":
+            calls = f", {self.steps_done} of {opts.warmup + opts.steps} .step() calls so far" if opts.scheduled else ""
+            return (f"<nbaccel.profile recording ({what}){calls}: .result holds the ProfileResult when the with "
+                    "block ends>")
+        if self._state == "discarded":
+            return f"<nbaccel.profile discarded ({what}): its with block raised, so there is no .result>"
+        return f"<nbaccel.profile ready ({what}): use it in a with block; .result holds the ProfileResult after it>"
 
     def _start(self, opts: ProfileOptions) -> None:
         activities = [torch.profiler.ProfilerActivity.CPU]
@@ -408,6 +453,7 @@ class profile:  # noqa: N801 - a context manager used like a function: `with nba
         say so as `__exit__` would. Nothing when `__exit__` ran (the code's own interrupt, or one later)."""
         if not self._left_to_stop():
             return
+        self._state = "discarded"
         self._stop(type(interrupt), interrupt, interrupt.__traceback__)
         if not self._entered:  # in __enter__, which said so
             return
@@ -417,6 +463,7 @@ class profile:  # noqa: N801 - a context manager used like a function: `with nba
         self._say_interrupted("while the profiler stopped", code)
 
     def __exit__(self, exc_type, exc, tb) -> bool:
+        self._state = "discarded"  # until a result is made below
         try:
             self._stop(exc_type, exc, tb)
         except Exception:
@@ -455,6 +502,7 @@ class profile:  # noqa: N801 - a context manager used like a function: `with nba
                                f"calls to .step(); got {self.steps_done}, {done}")
         try:
             self.result = self._build()
+            self._state = "done"
         except KeyboardInterrupt:
             self._say_interrupted("while nbaccel read the profile")
             raise

@@ -1212,3 +1212,31 @@ def test_profile_under_fp16_on_a_cpu_without_amx_fp16_says_so(run_cell, ip, monk
     line = next(a for a in ip.user_ns["prof"].advice if "AMX-FP16" in a)
     assert re.search(r"which gain little over fp32; oneDNN's fp16 convolution backward takes a far slower path than "
                      r"fp32's \(here aten::convolution_backward \d+% of CPU time\)\. It has AMX-BF16", line), line
+
+
+def test_the_profile_object_says_its_state_and_where_the_result_is():
+    """A user trial: printing nbaccel.profile(...) gave the default object repr, and prof.result was a
+    silent None before and inside the with block ('NoneType' object has no attribute 'ops')."""
+    prof = nbaccel.profile(device="cpu", warmup=1, steps=2, memory=True)
+    assert repr(prof) == ("<nbaccel.profile ready (cpu, 2 steps after 1 warmup, memory): use it in a with block; "
+                          ".result holds the ProfileResult after it>")
+    with pytest.raises(AttributeError, match=r"no \.result yet: this profile has not run yet: use it as `with"):
+        prof.result  # noqa: B018
+    with prof:
+        torch.ones(4).sum()
+        prof.step()
+        assert repr(prof) == ("<nbaccel.profile recording (cpu, 2 steps after 1 warmup, memory), 1 of 3 .step() calls "
+                              "so far: .result holds the ProfileResult when the with block ends>")
+        with pytest.raises(AttributeError, match=r"still recording: read prof\.result after the with block ends"):
+            prof.result  # noqa: B018
+        for _ in range(2):
+            torch.ones(4).sum()
+            prof.step()
+    assert repr(prof).startswith("<nbaccel.profile done (cpu, 2 steps after 1 warmup, memory): .result holds the "
+                                 "ProfileResult, ") and isinstance(prof.result, nbaccel.ProfileResult)
+    with pytest.raises(ValueError):
+        with prof:  # a second use that raises leaves no result of the first behind
+            raise ValueError("boom")
+    assert "discarded" in repr(prof) and not hasattr(prof, "result")
+    with pytest.raises(AttributeError, match=r"its with block raised .* run the block again"):
+        prof.result  # noqa: B018
