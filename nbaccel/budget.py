@@ -265,7 +265,9 @@ class CellRecord:
     status: str  # ok | near | over | already near | already over | error | oom (see `verdict`)
     error: str | None = None
     method: str = ""
-    harness: str | None = None  # "%%amp" / "compare_amp": the peak is of its comparison runs, not one plain run
+    # "%%amp" / "compare_amp": the peak is of its comparison runs, not one plain run; "%%profile_gpu" /
+    # "nbaccel.profile": it includes the profiler's recorded events
+    harness: str | None = None
     harness_bytes: int = 0  # the host snapshot that comparison held (process memory: counted by a CPU budget)
     after_bytes: int | None = None  # usage when the cell ended (CUDA reserved / CPU RSS); None: not read
 
@@ -308,6 +310,11 @@ def verdict(before: int, added: int, budget: int, near: float) -> str:
 
 def harness_words(record: CellRecord, device: str) -> str:
     """Why a cell measured under a comparison is reported, not failed: its peak is nbaccel's."""
+    from .profile import PROFILE_API, PROFILE_MAGIC
+    from .profile import harness_words as profiler_words
+
+    if record.harness in (PROFILE_MAGIC, PROFILE_API):  # the profiler's recorded events, not a comparison's runs
+        return profiler_words(record.harness)
     snapshot = (f" beside its {format_bytes(record.harness_bytes)} host snapshot of your state"
                 if record.harness_bytes and not device.startswith("cuda") else "")
     return (f"the cell ran under {record.harness}, so this is the peak of its fp32 and reduced-precision runs"
