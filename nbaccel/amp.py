@@ -499,6 +499,13 @@ def compare_amp(
                      max_snapshot_fraction=max_snapshot_fraction, on_cell_error=on_cell_error)
     if state and not isinstance(state, (list, tuple)):
         state = (state,)  # one object (state=model) is what was meant
+    if isinstance(device, int) and not isinstance(device, bool):
+        # A trial's compare_amp(fn, "bf16", 3) meant repeat=3 and was told "device='3' was asked for, but this
+        # torch sees no CUDA GPU" (torch reads an int as a CUDA index). nbaccel's devices are named: a number here
+        # is a misplaced count far more often than a GPU.
+        raise DeviceError(f"device={device}: compare_amp's third argument is the device; pass repeat={device} (or "
+                          f"warmup={device}) by keyword, e.g. compare_amp(fn, {dtype!r}, repeat={device}); for a GPU, "
+                          f"name it: device='cuda:{device}'")
     dev = resolve_device(device)
     info = device_info(dev)
     if dtype_name(dtype) == FP32:

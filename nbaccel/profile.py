@@ -173,6 +173,11 @@ class profile:  # noqa: N801 - a context manager used like a function: `with nba
                  shapes: bool = False, stack: bool = False, warmup: int = 0, steps: int = 1,
                  trace: str | None = None, amp: str | None = None, options: ProfileOptions | None = None,
                  contention_meter: ContentionMeter | None = None):
+        if isinstance(device, int) and not isinstance(device, bool) and options is None:
+            # profile(10) meant top=10 (a trial) and was "unknown device '10'": the device is the one positional.
+            raise ProfileError(f"device={device}: the device is profile()'s only positional argument; pass top={device} "
+                               f"(or steps={device}) by keyword, e.g. nbaccel.profile(top={device}); for a GPU, name "
+                               f"it: device='cuda:{device}'")
         self.options = options or ProfileOptions(top=top, sort=sort, memory=memory, shapes=shapes, stack=stack,
                                                  warmup=warmup, steps=steps, trace=trace, amp=amp,
                                                  device=str(device))

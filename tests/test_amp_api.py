@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import random
+import re
 import threading
 
 import numpy as np
@@ -2349,3 +2350,19 @@ def test_a_ratio_beyond_what_the_measured_contention_can_cause_is_not_hedged():
     # others leaving under a quarter of a core free: any slowdown is possible
     swamped = Contention(cores=2, threads=2, wall_s={"fp32": 1.0, "fp16": 1.0}, others_s={"fp32": 1.9, "fp16": 1.9})
     assert swamped.slowdown_bound("fp16") is None and not dataclasses.replace(res, contention=swamped).beyond_contention
+
+
+def test_a_count_in_the_device_place_names_the_keyword_it_meant():
+    """A trial: compare_amp(fn, "bf16", 3) meant repeat=3 and said "device='3' was asked for, but this torch ...
+    sees no CUDA GPU"; profile(10) meant top=10 and said "unknown device '10'"."""
+    from nbaccel import DeviceError, ProfileError
+
+    ran = []
+    with pytest.raises(DeviceError, match=re.escape("device=3: compare_amp's third argument is the device; pass "
+                                                    "repeat=3 (or warmup=3) by keyword, e.g. compare_amp(fn, 'bf16', "
+                                                    "repeat=3); for a GPU, name it: device='cuda:3'")):
+        nbaccel.compare_amp(lambda: ran.append(1), "bf16", 3)
+    assert not ran
+    with pytest.raises(ProfileError, match=re.escape("device=10: the device is profile()'s only positional argument; "
+                                                     "pass top=10 (or steps=10) by keyword")):
+        nbaccel.profile(10)
