@@ -77,6 +77,14 @@ def trace_warnings_said(say):
                 warnings.warn_explicit(w.message, w.category, w.filename, w.lineno, source=w.source)
 
 
+# The slowest rank is named the straggler only when its step time is at least this much over the median
+# of the other ranks. Below it the ranks' step times differ by what runs of one step differ by: a trial's
+# two-rank CPU traces named "slowest rank: 1 -- +0.9% (164 us)", which a re-run can reverse. 5% is half of
+# the spread that nbaccel's timing already calls noisy (timing.NOISE_THRESHOLD, 10% IQR/median), and a
+# straggler worth chasing in a synchronous job costs every rank its excess per step, so it is larger.
+STRAGGLER_MIN_EXCESS = 0.05
+
+
 class RankNotFound(TraceError, LookupError):
     """``MultiRankResult.table(rank=N)`` for a rank the result does not hold. A TraceError as
     ``load_trace(rank=N)``'s is, and a LookupError as the KeyError it once was (whose message
@@ -525,12 +533,18 @@ class MultiRankResult(ResultMixin):
         others = pr.drop(index=i)
         median = float(others["step_time_us"].median()) if len(others) else float(slow["step_time_us"])
         fastest = pr.loc[int(pr["step_time_us"].idxmin())]
+        excess = (float(slow["step_time_us"]) / median - 1) if median > 0 else None
         return {
             "rank": int(slow["rank"]),
             "step_time_us": float(slow["step_time_us"]),
             "others_median_us": median,
             "excess_us": float(slow["step_time_us"]) - median,
-            "excess_fraction": (float(slow["step_time_us"]) / median - 1) if median > 0 else None,
+            "excess_fraction": excess,
+            # Whether the slowest rank is slow enough to be called the straggler (`STRAGGLER_MIN_EXCESS`).
+            "named": excess is not None and excess >= STRAGGLER_MIN_EXCESS,
+            # (slowest - fastest) / fastest: "the ranks are within X% of each other" when none is named
+            "spread_fraction": (float(slow["step_time_us"]) / float(fastest["step_time_us"]) - 1)
+            if float(fastest["step_time_us"]) > 0 else None,
             "fastest_rank": int(fastest["rank"]),
             "fastest_step_time_us": float(fastest["step_time_us"]),
             "most_compute_rank": _rank_of_extreme(pr, "compute_us", largest=True),

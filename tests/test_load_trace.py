@@ -947,3 +947,32 @@ def test_the_method_line_gives_a_quick_load_its_digits():
     result = nbaccel.load_trace("tests/data/h200_bf16_transformer_step.json.gz")
     result.loaded["load_seconds"] = 0.0123
     assert "events, 12.3 ms). Wall time" in unfolded(str(result))
+
+
+def _cpu_job(folder: Path, step_us: list[float]) -> MultiRankResult:
+    for rank, dur in enumerate(step_us):
+        events = [{"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#0", "pid": 1, "tid": 1, "ts": 0,
+                   "dur": dur},
+                  {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 1, "tid": 1, "ts": 1, "dur": dur - 2}]
+        (folder / f"rank-{rank}.json").write_text(json.dumps({"traceEvents": events}))
+    return load_trace(folder)
+
+
+def test_ranks_within_a_few_percent_name_no_straggler(tmp_path):
+    """A user trial: two CPU ranks 0.9% (164 us) apart read "slowest rank: 1 -- ... +0.9% over the median of
+    the other ranks", which a re-run can reverse. Under 5% (trace_result.STRAGGLER_MIN_EXCESS) no rank is named."""
+    from nbaccel.render import multirank as render_multirank
+
+    (tmp_path / "close").mkdir()
+    close = _cpu_job(tmp_path / "close", [18_000.0, 18_164.0])
+    assert close.straggler["rank"] == 1 and not close.straggler["named"]
+    text = unfolded(str(close))
+    assert "slowest rank" not in text and "(slowest)" not in render_multirank.html(close)
+    assert re.search(r"no straggler: the ranks' step times are within 0\.9% of each other \(18 ms to 18\.2 ms\); "
+                     r"the slowest, rank 1, is \+0\.9% over the median of the others, under the 5% that names a "
+                     r"straggler", text), text
+    (tmp_path / "apart").mkdir()
+    apart = _cpu_job(tmp_path / "apart", [18_000.0, 19_800.0])  # 10%: named, as before
+    assert apart.straggler["named"]
+    assert re.search(r"slowest rank: 1 -- step time .*\+10\.0%", unfolded(str(apart)))
+    assert "(slowest)" in render_multirank.html(apart)

@@ -12,6 +12,7 @@ import os
 
 from . import profile as single
 from ..timing import format_seconds
+from ..trace_result import STRAGGLER_MIN_EXCESS
 from .common import bar, bullet_list, esc, labelled, prose, table, text_table, wrap
 
 _SPLIT = (("compute_pct", "compute", "#4a90d9"), ("communication_pct", "communication", "#d98c4a"),
@@ -33,14 +34,25 @@ def straggler_lines(result) -> list[str]:
     s = result.straggler
     t = single._time
     excess = f"+{s['excess_fraction']:.1%}" if s["excess_fraction"] is not None else "n/a"
-    lines = [f"slowest rank: {s['rank']} -- step time {t(s['step_time_us'])}, {excess} ({t(s['excess_us'])}) over "
-             f"the median of the other ranks ({t(s['others_median_us'])}); fastest: rank {s['fastest_rank']} "
-             f"({t(s['fastest_step_time_us'])})"]
+    if s["named"]:
+        lines = [f"slowest rank: {s['rank']} -- step time {t(s['step_time_us'])}, {excess} ({t(s['excess_us'])}) "
+                 f"over the median of the other ranks ({t(s['others_median_us'])}); fastest: rank "
+                 f"{s['fastest_rank']} ({t(s['fastest_step_time_us'])})"]
+    else:
+        # Naming a rank for a difference a re-run can reverse sent a trial chasing noise (a CPU trace's "+0.9%
+        # (164 us)"); trace_result.STRAGGLER_MIN_EXCESS says why 5%.
+        spread = f"{s['spread_fraction']:.1%}" if s["spread_fraction"] is not None else "n/a"
+        lines = [f"no straggler: the ranks' step times are within {spread} of each other "
+                 f"({t(s['fastest_step_time_us'])} to {t(s['step_time_us'])}); the slowest, rank {s['rank']}, is "
+                 f"{excess} over the median of the others, under the {STRAGGLER_MIN_EXCESS:.0%} that names a straggler"]
     if not result.on_device:
         lines.append("no device activity in these traces, so the compute / communication / idle split (of device "
                      "time) is empty; step times are from the CPU timeline")
     elif s["most_compute_rank"] is None:
         lines.append("every rank has the same compute time")
+    elif not s["named"]:  # a synchronous job's collectives even out step times: compute can still tell
+        lines.append(f"rank {s['most_compute_rank']} has the most compute time: in a synchronous job the others wait "
+                     "for it in their communication kernels, which evens out the step times")
     elif s["most_compute_rank"] != s["rank"]:
         lines.append(f"rank {s['most_compute_rank']} has the most compute time: in a synchronous job the others wait "
                      "for it in their communication kernels, so it may be the real straggler")
@@ -110,7 +122,7 @@ def _split_bar(row) -> str:
 
 def ranks_html(result) -> str:
     rows = rank_rows(result)
-    slow = result.straggler["rank"]
+    slow = result.straggler["rank"] if result.straggler["named"] else None  # no "(slowest)" for noise
     longest = float(result.per_rank["step_time_us"].max()) or 1.0
     body = []
     for row, r in zip(rows, result.per_rank.itertuples()):
