@@ -38,10 +38,20 @@ class EagerWhileActive:
             raise
 
     def __exit__(self, *exc):
+        depth = torch._C._len_torch_dispatch_stack()
         try:
             return super().__exit__(*exc)
         finally:
-            self._eager_stances.pop().__exit__(None, None, None)
+            # Only once the mode is off the stack: a Ctrl-C at the first line of torch's __exit__ leaves it
+            # on, and OpAudit exits it again (a second pop here emptied the list: IndexError for the Ctrl-C)
+            if torch._C._len_torch_dispatch_stack() < depth:
+                self.leave_eager_stance()
+
+    def leave_eager_stance(self) -> None:
+        """Put dynamo's stance back, once per enter: for a mode taken off the stack another way (`_pop_mode`)."""
+        stances = self.__dict__.get("_eager_stances")
+        if stances:
+            stances.pop().__exit__(None, None, None)
 
 
 __all__ = ["EagerWhileActive"]

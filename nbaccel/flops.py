@@ -217,6 +217,7 @@ class OpAudit(EagerWhileActive, TorchDispatchMode):
                 super().__exit__(*exc)
             elif torch._C._len_torch_dispatch_stack() == depth:  # the flags put back, the mode still on
                 _pop_mode()
+                self.leave_eager_stance()
             raise
         finally:
             self._depth -= 1

@@ -727,7 +727,8 @@ def profile_function(fn: Callable[[], object], options: ProfileOptions | None = 
                     quiet = hidden() if hidden is not None and i < runs - 1 else contextlib.nullcontext()
                     with quiet:
                         value = code()
-                    prof.step()
+                    if options.scheduled:  # one unscheduled step ends in the block's exit, where a Ctrl-C is said as such
+                        prof.step()
             except BaseException as exc:  # a Ctrl-C between runs, in the hiding: the profile must not blame fn
                 if not any(exc is e for e in raised):
                     prof._own_failure = exc

@@ -248,6 +248,10 @@ def test_a_ctrl_c_as_the_op_audit_ends_leaves_no_dispatch_mode_on(run_cell, x, f
     from torch.utils import _python_dispatch
 
     assert not _python_dispatch._is_in_torch_dispatch_mode  # torch's own flag, put back with the mode
+    # and dynamo's stance, which the audit sets to force_eager while it is on (nbaccel.eager_modes)
+    from torch._dynamo.eval_frame import _stance
+
+    assert _stance.stance == "default"
 
 
 def test_a_mode_a_failed_body_left_on_the_stack_is_exited_by_the_recipe():
@@ -262,6 +266,9 @@ def test_a_mode_a_failed_body_left_on_the_stack_is_exited_by_the_recipe():
         raise RuntimeError("the body failed")
     assert torch._C._len_torch_dispatch_stack() == 0
     assert audit._depth == 0
+    from torch._dynamo.eval_frame import _stance
+
+    assert _stance.stance == "default" and not audit._eager_stances
 
 
 # --- hidden runs (nbaccel.quiet) ---------------------------------------------------------------------
