@@ -12,6 +12,8 @@
    on a copy with nothing computed yet (median of REPEAT builds: the tables, header and figures
    it shows are computed inside the timing, as on a first display). Beside it: recording that
    profile plus its text and HTML display, end to end.
+3. The time ``%%profile_gpu --compare`` adds: `nbaccel.compare_profiles` of two such profiles
+   (nothing computed yet) and the comparison's text and HTML (median of REPEAT).
 
 Run: python benchmarks/bench_profile.py  [NBACCEL_BENCH_REPEAT=N]
 """
@@ -214,7 +216,27 @@ def widget_build():
     print(f"widget from a profile of {result.op_count:,} op events: median {statistics.median(times) * 1e3:.0f} ms "
           f"(min {min(times) * 1e3:.0f}, max {max(times) * 1e3:.0f}) over {REPEAT} builds; "
           f"recording that profile + analysis + text and HTML took {analysed * 1e3:.0f} ms")
-    return statistics.median(times), result.op_count
+    return statistics.median(times), result.op_count, result
+
+
+def comparison_build(result):
+    from nbaccel.render import profile_compare as render_compare
+
+    with profile(options=ProfileOptions(device="cpu")) as other:
+        t = torch.ones(8)
+        for _ in range(770):
+            t = (t + 2).mul_(0.25).relu_().neg_()
+    times = []
+    for _ in range(REPEAT):
+        before, after = (dataclasses.replace(r, _grouped={}) for r in (result, other.result))
+        t0 = time.perf_counter()
+        comparison = nbaccel.compare_profiles(before, after)
+        render_compare.text(comparison)
+        render_compare.html(comparison)
+        times.append(time.perf_counter() - t0)
+    print(f"--compare of two profiles of {result.op_count:,} / {other.result.op_count:,} op events (grouping both, "
+          f"comparing, text + HTML): median {statistics.median(times) * 1e3:.0f} ms (min {min(times) * 1e3:.0f}, "
+          f"max {max(times) * 1e3:.0f}) over {REPEAT}")
 
 
 def main():
@@ -229,7 +251,8 @@ def main():
     # where the ratio is heading for real training steps.
     ratios["mlp 4096 wide, batch 512"] = overhead("MLP step, 4096 wide, batch 512", make_step(4096, 512))
     cuda_proxy()
-    seconds, n = widget_build()
+    seconds, n, result = widget_build()
+    comparison_build(result)
     ok = ratios["mlp 1024 wide, batch 256"] <= 1.15 and seconds < 0.5
     print(f"targets: ratio <= 1.15x on the 1024-wide step, widget < 0.5 s: {'met' if ok else 'NOT met'}")
     return 0
