@@ -260,9 +260,12 @@ def _several() -> str:
             if in_magic() else "optimizer=[SparseAdam(the embeddings' parameters), Adam(the rest)]")
 
 
-def _probe(model, optimizer, example, batches, device, amp_dtype, loss_fn, name: str = "model", plan=None) -> dict:
+def _probe(model, optimizer, example, batches, device, amp_dtype, loss_fn, name: str = "model", plan=None,
+           targets=None) -> dict:
     """Dry runs of a training step on a copy of the model: activations per batch, step temporaries.
-    ``plan``: `model_states.optimizer_plan` (default ``optimizer`` over every trainable parameter)."""
+    ``plan``: `model_states.optimizer_plan` (default ``optimizer`` over every trainable parameter).
+    ``targets``: what a ``loss_fn(output, batch)`` gets as ``batch`` (cut to the probe rows like ``example``),
+    instead of the model's inputs: the model is called with ``example`` alone, so labels cannot ride in it."""
     replica = copy.deepcopy(model).to(device)
     replica.train()
     for p in replica.parameters():
@@ -277,8 +280,14 @@ def _probe(model, optimizer, example, batches, device, amp_dtype, loss_fn, name:
             out = replica(*inputs)
             if meter:
                 heads.append(_head_shape(out))
-            single = example is None or isinstance(example, torch.Tensor)
-            loss = loss_fn(out, inputs[0] if single else inputs) if takes_batch else loss_fn(out)
+            if targets is not None:
+                given = _example_batch(replica, targets, b, device, name)
+                loss = loss_fn(out, given[0] if isinstance(targets, torch.Tensor) else given)
+            elif takes_batch:
+                single = example is None or isinstance(example, torch.Tensor)
+                loss = loss_fn(out, inputs[0] if single else inputs)
+            else:
+                loss = loss_fn(out)
             del out  # not held through the backward by this function (the real step's loss holds what it needs)
         # The forward's peak, and what it leaves alive for the backward: the activations (tensors saved
         # by autograd, the input batch, the loss; under autocast also the 16-bit copies of the weights).
@@ -467,12 +476,12 @@ def _layer_misfit(layer: torch.nn.Module, t: torch.Tensor) -> bool:
     return False
 
 
-def _dry_run(model, optimizer, example, batches, device, amp_dtype, loss_fn, name, plan=None):
+def _dry_run(model, optimizer, example, batches, device, amp_dtype, loss_fn, name, plan=None, targets=None):
     """`_probe`, with a failure of the model on the probe input said as such: the user's error (e.g. a
     shape mismatch) shows the probe batch, not the batch they asked for, which is confusing alone.
     An `EstimateError` (docs/api.md: the estimate could not use the model's input), chained from the model's."""
     try:
-        return _probe(model, optimizer, example, batches, device, amp_dtype, loss_fn, name, plan)
+        return _probe(model, optimizer, example, batches, device, amp_dtype, loss_fn, name, plan, targets)
     except (RuntimeError, ValueError, TypeError, IndexError, KeyError, AssertionError) as exc:
         from .oom import is_oom
 

@@ -334,7 +334,7 @@ def _own_precision(params: list) -> str:
 
 def estimate_memory(model: torch.nn.Module, optimizer="adamw", batch: int = 32, example=None, budget=None,
                     device="auto", probe_batches=None, amp_dtype="auto", loss_fn=None, name: str = "model",
-                    gpu_counts=GPU_COUNTS) -> MemoryEstimate:
+                    gpu_counts=GPU_COUNTS, targets=None) -> MemoryEstimate:
     """Predict a training step's peak memory for ``model`` at ``batch``, in fp32 and under autocast.
 
     ``example``: a batch (tensor or tuple, first dimension = batch) to build probe inputs from;
@@ -342,7 +342,9 @@ def estimate_memory(model: torch.nn.Module, optimizer="adamw", batch: int = 32, 
     ``memory_budget``'s; it may exceed this machine: a per-GPU memory); default
     the device's memory. ``device``: where the dry runs execute (a copy of the model goes there).
     ``loss_fn(output) -> scalar``, or ``loss_fn(output, batch)`` (two positional parameters without a default:
-    ``batch`` is the probe batch as the model got it, a tensor or the tuple): default the sum of the first
+    ``batch`` is the probe batch as the model got it, a tensor or the tuple; or ``targets`` cut to the probe's rows
+    when given: a tensor or tuple, first dimension = batch, e.g. the labels a cross-entropy needs, which cannot
+    ride in ``example`` since the model is called with all of it): default the sum of the first
     floating-point output, which keeps no buffer of its own (a cross-entropy keeps ones the logits' size; the
     result says so for an output with a wide last dimension).
     ``probe_batches``: the two dry-run batch sizes (default an eighth and a quarter of ``batch``).
@@ -354,6 +356,7 @@ def estimate_memory(model: torch.nn.Module, optimizer="adamw", batch: int = 32, 
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     _check_arguments(batch, example, probe_batches, amp_dtype, loss_fn, name, gpu_counts)
+    _check_targets(targets, loss_fn)
     if probe_batches is None:
         # An eighth and a quarter of the batch: CPU and GPU kernels change algorithm (and temporaries) with
         # the batch size, so probes far below it extrapolate from another regime (tests/test_estimate.py).
@@ -384,7 +387,7 @@ def estimate_memory(model: torch.nn.Module, optimizer="adamw", batch: int = 32, 
     if dev.type == "cpu":
         state_device, state_host = state_device + state_host, 0
     opt_name = plan_name(plan)
-    loss_words = _loss_words(loss_fn)
+    loss_words = _loss_words(loss_fn, targets)
     own_loss, loss_fn = loss_fn is not None, loss_fn or _default_loss
     if amp_dtype == "auto":
         amp = torch.bfloat16 if (dev.type == "cpu" or info.supports_bf16) else torch.float16
@@ -393,7 +396,7 @@ def estimate_memory(model: torch.nn.Module, optimizer="adamw", batch: int = 32, 
     probe_batches = list(probe_batches)
     fits, states_measured, heads = {}, None, None
     for label, dtype in ((_own_precision(params), None), (f"{DTYPE_NAMES[amp]} AMP", amp)):
-        probe = _dry_run(model, optimizer, example, probe_batches, dev, dtype, loss_fn, name, plan)
+        probe = _dry_run(model, optimizer, example, probe_batches, dev, dtype, loss_fn, name, plan, targets)
         allocated = None if dev.type == "cuda" else probe["allocated"]
         # Sparse gradients are measured (their rows), the dense ones exact arithmetic.
         dense_grads = sum(p.numel() * p.element_size() for i, p in enumerate(params)
@@ -433,17 +436,38 @@ def estimate_memory(model: torch.nn.Module, optimizer="adamw", batch: int = 32, 
 HEAD_CLASSES = 1024
 
 
+def _check_targets(targets, loss_fn) -> None:
+    """``targets`` go to the loss as its second argument: without a loss that takes two they would go nowhere."""
+    if targets is None:
+        return
+    tensors = targets if isinstance(targets, (tuple, list)) else (targets,)
+    if not tensors or not all(isinstance(t, torch.Tensor) and t.dim() > 0 for t in tensors):
+        raise TypeError(f"{_target_option()} takes a tensor (or a tuple of tensors) whose first dimension is the "
+                        f"batch, got {type(targets).__name__}")
+    from .dry_run import loss_takes_batch
+
+    if loss_fn is None or not loss_takes_batch(loss_fn):
+        raise ValueError(f"{_target_option()} is the loss's second argument: pass a loss that takes (output, "
+                         f"targets) with {_loss_option()}, e.g. def loss(output, y): return F.cross_entropy(output, y)")
+
+
+def _target_option() -> str:
+    return "--target NAME" if in_magic() else "targets="
+
+
 def _loss_option() -> str:
     return "--loss NAME (a function in the namespace)" if in_magic() else "loss_fn="
 
 
-def _loss_words(loss_fn) -> str:
+def _loss_words(loss_fn, targets=None) -> str:
     """The loss the dry run used, as the method line says it."""
     from .dry_run import DEFAULT_LOSS, loss_takes_batch
 
     if loss_fn is None:
         return f"{DEFAULT_LOSS}, nbaccel's default; pass the real one with {_loss_option()}"
     called = "loss_fn(output, batch)" if loss_takes_batch(loss_fn) else "loss_fn(output)"
+    if targets is not None:
+        called = f"loss_fn(output, targets) ({_target_option()} cut to the probe's rows)"
     return f"{getattr(loss_fn, '__name__', type(loss_fn).__name__)}, called as {called}"
 
 

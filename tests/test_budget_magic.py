@@ -863,6 +863,28 @@ def test_estimate_takes_the_loss_from_the_namespace(ip, run_cell):
             ip.run_line_magic("memory_budget", line)
 
 
+def test_estimate_takes_the_targets_apart_from_the_input(ip, run_cell):
+    """A review: loss_fn(output, batch) got the model's own inputs, so a classifier's labels had nowhere to go
+    (example=(x, y) called the model with both). --target / targets= hand them to the loss alone."""
+    run_cell("import torch\nimport torch.nn.functional as F\ntorch.manual_seed(0)\n"
+             "clf = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 2000))\n"
+             "x = torch.randn(64, 32)\ny = torch.randint(0, 2000, (64,))\n"
+             "def ce(out, labels):\n    return F.cross_entropy(out, labels)\ndef total(out):\n    return out.sum()")
+    run_cell("%memory_budget --model clf --batch 2048 --input x --loss ce --target y -q -r real")
+    run_cell("%memory_budget --model clf --batch 2048 --input x -q -r default")
+    real, default = ip.user_ns["real"], ip.user_ns["default"]
+    assert "loss: ce, called as loss_fn(output, targets) (--target NAME cut to the probe's rows)" in real.method
+    logits = 2048 * 2000 * 4  # the cross-entropy keeps its log_softmax, the logits' size, and the sum does not
+    assert real.single("fp32")["total"] - default.single("fp32")["total"] >= logits
+    for line, says in (("--model clf --batch 64 --input x --target y", "--target NAME is the loss's second argument"),
+                       ("--model clf --batch 64 --input x --loss total --target y",
+                        "--target NAME is the loss's second argument"),
+                       ("--model clf --batch 64 --input x --loss ce --target nothing", "--target 'nothing' names "),
+                       ("6GiB --target y", "--target goes with --model")):
+        with pytest.raises(UsageError, match=re.escape(says)):
+            ip.run_line_magic("memory_budget", line)
+
+
 def test_input_takes_a_variable_name_not_an_expression(ip, run_cell):
     """A user trial: --input (x, off) failed with argparse's "unrecognized arguments: off)"."""
     run_cell("import torch\nmodel = torch.nn.Linear(4, 4)\nx = torch.randn(8, 4)\noff = torch.zeros(8)")

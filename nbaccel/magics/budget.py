@@ -40,7 +40,8 @@ from .common import check_name, help_option, history_name, parse_line, split_lin
 _NEGATIVE = re.compile(r"^-\.?[0-9]")
 # Options that take a value: a negative number after one of them is that option's value (--near -0.5),
 # not a negative budget.
-_VALUE_OPTIONS = {"--device", "--near", "--model", "--optimizer", "--batch", "--input", "--loss", "-r", "--result"}
+_VALUE_OPTIONS = {"--device", "--near", "--model", "--optimizer", "--batch", "--input", "--loss", "--target", "-r",
+                  "--result"}
 # Options a user may expect that mean something else here, said instead of the closest spelling.
 # "--estimate" (a user trial) read "did you mean --strict?": the estimate is asked for with --model.
 OPTION_MEANINGS = dict.fromkeys(
@@ -104,6 +105,9 @@ class BudgetMagics(Magics):
               help="for --model: the loss function in the namespace, called as NAME(output) or NAME(output, batch) "
                    "(batch: the --input rows of the dry run); default the output's sum, which keeps no buffer "
                    "(a cross-entropy over a vocabulary keeps ones the logits' size)")
+    @argument("--target", default=None, metavar="NAME",
+              help="for --loss: the targets (e.g. labels; first dim = batch), passed as NAME(output, targets) "
+                   "cut to the dry run's rows: the model gets --input alone")
     @argument("-r", "--result", default=None, metavar="NAME", help="store the result (status or estimate) here")
     @argument("-q", "--quiet", action="store_true", help="do not display the status or estimate")
     @line_magic
@@ -155,7 +159,8 @@ class BudgetMagics(Magics):
             return self._estimate_cmd(args)
         near = NEAR if args.near is None else args.near
         for_model = [name for name, value in (("--optimizer", args.optimizer), ("--batch", args.batch),
-                                              ("--input", args.input), ("--loss", args.loss))
+                                              ("--input", args.input), ("--loss", args.loss),
+                                              ("--target", args.target))
                     if value is not None]
         if for_model:  # silently watching a budget instead of the prediction asked for would mislead
             raise UsageError(f"{_go(for_model)} with --model: "
@@ -273,6 +278,7 @@ class BudgetMagics(Magics):
         if loss_fn is not None and not callable(loss_fn):
             raise UsageError(f"--loss {args.loss} is a {type(loss_fn).__name__}, not a function: define "
                              "def loss(output, batch): return F.cross_entropy(...) and pass --loss loss")
+        targets = self._lookup(args.target, "--target") if args.target else None
         device = self._device(args.device)
         # A per-GPU memory to compare with (it may be larger than anything in this machine): estimate_memory
         # reads it like the API does; without one, the active budget.
@@ -281,7 +287,7 @@ class BudgetMagics(Magics):
             budget = f"{self.watcher.budget}B"
         try:
             result = estimate_memory(model, optimizer=optimizer, batch=args.batch, example=example, budget=budget,
-                                     device=device, name=args.model, loss_fn=loss_fn)
+                                     device=device, name=args.model, loss_fn=loss_fn, targets=targets)
         except (ValueError, TypeError) as exc:
             raise UsageError(str(exc)) from None
         if args.budget is None and self.watcher is not None:
@@ -526,10 +532,10 @@ class BudgetMagics(Magics):
 
 
 def _check_names(tokens: list[str]) -> None:
-    """--input, --model and --loss take a variable's name: ``--input (x, off)`` (a trial) read argparse's
+    """--input, --model, --loss and --target take a variable's name: ``--input (x, off)`` (a trial) read argparse's
     "unrecognized arguments: off)"."""
     for i, (previous, token) in enumerate(zip([None] + tokens, tokens)):
-        if previous in ("--input", "--model", "--loss") and not token.isidentifier() and not token.startswith("-"):
+        if previous in ("--input", "--model", "--loss", "--target") and not token.isidentifier() and not token.startswith("-"):
             rest = tokens[i:]
             end = next((j for j, t in enumerate(rest) if t.endswith((")", "]"))), 0)
             typed = " ".join(rest[:end + 1])
