@@ -414,7 +414,7 @@ def estimate_memory(model: torch.nn.Module, optimizer="adamw", batch: int = 32, 
                   "under glibc's default heap is higher by a placement-dependent amount, at most total_no_reuse: "
                   "every byte the step allocates, also fitted linearly)")
     tensors = f"{len(params)} parameter tensors" + (f" and {len(buffers)} buffers" if buffers else "")
-    sparse = " (sparse gradients: measured in the dry run, fitted linearly)" if notes else ""
+    sparse = " (sparse gradients: measured in the dry run, fitted linearly)" if probe["sparse_params"] else ""
     method = (f"params/buffers/grads/optimizer states: exact arithmetic on {tensors}{sparse}; activations "
               "(bytes alive at the end of the forward), the forward's and the backward's peaks: one dry training step "
               f"on a copy of the model at batches {probe_batches[0]} and {probe_batches[1]} on {dev} (by {meter}), "
@@ -502,13 +502,16 @@ def _optimizer_notes(model: torch.nn.Module, plan: list, name: str) -> list[str]
         return notes
     covered = {i for _, held in plan for i in (held or ())}
     named = list(model.named_parameters())
-    left = [(n, p) for i, (n, p) in enumerate(named) if p.requires_grad and i not in covered]
+    trainable = [i for i, (_, p) in enumerate(named) if p.requires_grad]
+    left = [named[i] for i in trainable if i not in covered]
     if left:
         kinds = ", ".join(type(opt).__name__ for opt, _ in plan)
         names = ", ".join(n for n, _ in left[:3]) + (f" and {len(left) - 3} more" if len(left) > 3 else "")
         size = format_bytes(sum(p.numel() * p.element_size() for _, p in left))
         notes.append(f"optimizer: the {kinds} passed update{'s' if len(plan) == 1 else ''} "
-                     f"{len(named) - len(left)} of {name}'s {len(named)} parameter tensors; the other {len(left)} "
+                     # of the trainable ones: a review's frozen first layer was counted as updated
+                     f"{len(trainable) - len(left)} of {name}'s {len(trainable)} trainable parameter tensors; the "
+                     f"other {len(left)} "
                      f"({names}: {size}) get no optimizer state in this estimate (their gradients are counted): "
                      f"pass every optimizer of the step ({_several_option()}) to count theirs")
     return notes

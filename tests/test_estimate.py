@@ -691,13 +691,19 @@ def test_an_optimizer_object_keeps_state_only_for_its_own_parameters():
     emb = 20000 * 64 * 4
     assert est.optimizer == "sparseadam" and est.state_bytes == 2 * emb == est.states_measured
     text = unfolded(str(est))
-    assert ("the SparseAdam passed updates 1 of model's 3 parameter tensors; the other 2 (fc.weight, fc.bias: "
+    assert ("the SparseAdam passed updates 1 of model's 3 trainable parameter tensors; the other 2 (fc.weight, fc.bias: "
             f"{format_bytes((64 * 4 + 4) * 4)}) get no optimizer state in this estimate") in text
     # Both optimizers of the step: each keeps state for its own parameters, as torch allocates it.
     opt = torch.optim.Adam(model.fc.parameters())
     both = estimate_memory(model, optimizer=[opt_sp, opt], batch=16, example=x, device="cpu")
     assert both.optimizer == "sparseadam+adam" and both.state_bytes == 2 * emb + 2 * (64 * 4 + 4) * 4 + 2 * 4
     assert both.state_bytes == both.states_measured and "get no optimizer state" not in str(both)
+    # a review: a frozen parameter was counted among those updated, and every estimate's method line spoke of
+    # sparse gradients once any note was there
+    model.emb.weight.requires_grad_(False)
+    frozen = estimate_memory(model, optimizer=torch.optim.Adam([model.fc.weight]), batch=16, example=x, device="cpu")
+    assert "updates 1 of model's 2 trainable parameter tensors; the other 1 (fc.bias" in unfolded(str(frozen))
+    assert "sparse gradients" not in frozen.method
     with pytest.raises(ValueError, match="holds none of model's parameters"):
         estimate_memory(model, optimizer=torch.optim.SGD(_mlp().parameters(), lr=0.1), batch=16, example=x)
     with pytest.raises(ValueError, match="is in two of the optimizers passed"):
