@@ -153,7 +153,7 @@ def _unfirm_timing(result: AmpResult) -> str | None:
     A slowdown earns the same hedge as a speedup: contention or overlapping IQRs move either way."""
     # contention that cannot explain the ratio (`AmpResult.beyond_contention`) does not make it unfirm
     overlap = result.speedup_uncertain
-    contended = result.contention_warning is not None and not result.beyond_contention
+    contended = result.times_contended
     if not overlap and not contended:
         return None
     why = " and ".join(w for w, on in (("the two variants' IQRs overlap", overlap),
@@ -292,6 +292,7 @@ def _no_speedup(result: AmpResult, speedup: float, dtype: str) -> str:
     CPU's features is a fact whatever the timing; "too small or memory-bound" is read from the timing
     itself, so it is said only when the times are firm (no overlap, no contention)."""
     info, precision = result.device, result.precision
+    hedge = _unfirm_timing(result)
     if info.type == "cpu" and not info.has_units(dtype):
         fact = (f"this CPU lacks {dtype} units (AMX / AVX512-{dtype.upper()}), so autocast only adds casts. "
                 "Measure on a GPU with Tensor Cores.")
@@ -303,7 +304,7 @@ def _no_speedup(result: AmpResult, speedup: float, dtype: str) -> str:
         # which a trial's CNN step met as fp16 20x slower than fp32, and "gain little" was no description.
         fact = ("this CPU has no AMX-FP16 (matrix units for fp16): its fp16 matmuls run on AVX512-FP16 "
                 "vector units, which gain little over fp32")
-        if speedup < MUCH_SLOWER:
+        if speedup < MUCH_SLOWER and hedge is None:  # read from the times: said only when they are firm (a review)
             convs = _fp16_conv_backward(result)
             fact = (f"fp16 is {1 / speedup:.1f}x slower than fp32 here. " + fact[0].upper() + fact[1:]
                     + (", and oneDNN's fp16 convolution backward (here: " + ", ".join(convs) + ") takes a far slower "
@@ -322,7 +323,6 @@ def _no_speedup(result: AmpResult, speedup: float, dtype: str) -> str:
     if fact is None and result.worker_loaders:  # the start-up named above, not the batch size
         fact = ("the DataLoader workers' start and stop (see above) may be most of each run; time the step "
                 "without them before reading a speedup.")
-    hedge = _unfirm_timing(result)
     if hedge is None:
         # "try a larger batch" alone sent a trial's GPT step there, whose bf16 slowdown was one op (the CPU's
         # bf16 flash-attention backward, 8.7x its fp32 time) at any batch size
@@ -330,7 +330,12 @@ def _no_speedup(result: AmpResult, speedup: float, dtype: str) -> str:
                                                    f"pay for its casts (try a larger batch), or an op runs slower in "
                                                    f"{dtype} here: {_compare_how(dtype)}.")
     note = f"No speedup measured ({speedup:.2f}x), but {hedge}."
-    return note + (" " + fact[0].upper() + fact[1:] if fact else "")
+    return note + (" " + _sentence(fact) if fact else "")
+
+
+def _sentence(text: str) -> str:
+    """``text`` as a sentence's start: its first letter upper-cased, but not a dtype's ("Fp16 is ...": a review)."""
+    return text if text.startswith(("fp16", "bf16", "fp32", "tf32")) else text[0].upper() + text[1:]
 
 
 # GradScaler's check of the gradients (GradScaler.unscale_), as the op audit names it.
@@ -463,7 +468,7 @@ def advise(result: AmpResult) -> list[str]:
         if speedup < NO_SPEEDUP_BELOW:
             notes.append(_no_speedup(result, speedup, dtype))
         else:
-            if not result.speedup_uncertain and result.contention_warning:
+            if not result.speedup_uncertain and result.times_contended:
                 # Not "is faster": the warning says other programs took the CPU during the timed runs.
                 line = (f"{label} measured {speedup:.2f}x faster, but while other programs competed for the CPU "
                         "(see the warning): re-run when the machine is quiet before relying on it.")

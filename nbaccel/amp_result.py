@@ -320,6 +320,13 @@ class AmpResult(ResultMixin):
         return bound is not None and max(speedup, 1 / speedup) > BEYOND_CONTENTION * bound
 
     @property
+    def times_contended(self) -> bool:
+        """Other programs' load may have moved the ratio: a contention warning, and a ratio it can explain.
+        What hedges the verdict and marks the headline "(contended)" (a review: a 4x speedup beyond the load
+        was still hedged, its warning saying the load could not cause it)."""
+        return self.contention_warning is not None and not self.beyond_contention
+
+    @property
     def contention_warning(self) -> str | None:
         """What other programs' CPU use did to the times, when it reached the threshold
         (`contention.MIN_OTHERS_CORES`, and more demand than cores), else None."""
@@ -332,7 +339,8 @@ class AmpResult(ResultMixin):
                      "load can cause")
         else:
             claim = "and the speedup may not hold" if self.baseline is not None else "and they may not hold"
-        return warning_line(self.contention, "during the timed runs", f"{hurt} {claim}")
+        return warning_line(self.contention, "during the timed runs", f"{hurt} {claim}",
+                            rerun=not self.beyond_contention)
 
     def __deepcopy__(self, memo):
         """A copy whose ``value`` is detached: the kept run's output usually carries a ``grad_fn``, and

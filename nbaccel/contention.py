@@ -314,9 +314,10 @@ class ContentionMeter:
 __all__ = ["Contention", "ContentionMeter", "ProcReader", "MIN_OTHERS_CORES", "MIN_WINDOW_S"]
 
 
-def warning_line(contention: Contention | None, during: str, effect: str) -> str | None:
+def warning_line(contention: Contention | None, during: str, effect: str, rerun: bool = True) -> str | None:
     """The WARNING line %%amp and %%profile_gpu show when other programs took the CPU (`Contention.contended`:
     `MIN_OTHERS_CORES` and more demand than cores), else None; ``during`` and ``effect`` word it per magic."""
     if contention is None or not contention.contended:
         return None
-    return f"other programs used {contention.figures()} {during}: {effect}; re-run when the machine is quiet"
+    return (f"other programs used {contention.figures()} {during}: {effect}"
+            + ("; re-run when the machine is quiet" if rerun else ""))

@@ -78,8 +78,9 @@ def _too_few(result) -> str:
 
 
 def _contended(result) -> bool:
-    """Other programs took a material share of the CPU during the timed runs (see the warning)."""
-    return result.contention_warning is not None
+    """Other programs took a material share of the CPU during the timed runs (see the warning), enough to
+    explain the ratio (`AmpResult.times_contended`)."""
+    return result.times_contended
 
 
 def memory_summary(result) -> tuple[str, str] | None:
