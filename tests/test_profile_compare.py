@@ -12,7 +12,7 @@ import torch
 from IPython.core.error import UsageError
 
 import nbaccel
-from nbaccel.profile_compare import MIN_RATIO, MIN_SHARE, ProfileComparison
+from nbaccel.profile_compare import MIN_RATIO, MIN_RATIO_CHECKED, MIN_SHARE, ProfileComparison
 from nbaccel.render import profile_compare as render
 from text_helpers import unfolded
 
@@ -93,6 +93,8 @@ def test_labels_default_to_the_autocast_recipe():
     assert nbaccel.compare_profiles(plain, amp, labels=("fp32", "bf16")).labels == ("fp32", "bf16")
     with pytest.raises(ValueError, match="labels are two names"):
         nbaccel.compare_profiles(plain, amp, labels=("fp32",))
+    with pytest.raises(ValueError, match="labels are two names"):  # a trial's 'ab' became ('a', 'b')
+        nbaccel.compare_profiles(plain, amp, labels="ab")
 
 
 def _rows(*specs):
@@ -113,6 +115,50 @@ def test_an_op_is_named_only_past_both_thresholds():
     assert [r["name"] for r in c.slower] == ["big_and_slower"]
     assert [r["name"] for r in c.faster] == ["faster"]
     assert [r["name"] for r in c.new] == ["new"] and [r["name"] for r in c.gone] == ["gone"]
+
+
+def _stepped(*specs):
+    """Rows with per-step times: (name, before steps, after steps)."""
+    rows = []
+    for name, before, after in specs:
+        b, a = sum(before) / len(before), sum(after) / len(after)
+        rows.append({"name": name, "category": "other", "before_calls": 1, "after_calls": 1, "before_us": b,
+                     "after_us": a, "change_us": a - b, "ratio": a / b if b else None,
+                     "before_steps": list(before), "after_steps": list(after)})
+    return rows
+
+
+def test_with_steps_an_op_is_named_only_beyond_its_step_to_step_spread():
+    """A trial compared two profiles of the same code and read "aten::sqrt 1.28x slower": its steps varied so."""
+    rows = _stepped(("noisy", [600, 900, 1500], [1200, 1300, 1400]),        # 1.3x, but the steps overlap
+                    ("apart", [2000, 2040, 1980], [2300, 2280, 2320]),      # 1.15x, every step above: named
+                    ("zero_before", [0, 0, 0], [400, 410, 390]),           # a no-op before, a cast kernel now
+                    ("rest", [7000, 7000, 7000], [7000, 7000, 7000]))
+    c = ProfileComparison(before=None, after=None, labels=("a", "b"), time_column="cpu_self_us", rows=rows,
+                          spread_checked=True)
+    assert c.min_ratio == MIN_RATIO_CHECKED
+    assert max(c.op_time_us) * MIN_SHARE < 290  # each change above passes the 2% floor
+    assert [r["name"] for r in c.slower] == ["apart", "zero_before"]
+    assert render._ratio(0.0, 400.0) == "from 0" and render._ratio(1000.0, 1001.0) == "the same"
+    # without steps to check, the 1.25x rule alone: the noisy op is named, the 1.14x one is not
+    unchecked = dataclasses.replace(c, spread_checked=False)
+    assert [r["name"] for r in unchecked.slower] == ["noisy", "zero_before"]
+
+
+def test_real_profiles_with_steps_carry_their_per_step_times():
+    before, after = profiled(small, steps=3), profiled(large_and_sorted, steps=3)
+    c = nbaccel.compare_profiles(before, after)
+    assert c.spread_checked and c.steps == (3, 3)
+    mm = next(r for r in c.rows if r["name"] == "aten::mm")
+    assert len(mm["before_steps"]) == len(mm["after_steps"]) == 3
+    assert sum(mm["after_steps"]) / 3 == pytest.approx(mm["after_us"])
+    assert "aten::mm" in [r["name"] for r in c.slower]
+    assert "before_steps" in c.ops.columns and "per-step times in the two do not overlap" in unfolded(str(c))
+    # an op only one profile ran is given as a share of that profile's op time (it was of the larger one's)
+    sort = next(r for r in c.new if r["name"] == "aten::sort")
+    assert f"aten::sort {render._time(sort['after_us'])} ({sort['after_us'] / c.op_time_us[1]:.0%})" in str(c)
+    one = nbaccel.compare_profiles(profiled(small), profiled(large_and_sorted))
+    assert not one.spread_checked and "without a spread to check them against" in unfolded(str(one))
 
 
 def test_nothing_named_says_where_to_look():
@@ -182,9 +228,12 @@ def test_magic_compares_this_run_with_a_stored_profile(run_cell, ip):
     assert comparison.startswith("%%profile_gpu --compare p32: this run, autocast bf16 (cpu) against p32, op by op")
     assert "slower in this run, autocast bf16 (cpu): aten::mm" in comparison
     assert ip.user_ns["runs"] == 2
-    # -q shows neither; -r keeps the profile, not the comparison
+    # -q hides the profile, not the comparison --compare asked for (a trial: -q showed nothing); -r keeps the profile
     _, captured = run_cell("%%profile_gpu -q --compare p32 -r again\nruns += 1\na @ a")
-    assert not captured.outputs and isinstance(ip.user_ns["again"], nbaccel.ProfileResult)
+    texts = [o.data["text/plain"] for o in captured.outputs if "text/plain" in o.data]
+    assert len(texts) == 1 and texts[0].startswith("%%profile_gpu --compare p32: this run against p32")
+    assert "every op: nbaccel.compare_profiles(...).ops" in unfolded(texts[0])
+    assert isinstance(ip.user_ns["again"], nbaccel.ProfileResult)
 
 
 @pytest.mark.parametrize("setup, opts, message", [

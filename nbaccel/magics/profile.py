@@ -42,10 +42,11 @@ class ProfileMagics(Magics):
               help="profile under the %%%%amp recipe: autocast bf16|fp16|auto (+TF32 on CUDA); bare --amp = auto")
     @argument("--compare", default=None, metavar="NAME",
               help="also show this run op by op against an earlier profile stored with -r NAME: which ops got "
-                   "slower or faster, which are new (e.g. -r p32 first, then --amp bf16 --compare p32)")
+                   "slower or faster, which are new (e.g. -r p32 first, then --amp bf16 --compare p32); with -q "
+                   "only the comparison is shown")
     @argument("--device", default="auto", help="auto, cpu or cuda[:N] (default: cuda when present)")
     @argument("-r", "--result", default=None, metavar="NAME", help="store the ProfileResult in this variable")
-    @argument("-q", "--quiet", action="store_true", help="do not display the result")
+    @argument("-q", "--quiet", action="store_true", help="do not display the result (the profile)")
     @cell_magic
     @magic_spelled  # errors name options as typed: --top, not top=
     def profile_gpu(self, line, cell):
@@ -104,7 +105,7 @@ class ProfileMagics(Magics):
                 raise
             raise interrupt_without_frames(exc) from None  # in nbaccel's profiler: no nbaccel frames
         show_result(self.shell, "%%profile_gpu", result, args.result, args.quiet)
-        if earlier is not None and not args.quiet:
+        if earlier is not None:  # -q hides the profile; the comparison is what --compare asked to see (a trial)
             comparison = compare_profiles(earlier, result, labels=(args.compare, _this_run(result)),
                                           made_by=f"%%profile_gpu --compare {args.compare}")
             show_result(self.shell, "%%profile_gpu", comparison, None, False)

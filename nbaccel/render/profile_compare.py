@@ -6,7 +6,8 @@ the table under them is the evidence, largest change first, so nothing is hidden
 
 from __future__ import annotations
 
-from ..profile_compare import MIN_RATIO, MIN_SHARE
+from ..options import option
+from ..profile_compare import MIN_SHARE
 from .common import esc, figures, labelled, prose, table, text_table, wrap
 from .profile import _time
 
@@ -18,8 +19,12 @@ def title(c) -> str:
 
 
 def _ratio(before, after) -> str:
-    if not before or not after:
+    if not after or before is None:
         return "-"
+    if not before:
+        return "from 0"  # an op that took no self time before (a no-op cast) and does now
+    if abs(after / before - 1) < 0.005:
+        return "the same"  # not "1x faster" (a trial)
     # "0.61x" read as "61% of the time" to some and "0.61x the speed" to others: words say which way
     return f"{times(after / before)} slower" if after >= before else f"{times(before / after)} faster"
 
@@ -36,7 +41,7 @@ def _change(us: float) -> str:
 def summary_items(c) -> list[tuple[str, str]]:
     (sa, sb), (oa, ob) = c.step_time_us, c.op_time_us
     a, b = c.labels
-    return [("step time", f"{_time(sa)} -> {_time(sb)} ({_ratio(sa, sb)})"),
+    return [("mean step time", f"{_time(sa)} -> {_time(sb)} ({_ratio(sa, sb)})"),
             ("ops' self time", f"{_time(oa)} -> {_time(ob)} ({_ratio(oa, ob)})"),
             ("compared", "device self time" if c.on_device else "self CPU time")]
 
@@ -48,25 +53,28 @@ def _names(rows, what) -> str:
 
 def finding_lines(c) -> list[str]:
     a, b = c.labels
-    total = max(c.op_time_us) or 1.0
 
     def changed(r) -> str:  # "aten::mm 3.1x slower (1 ms -> 3.1 ms)"
         return f"{r['name']} {_ratio(r['before_us'], r['after_us'])} ({_time(r['before_us'])} -> {_time(r['after_us'])})"
 
-    def alone(side):  # "aten::sort 29 ms (68%)", of the one profile that ran it
-        return lambda r: f"{r['name']} {_time(r[side])} ({r[side] / total:.0%})"
+    def alone(side, i):  # "aten::sort 29 ms (68%)", of the one profile that ran it (was: of the larger)
+        return lambda r: f"{r['name']} {_time(r[side])} ({r[side] / (c.op_time_us[i] or 1.0):.0%})"
 
-    kinds = ((f"slower in {b}", c.slower, changed), (f"only in {b}", c.new, alone("after_us")),
-             (f"faster in {b}", c.faster, changed), (f"only in {a}", c.gone, alone("before_us")))
+    kinds = ((f"slower in {b}", c.slower, changed), (f"only in {b}", c.new, alone("after_us", 1)),
+             (f"faster in {b}", c.faster, changed), (f"only in {a}", c.gone, alone("before_us", 0)))
     lines = [f"{label}: " + _names(rows, what) for label, rows, what in kinds if rows]
     if not lines:
-        lines.append(f"no op changed by {MIN_RATIO:.2f}x and by {MIN_SHARE:.0%} of the ops' time or more: the "
-                     "difference is spread over many ops, or within one profile's noise (the table has every op)")
+        lines.append(f"no op changed by {c.min_ratio:.2f}x and by {MIN_SHARE:.0%} of the ops' time or more"
+                     + (", beyond its step-to-step spread" if c.spread_checked else "")
+                     + ": the difference is spread over many ops, or within the noise (the table has every op)")
     else:
         called = c.slower + c.new + c.faster + c.gone
         rest = sum(r["change_us"] for r in c.rows) - sum(r["change_us"] for r in called)
         lines.append(f"ops' time per step changed by {_change(c.op_time_us[1] - c.op_time_us[0])}: the ops above "
                      f"{_change(sum(r['change_us'] for r in called))}, all others together {_change(rest)}")
+    if not c.spread_checked and (c.slower or c.faster):
+        lines.append(f"from {'one step' if 1 in c.steps else 'steps'} without a spread to check them against: "
+                     f"profile both with {option('steps', 5)} to name only changes beyond each op's step-to-step noise")
     for label, result in zip(c.labels, (c.before, c.after)):
         if result.contention_warning:  # the two ran at different moments: load in one skews the ratios
             lines.append(f"{label}: {result.contention_warning}")
@@ -76,14 +84,17 @@ def finding_lines(c) -> list[str]:
 def method(c) -> str:
     na, nb = c.steps
     steps = f"{na} and {nb} recorded steps" if na != nb else f"{na} recorded step{'s' if na > 1 else ''} each"
+    noise = (f"and its per-step times in the two do not overlap (every step of one beyond every step of the other)"
+             if c.spread_checked else
+             f"(one profiled step varies by 10-20% on a busy host; with {option('steps', 5)} on both, an op is also "
+             "checked against its step-to-step spread)")
     return (f"Each op's {'device self time' if c.on_device else 'self CPU time'} (its duration minus its child ops'), "
-            f"summed per op name and divided by the profile's recorded steps ({steps}); step time = median "
-            f"ProfilerStep. An op is named only when its time changed by {MIN_RATIO:.2f}x or more and by at least "
-            f"{MIN_SHARE:.0%} of the larger profile's op time: one profiled step varies by 10-20% on a busy host, so "
-            "profile both with --steps 5 (or steps=5) for steadier times, and with --warmup 1 (warmup=1) where the "
-            "code had not run before: a first run holds one-time setup (oneDNN/cuDNN, allocator growth) that the "
-            "other may not. The two profiles ran at different moments: other programs' load is in one and not "
-            "the other.")
+            f"summed per op name and divided by the profile's recorded steps ({steps}); step time = mean "
+            f"ProfilerStep. An op is named only when its time changed by {c.min_ratio:.2f}x or more and by at least "
+            f"{MIN_SHARE:.0%} of the larger profile's op time, {noise}. Profile both with {option('warmup', 1)} "
+            "where the code had not run before: a first run holds one-time setup (oneDNN/cuDNN, allocator growth) "
+            "that the other may not. The two profiles ran at different moments: other programs' load is in one "
+            "and not the other.")
 
 
 _HEADERS = ["op", "category", "calls", "{a}", "{b}", "ratio", "change"]
@@ -106,10 +117,16 @@ def _headers(c) -> list[str]:
     return [h.format(a=c.labels[0], b=c.labels[1]) for h in _HEADERS]
 
 
+def _every_op(c) -> str:
+    # in a notebook "result" was the profile -r stored, whose .ops is its own table (a trial)
+    return ("every op: nbaccel.compare_profiles(...).ops" if c.made_by.startswith("%%")
+            else "every op in result.ops")
+
+
 def text(c) -> str:
     out = [prose(title(c)), figures(summary_items(c)), ""]
     out += [labelled("  - ", line) for line in finding_lines(c)]
-    out += ["", f"ops by change per step ({min(_top(c), len(c.rows))} of {len(c.rows)}; every op in result.ops):",
+    out += ["", f"ops by change per step ({min(_top(c), len(c.rows))} of {len(c.rows)}; {_every_op(c)}):",
             text_table(_headers(c), _rows(c), left=(0, 1)), "", labelled("method: ", method(c))]
     return "\n".join(out)
 
@@ -119,8 +136,8 @@ def html(c) -> str:
     findings = "<ul>" + "".join(f"<li>{esc(line)}</li>" for line in finding_lines(c)) + "</ul>"
     rows = table(_headers(c), _rows(c), name_columns=(0,), text_columns=(1,))
     return wrap(f"<h4>{esc(title(c))}</h4><div>{kpis}</div>{findings}"
-                f"<div class='muted'>ops by change per step ({min(_top(c), len(c.rows))} of {len(c.rows)}; every op "
-                f"in result.ops)</div>{rows}<p class='muted'>{esc(method(c))}</p>")
+                f"<div class='muted'>ops by change per step ({min(_top(c), len(c.rows))} of {len(c.rows)}; "
+                f"{esc(_every_op(c))})</div>{rows}<p class='muted'>{esc(method(c))}</p>")
 
 
 def widget(c):
