@@ -32,6 +32,12 @@ def command_line_made(made_by: str) -> bool:
     return made_by.startswith("%") or made_by == CLI_TRACE
 
 
+def a_type(value) -> str:
+    """"a Tensor", "an int": the article and the type's name, for "x is a ..." errors ("is a int": a trial)."""
+    name = type(value).__name__
+    return f"{'an' if name[:1].lower() in 'aeiou' else 'a'} {name}"
+
+
 def option(name: str, value=_NAME_ONLY) -> str:
     """``--name value`` (``--name`` for a flag set to True) inside a magic, ``name=value`` outside."""
     if _IN_MAGIC.get():

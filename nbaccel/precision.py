@@ -607,10 +607,14 @@ class apply_recipe:  # noqa: N801 - a context manager used like a function: `wit
         from torch.utils._python_dispatch import _get_current_dispatch_mode, _pop_mode
 
         while (depth := torch._C._len_torch_dispatch_stack()) > self._modes_before:
+            mode = _get_current_dispatch_mode()
             with contextlib.suppress(Exception):  # its own __exit__ first: a mode may keep state of its own
-                _get_current_dispatch_mode().__exit__(None, None, None)
+                mode.__exit__(None, None, None)
             if torch._C._len_torch_dispatch_stack() >= depth:
                 _pop_mode()
+                # popped past its own __exit__: dynamo's stance it set goes back too (nbaccel.eager_modes)
+                with contextlib.suppress(Exception):
+                    getattr(mode, "leave_eager_stance", lambda: None)()
 
 
 def _fresh_casts_after_optimizer_steps():

@@ -271,7 +271,7 @@ class ProfileResult(ResultMixin):
         sort = table_sort(sort)
         check_table_args(group, sort, ascending, filter, top)
         # device time as validate() allows sort="device": a CUDA profile (a loaded one: its trace has kernels)
-        check_table_fits(group, sort, device_time=self.device.type == "cuda", memory=self.options.memory,
+        check_table_fits(group, sort, device_time=self.on_device, memory=self.options.memory,
                          stack=self.options.stack)
         return pt.select(self.grouped(group or self.options.group), sort or self.default_sort, ascending, filter, top)
 

@@ -350,7 +350,7 @@ def test_a_magic_that_refuses_after_running_code_is_still_watched(ip, run_cell):
     ("999TiB", "larger than this host's physical memory"),
     ("1PiB", "larger than this host's physical memory"),  # was "cannot read '1PiB'"
     ("--model nothing --batch 4", "names nothing"),
-    ("--model n --batch 4", "is a int, not a torch.nn.Module"),
+    ("--model n --batch 4", "is an int, not a torch.nn.Module"),
     ("--model model", "needs --batch"),
     ("--model model --batch -4", "--batch is the global batch size, at least 1; got -4"),  # was "needs --batch"
     ("--model model --batch 0", "at least 1; got 0"),
@@ -856,7 +856,7 @@ def test_estimate_takes_the_loss_from_the_namespace(ip, run_cell):
     _, captured = run_cell("%memory_budget --model model --batch 16 --input x --loss ce -r real")
     assert "loss: ce, called as loss_fn(output, batch)" in ip.user_ns["real"].method
     assert not ip.user_ns["real"].assumptions
-    for line, says in (("--model model --batch 16 --input x --loss n", "--loss n is a int, not a function"),
+    for line, says in (("--model model --batch 16 --input x --loss n", "--loss n is an int, not a function"),
                        ("--model model --batch 16 --input x --loss nothing", "--loss 'nothing' names nothing"),
                        ("6GiB --loss ce", "--loss goes with --model")):
         with pytest.raises(UsageError, match=re.escape(says)):

@@ -33,7 +33,7 @@ from ..budget import (NEAR, PUSHED, usage_now, BudgetError, BudgetExceeded, Cell
 from ..device import DeviceError, resolve_device
 from ..memory import format_bytes
 from ..oom import OOM_TYPES, explain_oom, is_oom
-from ..options import magic_spelled
+from ..options import a_type, magic_spelled
 from ..render.display import display_result
 from .common import check_name, help_option, history_name, parse_line, split_line, store_result
 
@@ -266,7 +266,7 @@ class BudgetMagics(Magics):
 
         model = self._lookup(args.model, "--model")
         if not isinstance(model, torch.nn.Module):
-            raise UsageError(f"--model {args.model} is a {type(model).__name__}, not a torch.nn.Module; pass the "
+            raise UsageError(f"--model {args.model} is {a_type(model)}, not a torch.nn.Module; pass the "
                              "variable holding the model")
         if args.batch is None:
             raise UsageError("--model needs --batch N (the global batch size, at least 1)")
@@ -276,7 +276,7 @@ class BudgetMagics(Magics):
         example = self._lookup(args.input, "--input") if args.input else None
         loss_fn = self._lookup(args.loss, "--loss") if args.loss else None
         if loss_fn is not None and not callable(loss_fn):
-            raise UsageError(f"--loss {args.loss} is a {type(loss_fn).__name__}, not a function: define "
+            raise UsageError(f"--loss {args.loss} is {a_type(loss_fn)}, not a function: define "
                              "def loss(output, batch): return F.cross_entropy(...) and pass --loss loss")
         targets = self._lookup(args.target, "--target") if args.target else None
         device = self._device(args.device)

@@ -10,7 +10,7 @@ from IPython.core.magic import Magics, cell_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments
 
 from ..device import dtype_name
-from ..options import magic_spelled, magic_spelling
+from ..options import a_type, magic_spelled, magic_spelling
 from ..profile import ProfileResult, profile_function
 from ..profile_compare import compare_profiles
 from ..profile_options import DTYPES, ProfileError, ProfileOptions, validate
@@ -125,7 +125,7 @@ def earlier_profile(shell, name: str | None, dev):
         raise UsageError(f"--compare {name}: there is no variable {name!r}. Store a profile first with "
                          f"%%profile_gpu -r {name} (e.g. without --amp), then profile again with --compare {name}")
     if not isinstance(value, ProfileResult):
-        raise UsageError(f"--compare {name}: {name} is a {type(value).__name__}, not a profile; --compare takes a "
+        raise UsageError(f"--compare {name}: {name} is {a_type(value)}, not a profile; --compare takes a "
                          f"ProfileResult stored with %%profile_gpu -r {name} (or %profile_trace -r {name})")
     if value.device.type != dev.type:
         raise UsageError(f"--compare {name}: {name} was recorded on {value.device.type} and this profile runs on "
