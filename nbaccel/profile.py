@@ -300,6 +300,9 @@ class profile:  # noqa: N801 - a context manager used like a function: `with nba
         if self._result is not None:
             return (f"<nbaccel.profile done ({what}): .result holds the ProfileResult, "
                     f"{self._result.op_count} op events>")
+        if self._state == "recording" and not opts.scheduled and self.steps_done:  # the first step() ended it
+            return (f"<nbaccel.profile recorded its one step ({what}); the block runs on unrecorded: .result holds "
+                    "the ProfileResult when the with block ends>")
         if self._state == "recording":
             calls = f", {self.steps_done} of {opts.warmup + opts.steps} .step() calls so far" if opts.scheduled else ""
             return (f"<nbaccel.profile recording ({what}){calls}: .result holds the ProfileResult when the with "
@@ -566,7 +569,8 @@ class profile:  # noqa: N801 - a context manager used like a function: `with nba
                                             trace_path=opts.trace if files else None, trace_files=files,
                                             contention=self._meter.result, trace_created=created,
                                             trace_earlier=[f for f in self._earlier if str(f) not in files],
-                                            made_by="%%profile_gpu" if in_magic() else "profile()")
+                                            made_by="%%profile_gpu" if in_magic() else "profile()",
+                                            unrecorded_steps=0 if opts.scheduled else max(0, self.steps_done - 1))
 
 
 def _another_thread_recording() -> ProfileError:

@@ -315,6 +315,10 @@ def advise(result: ProfileResult) -> list[str]:
     compare_amp = _compare_amp_note(result)
     if compare_amp:
         notes.append(compare_amp)
+    if result.unrecorded_steps:  # a review: the later iterations of a step() loop went unmentioned
+        n = result.unrecorded_steps + 1
+        notes.append(f"prof.step() was called {n} times, and the default one step recorded the first iteration "
+                     f"only (as torch's schedule(active=1) does): {option('steps', n)} records all {n}.")
     in_fallback = inside_fallback(ops)  # attention's math fallback: the ops inside it (its dropout, below)
     if n_ops and total > 0:
         notes += _fp32_matmul_notes(result, ops, time_col, total, where)

@@ -77,6 +77,7 @@ class ProfileResult(ResultMixin):
     made_by: str = "profile()"  # or "%%profile_gpu"; a loaded trace: "load_trace()", "%profile_trace"
     trace_created: str | None = None  # the outermost folder that writing the trace created, if any
     trace_earlier: list = field(default_factory=list)  # trace files --trace FOLDER held already (other runs)
+    unrecorded_steps: int = 0  # prof.step() calls after the default one step ended the recording
     _grouped: dict = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
@@ -473,6 +474,7 @@ class ProfileResult(ResultMixin):
             "trace_files": self.trace_files,
             "trace_created": self.trace_created,
             "trace_earlier": list(self.trace_earlier),
+            "unrecorded_steps": self.unrecorded_steps,
             "made_by": self.made_by,
             "loaded": self.loaded,
             "contention": self.contention.to_dict() if self.contention else None,

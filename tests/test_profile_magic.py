@@ -1240,3 +1240,21 @@ def test_the_profile_object_says_its_state_and_where_the_result_is():
     assert "discarded" in repr(prof) and not hasattr(prof, "result")
     with pytest.raises(AttributeError, match=r"its with block raised .* run the block again"):
         prof.result  # noqa: B018
+
+
+def test_a_step_loop_under_the_default_one_step_says_what_went_unrecorded():
+    """A review: after the first prof.step() ended the recording, the repr still said "recording", and
+    nothing said that the loop's later iterations were not in the profile."""
+    a = torch.randn(16, 16)
+    with nbaccel.profile() as prof:
+        for i in range(3):
+            a @ a
+            prof.step()
+            if i == 0:
+                assert repr(prof).startswith("<nbaccel.profile recorded its one step (")
+    assert prof.result.unrecorded_steps == 2
+    assert ("prof.step() was called 3 times, and the default one step recorded the first iteration only (as "
+            "torch's schedule(active=1) does): steps=3 records all 3.") in prof.result.advice
+    with nbaccel.profile() as once:
+        a @ a
+    assert once.result.unrecorded_steps == 0 and not any("prof.step() was called" in n for n in once.result.advice)
