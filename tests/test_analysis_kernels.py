@@ -169,6 +169,9 @@ def test_every_labelled_name_gets_a_valid_category(labelled_names):
         ("NativeBatchNormBackward0", "normalization"),
         ("NativeLayerNormBackward0", "normalization"),
         ("aten::rms_norm", "normalization"),
+        ("aten::batch_norm_stats", "normalization"),  # SyncBatchNorm's pieces
+        ("aten::batch_norm_gather_stats_with_counts", "normalization"),
+        ("aten::batch_norm_backward_reduce", "normalization"),
         ("aten::norm", "reduction"),
         ("aten::linalg_vector_norm", "reduction"),
         ("LinalgVectorNormBackward0", "reduction"),

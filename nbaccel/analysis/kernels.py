@@ -262,6 +262,9 @@ _OP_NORM = re.compile(
     r"^aten::(?:layer_norm|native_layer_norm|group_norm|native_group_norm|batch_norm|native_batch_norm"
     r"|_batch_norm\w*|cudnn_batch_norm|miopen_batch_norm|_native_batch_norm_legit\w*|instance_norm"
     r"|rms_norm|_fused_rms_norm"
+    # SyncBatchNorm's pieces (a trial read them as "other")
+    r"|batch_norm_stats|batch_norm_elemt|batch_norm_gather_stats\w*|batch_norm_update_stats"
+    r"|batch_norm_backward_reduce|batch_norm_backward_elemt"
     # their backward kernels and autograd nodes, as their forward ones
     r"|native_batch_norm_backward|batch_norm_backward|cudnn_batch_norm_backward|native_group_norm_backward"
     r"|native_layer_norm_backward|_fused_rms_norm_backward)$"
