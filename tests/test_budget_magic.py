@@ -841,6 +841,14 @@ def test_estimate_with_one_of_two_optimizers_respects_its_parameters(ip, run_cel
     both = ip.user_ns["both"]
     assert both.optimizer == "sparseadam+sgd-momentum" and both.state_bytes == 2 * 5000 * 32 * 4 + (32 * 4 + 4) * 4
     assert not any("optimizer" in line for line in both.assumptions)
+    # a trial: --optimizer sgd named each of the two as "pass --optimizer opt_sp" / "... opt", neither alone right
+    run_cell("%memory_budget --model m --optimizer sgd --batch 16 --input x -q -r plain")
+    notes = [line for line in ip.user_ns["plain"].assumptions if line.startswith("your ")]
+    assert len(notes) == 1 and notes[0].startswith("your opt_sp (SparseAdam over 1 of m's 3 parameter tensors) and "
+                                                   "opt (SGD(momentum=0.9) over 2 of m's 3 parameter tensors) keep ")
+    assert notes[0].endswith("this estimate assumes sgd (0 B): pass --optimizer opt_sp,opt to estimate yours")
+    with pytest.raises(UsageError, match="--optimizer opt,opt: opt is named twice"):
+        ip.run_line_magic("memory_budget", "--model m --optimizer opt,opt --batch 16 --input x")
 
 
 def test_estimate_takes_the_loss_from_the_namespace(ip, run_cell):

@@ -311,6 +311,10 @@ class BudgetMagics(Magics):
         if text.lower() in names:
             return text
         parts = [part.strip() for part in text.split(",")]
+        twice = sorted({part for part in parts if parts.count(part) > 1})
+        if twice:  # a trial's opt_b,opt_b read "parameter 1 of em is in two of the optimizers passed (Adam and Adam)"
+            raise UsageError(f"--optimizer {text}: {', '.join(twice)} is named twice; name each optimizer of the step "
+                             "once")
         found = []
         for part in parts:
             if part not in self.shell.user_ns:  # most likely a misspelt name: list the names
@@ -331,7 +335,7 @@ class BudgetMagics(Magics):
         params = list(model.parameters())
         ids = {id(p) for p in params}
         guessed = sum(optimizer_state_bytes(params, named))
-        notes = []
+        mine = []  # (variable, what it is, its state's bytes) of each optimizer over the model
         for var, value in self.shell.user_ns.items():
             if var.startswith("_") or not isinstance(value, torch.optim.Optimizer):
                 continue
@@ -342,13 +346,20 @@ class BudgetMagics(Magics):
                 held = optimizer_plan(value, params)[0][1]
             except ValueError:
                 continue
-            theirs = sum(optimizer_state_bytes([params[i] for i in held], value))
-            if kind != named.lower() and theirs != guessed:
-                hyper = f"(momentum={value.param_groups[0]['momentum']})" if kind == "sgd-momentum" else ""
-                notes.append(f"your {var} is {type(value).__name__}{hyper} over {len(held)} of {name}'s "
-                             f"{len(params)} parameter tensors, with {format_bytes(theirs)} of state; this estimate assumes "
-                             f"{named} ({format_bytes(guessed)}): pass --optimizer {var} to estimate yours")
-        return notes
+            hyper = f"(momentum={value.param_groups[0]['momentum']})" if kind == "sgd-momentum" else ""
+            mine.append((var, kind, f"{type(value).__name__}{hyper} over {len(held)} of {name}'s {len(params)} "
+                                    "parameter tensors",
+                         sum(optimizer_state_bytes([params[i] for i in held], value))))
+        if len(mine) > 1:  # one optimizer per part of the model: one note naming them together (a trial got one each)
+            total = sum(b for *_, b in mine)
+            if total == guessed:
+                return []
+            return [f"your {' and '.join(f'{var} ({what})' for var, _, what, _ in mine)} keep "
+                    f"{format_bytes(total)} of state together; this estimate assumes {named} ({format_bytes(guessed)}): "
+                    f"pass --optimizer {','.join(var for var, *_ in mine)} to estimate yours"]
+        return [f"your {var} is {what}, with {format_bytes(theirs)} of state; this estimate assumes {named} "
+                f"({format_bytes(guessed)}): pass --optimizer {var} to estimate yours"
+                for var, kind, what, theirs in mine if kind != named.lower() and theirs != guessed]
 
     def _other_optimizers(self, model, passed, args) -> list[str]:
         """The namespace's optimizers over the parameters the ones passed leave out (the dense half of a
