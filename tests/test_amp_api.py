@@ -1325,8 +1325,9 @@ def test_on_first_run_gets_the_measured_first_run_and_the_runs_to_come():
     x = torch.randn(4, 4)
     nbaccel.compare_amp(lambda: x @ x, repeat=2, warmup=1, clock=FakeClock(lambda: 0.5),
                         on_first_run=lambda seconds, runs_left: seen.append((seconds, runs_left)))
-    # 2 variants x (1 warmup + 2 timed + 1 memory + 1 audited), plus the kept run; one is done.
-    assert seen == [(0.5, 2 * (1 + 2 + 1 + 1) + 1 - 1)]
+    # 2 variants x (1 warmup + 2 timed + 1 memory + 1 audited), plus the kept run; one is done. Then the
+    # recipe's first run, one more done (a trial's fp16 runs took 74x the first fp32 one's)
+    assert seen == [(0.5, 2 * (1 + 2 + 1 + 1) + 1 - 1), (0.5, 2 * (1 + 2 + 1 + 1) + 1 - 2)]
     # An allocator's counts repeat exactly (CUDA's, torch's CPU allocator's): one memory run per variant;
     # the process's memory (a cell of many ops, another profiler recording) takes 3 on the CPU.
     assert nbaccel.amp.planned_runs(warmup=1, repeat=2, baseline=False, device="cpu") == 1 + 2 + 1 + 1 + 1

@@ -599,6 +599,36 @@ def test_a_long_comparison_says_after_its_first_run_how_long_the_rest_takes(run_
     assert "more runs" not in captured.stderr
 
 
+def test_a_variant_far_slower_than_the_first_run_revises_the_note(run_cell, ip, monkeypatch):
+    """A trial: fp16 convolutions ran 74x the first (fp32) run's time, 57.7 s in all, and the note, estimated
+    from that first run alone (1.6 s), never came. The recipe's first run is reported too."""
+    from nbaccel.magics import amp as amp_magic
+
+    monkeypatch.setattr(amp_magic, "LONG_RUN_SECONDS", 0.5)
+    run_cell("import time, torch\n"
+             "def slow(fp32, bf16):\n    time.sleep(bf16 if torch.is_autocast_enabled('cpu') else fp32)")
+    # a 1 ms fp32 run says nothing; the 150 ms bf16 one does, at the two first runs' mean pace
+    _, captured = run_cell("%%amp --repeat 3 --warmup 0\nslow(0.001, 0.15)")
+    notes = [line for line in captured.stderr.splitlines() if "more runs" in line]
+    assert len(notes) == 1, captured.stderr
+    assert re.search(r"the first runs of the two variants took [\d.]+ ms and [\d.]+ ms; 9 more runs .* take about "
+                     r"[\d.]+ (ms|s) at their mean pace", notes[0]), notes[0]
+    # a note already said is said again only when the estimate grew by half (60 ms, then 300 ms)
+    _, captured = run_cell("%%amp --repeat 3 --warmup 0\nslow(0.06, 0.3)")
+    notes = [line for line in captured.stderr.splitlines() if "more runs" in line]
+    assert len(notes) == 2 and "the first run took" in notes[0] and "the first runs of the two" in notes[1]
+    # in a kernel: one display, revised in place, then emptied into how long the runs took
+    monkeypatch.setattr(ip, "kernel", object(), raising=False)
+    updates = []
+    monkeypatch.setattr("IPython.display.DisplayHandle.update", lambda self, obj, **kw: updates.append(obj))
+    _, captured = run_cell("%%amp --repeat 3 --warmup 0\nslow(0.06, 0.3)")
+    shown = [o.data["text/plain"] for o in captured.outputs if "more runs" in o.data.get("text/plain", "")]
+    assert len(shown) == 1 and "the first run took" in shown[0]
+    assert len(updates) == 2 and "the first runs of the two variants" in updates[0]["text/plain"]
+    assert updates[1]["text/plain"].startswith("nbaccel %%amp: the 11 runs took")
+
+
+
 def test_restoring_the_variables_counts_in_the_long_run_note_and_earns_advice_when_it_dominates(
         run_cell, ip, monkeypatch):
     # A user trial: Embedding(400000, 256, sparse=True) + SparseAdam, a 1.15 GiB snapshot: --repeat 5 of a 7 ms

@@ -79,9 +79,21 @@ class AmpMagics(Magics):
             return None
         cell_errors = []  # (exception, which run) when the cell itself raised
         notes = []  # the long-run note's display handle, replaced when the comparison ends
+        firsts, announced = [], []  # each variant's first run (fp32's first); the estimates said so far
 
         def note_long_run(seconds, runs_left, restore_seconds):
-            notes.append(_note_long_run(self.shell, seconds, runs_left, args, device, restore_seconds))
+            firsts.append(seconds)
+            note = _note_long_run(firsts, runs_left, args, device, restore_seconds, announced)
+            if note is None:
+                return
+            if not in_kernel(self.shell):
+                print(note, file=sys.stderr, flush=True)  # flushed: the runs it announces come next
+            elif notes:  # the variant's first run revised it: the same note, updated in place
+                notes[0].update({"text/plain": note}, raw=True)
+            else:
+                from IPython.display import display
+
+                notes.append(display({"text/plain": note}, raw=True, display_id=True))
 
         started, finished = time.perf_counter(), False
         with sole_measuring_magic("amp"):
@@ -152,16 +164,26 @@ class AmpMagics(Magics):
         return args, device, cell_function(self.shell, cell)
 
 
-def _note_long_run(shell, seconds: float, runs_left: int, args, device, restore_seconds: float = 0.0):
-    """After the first run: when all runs together will take long, say so now, and how to shorten it.
-    ``restore_seconds``: what restoring the variables took before it, which every run pays too.
+def _note_long_run(firsts: list[float], runs_left: int, args, device, restore_seconds: float = 0.0,
+                   announced: list | None = None) -> str | None:
+    """After each variant's first run (``firsts``: their times so far): when all runs together will take
+    long, the note that says so, and how to shorten it; None when there is nothing (new) to say.
+    ``restore_seconds``: what restoring the variables took before the first run, which every run pays too.
+    ``announced``: the estimates said so far (appended to): a later one is said only when it is half as
+    long again, so a terminal does not get two lines for one estimate.
 
     In a Jupyter kernel the note is a display that the magic empties when the runs are over (as a
-    stderr line it stayed under the result as a red box); elsewhere it is a line on stderr.
-    Returns the display handle, if any."""
-    each = seconds + restore_seconds
-    if each * (runs_left + 1) <= LONG_RUN_SECONDS:
+    stderr line it stayed under the result as a red box); elsewhere it is a line on stderr."""
+    announced = [] if announced is None else announced
+    seconds = firsts[0]
+    # the runs to come alternate between the variants: at their first runs' mean pace (a trial's fp16
+    # conv runs took 74x the fp32 one's, and a note estimated from that one alone never came)
+    each = sum(firsts) / len(firsts) + restore_seconds
+    if each * (runs_left + len(firsts)) <= LONG_RUN_SECONDS:
         return None
+    if announced and each * runs_left < 1.5 * announced[-1]:
+        return None
+    announced.append(each * runs_left)
     # Not "up to": the other variant's runs can be far slower (a trial: fp16 convolutions on a CPU without
     # AMX-FP16, 20x fp32: "up to about 9.85 s" announced, 84.9 s taken), and the first run also pays one-time
     # costs (oneDNN/cuDNN setup, a torch.compile in the cell compiling), so the rest can be far quicker
@@ -170,19 +192,17 @@ def _note_long_run(shell, seconds: float, runs_left: int, args, device, restore_
     # comparison take 8.49 s, and the note, estimated from the run alone, never came.
     restoring = (f" and restoring your variables before it {format_seconds(restore_seconds)}, as before each run"
                  if restore_seconds >= RESTORE_WORTH_SAYING * each else "")
-    note = (f"nbaccel %%amp: the first run took {format_seconds(seconds)}{restoring}; {runs_left} more runs (warmup, "
-            f"timed, memory and audited runs per variant, then the kept run) take about "
-            f"{format_seconds(each * runs_left)} at that pace: longer if the other variant is slower, shorter "
-            "where the first run paid one-time setup.")
+    took = (f"the first run took {format_seconds(seconds)}{restoring}" if len(firsts) == 1 else
+            f"the first runs of the two variants took {format_seconds(firsts[0])} and {format_seconds(firsts[1])}"
+            f"{restoring}")
+    pace = ("at that pace: longer if the other variant is slower, shorter where the first run paid one-time setup"
+            if len(firsts) == 1 else "at their mean pace (shorter where the first runs paid one-time setup)")
+    note = (f"nbaccel %%amp: {took}; {runs_left} more runs (warmup, timed, memory and audited runs per variant, "
+            f"then the kept run) take about {format_seconds(each * runs_left)} {pace}.")
     fewer = _fewer_runs(args, device)
     if fewer:
         note += f" For fewer: {fewer}."
-    if in_kernel(shell):
-        from IPython.display import display
-
-        return display({"text/plain": note}, raw=True, display_id=True)
-    print(note, file=sys.stderr, flush=True)  # flushed: the runs it announces come next
-    return None
+    return note
 
 
 def _fewer_runs(args, device) -> str | None:
