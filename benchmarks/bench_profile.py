@@ -191,18 +191,23 @@ def cuda_proxy():
           f"{statistics.median(show_t) * 1e3:.1f} ms (medians of {REPEAT})")
 
 
-def widget_build():
-    def many_ops():
-        t = torch.ones(8)
-        for _ in range(770):  # 13 op events per iteration (ops and their inner ops): ~10,000
-            t = (t + 1).mul_(0.5).relu_().neg_()
+def _many_ops(step: float = 1.0) -> None:
+    t = torch.ones(8)
+    for _ in range(770):  # 13 op events per iteration (ops and their inner ops): ~10,000
+        t = (t + step).mul_(0.5).relu_().neg_()
 
+
+def _many_ops_profile(step: float = 1.0) -> ProfileResult:
     with profile(options=ProfileOptions(device="cpu")) as prof:
-        many_ops()
-    result = prof.result
+        _many_ops(step)
+    return prof.result
+
+
+def widget_build():
+    result = _many_ops_profile()
     t0 = time.perf_counter()
     with profile(options=ProfileOptions(device="cpu")) as again:
-        many_ops()
+        _many_ops()
     render_profile.text(again.result)
     render_profile.html(again.result)
     analysed = time.perf_counter() - t0
@@ -216,25 +221,22 @@ def widget_build():
     print(f"widget from a profile of {result.op_count:,} op events: median {statistics.median(times) * 1e3:.0f} ms "
           f"(min {min(times) * 1e3:.0f}, max {max(times) * 1e3:.0f}) over {REPEAT} builds; "
           f"recording that profile + analysis + text and HTML took {analysed * 1e3:.0f} ms")
-    return statistics.median(times), result.op_count, result
+    return statistics.median(times), result.op_count
 
 
-def comparison_build(result):
+def comparison_build():
     from nbaccel.render import profile_compare as render_compare
 
-    with profile(options=ProfileOptions(device="cpu")) as other:
-        t = torch.ones(8)
-        for _ in range(770):
-            t = (t + 2).mul_(0.25).relu_().neg_()
+    result, other = _many_ops_profile(), _many_ops_profile(2.0)
     times = []
     for _ in range(REPEAT):
-        before, after = (dataclasses.replace(r, _grouped={}) for r in (result, other.result))
+        before, after = (dataclasses.replace(r, _grouped={}) for r in (result, other))
         t0 = time.perf_counter()
         comparison = nbaccel.compare_profiles(before, after)
         render_compare.text(comparison)
         render_compare.html(comparison)
         times.append(time.perf_counter() - t0)
-    print(f"--compare of two profiles of {result.op_count:,} / {other.result.op_count:,} op events (grouping both, "
+    print(f"--compare of two profiles of {result.op_count:,} / {other.op_count:,} op events (grouping both, "
           f"comparing, text + HTML): median {statistics.median(times) * 1e3:.0f} ms (min {min(times) * 1e3:.0f}, "
           f"max {max(times) * 1e3:.0f}) over {REPEAT}")
 
@@ -251,8 +253,8 @@ def main():
     # where the ratio is heading for real training steps.
     ratios["mlp 4096 wide, batch 512"] = overhead("MLP step, 4096 wide, batch 512", make_step(4096, 512))
     cuda_proxy()
-    seconds, n, result = widget_build()
-    comparison_build(result)
+    seconds, n = widget_build()
+    comparison_build()
     ok = ratios["mlp 1024 wide, batch 256"] <= 1.15 and seconds < 0.5
     print(f"targets: ratio <= 1.15x on the 1024-wide step, widget < 0.5 s: {'met' if ok else 'NOT met'}")
     return 0
