@@ -11,9 +11,9 @@ import torch
 
 import nbaccel
 from nbaccel.memory import current_rss, take_harness
+from budget_helpers import MB, budget_just_above_now, displayed_texts
 from text_helpers import unfolded
 
-MB = 2**20
 
 SETUP = """
 import torch
@@ -23,20 +23,12 @@ x = torch.randn(64, 2048)
 STEP = "%%amp --repeat 3 -q\nbig = torch.ones(40_000_000)  # 153 MiB\nmodel(x).sum()"
 
 
-def _budget_just_above_now(extra_mb: int) -> str:
-    return f"{(current_rss() + extra_mb * MB) // MB}MB"
-
-
-def _texts(captured):
-    return "\n".join(o.data.get("text/plain", "") for o in captured.outputs)
-
-
 def test_strict_budget_reports_a_cell_under_amp_and_does_not_fail_it(run_cell, ip):
     run_cell(SETUP)
-    run_cell(f"%memory_budget {_budget_just_above_now(60)} --strict -q -r budget")
+    run_cell(f"%memory_budget {budget_just_above_now(60)} --strict -q -r budget")
     result, captured = run_cell(STEP)  # fails the test if the cell was marked failed
     assert result.success
-    text = unfolded(_texts(captured))
+    text = unfolded(displayed_texts(captured))
     assert "WARNING: over the memory budget" in text
     assert "the cell ran under %%amp" in text and "host snapshot of your state" in text
     assert "a strict budget does not fail it" in text and "this cell is marked as failed" not in text

@@ -12,26 +12,18 @@ import torch
 
 import nbaccel
 from nbaccel.memory import current_rss, take_harness
+from budget_helpers import MB, budget_just_above_now, displayed_texts
 from text_helpers import unfolded
 
-MB = 2**20
 STEP = "big = torch.ones(40_000_000)  # 153 MiB\n(big * 2).sum()"
-
-
-def _budget_just_above_now(extra_mb: int) -> str:
-    return f"{(current_rss() + extra_mb * MB) // MB}MB"
-
-
-def _texts(captured):
-    return "\n".join(o.data.get("text/plain", "") for o in captured.outputs)
 
 
 def test_strict_budget_says_a_profiled_cell_holds_the_profilers_events_and_does_not_fail_it(run_cell, ip):
     run_cell("import torch")
-    run_cell(f"%memory_budget {_budget_just_above_now(60)} --strict -q -r budget")
+    run_cell(f"%memory_budget {budget_just_above_now(60)} --strict -q -r budget")
     result, captured = run_cell(f"%%profile_gpu -q --memory\n{STEP}")  # fails the test if marked failed
     assert result.success
-    text = unfolded(_texts(captured))
+    text = unfolded(displayed_texts(captured))
     assert "WARNING: over the memory budget" in text
     assert ("the cell ran under %%profile_gpu, so this peak includes the profiler's own memory: it keeps every "
             "recorded event") in text
