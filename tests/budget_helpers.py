@@ -1,9 +1,11 @@
-"""What the budget-under-a-harness tests share: a budget just above the process's memory now, and the
-text a cell displayed."""
+"""What the budget-under-a-harness tests share: a budget just above the process's memory now, the text a
+cell displayed, and no harness note left over from another test (import `_no_stale_notes`: autouse)."""
 
 from __future__ import annotations
 
-from nbaccel.memory import current_rss
+import pytest
+
+from nbaccel.memory import current_rss, take_harness
 
 MB = 2**20
 
@@ -14,3 +16,10 @@ def budget_just_above_now(extra_mb: int) -> str:
 
 def displayed_texts(captured) -> str:
     return "\n".join(o.data.get("text/plain", "") for o in captured.outputs)
+
+
+@pytest.fixture(autouse=True)
+def _no_stale_notes():
+    take_harness()
+    yield
+    take_harness()

@@ -11,7 +11,7 @@ import torch
 
 import nbaccel
 from nbaccel.memory import current_rss, take_harness
-from budget_helpers import MB, budget_just_above_now, displayed_texts
+from budget_helpers import MB, _no_stale_notes, budget_just_above_now, displayed_texts  # noqa: F401 - an autouse fixture
 from text_helpers import unfolded
 
 
@@ -64,13 +64,6 @@ def test_a_script_block_around_compare_amp_warns_instead_of_raising():
     assert any("the cell ran under compare_amp" in str(w.message) for w in caught)
     assert budget.history.iloc[-1]["measured_under"] == "compare_amp"
     assert take_harness() == (None, 0)  # the watcher took the note
-
-
-@pytest.fixture(autouse=True)
-def _no_stale_notes():
-    take_harness()
-    yield
-    take_harness()
 
 
 def test_comparisons_without_a_budget_leave_one_note_not_a_growing_list():

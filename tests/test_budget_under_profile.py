@@ -12,7 +12,7 @@ import torch
 
 import nbaccel
 from nbaccel.memory import current_rss, take_harness
-from budget_helpers import MB, budget_just_above_now, displayed_texts
+from budget_helpers import MB, _no_stale_notes, budget_just_above_now, displayed_texts  # noqa: F401 - an autouse fixture
 from text_helpers import unfolded
 
 STEP = "big = torch.ones(40_000_000)  # 153 MiB\n(big * 2).sum()"
@@ -52,10 +52,3 @@ def test_a_script_block_around_nbaccel_profile_warns_in_the_profilers_words():
                for m in said), said
     assert budget.history.iloc[-1]["measured_under"] == "nbaccel.profile" and prof.result is not None
     assert take_harness() == (None, 0)  # the watcher took the note
-
-
-@pytest.fixture(autouse=True)
-def _no_stale_notes():
-    take_harness()
-    yield
-    take_harness()
