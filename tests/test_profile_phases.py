@@ -267,3 +267,22 @@ def test_an_optimizer_steps_ops_count_as_optimizer_on_the_cpu(run_cell, ip):
     bfgs = ip.user_ns["bfgs"]
     assert phases.optimizer_step_ranges(bfgs._annotation_columns) == {}
     assert "aten::addmm" not in {n for n, p in zip(bfgs.op_columns["name"], bfgs.op_phases) if p == "optimizer"}
+
+
+def test_the_math_inside_a_norm_op_is_normalization():
+    """A trial: nn.RMSNorm on the CPU read "normalization 2.0%, elementwise 75%": aten::rms_norm runs its math
+    (pow, mean, rsqrt, mul) as child ops. Inside a norm op they are normalization; its backward (the autograd
+    nodes of those ops, outside any norm op) stays what it is."""
+    import torch
+
+    norm, x = torch.nn.RMSNorm(512), torch.randn(16, 512)
+    norm(x)
+    with torch.no_grad(), nbaccel.profile() as prof:
+        norm(x)
+    cats = {c: share for c, _, _, share in prof.result.category_rows}
+    assert cats.get("normalization", 0) > 95, cats
+    cols = prof.result.op_columns
+    inside = phases.inside_normalization(cols["category"], cols["parent"])
+    assert any(inside[i] for i, n in enumerate(cols["name"]) if n in ("aten::pow", "aten::mean", "aten::rsqrt"))
+    assert not any(inside[i] for i, n in enumerate(cols["name"]) if n == "aten::rms_norm")  # the op itself: its own
+    assert phases.inside_normalization(["elementwise", "matmul/conv"], [-1, 0]) == [False, False]

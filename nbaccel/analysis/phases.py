@@ -228,6 +228,17 @@ def inside_attention(categories: list, parent: list, names: list | None = None) 
     return [p >= 0 and bool(scope[p]) and i not in projections for i, p in enumerate(parent)]
 
 
+def inside_normalization(categories: list, parent: list) -> list[bool]:
+    """Whether each op runs inside a normalization op: the CPU's ``aten::rms_norm`` (nn.RMSNorm) runs its math as
+    child ops (``aten::pow``, ``mean``, ``rsqrt``, ``mul``), and a trial read RMSNorm's forward as "elementwise"
+    beside "normalization 2%". (Its backward runs as the autograd nodes of those ops, outside any norm op: they
+    stay elementwise and reduction.)"""
+    if "normalization" not in categories:  # C-speed: most profiles have no norm op
+        return [False] * len(parent)
+    scope = _nearest_verdict(parent, lambda j: True if categories[j] == "normalization" else None)
+    return [p >= 0 and bool(scope[p]) for p in parent]
+
+
 def optimizer_step_ranges(ann: dict) -> dict[tuple, list[tuple[float, float]]]:
     """Host ``Optimizer.step#<Class>.step`` ranges per (pid, tid), sorted by start; LBFGS's left out
     (its step runs the closure: the model's forward and backward are not optimizer work)."""
@@ -262,9 +273,10 @@ def op_phases(cols: dict, ann: dict) -> list[str | None]:
     thread), OPTIMIZER (in an ``Optimizer.step`` range on its thread: on the CPU the optimizers'
     for-loop update is plain ``aten::lerp_``/``addcdiv_``/``sqrt`` ops, a numbers audit's AdamW step
     spent 35-49 % of its time there, all filed under "elementwise"), "attention" (inside an attention
-    op: its math), else None. Compiling wins: a DataLoader never runs inside a compile."""
+    op: its math), "normalization" (inside a norm op: RMSNorm's math on the CPU), else None. Compiling wins: a DataLoader never runs inside a compile."""
     flags = cols["compiling"] if "compiling" in cols else compile_flags(cols["name"], cols["parent"])
     attention = inside_attention(cols["category"], cols["parent"], cols["name"])
+    norm = inside_normalization(cols["category"], cols["parent"])
     ranges = {DATA_LOADING: dataloader_ranges(ann), OPTIMIZER: _without_model_math(optimizer_step_ranges(ann), cols)}
     starts = {phase: {k: [r[0] for r in v] for k, v in by_thread.items()} for phase, by_thread in ranges.items()}
     out: list[str | None] = []
@@ -273,7 +285,7 @@ def op_phases(cols: dict, ann: dict) -> list[str | None]:
         ts, end = cols["ts_us"][i], cols["ts_us"][i] + cols["dur_us"][i]
         inside = next((phase for phase, by_thread in ranges.items()
                        if key in by_thread and _inside(by_thread[key], starts[phase][key], ts, end)), None)
-        out.append(COMPILING if f else inside or ("attention" if attention[i] else None))
+        out.append(COMPILING if f else inside or ("attention" if attention[i] else "normalization" if norm[i] else None))
     return out
 
 
