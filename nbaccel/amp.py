@@ -509,6 +509,8 @@ def compare_amp(
         # A trial's compare_amp(fn, "bf16", 3) meant repeat=3 and was told "device='3' was asked for, but this
         # torch sees no CUDA GPU" (torch reads an int as a CUDA index). nbaccel's devices are named: a number here
         # is a misplaced count far more often than a GPU.
+        if device < 1:  # torch's way to write cuda:0, and no count compare_amp takes (a review)
+            raise DeviceError(f"device={device}: nbaccel names its devices: device='cuda:{device}' for that GPU")
         raise DeviceError(f"device={device}: compare_amp's third argument is the device; pass repeat={device} (or "
                           f"warmup={device}) by keyword, e.g. compare_amp(fn, {dtype!r}, repeat={device}); for a GPU, "
                           f"name it: device='cuda:{device}'")

@@ -282,7 +282,11 @@ def _probe(model, optimizer, example, batches, device, amp_dtype, loss_fn, name:
                 heads.append(_head_shape(out))
             if targets is not None:
                 given = _example_batch(replica, targets, b, device, name)
-                loss = loss_fn(out, given[0] if isinstance(targets, torch.Tensor) else given)
+                try:
+                    loss = loss_fn(out, given[0] if isinstance(targets, torch.Tensor) else given)
+                except (RuntimeError, ValueError, TypeError, IndexError) as exc:
+                    # the model ran: the loss refused the targets (a review: blamed on the model's input)
+                    raise EstimateError(_loss_failure(loss_fn, out, given, exc)) from exc
             elif takes_batch:
                 single = example is None or isinstance(example, torch.Tensor)
                 loss = loss_fn(out, inputs[0] if single else inputs)
@@ -474,6 +478,18 @@ def _layer_misfit(layer: torch.nn.Module, t: torch.Tensor) -> bool:
     if isinstance(layer, (torch.nn.Embedding, torch.nn.EmbeddingBag)):
         return t.is_floating_point() or t.is_complex()
     return False
+
+
+def _loss_failure(loss_fn, out, targets: tuple, exc: BaseException) -> str:
+    """The loss failed on the model's output and the targets: both shapes, and the options that gave them."""
+    def shape(t):
+        return tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
+    first = _first_float(out)
+    given = ", ".join(str(shape(t)) for t in targets)
+    loss, target = ("--loss", "--target") if in_magic() else ("loss_fn=", "targets=")
+    return (f"the dry run's loss {getattr(loss_fn, '__name__', type(loss_fn).__name__)}(output, targets) failed: "
+            f"{type(exc).__name__}: {exc}\nthe model's output has shape {shape(first) if first is not None else '?'}, "
+            f"the targets (cut to the probe's rows) {given}: pass {target} what {loss} takes with that output")
 
 
 def _dry_run(model, optimizer, example, batches, device, amp_dtype, loss_fn, name, plan=None, targets=None):

@@ -175,6 +175,8 @@ class profile:  # noqa: N801 - a context manager used like a function: `with nba
                  contention_meter: ContentionMeter | None = None):
         if isinstance(device, int) and not isinstance(device, bool) and options is None:
             # profile(10) meant top=10 (a trial) and was "unknown device '10'": the device is the one positional.
+            if device < 1:  # torch's way to write cuda:0, and no count a profile takes (a review)
+                raise ProfileError(f"device={device}: nbaccel names its devices: device='cuda:{device}' for that GPU")
             raise ProfileError(f"device={device}: the device is profile()'s only positional argument; pass top={device} "
                                f"(or steps={device}) by keyword, e.g. nbaccel.profile(top={device}); for a GPU, name "
                                f"it: device='cuda:{device}'")

@@ -216,7 +216,8 @@ def compare_profiles(before: ProfileResult, after: ProfileResult, *, labels: tup
     given = labels
     labels = tuple(labels) if isinstance(labels, (tuple, list)) else (_label("before", before), _label("after", after))
     if given is not None and not isinstance(given, (tuple, list)) or len(labels) != 2 \
-            or not all(isinstance(s, str) and s for s in labels):  # 'ab' was read as ('a', 'b') (a trial)
+            or not all(isinstance(s, str) and s for s in labels) \
+            or given is not None and labels[0] == labels[1]:  # 'ab' was read as ('a', 'b') (a trial); "x", "x" too
         raise ValueError(f"labels are two names, one per profile, e.g. ('fp32', 'bf16'); got {given!r}")
     return ProfileComparison(before=before, after=after, labels=labels, time_column=column, rows=rows,
                              made_by=made_by, spread_checked=checked)

@@ -2379,3 +2379,8 @@ def test_a_count_in_the_device_place_names_the_keyword_it_meant():
     with pytest.raises(ProfileError, match=re.escape("device=10: the device is profile()'s only positional argument; "
                                                      "pass top=10 (or steps=10) by keyword")):
         nbaccel.profile(10)
+    # 0 is torch's cuda:0, and no count either takes (a review: "pass repeat=0", itself refused)
+    for call in (lambda: nbaccel.compare_amp(lambda: None, "bf16", 0), lambda: nbaccel.profile(0)):
+        with pytest.raises((DeviceError, ProfileError), match=re.escape("device=0: nbaccel names its devices: "
+                                                                         "device='cuda:0' for that GPU")):
+            call()

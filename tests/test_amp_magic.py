@@ -611,12 +611,12 @@ def test_a_variant_far_slower_than_the_first_run_revises_the_note(run_cell, ip, 
     _, captured = run_cell("%%amp --repeat 3 --warmup 0\nslow(0.001, 0.15)")
     notes = [line for line in captured.stderr.splitlines() if "more runs" in line]
     assert len(notes) == 1, captured.stderr
-    assert re.search(r"the first runs of the two variants took [\d.]+ ms and [\d.]+ ms; 9 more runs .* take about "
+    assert re.search(r"the first fp32 run took [\d.]+ ms and the first mixed-precision one [\d.]+ ms; 9 more runs .* take about "
                      r"[\d.]+ (ms|s) at their mean pace", notes[0]), notes[0]
     # a note already said is said again only when the estimate grew by half (60 ms, then 300 ms)
     _, captured = run_cell("%%amp --repeat 3 --warmup 0\nslow(0.06, 0.3)")
     notes = [line for line in captured.stderr.splitlines() if "more runs" in line]
-    assert len(notes) == 2 and "the first run took" in notes[0] and "the first runs of the two" in notes[1]
+    assert len(notes) == 2 and "the first run took" in notes[0] and "the first fp32 run took" in notes[1]
     # in a kernel: one display, revised in place, then emptied into how long the runs took
     monkeypatch.setattr(ip, "kernel", object(), raising=False)
     updates = []
@@ -624,7 +624,7 @@ def test_a_variant_far_slower_than_the_first_run_revises_the_note(run_cell, ip, 
     _, captured = run_cell("%%amp --repeat 3 --warmup 0\nslow(0.06, 0.3)")
     shown = [o.data["text/plain"] for o in captured.outputs if "more runs" in o.data.get("text/plain", "")]
     assert len(shown) == 1 and "the first run took" in shown[0]
-    assert len(updates) == 2 and "the first runs of the two variants" in updates[0]["text/plain"]
+    assert len(updates) == 2 and "the first mixed-precision one" in updates[0]["text/plain"]
     assert updates[1]["text/plain"].startswith("nbaccel %%amp: the 11 runs took")
 
 

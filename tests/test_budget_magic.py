@@ -849,6 +849,15 @@ def test_estimate_with_one_of_two_optimizers_respects_its_parameters(ip, run_cel
     assert notes[0].endswith("this estimate assumes sgd (0 B): pass --optimizer opt_sp,opt to estimate yours")
     with pytest.raises(UsageError, match="--optimizer opt,opt: opt is named twice"):
         ip.run_line_magic("memory_budget", "--model m --optimizer opt,opt --batch 16 --input x")
+    # a review: an alias was summed with itself and the command it suggested was refused; two optimizers over
+    # the same parameters are alternatives (one note each), not parts of one step
+    run_cell("alias = opt\nother = torch.optim.Adam(m.fc.parameters())")
+    with pytest.raises(UsageError, match="--optimizer opt_sp,opt,alias: opt and alias are the same optimizer"):
+        ip.run_line_magic("memory_budget", "--model m --optimizer opt_sp,opt,alias --batch 16 --input x")
+    run_cell("%memory_budget --model m --optimizer sgd --batch 16 --input x -q -r plain")
+    notes = [line for line in ip.user_ns["plain"].assumptions if line.startswith("your ")]
+    assert len(notes) == 3 and not any(" and alias" in n or "alias (" in n for n in notes), notes
+    assert any(n.startswith("your other is Adam over 2 of m's 3") for n in notes), notes
 
 
 def test_estimate_takes_the_loss_from_the_namespace(ip, run_cell):
@@ -884,6 +893,12 @@ def test_estimate_takes_the_targets_apart_from_the_input(ip, run_cell):
     assert "loss: ce, called as loss_fn(output, targets) (--target NAME cut to the probe's rows)" in real.method
     logits = 2048 * 2000 * 4  # the cross-entropy keeps its log_softmax, the logits' size, and the sum does not
     assert real.single("fp32")["total"] - default.single("fp32")["total"] >= logits
+    # a loss that refuses the targets is said as such, not as the model's input failing (a review)
+    run_cell("ybad = torch.randint(0, 2000, (64, 3))")
+    with pytest.raises(UsageError, match=r"the dry run's loss ce\(output, targets\) failed: RuntimeError: .*\n"
+                                         r"the model's output has shape \(\d+, 2000\), the targets \(cut to the "
+                                         r"probe's rows\) \(\d+, 3\): pass --target what --loss takes"):
+        ip.run_line_magic("memory_budget", "--model clf --batch 64 --input x --loss ce --target ybad")
     for line, says in (("--model clf --batch 64 --input x --target y", "--target NAME is the loss's second argument"),
                        ("--model clf --batch 64 --input x --loss total --target y",
                         "--target NAME is the loss's second argument"),

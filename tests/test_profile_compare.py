@@ -95,6 +95,8 @@ def test_labels_default_to_the_autocast_recipe():
         nbaccel.compare_profiles(plain, amp, labels=("fp32",))
     with pytest.raises(ValueError, match="labels are two names"):  # a trial's 'ab' became ('a', 'b')
         nbaccel.compare_profiles(plain, amp, labels="ab")
+    with pytest.raises(ValueError, match="labels are two names"):  # "slower in x ... only in x"
+        nbaccel.compare_profiles(plain, amp, labels=("x", "x"))
 
 
 def _rows(*specs):
@@ -157,6 +159,9 @@ def test_real_profiles_with_steps_carry_their_per_step_times():
     # an op only one profile ran is given as a share of that profile's op time (it was of the larger one's)
     sort = next(r for r in c.new if r["name"] == "aten::sort")
     assert f"aten::sort {render._time(sort['after_us'])} ({sort['after_us'] / c.op_time_us[1]:.0%})" in str(c)
+    # the table: an op only one profile ran has no ratio ("from 0" is for an op both ran; a review)
+    row = next(r for r in render._rows(c) if r[0] == "aten::sort")
+    assert row[2] == "0 -> 1" and row[5] == "-"
     one = nbaccel.compare_profiles(profiled(small), profiled(large_and_sorted))
     assert not one.spread_checked and "without a spread to check them against" in unfolded(str(one))
 

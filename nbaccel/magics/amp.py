@@ -193,8 +193,8 @@ def _note_long_run(firsts: list[float], runs_left: int, args, device, restore_se
     restoring = (f" and restoring your variables before it {format_seconds(restore_seconds)}, as before each run"
                  if restore_seconds >= RESTORE_WORTH_SAYING * each else "")
     took = (f"the first run took {format_seconds(seconds)}{restoring}" if len(firsts) == 1 else
-            f"the first runs of the two variants took {format_seconds(firsts[0])} and {format_seconds(firsts[1])}"
-            f"{restoring}")
+            f"the first fp32 run took {format_seconds(firsts[0])} and the first mixed-precision one "
+            f"{format_seconds(firsts[1])}{restoring}")
     pace = ("at that pace: longer if the other variant is slower, shorter where the first run paid one-time setup"
             if len(firsts) == 1 else "at their mean pace (shorter where the first runs paid one-time setup)")
     note = (f"nbaccel %%amp: {took}; {runs_left} more runs (warmup, timed, memory and audited runs per variant, "

@@ -315,6 +315,10 @@ class BudgetMagics(Magics):
         if twice:  # a trial's opt_b,opt_b read "parameter 1 of em is in two of the optimizers passed (Adam and Adam)"
             raise UsageError(f"--optimizer {text}: {', '.join(twice)} is named twice; name each optimizer of the step "
                              "once")
+        same = [(a, b) for i, a in enumerate(parts) for b in parts[i + 1:]
+                if a in self.shell.user_ns and self.shell.user_ns.get(b) is self.shell.user_ns[a]]
+        if same:  # an alias (opt = adam)
+            raise UsageError(f"--optimizer {text}: {same[0][0]} and {same[0][1]} are the same optimizer; name it once")
         found = []
         for part in parts:
             if part not in self.shell.user_ns:  # most likely a misspelt name: list the names
@@ -335,10 +339,11 @@ class BudgetMagics(Magics):
         params = list(model.parameters())
         ids = {id(p) for p in params}
         guessed = sum(optimizer_state_bytes(params, named))
-        mine = []  # (variable, what it is, its state's bytes) of each optimizer over the model
+        mine, seen = [], set()  # (variable, kind, what it is, its state's bytes, params held) of each optimizer
         for var, value in self.shell.user_ns.items():
-            if var.startswith("_") or not isinstance(value, torch.optim.Optimizer):
-                continue
+            if var.startswith("_") or not isinstance(value, torch.optim.Optimizer) or id(value) in seen:
+                continue  # an alias (opt = adam) is the same optimizer: counted once (a review)
+            seen.add(id(value))
             if not any(id(p) in ids for g in value.param_groups for p in g["params"]):
                 continue
             try:
@@ -349,8 +354,13 @@ class BudgetMagics(Magics):
             hyper = f"(momentum={value.param_groups[0]['momentum']})" if kind == "sgd-momentum" else ""
             mine.append((var, kind, f"{type(value).__name__}{hyper} over {len(held)} of {name}'s {len(params)} "
                                     "parameter tensors",
-                         sum(optimizer_state_bytes([params[i] for i in held], value))))
-        if len(mine) > 1:  # one optimizer per part of the model: one note naming them together (a trial got one each)
+                         sum(optimizer_state_bytes([params[i] for i in held], value)), set(held)))
+        helds = [h for *_, h in mine]
+        apart = sum(map(len, helds)) == len(set().union(*helds)) if helds else True
+        mine = [m[:4] for m in mine]
+        # one optimizer per part of the model (a trial got one note each): one note naming them together; two
+        # over the same parameters (tried one after the other) are alternatives, each its own note (a review)
+        if len(mine) > 1 and apart:
             total = sum(b for *_, b in mine)
             if total == guessed:
                 return []

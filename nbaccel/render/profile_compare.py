@@ -109,7 +109,9 @@ def _rows(c) -> list[list[str]]:
         x, y = (f"{v:g}" for v in (r["before_calls"], r["after_calls"]))
         return x if x == y else f"{x} -> {y}"
     return [[r["name"], r["category"], calls(r), _time(r["before_us"]) if r["before_calls"] else "-",
-             _time(r["after_us"]) if r["after_calls"] else "-", _ratio(r["before_us"], r["after_us"]),
+             _time(r["after_us"]) if r["after_calls"] else "-",
+             # "from 0" is for an op both ran; one only one profile ran has no ratio (a review: "from 0" beside "-")
+             _ratio(r["before_us"], r["after_us"]) if r["before_calls"] and r["after_calls"] else "-",
              _change(r["change_us"])] for r in c.rows[:_top(c)]]
 
 
