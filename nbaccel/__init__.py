@@ -10,6 +10,7 @@ in scripts and under torchrun::
     with nbaccel.profile(steps=3) as prof:              # torch.profiler; prof.result: ProfileResult
         for _ in range(3):
             train_step(model, batch); prof.step()
+    nbaccel.compare_profiles(before, after)             # two ProfileResults op by op (%%profile_gpu --compare)
     nbaccel.load_trace("run.pt.trace.json.gz")          # a trace recorded elsewhere
     with nbaccel.memory_budget("6GiB"): ...             # peak memory against a budget
     nbaccel.estimate_memory(model, batch=32)            # MemoryEstimate, before running it
