@@ -188,7 +188,9 @@ def test_every_labelled_name_gets_a_valid_category(labelled_names):
         ("aten::contiguous", "memory copy"),
         ("aten::cat", "memory copy"),
         ("Optimizer.step#AdamW.step", "optimizer"),
-        ("aten::_foreach_add_", "optimizer"),
+        # a foreach op is the optimizer's inside Optimizer.step only (its phase); outside, grad clipping's
+        ("aten::_foreach_add_", "elementwise"),
+        ("aten::_foreach_norm", "reduction"),
         ("aten::_fused_adam_", "optimizer"),
         ("c10d::allreduce_", "communication"),
         ("nccl:all_reduce", "communication"),

@@ -286,3 +286,22 @@ def test_the_math_inside_a_norm_op_is_normalization():
     assert any(inside[i] for i, n in enumerate(cols["name"]) if n in ("aten::pow", "aten::mean", "aten::rsqrt"))
     assert not any(inside[i] for i, n in enumerate(cols["name"]) if n == "aten::rms_norm")  # the op itself: its own
     assert phases.inside_normalization(["elementwise", "matmul/conv"], [-1, 0]) == [False, False]
+
+
+def test_grad_clipping_is_not_the_optimizer_but_a_foreach_step_is():
+    """A trial: clip_grad_norm_'s aten::_foreach_norm / _foreach_mul_ read as "optimizer" (the name pattern),
+    though they run outside Optimizer.step; a foreach optimizer's own ops inside the step still are."""
+    import torch
+
+    m, x = torch.nn.Linear(64, 64), torch.randn(8, 64)
+    opt = torch.optim.SGD(m.parameters(), lr=0.1, foreach=True)
+    m(x).sum().backward()
+    with nbaccel.profile() as prof:
+        m(x).sum().backward()
+        torch.nn.utils.clip_grad_norm_(m.parameters(), 1.0)
+        opt.step()
+    r = prof.result
+    seen = {(n, p or c) for n, c, p in zip(r.op_columns["name"], r.op_columns["category"], r.op_phases)
+            if n.startswith("aten::_foreach_")}
+    assert ("aten::_foreach_norm", "reduction") in seen and ("aten::_foreach_mul_", "elementwise") in seen
+    assert ("aten::_foreach_add_", "optimizer") in seen, seen

@@ -319,6 +319,10 @@ def op_category(op_name: str) -> str:
         return COMPILED
     if _COMM.search(name):
         return "communication"
+    if name.startswith("aten::_foreach_"):
+        # a foreach op is the optimizer's only inside Optimizer.step, which its phase says (`phases.op_phases`);
+        # outside, it is grad clipping's norms and scaling (a trial read clip_grad_norm_ as "optimizer")
+        return "reduction" if name.startswith("aten::_foreach_norm") else "elementwise"
     if _OPTIMIZER.search(name):
         return "optimizer"
     if _OP_ATTENTION.search(name) and "reshape_and_cache" not in name:
