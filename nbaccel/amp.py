@@ -324,6 +324,7 @@ class _Runner:
         self.cell, self.snapshot, self.torch_globals = cell, snapshot, torch_globals
         self.clock, self.device, self.silence = clock, device, silence
         self.on_first_run, self.runs_after_first = on_first_run, runs_after_first
+        self._report_restore = on_first_run is not None and _takes_three(on_first_run)  # read once
         self._reported: set = set()  # the variants whose first run on_first_run was told of
         self._runs = 0  # runs so far, for the runs still to come
         self.meter: ContentionMeter | None = None  # set for the timed rounds only, not the warmup
@@ -356,7 +357,7 @@ class _Runner:
         if self.on_first_run is not None and id(recipe) not in self._reported:
             self._reported.add(id(recipe))
             left = self.runs_after_first + 1 - self._runs
-            if _takes_three(self.on_first_run):
+            if self._report_restore:
                 self.on_first_run(seconds, left, self.restore_times[0] if self.restore_times else 0.0)
             else:
                 self.on_first_run(seconds, left)

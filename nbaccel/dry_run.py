@@ -249,13 +249,15 @@ def _first_step(opt: torch.optim.Optimizer, replica: torch.nn.Module) -> None:
         sparse = any(p.grad is not None and p.grad.layout != torch.strided for p in replica.parameters())
         fix = (f"the model makes sparse gradients (nn.Embedding(sparse=True)): pass {option('optimizer', 'sparseadam')}"
                f" when all its gradients are sparse, else {option('optimizer', 'sgd')}, which takes both, or the "
-               f"optimizer objects of the step ({_several()}), each over its own parameters" if sparse
+               f"optimizer objects of the step ({several_optimizers()}), each over its own parameters" if sparse
                else f"pass an {option('optimizer')} that takes this model's parameters")
         raise EstimateError(f"the dry run's optimizer step ({type(opt).__name__}) failed after the forward and "
                             f"backward had run: {type(exc).__name__}: {exc}\n{fix}") from exc
 
 
-def _several() -> str:
+def several_optimizers() -> str:
+    """How to pass one optimizer per part of the model, as the caller spells it (the refusal and the estimate
+    say it alike)."""
     return ("--optimizer opt_sp,opt for opt_sp = SparseAdam(the embeddings' parameters), opt = Adam(the rest)"
             if in_magic() else "optimizer=[SparseAdam(the embeddings' parameters), Adam(the rest)]")
 

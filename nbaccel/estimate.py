@@ -43,7 +43,8 @@ from typing import TYPE_CHECKING
 import torch
 
 from .device import DTYPE_NAMES, DeviceError, device_info, dtype_name, resolve_device
-from .dry_run import PHASES, ActivationFit, EstimateError, LiveBytes, _default_loss, _dry_run, _example_option, _line
+from .dry_run import (DEFAULT_LOSS, PHASES, ActivationFit, EstimateError, LiveBytes, _default_loss, _dry_run,
+                      _example_option, _line, loss_takes_batch, several_optimizers)
 from .memory import format_bytes
 from .model_states import (OPTIMIZERS, _largest_leaf_bytes, _optimizer_spec, closest_optimizer, make_optimizer,
                            optimizer_plan, optimizer_state_bytes, plan_name, plan_state_bytes)
@@ -444,8 +445,6 @@ def _check_targets(targets, loss_fn) -> None:
     if not tensors or not all(isinstance(t, torch.Tensor) and t.dim() > 0 for t in tensors):
         raise TypeError(f"{_target_option()} takes a tensor (or a tuple of tensors) whose first dimension is the "
                         f"batch, got {type(targets).__name__}")
-    from .dry_run import loss_takes_batch
-
     if loss_fn is None or not loss_takes_batch(loss_fn):
         raise ValueError(f"{_target_option()} is the loss's second argument: pass a loss that takes (output, "
                          f"targets) with {_loss_option()}, e.g. def loss(output, y): return F.cross_entropy(output, y)")
@@ -461,13 +460,10 @@ def _loss_option() -> str:
 
 def _loss_words(loss_fn, targets=None) -> str:
     """The loss the dry run used, as the method line says it."""
-    from .dry_run import DEFAULT_LOSS, loss_takes_batch
-
     if loss_fn is None:
         return f"{DEFAULT_LOSS}, nbaccel's default; pass the real one with {_loss_option()}"
-    called = "loss_fn(output, batch)" if loss_takes_batch(loss_fn) else "loss_fn(output)"
-    if targets is not None:
-        called = f"loss_fn(output, targets) ({_target_option()} cut to the probe's rows)"
+    called = (f"loss_fn(output, targets) ({_target_option()} cut to the probe's rows)" if targets is not None
+              else "loss_fn(output, batch)" if loss_takes_batch(loss_fn) else "loss_fn(output)")
     return f"{getattr(loss_fn, '__name__', type(loss_fn).__name__)}, called as {called}"
 
 
@@ -486,7 +482,7 @@ def _head_notes(heads: list, batches: list, batch: int) -> list[str]:
             f"{batch} (rows measured: {', '.join(f'{r:,}' for r, _ in heads)} at batch "
             f"{', '.join(map(str, batches))}, scaled linearly; float32), at least once (log_softmax's output, kept "
             f"for the backward) and more in the backward; pass the real loss with {_loss_option()}, taking "
-            "(output) or (output, batch)"]
+            f"(output) or (output, batch), or (output, targets) with {_target_option()}"]
 
 
 def _optimizer_notes(model: torch.nn.Module, plan: list, name: str) -> list[str]:
@@ -513,12 +509,8 @@ def _optimizer_notes(model: torch.nn.Module, plan: list, name: str) -> list[str]
                      f"{len(trainable) - len(left)} of {name}'s {len(trainable)} trainable parameter tensors; the "
                      f"other {len(left)} "
                      f"({names}: {size}) get no optimizer state in this estimate (their gradients are counted): "
-                     f"pass every optimizer of the step ({_several_option()}) to count theirs")
+                     f"pass every optimizer of the step ({several_optimizers()}) to count theirs")
     return notes
-
-
-def _several_option() -> str:
-    return "--optimizer opt_sp,opt" if in_magic() else "optimizer=[opt_sp, opt]"
 
 
 def _sparse_grad_notes(model: torch.nn.Module, sparse_params: set, fits: dict, batch: int) -> list[str]:

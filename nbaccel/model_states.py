@@ -141,11 +141,11 @@ def make_optimizers(plan: list[tuple], params: list, replicas: list) -> list:
     """The plan's optimizers over ``replicas`` (the copies of ``params``, in the same order), each over the
     parameters it holds, group by group (a group's own settings kept)."""
     made = []
+    index = {id(p): i for i, p in enumerate(params)}
     for opt, held in plan:
         if held is None:
             one = make_optimizer(opt, [r for r in replicas if r.requires_grad])
         else:
-            index = {id(p): i for i, p in enumerate(params)}
             groups = [{**{k: v for k, v in g.items() if k != "params"},
                        "params": [replicas[index[id(p)]] for p in g["params"]
                                   if id(p) in index and replicas[index[id(p)]].requires_grad]}

@@ -387,11 +387,7 @@ class profile:  # noqa: N801 - a context manager used like a function: `with nba
     def _end_recording(self) -> None:
         """Stop recording before the block ends (what `_stop` does but the recipe, lock and filter, which
         stay until the block's exit)."""
-        if self._step_range is not None:
-            if self.device.type == "cuda":  # the step ends when its kernels do
-                torch.cuda.synchronize(self.device)
-            self._step_range.__exit__(None, None, None)
-            self._step_range = None
+        self._end_step_range()
         self._close_span()
         self._guard.remove()
         self._stop_profiler()
@@ -409,13 +405,17 @@ class profile:  # noqa: N801 - a context manager used like a function: `with nba
         after one at their first line): the interrupt is raised when everything is undone."""
         finish(self._stop_steps, exc_type, exc, tb)
 
+    def _end_step_range(self) -> None:
+        """End an unscheduled profile's ProfilerStep#0 range, once."""
+        if self._step_range is not None:
+            if self.device.type == "cuda":  # the step ends when its kernels do, as its wall time says
+                torch.cuda.synchronize(self.device)
+            self._step_range.__exit__(None, None, None)
+            self._step_range = None
+
     def _stop_steps(self, exc_type, exc, tb) -> None:
         try:
-            if self._step_range is not None:
-                if self.device.type == "cuda":  # the step ends when its kernels do, as its wall time says
-                    torch.cuda.synchronize(self.device)
-                self._step_range.__exit__(None, None, None)
-                self._step_range = None
+            self._end_step_range()
         finally:
             self._stop_recording(exc_type, exc, tb)
 

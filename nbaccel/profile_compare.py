@@ -51,10 +51,7 @@ def _per_step(result: ProfileResult, column: str) -> dict[str, list[float]] | No
     """{op name: its self time in each recorded step}, or None for fewer than two steps (no spread)."""
     import bisect
 
-    t = result.trace
-    steps = sorted((ts, ts + dur) for name, ts, dur, dev in zip(*(t.column("annotations", c) for c in
-                                                                    ("name", "ts_us", "dur_us", "on_device")))
-                   if str(name).startswith("ProfilerStep#") and not dev)
+    steps = result.step_ranges_us
     if len(steps) < 2:
         return None
     starts = [a for a, _ in steps]

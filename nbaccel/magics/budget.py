@@ -327,9 +327,18 @@ class BudgetMagics(Magics):
             value = self._lookup(part, "--optimizer")
             if not isinstance(value, torch.optim.Optimizer):
                 raise UsageError(f"--optimizer takes one of {', '.join(names)}, an optimizer variable or several "
-                                 f"(opt_sp,opt), got {part!r}: a {type(value).__name__}")
+                                 f"(opt_sp,opt), got {part!r}: {a_type(value)}")
             found.append(value)
         return found[0] if len(found) == 1 else found
+
+    def _namespace_optimizers(self):
+        """(name, optimizer) of the namespace's optimizers, each object once: an alias (opt = adam) is the same
+        optimizer (a review: summed with itself, and named beside itself in a command then refused)."""
+        seen = set()
+        for var, value in self.shell.user_ns.items():
+            if not var.startswith("_") and isinstance(value, torch.optim.Optimizer) and id(value) not in seen:
+                seen.add(id(value))
+                yield var, value
 
     def _own_optimizer(self, model, named: str, name: str) -> list[str]:
         """The user's own optimizers over this model whose state differs from the name passed: a trial's
@@ -339,11 +348,8 @@ class BudgetMagics(Magics):
         params = list(model.parameters())
         ids = {id(p) for p in params}
         guessed = sum(optimizer_state_bytes(params, named))
-        mine, seen = [], set()  # (variable, kind, what it is, its state's bytes, params held) of each optimizer
-        for var, value in self.shell.user_ns.items():
-            if var.startswith("_") or not isinstance(value, torch.optim.Optimizer) or id(value) in seen:
-                continue  # an alias (opt = adam) is the same optimizer: counted once (a review)
-            seen.add(id(value))
+        mine = []  # (variable, kind, what it is, its state's bytes, params held) of each optimizer
+        for var, value in self._namespace_optimizers():
             if not any(id(p) in ids for g in value.param_groups for p in g["params"]):
                 continue
             try:
@@ -378,9 +384,8 @@ class BudgetMagics(Magics):
         params = list(model.parameters())
         covered = {id(p) for o in passed for g in o.param_groups for p in g["params"]}
         left = {id(p) for p in params if p.requires_grad and id(p) not in covered}
-        others = [var for var, value in self.shell.user_ns.items()
-                  if not var.startswith("_") and isinstance(value, torch.optim.Optimizer)
-                  and all(value is not o for o in passed)
+        others = [var for var, value in self._namespace_optimizers()
+                  if all(value is not o for o in passed)
                   and any(id(p) in left for g in value.param_groups for p in g["params"])]
         if not left or not others:
             return []

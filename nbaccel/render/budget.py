@@ -243,8 +243,9 @@ def _oom_facts(e) -> list[str]:
         lines.append(f"memory budget: {format_bytes(e.budget_bytes)}")
     if e.allocated_bytes is not None:
         lines.append(f"allocated at the failure: {format_bytes(e.allocated_bytes)} ({e.allocated_method})")
-        if e.device.split(":")[0] == "cpu" and unresident_line(e.holders, e.allocated_bytes):
-            lines.append(unresident_line(e.holders, e.allocated_bytes))
+        unresident = unresident_line(e.holders, e.allocated_bytes) if e.device.split(":")[0] == "cpu" else ""
+        if unresident:
+            lines.append(unresident)
     if f.reserved_unallocated:
         lines.append(f"reserved but unallocated (cache): {format_bytes(f.reserved_unallocated)}")
     if f.capacity is not None:
