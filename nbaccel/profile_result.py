@@ -154,16 +154,21 @@ class ProfileResult(ResultMixin):
         return (win[1] - win[0]) if win else 0.0
 
     @functools.cached_property
-    def step_ranges_us(self) -> list[tuple[float, float]]:
-        """(start, end) of each recorded step (the host's ``ProfilerStep#`` ranges), in order."""
+    def _steps(self) -> list[tuple[float, float]]:
+        """(start, duration) of each recorded step (the host's ``ProfilerStep#`` ranges), in order."""
         t = self.trace
-        return sorted((float(ts), float(ts) + float(dur)) for name, ts, dur, dev in
+        return sorted((float(ts), float(dur)) for name, ts, dur, dev in
                       zip(*(t.column("annotations", c) for c in ("name", "ts_us", "dur_us", "on_device")))
                       if str(name).startswith("ProfilerStep#") and not dev)
 
-    @functools.cached_property
+    @property
+    def step_ranges_us(self) -> list[tuple[float, float]]:
+        """(start, end) of each recorded step, in order."""
+        return [(ts, ts + dur) for ts, dur in self._steps]
+
+    @property
     def step_times_us(self) -> list[float]:
-        return [end - start for start, end in self.step_ranges_us]
+        return [dur for _, dur in self._steps]  # the recorded durations, not end - start (float rounding)
 
     @functools.cached_property
     def device_time_us(self) -> float:
