@@ -12,6 +12,7 @@ from IPython.core.error import UsageError
 
 import nbaccel
 from nbaccel.analysis import load_trace
+from nbaccel.device import cpu_flags
 from nbaccel.render import display as display_module
 from nbaccel.render import profile as render_profile
 from widget_helpers import control, first_column, walk
@@ -1205,6 +1206,18 @@ def test_profile_under_fp16_on_a_cpu_without_amx_fp16_says_so(run_cell, ip, monk
             "over fp32. It has AMX-BF16: --amp bf16 runs on its tiles.") in ip.user_ns["prof"].advice
     run_cell("%%profile_gpu -q -r prof --amp bf16\nfor _ in range(3): w @ w")
     assert not any("AMX-FP16" in a for a in ip.user_ns["prof"].advice)
+
+
+# oneDNN picks its fp16 convolution by the CPU it really runs on: without AVX512-FP16 torch takes its own
+# _slow_conv2d path (forward 84% of the step on an AMD EPYC), and the faked flags cannot change that.
+@pytest.mark.skipif("avx512_fp16" not in cpu_flags(),
+                    reason="needs a CPU with AVX512-FP16 (oneDNN's fp16 convolution path), not faked flags")
+def test_profile_under_fp16_names_the_slow_fp16_convolution_backward(run_cell, ip, monkeypatch):
+    import nbaccel.device as device
+
+    flags = device.cpu_flags() - {"amx_fp16"} | {"amx_bf16", "amx_tile", "avx512_bf16"}
+    monkeypatch.setattr(device, "cpu_flags", lambda: flags)
+    monkeypatch.setattr(device, "_cpu_feature", lambda name: name in flags)
     # A trial's CNN step under --amp fp16 spent 99% in the fp16 convolution backward (304x fp32's weight
     # gradient: benchmarks.bench_cpu_fp16), and the line said only "gain little over fp32".
     ip.user_ns.update(conv=torch.nn.Conv2d(16, 16, 3, padding=1), x=torch.randn(4, 16, 32, 32))  # ~60% there
