@@ -29,17 +29,17 @@ def closest_optimizer(name: str) -> str:
 
 
 def _optimizer_spec(optimizer) -> tuple[str, dict]:
-    """Name and hyper-parameters, from a name or an optimizer instance."""
+    """Name and constructor settings (``defaults``), from a name or an optimizer instance. SGD is
+    "sgd-momentum" when any of its groups has momentum; each group's own settings are `_state_groups`'."""
     if isinstance(optimizer, torch.optim.Optimizer):
         name = next((n for cls, n in _KNOWN if isinstance(optimizer, cls)), None)
         if name is None:
             raise ValueError(f"the state size of {type(optimizer).__name__} is not known here (Adam, AdamW, SGD, "
                              f"Adagrad, RMSprop and SparseAdam are); pass the closest of {', '.join(OPTIMIZERS)} "
                              f"by name instead, e.g. {option('optimizer', 'adam')} for an optimizer with two moments")
-        group = optimizer.param_groups[0]
-        if name == "sgd" and group.get("momentum", 0):
+        if name == "sgd" and any(g.get("momentum", 0) for g in optimizer.param_groups):
             name = "sgd-momentum"
-        return name, dict(group)
+        return name, dict(optimizer.defaults)
     if optimizer is not None and not isinstance(optimizer, str):
         raise TypeError(f"{option('optimizer')} takes one of {', '.join(OPTIMIZERS)} or a torch.optim.Optimizer, "
                         f"got {type(optimizer).__name__}")
@@ -50,14 +50,41 @@ def _optimizer_spec(optimizer) -> tuple[str, dict]:
     return name, {}
 
 
-def optimizer_state_bytes(params, optimizer="adamw") -> tuple[int, int]:
-    """(bytes on the parameters' device, bytes on the host) of the optimizer's state, exactly.
+def _state_groups(params, optimizer) -> list[tuple[str, dict, list]]:
+    """(kind, settings, parameters among ``params``) of each param group of an optimizer object; for a name,
+    one group: the trainable ``params`` with the optimizer's defaults.
 
-    ``step`` counters are 4-byte float32 tensors, one per parameter tensor, on the host unless
-    the optimizer is ``fused`` or ``capturable`` (then on the parameter's device).
+    The state's size is decided per group: a real AdamW has decay and no-decay groups, and a group may set
+    momentum, amsgrad, centered or fused of its own (the first group's settings, read for all, counted SGD
+    momentum buffers for a momentum=0 group, and none for a momentum group after a momentum=0 one).
     """
     name, hyper = _optimizer_spec(optimizer)
-    params = [p for p in params if p.requires_grad]
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        return [(name, hyper, [p for p in params if p.requires_grad])]
+    ids = {id(p) for p in params}
+    sgd = name.startswith("sgd")
+    return [(("sgd-momentum" if g.get("momentum") else "sgd") if sgd else name, g,
+             [p for p in g["params"] if id(p) in ids]) for g in optimizer.param_groups]
+
+
+def optimizer_state_bytes(params, optimizer="adamw") -> tuple[int, int]:
+    """(bytes on the parameters' device, bytes on the host) of the optimizer's state, exactly, group by group.
+
+    ``step`` counters are 4-byte float32 tensors, one per parameter tensor, on the host unless
+    the group is ``fused`` or ``capturable`` (then on the parameter's device).
+    """
+    device = host = 0
+    for name, hyper, group in _state_groups(params, optimizer):
+        d, h = _group_state_bytes(name, hyper, group)
+        device, host = device + d, host + h
+    return device, host
+
+
+def _group_state_bytes(name: str, hyper: dict, params: list) -> tuple[int, int]:
+    # Adagrad makes its state in its constructor, for every parameter it holds; the others at the first step,
+    # for the parameters with a gradient: a frozen one (requires_grad=False) gets none.
+    if name != "adagrad":
+        params = [p for p in params if p.requires_grad]
     nbytes = sum(p.numel() * p.element_size() for p in params)
     steps_on_device = bool(hyper.get("fused") or hyper.get("capturable"))
     per_param = {"adamw": 2 + bool(hyper.get("amsgrad")), "adam": 2 + bool(hyper.get("amsgrad")),
@@ -74,9 +101,9 @@ def optimizer_state_bytes(params, optimizer="adamw") -> tuple[int, int]:
 def make_optimizer(optimizer, params):
     name, hyper = _optimizer_spec(optimizer)
     if isinstance(optimizer, torch.optim.Optimizer):
-        # param_groups hold keys the constructor does not take (AdamW's 'decoupled_weight_decay',
-        # a scheduler's 'initial_lr'): pass only what it accepts. What decides memory (foreach, fused,
-        # capturable, amsgrad, momentum, centered) are constructor arguments, so they are kept.
+        # The constructor gets the object's defaults; each group passed keeps its own settings. Pass only
+        # what the constructor accepts (a subclass's defaults may hold more). What decides memory (foreach,
+        # fused, capturable, amsgrad, momentum, centered) are constructor arguments, so they are kept.
         cls = type(optimizer)
         accepted = inspect.signature(cls.__init__).parameters
         if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in accepted.values()):
@@ -139,7 +166,8 @@ def plan_state_bytes(plan: list[tuple], params: list) -> tuple[int, int]:
 
 def make_optimizers(plan: list[tuple], params: list, replicas: list) -> list:
     """The plan's optimizers over ``replicas`` (the copies of ``params``, in the same order), each over the
-    parameters it holds, group by group (a group's own settings kept)."""
+    parameters it holds, group by group (a group's own settings kept), frozen ones too: Adagrad keeps state
+    for them, the others skip a parameter without a gradient."""
     made = []
     index = {id(p): i for i, p in enumerate(params)}
     for opt, held in plan:
@@ -147,8 +175,7 @@ def make_optimizers(plan: list[tuple], params: list, replicas: list) -> list:
             one = make_optimizer(opt, [r for r in replicas if r.requires_grad])
         else:
             groups = [{**{k: v for k, v in g.items() if k != "params"},
-                       "params": [replicas[index[id(p)]] for p in g["params"]
-                                  if id(p) in index and replicas[index[id(p)]].requires_grad]}
+                       "params": [replicas[index[id(p)]] for p in g["params"] if id(p) in index]}
                       for g in opt.param_groups]
             one = make_optimizer(opt, [g for g in groups if g["params"]])
         if one is not None:

@@ -822,6 +822,23 @@ def test_estimate_with_sgd_names_the_users_sgd_with_momentum(ip, run_cell):
                 "state; this estimate assumes sgd (0 B): pass --optimizer opt to estimate yours") in shown
 
 
+def test_estimate_names_the_users_sgd_by_its_groups_momentum(ip, run_cell):
+    """The note read the first param group: an SGD whose biases' group (first) has momentum=0 and whose weights'
+    group has 0.9 was "SGD(momentum=0) ... with 36 KiB of state"; its state is the weights' buffers."""
+    run_cell("import torch\ntorch.manual_seed(0)\nmodel = torch.nn.Sequential(torch.nn.Linear(64, 128), "
+             "torch.nn.ReLU(), torch.nn.Linear(128, 8))\n"
+             "biases = [p for n, p in model.named_parameters() if n.endswith('bias')]\n"
+             "weights = [p for n, p in model.named_parameters() if n.endswith('weight')]\n"
+             "opt = torch.optim.SGD([{'params': biases}, {'params': weights, 'momentum': 0.9}], lr=0.1)")
+    _, captured = run_cell("%memory_budget --model model --optimizer sgd --batch 64 -r est")
+    weights = 64 * 128 + 128 * 8
+    for shown in _estimate_renderings(ip, captured, "est"):
+        assert (f"your opt is SGD(momentum=0.9 in 1 of its 2 groups) over 4 of model's 4 parameter tensors, with "
+                f"{format_bytes(4 * weights)} of state; this estimate assumes sgd (0 B)") in unfolded(html.unescape(shown))
+    run_cell("%memory_budget --model model --optimizer opt --batch 64 -q -r own")
+    assert ip.user_ns["own"].state_bytes == ip.user_ns["own"].states_measured == 4 * weights
+
+
 def test_estimate_with_one_of_two_optimizers_respects_its_parameters(ip, run_cell):
     """A user trial: --optimizer opt_sp, a SparseAdam over the embeddings only, was rebuilt over every parameter
     and refused, telling the user to pass sparseadam (what they had passed)."""

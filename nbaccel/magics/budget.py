@@ -63,6 +63,14 @@ CPU_ENFORCE_NOTE = ("--enforce: the CPU allocator has no per-process cap, so onl
                     "(systemd-run --user -p MemoryMax=6G jupyter lab, or docker --memory 6g)")
 
 
+def _sgd_momentum(opt) -> str:
+    """"(momentum=0.9)", or "(momentum=0.9 in 1 of its 2 groups)": read from the groups that have it (the first
+    group, biases at momentum=0, read "SGD(momentum=0)" beside the weights' buffers)."""
+    momenta = [g["momentum"] for g in opt.param_groups]
+    share = "" if all(momenta) else f" in {sum(map(bool, momenta))} of its {len(momenta)} groups"
+    return f"(momentum={next(m for m in momenta if m)}{share})"
+
+
 @magics_class
 class BudgetMagics(Magics):
     def __init__(self, shell=None, **kwargs):
@@ -357,7 +365,7 @@ class BudgetMagics(Magics):
                 held = optimizer_plan(value, params)[0][1]
             except ValueError:
                 continue
-            hyper = f"(momentum={value.param_groups[0]['momentum']})" if kind == "sgd-momentum" else ""
+            hyper = _sgd_momentum(value) if kind == "sgd-momentum" else ""
             mine.append((var, kind, f"{type(value).__name__}{hyper} over {len(held)} of {name}'s {len(params)} "
                                     "parameter tensors",
                          sum(optimizer_state_bytes([params[i] for i in held], value)), set(held)))
