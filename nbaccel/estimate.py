@@ -43,8 +43,8 @@ from typing import TYPE_CHECKING
 import torch
 
 from .device import DTYPE_NAMES, DeviceError, device_info, dtype_name, resolve_device
-from .dry_run import (DEFAULT_LOSS, PHASES, ActivationFit, EstimateError, LiveBytes, _default_loss, _dry_run,
-                      _example_option, _line, loss_takes_batch, several_optimizers)
+from .dry_run import (DEFAULT_HEAD_LOSS, DEFAULT_LOSS, HEAD_CLASSES, PHASES, ActivationFit, EstimateError, LiveBytes,
+                      _default_loss, _dry_run, _example_option, _line, loss_takes_batch, several_optimizers)
 from .memory import format_bytes
 from .model_states import (OPTIMIZERS, _largest_leaf_bytes, _optimizer_spec, closest_optimizer, make_optimizer,
                            optimizer_plan, optimizer_state_bytes, plan_name, plan_state_bytes)
@@ -346,8 +346,9 @@ def estimate_memory(model: torch.nn.Module, optimizer="adamw", batch: int = 32, 
     ``batch`` is the probe batch as the model got it, a tensor or the tuple; or ``targets`` cut to the probe's rows
     when given: a tensor or tuple, first dimension = batch, e.g. the labels a cross-entropy needs, which cannot
     ride in ``example`` since the model is called with all of it): default the sum of the first
-    floating-point output, which keeps no buffer of its own (a cross-entropy keeps ones the logits' size; the
-    result says so for an output with a wide last dimension).
+    floating-point output, which keeps no buffer of its own, or, when its last dimension has 1024 entries or
+    more (a classifier or vocabulary head), a cross-entropy over that dimension (every row's target class 0),
+    whose buffers the logits' size the dry run then measures; the result says which.
     ``probe_batches``: the two dry-run batch sizes (default an eighth and a quarter of ``batch``).
 
     Off CUDA the predicted ``total`` counts tensor bytes; ``single(p)["total_no_reuse"]`` is the
@@ -388,8 +389,8 @@ def estimate_memory(model: torch.nn.Module, optimizer="adamw", batch: int = 32, 
     if dev.type == "cpu":
         state_device, state_host = state_device + state_host, 0
     opt_name = plan_name(plan)
-    loss_words = _loss_words(loss_fn, targets)
-    own_loss, loss_fn = loss_fn is not None, loss_fn or _default_loss
+    own_loss, loss_words = loss_fn is not None, _loss_words(loss_fn, targets)
+    loss_fn = loss_fn or _default_loss
     if amp_dtype == "auto":
         amp = torch.bfloat16 if (dev.type == "cpu" or info.supports_bf16) else torch.float16
     else:
@@ -408,7 +409,9 @@ def estimate_memory(model: torch.nn.Module, optimizer="adamw", batch: int = 32, 
         states_measured = probe["states_measured"]
         heads = heads or probe["heads"]
     notes = _optimizer_notes(model, plan, name) + _sparse_grad_notes(model, probe["sparse_params"], fits, batch)
-    notes += [] if own_loss else _head_notes(heads, probe_batches, batch)
+    if not own_loss and _wide_head(heads):  # the dry run's default loss was a cross-entropy (`_default_loss`)
+        loss_words = _loss_words(None, head=True)
+        notes += _head_notes(heads, probe_batches, batch)
     grad_bytes = next(iter(fits.values())).grads_at(batch)
     meter = ("the CUDA caching allocator's counters (memory_allocated, max_memory_allocated)" if dev.type == "cuda"
              else "live tensor storages counted by a TorchDispatchMode (exact tensor bytes; the process's RSS "
@@ -433,10 +436,6 @@ def estimate_memory(model: torch.nn.Module, optimizer="adamw", batch: int = 32, 
     )
 
 
-# A classifier or vocabulary head: a last dimension this wide is classes, whose softmax the default loss skips.
-HEAD_CLASSES = 1024
-
-
 def _check_targets(targets, loss_fn) -> None:
     """``targets`` go to the loss as its second argument: without a loss that takes two they would go nowhere."""
     if targets is None:
@@ -458,31 +457,35 @@ def _loss_option() -> str:
     return "--loss NAME (a function in the namespace)" if in_magic() else "loss_fn="
 
 
-def _loss_words(loss_fn, targets=None) -> str:
-    """The loss the dry run used, as the method line says it."""
+def _loss_words(loss_fn, targets=None, head: bool = False) -> str:
+    """The loss the dry run used, as the method line says it (``head``: the default over a wide head)."""
     if loss_fn is None:
-        return f"{DEFAULT_LOSS}, nbaccel's default; pass the real one with {_loss_option()}"
+        default = DEFAULT_HEAD_LOSS if head else DEFAULT_LOSS
+        return f"{default}, nbaccel's default; pass the real one with {_loss_option()}"
     called = (f"loss_fn(output, targets) ({_target_option()} cut to the probe's rows)" if targets is not None
               else "loss_fn(output, batch)" if loss_takes_batch(loss_fn) else "loss_fn(output)")
     return f"{getattr(loss_fn, '__name__', type(loss_fn).__name__)}, called as {called}"
 
 
+def _wide_head(heads: list) -> bool:
+    """Whether the probes' output had a classifier's or vocabulary's last dimension (`dry_run._is_head`)."""
+    return len(heads) >= 2 and all(h is not None for h in heads) and heads[0][1] >= HEAD_CLASSES
+
+
 def _head_notes(heads: list, batches: list, batch: int) -> list[str]:
-    """Under the default loss, an output whose last dimension is wide (a vocabulary head): a cross-entropy over
-    it keeps buffers the logits' size that the sum does not (a trial's vocabulary model peaked at 666 MiB
-    against a predicted 280 MiB)."""
-    if len(heads) < 2 or any(h is None for h in heads) or heads[0][1] < HEAD_CLASSES:
-        return []
+    """Under the default loss, a wide head's cross-entropy was measured, not the sum: said, with the logits'
+    size (the sum kept none of its buffers: a vocabulary model's step peaked at 188 MiB against 63 MiB)."""
     classes = heads[0][1]
     intercept, slope = _line(batches, [rows for rows, _ in heads])
     rows = int(round(intercept + slope * batch))
-    return [f"loss: the default sums the output; its last dimension has {classes:,} entries (a classifier or "
-            f"vocabulary head?), and a softmax/cross-entropy over them keeps buffers of about the logits' size that "
-            f"the sum does not: {rows:,} rows x {classes:,} x 4 B = {format_bytes(rows * classes * 4)} at batch "
-            f"{batch} (rows measured: {', '.join(f'{r:,}' for r, _ in heads)} at batch "
-            f"{', '.join(map(str, batches))}, scaled linearly; float32), at least once (log_softmax's output, kept "
-            f"for the backward) and more in the backward; pass the real loss with {_loss_option()}, taking "
-            f"(output) or (output, batch), or (output, targets) with {_target_option()}"]
+    return [f"loss: the output's last dimension has {classes:,} entries (a classifier or vocabulary head?), so the "
+            f"dry run's default loss was a cross-entropy over it, not the sum: what it holds (log_softmax's output, "
+            f"kept for the backward, in float32 under autocast; the logits' gradient) is measured in the phases; the "
+            f"logits are {rows:,} rows x {classes:,} at batch {batch}, {format_bytes(rows * classes * 4)} in float32 "
+            f"(rows measured: {', '.join(f'{r:,}' for r, _ in heads)} at batch {', '.join(map(str, batches))}, "
+            f"scaled linearly); a loss of your own (label smoothing, a chunked cross-entropy) can hold another "
+            f"amount: pass it with {_loss_option()}, taking (output) or (output, batch), or (output, targets) with "
+            f"{_target_option()}"]
 
 
 def _optimizer_notes(model: torch.nn.Module, plan: list, name: str) -> list[str]:

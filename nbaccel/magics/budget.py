@@ -111,8 +111,8 @@ class BudgetMagics(Magics):
                    "layer is nn.Linear")
     @argument("--loss", default=None, metavar="NAME",
               help="for --model: the loss function in the namespace, called as NAME(output) or NAME(output, batch) "
-                   "(batch: the --input rows of the dry run); default the output's sum, which keeps no buffer "
-                   "(a cross-entropy over a vocabulary keeps ones the logits' size)")
+                   "(batch: the --input rows of the dry run); default the output's sum, or a cross-entropy over "
+                   "its last dimension when that has 1024 entries or more (a classifier or vocabulary head)")
     @argument("--target", default=None, metavar="NAME",
               help="for --loss: the targets (e.g. labels; first dim = batch), passed as NAME(output, targets) "
                    "cut to the dry run's rows: the model gets --input alone")
