@@ -50,6 +50,7 @@ from .model_states import (OPTIMIZERS, _largest_leaf_bytes, _optimizer_spec, clo
                            optimizer_plan, optimizer_state_bytes, plan_name, plan_state_bytes)
 from .options import in_magic, option
 from .results import ResultMixin
+from .snapshot import rng_kept
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -397,8 +398,12 @@ def estimate_memory(model: torch.nn.Module, optimizer="adamw", batch: int = 32, 
         amp = {"bf16": torch.bfloat16, "fp16": torch.float16}[amp_dtype]
     probe_batches = list(probe_batches)
     fits, states_measured, heads = {}, None, None
-    for label, dtype in ((_own_precision(params), None), (f"{DTYPE_NAMES[amp]} AMP", amp)):
-        probe = _dry_run(model, optimizer, example, probe_batches, dev, dtype, loss_fn, name, plan, targets)
+    probes = {}
+    with rng_kept():  # a prediction draws nothing from the user's random streams (dropout, a random input)
+        for label, dtype in ((_own_precision(params), None), (f"{DTYPE_NAMES[amp]} AMP", amp)):
+            probes[label] = _dry_run(model, optimizer, example, probe_batches, dev, dtype, loss_fn, name, plan,
+                                     targets)
+    for label, probe in probes.items():
         allocated = None if dev.type == "cuda" else probe["allocated"]
         # Sparse gradients are measured (their rows), the dense ones exact arithmetic.
         dense_grads = sum(p.numel() * p.element_size() for i, p in enumerate(params)

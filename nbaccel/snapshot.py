@@ -24,6 +24,7 @@ of a user class mutated in place, files written) is listed in docs/reliability.m
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import functools
 import itertools
@@ -732,6 +733,18 @@ def _set_generator_state(generator, state) -> None:
         generator.set_state(state)
     else:
         generator.setstate(state)
+
+
+@contextlib.contextmanager
+def rng_kept():
+    """A block that draws random numbers on nbaccel's behalf (the estimator's dry runs: a Dropout's
+    masks, a random probe input) leaves the python, numpy, torch and CUDA generators as it found them:
+    the user's next ``torch.randn`` or dropout mask is the one it would have been without it."""
+    state = _capture_rng()
+    try:
+        yield
+    finally:
+        _restore_rng(state)
 
 
 def _capture_rng() -> dict:

@@ -431,6 +431,18 @@ def test_estimate_magic(ip, run_cell):
     assert not _nbaccel_callbacks(ip), "a prediction does not start watching"
 
 
+def test_an_estimate_leaves_the_next_cells_random_numbers_as_they_were(ip, run_cell):
+    # "a prediction watches nothing", yet the next cell's torch.randn (and every dropout mask after it) came out
+    # different from a notebook without the estimate: its dry runs of a Dropout model drew from torch's generator.
+    run_cell("import torch\nmodel = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Dropout(0.5))\n"
+             "x = torch.randn(32, 64)")
+    run_cell("torch.manual_seed(1)\nexpected = torch.randn(4)")
+    run_cell("torch.manual_seed(1)")
+    run_cell("%memory_budget 1GiB --model model --batch 32 --input x -q")
+    run_cell("drawn = torch.randn(4)")
+    assert torch.equal(ip.user_ns["drawn"], ip.user_ns["expected"])
+
+
 def _estimate_renderings(ip, captured, name):
     """The estimate as a terminal, a static page and the widget show it."""
     from nbaccel.render import budget as budget_render

@@ -200,6 +200,23 @@ def test_the_dry_run_leaves_the_model_untouched():
     assert all(p.grad is None for p in model.parameters())
 
 
+def test_the_dry_run_leaves_the_random_streams_untouched():
+    # A long-session trial: after a prediction, the next cell's dropout masks and torch.randn differed from
+    # a run without it -- the dry runs (a Dropout, the random input of a Linear-first model) drew from the
+    # user's generators.
+    import random
+
+    import numpy as np
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Dropout(0.5),
+                                torch.nn.Linear(128, 8))
+    before = torch.get_rng_state().clone(), random.getstate(), np.random.get_state()[1].copy()
+    estimate_memory(model, optimizer="adamw", batch=16, device="cpu")  # no example: a random input
+    assert torch.equal(torch.get_rng_state(), before[0])
+    assert random.getstate() == before[1] and (np.random.get_state()[1] == before[2]).all()
+
+
 def test_sharding_arithmetic_and_fewest_gpus():
     model = _mlp()
     est = estimate_memory(model, optimizer="adamw", batch=64, device="cpu")
