@@ -28,7 +28,6 @@ An audited run is slower than a plain one, so it is never the run that is timed.
 
 from __future__ import annotations
 
-import contextlib
 import math
 import sys
 from collections import defaultdict
@@ -42,6 +41,7 @@ from torch.utils.flop_counter import flop_registry
 from torch.utils.weak import WeakTensorKeyDictionary
 
 from .analysis.op_flops import op_flops
+from .autocast_inside import AUTOCAST_KEYS, CASTS_INSIDE, AutocastInside
 from .eager_modes import EagerWhileActive
 from .device import DTYPE_NAMES
 from .signals import sigint_held as _sigint_held  # here first; tests and callers import it from here too
@@ -72,14 +72,6 @@ _IGNORED = frozenset({"aten::t", "aten::view", "aten::detach", "aten::expand", "
                       "aten::select", "aten::alias", "aten::reshape", "aten::lift_fresh"})
 
 
-# Fused ops that autocast passes through and that cast inside their kernel (nn.TransformerEncoder's
-# inference fast path); the audit runs them with autocast on inside, as the timed runs do.
-# aten::_trilinear (nn.Bilinear, F.bilinear) has no autocast rule of its own and runs its inner bmm
-# calls cast: under the audit it ran all fp32, and a trial read "no op ran in bf16", drift 0.
-_CASTS_INSIDE = frozenset({"aten::_transformer_encoder_layer_fwd", "aten::_trilinear"})
-_AUTOCAST_KEYS = (("cpu", torch._C.DispatchKey.AutocastCPU), ("cuda", torch._C.DispatchKey.AutocastCUDA))
-
-
 def _import_what_dispatch_modes_need() -> None:
     """The first dispatch mode entered in a process imports torch._dynamo (1-2 s, with sympy). In
     %%amp that is the first audited run, and a trial's Ctrl-C landed in that import: a hundred
@@ -89,20 +81,6 @@ def _import_what_dispatch_modes_need() -> None:
         with _sigint_held():
             import torch._dynamo  # noqa: F401
 
-
-@contextlib.contextmanager
-def _autocast_keys_on(keys):
-    """Autocast's dispatch keys no longer excluded in this thread for the block, as they were after."""
-    saved = [(key, torch._C._dispatch_tls_is_dispatch_key_excluded(key),
-              torch._C._dispatch_tls_is_dispatch_key_included(key)) for key in keys]
-    try:
-        for key in keys:
-            torch._C._dispatch_tls_set_dispatch_key_excluded(key, False)
-        yield
-    finally:
-        for key, excluded, included in saved:
-            torch._C._dispatch_tls_set_dispatch_key_excluded(key, excluded)
-            torch._C._dispatch_tls_set_dispatch_key_included(key, included)
 
 # Outputs of at most this many elements (a loss, a sum, a few metrics) get the magnitude of the values
 # they were computed from: a result that small can be a cancellation; a larger one is judged by its
@@ -137,7 +115,7 @@ class _OpRecord:
     shapes: set = field(default_factory=set)  # matmul operand shapes, for the multiple-of-8 check
 
 
-class OpAudit(EagerWhileActive, TorchDispatchMode):
+class OpAudit(AutocastInside, EagerWhileActive, TorchDispatchMode):
     """Records (op, output dtype) -> calls, FLOPs and matmul shapes for everything run inside it."""
 
     def __init__(self):
@@ -149,8 +127,7 @@ class OpAudit(EagerWhileActive, TorchDispatchMode):
         # .item() is keyed by its value
         self._magnitudes = WeakTensorKeyDictionary()
         self._number_magnitudes: dict[float, float] = {}
-        self._autocast_keys: list = []  # the autocast keys on when the audit began (see _autocast_inside)
-        self._keys_for: dict = {}  # op -> the keys to turn back on inside it
+        self.read_autocast()  # again as the audit begins (`AutocastInside`)
         self._depth = 0  # how many times the audit is entered: it re-enters itself to decompose an op
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
@@ -166,12 +143,8 @@ class OpAudit(EagerWhileActive, TorchDispatchMode):
                 out = func.decompose(*args, **kwargs)
             if out is not NotImplemented:
                 return out
-        keys = self._autocast_inside(func)
-        if keys:
-            with _autocast_keys_on(keys):
-                out = func(*args, **kwargs)
-        else:
-            out = func(*args, **kwargs)
+        keys = self.autocast_inside(func)
+        out = self.run_op(func, args, kwargs, keys)
         self._follow_magnitudes(func, args, kwargs, out)  # views and detach too: they pass a result on
         # "aten::mm", as torch.profiler and the dispatcher's schemas name ops, so %%amp's op table and
         # %%profile_gpu's read the same.
@@ -197,8 +170,7 @@ class OpAudit(EagerWhileActive, TorchDispatchMode):
         # audit re-enters itself to decompose an op) autocast reads off.
         if not self._depth:
             _import_what_dispatch_modes_need()
-            self._autocast_keys = [key for device, key in _AUTOCAST_KEYS if torch.is_autocast_enabled(device)]
-            self._keys_for.clear()
+            self.read_autocast()
         self._depth += 1
         return super().__enter__()
 
@@ -222,33 +194,12 @@ class OpAudit(EagerWhileActive, TorchDispatchMode):
         finally:
             self._depth -= 1
 
-    def _autocast_inside(self, func) -> list:
-        """The autocast keys to turn back on while ``func`` runs: those on as the audit began, for an
-        op without an autocast rule of its own.
-
-        In ``__torch_dispatch__`` torch turns autocast off for what the op calls in turn. Most kernels
-        call nothing autocast acts on; an op with an autocast rule was cast already and turned autocast
-        off for its inner calls itself. But a fused op that autocast passes through and that casts
-        inside (``aten::_transformer_encoder_layer_fwd``: nn.TransformerEncoder's inference fast path)
-        ran all in fp32 under the audit while the timed runs ran it in bf16 -- a trial read "no op ran
-        in bf16" and a drift of 0 beside a 2.2x bf16 speedup. (Read as the audit began: code that turns
-        autocast off around such an op itself would see it on inside the op under the audit.)"""
-        # Only the fused ops known to cast inside: an op reached inside another autocast rule's region
-        # (cdist's fp32 rule over _cdist_forward) or the code's own autocast(enabled=False) must keep it off.
-        if func.name() not in _CASTS_INSIDE:
-            return []
-        keys = self._keys_for.get(func)
-        if keys is None:
-            keys = self._keys_for[func] = [key for key in self._autocast_keys
-                                           if not torch._C._dispatch_has_kernel_for_dispatch_key(func.name(), key)]
-        return keys
-
     @staticmethod
     def _cast_dtype(keys: list, flat_in: list):
         """The dtype autocast casts to on the device of the op's first tensor, among the autocast keys
-        the op ran with (`_autocast_inside`)."""
+        the op ran with (`AutocastInside.autocast_inside`)."""
         device = next((t.device.type for t in flat_in if isinstance(t, torch.Tensor)), "cpu")
-        key = dict(_AUTOCAST_KEYS).get(device)
+        key = dict(AUTOCAST_KEYS).get(device)
         return torch.get_autocast_dtype(device) if key in keys else None
 
     def _follow_magnitudes(self, func, args, kwargs, out) -> None:
@@ -368,8 +319,8 @@ def _dtype_ran(name: str, flat_in: list, out) -> torch.dtype | None:
     gradients for the fp32 weights (read from the output, its 16 MFLOP of bf16 math were fp32, and the
     advice blamed autocast), and bf16 attention may take an fp32 mask larger than q, k and v. Other
     ops' is their output's (a cast's is what it cast to), as is that of ops that cast inside
-    (`_CASTS_INSIDE`)."""
-    if name in HEAVY_OPS and name not in _CASTS_INSIDE:
+    (`autocast_inside.CASTS_INSIDE`)."""
+    if name in HEAVY_OPS and name not in CASTS_INSIDE:
         floats = [t.dtype for t in flat_in if isinstance(t, torch.Tensor) and t.is_floating_point()]
         if floats:
             return min(floats, key=lambda d: torch.finfo(d).bits)

@@ -2175,10 +2175,16 @@ def test_nested_tensor_matmuls_are_audited_and_their_drift_compared_per_componen
         assert res.reduced_by_recipe  # the matmul ran in bf16 under the recipe
 
 
-def test_an_audited_run_that_returns_other_dtypes_than_the_timed_runs_is_said():
-    """A user trial: under a TorchDispatchMode (the op audit) torch.sparse.mm inside bf16 autocast returns
+def test_an_audited_run_that_returns_other_dtypes_than_the_timed_runs_is_said(monkeypatch):
+    """A user trial: under a TorchDispatchMode (the op audit) torch.sparse.mm inside bf16 autocast returned
     fp32, without one bf16. The report read "no op ran in bf16", drift 0, "same kernels", beside a bf16
-    result 1e-2 away from fp32's. The drift is now the kept run's, and the report says whose dtypes it lists."""
+    result 1e-2 away from fp32's. The drift is now the kept run's, and the report says whose dtypes it lists.
+    (The audit now runs sparse.mm's _sparse_addmm cast, `autocast_inside.CASTS_INSIDE`; taken out of it
+    here, it is again an op that runs otherwise under the audit, for this safety net.)"""
+    import nbaccel.autocast_inside
+
+    monkeypatch.setattr(nbaccel.autocast_inside, "CASTS_INSIDE",
+                        nbaccel.autocast_inside.CASTS_INSIDE - {"aten::_sparse_addmm"})
     torch.manual_seed(0)
     sp = torch.sparse_coo_tensor(torch.tensor([[0, 1, 2], [2, 0, 1]]), torch.randn(3), (4, 4),
                                  check_invariants=True)
@@ -2192,6 +2198,21 @@ def test_an_audited_run_that_returns_other_dtypes_than_the_timed_runs_is_said():
     assert "ran in reduced precision (in the audited run, which differed from the timed ones" in unfolded(str(res))
     plain = nbaccel.compare_amp(lambda: d @ d, repeat=2, warmup=0, device="cpu")
     assert not plain.audit_differs and "in the audited run" not in str(plain)
+
+
+def test_sparse_mm_under_the_audit_runs_cast_as_in_the_timed_runs():
+    """A GNN trial: torch.sparse.mm(A, h) with h a bf16 autocast Linear's output raised "expected scalar type
+    Float but found BFloat16" in %%amp's audited run only (inside a TorchDispatchMode torch turns autocast
+    off for what _sparse_addmm calls), after the timed runs had succeeded; with an fp32 dense operand the
+    audit read it fp32. It now runs cast, as without the audit: bf16, the same dtype as the kept run."""
+    torch.manual_seed(0)
+    adjacency = torch.sparse_coo_tensor(torch.tensor([[0, 1, 2, 3], [2, 0, 1, 1]]), torch.rand(4), (4, 4),
+                                        check_invariants=True)
+    lin, x = torch.nn.Linear(8, 8), torch.randn(4, 8)
+    for fn in (lambda: torch.sparse.mm(adjacency, lin(x)), lambda: torch.sparse.mm(adjacency, x)):
+        res = nbaccel.compare_amp(fn, repeat=2, warmup=0, device="cpu")
+        assert res.value.dtype == torch.bfloat16 and not res.audit_differs
+        assert "aten::_sparse_addmm (bf16)" in res.reduced_by_recipe
 
 
 def test_a_cell_that_turns_autocast_off_around_its_matmul_is_told_so_once():

@@ -372,6 +372,25 @@ def test_an_optimizer_that_refuses_the_gradients_is_named_not_the_input():
     assert est.param_bytes == (1000 * 16 + 80 * 4 + 4) * 4
 
 
+def test_the_dry_runs_meter_runs_sparse_mm_cast_under_autocast_as_without_it():
+    """torch.sparse.mm(A, h) of a bf16 autocast Linear's output ran uncast under `LiveBytes` (inside a
+    TorchDispatchMode torch turns autocast off for what _sparse_addmm calls) and raised "expected scalar type
+    Float but found BFloat16", as %%amp's op audit did in a GNN trial; it runs cast now, as without the meter.
+    The meter is entered before the forward's autocast and told of it (`_Peak.autocast`), and of its end."""
+    from nbaccel.dry_run import _Peak
+
+    torch.manual_seed(0)
+    adjacency = torch.sparse_coo_tensor(torch.tensor([[0, 1, 2, 3], [2, 0, 1, 1]]), torch.rand(4), (4, 4),
+                                        check_invariants=True)
+    lin, x = torch.nn.Linear(8, 8), torch.randn(4, 8)
+    with _Peak(torch.device("cpu")) as peak:
+        with peak.autocast(torch.bfloat16):
+            out = torch.sparse.mm(adjacency, lin(x))
+        after = torch.sparse.mm(adjacency, x)  # autocast over: fp32 again, as without the meter
+    assert out.dtype == torch.bfloat16 and after.dtype == torch.float32
+    assert peak.peak >= out.nbytes + after.nbytes
+
+
 def test_a_model_with_a_sparse_embedding_is_estimated():
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Embedding(1000, 32, sparse=True), torch.nn.Flatten(), torch.nn.Linear(256, 4))
