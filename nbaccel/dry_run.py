@@ -175,19 +175,21 @@ def _default_loss(output) -> torch.Tensor:
     if t is None:
         raise EstimateError("the model's output has no floating-point tensor to backpropagate from; pass "
                             + ("--loss NAME" if in_magic() else "loss_fn"))
-    if _is_head(t):
+    head = _head_shape(t)
+    if is_head(head):
         # Logits this wide go to a cross-entropy, which keeps log_softmax's output for the backward (fp32 under
         # autocast) and makes the logits' gradient; the sum keeps neither (a 32,000-token model's step measured 3x
         # its prediction). So the dry run measures a cross-entropy. Every target is class 0: the values do not
         # change its memory, and zeros take nothing from the user's random generator.
-        rows = t.numel() // t.shape[-1]
-        return torch.nn.functional.cross_entropy(t.reshape(rows, t.shape[-1]),
+        rows, classes = head
+        return torch.nn.functional.cross_entropy(t.reshape(rows, classes),
                                                  torch.zeros(rows, dtype=torch.long, device=t.device))
     return t.float().sum()
 
 
-def _is_head(t: torch.Tensor) -> bool:
-    return t.dim() >= 2 and t.shape[-1] >= HEAD_CLASSES
+def is_head(head: tuple[int, int] | None) -> bool:
+    """Whether a `_head_shape` is a classifier's or vocabulary's (the default loss is then a cross-entropy)."""
+    return head is not None and head[1] >= HEAD_CLASSES
 
 
 def _head_shape(output) -> tuple[int, int] | None:

@@ -43,8 +43,9 @@ from typing import TYPE_CHECKING
 import torch
 
 from .device import DTYPE_NAMES, DeviceError, device_info, dtype_name, resolve_device
-from .dry_run import (DEFAULT_HEAD_LOSS, DEFAULT_LOSS, HEAD_CLASSES, PHASES, ActivationFit, EstimateError, LiveBytes,
-                      _default_loss, _dry_run, _example_option, _line, loss_takes_batch, several_optimizers)
+from .dry_run import (DEFAULT_HEAD_LOSS, DEFAULT_LOSS, PHASES, ActivationFit, EstimateError, LiveBytes,
+                      _default_loss, _dry_run, _example_option, _line, is_head, loss_takes_batch,
+                      several_optimizers)
 from .memory import format_bytes
 from .model_states import (OPTIMIZERS, _largest_leaf_bytes, _optimizer_spec, closest_optimizer, make_optimizer,
                            optimizer_plan, optimizer_state_bytes, plan_name, plan_state_bytes)
@@ -473,8 +474,8 @@ def _loss_words(loss_fn, targets=None, head: bool = False) -> str:
 
 
 def _wide_head(heads: list) -> bool:
-    """Whether the probes' output had a classifier's or vocabulary's last dimension (`dry_run._is_head`)."""
-    return len(heads) >= 2 and all(h is not None for h in heads) and heads[0][1] >= HEAD_CLASSES
+    """Whether the probes' output had a classifier's or vocabulary's last dimension (`dry_run.is_head`)."""
+    return len(heads) >= 2 and all(map(is_head, heads))
 
 
 def _head_notes(heads: list, batches: list, batch: int) -> list[str]:
