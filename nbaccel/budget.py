@@ -345,12 +345,16 @@ class Watcher:
         self._label = ""
         self._before = (0, None)
         self._t0 = 0.0
+        # The asynchronous CUDA error the synchronize after a cell raised (a kernel failed: a device-side
+        # assert, an illegal address). The context cannot be used again, and every later synchronize
+        # raises it anew, so from then on the meters skip it: a later `print(1)` is not failed for it.
+        self.device_error: RuntimeError | None = None
 
     def begin(self, label: str) -> None:
         self.abandon()
         take_harness()  # a comparison noted before this cell is not this cell's
         # collect=False: a full gc.collect() costs tens of ms per cell; garbage only raises the baseline.
-        meter = PeakMeter(self.device, collect=False)
+        meter = PeakMeter(self.device, collect=False, sync=self.device_error is None)
         meter.__enter__()
         self._meter, self._label = meter, label
         # On CUDA the meter has just read the counters: reuse them rather than read twice per cell.
@@ -362,7 +366,17 @@ class Watcher:
         """Stop a pending measurement without recording it."""
         meter, self._meter = self._meter, None
         if meter is not None:
+            self._exit(meter)
+
+    def _exit(self, meter: PeakMeter) -> RuntimeError | None:
+        """End ``meter``; returns the asynchronous CUDA error its synchronize raised, if any (kept in
+        ``device_error``)."""
+        try:
             meter.__exit__(None, None, None)
+        except RuntimeError as e:
+            self.device_error = e
+            return e
+        return None
 
     def drop(self, record: CellRecord) -> None:
         """Take back a record that should not count (a cell whose magic refused its line). The list itself
@@ -376,7 +390,9 @@ class Watcher:
         if meter is None:
             return None
         seconds = time.perf_counter() - self._t0
-        meter.__exit__(None, None, None)
+        late = self._exit(meter)
+        if error is None:  # a kernel of the cell failed after the cell returned: the cell's error
+            error = late
         peak = meter.result
         before, before_alloc = self._before
         if self.device.type == "cuda":
@@ -639,11 +655,14 @@ class MemoryBudget:
         return self
 
     def __exit__(self, etype, exc, tb):
+        failed_before = self.watcher.device_error
         try:
             record = self.watcher.end(error=exc)
         finally:
             if self._caps_open:  # the cap in force before the block: %memory_budget --enforce's, or none
                 pop_cap(self._caps_open.pop())
+        if exc is None and self.watcher.device_error is not failed_before:
+            raise self.watcher.device_error  # the block's kernels failed: a script must not go on unaware
         from .oom import explain_oom, is_oom
 
         if exc is not None and is_oom(exc):

@@ -210,11 +210,15 @@ class PeakMeter:
 
     ``collect=False`` skips the full ``gc.collect()`` before a CPU run (tens of ms with torch
     loaded); per-cell watchers use it, since uncollected garbage only raises the baseline.
+
+    On CUDA the run ends with a synchronize; an asynchronous error it raises (a kernel of the run
+    failed) is raised from the exit after the result is read. ``sync=False`` skips the synchronize.
     """
 
-    def __init__(self, device: torch.device, collect: bool = True):
+    def __init__(self, device: torch.device, collect: bool = True, sync: bool = True):
         self.device = device
         self.collect = collect
+        self.sync = sync
         self.result: PeakMemory | None = None
         self.before: CudaCounters | None = None  # CUDA: the counters read as the run began
         # What the device held when the run ended (CUDA: the counters, CPU: RSS), read with the peak: a
@@ -235,16 +239,33 @@ class PeakMeter:
         reset_cuda_peak(self.device, now=base)
         try:
             yield
-        finally:
-            torch.cuda.synchronize(self.device)
-            self.after = after = cuda_counters(self.device)
-            self.result = PeakMemory(
-                device=str(self.device),
-                peak_bytes=max(after.peak_allocated, self._folded[0]) - base.allocated,
-                reserved_bytes=max(after.peak_reserved, self._folded[1]) - base.reserved,
-                method="torch.cuda.max_memory_allocated after reset_peak_memory_stats (minus allocated before)",
-                exact=True,
-            )
+        except BaseException:
+            self._end_cuda(base)  # the run's own error is the one to see, not a later one from the sync
+            raise
+        error = self._end_cuda(base)
+        if error is not None:
+            raise error
+
+    def _end_cuda(self, base: CudaCounters) -> RuntimeError | None:
+        """Synchronize and read the peak; returns the error the synchronize raised (a kernel of the run
+        failed asynchronously: a device-side assert, an illegal address) after the result is read (the
+        allocator counts on the host). ``sync=False`` meters skip it: once the CUDA context has failed,
+        every later synchronize raises the same error again."""
+        error = None
+        if self.sync:
+            try:
+                torch.cuda.synchronize(self.device)
+            except RuntimeError as e:  # torch.AcceleratorError is one
+                error = e
+        self.after = after = cuda_counters(self.device)
+        self.result = PeakMemory(
+            device=str(self.device),
+            peak_bytes=max(after.peak_allocated, self._folded[0]) - base.allocated,
+            reserved_bytes=max(after.peak_reserved, self._folded[1]) - base.reserved,
+            method="torch.cuda.max_memory_allocated after reset_peak_memory_stats (minus allocated before)",
+            exact=True,
+        )
+        return error
 
     @contextlib.contextmanager
     def _cpu(self):

@@ -51,3 +51,28 @@ def test_enforced_cap_is_re_armed_by_reload(ip):
     ip.run_line_magic("unload_ext", "nbaccel")
     assert capped_devices() == []
     ip.run_line_magic("load_ext", "nbaccel")
+
+
+def test_a_device_side_assert_is_the_failing_cells_error():
+    """A real device-side assert, in a child process (it leaves the CUDA context unusable): the watcher's
+    synchronize after the cell finds it, and it becomes that cell's error; the next cell is not failed."""
+    import subprocess
+    import sys
+    import textwrap
+
+    script = textwrap.dedent("""
+        from IPython.core.interactiveshell import InteractiveShell
+        ip = InteractiveShell.instance()
+        ip.run_line_magic("load_ext", "nbaccel")
+        ip.run_cell("import torch; t = torch.zeros(4, device='cuda'); i = torch.tensor([10], device='cuda')")
+        ip.run_line_magic("memory_budget", "1GiB --device cuda -q -r b")
+        bad = ip.run_cell("y = t[i]")  # an index out of range: the kernel asserts, asynchronously
+        later = ip.run_cell("z = 3")
+        print("BAD", type(bad.error_in_exec).__name__, "LATER", later.error_in_exec is None)
+        print("STATUS", list(ip.user_ns["b"].history["status"]))
+    """)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    out = done.stdout + done.stderr
+    assert "the GPU reported this error as In[" in out, out[-3000:]
+    assert "Error in callback" not in out and "LATER True" in out, out[-3000:]
+    assert "STATUS ['error', 'ok']" in out, out[-3000:]

@@ -586,6 +586,73 @@ def test_enforce_cap_bookkeeping_with_a_stand_in_gpu(ip, monkeypatch):
     assert budget.capped_devices() == [] and fractions[-1] == (1.0, 0)
 
 
+def _stand_in_gpu(monkeypatch, sync):
+    """cuda:0 for the watcher on a CPU machine: empty allocator counters, ``sync`` as torch.cuda.synchronize."""
+    import nbaccel.budget as budget
+    import nbaccel.magics.budget as magic
+    import nbaccel.memory as memory
+
+    monkeypatch.setattr(magic, "resolve_device", lambda spec: torch.device("cuda", 0) if "cuda" in str(spec)
+                        else torch.device("cpu"))
+    monkeypatch.setattr(budget, "device_memory", lambda device: 80 * 2**30)
+    for module in (budget, magic):
+        monkeypatch.setattr(module, "usage_now", lambda device: (0, 0))
+    for module in (budget, memory):
+        monkeypatch.setattr(module, "cuda_counters", lambda device: memory.CudaCounters(0, 0, 0, 0))
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda device=None: None)
+    monkeypatch.setattr(torch.cuda, "synchronize", sync)
+
+
+def test_a_kernel_failing_after_the_cell_is_that_cells_error(ip, run_cell, monkeypatch):
+    """A device-side assert surfaces at the next synchronize, which is the watcher's after the cell: it
+    came out as IPython's "Error in callback" traceback through nbaccel, cell after cell (a failed CUDA
+    context raises again at every synchronize), the cell shown as fine. Now it is the cell's error, once,
+    and later cells are measured without synchronizing."""
+    syncs, failed = [], []
+
+    def sync(device=None):
+        syncs.append(device)
+        if failed:
+            raise torch.AcceleratorError("CUDA error: device-side assert triggered")
+
+    _stand_in_gpu(monkeypatch, sync)
+    run_cell("%memory_budget 1GiB --device cuda -q -r b")
+    run_cell("x = 1")
+    assert syncs and list(ip.user_ns["b"].history["status"]) == ["ok"]
+    failed.append(True)
+    result, captured = run_cell("y = 2", expect_error=torch.AcceleratorError)
+    shown = captured.stdout + captured.stderr
+    assert "the GPU reported this error as In[" in shown and "restart the kernel" in shown
+    assert "AcceleratorError: CUDA error: device-side assert triggered" in shown
+    assert "Error in callback" not in shown and ip.user_ns["y"] == 2
+    n = len(syncs)
+    result, captured = run_cell("z = 3")  # no error: the context's failure was this cell's, shown once
+    assert len(syncs) == n and "Error in callback" not in captured.stdout + captured.stderr
+    history = ip.user_ns["b"].history
+    assert list(history["status"])[-2:] == ["error", "ok"]
+    assert "device-side assert" in list(history["error"])[-2]
+
+
+def test_a_block_whose_kernels_fail_raises_in_a_script(monkeypatch):
+    """``with memory_budget(...)`` in a script: the failure the exit's synchronize finds is raised there."""
+    import nbaccel
+
+    def sync(device=None):
+        raise torch.AcceleratorError("CUDA error: an illegal memory access was encountered")
+
+    _stand_in_gpu(monkeypatch, sync)
+    import nbaccel.budget as budget
+
+    monkeypatch.setattr(budget, "resolve_device", lambda spec: torch.device("cuda", 0))
+    b = nbaccel.memory_budget("1GiB", device="cuda")
+    with pytest.raises(torch.AcceleratorError, match="illegal memory access"):
+        with b:
+            pass
+    with b:  # the context has failed: later blocks are measured without synchronizing
+        pass
+    assert list(b.history["status"]) == ["error", "ok"]
+
+
 def test_enforced_caps_nest(ip, monkeypatch):
     """A `memory_budget(..., enforce=True)` block inside `%memory_budget --enforce` on the same GPU: the
     block's exit put the GPU back to 1.0 while the magic still said enforce=True. Now it puts back the
@@ -608,6 +675,7 @@ def test_enforced_caps_nest(ip, monkeypatch):
 
     class NoWatcher:  # the block's peak meter needs a real GPU; the caps are what is tested here
         records = []
+        device_error = None
 
         def begin(self, label):
             pass

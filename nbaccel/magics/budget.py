@@ -489,7 +489,11 @@ class BudgetMagics(Magics):
         # ipykernel has already advanced execution_count when pre_run_cell fires, IPython's terminal
         # has not; the ExecutionResult carries the number the frontend shows.
         count = getattr(result, "execution_count", None)
+        failed_before = self.watcher.device_error
         record = self.watcher.end(error=error, label=f"In[{count}]" if count is not None else None)
+        if self.watcher.device_error is not failed_before and error is None:
+            self._show_late_device_error(result, record)
+            return
         if record is not None and self._refused(result, record):
             self.watcher.drop(record)
             return
@@ -510,6 +514,20 @@ class BudgetMagics(Magics):
             # "An exception has occurred, use %tb to see the full traceback", and there is none to see.
             stb = self.shell.InteractiveTB.get_exception_only(BudgetExceeded, exc)
             self.shell._showtraceback(BudgetExceeded, exc, stb)  # the hook ipykernel sends as an error output
+
+    def _show_late_device_error(self, result, record) -> None:
+        """The synchronize after a cell that ran without an error raised a CUDA error: one of its kernels
+        failed. Without nbaccel it would surface in whichever later cell waits for the GPU first, and be
+        blamed on that one; here it is this cell's error output, and the cell is marked failed."""
+        exc = self.watcher.device_error
+        result.error_in_exec = exc  # stops "Run All": every later CUDA call fails the same way
+        label = record.label if record is not None else "this cell"
+        note = (f"nbaccel: the GPU reported this error as {label} ended (CUDA reports a kernel's failure when the "
+                "host next waits for the GPU, so a kernel of this cell, or of an earlier one that never waited, "
+                "failed). The CUDA context cannot be used again in this process: restart the kernel. The budget "
+                "goes on measuring memory, without waiting for the GPU.")
+        stb = [note] + self.shell.InteractiveTB.get_exception_only(type(exc), exc)
+        self.shell._showtraceback(type(exc), exc, stb)
 
     def _refused(self, result, record) -> bool:
         """Whether the cell never ran (a syntax error) or was a magic refusing its line: no row for it
