@@ -427,3 +427,32 @@ def test_a_sparse_operand_gives_no_flops_and_no_shapes_to_pad(tmp_path):
     assert {"aten::_sparse_mm", "aten::addmm"} <= sparse and "aten::mm" in ops["name"]
     assert achieved_flops(trace).flops == 2 * 4 * 5 * 4  # the dense mm alone
     assert all(f is None for f, flag in zip(ops["flops"], ops["non_strided"]) if flag)
+
+
+def test_grad_clippings_foreach_kernels_are_not_the_optimizers():
+    """clip_grad_norm_ on CUDA runs multi_tensor_apply_kernel, the foreach optimizers' kernel, for its norms
+    (_foreach_norm) and scaling (_foreach_mul_): the device breakdown filed them under "optimizer". Outside an
+    Optimizer.step range they take their op's category; the step's own foreach kernels stay the optimizer's."""
+    norm = ("void at::native::(anonymous namespace)::multi_tensor_apply_kernel<at::native::(anonymous namespace)::"
+            "TensorListMetadata<1>, at::native::(anonymous namespace)::LpNormFunctor<float, (at::native::(anonymous "
+            "namespace)::NormType)1, float, 1, 1, 0>, float*, int>(T1, T2, T3...)")
+    scale = ("void at::native::(anonymous namespace)::multi_tensor_apply_kernel<at::native::(anonymous namespace)::"
+             "TensorListMetadata<1>, at::native::(anonymous namespace)::BinaryOpScalarTensorFunctor<float, 1, 1, 0>, "
+             "std::multiplies<float>, float*>(T1, T2, T3...)")
+    update = scale.replace("TensorListMetadata<1>", "TensorListMetadata<2>").replace("multiplies", "plus")
+
+    def launch(ts, corr):
+        return {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 1, "tid": 1, "ts": ts,
+                "dur": 2, "args": {"correlation": corr}}
+
+    events = [
+        _op("aten::_foreach_norm", 0, 10, 1), launch(1, 11), _kernel(norm, 100, 50, 11),
+        _op("aten::_foreach_mul_", 20, 10, 2), launch(21, 12), _kernel(scale, 200, 30, 12),
+        {"ph": "X", "cat": "user_annotation", "name": "Optimizer.step#AdamW.step", "pid": 1, "tid": 1, "ts": 40,
+         "dur": 30, "args": {}},
+        _op("aten::_foreach_add_", 45, 10, 3), launch(46, 13), _kernel(update, 300, 20, 13),
+    ]
+    trace = load_trace({"traceEvents": events})
+    assert list(trace.kernels["category"]) == ["reduction", "elementwise", "optimizer"]
+    frame = category_breakdown(trace)
+    assert dict(zip(frame["category"], frame["time_us"])) == {"reduction": 50, "elementwise": 30, "optimizer": 20}

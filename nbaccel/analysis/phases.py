@@ -249,6 +249,23 @@ def optimizer_step_ranges(ann: dict) -> dict[tuple, list[tuple[float, float]]]:
     return {k: [r[:2] for r in v] for k, v in _host_ranges(ann, is_step).items()}
 
 
+def foreach_rows_outside_steps(cols: dict, ann: dict) -> set[int]:
+    """Rows of the ``aten::_foreach_*`` ops outside every ``Optimizer.step`` range on their thread:
+    grad clipping's norms and scaling (``clip_grad_norm_``'s ``_foreach_norm`` and ``_foreach_mul_``),
+    a cell's own foreach math. On CUDA their kernels are the optimizers' ``multi_tensor_apply_kernel``,
+    whose name alone reads as an optimizer's (see `trace._foreach_kernels_by_their_op`)."""
+    ranges = optimizer_step_ranges(ann)
+    starts = {key: [r[0] for r in rs] for key, rs in ranges.items()}
+    rows = set()
+    for i, name in enumerate(cols["name"]):
+        if not name.startswith("aten::_foreach_"):
+            continue
+        key, ts = (cols["pid"][i], cols["tid"][i]), cols["ts_us"][i]
+        if key not in ranges or not _inside(ranges[key], starts[key], ts, ts + cols["dur_us"][i]):
+            rows.add(i)
+    return rows
+
+
 # Ops no optimizer update runs: a step range that holds one ran the model (a closure: LBFGS, and
 # ``optimizer.step(closure)`` as PyTorch Lightning calls every optimizer).
 _MODEL_MATH = frozenset({"matmul/conv", "attention"})

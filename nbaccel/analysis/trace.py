@@ -26,6 +26,8 @@ from typing import TYPE_CHECKING, Any, Mapping
 
 import numpy as np
 
+from .kernels import op_category
+from .phases import foreach_rows_outside_steps
 from .trace_columns import FRAME_BUILDERS, build_gpu_columns, build_op_columns, link_gpu, nest_ops
 
 if TYPE_CHECKING:
@@ -403,6 +405,7 @@ def _build(events: list, header: Mapping, source: str | None) -> TraceData:
     links = link_gpu(gpu, op_cols, runtime, nesting)
     columns = {"ops": build_op_columns(op_cols, nesting, gpu, links), "annotations": ann,
                **build_gpu_columns(gpu, links, op_cols["name"])}
+    _foreach_kernels_by_their_op(columns["kernels"], op_cols, ann)
     return TraceData(
         columns=columns,
         device_properties=list(header.get("deviceProperties") or []),
@@ -411,6 +414,20 @@ def _build(events: list, header: Mapping, source: str | None) -> TraceData:
         unknown_events=unknown,
         source=source,
     )
+
+
+def _foreach_kernels_by_their_op(kernels: dict, op_cols: dict, ann: dict) -> None:
+    """A foreach op's kernels outside the optimizer's step take the op's category: ``multi_tensor_apply_kernel``
+    is named "optimizer" by `kernel_category` (the foreach optimizers' update, Adam's default on CUDA), but
+    ``clip_grad_norm_`` runs the same kernel for its norms and scaling, which the device breakdown then filed
+    under the optimizer (the host side already read those ops as reduction/elementwise, `op_category`)."""
+    if "optimizer" not in kernels["category"]:
+        return
+    rows = foreach_rows_outside_steps(op_cols, ann)
+    cats = kernels["category"]
+    for k, (op_i, cat) in enumerate(zip(kernels["op_index"], cats)):
+        if cat == "optimizer" and op_i in rows:
+            cats[k] = op_category(op_cols["name"][op_i])
 
 
 def _metadata(header: Mapping) -> dict[str, Any]:
