@@ -197,7 +197,12 @@ def test_the_math_inside_an_attention_op_counts_as_attention(run_cell, ip):
     bmm_inside = sum(t for name, t, i in zip(cols["name"], cols["self_us"], inside) if i and name == "aten::bmm")
     assert bmm_inside > 0  # the forward's attention matmuls ran inside the SDPA op
     own = sum(t for c, t in zip(cols["category"], cols["self_us"]) if c == "attention")
-    counted = sum(t for c, t, i in zip(cols["category"], cols["self_us"], inside) if c == "attention" or i)
+    # and its backward: the autograd nodes of the ops it ran (BmmBackward0, SafeSoftmaxBackward0...)
+    backward = phases.in_backward_of(cols, [i or c == "attention" for i, c in zip(inside, cols["category"])])
+    assert {"BmmBackward0", "SafeSoftmaxBackward0"} <= {n for n, b in zip(cols["name"], backward) if b}
+    assert not {n for n, b in zip(cols["name"], backward) if b} & {"AddmmBackward0", "MmBackward0", "LinearBackward0"}
+    counted = sum(t for c, t, i, b in zip(cols["category"], cols["self_us"], inside, backward)
+                  if c == "attention" or i or b)
     assert cats["attention"] == pytest.approx(counted) and counted >= own + bmm_inside
     # Every op inside the attention op is filed as attention, whatever the timing. (A share of the
     # measured time, asserted here before, fell under its bound when other programs took the CPU.)
@@ -271,8 +276,7 @@ def test_an_optimizer_steps_ops_count_as_optimizer_on_the_cpu(run_cell, ip):
 
 def test_the_math_inside_a_norm_op_is_normalization():
     """A trial: nn.RMSNorm on the CPU read "normalization 2.0%, elementwise 75%": aten::rms_norm runs its math
-    (pow, mean, rsqrt, mul) as child ops. Inside a norm op they are normalization; its backward (the autograd
-    nodes of those ops, outside any norm op) stays what it is."""
+    (pow, mean, rsqrt, mul) as child ops. Inside a norm op they are normalization (its backward: the next test)."""
     import torch
 
     norm, x = torch.nn.RMSNorm(512), torch.randn(16, 512)
@@ -286,6 +290,29 @@ def test_the_math_inside_a_norm_op_is_normalization():
     assert any(inside[i] for i, n in enumerate(cols["name"]) if n in ("aten::pow", "aten::mean", "aten::rsqrt"))
     assert not any(inside[i] for i, n in enumerate(cols["name"]) if n == "aten::rms_norm")  # the op itself: its own
     assert phases.inside_normalization(["elementwise", "matmul/conv"], [-1, 0]) == [False, False]
+
+
+def test_a_norm_ops_backward_is_normalization_too():
+    """RMSNorm's backward on the CPU is the autograd nodes of its pow/mean/rsqrt/mul (PowBackward0...),
+    outside any norm op: the breakdown filed the forward under normalization and the backward under
+    elementwise and reduction. The nodes carry their forward ops' sequence numbers; the model's own
+    Linear (before the norm) and its backward stay matmul/conv."""
+    import torch
+
+    torch.manual_seed(0)
+    lin, norm, x = torch.nn.Linear(256, 512), torch.nn.RMSNorm(512), torch.randn(64, 256)
+    norm(lin(x)).sum().backward()
+    with nbaccel.profile() as prof:
+        norm(lin(x)).sum().backward()
+    r = prof.result
+    cols = r.op_columns
+    phase = {n: p for n, p in zip(cols["name"], r.op_phases) if n.endswith("Backward0") or n.endswith("Backward1")}
+    assert all(phase[n] == "normalization" for n in ("PowBackward0", "RsqrtBackward0", "MeanBackward1")), phase
+    assert phase["AddmmBackward0"] is None and phase["SumBackward0"] is None, phase
+    cats = {c: share for c, _, _, share in r.category_rows}
+    assert cats.get("elementwise", 0) < 15, cats
+    seqless = dict(cols, sequence=[None] * len(cols["name"]))
+    assert not any(phases.in_backward_of(seqless, [True] * len(cols["name"])))  # a trace without the numbers
 
 
 def test_grad_clipping_is_not_the_optimizer_but_a_foreach_step_is():

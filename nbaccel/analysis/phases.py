@@ -231,12 +231,38 @@ def inside_attention(categories: list, parent: list, names: list | None = None) 
 def inside_normalization(categories: list, parent: list) -> list[bool]:
     """Whether each op runs inside a normalization op: the CPU's ``aten::rms_norm`` (nn.RMSNorm) runs its math as
     child ops (``aten::pow``, ``mean``, ``rsqrt``, ``mul``), and a trial read RMSNorm's forward as "elementwise"
-    beside "normalization 2%". (Its backward runs as the autograd nodes of those ops, outside any norm op: they
-    stay elementwise and reduction.)"""
+    beside "normalization 2%". (Its backward runs as the autograd nodes of those ops, outside any norm op:
+    `in_backward_of` finds them.)"""
     if "normalization" not in categories:  # C-speed: most profiles have no norm op
         return [False] * len(parent)
     scope = _nearest_verdict(parent, lambda j: True if categories[j] == "normalization" else None)
     return [p >= 0 and bool(scope[p]) for p in parent]
+
+
+def in_backward_of(cols: dict, forward: list[bool]) -> list[bool]:
+    """Whether each op runs in the backward of an op flagged in ``forward``: the autograd node a forward op
+    made carries its sequence number (the profiler's "Sequence number"; forward ops have "Fwd thread id" 0,
+    a backward node the forward thread's), and so does every op recorded until the next node is made, so
+    a node's forward op is the last forward op with its number that started before it (that op, or one
+    nested in it). The node and every op nested in it are flagged. A CPU RMSNorm's backward is the nodes
+    of its ``pow``/``mean``/``rsqrt``/``mul`` (``PowBackward0``...), outside any norm op: a trial's
+    breakdown filed it under elementwise and reduction, the forward under normalization."""
+    n = len(cols["name"])
+    seq, fwd = cols.get("sequence"), cols.get("forward_tid")
+    if not seq or not any(forward) or all(s is None for s in seq):
+        return [False] * n
+    maker: dict = {}  # sequence number -> row of the last forward op with it so far
+    nodes = set()
+    for i in sorted(range(n), key=cols["ts_us"].__getitem__):
+        if seq[i] is None:
+            continue
+        if not fwd[i]:
+            maker[seq[i]] = i
+        elif seq[i] in maker and forward[maker[seq[i]]]:
+            nodes.add(i)
+    if not nodes:
+        return [False] * n
+    return _nearest_verdict(cols["parent"], lambda j: True if j in nodes else None)
 
 
 def optimizer_step_ranges(ann: dict) -> dict[tuple, list[tuple[float, float]]]:
@@ -290,10 +316,17 @@ def op_phases(cols: dict, ann: dict) -> list[str | None]:
     thread), OPTIMIZER (in an ``Optimizer.step`` range on its thread: on the CPU the optimizers'
     for-loop update is plain ``aten::lerp_``/``addcdiv_``/``sqrt`` ops, a numbers audit's AdamW step
     spent 35-49 % of its time there, all filed under "elementwise"), "attention" (inside an attention
-    op: its math), "normalization" (inside a norm op: RMSNorm's math on the CPU), else None. Compiling wins: a DataLoader never runs inside a compile."""
+    op: its math, or in its backward), "normalization" (inside a norm op or its backward: RMSNorm's math
+    on the CPU), else None. Compiling wins: a DataLoader never runs inside a compile."""
     flags = cols["compiling"] if "compiling" in cols else compile_flags(cols["name"], cols["parent"])
-    attention = inside_attention(cols["category"], cols["parent"], cols["name"])
-    norm = inside_normalization(cols["category"], cols["parent"])
+    cats = cols["category"]
+    attention = inside_attention(cats, cols["parent"], cols["name"])
+    norm = inside_normalization(cats, cols["parent"])
+    # and their backward, which runs outside them (autograd nodes of the ops they ran)
+    attention_bw = in_backward_of(cols, [a or c == "attention" for a, c in zip(attention, cats)])
+    norm_bw = in_backward_of(cols, [m or c == "normalization" for m, c in zip(norm, cats)])
+    attention = [a or b for a, b in zip(attention, attention_bw)]
+    norm = [m or b for m, b in zip(norm, norm_bw)]
     ranges = {DATA_LOADING: dataloader_ranges(ann), OPTIMIZER: _without_model_math(optimizer_step_ranges(ann), cols)}
     starts = {phase: {k: [r[0] for r in v] for k, v in by_thread.items()} for phase, by_thread in ranges.items()}
     out: list[str | None] = []

@@ -339,7 +339,7 @@ def _build(events: list, header: Mapping, source: str | None) -> TraceData:
     unknown: Counter = Counter()
     op_cols: dict[str, list] = {k: [] for k in (
         "name", "pid", "tid", "ts_us", "dur_us", "external_id", "input_dims", "input_types",
-        "concrete_inputs", "non_strided")}
+        "concrete_inputs", "non_strided", "sequence", "forward_tid")}
     gpu: dict[str, list] = {k: [] for k in (
         "kind", "name", "device", "stream", "ts_us", "dur_us", "correlation", "external_id",
         "bytes", "grid", "block")}
@@ -377,6 +377,9 @@ def _build(events: list, header: Mapping, source: str | None) -> TraceData:
             op_cols["input_types"].append(args.get("Input type"))
             op_cols["concrete_inputs"].append(args.get("Concrete Inputs"))
             op_cols["non_strided"].append(_non_strided(name, args))
+            # autograd's sequence number: a backward node has its forward op's (and the forward's thread)
+            op_cols["sequence"].append(args.get("Sequence number"))
+            op_cols["forward_tid"].append(args.get("Fwd thread id"))
         elif kind in ("kernel", "memcpy", "memset"):
             gpu["kind"].append(kind)
             gpu["name"].append(name)

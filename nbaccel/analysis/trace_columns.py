@@ -169,6 +169,8 @@ def build_op_columns(op: dict, nest: Nesting, gpu: dict, links: list) -> dict[st
         "input_types": op["input_types"],
         "concrete_inputs": op["concrete_inputs"],
         "non_strided": op["non_strided"],
+        "sequence": op.get("sequence") or [None] * n,
+        "forward_tid": op.get("forward_tid") or [None] * n,
         "category": [op_category(x) for x in op["name"]],
         "parent": parent,
         "compiling": compiling,  # in a torch.compile range (analysis/phases.py); kept for the categories
