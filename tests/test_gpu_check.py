@@ -108,3 +108,21 @@ def test_the_report_is_written_after_every_check_so_a_killed_run_keeps_its_resul
     assert report["complete"] is False and report["checks"] == {first: {"status": "pass",
                                                                         "summary": f"{first} measured"}}
     assert "INCOMPLETE" in stem.with_suffix(".md").read_text()
+
+
+def test_a_notebook_runs_cell_by_cell_and_honours_raises_exception(tmp_path):
+    """The notebooks check: a cell tagged raises-exception must raise; any other error is the failure."""
+    mod = _load()
+
+    def notebook(cells):
+        path = tmp_path / f"nb{len(list(tmp_path.iterdir()))}.ipynb"
+        path.write_text(json.dumps({"cells": [{"cell_type": "code", "source": src, "metadata": {"tags": tags}}
+                                              for src, tags in cells]}))
+        return path
+
+    good = mod.run_notebook(notebook([("x = 1", []), ("1 / 0", ["raises-exception"]), ("y = x + 1", [])]), 60)
+    assert good["failed"] is None and good["cells"] == 3 and good["cuda_used"] is False
+    bad = mod.run_notebook(notebook([("x = 1", []), ("undefined_name", []), ("y = 2", [])]), 60)
+    assert bad["failed"]["cell"] == 1 and "NameError" in bad["failed"]["error"]
+    quiet = mod.run_notebook(notebook([("x = 1", ["raises-exception"])]), 60)
+    assert quiet["failed"]["cell"] == 0 and "no error" in quiet["failed"]["error"]
