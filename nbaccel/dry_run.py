@@ -348,6 +348,7 @@ def _probe(model, optimizer, example, batches, device, amp_dtype, loss_fn, name:
     states_measured = sum(storage_bytes(t) for opt in opts for s in opt.state.values()
                           for t in s.values() if isinstance(t, torch.Tensor))
     fwd, kept, bwd, allocated, sparse, sparse_params = [], [], [], [], [], set()
+    step, step_allocated = [], []
     for b in batches:
         replica.zero_grad(set_to_none=True)
         with _Peak(device) as peak:
@@ -362,12 +363,14 @@ def _probe(model, optimizer, example, batches, device, amp_dtype, loss_fn, name:
                  if p.grad is not None and p.grad.layout != torch.strided]
         sparse_params = {i for i, _ in grads}
         sparse.append(sum(n for _, n in grads))
-    step, step_allocated = 0, 0
-    if opts:
+        # The step at every probe, over this batch's gradients: SparseAdam coalesces a sparse gradient and
+        # builds temporaries the size of its values, so its step grows with the rows looked up (a trial:
+        # 1.8 MiB predicted from one probe for 6.2-7.8 MiB measured at the batch).
         with _Peak(device) as peak:
             for opt in opts:
                 opt.step()
-        step, step_allocated = peak.peak, peak.allocated
+        step.append(peak.peak)
+        step_allocated.append(peak.allocated or 0)
     replica.zero_grad(set_to_none=True)
     del replica, opts
     return {"forward": fwd, "kept": kept, "backward": bwd, "step": step, "states_measured": states_measured,
@@ -397,7 +400,9 @@ class ActivationFit:
     * backward: the gradients appear while the activations are freed. Its peak is the gradients plus
       the backward's *working memory*: the activations not yet freed and the gradient temporaries.
     * optimizer step: the gradients plus the step's temporaries (foreach/fused kernels allocate some
-      the size of the parameters), activations all freed.
+      the size of the parameters), activations all freed. Over sparse gradients they grow with the batch
+      (SparseAdam coalesces the gradient and builds temporaries the size of its values), so they are
+      measured at both probes and fitted too (`step_temporaries_at`).
 
     Each measured quantity is close to linear in the batch; the maximum of the phases is not, so each
     is fitted on its own (a straight line through the two probes) and the maximum is taken at the
@@ -409,9 +414,9 @@ class ActivationFit:
     forward: list[int]  # peak during the forward pass, over the model states, per probe batch
     backward: list[int]  # peak during the backward pass (activations still alive + gradients + temporaries)
     grad_bytes: int
-    step_temporaries: int
-    # Off CUDA: every byte the forward+backward allocated per probe batch, and the optimizer step's,
-    # freed or not (`LiveBytes.allocated`). None where the probes ran on CUDA.
+    step_temporaries: int  # the optimizer step's temporaries at the first probe batch (`step_probes`: each)
+    # Off CUDA: every byte the forward+backward allocated per probe batch, and the optimizer step's at the
+    # first probe, freed or not (`LiveBytes.allocated`). None where the probes ran on CUDA.
     allocated: list[int] | None = None
     step_allocated: int | None = None
     # Bytes alive at the end of the forward, per probe batch: the activations it keeps for the backward.
@@ -419,10 +424,49 @@ class ActivationFit:
     # Bytes of the sparse gradients per probe batch (their indices and values); ``grad_bytes`` is then the
     # dense gradients alone. A sparse gradient grows with the batch (one row per lookup), so it is fitted too.
     sparse_grads: list[int] | None = None
+    # The optimizer step's temporaries per probe batch, and (off CUDA) what it allocated; None: the first
+    # probe's figures above stand for every batch.
+    step_probes: list[int] | None = None
+    step_allocated_probes: list[int] | None = None
+
+    def _sparse(self) -> bool:
+        """Whether any gradient is sparse: then the gradients, and the step over them, grow with the batch."""
+        return bool(self.sparse_grads) and any(self.sparse_grads)
+
+    def _step_line(self, probes: list[int] | None, first: int) -> tuple[float, float]:
+        """(intercept, slope) of a step figure: a line through the probes over sparse gradients, else flat.
+        Over dense gradients the step sees only the parameters, their gradients and states, none of which
+        grows with the batch: a line would turn a few bytes of difference between the probes into a slope
+        (the largest probe's figure is kept, as one measurement after the probes once was)."""
+        if not probes:
+            return float(first), 0.0
+        if not self._sparse():
+            return float(max(probes)), 0.0
+        return _line(self.batches, probes)
+
+    def step_temporaries_at(self, batch: int) -> int:
+        """The optimizer step's temporaries at ``batch`` (beside the gradients)."""
+        intercept, slope = self._step_line(self.step_probes, self.step_temporaries)
+        return int(intercept + slope * batch)
+
+    def step_allocated_at(self, batch: int) -> int | None:
+        """Bytes the optimizer step allocates at ``batch``, freed or not; None for CUDA probes."""
+        if self.step_allocated is None:
+            return None
+        intercept, slope = self._step_line(self.step_allocated_probes, self.step_allocated)
+        return int(intercept + slope * batch)
+
+    @property
+    def step_slope(self) -> float:
+        """Bytes per sample of the optimizer step's phase: its gradients' and its temporaries' growth (0 over
+        dense gradients)."""
+        if not self._sparse():
+            return 0.0
+        return _line(self.batches, self.sparse_grads)[1] + self._step_line(self.step_probes, 0)[1]
 
     def grads_at(self, batch: int) -> int:
         """The gradients at ``batch``: the dense ones exactly, the sparse ones fitted through the probes."""
-        if not self.sparse_grads or not any(self.sparse_grads):
+        if not self._sparse():
             return self.grad_bytes
         intercept, slope = _line(self.batches, self.sparse_grads)
         return int(self.grad_bytes + intercept + slope * batch)
@@ -474,9 +518,10 @@ class ActivationFit:
 
     def phases(self, batch: int, grads: float | None = None, step_temporaries: float | None = None) -> dict:
         """Each phase's peak over the model states at ``batch``, with ``grads`` bytes of gradients per
-        device (default all of them; ZeRO-2/3 keep a shard) and the optimizer step's temporaries."""
+        device (default all of them; ZeRO-2/3 keep a shard) and the optimizer step's temporaries (default
+        `step_temporaries_at` the batch)."""
         grads = self.grads_at(batch) if grads is None else grads
-        step = self.step_temporaries if step_temporaries is None else step_temporaries
+        step = self.step_temporaries_at(batch) if step_temporaries is None else step_temporaries
         return {"forward": self.forward_at(batch), "backward": grads + self.backward_working_at(batch),
                 "optimizer step": grads + step}
 
@@ -491,7 +536,7 @@ class ActivationFit:
         if self.allocated is None:
             return None
         intercept, slope = _line(self.batches, self.allocated)
-        return int(intercept + slope * batch + (self.step_allocated or 0))
+        return int(intercept + slope * batch + (self.step_allocated_at(batch) or 0))
 
     def to_dict(self) -> dict:
         return {"precision": self.precision, "probe_batches": self.batches, "measured_bytes": self.measured,
@@ -499,8 +544,9 @@ class ActivationFit:
                 "forward_peak_bytes": self.forward, "backward_peak_bytes": self.backward,
                 "forward_peak_bytes_per_sample": self.slopes[0], "backward_peak_bytes_per_sample": self.slopes[1],
                 "bytes_per_sample": self.slope, "step_temporaries_bytes": self.step_temporaries,
+                "step_temporaries_probe_bytes": self.step_probes,
                 "allocated_bytes": self.allocated, "step_allocated_bytes": self.step_allocated,
-                "sparse_grad_bytes": self.sparse_grads}
+                "step_allocated_probe_bytes": self.step_allocated_probes, "sparse_grad_bytes": self.sparse_grads}
 
 
 

@@ -147,7 +147,8 @@ class MemoryEstimate(ResultMixin):
             extra = all_grads  # gradient buckets (unless gradient_as_bucket_view=True)
         if strategy == "zero3" and n > 1:
             extra = 2 * self.largest_layer_bytes  # the unit being computed + the one prefetched
-        step_temp = fit.step_temporaries / (shard if strategy != "ddp" else 1)
+        # At the local batch, like the gradients it runs over (sparse ones grow with it); ZeRO shards the update.
+        step_temp = fit.step_temporaries_at(local_batch) / (shard if strategy != "ddp" else 1)
         # The step's peak is that of its largest phase: the forward (activations, no gradients yet), the
         # backward (gradients + what it still holds) or the optimizer step (gradients + temporaries).
         phases = fit.phases(local_batch, grads, step_temp)
@@ -409,9 +410,11 @@ def estimate_memory(model: torch.nn.Module, optimizer="adamw", batch: int = 32, 
         # Sparse gradients are measured (their rows), the dense ones exact arithmetic.
         dense_grads = sum(p.numel() * p.element_size() for i, p in enumerate(params)
                           if p.requires_grad and i not in probe["sparse_params"])
+        step_allocated = None if allocated is None else probe["step_allocated"]
         fits[label] = ActivationFit(label, probe_batches, probe["forward"], probe["backward"], dense_grads,
-                                    probe["step"], allocated, None if allocated is None else probe["step_allocated"],
-                                    kept=probe["kept"], sparse_grads=probe["sparse_grads"] or None)
+                                    probe["step"][0], allocated, None if step_allocated is None else step_allocated[0],
+                                    kept=probe["kept"], sparse_grads=probe["sparse_grads"] or None,
+                                    step_probes=probe["step"], step_allocated_probes=step_allocated)
         states_measured = probe["states_measured"]
         heads = heads or probe["heads"]
     notes = _optimizer_notes(model, plan, name) + _sparse_grad_notes(model, probe["sparse_params"], fits, batch)
@@ -425,11 +428,14 @@ def estimate_memory(model: torch.nn.Module, optimizer="adamw", batch: int = 32, 
                   "every byte the step allocates, also fitted linearly)")
     tensors = f"{len(params)} parameter tensors" + (f" and {len(buffers)} buffers" if buffers else "")
     sparse = " (sparse gradients: measured in the dry run, fitted linearly)" if probe["sparse_params"] else ""
+    # Over sparse gradients the step grows with the rows looked up; over dense ones it does not (`ActivationFit`).
+    step_fit = ("fitted linearly (they grow with the sparse gradients)" if probe["sparse_params"]
+                else "the same at any batch (dense gradients)")
     method = (f"params/buffers/grads/optimizer states: exact arithmetic on {tensors}{sparse}; activations "
               "(bytes alive at the end of the forward), the forward's and the backward's peaks: one dry training step "
               f"on a copy of the model at batches {probe_batches[0]} and {probe_batches[1]} on {dev} (by {meter}), "
               f"each extrapolated linearly to batch {batch}; loss: {loss_words}; optimizer step temporaries: "
-              "measured once after them; "
+              f"measured after each probe's backward, {step_fit}; "
               "sharding: ZeRO accounting, global batch split evenly; not included: CUDA context, allocator "
               "fragmentation")
     return MemoryEstimate(

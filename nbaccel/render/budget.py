@@ -404,8 +404,9 @@ def _phase_lines(e) -> list[str]:
     lines = []
     for p, f in e.fits.items():
         one = e.single(p)
-        # Per-sample growth of the backward's working memory: its peak's line (the gradients do not grow).
-        per = {"forward": f.slopes[0], "backward": f.slopes[1], "optimizer step": 0}
+        # Per-sample growth of each phase: the forward's and the backward's peak lines; the optimizer step grows
+        # only over sparse gradients (they and its temporaries hold the rows looked up).
+        per = {"forward": f.slopes[0], "backward": f.slopes[1], "optimizer step": f.step_slope}
         parts = []
         for phase in PHASES:
             held = {"forward": one["activations"] + one["forward_temporaries"],
