@@ -174,12 +174,12 @@ def _first_call_notes(result: ProfileResult) -> list[str]:
         fix = ("record a later step" if result.loaded is not None else
                f"profile a later step ({option('warmup', 1)} runs the code once before recording)")
         return [f"{found}: an optimizer does that on its first step only, and a first call also pays one-time "
-                f"setup the trace cannot separate ({_setup_words(result)}), so these times are likely "
+                f"setup the trace cannot separate ({setup_words(result)}), so these times are likely "
                 f"higher than a later step's; {fix}."]
     return []
 
 
-def _setup_words(result: ProfileResult) -> str:
+def setup_words(result: ProfileResult) -> str:
     """What a first call sets up, on the profiled device (the trace shows it only as slower ops)."""
     if result.on_device:
         return "cuDNN/cuBLAS handles and algorithm choice, the CUDA caching allocator's first blocks"

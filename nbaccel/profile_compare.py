@@ -98,6 +98,13 @@ class ProfileComparison(ResultMixin):
         return mean(self.before), mean(self.after)
 
     @property
+    def first_runs(self) -> tuple[bool, bool]:
+        """Whether ``before`` and ``after`` were likely their code's first run (`ProfileResult.first_run`):
+        one-off setup is in its times, and a step or op that reads faster (or slower) may be that setup.
+        Unknown (a profile of the API, a loaded trace) counts as not."""
+        return tuple(bool(getattr(r, "first_run", None)) for r in (self.before, self.after))
+
+    @property
     def op_time_us(self) -> tuple[float, float]:
         """Sum of the ops' self times per step, each profile."""
         return (sum(r["before_us"] for r in self.rows), sum(r["after_us"] for r in self.rows))
@@ -148,7 +155,7 @@ class ProfileComparison(ResultMixin):
 
     def _payload(self) -> dict:
         return {"labels": list(self.labels), "time_column": self.time_column, "steps": list(self.steps),
-                "spread_checked": self.spread_checked,
+                "spread_checked": self.spread_checked, "first_runs": list(self.first_runs),
                 "step_time_us": list(self.step_time_us), "op_time_us": list(self.op_time_us),
                 "ops": self.rows, "slower": [r["name"] for r in self.slower],
                 "faster": [r["name"] for r in self.faster], "new": [r["name"] for r in self.new],

@@ -78,6 +78,10 @@ class ProfileResult(ResultMixin):
     trace_created: str | None = None  # the outermost folder that writing the trace created, if any
     trace_earlier: list = field(default_factory=list)  # trace files --trace FOLDER held already (other runs)
     unrecorded_steps: int = 0  # prof.step() calls after the default one step ended the recording
+    # Likely the code's first run in the process, one-off setup (oneDNN/cuDNN, allocator growth) in its times:
+    # %%profile_gpu sets it (no --warmup, and the cell's code had not run in the session under this recipe:
+    # nbaccel.magics.ran_before); None where nothing tells (the API, a loaded trace). compare_profiles says so.
+    first_run: bool | None = None
     _grouped: dict = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
@@ -484,6 +488,7 @@ class ProfileResult(ResultMixin):
             "trace_created": self.trace_created,
             "trace_earlier": list(self.trace_earlier),
             "unrecorded_steps": self.unrecorded_steps,
+            "first_run": self.first_run,
             "made_by": self.made_by,
             "loaded": self.loaded,
             "contention": self.contention.to_dict() if self.contention else None,

@@ -231,7 +231,9 @@ def test_magic_compares_this_run_with_a_stored_profile(run_cell, ip):
     assert len(texts) == 2  # the profile, then the comparison
     comparison = unfolded(texts[1])
     assert comparison.startswith("%%profile_gpu --compare p32: this run, autocast bf16 (cpu) against p32, op by op")
-    assert "slower in this run, autocast bf16 (cpu): aten::mm" in comparison
+    # a first run under bf16 (unless an earlier test ran this cell so): its called-out lines say so
+    assert re.search(r"slower in this run, autocast bf16 \(cpu\)( \(maybe first-run setup: see above\))?: aten::mm",
+                     comparison)
     assert ip.user_ns["runs"] == 2
     # -q hides the profile, not the comparison --compare asked for (a trial: -q showed nothing); -r keeps the profile
     _, captured = run_cell("%%profile_gpu -q --compare p32 -r again\nruns += 1\na @ a")
@@ -261,3 +263,113 @@ def test_magic_refuses_a_profile_of_another_device(run_cell, ip):
     with pytest.raises(UsageError, match="p32 was recorded on cuda and this profile runs on cpu"):
         ip.run_cell_magic("profile_gpu", "--compare p32", "runs += 1\na @ a")
     assert ip.user_ns["runs"] == 0
+
+
+# --- a first run on either side ------------------------------------------------------------------------
+
+def _model_setup(tag: str) -> str:
+    """A small CNN step under names of its own: the test shell's history and nbaccel's record of what ran are
+    the session's, so each test's cell is code no other test ran."""
+    return (f"import torch\ntorch.manual_seed(0)\n{tag}_model = torch.nn.Sequential(torch.nn.Conv2d(3, 16, 3), "
+            f"torch.nn.ReLU(), torch.nn.Flatten(), torch.nn.Linear(16 * 30 * 30, 10))\n"
+            f"{tag}_x = torch.randn(8, 3, 32, 32)\n")
+
+
+def _comparison_texts(captured) -> tuple[str, str, str]:
+    """The comparison's text unfolded, its headline figure's line as shown, and its HTML."""
+    [bundle] = [o.data for o in captured.outputs if o.data.get("text/plain", "").startswith("%%profile_gpu --compare")]
+    return unfolded(bundle["text/plain"]), bundle["text/plain"].splitlines()[1], bundle["text/html"]
+
+
+FIRST_RUN_WORDS = ("was a first run", "were first runs", "its code's first run", "first-run setup")
+
+
+FIRST_BEFORE = ("was likely recorded on its code's first run (no --warmup, and not run earlier in this session): "
+                "one-off setup (oneDNN primitives, the allocator's first blocks) is in its times, which makes this "
+                "run read faster than it is; re-record it with %%profile_gpu --warmup 1 -r {name}, and compare again")
+
+
+def test_a_stored_first_run_qualifies_the_comparison_in_every_rendering(run_cell, ip):
+    """A trial read "14.2x faster" of identical code: the stored profile was the code's first run."""
+    run_cell(_model_setup("fr1"))
+    cell = "fr1_model(fr1_x).sum().backward()"
+    run_cell(f"%%profile_gpu -q -r fr1_a\n{cell}")
+    _, captured = run_cell(f"%%profile_gpu -q --compare fr1_a -r fr1_b\n{cell}")
+    before, after = ip.user_ns["fr1_a"], ip.user_ns["fr1_b"]
+    assert before.first_run is True and after.first_run is False  # the second run of the same code is not
+    assert before.to_dict()["first_run"] is True
+    text, headline, html = _comparison_texts(captured)
+    c = nbaccel.compare_profiles(before, after, labels=("fr1_a", "this run"), made_by="%%profile_gpu --compare fr1_a")
+    assert c.first_runs == (True, False) and c.to_dict()["first_runs"] == [True, False]
+    step = render._ratio(*c.step_time_us)
+    # the headline figure, then the caveat as the first line under it, then the table's title
+    assert headline.startswith("mean step time: ") and f"({step}; fr1_a was a first run: setup included)" in headline
+    assert f"- mean step {step} in this run, " in text and FIRST_BEFORE.format(name="fr1_a") in text
+    assert "every op: nbaccel.compare_profiles(...).ops; fr1_a was a first run: setup included):" in text
+    for line in render.finding_lines(c):  # nothing "faster" is named without the caveat
+        if line.startswith(("faster in this run", "only in fr1_a")):
+            assert "(maybe first-run setup: see above):" in line
+    assert "fr1_a was a first run: setup included" in html and "re-record it with %%profile_gpu --warmup 1 -r fr1_a" in html
+    assert "re-record it with %%profile_gpu --warmup 1 -r fr1_a" in render.widget(c).value
+
+
+def test_a_warmed_up_or_already_run_profile_is_not_qualified(run_cell, ip):
+    run_cell(_model_setup("fr2"))
+    run_cell("%%profile_gpu -q --warmup 1 -r fr2_a\nfr2_model(fr2_x).sum().backward()")
+    _, captured = run_cell("%%profile_gpu -q --compare fr2_a -r fr2_b\nfr2_model(fr2_x).sum().backward()")
+    assert ip.user_ns["fr2_a"].first_run is False and ip.user_ns["fr2_b"].first_run is False
+    text, headline, html = _comparison_texts(captured)
+    assert not any(words in text or words in html for words in FIRST_RUN_WORDS)
+    assert headline.endswith(")") and "setup" not in headline
+    # code the session ran as a plain cell (in a loop) is not a first run either, comments and indentation aside
+    run_cell("for _ in range(2):\n    fr2_model(fr2_x).mean().backward()  # warm")
+    run_cell("%%profile_gpu -q -r fr2_c\n# the same step\nfr2_model(fr2_x).mean().backward()")
+    assert ip.user_ns["fr2_c"].first_run is False
+
+
+def test_a_first_run_under_the_recipe_qualifies_this_run(run_cell, ip):
+    """fp32 warm is not bf16 warm: a step's first run under --amp bf16 read 5.3x slower, the next one 1.0x."""
+    run_cell(_model_setup("fr3"))
+    cell = "fr3_model(fr3_x).sum().backward()"
+    run_cell(f"%%profile_gpu -q --warmup 1 -r fr3_a\n{cell}")
+    _, captured = run_cell(f"%%profile_gpu -q --amp bf16 --compare fr3_a -r fr3_b\n{cell}")
+    assert ip.user_ns["fr3_b"].first_run is True
+    text, headline, _ = _comparison_texts(captured)
+    assert ("but it was likely its code's first run under autocast bf16 (cpu) (no --warmup, and not run so earlier "
+            "in this session)") in text or (", and it was likely its code's first run under autocast bf16 (cpu)" in text)
+    assert "which makes it read slower than it is; run the cell again (or with --warmup 1), and compare again" in text
+    assert headline.endswith("; this run, autocast bf16 (cpu) was a first run: setup included)")
+    run_cell(f"%%profile_gpu -q --amp bf16 -r fr3_c\n{cell}")
+    assert ip.user_ns["fr3_c"].first_run is False  # the second run under bf16
+
+
+def test_amp_runs_count_as_runs_of_the_code(run_cell, ip):
+    run_cell(_model_setup("fr4"))
+    run_cell("%%amp -q --dtype bf16 --repeat 3\nfr4_model(fr4_x).sum().backward()")
+    for amp in ("", "--amp bf16"):  # its fp32 baseline and its bf16 recipe
+        run_cell(f"%%profile_gpu -q {amp} -r fr4_p\nfr4_model(fr4_x).sum().backward()")
+        assert ip.user_ns["fr4_p"].first_run is False, amp
+
+
+def test_the_api_never_guesses_a_first_run():
+    """Without the session's record of what ran, the API's profile says nothing (it is not known)."""
+    p = profiled(small)
+    assert p.first_run is None and nbaccel.compare_profiles(p, p).first_runs == (False, False)
+
+
+def test_called_out_ops_a_first_run_may_explain_say_so():
+    small_p, large_p = profiled(small), profiled(large_and_sorted)
+    # after slower, and after a first run: its slower and new ops carry the caveat
+    c = nbaccel.compare_profiles(small_p, dataclasses.replace(large_p, first_run=True))
+    lines = render.finding_lines(c)
+    assert lines[0].startswith(f"mean step {render._ratio(*c.step_time_us)} in after, but it was likely its code's "
+                               "first run (no --warmup")
+    assert lines[0].endswith("profile it again with %%profile_gpu --warmup 1, and compare again")
+    assert any(line.startswith("slower in after (maybe first-run setup: see above): aten::mm") for line in lines)
+    assert any(line.startswith("only in after (maybe first-run setup: see above): ") for line in lines)
+    # a first-run before against a slower after: the caveat, joined with "and", and no faster op to qualify
+    c = nbaccel.compare_profiles(dataclasses.replace(small_p, first_run=True), large_p)
+    lines = render.finding_lines(c)
+    assert lines[0].startswith(f"mean step {render._ratio(*c.step_time_us)} in after, and before was likely "
+                               "recorded on its code's first run")
+    assert any(line.startswith("slower in after: aten::mm") for line in lines)

@@ -21,6 +21,7 @@ from ..timing import format_seconds
 from .common import (cell_function, check_name, check_name_free, dtype_hint, help_option, history_name,
                      interrupt_without_frames, interrupted_in_nbaccel, output_can_be_silenced, parse_line,
                      refuse_empty_cell, refuse_nested_cell_magic, show_result, silenced, sole_measuring_magic)
+from .ran_before import remember
 
 DTYPES = ("bf16", "fp16", "auto", "tf32")
 # A comparison projected (from its measured first run) to take longer than this says so, with a
@@ -126,6 +127,8 @@ class AmpMagics(Magics):
                         f"nbaccel %%amp: the runs stopped after {elapsed} (the note below says why).")
                 for handle in filter(None, notes):
                     handle.update({"text/plain": done}, raw=True)
+        # the fp32 baseline is the cell as a plain run is (no autocast): a later profile of it is not a first run
+        remember(cell, *([None] if result.baseline is not None else []), result.amp.recipe.label)
         show_result(self.shell, "%%amp", result, args.result, args.quiet)
         return result.value
 

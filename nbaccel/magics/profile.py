@@ -19,6 +19,7 @@ from ..profile_table import SORT_COLUMNS
 from .common import (cell_function, check_name, check_name_free, compile_cell, dtype_hint, help_option,
                      interrupt_without_frames, interrupted_in_nbaccel, output_can_be_silenced, parse_cell, parse_line,
                      refuse_empty_cell, refuse_nested_cell_magic, show_result, silenced, sole_measuring_magic)
+from .ran_before import ran_before, remember
 
 
 @magics_class
@@ -104,6 +105,9 @@ class ProfileMagics(Magics):
             if any(exc is e for e in raised_in_cell):
                 raise
             raise interrupt_without_frames(exc) from None  # in nbaccel's profiler: no nbaccel frames
+        # a first run's setup is in its times: a comparison with it says so (profile_compare)
+        result.first_run = not options.warmup and not ran_before(self.shell, cell, result.recipe_label)
+        remember(cell, result.recipe_label)
         show_result(self.shell, "%%profile_gpu", result, args.result, args.quiet)
         if earlier is not None:  # -q hides the profile; the comparison is what --compare asked to see (a trial)
             comparison = compare_profiles(earlier, result, labels=(args.compare, _this_run(result)),

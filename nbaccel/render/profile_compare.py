@@ -7,6 +7,7 @@ the table under them is the evidence, largest change first, so nothing is hidden
 from __future__ import annotations
 
 from ..options import option
+from ..profile_advice import setup_words
 from ..profile_compare import MIN_SHARE
 from .common import esc, figures, labelled, prose, table, text_table, wrap
 from .profile import _time
@@ -38,10 +39,58 @@ def _change(us: float) -> str:
     return ("+" if us > 0 else "-" if us < 0 else "") + _time(abs(us))
 
 
+def first_run_note(c) -> str | None:
+    """"a was a first run: setup included", for the headline figure and the table's title; None when neither was."""
+    names = [label for label, first in zip(c.labels, c.first_runs) if first]
+    if not names:
+        return None
+    return " and ".join(names) + (" was a first run" if len(names) == 1 else " were first runs") + ": setup included"
+
+
+def first_run_lines(c) -> list[str]:
+    """The caveat on a side that was likely its code's first run: the headline it qualifies, why, and how to be sure.
+
+    A first run's step holds one-off setup the trace cannot tell from the ops' own time (a trial read
+    "14.2x faster" of identical code whose stored profile was its first run); the setup makes the other
+    side read faster than it is, or this side slower."""
+    a, b = c.labels
+    again = c.made_by.startswith("%%")  # the labels are the variable's name and "this run"
+    before_us, after_us = c.step_time_us
+    step = _ratio(before_us, after_us)
+    faster = bool(before_us and after_us) and step.endswith("faster")
+    lines = []
+    for i, result in enumerate((c.before, c.after)):
+        if not c.first_runs[i]:
+            continue
+        under = f" under {result.recipe_label}" if result.recipe_label else ""
+        why = (f"its code's first run{under} (no --warmup, and not run{' so' if under else ''} earlier in this "
+               f"session): one-off setup ({setup_words(result)}) is in its times")
+        # "but" where the setup may explain the headline: after faster than a first-run before, or a first-run
+        # after slower; "and" where the headline stands against it (the true change is larger)
+        join = "but" if faster == (i == 0) and step not in ("the same", "-") else "and"
+        if i == 0:
+            fix = (f"re-record it with %%profile_gpu --warmup 1 -r {a}" if again else
+                   "profile it again with %%profile_gpu --warmup 1")
+            lines.append(f"mean step {step} in {b}, {join} {a} was likely recorded on {why}, which makes {b} "
+                         f"read faster than it is; {fix}, and compare again")
+        else:
+            fix = "run the cell again (or with --warmup 1)" if again else "profile it again with %%profile_gpu --warmup 1"
+            lines.append(f"mean step {step} in {b}, {join} it was likely {why}, which makes it read slower than it "
+                         f"is; {fix}, and compare again")
+    return lines
+
+
+def _maybe_setup(c, side: int) -> str:
+    """The qualifier of a called-out line that a first run's setup may explain: ops faster in or only in a
+    'before' that was one, slower in or only in an 'after' that was."""
+    return " (maybe first-run setup: see above)" if c.first_runs[side] else ""
+
+
 def summary_items(c) -> list[tuple[str, str]]:
     (sa, sb), (oa, ob) = c.step_time_us, c.op_time_us
     a, b = c.labels
-    return [("mean step time", f"{_time(sa)} -> {_time(sb)} ({_ratio(sa, sb)})"),
+    note = first_run_note(c)
+    return [("mean step time", f"{_time(sa)} -> {_time(sb)} ({_ratio(sa, sb)}" + (f"; {note})" if note else ")")),
             ("ops' self time", f"{_time(oa)} -> {_time(ob)} ({_ratio(oa, ob)})"),
             ("compared", "device self time" if c.on_device else "self CPU time")]
 
@@ -60,10 +109,12 @@ def finding_lines(c) -> list[str]:
     def alone(side, i):  # "aten::sort 29 ms (68%)", of the one profile that ran it (was: of the larger)
         return lambda r: f"{r['name']} {_time(r[side])} ({r[side] / (c.op_time_us[i] or 1.0):.0%})"
 
-    kinds = ((f"slower in {b}", c.slower, changed), (f"only in {b}", c.new, alone("after_us", 1)),
-             (f"faster in {b}", c.faster, changed), (f"only in {a}", c.gone, alone("before_us", 0)))
-    lines = [f"{label}: " + _names(rows, what) for label, rows, what in kinds if rows]
-    if not lines:
+    kinds = ((f"slower in {b}{_maybe_setup(c, 1)}", c.slower, changed),
+             (f"only in {b}{_maybe_setup(c, 1)}", c.new, alone("after_us", 1)),
+             (f"faster in {b}{_maybe_setup(c, 0)}", c.faster, changed),
+             (f"only in {a}{_maybe_setup(c, 0)}", c.gone, alone("before_us", 0)))
+    lines = first_run_lines(c) + [f"{label}: " + _names(rows, what) for label, rows, what in kinds if rows]
+    if len(lines) == len(first_run_lines(c)):
         lines.append(f"no op changed by {c.min_ratio:.2f}x and by {MIN_SHARE:.0%} of the ops' time or more"
                      + (", beyond its step-to-step spread" if c.spread_checked else "")
                      + ": the difference is spread over many ops, or within the noise (the table has every op)")
@@ -121,8 +172,9 @@ def _headers(c) -> list[str]:
 
 def _every_op(c) -> str:
     # in a notebook "result" was the profile -r stored, whose .ops is its own table (a trial)
-    return ("every op: nbaccel.compare_profiles(...).ops" if c.made_by.startswith("%%")
-            else "every op in result.ops")
+    where = "every op: nbaccel.compare_profiles(...).ops" if c.made_by.startswith("%%") else "every op in result.ops"
+    note = first_run_note(c)  # the table's ratios read "faster" too
+    return where + (f"; {note}" if note else "")
 
 
 def text(c) -> str:
