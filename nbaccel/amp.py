@@ -39,6 +39,7 @@ from .amp_result import MEMORY_NOISE_FLOOR, MEMORY_SAME, MIN_RUNS, AmpResult, Va
 from .cell_reads import KINDS, and_list, describe, graphs_compiled, objects_read, take_first
 from .contention import ContentionMeter
 from .device import DTYPE_NAMES, DeviceError, device_info, dtype_name, resolve_device
+from .failure_hints import failure_hint, message_of as _message, overflow_hint  # noqa: F401 - docs/amp.md names nbaccel.amp.overflow_hint
 from .drift import compute_drift, leaf_dtypes, leaf_magnitudes, resolution, runs_differ, to_host
 from .flops import OpAudit, switching_ops
 from .holders import namespace_holders
@@ -293,14 +294,6 @@ def _safely(what: str, fn, *args):
         return fn(*args), None
     except Exception as exc:  # noqa: BLE001 - any failure here is nbaccel's, reported in the result
         return None, f"nbaccel could not {what} ({type(exc).__name__}: {exc})"
-
-
-def _message(exc: BaseException) -> str:
-    """``str(exc)``, or "" for an exception whose ``__str__`` raises (the user's: nbaccel only reads it)."""
-    try:
-        return str(exc)
-    except Exception:  # an exception whose __str__ raises: nothing to read
-        return ""
 
 
 class _MeterStopped(Exception):
@@ -630,7 +623,7 @@ def compare_amp(
                             else "your variables and torch's settings are as before the call" if restore
                             else "torch's settings are as before the call (restore=False: variables keep what the runs did)")
                 add_note(exc, f"nbaccel.compare_amp: raised {cell.where(order)}; {restored}")
-                hint = overflow_hint(exc)
+                hint = failure_hint(exc, dev)
                 if hint:
                     add_note(exc, f"nbaccel.compare_amp: {hint}")
         if problem and hasattr(exc, "add_note"):
@@ -648,23 +641,6 @@ def used_up_note(iterators: list[str]) -> str:
     return (f"nbaccel: {and_list(iterators)} {'is an iterator' if len(iterators) == 1 else 'are iterators'} the cell "
             f"takes items from, and {USED_UP} (no snapshot can rewind an iterator). Take "
             f"the batch before the magic ({take_first(iterators)}) and use `batch` in the cell.")
-
-
-# torch's words when a Python number is written into an fp16 tensor and is out of its range (at:: before 2.1).
-_HALF_OVERFLOW = re.compile(r"cannot be converted to type (c10|at)::Half without overflow")
-
-
-def overflow_hint(exc: BaseException) -> str | None:
-    """The fix for a number fp16 cannot hold, when ``exc`` is torch's refusal to write one, else None.
-
-    The usual case is a mask's "minus infinity" (``scores.masked_fill(~mask, -1e9)``): fine in fp32,
-    but under fp16 autocast ``scores`` is fp16, and torch raises rather than round -1e9 to -inf."""
-    # the user's __str__ may raise: no hint then, rather than that error in place of theirs
-    if not _HALF_OVERFLOW.search(_message(exc)):
-        return None
-    return ("fp16's largest finite value is 65504, so a constant beyond it (such as -1e9 for a mask) cannot be "
-            "written into an fp16 tensor: use torch.finfo(x.dtype).min (the most negative value x's own dtype "
-            f"holds), or bf16 ({option('dtype', 'bf16')}), whose range is fp32's")
 
 
 # The start of the note `_put_back` adds to the user's exception when the variables could not be put back.

@@ -56,6 +56,7 @@ import torch
 from .analysis.trace import paused_gc
 from .contention import ContentionMeter
 from .device import device_info, resolve_device
+from .failure_hints import failure_hint
 from .memory import note_harness
 from .options import in_magic, option
 from .precision import apply_recipe, make_recipe
@@ -520,8 +521,10 @@ class profile:  # noqa: N801 - a context manager used like a function: `with nba
             which = f" in run {self.steps_done + 1} of {runs}" if runs > 1 else ""
             what = ("was interrupted (KeyboardInterrupt)" if issubclass(exc_type, KeyboardInterrupt)
                     else f"raised {exc_type.__name__}")  # worded as %%amp words an interrupt
+            hint = failure_hint(exc, self.device) if exc is not None else None
             print(f"nbaccel: the profiled code {what}{which}; the profiler was stopped and the "
-                  f"partial profile discarded. {self._what_stays()}", file=sys.stderr)
+                  f"partial profile discarded. {self._what_stays()}" + (f" Hint: {hint}." if hint else ""),
+                  file=sys.stderr)
             return False
         needed = self.options.warmup + self.options.steps
         if self.options.scheduled and self.steps_done < needed:

@@ -9,7 +9,8 @@ from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments
 
-from ..amp import MIN_RUNS, compare_amp, not_restored, overflow_hint, planned_runs, used_up
+from ..amp import MIN_RUNS, compare_amp, not_restored, planned_runs, used_up
+from ..failure_hints import failure_hint
 from ..cell_reads import and_list
 from ..device import DeviceError, autocast_dtype, device_info, dtype_name, resolve_device
 from ..options import magic_spelled, whole_number
@@ -112,7 +113,8 @@ class AmpMagics(Magics):
                 cells_own = bool(cell_errors) and cell_errors[-1][0] is exc
                 if not cells_own and isinstance(exc, (SnapshotTooLarge, LazyModuleNotReady, DeviceError)):
                     raise UsageError(str(exc)) from None
-                print(_abandon_note(exc, cell_errors[-1][1] if cells_own else None, args.no_restore), file=sys.stderr)
+                print(_abandon_note(exc, cell_errors[-1][1] if cells_own else None, args.no_restore, device),
+                      file=sys.stderr)
                 if isinstance(exc, KeyboardInterrupt) and not cells_own:
                     raise interrupt_without_frames(exc) from None  # the note says it all; no nbaccel frames
                 raise
@@ -217,7 +219,7 @@ def _fewer_runs(args, device) -> str | None:
     return f"{' '.join(changes)} ({planned_runs(warmup, repeat, not args.no_baseline, device)} runs in all)"
 
 
-def _abandon_note(exc: BaseException, where: str | None, no_restore: bool) -> str:
+def _abandon_note(exc: BaseException, where: str | None, no_restore: bool, device) -> str:
     """The line for a comparison that did not finish: who failed, and what was put back.
     ``where`` is the run the cell failed in, or None when the cell did not fail."""
     # compare_amp restores torch's settings either way; the variables only when it snapshotted them.
@@ -239,7 +241,7 @@ def _abandon_note(exc: BaseException, where: str | None, no_restore: bool) -> st
     if where is not None:
         what = ("was interrupted (KeyboardInterrupt)" if isinstance(exc, KeyboardInterrupt)
                 else f"raised {type(exc).__name__}")
-        hint = overflow_hint(exc)
+        hint = failure_hint(exc, device)
         return (f"nbaccel %%amp: the cell {what} {where}; the comparison was abandoned: {state}."
                 + (f" Hint: {hint}." if hint else ""))
     if not isinstance(exc, Exception):  # Ctrl-C while nbaccel's own code ran: nobody's bug
