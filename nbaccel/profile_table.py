@@ -29,7 +29,8 @@ GROUPS = ("op", "op+shape", "source")
 
 # Columns of every grouped table, in display order. Times are microseconds, memory bytes.
 COLUMNS = ["name", "shapes", "source", "category", "calls", "cpu_self_us", "cpu_total_us", "device_self_us",
-           "device_total_us", "percent", "flops", "flops_per_s", "self_memory_bytes", "memory_bytes", "dtype"]
+           "device_total_us", "percent", "flops", "flops_calls", "flops_per_s", "self_memory_bytes", "memory_bytes",
+           "dtype"]
 
 # --sort key -> column (documented in the magic's help). "device" is the op's own device time
 # (kernels it launched itself), which sums to the device total like "self" does for the CPU.
@@ -71,7 +72,12 @@ def group_ops(ops: pd.DataFrame, group: str = "op", device_total_us: float = 0.0
     a user trial read "1" beside the line's three costliest ops, none of them the one counted.)
     ``flops`` is, in every grouping, the rows' *self* FLOPs: only the ops the header counts (the
     innermost op with a formula), so an ``aten::linear`` whose ``aten::addmm`` carries the FLOPs
-    shows none and the column sums to the header's total (`self_flops`).
+    shows none and the column sums to the header's total (`self_flops`). ``flops_calls``: how many
+    of the row's calls carry those FLOPs, and ``flops_per_s`` divides the FLOPs by those calls' own
+    time (device total on a GPU profile, CPU total on the CPU), not by all the row's: an
+    ``aten::_convolution`` row holds a ConvTranspose2d's FLOPs (its inner op has no formula) beside
+    ordinary convolutions whose FLOPs sit on the op inside them, and a UNet's 2 transposed calls'
+    FLOPs over all 13 calls' time read 998 MFLOP/s for 7.64 GFLOP/s (see `flop_calls`).
     ``percent`` is each row's share of all device time (GPU profile) or all self CPU time.
     """
     import pandas as pd
@@ -96,7 +102,7 @@ def group_ops(ops: pd.DataFrame, group: str = "op", device_total_us: float = 0.0
         frame = frame.assign(_call=~again, _top_dur=np.where(top, frame["dur_us"], 0.0),
                              _top_dev=np.where(top, frame["device_total_us"], 0.0),
                              _top_mem=np.where(top, frame["memory_bytes"].fillna(0.0), 0.0),
-                             _flops=self_flops(frame))
+                             **_flops_columns(frame, again))
         g = frame.groupby("source", sort=False)
         out = pd.DataFrame({
             # the line's three costliest ops by self time: what the line spends its time in
@@ -108,6 +114,9 @@ def group_ops(ops: pd.DataFrame, group: str = "op", device_total_us: float = 0.0
             "device_self_us": g["device_self_us"].sum(),
             "device_total_us": g["_top_dev"].sum(),
             "flops": g["_flops"].sum(min_count=1),
+            "flops_calls": g["_flop_call"].sum(),
+            "_flops_us": g["_flops_us"].sum(min_count=1),
+            "_flops_dev": g["_flops_dev"].sum(min_count=1),
             "self_memory_bytes": g["self_memory_bytes"].sum(min_count=1),
             "memory_bytes": g["_top_mem"].sum(),
             "category": g["category"].agg(_mode),
@@ -123,7 +132,7 @@ def group_ops(ops: pd.DataFrame, group: str = "op", device_total_us: float = 0.0
         once = ~again
         frame = frame.assign(_call=once, _dur=frame["dur_us"].where(once, 0.0),
                              _dev=frame["device_total_us"].where(once, 0.0),
-                             _flops=self_flops(frame), _mem=frame["memory_bytes"].where(once),
+                             **_flops_columns(frame, again), _mem=frame["memory_bytes"].where(once),
                              _inner_dtype=frame["math_dtype"].where(again))
         g = frame.groupby(keys, sort=False)
         out = pd.DataFrame({
@@ -133,6 +142,9 @@ def group_ops(ops: pd.DataFrame, group: str = "op", device_total_us: float = 0.0
             "device_self_us": g["device_self_us"].sum(),
             "device_total_us": g["_dev"].sum(),
             "flops": g["_flops"].sum(min_count=1),
+            "flops_calls": g["_flop_call"].sum(),
+            "_flops_us": g["_flops_us"].sum(min_count=1),
+            "_flops_dev": g["_flops_dev"].sum(min_count=1),
             "self_memory_bytes": g["self_memory_bytes"].sum(min_count=1),
             "memory_bytes": g["_mem"].sum(min_count=1),
             "category": g["category"].first(),
@@ -143,7 +155,7 @@ def group_ops(ops: pd.DataFrame, group: str = "op", device_total_us: float = 0.0
             out["shapes"] = ""
         out["source"] = None
     on_device = device_total_us > 0
-    time = out["device_total_us"] if on_device else out["cpu_total_us"]
+    time = out["_flops_dev"] if on_device else out["_flops_us"]  # the counted calls' time: `flop_calls`
     out["flops_per_s"] = (out["flops"] / (time * 1e-6)).where(time > 0)
     base = device_total_us if on_device else float(frame["self_us"].sum())
     share = out["device_self_us"] if on_device else out["cpu_self_us"]
@@ -158,6 +170,16 @@ def self_flops(frame: pd.DataFrame) -> pd.Series:
     otherwise repeat its children's FLOPs, and a table sorted by FLOPs would list the same work
     two or three times."""
     return frame["flops"].where(frame["flops_counted"].astype(bool))
+
+
+def _flops_columns(frame: pd.DataFrame, again) -> dict:
+    """`group_ops`' per-event FLOP columns: self FLOPs, whether the event is a call that carries
+    them (`flop_calls`), and the counted events' own CPU and device time (NaN elsewhere, so a
+    row's sums are over exactly the events `group_rows` sums)."""
+    counted = frame["flops_counted"].astype(bool)
+    return {"_flops": self_flops(frame),
+            "_flop_call": flop_calls(frame["parent"].tolist(), list(again), counted.tolist()),
+            "_flops_us": frame["dur_us"].where(counted), "_flops_dev": frame["device_total_us"].where(counted)}
 
 
 def sort_table(table: pd.DataFrame, column: str, ascending: bool = False) -> pd.DataFrame:
@@ -375,6 +397,26 @@ def redispatched(parent: list, keys: list) -> list[bool]:
     return [p >= 0 and keys[p] == keys[i] for i, p in enumerate(parent)]
 
 
+def flop_calls(parent: list, again: list, counted: list) -> list[bool]:
+    """Whether each op is the first counted op (`self_flops`) of its call (the call itself, or the
+    call it re-dispatches: `redispatched`), so a row's count of them is how many of its calls carry
+    its FLOPs. Those calls' time is what the row's FLOP/s divides by: a row's FLOPs may come from
+    only some of its calls (an ``aten::_convolution`` counts a transposed convolution's FLOPs itself,
+    an ordinary one's on the op inside it), and dividing by all the calls' time read a UNet's
+    transposed convolutions at 998 MFLOP/s for 7.64 GFLOP/s. Counted ops never nest (the innermost
+    op with a formula), so their times add up without counting any twice."""
+    seen = set()
+    first = [False] * len(counted)
+    for i, c in enumerate(counted):
+        if c:
+            j = i
+            while again[j]:
+                j = parent[j]
+            first[i] = j not in seen
+            seen.add(j)
+    return first
+
+
 def group_rows(cols: dict, group: str = "op", device_total_us: float = 0.0) -> list[dict]:
     """`group_ops` for ``op`` and ``op+shape`` over column lists: one dict per row, COLUMNS keys.
 
@@ -399,6 +441,7 @@ def group_rows(cols: dict, group: str = "op", device_total_us: float = 0.0) -> l
     self_mem, mem = cols.get("self_memory_bytes"), cols.get("memory_bytes")
     on_device = device_total_us > 0
     base = device_total_us if on_device else pairwise_sum(self_us)
+    flop_call = flop_calls(cols["parent"], again, counted)
 
     def total(column, rows, min_count=False):
         if column is None:
@@ -413,6 +456,7 @@ def group_rows(cols: dict, group: str = "op", device_total_us: float = 0.0) -> l
     out = []
     for key, rows in members.items():
         calls = [i for i in rows if not again[i]]  # a re-dispatch is part of its parent's call
+        with_flops = [i for i in rows if counted[i]]
         row = {
             "name": key if group == "op" else key[0],
             "shapes": "" if group == "op" else key[1],
@@ -423,13 +467,15 @@ def group_rows(cols: dict, group: str = "op", device_total_us: float = 0.0) -> l
             "cpu_total_us": total(dur, calls),
             "device_self_us": total(dev_self, rows),
             "device_total_us": total(dev_total, calls),
-            "flops": total(flops, [i for i in rows if counted[i]], min_count=True),  # self FLOPs (`self_flops`)
+            "flops": total(flops, with_flops, min_count=True),  # self FLOPs (`self_flops`)
+            "flops_calls": sum(flop_call[i] for i in rows),
             "self_memory_bytes": total(self_mem, rows, min_count=True),
             "memory_bytes": total(mem, calls, min_count=True),
             # The dtype the math ran in: a re-dispatch's (autocast's bf16 matmul inside the fp32 call).
             "dtype": first(math_dtype, [i for i in rows if again[i]]) or first(math_dtype, rows),
         }
-        time = row["device_total_us"] if on_device else row["cpu_total_us"]
+        # over the time of the calls that carry the FLOPs, not all the row's (`flop_calls`)
+        time = total(dev_total if on_device else dur, with_flops, min_count=True)
         row["flops_per_s"] = row["flops"] / (time * 1e-6) if time > 0 else nan
         share = row["device_self_us"] if on_device else row["cpu_self_us"]
         row["percent"] = 100.0 * share / base if base > 0 else nan

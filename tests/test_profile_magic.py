@@ -522,10 +522,51 @@ def test_flops_per_s_column_says_it_divides_by_cpu_total_time(run_cell, ip):
     prof, _, captured = profile_cell(run_cell, ip, opts="-r prof")
     text = bundle(captured)["text/plain"]
     assert "FLOP/s (CPU total)" in text.split("time by category")[0]
-    assert "FLOP/s column = the row's FLOPs / its CPU total time" in unfolded(text.split("method: ")[1])
+    assert ("FLOP/s column = the row's FLOPs / the CPU total time of the calls that carry them"
+            in unfolded(text.split("method: ")[1]))
     assert "FLOP/s (CPU total)" in bundle(captured)["text/html"]
     mm = prof.ops.set_index("name").loc["aten::mm"]
+    assert mm["flops_calls"] == mm["calls"]
     assert mm["flops_per_s"] == pytest.approx(mm["flops"] / (mm["cpu_total_us"] * 1e-6))
+
+
+UNET = """
+import torch
+from torch import nn
+torch.manual_seed(0)
+def block(i, o):
+    return [nn.Conv2d(i, o, 3, padding=1), nn.ReLU(), nn.Conv2d(o, o, 3, padding=1), nn.ReLU()]
+net = nn.Sequential(*block(3, 8), nn.MaxPool2d(2), *block(8, 16), nn.ConvTranspose2d(16, 8, 2, stride=2),
+                    *block(8, 8), nn.Conv2d(8, 3, 1))
+x = torch.randn(2, 3, 32, 32)
+"""
+
+
+def test_a_row_whose_flops_cover_some_of_its_calls_is_timed_over_those_and_says_so(run_cell, ip):
+    # A user trial's UNet: aten::_convolution counts a ConvTranspose2d's FLOPs itself and an ordinary
+    # convolution's on the aten::mkldnn_convolution inside it. Its FLOP/s divided the transposed calls'
+    # FLOPs by all the calls' time (998 MFLOP/s for their own 7.64 GFLOP/s) and read as all the calls' rate.
+    run_cell(UNET)
+    _, captured = run_cell("%%profile_gpu -r prof\nwith torch.no_grad():\n    net(x)")
+    prof = ip.user_ns["prof"]
+    ops = prof.ops.set_index("name")
+    conv, transposed = ops.loc["aten::_convolution"], ops.loc["aten::conv_transpose2d"]
+    assert conv["calls"] == ops.loc["aten::conv2d", "calls"] + transposed["calls"]
+    assert 0 < conv["flops_calls"] == transposed["calls"] < conv["calls"]
+    events = prof.op_events
+    carried = events[(events["name"] == "aten::_convolution") & events["flops_counted"].astype(bool)]
+    assert conv["flops_per_s"] == pytest.approx(conv["flops"] / (carried["dur_us"].sum() * 1e-6))
+    inner = ops.loc["aten::mkldnn_convolution"]  # every call carries its FLOPs: no note
+    assert inner["flops_calls"] == inner["calls"]
+    note = f"({conv['flops_calls']} of {conv['calls']} calls)"
+    data = bundle(captured)
+    line = next(r for r in data["text/plain"].splitlines() if r.startswith("aten::_convolution "))
+    assert line.endswith(render_profile._fmt("rate", conv["flops_per_s"]) + " " + note)
+    assert "calls)" not in next(r for r in data["text/plain"].splitlines() if r.startswith("aten::mkldnn_conv"))
+    assert note in data["text/html"]
+    box = render_profile.widget(prof)
+    assert any(note in w.value for w in walk(box) if type(w).__name__ == "HTML")
+    assert {r["name"]: r["flops_calls"] for r in prof.to_dict()["ops"]}["aten::_convolution"] == conv["flops_calls"]
 
 
 def test_to_dict_is_json_safe(run_cell, ip):

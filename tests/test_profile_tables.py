@@ -321,3 +321,55 @@ def test_many_short_kernels_are_called_launch_bound_only_when_the_gpu_waits_betw
     advice = " ".join(r.advice)
     assert ("the host cannot launch them as fast as they run" in advice) == launch_bound, (r.busy, advice)
     assert "input pipeline" not in advice  # the idle the launches explain is not blamed on the DataLoader
+
+
+def _conv_row_ops(device: bool = False):
+    """An aten::_convolution row of 3 calls as a UNet records them: 2 ordinary convolutions whose FLOPs
+    are counted on the aten::mkldnn_convolution inside them, and a ConvTranspose2d whose inner op has no
+    formula, so its FLOPs are counted on the aten::_convolution itself. Times in us; on ``device`` the
+    same times are device totals too."""
+    ops = _ops([("aten::_convolution", 0, 100, 10, -1), ("aten::mkldnn_convolution", 5, 90, 90, 0),
+                ("aten::_convolution", 200, 100, 10, -1), ("aten::mkldnn_convolution", 205, 90, 90, 2),
+                ("aten::_convolution", 400, 20, 5, -1), ("aten::slow_conv_transpose2d", 402, 15, 15, 4)])
+    ops = ops.assign(flops=[1e6, 1e6, 1e6, 1e6, 4e5, float("nan")],
+                     flops_counted=[False, True, False, True, True, False], category="matmul/conv")
+    if device:
+        ops = ops.assign(device_total_us=ops["dur_us"], device_self_us=ops["self_us"])
+    return ops
+
+
+@pytest.mark.parametrize("device", [False, True])
+def test_flops_per_s_is_over_the_calls_that_carry_the_flops(device):
+    # Was: the transposed call's 400 kFLOP over all 3 calls' 220 us (1.82 GFLOP/s) for its own 20 us (20 GFLOP/s).
+    ops = _conv_row_ops(device)
+    device_total = float(ops["device_self_us"].sum()) if device else 0.0
+    frame = pt.group_ops(ops, "op", device_total).set_index("name")
+    conv, inner = frame.loc["aten::_convolution"], frame.loc["aten::mkldnn_convolution"]
+    assert (conv["calls"], conv["flops_calls"], conv["flops"]) == (3, 1, 4e5)
+    assert conv["flops_per_s"] == pytest.approx(4e5 / 20e-6)
+    assert (inner["calls"], inner["flops_calls"]) == (2, 2) and inner["flops_per_s"] == pytest.approx(2e6 / 180e-6)
+    assert frame.loc["aten::slow_conv_transpose2d", "flops_calls"] == 0
+    cols = {c: ops[c].tolist() for c in ops} | {"shapes": [""] * len(ops)}
+    for group in ("op", "op+shape"):  # the display's rows: the same numbers
+        rows = {r["name"]: r for r in pt.group_rows(cols, group, device_total)}
+        assert (rows["aten::_convolution"]["flops_calls"], rows["aten::_convolution"]["flops_per_s"]) == (
+            1, conv["flops_per_s"])
+    # a source line's FLOPs over the same counted ops' time: 2.4 MFLOP over 200 us, not its 220 us
+    line = pt.group_ops(ops.assign(source="cell line 1: y = net(x)"), "source", device_total).iloc[0]
+    assert line["flops_calls"] == 3 and line["flops_per_s"] == pytest.approx(2.4e6 / 200e-6)
+
+
+def test_a_redispatched_call_carrying_the_flops_is_one_call():
+    # autocast's aten::matmul re-dispatched inside the user's: the inner one carries the FLOPs, 1 call
+    ops = _ops([("aten::matmul", 0, 100, 10, -1), ("aten::matmul", 5, 80, 80, 0)]).assign(
+        flops=[2e6, 2e6], flops_counted=[False, True])
+    row = pt.group_ops(ops, "op").iloc[0]
+    assert (row["calls"], row["flops_calls"]) == (1, 1) and row["flops_per_s"] == pytest.approx(2e6 / 80e-6)
+
+
+def test_the_coverage_note_stands_beside_a_rate_only():
+    # a CPU op in a CUDA profile has no device time, so no FLOP/s: "-", not "- (1 of 3 calls)"
+    note = render_profile._flops_coverage
+    assert note({"flops_calls": 1, "calls": 3, "flops_per_s": 2e10}) == " (1 of 3 calls)"
+    assert note({"flops_calls": 1, "calls": 3, "flops_per_s": float("nan")}) == ""
+    assert note({"flops_calls": 3, "calls": 3, "flops_per_s": 2e10}) == ""

@@ -102,11 +102,16 @@ FLOPS_BASIS = ("FLOPs from input shapes (torch.utils.flop_counter conventions); 
 
 def flops_rate_basis(result) -> str:
     """What the op table's FLOP/s column divides a row's FLOPs by (`profile_table.group_rows`)."""
+    # over the calls that carry the FLOPs (`profile_table.flop_calls`), said where they are not all the row's
+    some = ("; where only some of an op row's calls carry its FLOPs (an aten::_convolution counts a transposed "
+            "convolution's FLOPs itself, an ordinary one's on the op inside it), the figure is over those calls "
+            "and says so: \"(2 of 13 calls)\"")
     if result.on_device:
-        return ("FLOP/s column = the row's FLOPs / its device total time (summed durations of the kernels and "
-                "copies the op and its child ops launched; \"-\" for an op that launched none)")
-    return ("FLOP/s column = the row's FLOPs / its CPU total time (the op's duration on the CPU, child ops "
-            "included)")
+        return ("FLOP/s column = the row's FLOPs / the device total time of the calls that carry them (summed "
+                "durations of the kernels and copies the op and its child ops launched; \"-\" for an op that "
+                "launched none)" + some)
+    return ("FLOP/s column = the row's FLOPs / the CPU total time of the calls that carry them (the op's duration "
+            "on the CPU, child ops included)" + some)
 
 
 def records(frame) -> list[dict]:
@@ -115,7 +120,17 @@ def records(frame) -> list[dict]:
 
 
 def _rows(result, frame, cols):
-    return [[_fmt(kind, r[col]) for col, _, kind in cols] for r in records(frame)]
+    by_op = all(col != "source" for col, _, _ in cols)  # a source row's calls are every op on the line
+    return [[_fmt(kind, r[col]) + (_flops_coverage(r) if col == "flops_per_s" and by_op else "")
+             for col, _, kind in cols] for r in records(frame)]
+
+
+def _flops_coverage(row) -> str:
+    """The " (2 of 13 calls)" after a FLOP/s that is over only some of the row's calls: the ones that carry
+    its FLOPs (`profile_table.flop_calls`; an aten::_convolution counts a transposed convolution's FLOPs
+    itself, an ordinary one's on the op inside it). Without it the figure read as all the calls' rate."""
+    counted, calls, rate = row["flops_calls"], row["calls"], row["flops_per_s"]
+    return f" ({int(counted):,} of {int(calls):,} calls)" if rate and rate == rate and 0 < counted < calls else ""
 
 
 # --- the header ------------------------------------------------------------------------------------
