@@ -25,6 +25,7 @@ from .eager_modes import EagerWhileActive
 from .memory import cuda_counters, reset_cuda_peak
 from .model_states import make_optimizers
 from .options import in_magic, option
+from .probe_inputs import cut_bags, find_bags
 from .storages import storage_bytes, storage_keys, storages
 
 
@@ -135,14 +136,20 @@ def _pass_example() -> str:
 
 
 def _example_batch(model: torch.nn.Module, example, batch: int, device: torch.device, name: str = "model"):
-    """Inputs for a batch of ``batch`` rows: rows of ``example`` repeated, or random for a Linear-first model."""
+    """Inputs for a batch of ``batch`` rows: rows of ``example`` repeated, or random for a Linear-first model.
+    An nn.EmbeddingBag's flat (indices, offsets) pair is cut by bags instead (`probe_inputs.find_bags`)."""
     if example is not None:
         tensors = example if isinstance(example, (tuple, list)) else (example,)
+        bags = find_bags(model, tensors)
+        cut = cut_bags(tensors, bags, batch) if bags else {}
         out = []
-        for t in tensors:
+        for i, t in enumerate(tensors):
             if not isinstance(t, torch.Tensor) or t.dim() == 0:
                 raise EstimateError(f"{_example_option()} must be a tensor (or a tuple of tensors) whose first "
                                     "dimension is the batch")
+            if i in cut:
+                out.append(cut[i].to(device))
+                continue
             rows = torch.arange(batch, device=t.device) % t.shape[0]
             out.append(t[rows].to(device))
         return tuple(out)
@@ -599,8 +606,12 @@ def _dry_run(model, optimizer, example, batches, device, amp_dtype, loss_fn, nam
         else:
             tensors = example if isinstance(example, (tuple, list)) else (example,)
             shapes = ", ".join(str(tuple(t.shape)) for t in tensors)
+            bags = find_bags(model, tensors)
             how = "cut" if all(t.dim() and t.shape[0] >= batches[0] for t in tensors) else "repeated"
             feed = f"the example (shape {shapes}) {how} to the probe batch of {batches[0]} rows"
+            if bags:
+                how = "cut" if bags.bags >= batches[0] else "repeated"
+                feed = f"the example (shape {shapes}) {how} to the probe batch of {batches[0]} bags ({bags.words(name)})"
             takes = _layer_input(first)
             if takes and _layer_misfit(first, tensors[0]):
                 misfit = f"the example has shape {tuple(tensors[0].shape)} and {words} takes {takes}\n"

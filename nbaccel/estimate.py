@@ -50,6 +50,7 @@ from .memory import format_bytes
 from .model_states import (OPTIMIZERS, _largest_leaf_bytes, _optimizer_spec, closest_optimizer, make_optimizer,
                            optimizer_plan, optimizer_state_bytes, plan_name, plan_state_bytes)
 from .options import in_magic, option
+from .probe_inputs import find_bags, graph_refusal
 from .results import ResultMixin
 from .snapshot import rng_kept
 
@@ -362,6 +363,9 @@ def estimate_memory(model: torch.nn.Module, optimizer="adamw", batch: int = 32, 
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     _check_arguments(batch, example, probe_batches, amp_dtype, loss_fn, name, gpu_counts)
     _check_targets(targets, loss_fn)
+    graph = graph_refusal(example, name)
+    if graph:  # before the dry run: its error was an index out of bounds deep inside the model
+        raise EstimateError(graph)
     if probe_batches is None:
         # An eighth and a quarter of the batch: CPU and GPU kernels change algorithm (and temporaries) with
         # the batch size, so probes far below it extrapolate from another regime (tests/test_estimate.py).
@@ -418,6 +422,9 @@ def estimate_memory(model: torch.nn.Module, optimizer="adamw", batch: int = 32, 
         states_measured = probe["states_measured"]
         heads = heads or probe["heads"]
     notes = _optimizer_notes(model, plan, name) + _sparse_grad_notes(model, probe["sparse_params"], fits, batch)
+    bags = find_bags(model, example)
+    if bags:  # the probes were cut by bags, not rows: said, since a row cut is what --input's help describes
+        notes.append(f"input: {bags.words(name)} (probes of {probe_batches[0]} and {probe_batches[1]} bags)")
     if not own_loss and _wide_head(heads):  # the dry run's default loss was a cross-entropy (`_default_loss`)
         loss_words = _loss_words(None, head=True)
         notes += _head_notes(heads, probe_batches, batch)

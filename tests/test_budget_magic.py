@@ -1015,3 +1015,34 @@ def test_input_takes_a_variable_name_not_an_expression(ip, run_cell):
         ip.run_line_magic("memory_budget", "--model model --batch 8 --input (x, off)")
     with pytest.raises(UsageError, match=re.escape("--model takes a variable's name, got 'nets[0]'")):
         ip.run_line_magic("memory_budget", "--model nets[0] --batch 8")
+
+
+def test_estimate_cuts_a_flat_embedding_bag_input_by_bags_and_refuses_a_graph(ip, run_cell):
+    """Reproduced: --input (indices, offsets) of an EmbeddingBag was cut row by row ("offsets[-1] can not be greater
+    than input's length 32 but got offsets[-1] of 927"), and a GNN's (x, edge_index) read "IndexError: index 714 is
+    out of bounds for dimension 0 with size 125", both with "pass --input a batch that ... accepts"."""
+    run_cell("import torch\ntorch.manual_seed(0)\nclass Bag(torch.nn.Module):\n"
+             "    def __init__(self):\n        super().__init__()\n"
+             "        self.emb = torch.nn.EmbeddingBag(50000, 32, mode='sum')\n        self.fc = torch.nn.Linear(32, 4)\n"
+             "    def forward(self, feats, offsets):\n        return self.fc(self.emb(feats, offsets))\n"
+             "m = Bag()\nlens = torch.randint(20, 41, (256,))\n"
+             "offsets = torch.cat([torch.zeros(1, dtype=torch.long), lens.cumsum(0)[:-1]])\n"
+             "inp = (torch.randint(0, 50000, (int(lens.sum()),)), offsets)\n"
+             "class GNN(torch.nn.Module):\n    def __init__(self):\n        super().__init__()\n"
+             "        self.lin = torch.nn.Linear(16, 32)\n    def forward(self, x, edge_index):\n"
+             "        h = self.lin(x)\n        return torch.zeros_like(h).index_add_(0, edge_index[1], h[edge_index[0]])\n"
+             "g = GNN()\ngraph = (torch.randn(1000, 16), torch.randint(0, 1000, (2, 5000)))")
+    _, captured = run_cell("%memory_budget 1GiB --model m --batch 256 --input inp -r est")
+    assert ip.user_ns["est"].batch == 256
+    for shown in _estimate_renderings(ip, captured, "est"):
+        assert ("input: m's nn.EmbeddingBag input (--input's tensor 0: indices, --input's tensor 1: offsets) is 256 "
+                "bags; a probe of k bags is offsets[:k] and indices[:offsets[k]] (probes of 32 and 64 bags)") in \
+            unfolded(html.unescape(shown))
+    with pytest.raises(UsageError) as refused:
+        ip.run_line_magic("memory_budget", "1GiB --model g --batch 1000 --input graph")
+    assert str(refused.value) == (
+        "--input's tensor 1 (shape (2, 5000)) holds indices into the 1,000 rows of --input's tensor 0 (a graph's "
+        "edge_index over its nodes), so g's input has no batch dimension: cutting the nodes to a smaller probe batch "
+        "leaves edges pointing past the end, and the estimator fits its prediction through two such probes. Measure "
+        "the step instead: %memory_budget 0.9, then run one training step on the full graph in a cell: %memory_budget "
+        "status shows that cell's measured peak (peak used; added: what the cell added)")
