@@ -257,6 +257,44 @@ def test_a_comment_after_the_options_is_a_comment(run_cell, ip):
     assert ip.user_ns["res"].amp.name == "bf16"
 
 
+def test_a_comment_right_after_a_flag_is_a_comment(run_cell, ip):
+    """`-q#note` was "argument -q/--quiet: ignored explicit argument '#note'" (a shell would keep the # in the
+    word; after a flag, which takes no value, only a comment was meant). A value keeps its #."""
+    run_cell("import torch\nx = torch.ones(4, 4)")
+    run_cell("%%profile_gpu -q#just the op table later\nx @ x")
+    run_cell("%%amp --repeat 3 --warmup 0 -r res -q#fp32 vs bf16\nx @ x")
+    assert ip.user_ns["res"].amp.name == "bf16"
+    run_cell("%%amp --repeat 3 --warmup 0 -q#x -r res2\nx @ x")  # the rest of the line is the comment
+    assert "res2" not in ip.user_ns
+    result, _ = run_cell("%nbaccel_env -q#quiet")
+    assert result.success
+
+
+@pytest.mark.parametrize("line, said", [
+    ("%%profile_gpu --top 5#rows\nx @ x", "argument --top: invalid int value: '5#rows'"),
+    ("%%profile_gpu --top=5#rows\nx @ x", "argument --top: invalid int value: '5#rows'"),
+    ("%%profile_gpu --device cpu#here\nx @ x", "unknown device 'cpu#here'"),
+    ("%%amp --repeat 3#runs\nx @ x", "argument --repeat: invalid int value: '3#runs'"),
+    ("%memory_budget 6GiB#big", "cannot read '6GiB#big' as a budget"),
+    ("%nbaccel_env -r env#1", "-r/--result takes a Python variable name, got 'env#1'"),
+    ("%profile_trace tests/data/h200_bf16_transformer_step.json.gz --top 3#x", "invalid int value: '3#x'"),
+])
+def test_a_value_refused_for_its_hash_says_a_comment_needs_a_space(run_cell, ip, line, said):
+    run_cell("import torch\nx = torch.ones(4, 4)")
+    result, _ = run_cell(line, expect_error=UsageError)
+    message = str(result.error_in_exec or result.error_before_exec)
+    head = line.split("\n")[0].split()[-1].split("=")[-1]
+    value, _, tail = head.partition("#")
+    assert said in message and message.endswith(
+        f"(if #{tail} was meant as a comment, put a space before it: {value} #{tail})"), message
+
+
+def test_a_value_with_a_hash_that_is_accepted_keeps_it(run_cell, ip, tmp_path):
+    run_cell("import torch\nx = torch.ones(4, 4)")
+    run_cell(f"%%profile_gpu -q --trace {tmp_path}/run#1.json\nx @ x")
+    assert (tmp_path / "run#1.json").is_file()
+
+
 @pytest.mark.parametrize("kind", ["profile", "multirank"])
 @pytest.mark.parametrize("kwargs, said", [
     ({"sort": "memory"}, "sort='memory' needs the memory a profile records with memory=True, and this one was made "

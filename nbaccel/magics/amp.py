@@ -19,7 +19,7 @@ from ..render.display import in_kernel
 from ..snapshot import (LazyModuleNotReady, SnapshotTooLarge, describe_failures, not_put_back,
                         restore_failures)
 from ..timing import format_seconds
-from .common import (cell_function, check_name, check_name_free, dtype_hint, help_option, history_name,
+from .common import (cell_function, check_name, check_name_free, comment_hinted, dtype_hint, help_option, history_name,
                      interrupt_without_frames, interrupted_in_nbaccel, output_can_be_silenced, parse_line,
                      refuse_empty_cell, refuse_nested_cell_magic, show_result, silenced, sole_measuring_magic)
 from .ran_before import remember
@@ -57,6 +57,7 @@ class AmpMagics(Magics):
               help="do not display the result, nor the note on how long a long comparison will take")
     @cell_magic
     @magic_spelled  # errors name options as typed: --top, not top=
+    @comment_hinted  # '--top 5#rows' refused: says a comment needs a space before '#'
     def amp(self, line, cell):
         """Run the cell in strict fp32 and under torch.autocast (+TF32 on CUDA), from the same state.
 

@@ -35,7 +35,7 @@ from ..memory import format_bytes
 from ..oom import OOM_TYPES, explain_oom, is_oom
 from ..options import a_type, magic_spelled
 from ..render.display import display_result
-from .common import check_name, help_option, history_name, parse_line, split_line, store_result
+from .common import check_name, comment_hinted, help_option, history_name, parse_line, split_line, store_result
 
 _NEGATIVE = re.compile(r"^-\.?[0-9]")
 # Options that take a value: a negative number after one of them is that option's value (--near -0.5),
@@ -120,6 +120,7 @@ class BudgetMagics(Magics):
     @argument("-q", "--quiet", action="store_true", help="do not display the status or estimate")
     @line_magic
     @magic_spelled  # errors name options as typed: --top, not top=
+    @comment_hinted  # '--top 5#rows' refused: says a comment needs a space before '#'
     def memory_budget(self, line):
         """Watch each cell's peak memory against a budget; explain out-of-memory errors; predict fits.
 

@@ -7,6 +7,7 @@ import ast
 import builtins
 import contextlib
 import difflib
+import functools
 import keyword
 import linecache
 import re
@@ -419,6 +420,49 @@ def _without_comment(line: str) -> str:
     return line
 
 
+def _comment_cut(tokens: list[str], options) -> list[str]:
+    """``tokens`` up to a ``#`` written right after one of the magic's options: ``-q#skip it`` is ``-q``
+    and a comment (was "argument -q: ignored explicit argument '#skip'"). A value keeps its ``#``
+    (``--trace run#1.json``, ``-r res#2``): a shell keeps it too, and `comment_hinted` says more when
+    such a value is refused."""
+    for i, token in enumerate(tokens):
+        head, sharp, _ = token.partition("#")
+        if sharp and head in options:
+            return tokens[:i] + [head]
+    return tokens
+
+
+def comment_hinted(magic):
+    """Decorate a magic method: a refusal that quotes a word with a ``#`` inside it (``--top 5#rows``,
+    ``%memory_budget 6GiB#big``) adds that a comment needs a space before it. A shell's rule, which
+    `split_line` follows, reads such a ``#`` as part of the word; the user meant a comment."""
+    @functools.wraps(magic)
+    def hinted(self, line, *cell):
+        __tracebackhide__ = True  # noqa: F841 - IPython hides this frame from the user's traceback
+        try:
+            return magic(self, line, *cell)
+        except UsageError as exc:
+            hint = _comment_hint(line, str(exc))
+            if hint is None:
+                raise
+            raise UsageError(f"{exc} {hint}") from None
+
+    return hinted
+
+
+def _comment_hint(line: str, message: str) -> str | None:
+    try:
+        tokens = split_line(line)
+    except ValueError:
+        return None
+    for token in tokens:
+        head, sharp, tail = token.partition("#")
+        value = head.partition("=")[2] if head.startswith("-") else head  # --top=5#rows: the value is 5#rows
+        if sharp and value and f"{value}#{tail}" in message:
+            return f"(if #{tail} was meant as a comment, put a space before it: {value} #{tail})"
+    return None
+
+
 class HelpWithoutBody:
     """An input transformer (IPython's ``input_transformers_cleanup``) for ``%%amp -h`` alone in a cell.
 
@@ -581,7 +625,8 @@ def parse_line(magic, line: str, hint: Callable[[str], str | None] | None = None
     # that says "did you mean --steps?" (below).
     magic.parser.allow_abbrev = False
     try:
-        tokens = split_line(line)
+        options = {o for action in magic.parser._actions for o in action.option_strings}
+        tokens = _comment_cut(split_line(line), options)
         refuse_typographic_dash(magic, tokens)
         args = magic.parser.parse_args(tokens)
         refuse_repeated_values(magic.parser, tokens)

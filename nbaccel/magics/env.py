@@ -6,7 +6,7 @@ from IPython.core.magic_arguments import argument, magic_arguments
 
 from ..environment import env_report
 from ..render.display import display_result
-from .common import check_name, help_option, parse_line, store_result
+from .common import check_name, comment_hinted, help_option, parse_line, store_result
 
 
 @magics_class
@@ -18,6 +18,7 @@ class EnvMagics(Magics):
     # as in every other magic (it was "unrecognized arguments: -q"): show nothing, only store with -r
     @argument("-q", "--quiet", action="store_true", help="do not display the report")
     @line_magic
+    @comment_hinted  # '-r env#1' refused: says a comment needs a space before '#'
     def nbaccel_env(self, line):
         """Show torch/CUDA/cuDNN versions, the device, bf16/fp16/TF32/Tensor Core/AMX support
         and the global precision flags as they are now."""

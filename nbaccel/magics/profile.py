@@ -16,9 +16,10 @@ from ..profile_compare import compare_profiles
 from ..profile_options import DTYPES, ProfileError, ProfileOptions, validate
 from ..op_attribution import CELL_LINE
 from ..profile_table import SORT_COLUMNS
-from .common import (cell_function, check_name, check_name_free, compile_cell, dtype_hint, help_option,
-                     interrupt_without_frames, interrupted_in_nbaccel, output_can_be_silenced, parse_cell, parse_line,
-                     refuse_empty_cell, refuse_nested_cell_magic, show_result, silenced, sole_measuring_magic)
+from .common import (cell_function, check_name, check_name_free, comment_hinted, compile_cell, dtype_hint,
+                     help_option, interrupt_without_frames, interrupted_in_nbaccel, output_can_be_silenced, parse_cell,
+                     parse_line, refuse_empty_cell, refuse_nested_cell_magic, show_result, silenced,
+                     sole_measuring_magic)
 from .ran_before import ran_before, remember
 
 
@@ -50,6 +51,7 @@ class ProfileMagics(Magics):
     @argument("-q", "--quiet", action="store_true", help="do not display the result (the profile)")
     @cell_magic
     @magic_spelled  # errors name options as typed: --top, not top=
+    @comment_hinted  # '--top 5#rows' refused: says a comment needs a space before '#'
     def profile_gpu(self, line, cell):
         """Profile the cell with torch.profiler and show the slowest operators, time by category,
         Tensor Core use, achieved FLOP/s, matmul shapes to pad, and advice.

@@ -13,7 +13,7 @@ from ..profile_options import ProfileError
 from ..profile_table import SORT_COLUMNS
 from ..render.display import display_result
 from ..trace_result import TraceError, load_trace, trace_warnings_said
-from .common import check_name, help_option, parse_line, store_result
+from .common import check_name, comment_hinted, help_option, parse_line, store_result
 
 
 @magics_class
@@ -38,6 +38,7 @@ class TraceMagics(Magics):
     @argument("-q", "--quiet", action="store_true", help="do not display the result")
     @line_magic
     @magic_spelled  # errors name options as typed: --top, not top=
+    @comment_hinted  # '--top 5#rows' refused: says a comment needs a space before '#'
     def profile_trace(self, line):
         """Analyse a torch.profiler Chrome trace recorded elsewhere (a cluster job, a colleague's run):
         the same operator table, kernels, categories, device busy/idle, Tensor Core share and FLOP/s
