@@ -51,10 +51,22 @@ def cpu_with_bf16_and_fp16_units(monkeypatch):
     was first built on), whatever the machine has: for tests of what nbaccel says and does on such a
     CPU (fp16 accepted, no "lacks bf16 units" verdict), not of those units' speed. Torch's CPU autocast
     runs fp16 and bf16 on any CPU, only slower without the units; the tests' shapes are tiny.
-    A CPU without them (an Ice Lake: AVX512 but no BF16/FP16) refuses fp16 and says autocast only adds casts."""
+    A CPU without them (an Ice Lake: AVX512 but no BF16/FP16) refuses fp16 and says its bf16 kernels are emulated."""
     import nbaccel.device as device
 
     flags = device.cpu_flags() | {"amx_bf16", "amx_tile", "avx512_bf16", "avx512_fp16"}
+    monkeypatch.setattr(device, "cpu_flags", lambda: flags)
+    monkeypatch.setattr(device, "_cpu_feature", lambda name: name in flags)
+
+
+@pytest.fixture
+def cpu_without_bf16_units(monkeypatch):
+    """nbaccel reads this CPU as one with neither AMX nor AVX512-BF16/FP16 (an AVX2-only AMD EPYC, a CI
+    machine of the project's), whatever the machine has: for what nbaccel says there. The kernels torch
+    runs stay the machine's own."""
+    import nbaccel.device as device
+
+    flags = device.cpu_flags() - {"amx_bf16", "amx_tile", "amx_fp16", "avx512_bf16", "avx512_fp16"}
     monkeypatch.setattr(device, "cpu_flags", lambda: flags)
     monkeypatch.setattr(device, "_cpu_feature", lambda name: name in flags)
 

@@ -1629,7 +1629,8 @@ def test_a_slowdown_within_the_noise_is_not_given_a_confident_cause():
     assert any(a.startswith("No speedup (0.83x): the work is too small or memory-bound")
                for a in dataclasses.replace(firm, device=units).advice)
     none = dataclasses.replace(firm.device, cpu_features={"amx_bf16": False, "avx512_bf16": False})
-    assert any(a.startswith("No speedup (0.83x): this CPU lacks bf16 units")
+    assert any(a.startswith("No speedup (0.83x): this CPU lacks bf16 units (AMX / AVX512-BF16), so its bf16 matmuls "
+                            "and convolutions run emulated kernels, slower than fp32's, and autocast adds casts.")
                for a in dataclasses.replace(firm, device=none).advice)
 
 

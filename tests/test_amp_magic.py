@@ -452,17 +452,8 @@ ONEDNN_LSTM = ("could not create a primitive descriptor for the LSTM forward pro
                "with environment variable ONEDNN_VERBOSE=all to get additional diagnostic information.")
 
 
-def _cpu_without_bf16_units(monkeypatch):
-    import nbaccel.device as device
-
-    flags = device.cpu_flags() - {"amx_bf16", "amx_tile", "avx512_bf16", "avx512_fp16"}
-    monkeypatch.setattr(device, "cpu_flags", lambda: flags)
-    monkeypatch.setattr(device, "_cpu_feature", lambda name: name in flags)
-
-
-def test_a_cpu_kernel_oneDNN_cannot_build_in_bf16_says_how_to_keep_it_in_fp32(run_cell, ip, monkeypatch):
+def test_a_cpu_kernel_oneDNN_cannot_build_in_bf16_says_how_to_keep_it_in_fp32(run_cell, ip, cpu_without_bf16_units):
     # As the real LSTM fails there (test_an_lstm_on_a_cpu_without_bf16_units_gets_the_hint runs it where it does).
-    _cpu_without_bf16_units(monkeypatch)
     run_cell(f"import torch\nmessage = {ONEDNN_LSTM!r}")
     cell = "if torch.is_autocast_enabled('cpu'):\n    raise RuntimeError(message)\n"
     hint = ("Hint: oneDNN (torch's CPU kernels) could not build a reduced-precision LSTM kernel: this CPU has "
@@ -480,12 +471,10 @@ def test_a_cpu_kernel_oneDNN_cannot_build_in_bf16_says_how_to_keep_it_in_fp32(ru
     assert "Hint:" not in captured.stderr
 
 
-def test_compare_amp_notes_the_cpu_kernel_hint_on_the_exception(monkeypatch):
+def test_compare_amp_notes_the_cpu_kernel_hint_on_the_exception(cpu_without_bf16_units):
     import torch
 
     import nbaccel
-
-    _cpu_without_bf16_units(monkeypatch)
 
     def step():
         if torch.is_autocast_enabled("cpu"):
