@@ -289,6 +289,34 @@ def test_a_value_refused_for_its_hash_says_a_comment_needs_a_space(run_cell, ip,
         f"(if #{tail} was meant as a comment, put a space before it: {value} #{tail})"), message
 
 
+@pytest.mark.parametrize("cell, said", [
+    # a trial: a NameError ('no') in the fp32 run, and "SyntaxError ... at line 2: --top 3; fix it"
+    ("%%amp --repeat 3\nran += 1\n--no-baseline", "'--no-baseline' on the cell's last line is an option of %%amp: "
+                                                   "options go on the magic's line (%%amp --no-baseline), the code below it"),
+    ("%%profile_gpu\nran += 1\n--top 3", "'--top 3' on the cell's last line is an option of %%profile_gpu: options go "
+                                          "on the magic's line (%%profile_gpu --top 3), the code below it"),
+    ("%%profile_gpu\n--sort=calls\nran += 1", "'--sort=calls' on the cell's first line is an option of %%profile_gpu"),
+    # and IPython's "the cell body is empty" for code on the magic's line
+    ("%%amp ran.__add__(1)", "unrecognized arguments: ran.__add__(1) (code goes in the cell, on the lines below %%amp "
+                             "and its options)"),
+    ("%%profile_gpu --top 3 ran.__add__(1)", "(code goes in the cell, on the lines below %%profile_gpu and its options)"),
+])
+def test_options_or_code_on_the_wrong_side_of_the_magic_line_say_where_they_go(run_cell, ip, cell, said):
+    run_cell("ran = 0")
+    result, _ = run_cell(cell, expect_error=UsageError)
+    assert said in str(result.error_in_exec or result.error_before_exec)
+    assert ip.user_ns["ran"] == 0
+
+
+def test_a_cell_line_that_only_looks_like_a_short_option_is_code(run_cell, ip):
+    run_cell("import torch\nx = torch.ones(4, 4)")
+    run_cell("%%amp --repeat 3 --warmup 0 -q -r res\ny = x @ x\n-y")  # -y: the negated result, no option
+    assert ip.user_ns["res"].value.sum().item() == -64
+    # an empty body with options only: IPython's own refusal stands
+    result = ip.run_cell("%%amp --repeat 3")
+    assert "cell body is empty" in str(result.error_in_exec or result.error_before_exec)
+
+
 def test_a_value_with_a_hash_that_is_accepted_keeps_it(run_cell, ip, tmp_path):
     run_cell("import torch\nx = torch.ones(4, 4)")
     run_cell(f"%%profile_gpu -q --trace {tmp_path}/run#1.json\nx @ x")

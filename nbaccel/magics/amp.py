@@ -21,7 +21,8 @@ from ..snapshot import (LazyModuleNotReady, SnapshotTooLarge, describe_failures,
 from ..timing import format_seconds
 from .common import (cell_function, check_name, check_name_free, comment_hinted, dtype_hint, help_option, history_name,
                      interrupt_without_frames, interrupted_in_nbaccel, output_can_be_silenced, parse_line,
-                     refuse_empty_cell, refuse_nested_cell_magic, show_result, silenced, sole_measuring_magic)
+                     refuse_empty_cell, refuse_options_in_cell, refuse_nested_cell_magic, show_result, silenced,
+                     sole_measuring_magic)
 from .ran_before import remember
 
 DTYPES = ("bf16", "fp16", "auto", "tf32")
@@ -157,6 +158,7 @@ class AmpMagics(Magics):
         if not 0 < args.max_snapshot <= 1:
             raise UsageError(f"--max-snapshot is a fraction of available memory in (0, 1], got {args.max_snapshot}")
         refuse_empty_cell(self.shell, "amp", cell)
+        refuse_options_in_cell(self.amp, cell)
         refuse_nested_cell_magic("amp", cell)
         check_name_free(self.shell, args.result, cell)
         try:

@@ -143,6 +143,22 @@ def refuse_empty_cell(shell, magic: str, cell: str) -> None:
         raise UsageError(f"%%{magic} needs code in the cell below the magic line{only}")
 
 
+def refuse_options_in_cell(magic, cell: str) -> None:
+    """An option of the magic on the cell's first or last code line is refused, saying where it goes: a hurried
+    ``--no-baseline`` under the code was a NameError ('no') in the fp32 run, ``--top 3`` a SyntaxError in the
+    cell (a trial). Only ``--long`` options: ``-q`` or ``-r`` alone may be code (a negated variable)."""
+    options = {o for action in magic.parser._actions for o in action.option_strings if o.startswith("--")}
+    lines = [(i, line.strip()) for i, line in enumerate(cell.splitlines())
+             if line.strip() and not line.strip().startswith("#")]
+    for i, line in dict.fromkeys(lines[:1] + lines[-1:]):
+        word = re.split(r"[\s=]", line, maxsplit=1)[0]
+        if word in options:
+            where = "first" if (i, line) == lines[0] else "last"
+            name = magic_name(magic)
+            raise UsageError(f"{line!r} on the cell's {where} line is an option of {name}: options go on the magic's "
+                             f"line ({name} {line}), the code below it")
+
+
 def parse_cell(shell, cell: str):
     """Transform and parse a cell like IPython does: returns (source, AST, filename).
 
@@ -470,8 +486,9 @@ class HelpWithoutBody:
     magic, but the cell body is empty"), so ``-h``/``--help`` -- which never runs the body -- could
     not print the help there. For a cell that is only the first line of one of ``names`` with
     ``-h`` or ``--help`` among its options, this adds an empty line as the body; the magic then
-    prints its help (`parse_line`) and returns. Every other cell passes unchanged, an empty-bodied
-    cell magic without ``-h`` included: IPython's refusal is the right answer there.
+    prints its help (`parse_line`) and returns. The same for code written on the magic's line
+    (``%%amp step()``, a trial): the magic then says the code goes below it. Every other cell passes
+    unchanged, an empty-bodied cell magic with only options included: IPython's refusal is right there.
     """
 
     def __init__(self, names):
@@ -487,9 +504,14 @@ class HelpWithoutBody:
             tokens = split_line(options)
         except ValueError:  # an unmatched quote: the magic would say so, but IPython stops first
             return lines
-        if "-h" not in tokens and "--help" not in tokens:
+        code = any(not t.startswith("-") and _CODE_LIKE.search(t) for t in tokens)  # %%amp step(): `parse_line`
+        if "-h" not in tokens and "--help" not in tokens and not code:
             return lines
         return [lines[0].rstrip("\n") + "\n", "\n"]
+
+
+# A word on a cell magic's line that is code, not an option's value: a call, an index, an assignment.
+_CODE_LIKE = re.compile(r"[()\[\]=]")
 
 
 _DTYPE_LIKE = re.compile(r"(torch\.)?(b?f(p|loat)?|bfloat|half|tf|int|double|auto)\d*", re.I)
@@ -654,6 +676,10 @@ def parse_line(magic, line: str, hint: Callable[[str], str | None] | None = None
                     meant = f"did you mean {close[0]}?" if close else None
                 else:
                     meant = hint(token) if hint is not None else None
+                    if meant is None and magic_name(magic).startswith("%%") and _CODE_LIKE.search(token):
+                        # %%amp step(): code on the magic's line (IPython's own "the cell body is empty" came
+                        # first: `HelpWithoutBody` lets such a line through)
+                        meant = f"code goes in the cell, on the lines below {magic_name(magic)} and its options"
                 if meant:
                     message += f" ({meant})"
                     break

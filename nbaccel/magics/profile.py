@@ -18,8 +18,8 @@ from ..op_attribution import CELL_LINE
 from ..profile_table import SORT_COLUMNS
 from .common import (cell_function, check_name, check_name_free, comment_hinted, compile_cell, dtype_hint,
                      help_option, interrupt_without_frames, interrupted_in_nbaccel, output_can_be_silenced, parse_cell,
-                     parse_line, refuse_empty_cell, refuse_nested_cell_magic, show_result, silenced,
-                     sole_measuring_magic)
+                     parse_line, refuse_empty_cell, refuse_options_in_cell, refuse_nested_cell_magic, show_result,
+                     silenced, sole_measuring_magic)
 from .ran_before import ran_before, remember
 
 
@@ -71,6 +71,7 @@ class ProfileMagics(Magics):
             return None
         check_name(args.result, counts="--steps")
         refuse_empty_cell(self.shell, "profile_gpu", cell)
+        refuse_options_in_cell(self.profile_gpu, cell)
         refuse_nested_cell_magic("profile_gpu", cell)
         check_name_free(self.shell, args.result, cell)
         # ProfileOptions reads bfloat16, float16, half as the recipe names them; validate refuses the rest
