@@ -320,4 +320,19 @@ def warning_line(contention: Contention | None, during: str, effect: str, rerun:
     if contention is None or not contention.contended:
         return None
     return (f"other programs used {contention.figures()} {during}: {effect}"
-            + ("; re-run when the machine is quiet" if rerun else ""))
+            + (f"; re-run when the machine is quiet{_fewer_threads(contention)}" if rerun else ""))
+
+
+def _fewer_threads(contention: Contention) -> str:
+    """", or give torch only the cores left free: torch.set_num_threads(1)" where torch's threads outnumber
+    them. torch's OpenMP threads wait for each other at every op, so one that shares its core slows them all:
+    a trial's CNN step took 295 ms with 2 threads while another program kept 1 of 2 cores busy, 15.8 ms after
+    torch.set_num_threads(1)."""
+    others = contention.others_cores()
+    if others is None or not contention.cores or not contention.threads:
+        return ""
+    free = max(1, round(contention.cores - others))
+    if free >= contention.threads:
+        return ""
+    return (f", or give torch only the cores left free: torch.set_num_threads({free}) (it uses {contention.threads}; "
+            f"torch.set_num_threads({contention.threads}) puts it back)")

@@ -193,6 +193,20 @@ def _scripted_amp(busy_rate, device_threads=2, cores=2, **kwargs):
                                contention_meter=script.meter(cores=cores, threads=device_threads), **kwargs)
 
 
+def test_the_warning_suggests_fewer_threads_only_where_torch_has_more_than_the_free_cores():
+    from nbaccel.contention import Contention, warning_line
+
+    def line(cores, threads, others):
+        c = Contention(cores=cores, threads=threads, wall_s={"fp32": 1.0}, others_s={"fp32": others})
+        return warning_line(c, "during the timed runs", "the times include it")
+
+    assert line(2, 2, 1.0).endswith("re-run when the machine is quiet, or give torch only the cores left free: "
+                                    "torch.set_num_threads(1) (it uses 2; torch.set_num_threads(2) puts it back)")
+    assert line(16, 16, 6.0).endswith("torch.set_num_threads(10) (it uses 16; torch.set_num_threads(16) puts it back)")
+    assert line(4, 1, 3.5).endswith("re-run when the machine is quiet")  # one thread: nothing to give back
+    assert line(2, 2, 1.9).endswith("torch.set_num_threads(1) (it uses 2; torch.set_num_threads(2) puts it back)")
+
+
 def test_amp_warns_with_the_figures_per_variant_in_text_html_and_widget():
     # The fp32 runs were contended (others 1.3 cores), the bf16 ones were not (0.1): exactly what
     # makes a large, confident, bogus speedup.
@@ -201,7 +215,8 @@ def test_amp_warns_with_the_figures_per_variant_in_text_html_and_widget():
     assert c.others_cores("fp32") == pytest.approx(1.3) and c.others_cores("bf16") == pytest.approx(0.1)
     warning = ("other programs used 0.7 of the 2 CPU cores this process may use (fp32 runs: 1.3, bf16 runs: 0.1) "
                "during the timed runs: the times include that contention and the speedup may not hold; "
-               "re-run when the machine is quiet")
+               "re-run when the machine is quiet, or give torch only the cores left free: torch.set_num_threads(1) "
+               "(it uses 2; torch.set_num_threads(2) puts it back)")
     assert result.noise_warnings == [warning]
     assert result.contention_warning == warning
     text = unfolded(result)
@@ -267,7 +282,8 @@ def _scripted_profile(run_cell, ip, monkeypatch, busy_rate, opts="", step=0.3, a
 def test_profile_warns_with_the_figure_in_text_html_widget_and_dict(run_cell, ip, monkeypatch):
     prof, captured = _scripted_profile(run_cell, ip, monkeypatch, busy_rate=2.0)
     warning = ("other programs used 1.0 of the 2 CPU cores this process may use while the cell was profiled: the "
-               "CPU times include that contention; re-run when the machine is quiet")
+               "CPU times include that contention; re-run when the machine is quiet, or give torch only the cores "
+               "left free: torch.set_num_threads(1) (it uses 2; torch.set_num_threads(2) puts it back)")
     assert prof.contention_warning == warning
     data = [o.data for o in captured.outputs if "text/html" in o.data][0]
     text = unfolded(data["text/plain"])
