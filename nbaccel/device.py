@@ -229,8 +229,10 @@ def autocast_dtype(requested: str, info: DeviceInfo, name: str = "dtype") -> tor
     if dtype is torch.float16 and not info.supports_fp16:
         # bf16 is accepted without its units: torch's bf16 path stays usable there (a 512^3 matmul on an
         # Ice Lake: fp32 12 ms, bf16 19 ms, fp16 194 ms), so the drift can be read in a notebook.
+        # %%amp shows bf16's drift; %%profile_gpu --amp shows no drift (a trial read one promised there)
+        shows = "its drift" if name == "dtype" else "which ops run in it"
         either = ("" if info.has_bf16_units else
-                  " (it has no bf16 units either: bf16 shows its drift here, not its speed; measure speed on a GPU)")
+                  f" (it has no bf16 units either: bf16 shows {shows} here, not its speed; measure speed on a GPU)")
         raise DeviceError(
             "this CPU has no fp16 arithmetic units (AMX-FP16 or AVX512-FP16), so CPU fp16 autocast would only "
             f"emulate it, many times slower than fp32; use {option(name, 'bf16')} on the CPU{either}"

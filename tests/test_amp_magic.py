@@ -172,6 +172,14 @@ def test_fp16_on_a_cpu_without_fp16_units_is_refused(ip, monkeypatch):
         ip.run_cell_magic("amp", "--dtype fp16 --device cpu", "1")
 
 
+def test_fp16_refused_by_profile_gpu_promises_no_drift(ip, cpu_without_bf16_units):
+    # A trial: %%profile_gpu --amp fp16 was told "bf16 shows its drift here"; a profile shows no drift.
+    with pytest.raises(UsageError) as refused:
+        ip.run_cell_magic("profile_gpu", "--amp fp16 --device cpu", "1")
+    assert str(refused.value).endswith("use --amp bf16 on the CPU (it has no bf16 units either: bf16 shows which ops "
+                                       "run in it here, not its speed; measure speed on a GPU)"), str(refused.value)
+
+
 def test_exception_in_cell_restores_state_and_propagates(run_cell, ip):
     run_cell(TRAIN)
     # A plain object's attributes are not snapshotted (documented), so it counts the runs.
