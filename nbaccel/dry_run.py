@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import weakref
+from array import array
 from dataclasses import dataclass
 
 import torch
@@ -38,14 +39,21 @@ class LiveBytes(AutocastInside, EagerWhileActive, TorchDispatchMode):
     freed or not: the bytes the block would touch if no freed block were ever reused. Ops that cast
     inside run cast, as without the mode (`AutocastInside`): under it torch.sparse.mm in a bf16 dry
     run raised, and nn.Bilinear's products were measured in fp32.
+
+    With ``trace=True``, ``trace`` holds the live bytes at every op (the most while its outputs were counted)
+    and ``trace_ops`` which op it was (the overload's ``id``): the moments at which a phase can peak
+    (`moment_lines`). Plain ints in arrays, 16 bytes an op, so a large model's step costs little beside its
+    tensors; off by default, so a long block measured for its peak alone does not grow them.
     """
 
-    def __init__(self):
+    def __init__(self, trace: bool = False):
         super().__init__()
+        self.tracing = trace
         self._live: dict[int, int] = {}
         self.current = 0
         self.peak = 0
         self.allocated = 0
+        self.trace, self.trace_ops = array("q"), array("q")
 
     def __enter__(self):
         self.read_autocast()  # inside __torch_dispatch__ autocast reads off
@@ -57,6 +65,7 @@ class LiveBytes(AutocastInside, EagerWhileActive, TorchDispatchMode):
         for t in tree_leaves((args, kwargs)):
             if isinstance(t, torch.Tensor):
                 inputs |= storage_keys(t)
+        top = self.current
         for t in tree_leaves(out):
             if not isinstance(t, torch.Tensor):
                 continue
@@ -69,7 +78,11 @@ class LiveBytes(AutocastInside, EagerWhileActive, TorchDispatchMode):
                 self.current += size
                 self.allocated += size
                 self.peak = max(self.peak, self.current)
+                top = max(top, self.current)
                 weakref.finalize(storage, self._free, key)
+        if self.tracing:
+            self.trace.append(top)
+            self.trace_ops.append(id(func))
         return out
 
     def _free(self, key):
@@ -225,11 +238,14 @@ def loss_takes_batch(loss_fn) -> bool:
 class _Peak:
     """Peak bytes created during a block: the CUDA allocator's counters, or `LiveBytes` elsewhere.
 
-    Off CUDA, ``allocated`` is also set: all bytes the block's ops allocated (`LiveBytes.allocated`).
+    Off CUDA, ``allocated`` is also set: all bytes the block's ops allocated (`LiveBytes.allocated`), and
+    ``traces``: per phase, (the ops, the live bytes at its start and at every op) from `LiveBytes.trace`.
+    On CUDA ``traces`` stays empty: the allocator's counters give a phase's peak, not its moments.
     """
 
     def __init__(self, device: torch.device):
         self.device, self.peak, self.allocated, self._mode = device, 0, None, None
+        self.traces: list[tuple[array, array]] = []
 
     def __enter__(self):
         if self.device.type == "cuda":
@@ -238,8 +254,9 @@ class _Peak:
             self._base = now.allocated
             reset_cuda_peak(self.device, now=now)
         else:
-            self._mode = LiveBytes()
+            self._mode = LiveBytes(trace=True)
             self._mode.__enter__()
+            self._start = 0
         return self
 
     def phase(self) -> int:
@@ -250,7 +267,12 @@ class _Peak:
             peak = now.peak_allocated - self._base
             reset_cuda_peak(self.device, now=now)
             return peak
-        peak, self._mode.peak = self._mode.peak, self._mode.current
+        mode = self._mode
+        # The level at the phase's start is one of its moments (its peak is counted from it).
+        self.traces.append((array("q", mode.trace_ops), array("q", [self._start]) + mode.trace))
+        del mode.trace[:], mode.trace_ops[:]
+        self._start = mode.current
+        peak, mode.peak = mode.peak, mode.current
         return peak
 
     @contextlib.contextmanager
@@ -355,6 +377,7 @@ def _probe(model, optimizer, example, batches, device, amp_dtype, loss_fn, name:
     states_measured = sum(storage_bytes(t) for opt in opts for s in opt.state.values()
                           for t in s.values() if isinstance(t, torch.Tensor))
     fwd, kept, bwd, allocated, sparse, sparse_params = [], [], [], [], [], set()
+    fwd_traces, bwd_traces = [], []
     step, step_allocated = [], []
     for b in batches:
         replica.zero_grad(set_to_none=True)
@@ -364,6 +387,9 @@ def _probe(model, optimizer, example, batches, device, amp_dtype, loss_fn, name:
         kept.append(forward_kept)
         bwd.append(peak.peak)
         allocated.append(peak.allocated)
+        if peak.traces:
+            fwd_traces.append(peak.traces[0])
+            bwd_traces.append(peak.traces[1])
         # A sparse gradient (nn.Embedding/EmbeddingBag(sparse=True)) holds the batch's rows, not the whole
         # table: a trial's EmbeddingBag(200000, 256) was counted 195 MiB for 1.89 MiB. Measured, like the rest.
         grads = [(i, storage_bytes(p.grad)) for i, p in enumerate(replica.parameters())
@@ -382,7 +408,8 @@ def _probe(model, optimizer, example, batches, device, amp_dtype, loss_fn, name:
     del replica, opts
     return {"forward": fwd, "kept": kept, "backward": bwd, "step": step, "states_measured": states_measured,
             "allocated": allocated, "step_allocated": step_allocated, "sparse_grads": sparse,
-            "sparse_params": sparse_params, "heads": heads}
+            "sparse_params": sparse_params, "heads": heads,
+            "forward_lines": moment_lines(batches, fwd_traces), "backward_lines": moment_lines(batches, bwd_traces)}
 
 
 def _line(batches, values) -> tuple[float, float]:
@@ -390,6 +417,29 @@ def _line(batches, values) -> tuple[float, float]:
     (b1, b2), (m1, m2) = batches[:2], values[:2]
     slope = max(0.0, (m2 - m1) / (b2 - b1))
     return max(0.0, m1 - slope * b1), slope
+
+
+def moment_lines(batches, traces) -> list[tuple[float, float]] | None:
+    """(intercept, slope) of the line through each moment of a phase at the two probes, from their traces
+    (`_Peak.traces`); None where the traces do not line up (not the same ops in the same order: not the same
+    graph, so no moment of one is a moment of the other) or were not taken (CUDA, one probe).
+
+    The phase's peak at a batch is the highest of these lines there: a peak can move inside the phase as the
+    batch grows (a vocabulary head's backward peaks at its end at small batches, with every gradient, and at
+    its start at larger ones, with the logits' gradient), which one line through the two peaks cannot see.
+    Only the lines no other beats in both intercept and slope are kept: the others are never the highest."""
+    if len(traces) < 2 or len(batches) < 2:
+        return None
+    (ops1, values1), (ops2, values2) = traces[:2]
+    if ops1 != ops2:
+        return None
+    lines = sorted({_line(batches, pair) for pair in zip(values1, values2)}, key=lambda l: (-l[1], -l[0]))
+    kept, top = [], -1.0
+    for intercept, slope in lines:  # steepest first: a line is kept if it starts above every steeper one
+        if intercept > top:
+            kept.append((intercept, slope))
+            top = intercept
+    return kept
 
 
 PHASES = ("forward", "backward", "optimizer step")
@@ -413,7 +463,8 @@ class ActivationFit:
 
     Each measured quantity is close to linear in the batch; the maximum of the phases is not, so each
     is fitted on its own (a straight line through the two probes) and the maximum is taken at the
-    requested batch (`MemoryEstimate.per_gpu`).
+    requested batch (`MemoryEstimate.per_gpu`). Nor is a phase's peak, where it moves inside the phase:
+    off CUDA the forward's and the backward's are the highest of their moments' lines (`moment_lines`).
     """
 
     precision: str
@@ -435,6 +486,10 @@ class ActivationFit:
     # probe's figures above stand for every batch.
     step_probes: list[int] | None = None
     step_allocated_probes: list[int] | None = None
+    # (intercept, slope) per moment of the forward and of the backward (`moment_lines`); None: the line
+    # through the phase's two peaks (CUDA probes, or probes whose ops did not line up).
+    forward_lines: list[tuple[float, float]] | None = None
+    backward_lines: list[tuple[float, float]] | None = None
 
     def _sparse(self) -> bool:
         """Whether any gradient is sparse: then the gradients, and the step over them, grow with the batch."""
@@ -497,10 +552,28 @@ class ActivationFit:
         the 16-bit copies of the weights, which the backward needs)."""
         return self._kept_line()[0]
 
+    def _peak_line(self, peaks: list[int], lines, batch: int) -> tuple[float, float]:
+        """(intercept, slope) of the line that gives a phase's peak at ``batch``: the highest of its moments'
+        ``lines`` there (the steeper on a tie), else the line through its peaks at the probes."""
+        if not lines:
+            return _line(self.batches, peaks)
+        return max(lines, key=lambda line: (line[0] + line[1] * batch, line[1]))
+
+    def _forward_line(self, batch: int) -> tuple[float, float]:
+        return self._peak_line(self.forward, self.forward_lines, batch)
+
+    def _backward_line(self, batch: int) -> tuple[float, float]:
+        return self._peak_line(self.backward, self.backward_lines, batch)
+
     @property
     def slopes(self) -> tuple[float, float]:
-        """Bytes per sample of the forward's and of the backward's peak (the two phase lines)."""
+        """Bytes per sample of the forward's and of the backward's peak (the two phase lines through the
+        probes' peaks; `slopes_at` a batch: of the moment that peaks there)."""
         return _line(self.batches, self.forward)[1], _line(self.batches, self.backward)[1]
+
+    def slopes_at(self, batch: int) -> tuple[float, float]:
+        """Bytes per sample of the forward's and of the backward's peak at ``batch``."""
+        return self._forward_line(batch)[1], self._backward_line(batch)[1]
 
     @property
     def slope(self) -> float:
@@ -514,13 +587,13 @@ class ActivationFit:
 
     def forward_at(self, batch: int) -> int:
         """The forward's peak at ``batch`` over the model states: activations + the forward's temporaries."""
-        intercept, slope = _line(self.batches, self.forward)
+        intercept, slope = self._forward_line(batch)
         return max(int(intercept + slope * batch), self.at(batch))
 
     def backward_working_at(self, batch: int) -> int:
         """The backward's peak beside the gradients at ``batch``: activations not yet freed + gradient
         temporaries (the backward peak's line minus the gradients)."""
-        intercept, slope = _line(self.batches, self.backward)
+        intercept, slope = self._backward_line(batch)
         return int(max(0.0, intercept + slope * batch - self.grads_at(batch)))
 
     def phases(self, batch: int, grads: float | None = None, step_temporaries: float | None = None) -> dict:
@@ -545,12 +618,14 @@ class ActivationFit:
         intercept, slope = _line(self.batches, self.allocated)
         return int(intercept + slope * batch + (self.step_allocated_at(batch) or 0))
 
-    def to_dict(self) -> dict:
+    def to_dict(self, batch: int | None = None) -> dict:
+        """The fit's figures; the phases' per-sample growth at ``batch`` where given (`slopes_at`)."""
+        slopes = self.slopes if batch is None else self.slopes_at(batch)
         return {"precision": self.precision, "probe_batches": self.batches, "measured_bytes": self.measured,
                 "activation_bytes_per_sample": self.per_sample, "activation_fixed_bytes": self.fixed,
                 "forward_peak_bytes": self.forward, "backward_peak_bytes": self.backward,
-                "forward_peak_bytes_per_sample": self.slopes[0], "backward_peak_bytes_per_sample": self.slopes[1],
-                "bytes_per_sample": self.slope, "step_temporaries_bytes": self.step_temporaries,
+                "forward_peak_bytes_per_sample": slopes[0], "backward_peak_bytes_per_sample": slopes[1],
+                "bytes_per_sample": max(slopes), "step_temporaries_bytes": self.step_temporaries,
                 "step_temporaries_probe_bytes": self.step_probes,
                 "allocated_bytes": self.allocated, "step_allocated_bytes": self.step_allocated,
                 "step_allocated_probe_bytes": self.step_allocated_probes, "sparse_grad_bytes": self.sparse_grads}

@@ -275,7 +275,7 @@ class MemoryEstimate(ResultMixin):
                 "grad_bytes": self.grad_bytes,
                 "state_bytes": self.state_bytes, "state_host_bytes": self.state_host_bytes,
                 "states_measured": self.states_measured, "largest_layer_bytes": self.largest_layer_bytes,
-                "activations": {k: v.to_dict() for k, v in self.fits.items()},
+                "activations": {k: v.to_dict(self.batch) for k, v in self.fits.items()},
                 "single_gpu": {k: self.single(k) for k in self.fits}, "budget_bytes": self.budget_bytes,
                 "budget_source": self.budget_source, "summary": self.summary, "probe_device": self.probe_device,
                 "method": self.method, "note": self.note, "assumptions": list(self.assumptions), "table": self.table().to_dict(orient="records")}
@@ -418,7 +418,8 @@ def estimate_memory(model: torch.nn.Module, optimizer="adamw", batch: int = 32, 
         fits[label] = ActivationFit(label, probe_batches, probe["forward"], probe["backward"], dense_grads,
                                     probe["step"][0], allocated, None if step_allocated is None else step_allocated[0],
                                     kept=probe["kept"], sparse_grads=probe["sparse_grads"] or None,
-                                    step_probes=probe["step"], step_allocated_probes=step_allocated)
+                                    step_probes=probe["step"], step_allocated_probes=step_allocated,
+                                    forward_lines=probe["forward_lines"], backward_lines=probe["backward_lines"])
         states_measured = probe["states_measured"]
         heads = heads or probe["heads"]
     notes = _optimizer_notes(model, plan, name) + _sparse_grad_notes(model, probe["sparse_params"], fits, batch)

@@ -567,7 +567,7 @@ class BudgetMagics(Magics):
             # The first (fp32) fit's steeper phase (forward or backward peak): how fast the step grows with
             # the batch. Which precision the failed cell ran in is not known here; the advice names it.
             precision, fit = next(iter(estimate.fits.items()))
-            per_sample, batch = int(fit.slope) or None, estimate.batch
+            per_sample, batch = int(max(fit.slopes_at(estimate.batch))) or None, estimate.batch
         explanation = explain_oom(value, self.shell.user_ns, budget=self.watcher.budget if self.watcher else None,
                                   tb=tb, skip=history_name(self.shell), per_sample_bytes=per_sample, batch=batch,
                                   per_sample_precision=precision or "fp32")

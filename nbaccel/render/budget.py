@@ -406,7 +406,8 @@ def _phase_lines(e) -> list[str]:
         one = e.single(p)
         # Per-sample growth of each phase: the forward's and the backward's peak lines; the optimizer step grows
         # only over sparse gradients (they and its temporaries hold the rows looked up).
-        per = {"forward": f.slopes[0], "backward": f.slopes[1], "optimizer step": f.step_slope}
+        forward, backward = f.slopes_at(e.batch)  # of the moment that peaks at the batch
+        per = {"forward": forward, "backward": backward, "optimizer step": f.step_slope}
         parts = []
         for phase in PHASES:
             held = {"forward": one["activations"] + one["forward_temporaries"],
