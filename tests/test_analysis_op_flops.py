@@ -246,3 +246,45 @@ def test_a_profiled_int_mm_is_counted_as_int8():
         torch._int_mm(a, b)
     row = next(r for r in prof.result.grouped_rows("op") if r["name"] == "aten::_int_mm")
     assert row["flops"] == 2 * 64 * 128 * 32 and row["dtype"] == "int8"
+
+
+# aten::_slow_conv2d_forward / _backward as a CPU trace records them (shapes and Concrete Inputs
+# copied from a bf16 Conv2d(4, 8, 3, stride=2, padding=1) on an AVX2-only CPU, where oneDNN has no
+# bf16 convolution and torch falls back to its own kernel under aten::_convolution / convolution_backward).
+_SLOW_FWD_DIMS = [[2, 4, 12, 12], [8, 4, 3, 3], [], [8], [], []]
+_SLOW_FWD_CONCRETE = ["", "", "[3, 3]", "", "[2, 2]", "[1, 1]"]
+_SLOW_BWD_DIMS = [[2, 8, 6, 6], [2, 4, 12, 12], [8, 4, 3, 3], [], [], [], []]
+_SLOW_BWD_CONCRETE = ["", "", "", "[3, 3]", "[2, 2]", "[1, 1]", "[True, True, True]"]
+_SLOW_FWD_FLOPS = 2 * 2 * 6 * 6 * 8 * 4 * 3 * 3  # 2 * N * Hout * Wout * Cout * Cin * kh * kw
+
+
+def test_the_cpus_fallback_convolution_kernels_have_flops():
+    assert op_flops("aten::_slow_conv2d_forward", _SLOW_FWD_DIMS, concrete_inputs=_SLOW_FWD_CONCRETE) == _SLOW_FWD_FLOPS
+    assert op_flops("aten::_slow_conv2d_forward", _SLOW_FWD_DIMS) is None  # stride, padding unknown
+    # backward: one forward per gradient computed (input, weight), as flop_counter counts convolution_backward
+    assert op_flops("aten::_slow_conv2d_backward", _SLOW_BWD_DIMS, None, _SLOW_BWD_CONCRETE) == 2 * _SLOW_FWD_FLOPS
+    first_layer = _SLOW_BWD_CONCRETE[:6] + ["[False, True, True]"]
+    assert op_flops("aten::_slow_conv2d_backward", _SLOW_BWD_DIMS, None, first_layer) == _SLOW_FWD_FLOPS
+    assert op_flops("aten::_slow_conv2d_backward", _SLOW_BWD_DIMS, None, _SLOW_BWD_CONCRETE[:6]) is None
+
+
+def test_the_fallback_kernel_carries_the_flops_its_outer_convolution_held():
+    """A trace of the fallback's nesting: the FLOPs are counted once, on the kernels that hold the time,
+    not on aten::_convolution / convolution_backward (which have formulas too) as well."""
+    from nbaccel.analysis import load_trace
+
+    ev, conv_conc = [], ["", "", "", "[2, 2]", "[1, 1]", "[1, 1]", "False", "[0, 0]", "1", "False", "False",
+                         "True", "True"]
+    bwd_conc = ["", "", "", "[8]", "[2, 2]", "[1, 1]", "[1, 1]", "False", "[0, 0]", "1", "[True, True, True]"]
+    for name, ts, dur, dims, conc in [
+        ("aten::_convolution", 0, 100, _SLOW_FWD_DIMS[:2] + [[8]] + [[]] * 10, conv_conc),
+        ("aten::thnn_conv2d", 1, 98, _SLOW_FWD_DIMS, _SLOW_FWD_CONCRETE),
+        ("aten::_slow_conv2d_forward", 2, 96, _SLOW_FWD_DIMS, _SLOW_FWD_CONCRETE),
+        ("aten::convolution_backward", 200, 100, _SLOW_BWD_DIMS[:3] + [[]] * 8, bwd_conc),
+        ("aten::_slow_conv2d_backward", 201, 98, _SLOW_BWD_DIMS, _SLOW_BWD_CONCRETE),
+    ]:
+        ev.append({"ph": "X", "cat": "cpu_op", "name": name, "pid": 1, "tid": 1, "ts": ts, "dur": dur,
+                   "args": {"Input Dims": dims, "Input type": ["c10::BFloat16"] * 2, "Concrete Inputs": conc}})
+    ops = load_trace({"schemaVersion": 1, "traceEvents": ev}).ops
+    counted = dict(zip(ops["name"][ops["flops_counted"]], ops["flops"][ops["flops_counted"]]))
+    assert counted == {"aten::_slow_conv2d_forward": _SLOW_FWD_FLOPS, "aten::_slow_conv2d_backward": 2 * _SLOW_FWD_FLOPS}

@@ -58,9 +58,11 @@ _CPU_ATTENTION = {
     aten._scaled_dot_product_flash_attention_for_cpu_backward:
         _as_raw(flop_registry[aten._scaled_dot_product_flash_attention_backward]),
 }
-# nbaccel counts a convolution at the innermost op with a formula (mkldnn_convolution, _convolution);
-# FlopCounterMode at aten.convolution.
-_SAME_OP = {"aten::mkldnn_convolution": "aten::convolution", "aten::_convolution": "aten::convolution"}
+# nbaccel counts a convolution at the innermost op with a formula (mkldnn_convolution, _convolution, or
+# the CPU's fallback kernels _slow_conv2d_forward / _backward); FlopCounterMode at aten.convolution(_backward).
+_SAME_OP = {"aten::mkldnn_convolution": "aten::convolution", "aten::_convolution": "aten::convolution",
+            "aten::_slow_conv2d_forward": "aten::convolution",
+            "aten::_slow_conv2d_backward": "aten::convolution_backward"}
 
 
 def reference(fn: Callable[[], object]) -> tuple[int, dict[str, int]]:
@@ -443,3 +445,34 @@ def test_complex_matmuls_count_four_real_multiply_adds_and_complex_convolutions_
     with OpAudit() as audit:
         conv()
     assert audit.total_flops == 3 * one_real
+
+
+@pytest.mark.skipif(device_info("cpu").has_bf16_units,
+                    reason="this CPU has bf16 units: oneDNN runs the bf16 convolution, not torch's fallback kernel")
+@pytest.mark.parametrize("conv, x", [
+    (nn.Conv2d(4, 8, 3, stride=2, padding=1), torch.randn(2, 4, 12, 12)),
+    (nn.Conv2d(4, 8, 3, padding=1), torch.randn(2, 4, 12, 12, requires_grad=True)),  # input grad too
+    (nn.Conv1d(4, 8, 3), torch.randn(2, 4, 20)),  # run as a 2-D convolution
+], ids=["conv2d stride 2 pad 1", "conv2d input grad", "conv1d"])
+def test_a_bf16_convolution_on_a_cpu_without_bf16_units_counts_on_the_fallback_kernel(conv, x):
+    """A trial on an AVX2-only CPU: under %%profile_gpu --amp bf16 a CNN's top row,
+    aten::_slow_conv2d_forward (where oneDNN has no bf16 kernel), showed no FLOPs or FLOP/s; they sat
+    on aten::_convolution around it, which holds none of the time. Now the fallback kernels carry
+    them, once (the self-FLOPs sum to the header in `profiled`), and agree with FlopCounterMode."""
+    def bf16(run):
+        def step():
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                run()
+        return step
+
+    for run in (bf16(forward(conv, x)), bf16(forward_backward(conv, x))):
+        ref_total, ref_ops = reference(run)
+        run()
+        with nbaccel.profile(device="cpu") as prof:
+            run()
+        ops = prof.result.ops.dropna(subset=["flops"])
+        assert "aten::_slow_conv2d_forward" in set(ops["name"])
+        assert "aten::_convolution" not in set(ops["name"])  # no longer counted beside its kernel
+        assert profiled(run) == (ref_total, ref_ops) and ref_total > 0
+    assert "aten::_slow_conv2d_backward" in set(ops["name"])
+    assert "aten::convolution_backward" not in set(ops["name"])

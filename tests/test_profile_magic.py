@@ -12,7 +12,7 @@ from IPython.core.error import UsageError
 
 import nbaccel
 from nbaccel.analysis import load_trace
-from nbaccel.device import cpu_flags
+from nbaccel.device import cpu_flags, device_info
 from nbaccel.render import display as display_module
 from nbaccel.render import profile as render_profile
 from widget_helpers import control, first_column, walk
@@ -1333,3 +1333,23 @@ def test_a_step_loop_under_the_default_one_step_says_what_went_unrecorded():
     with nbaccel.profile() as once:
         a @ a
     assert once.result.unrecorded_steps == 0 and not any("prof.step() was called" in n for n in once.result.advice)
+
+
+@pytest.mark.skipif(device_info("cpu").has_bf16_units,
+                    reason="this CPU has bf16 units: oneDNN runs the bf16 convolutions, not torch's fallback kernel")
+def test_profile_under_bf16_puts_a_cnns_flops_on_the_fallback_convolution_rows(run_cell, ip):
+    """A trial on an AVX2-only CPU: the top rows of %%profile_gpu --amp bf16 on a CNN,
+    aten::_slow_conv2d_forward / _backward, showed no FLOPs or FLOP/s (they sat on the wrappers)."""
+    run_cell("import torch\nnet = torch.nn.Sequential(torch.nn.Conv2d(3, 16, 3, padding=1), torch.nn.ReLU(), "
+             "torch.nn.Conv2d(16, 16, 3, padding=1))\nx = torch.randn(8, 3, 32, 32)")
+    run_cell("%%profile_gpu --amp bf16 -q -r prof\nnet(x).float().sum().backward()")
+    table = ip.user_ns["prof"].table().set_index("name")
+    forward = 2 * 8 * 32 * 32 * 16 * 9 * (3 + 16)  # 2 * N * H * W * C_out * k * k * C_in, both layers
+    # backward: the first layer's weight gradient (x needs none), the second's input and weight gradients
+    backward = 2 * 8 * 32 * 32 * 16 * 9 * (3 + 2 * 16)
+    assert table.loc["aten::_slow_conv2d_forward", "flops"] == forward
+    assert table.loc["aten::_slow_conv2d_backward", "flops"] == backward
+    assert (table.loc[["aten::_slow_conv2d_forward", "aten::_slow_conv2d_backward"], "flops_per_s"] > 0).all()
+    # counted once: not again on the wrappers around them
+    assert table.loc[["aten::_convolution", "aten::convolution_backward"], "flops"].isna().all()
+    assert ip.user_ns["prof"].header["flops"] == forward + backward

@@ -17,7 +17,9 @@ for attention on the CPU; ``aten::_addmm_activation``, the fused linear + ReLU/G
 ``nn.TransformerEncoderLayer``'s inference fast path (an addmm); ``aten::mv``/``aten::addmv``,
 matrix-vector products (``A @ v`` and its backward); ``aten::dot``/``aten::vdot`` (``v @ v``);
 recurrent layers (`rnn_flops`: LSTM, GRU, RNN); ``aten::_trilinear`` (`trilinear_flops`:
-nn.Bilinear, forward and backward). Where the registry is wrong, nbaccel is not: ``flop_counter`` counts a grouped
+nn.Bilinear, forward and backward); ``aten::_slow_conv2d_forward``/``_backward``, torch's own CPU
+convolution kernels where oneDNN has none (bf16 on a CPU without bf16 units, float64), which hold
+the time under ``aten::_convolution``/``convolution_backward`` and so now carry the FLOPs. Where the registry is wrong, nbaccel is not: ``flop_counter`` counts a grouped
 convolution's weight gradient ``groups`` times over (it multiplies by all input channels, not
 those of one group).
 
@@ -197,6 +199,10 @@ _CONV_ARGS = {
     "aten::conv_transpose3d": dict(stride=3, padding=4, output_padding=5, groups=6, dilation=7, transposed=True),
     "aten::cudnn_convolution": dict(padding=2, stride=3, dilation=4, groups=5, transposed=False),
     "aten::mkldnn_convolution": dict(padding=3, stride=4, dilation=5, groups=6, transposed=False),
+    # torch's own CPU kernel (under aten::thnn_conv2d), where oneDNN is not used: a bf16 convolution on a
+    # CPU without AVX512-BF16/AMX. (self, weight, kernel_size, bias, stride, padding): never dilated (no
+    # dilation: 1) and called once per group with that group's channels, so its weight gives its FLOPs.
+    "aten::_slow_conv2d_forward": dict(stride=4, padding=5, transposed=False),
 }
 
 
@@ -297,17 +303,22 @@ def _encoder_layer(dims: Dims) -> int | None:
     return _fused_attention_block(src, src, weights)
 
 
-def _conv_backward(dims: Dims, concrete: Sequence[Any] | None) -> int | None:
+def _conv_backward(dims: Dims, concrete: Sequence[Any] | None, name: str = "aten::convolution_backward") -> int | None:
     """``convolution_backward(grad_output, input, weight, bias_sizes, stride, padding, dilation,
     transposed, output_padding, groups, output_mask)``: each of grad_input and grad_weight costs
     one forward convolution, 2 * N * prod(weight) * prod(spatial), where spatial is the forward
-    output's (= grad_output's) for a convolution and the input's for a transposed one."""
+    output's (= grad_output's) for a convolution and the input's for a transposed one.
+    ``aten::_slow_conv2d_backward(grad_output, self, weight, kernel_size, stride, padding,
+    output_mask)``, the CPU's fallback kernel inside it, is a plain (not transposed) one."""
     grad_out, x, w = _shape(dims, 0), _shape(dims, 1), _shape(dims, 2)
     if grad_out is None or x is None or w is None or not (len(grad_out) == len(x) == len(w) >= 3):
         return None
     args = [parse_concrete(c) for c in (concrete or ())]
-    transposed = conv_transposed("aten::convolution_backward", concrete)
-    mask = args[10] if len(args) > 10 else None
+    if name == "aten::_slow_conv2d_backward":
+        transposed, mask = False, args[6] if len(args) > 6 else None
+    else:
+        transposed = conv_transposed(name, concrete)
+        mask = args[10] if len(args) > 10 else None
     if not isinstance(transposed, bool) or not (isinstance(mask, (list, tuple)) and len(mask) >= 2):
         return None  # without output_mask we cannot tell which gradients were computed
     spatial = x[2:] if transposed else grad_out[2:]
@@ -353,7 +364,7 @@ FLOP_OPS = frozenset(
     | _SEQ_FIRST_ATTN
     | _HEADS_FIRST_ATTN_BWD
     | _SEQ_FIRST_ATTN_BWD
-    | {"aten::convolution_backward"}
+    | {"aten::convolution_backward", "aten::_slow_conv2d_backward"}
     | RNN_OPS
     # Fused inference fast paths. In a trace their inner matmuls are recorded as child ops and
     # counted there (only the innermost op with a formula is counted); %%amp's op audit sees them whole.
@@ -388,7 +399,7 @@ def op_flops(
     """
     flops = _real_flops(name, input_dims, concrete_inputs, output_dims)
     if flops is not None and any("complex" in str(t).lower() for t in input_types or ()):
-        conv = name in _CONV_ARGS or name == "aten::convolution_backward"
+        conv = name in _CONV_ARGS or name in ("aten::convolution_backward", "aten::_slow_conv2d_backward")
         return flops * (COMPLEX_CONV_FACTOR if conv else COMPLEX_FACTOR)
     return flops
 
@@ -426,8 +437,8 @@ def _real_flops(name: str, input_dims: Dims | None, concrete_inputs: Sequence[An
         return _attention(s(1), s(2), s(3), heads_first=True, backward=True)
     if name in _SEQ_FIRST_ATTN_BWD:
         return _attention(s(1), s(2), s(3), heads_first=False, backward=True)
-    if name == "aten::convolution_backward":
-        return _conv_backward(input_dims, concrete_inputs)
+    if name in ("aten::convolution_backward", "aten::_slow_conv2d_backward"):
+        return _conv_backward(input_dims, concrete_inputs, name)
     if name in RNN_OPS:
         return rnn_flops(name, input_dims, concrete_inputs, parse_concrete)
     if name == "aten::_trilinear":
