@@ -747,6 +747,11 @@ def test_off_without_a_budget_says_there_was_none(ip, run_cell):
     ("1B", r"did you mean 1GB\?"),
     ("2GiB --near -0.5", r"^--near is a share of the budget between 0 and 1, got -0.5"),
     ("--near -.5 2GiB", r"^--near is a share"),
+    # --near reads a percentage as the budget does; its range error is in the notation typed
+    ("2GiB --near 150%", r"^--near is a share of the budget between 0% and 100%, got 150%$"),
+    ("2GiB --near 0%", r"^--near is a share of the budget between 0% and 100%, got 0%$"),
+    ("2GiB --near -50%", r"^--near is a share of the budget between 0% and 100%, got -50%$"),
+    ("2GiB --near ninety", r"^--near takes a share of the budget such as 0.9 or 90%, got 'ninety'$"),
     ("-5GB", "a budget must be positive, got -5GB"),
     ("--strict -0.5", "a budget must be positive, got -0.5"),
     ("2GiB --device -1", "device"),
@@ -766,6 +771,16 @@ def test_budget_text_is_read_consistently_and_errors_blame_the_right_option(ip, 
     with pytest.raises(UsageError, match=message):
         ip.run_line_magic("memory_budget", line)
     assert not _nbaccel_callbacks(ip)
+
+
+@pytest.mark.parametrize("near, share", [("90%", 0.9), ("90 %", 0.9), ("=90%", 0.9), ("0.9", 0.9), ("100%", 1.0),
+                                          ("=.6", 0.6)])
+def test_near_takes_a_percentage_as_the_budget_does(ip, run_cell, near, share):
+    # A trial: "%memory_budget 8GiB --near 90%" got argparse's "argument --near: invalid float value: '90%'",
+    # though the budget on the same line reads 80%.
+    sep = "" if near.startswith("=") else " "
+    run_cell(f"%memory_budget {_budget_above_now(4000)} --near{sep}{near} -q -r s")
+    assert ip.user_ns["s"].near == pytest.approx(share)
 
 
 @pytest.mark.parametrize("line, letter", [("1G", "G"), ("1g", "g"), ("1 G", "G")])

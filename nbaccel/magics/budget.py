@@ -31,7 +31,7 @@ import torch
 from ..budget import (NEAR, PUSHED, usage_now, BudgetError, BudgetExceeded, CellReport, Watcher, apply_cap,
                       capped_devices, parse_budget, plural, release_cap, share_text, size_reading, status)
 from ..device import DeviceError, resolve_device
-from ..memory import format_bytes
+from ..memory import NUMBER_PATTERN, format_bytes
 from ..oom import OOM_TYPES, explain_oom, is_oom
 from ..options import a_type, magic_spelled
 from ..render.display import display_result
@@ -61,6 +61,20 @@ OPTION_MEANINGS.update(dict.fromkeys(
 CPU_ENFORCE_NOTE = ("--enforce: the CPU allocator has no per-process cap, so only a soft budget (checked after each "
                     "cell) is possible here; for a hard limit start the kernel in a cgroup "
                     "(systemd-run --user -p MemoryMax=6G jupyter lab, or docker --memory 6g)")
+
+
+def _read_near(text: str) -> float:
+    """--near's value as a share of the budget: 0.9, or 90%, as the budget itself reads 0.8 and 80% (a trial's
+    "--near 90%" got argparse's "invalid float value: '90%'"). The range error is in the notation typed."""
+    percent = re.fullmatch(rf"(-?{NUMBER_PATTERN})\s*%", text.strip(), flags=re.I)
+    try:
+        near = float(percent[1]) / 100 if percent else float(text)
+    except ValueError:
+        raise UsageError(f"--near takes a share of the budget such as 0.9 or 90%, got {text!r}") from None
+    if not 0 < near <= 1:  # also refuses nan
+        bounds = "0% and 100%" if percent else "0 and 1"
+        raise UsageError(f"--near is a share of the budget between {bounds}, got {text}")
+    return near
 
 
 def _sgd_momentum(opt) -> str:
@@ -96,8 +110,9 @@ class BudgetMagics(Magics):
     @argument("--strict", action="store_true",
               help="a cell that pushes usage over the budget is marked as failed (not one that only holds memory "
                    "from before it: 'already over')")
-    @argument("--near", type=float, default=None,
-              help=f"show a gauge after cells that used at least this share of the budget (default {NEAR})")
+    @argument("--near", default=None,
+              help=f"show a gauge after cells that used at least this share of the budget: 0.9 or 90%% "
+                   f"(default {NEAR})")
     @argument("--model", default=None, metavar="NAME",
               help="predict the training memory of this nn.Module (BUDGET is then the per-GPU memory to compare "
                    "with, e.g. 80GiB, and does not start watching)")
@@ -141,6 +156,7 @@ class BudgetMagics(Magics):
         # "6 GB" and "80 %" are what people type (and "12 parsecs" deserves the size error, not argparse's): a
         # number and the word or % after it are one size; argparse would see two positional arguments.
         line = re.sub(r"^(\s*-?[0-9]*\.?[0-9]+)\s+([a-z]+\b|%)", r"\1\2", line, flags=re.I)
+        line = re.sub(r"(--near(?:\s+|=)-?[0-9]*\.?[0-9]+)\s+%", r"\1%", line)  # "--near 90 %" too
         # argparse takes "-5GB" for an unknown option: name the real mistake first. Only a token in the
         # budget's place, though: "--near -0.5" is a bad --near, said below.
         try:
@@ -148,6 +164,8 @@ class BudgetMagics(Magics):
         except ValueError:
             tokens = []  # an unmatched quote: parse_line below says so
         for previous, token in zip([None] + tokens, tokens):
+            if previous == "--near" and _NEGATIVE.match(token):
+                _read_near(token)  # the range error: argparse would take "-50%" for an unknown option
             if _NEGATIVE.match(token) and previous not in _VALUE_OPTIONS:
                 raise UsageError(f"a budget must be positive, got {token}; write e.g. 6GiB, 512MiB or 0.8")
         _check_names(tokens)
@@ -155,8 +173,8 @@ class BudgetMagics(Magics):
         if args is None:  # -h/--help: the help was printed
             return None
         check_name(args.result)
-        if args.near is not None and not 0 < args.near <= 1:
-            raise UsageError(f"--near is a share of the budget between 0 and 1, got {args.near}")
+        if args.near is not None:
+            args.near = _read_near(args.near)
         if args.model is not None:
             for_watching = [flag for flag, given in (("--strict", args.strict), ("--enforce", args.enforce),
                                                      ("--near", args.near is not None)) if given]
