@@ -226,6 +226,24 @@ def parse_budget(text, device: torch.device, total: int | None = None, limit: bo
     return _sized(raw, where, total if limit else None, device)  # checks the size against total itself
 
 
+def share_reading(text, device: torch.device, total: int | None = None) -> str:
+    """How a share budget (``0.5``, ``50%``, the number 0.5; already read by `parse_budget`) came to its size,
+    in the words typed: "0.5 of this host's 23.5 GiB of physical memory", "50% of the GPU's 79.2 GiB";
+    "" for a size, which is its own reading. (A trial's estimate of ``0.5`` said "11.8 GiB (as given)".)"""
+    if isinstance(text, bool) or not isinstance(text, (str, int, float)):
+        return ""
+    if isinstance(text, (int, float)):
+        typed = repr(text) if 0 < text <= 1 else ""  # from Python a number above 1 is bytes
+    else:
+        typed = text.strip() if re.fullmatch(rf"({NUMBER_PATTERN})\s*%?", text.strip(), flags=re.I) else ""
+    total = device_memory(device) if total is None else total
+    if not typed or not total:
+        return ""
+    if device.type == "cuda":
+        return f"{typed} of the GPU's {format_bytes(total)}"
+    return f"{typed} of this host's {format_bytes(total)} of physical memory"
+
+
 def check_near(near) -> float:
     """``near`` (``--near``): the share of the budget from which a cell gets a gauge, in (0, 1]."""
     if isinstance(near, bool) or not isinstance(near, (int, float)):

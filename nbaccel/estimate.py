@@ -375,14 +375,15 @@ def estimate_memory(model: torch.nn.Module, optimizer="adamw", batch: int = 32, 
                          f"{tuple(probe_batches)}")
     dev = resolve_device(device)
     info = device_info(dev)
-    from .budget import parse_budget
+    from .budget import parse_budget, share_reading
 
     if budget is None:
         budget_bytes, source = info.total_memory, (f"{info.label} memory" if dev.type == "cuda"
                                                    else "this host's physical memory")
     else:  # read like memory_budget's; a per-GPU budget may be larger than anything on this machine
         budget_bytes = parse_budget(budget, dev, limit=False)
-        source = "as given"  # not "the budget": that read as a budget now being watched
+        # a share says what it was a share of; a size is as typed ("the budget" read as one being watched)
+        source = share_reading(budget, dev, info.total_memory) or "as given"
     params = list(model.parameters())
     _check_parameters(model, params, name)
     trainable = [p for p in params if p.requires_grad]

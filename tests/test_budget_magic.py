@@ -470,6 +470,20 @@ def test_an_estimate_says_it_watches_nothing(ip, run_cell, mlp):
     assert not _nbaccel_callbacks(ip)  # as it says
 
 
+@pytest.mark.parametrize("typed, share", [("0.5", 0.5), ("50%", 0.5), ("50 %", 0.5), (".25", 0.25)])
+def test_an_estimate_against_a_share_says_what_it_is_a_share_of(ip, run_cell, mlp, typed, share):
+    # A trial: "%memory_budget 0.5 --model m ..." said "budget 11.8 GiB (as given)"; the user gave 0.5.
+    from nbaccel.budget import device_memory
+
+    total = device_memory(torch.device("cpu"))
+    _, captured = run_cell(f"%memory_budget {typed} --model model --batch 32 --input x -r est")
+    said = (f"{format_bytes(int(share * total))} ({typed.replace(' ', '')} of this host's {format_bytes(total)} "
+            "of physical memory)")
+    assert f"budget {said}, measured on cpu" in ip.user_ns["est"].summary
+    assert f"compared with: {said}, with the training step's tensors" in unfolded(_texts(captured))
+    assert "as given" not in _texts(captured)
+
+
 def test_an_estimate_leaves_the_watched_budget_as_it_was(ip, run_cell, mlp):
     run_cell("%memory_budget 4GiB -q")
     _, captured = run_cell("%memory_budget 1GiB --model model --batch 32 --input x -r est")

@@ -7,7 +7,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from nbaccel.budget import BudgetError, parse_budget, size_reading
+from nbaccel.budget import BudgetError, parse_budget, share_reading, size_reading
 from nbaccel.holders import namespace_holders
 from nbaccel.oom import is_oom, parse_oom_message
 from text_helpers import unfolded
@@ -776,3 +776,13 @@ def test_untouched_tensors_above_the_rss_are_said_as_not_resident_yet():
     assert says in unfolded(budget_render.text(status(None, torch.device("cpu"), ns)))
     small = {"x": torch.ones(10)}
     assert says not in budget_render.text(status(None, torch.device("cpu"), small))
+
+
+def test_a_share_reading_says_what_was_typed_and_of_what():
+    gpu, cpu = torch.device("cuda"), torch.device("cpu")
+    assert share_reading("50%", gpu, 80 * 2**30) == "50% of the GPU's 80 GiB"
+    assert share_reading(" 8e-1", cpu, 16 * 2**30) == "8e-1 of this host's 16 GiB of physical memory"
+    assert share_reading(0.5, cpu, 16 * 2**30) == "0.5 of this host's 16 GiB of physical memory"  # from Python
+    # sizes are their own reading: the caller says "as given"
+    for size in ("6GiB", "6G", 6 * 2**30, True):
+        assert share_reading(size, cpu, 16 * 2**30) == ""
