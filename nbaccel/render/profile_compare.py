@@ -100,11 +100,33 @@ def _names(rows, what) -> str:
     return shown + (f" and {len(rows) - NAMED} more" if len(rows) > NAMED else "")
 
 
+def moved_words(r) -> str:
+    """What happened under an op judged by its total time: "its work moved to aten::_slow_conv2d_backward, new
+    under it" (its self time fell), "it took on the work of ..." (rose), or which child ops changed."""
+    def names(ops):  # the one with the most time under it (an aten::_nnpack_available check beside it is noise)
+        more = len(ops) - 1
+        return ops[0] + (f" (and {more} other op{'s' if more > 1 else ''})" if more else "")
+    new, gone = r.get("children_new") or [], r.get("children_gone") or []
+    if new and r["after_us"] < r["before_us"]:
+        return f"its work moved to {names(new)}, new under it"
+    if gone and r["after_us"] > r["before_us"]:
+        return f"it took on the work of {names(gone)}, no longer under it"
+    return "its child ops changed: " + "; ".join(
+        part for part in (new and f"{names(new)} new under it", gone and f"{names(gone)} no longer under it") if part)
+
+
 def finding_lines(c) -> list[str]:
     a, b = c.labels
 
     def changed(r) -> str:  # "aten::mm 3.1x slower (1 ms -> 3.1 ms)"
+        if c.judged_by_total(r):  # its self time alone would say the opposite, or too much (see `moved`)
+            x, y = r["before_total_us"], r["after_total_us"]
+            return f"{r['name']} {_ratio(x, y)} in total ({_time(x)} -> {_time(y)}; {moved_words(r)})"
         return f"{r['name']} {_ratio(r['before_us'], r['after_us'])} ({_time(r['before_us'])} -> {_time(r['after_us'])})"
+
+    def unclear(r) -> str:  # a moved op whose total changed too little, or within its spread, to be named either way
+        x, y = r["before_total_us"], r["after_total_us"]
+        return f"{r['name']} (total {_time(x)} -> {_time(y)}, {_ratio(x, y)}; {moved_words(r)})"
 
     def alone(side, i):  # "aten::sort 29 ms (68%)", of the one profile that ran it (was: of the larger)
         return lambda r: f"{r['name']} {_time(r[side])} ({r[side] / (c.op_time_us[i] or 1.0):.0%})"
@@ -112,18 +134,20 @@ def finding_lines(c) -> list[str]:
     kinds = ((f"slower in {b}{_maybe_setup(c, 1)}", c.slower, changed),
              (f"only in {b}{_maybe_setup(c, 1)}", c.new, alone("after_us", 1)),
              (f"faster in {b}{_maybe_setup(c, 0)}", c.faster, changed),
-             (f"only in {a}{_maybe_setup(c, 0)}", c.gone, alone("before_us", 0)))
+             (f"only in {a}{_maybe_setup(c, 0)}", c.gone, alone("before_us", 0)),
+             (f"no clear change in total in {b}",
+              [r for r in c.moved if c.verdict(r) is None], unclear))
     lines = first_run_lines(c) + [f"{label}: " + _names(rows, what) for label, rows, what in kinds if rows]
     if len(lines) == len(first_run_lines(c)):
         lines.append(f"no op changed by {c.min_ratio:.2f}x and by {MIN_SHARE:.0%} of the ops' time or more"
                      + (", beyond its step-to-step spread" if c.spread_checked else "")
                      + ": the difference is spread over many ops, or within the noise (the table has every op)")
     else:
-        called = c.slower + c.new + c.faster + c.gone
+        called = c.slower + c.new + c.faster + c.gone + [r for r in c.moved if c.verdict(r) is None]
         rest = sum(r["change_us"] for r in c.rows) - sum(r["change_us"] for r in called)
         lines.append(f"ops' time per step changed by {_change(c.op_time_us[1] - c.op_time_us[0])}: the ops above "
                      f"{_change(sum(r['change_us'] for r in called))}, all others together {_change(rest)}")
-    if not c.spread_checked and (c.slower or c.faster):
+    if not c.spread_checked and (c.slower or c.faster or c.moved):
         lines.append(f"from {'one step' if 1 in c.steps else 'steps'} without a spread to check them against: "
                      f"profile both with {option('steps', 5)} to name only changes beyond each op's step-to-step noise")
     for label, result in zip(c.labels, (c.before, c.after)):
@@ -142,7 +166,10 @@ def method(c) -> str:
     return (f"Each op's {'device self time' if c.on_device else 'self CPU time'} (its duration minus its child ops'), "
             f"summed per op name and divided by the profile's recorded steps ({steps}); step time = mean "
             f"ProfilerStep. An op is named only when its time changed by {c.min_ratio:.2f}x or more and by at least "
-            f"{MIN_SHARE:.0%} of the larger profile's op time, {noise}. Profile both with {option('warmup', 1)} "
+            f"{MIN_SHARE:.0%} of the larger profile's op time, {noise}. An op whose child ops changed (names new "
+            "under it, or gone) is judged by its total time (its duration, children included) by the same rules: its "
+            "self time falls when its work moves to a new child, and rises when it takes over a gone one's. "
+            f"Profile both with {option('warmup', 1)} "
             "where the code had not run before: a first run holds one-time setup (oneDNN/cuDNN, allocator growth) "
             "that the other may not. The two profiles ran at different moments: other programs' load is in one "
             "and not the other.")
@@ -159,11 +186,17 @@ def _rows(c) -> list[list[str]]:
     def calls(r):
         x, y = (f"{v:g}" for v in (r["before_calls"], r["after_calls"]))
         return x if x == y else f"{x} -> {y}"
+
+    def ratio(r):
+        # "from 0" is for an op both ran; one only one profile ran has no ratio (a review: "from 0" beside "-")
+        if not (r["before_calls"] and r["after_calls"]):
+            return "-"
+        if c.judged_by_total(r):  # as the findings judge it: its self ratio ("980x faster") is not the op's
+            return f"{_ratio(r['before_total_us'], r['after_total_us'])} in total"
+        return _ratio(r["before_us"], r["after_us"])
     return [[r["name"], r["category"], calls(r), _time(r["before_us"]) if r["before_calls"] else "-",
-             _time(r["after_us"]) if r["after_calls"] else "-",
-             # "from 0" is for an op both ran; one only one profile ran has no ratio (a review: "from 0" beside "-")
-             _ratio(r["before_us"], r["after_us"]) if r["before_calls"] and r["after_calls"] else "-",
-             _change(r["change_us"])] for r in c.rows[:_top(c)]]
+             _time(r["after_us"]) if r["after_calls"] else "-", ratio(r), _change(r["change_us"])]
+            for r in c.rows[:_top(c)]]
 
 
 def _headers(c) -> list[str]:
