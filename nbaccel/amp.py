@@ -39,7 +39,8 @@ from .amp_result import MEMORY_NOISE_FLOOR, MEMORY_SAME, MIN_RUNS, AmpResult, Va
 from .cell_reads import KINDS, and_list, describe, graphs_compiled, objects_read, take_first
 from .contention import ContentionMeter
 from .device import DTYPE_NAMES, DeviceError, device_info, dtype_name, resolve_device
-from .failure_hints import failure_hint, message_of as _message, overflow_hint  # noqa: F401 - docs/amp.md names nbaccel.amp.overflow_hint
+# overflow_hint: docs/amp.md names it nbaccel.amp.overflow_hint
+from .failure_hints import failure_hint, message_of as _message, overflow_hint  # noqa: F401
 from .drift import compute_drift, leaf_dtypes, leaf_magnitudes, resolution, runs_differ, to_host
 from .flops import OpAudit, switching_ops
 from .holders import namespace_holders

@@ -297,7 +297,8 @@ def _no_speedup(result: AmpResult, speedup: float, dtype: str) -> str:
         # Not "only adds casts": on an AVX2-only EPYC the casts were 1.8% of a bf16 MLP step and its emulated
         # bf16 aten::mm 15.7x fp32's (a trial); on an Ice Lake too the kernels, not the casts, are the cost.
         fact = (f"this CPU lacks {dtype} units (AMX / AVX512-{dtype.upper()}), so its {dtype} matmuls and convolutions "
-                "run emulated kernels, slower than fp32's, and autocast adds casts. Measure on a GPU with Tensor Cores.")
+                "run emulated kernels, slower than fp32's, and autocast adds casts. "
+                "Measure on a GPU with Tensor Cores.")
     elif info.type == "cpu" and dtype == "fp16" and not info.cpu_features.get("amx_fp16"):
         # AVX512-FP16 counts as fp16 units, but without AMX-FP16 oneDNN's fp16 matmuls run on vector
         # units (on the project's VM, Sapphire Rapids: a 1024^3 matmul in fp16 6.0 ms, fp32 6.1 ms,

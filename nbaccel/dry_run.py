@@ -686,7 +686,8 @@ def _dry_run(model, optimizer, example, batches, device, amp_dtype, loss_fn, nam
             feed = f"the example (shape {shapes}) {how} to the probe batch of {batches[0]} rows"
             if bags:
                 how = "cut" if bags.bags >= batches[0] else "repeated"
-                feed = f"the example (shape {shapes}) {how} to the probe batch of {batches[0]} bags ({bags.words(name)})"
+                feed = (f"the example (shape {shapes}) {how} to the probe batch of {batches[0]} bags "
+                        f"({bags.words(name)})")
             takes = _layer_input(first)
             if takes and _layer_misfit(first, tensors[0]):
                 misfit = f"the example has shape {tuple(tensors[0].shape)} and {words} takes {takes}\n"

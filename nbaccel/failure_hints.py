@@ -59,8 +59,8 @@ def cpu_kernel_hint(exc: BaseException, device="cpu") -> str | None:
     info = device_info(device)
     if info.type != "cpu":
         return None
-    units = ("this CPU has neither AVX512-BF16 nor AMX, and oneDNN found no such kernel for it" if not info.has_bf16_units
-             else "oneDNN has none for it on this CPU")
+    units = ("this CPU has neither AVX512-BF16 nor AMX, and oneDNN found no such kernel for it"
+             if not info.has_bf16_units else "oneDNN has none for it on this CPU")
     what = found.group("what")
     module = "nn.LSTM" if what.upper() == "LSTM" else what
     return (f"oneDNN (torch's CPU kernels) could not build a reduced-precision {what} kernel: {units}. Keep that "

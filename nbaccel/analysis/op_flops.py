@@ -19,7 +19,8 @@ matrix-vector products (``A @ v`` and its backward); ``aten::dot``/``aten::vdot`
 recurrent layers (`rnn_flops`: LSTM, GRU, RNN); ``aten::_trilinear`` (`trilinear_flops`:
 nn.Bilinear, forward and backward); ``aten::_slow_conv2d_forward``/``_backward``, torch's own CPU
 convolution kernels where oneDNN has none (bf16 on a CPU without bf16 units, float64), which hold
-the time under ``aten::_convolution``/``convolution_backward`` and so now carry the FLOPs. Where the registry is wrong, nbaccel is not: ``flop_counter`` counts a grouped
+the time under ``aten::_convolution``/``convolution_backward`` and so now carry the FLOPs. Where the
+registry is wrong, nbaccel is not: ``flop_counter`` counts a grouped
 convolution's weight gradient ``groups`` times over (it multiplies by all input channels, not
 those of one group).
 
