@@ -245,9 +245,22 @@ def share_reading(text, device: torch.device, total: int | None = None) -> str:
 
 
 def check_near(near) -> float:
-    """``near`` (``--near``): the share of the budget from which a cell gets a gauge, in (0, 1]."""
+    """``near`` (``--near``): the share of the budget from which a cell gets a gauge, in (0, 1]: a number, or
+    text as the budget itself is read (``"0.9"``, ``"90%"``; a trial's ``--near 90%`` got argparse's "invalid
+    float value", and ``near="90%"`` a TypeError). A range error is in the notation given."""
+    if isinstance(near, str):
+        percent = re.fullmatch(rf"(-?{NUMBER_PATTERN})\s*%", near.strip(), flags=re.I)
+        try:
+            share = float(percent[1]) / 100 if percent else float(near)
+        except ValueError:
+            raise BudgetError(f"{option('near')} takes a share of the budget such as 0.9 or 90%, "
+                              f"got {near!r}") from None
+        if not 0 < share <= 1:  # also refuses nan
+            bounds = "0% and 100%" if percent else "0 and 1"
+            raise BudgetError(f"{option('near')} is a share of the budget between {bounds}, got {near.strip()}")
+        return share
     if isinstance(near, bool) or not isinstance(near, (int, float)):
-        raise TypeError(f"{option('near')} takes a share of the budget between 0 and 1 such as 0.75, got "
+        raise TypeError(f"{option('near')} takes a share of the budget between 0 and 1 such as 0.75 (or '75%'), got "
                         f"{type(near).__name__} {near!r}")
     if not 0 < near <= 1:  # also refuses NaN
         raise BudgetError(f"{option('near')} is a share of the budget between 0 and 1, got {near}")
@@ -630,7 +643,7 @@ class MemoryBudget:
         for name, value in (("strict", strict), ("enforce", enforce)):
             if not isinstance(value, bool):
                 raise TypeError(f"{option(name)} takes True or False, got {type(value).__name__} {value!r}")
-        check_near(near)
+        near = check_near(near)
         if namespace is not None and not isinstance(namespace, dict):
             raise TypeError(f"{option('namespace')} takes a dict (e.g. globals()) or None, got "
                             f"{type(namespace).__name__}")

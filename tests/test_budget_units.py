@@ -508,7 +508,8 @@ def test_unitless_and_tiny_budgets_are_refused_with_a_fix_that_makes_sense(text,
     ({"budget": None}, r"budget takes a size such as '6GiB' or a share such as 0.8, got NoneType"),
     ({"budget": True}, "budget takes a size"),
     ({"budget": "1GiB", "strict": "yes"}, r"strict takes True or False, got str 'yes'"),
-    ({"budget": "1GiB", "near": "0.5"}, r"near takes a share of the budget between 0 and 1 such as 0.75, got str"),
+    ({"budget": "1GiB", "near": [0.5]}, r"near takes a share of the budget between 0 and 1 such as 0.75 \(or '75%'\), "
+                                        r"got list"),
     ({"budget": "1GiB", "device": ["cpu"]}, r"device takes 'auto', 'cpu'"),
     ({"budget": "1GiB", "namespace": [1]}, r"namespace takes a dict"),
 ])
@@ -524,6 +525,19 @@ def test_api_near_out_of_range():
 
     with pytest.raises(BudgetError, match=r"near is a share of the budget between 0 and 1, got 1.5"):
         nbaccel.memory_budget("1GiB", near=1.5)
+
+
+def test_api_near_reads_a_share_as_the_budget_is_read():
+    # A trial: near="90%" was a TypeError from Python while --near 90% worked in the magic.
+    import nbaccel
+
+    for given in ("90%", "90 %", "0.9", " 0.9 "):
+        with nbaccel.memory_budget("1GiB", near=given) as budget:
+            assert budget.watcher.near == pytest.approx(0.9), given
+    with pytest.raises(BudgetError, match=r"near is a share of the budget between 0% and 100%, got 150%"):
+        nbaccel.memory_budget("1GiB", near="150%")
+    with pytest.raises(BudgetError, match=r"near takes a share of the budget such as 0.9 or 90%, got 'ninety'"):
+        nbaccel.memory_budget("1GiB", near="ninety")
 
 
 def test_no_nan_or_absurd_share_is_shown():

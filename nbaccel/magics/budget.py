@@ -29,9 +29,9 @@ from IPython.core.magic_arguments import argument, magic_arguments
 import torch
 
 from ..budget import (NEAR, PUSHED, usage_now, BudgetError, BudgetExceeded, CellReport, Watcher, apply_cap,
-                      capped_devices, parse_budget, plural, release_cap, share_text, size_reading, status)
+                      capped_devices, check_near, parse_budget, plural, release_cap, share_text, size_reading, status)
 from ..device import DeviceError, resolve_device
-from ..memory import NUMBER_PATTERN, format_bytes
+from ..memory import format_bytes
 from ..oom import OOM_TYPES, explain_oom, is_oom
 from ..options import a_type, magic_spelled
 from ..render.display import display_result
@@ -64,17 +64,11 @@ CPU_ENFORCE_NOTE = ("--enforce: the CPU allocator has no per-process cap, so onl
 
 
 def _read_near(text: str) -> float:
-    """--near's value as a share of the budget: 0.9, or 90%, as the budget itself reads 0.8 and 80% (a trial's
-    "--near 90%" got argparse's "invalid float value: '90%'"). The range error is in the notation typed."""
-    percent = re.fullmatch(rf"(-?{NUMBER_PATTERN})\s*%", text.strip(), flags=re.I)
+    """--near's value as a share of the budget: 0.9, or 90%, as the budget itself reads 0.8 and 80% (`check_near`)."""
     try:
-        near = float(percent[1]) / 100 if percent else float(text)
-    except ValueError:
-        raise UsageError(f"--near takes a share of the budget such as 0.9 or 90%, got {text!r}") from None
-    if not 0 < near <= 1:  # also refuses nan
-        bounds = "0% and 100%" if percent else "0 and 1"
-        raise UsageError(f"--near is a share of the budget between {bounds}, got {text}")
-    return near
+        return check_near(text)
+    except BudgetError as exc:
+        raise UsageError(str(exc)) from None
 
 
 def _sgd_momentum(opt) -> str:
