@@ -497,7 +497,8 @@ def compare_amp(
     whole_number("warmup", warmup, 0)
     whole_number("repeat", repeat, 1, why="; use at least 3 for a spread")
     _check_arguments(tf32=tf32, baseline=baseline, restore=restore, namespace=namespace, state=state,
-                     max_snapshot_fraction=max_snapshot_fraction, on_cell_error=on_cell_error)
+                     max_snapshot_fraction=max_snapshot_fraction, on_cell_error=on_cell_error,
+                     on_first_run=on_first_run)
     if state and not isinstance(state, (list, tuple)):
         state = (state,)  # one object (state=model) is what was meant
     if isinstance(device, int) and not isinstance(device, bool):
@@ -835,7 +836,8 @@ def _check_function(fn) -> None:
         pass
 
 
-def _check_arguments(*, tf32, baseline, restore, namespace, state, max_snapshot_fraction, on_cell_error) -> None:
+def _check_arguments(*, tf32, baseline, restore, namespace, state, max_snapshot_fraction, on_cell_error,
+                     on_first_run) -> None:
     """Types that would otherwise fail deep inside, or pass as truthy strings (baseline="False")."""
     for name, value in (("tf32", tf32), ("baseline", baseline), ("restore", restore)):
         if not isinstance(value, bool):
@@ -852,6 +854,10 @@ def _check_arguments(*, tf32, baseline, restore, namespace, state, max_snapshot_
                          f"for no limit), got {max_snapshot_fraction!r}")  # the magic checks --max-snapshot itself
     if on_cell_error is not None and not callable(on_cell_error):
         raise TypeError(f"on_cell_error takes a function (exc, where) or None, got a {type(on_cell_error).__name__}")
+    # was "'int' object is not callable" from deep inside, after the first fp32 run (a trial)
+    if on_first_run is not None and not callable(on_first_run):
+        raise TypeError(f"on_first_run takes a function (seconds, runs_left[, restore_seconds]) or None, got "
+                        f"{type(on_first_run).__name__} {on_first_run!r}")
 
 
 def _check_snapshot_size(namespace, state, skip, fraction) -> None:

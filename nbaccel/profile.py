@@ -181,6 +181,15 @@ class profile:  # noqa: N801 - a context manager used like a function: `with nba
             raise ProfileError(f"device={device}: the device is profile()'s only positional argument; pass top={device} "
                                f"(or steps={device}) by keyword, e.g. nbaccel.profile(top={device}); for a GPU, name "
                                f"it: device='cuda:{device}'")
+        if options is None and (isinstance(device, bool) or not isinstance(device, (str, torch.device))):
+            # profile(model) built a profile "ready (Linear(...), 1 step)" and failed at the with line with the
+            # model lowercased as a device name (a trial)
+            what = f"{type(device).__name__} {device!r}" if not isinstance(device, torch.nn.Module) else \
+                f"a {type(device).__name__} (the model)"
+            raise ProfileError(f"device takes 'auto', 'cpu', 'cuda' or 'cuda:N' (or a torch.device), got {what}; the "
+                               "code to profile goes inside the block: with nbaccel.profile() as prof: model(x)")
+        if isinstance(trace, os.PathLike):  # a pathlib.Path: the result's text and JSON hold the path as text
+            trace = os.fspath(trace)
         self.options = options or ProfileOptions(top=top, sort=sort, memory=memory, shapes=shapes, stack=stack,
                                                  warmup=warmup, steps=steps, trace=trace, amp=amp,
                                                  device=str(device))
@@ -575,7 +584,10 @@ class profile:  # noqa: N801 - a context manager used like a function: `with nba
                                             contention=self._meter.result, trace_created=created,
                                             trace_earlier=[f for f in self._earlier if str(f) not in files],
                                             made_by="%%profile_gpu" if in_magic() else "profile()",
-                                            unrecorded_steps=0 if opts.scheduled else max(0, self.steps_done - 1))
+                                            # a loop that calls step() past the schedule's steps (a trial: 10
+                                            # calls under warmup=1, steps=2 read "the code ran 3 times")
+                                            unrecorded_steps=max(0, self.steps_done - (opts.warmup + opts.steps
+                                                                                       if opts.scheduled else 1)))
 
 
 def _another_thread_recording() -> ProfileError:

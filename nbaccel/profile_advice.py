@@ -318,9 +318,17 @@ def advise(result: ProfileResult) -> list[str]:
     if compare_amp:
         notes.append(compare_amp)
     if result.unrecorded_steps:  # a review: the later iterations of a step() loop went unmentioned
-        n = result.unrecorded_steps + 1
-        notes.append(f"prof.step() was called {n} times, and the default one step recorded the first iteration "
-                     f"only (as torch's schedule(active=1) does): {option('steps', n)} records all {n}.")
+        o = result.options
+        if o.scheduled:
+            n = o.warmup + o.steps + result.unrecorded_steps
+            first, last = o.warmup + 1, o.warmup + o.steps
+            notes.append(f"prof.step() was called {n} times, and schedule(warmup={o.warmup}, active={o.steps}) "
+                         f"recorded iteration{'s' if o.steps > 1 else ''} {first}{f'-{last}' if last > first else ''} "
+                         f"only: {option('steps', n - o.warmup)} records all {n - o.warmup} after the warm-up.")
+        else:
+            n = result.unrecorded_steps + 1
+            notes.append(f"prof.step() was called {n} times, and the default one step recorded the first iteration "
+                         f"only (as torch's schedule(active=1) does): {option('steps', n)} records all {n}.")
     in_fallback = inside_fallback(ops)  # attention's math fallback: the ops inside it (its dropout, below)
     if n_ops and total > 0:
         notes += _fp32_matmul_notes(result, ops, time_col, total, where)

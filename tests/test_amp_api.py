@@ -1444,6 +1444,8 @@ def test_a_speedup_where_nothing_ran_in_reduced_precision_is_not_claimed():
     (lambda m, x: nbaccel.compare_amp(lambda: m(x), namespace=[1, 2]), TypeError, r"namespace takes a dict"),
     (lambda m, x: nbaccel.compare_amp(lambda: m(x), state={"m": m}), TypeError, r"a dict of variables goes in namespace="),
     (lambda m, x: nbaccel.compare_amp(lambda: m(x), on_cell_error="print"), TypeError, r"on_cell_error takes a function"),
+    (lambda m, x: nbaccel.compare_amp(lambda: m(x), on_first_run=5), TypeError,
+     r"on_first_run takes a function \(seconds, runs_left\[, restore_seconds\]\) or None, got int 5"),
 ])
 def test_compare_amp_refuses_what_it_cannot_run_before_running(call, error, message):
     model, x = torch.nn.Linear(4, 4), torch.randn(2, 4)

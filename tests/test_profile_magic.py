@@ -429,6 +429,27 @@ def test_export_chrome_trace_creates_missing_folders(tmp_path):
     assert "aten::mm" in set(load_trace(str(copy)).ops["name"])
 
 
+def test_a_pathlib_trace_path_is_text_in_the_result(tmp_path):
+    # A trial: profile(trace=Path(...)) wrote the trace, then print(result) raised "expected str instance,
+    # PosixPath found" and to_json() "Object of type PosixPath is not JSON serializable".
+    with nbaccel.profile(trace=tmp_path / "p.json") as prof:
+        torch.ones(4, 4) @ torch.ones(4, 4)
+    result = prof.result
+    assert result.trace_path == str(tmp_path / "p.json") and str(tmp_path / "p.json") in str(result)
+    assert json.loads(result.to_json())["trace_path"] == str(tmp_path / "p.json")
+
+
+@pytest.mark.parametrize("device", [torch.nn.Linear(4, 4), 1.5, [1], True])
+def test_a_profile_of_something_that_is_no_device_is_refused_when_made(device):
+    # A trial: profile(model) was made ("ready (Linear(...), 1 step)") and failed at the with line, the model
+    # lowercased as a device name: "unknown device 'linear(in_features=4, ...'".
+    from nbaccel.profile import ProfileError
+
+    with pytest.raises(ProfileError, match=r"device takes 'auto', 'cpu', 'cuda' or 'cuda:N' \(or a torch.device\), "
+                                           r"got .*; the code to profile goes inside the block"):
+        nbaccel.profile(device)
+
+
 @pytest.mark.parametrize("where", ["proc", "file"])
 def test_export_chrome_trace_that_cannot_be_written_names_the_path(tmp_path, where):
     # Not pathlib's FileNotFoundError (which reads as if the trace were missing): what failed, and the fix.
@@ -1333,6 +1354,28 @@ def test_a_step_loop_under_the_default_one_step_says_what_went_unrecorded():
     with nbaccel.profile() as once:
         a @ a
     assert once.result.unrecorded_steps == 0 and not any("prof.step() was called" in n for n in once.result.advice)
+
+
+def test_a_step_loop_past_the_schedule_says_what_went_unrecorded():
+    """A trial: 10 prof.step() calls under warmup=1, steps=2 gave unrecorded_steps 0, no advice, and a method
+    line saying "the code ran 3 times, 2 analysed"."""
+    from nbaccel.render.profile import method
+
+    a = torch.randn(16, 16)
+    with nbaccel.profile(warmup=1, steps=2) as prof:
+        for _ in range(10):
+            a @ a
+            prof.step()
+    result = prof.result
+    assert result.unrecorded_steps == 7
+    assert ("prof.step() was called 10 times, and schedule(warmup=1, active=2) recorded iterations 2-3 only: "
+            "steps=9 records all 9 after the warm-up.") in result.advice
+    assert "schedule(warmup=1, active=2): the code ran 10 times, 2 analysed" in method(result)
+    with nbaccel.profile(warmup=1, steps=2) as exact:
+        for _ in range(3):
+            a @ a
+            exact.step()
+    assert exact.result.unrecorded_steps == 0 and not any("prof.step() was called" in n for n in exact.result.advice)
 
 
 @pytest.mark.skipif(device_info("cpu").has_bf16_units,

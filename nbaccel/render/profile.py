@@ -217,7 +217,8 @@ def method(result) -> str:
                 "not measured (loaded trace).")
     flags = ["record_shapes"] + (["profile_memory"] if o.memory else []) + (["with_stack"] if o.stack else [])
     acts = "CPU+CUDA" if result.device.type == "cuda" else "CPU"
-    sched = (f"schedule(warmup={o.warmup}, active={o.steps}): the code ran {o.warmup + o.steps} times, "
+    ran = o.warmup + o.steps + result.unrecorded_steps  # prof.step() past the schedule: ran, not recorded
+    sched = (f"schedule(warmup={o.warmup}, active={o.steps}): the code ran {ran} times, "
              f"{o.steps} analysed" if o.scheduled else "one run")
     if not o.warmup:
         # A user trial profiled a CNN's first call: 49 ms, then 20 ms the next time, and nothing said why.
