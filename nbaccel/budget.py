@@ -186,6 +186,19 @@ def _share(raw: str, share: float, where: str, total: int | None) -> int:
     return size
 
 
+def read_share(text: str) -> tuple[float, bool] | None:
+    """A share as text: ``"0.8"`` -> (0.8, False), ``"80%"`` or ``"80 %"`` -> (0.8, True: a percentage), a sign
+    kept for the range error; None for any other text. The one reading of the notation for a budget, a
+    share budget's wording (`share_reading`) and ``--near`` (`check_near`)."""
+    raw = text.strip()
+    percent = re.fullmatch(rf"(-?{NUMBER_PATTERN})\s*%", raw, flags=re.I)
+    if percent:
+        return float(percent[1]) / 100, True
+    if re.fullmatch(rf"-?{NUMBER_PATTERN}", raw, flags=re.I):
+        return float(raw), False
+    return None
+
+
 def parse_budget(text, device: torch.device, total: int | None = None, limit: bool = True) -> int:
     """``"6GiB"``, ``"6GB"``, ``"512MiB"``, ``"6G"`` (= 6GiB, see `size_reading`) -> bytes; a number without a
     unit is a share of the device.
@@ -220,9 +233,9 @@ def parse_budget(text, device: torch.device, total: int | None = None, limit: bo
     raw = text.strip() if isinstance(text, str) else repr(text)
     if raw.startswith("-"):  # no pattern below reads a sign
         raise _not_positive(raw, where)
-    percent = re.fullmatch(rf"({NUMBER_PATTERN})\s*%", raw, flags=re.I)
-    if percent or re.fullmatch(NUMBER_PATTERN, raw, flags=re.I):  # 80% is the share 0.8, with the same range
-        return _share(raw, float(percent[1]) / 100 if percent else float(raw), where, total)  # at most the total
+    share = read_share(raw)
+    if share is not None:  # 80% is the share 0.8, with the same range
+        return _share(raw, share[0], where, total)  # at most the total
     return _sized(raw, where, total if limit else None, device)  # checks the size against total itself
 
 
@@ -235,7 +248,7 @@ def share_reading(text, device: torch.device, total: int | None = None) -> str:
     if isinstance(text, (int, float)):
         typed = repr(text) if 0 < text <= 1 else ""  # from Python a number above 1 is bytes
     else:
-        typed = text.strip() if re.fullmatch(rf"({NUMBER_PATTERN})\s*%?", text.strip(), flags=re.I) else ""
+        typed = text.strip() if read_share(text) else ""
     total = device_memory(device) if total is None else total
     if not typed or not total:
         return ""
@@ -249,13 +262,11 @@ def check_near(near) -> float:
     text as the budget itself is read (``"0.9"``, ``"90%"``; a trial's ``--near 90%`` got argparse's "invalid
     float value", and ``near="90%"`` a TypeError). A range error is in the notation given."""
     if isinstance(near, str):
-        percent = re.fullmatch(rf"(-?{NUMBER_PATTERN})\s*%", near.strip(), flags=re.I)
-        try:
-            share = float(percent[1]) / 100 if percent else float(near)
-        except ValueError:
-            raise BudgetError(f"{option('near')} takes a share of the budget such as 0.9 or 90%, "
-                              f"got {near!r}") from None
-        if not 0 < share <= 1:  # also refuses nan
+        read = read_share(near)
+        if read is None:
+            raise BudgetError(f"{option('near')} takes a share of the budget such as 0.9 or 90%, got {near!r}")
+        share, percent = read
+        if not 0 < share <= 1:
             bounds = "0% and 100%" if percent else "0 and 1"
             raise BudgetError(f"{option('near')} is a share of the budget between {bounds}, got {near.strip()}")
         return share

@@ -143,11 +143,16 @@ def refuse_empty_cell(shell, magic: str, cell: str) -> None:
         raise UsageError(f"%%{magic} needs code in the cell below the magic line{only}")
 
 
+def option_strings(magic) -> list[str]:
+    """Every option a magic takes, as typed (``-q``, ``--quiet``, ...), in its parser's order."""
+    return [o for action in magic.parser._actions for o in action.option_strings]
+
+
 def refuse_options_in_cell(magic, cell: str) -> None:
     """An option of the magic on the cell's first or last code line is refused, saying where it goes: a hurried
     ``--no-baseline`` under the code was a NameError ('no') in the fp32 run, ``--top 3`` a SyntaxError in the
     cell (a trial). Only ``--long`` options: ``-q`` or ``-r`` alone may be code (a negated variable)."""
-    options = {o for action in magic.parser._actions for o in action.option_strings if o.startswith("--")}
+    options = {o for o in option_strings(magic) if o.startswith("--")}
     lines = [(i, line.strip()) for i, line in enumerate(cell.splitlines())
              if line.strip() and not line.strip().startswith("#")]
     for i, line in dict.fromkeys(lines[:1] + lines[-1:]):
@@ -541,7 +546,7 @@ _DASHED_WORD = re.compile(f"[-{''.join(_DASHES)}]+(?=[A-Za-z])")
 def refuse_typographic_dash(magic, tokens: list[str]) -> None:
     """A UsageError for the first token that starts like an option but with a typographic dash, with
     the option as it is typed. Checked before parsing: an option taking a value could have swallowed it."""
-    options = {o for action in magic.parser._actions for o in action.option_strings}
+    options = set(option_strings(magic))
     for token in tokens:
         start = _DASHED_WORD.match(token)
         dash = next((c for c in start.group() if c in _DASHES), None) if start else None
@@ -646,8 +651,8 @@ def parse_line(magic, line: str, hint: Callable[[str], str | None] | None = None
     # argparse would take "--step 3" as "--steps 3"; a magic that silently guesses is worse than one
     # that says "did you mean --steps?" (below).
     magic.parser.allow_abbrev = False
+    options = option_strings(magic)
     try:
-        options = {o for action in magic.parser._actions for o in action.option_strings}
         tokens = _comment_cut(split_line(line), options)
         refuse_typographic_dash(magic, tokens)
         args = magic.parser.parse_args(tokens)
@@ -664,7 +669,6 @@ def parse_line(magic, line: str, hint: Callable[[str], str | None] | None = None
         message = str(exc)
         prefix = "unrecognized arguments: "
         if message.startswith(prefix):
-            options = [o for action in magic.parser._actions for o in action.option_strings]
             meanings = {**CROSS_MAGIC.get(magic.__name__, {}), **(meanings or {})}
             for token in message[len(prefix):].split():
                 # --repeat=3, and -n3 (a short option with its value attached)
