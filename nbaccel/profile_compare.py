@@ -192,6 +192,11 @@ class ProfileComparison(ResultMixin):
         return [r for r in self.rows if self.judged_by_total(r)]
 
     @property
+    def unclear(self) -> list[dict]:
+        """The `moved` ops whose total changed too little, or within its spread, to be called either way."""
+        return [r for r in self.moved if self.verdict(r) is None]
+
+    @property
     def new(self) -> list[dict]:
         """Ops only ``after`` ran (autocast's casts, a fused kernel that replaced others)."""
         return self._called(lambda r: not r["before_calls"])

@@ -135,15 +135,14 @@ def finding_lines(c) -> list[str]:
              (f"only in {b}{_maybe_setup(c, 1)}", c.new, alone("after_us", 1)),
              (f"faster in {b}{_maybe_setup(c, 0)}", c.faster, changed),
              (f"only in {a}{_maybe_setup(c, 0)}", c.gone, alone("before_us", 0)),
-             (f"no clear change in total in {b}",
-              [r for r in c.moved if c.verdict(r) is None], unclear))
+             (f"no clear change in total in {b}", c.unclear, unclear))
     lines = first_run_lines(c) + [f"{label}: " + _names(rows, what) for label, rows, what in kinds if rows]
     if len(lines) == len(first_run_lines(c)):
         lines.append(f"no op changed by {c.min_ratio:.2f}x and by {MIN_SHARE:.0%} of the ops' time or more"
                      + (", beyond its step-to-step spread" if c.spread_checked else "")
                      + ": the difference is spread over many ops, or within the noise (the table has every op)")
     else:
-        called = c.slower + c.new + c.faster + c.gone + [r for r in c.moved if c.verdict(r) is None]
+        called = c.slower + c.new + c.faster + c.gone + c.unclear
         rest = sum(r["change_us"] for r in c.rows) - sum(r["change_us"] for r in called)
         lines.append(f"ops' time per step changed by {_change(c.op_time_us[1] - c.op_time_us[0])}: the ops above "
                      f"{_change(sum(r['change_us'] for r in called))}, all others together {_change(rest)}")
