@@ -246,6 +246,10 @@ class _Peak:
     def __init__(self, device: torch.device):
         self.device, self.peak, self.allocated, self._mode = device, 0, None, None
         self.traces: list[tuple[array, array]] = []
+        # Per phase, off CUDA: the gradients alive at each of its moments (`gradient_ready` marks them).
+        self.grads: list[array] = []
+        self._ready: list[tuple[int, int]] = []
+        self._grad_sizes: dict[int, int] = {}
 
     def __enter__(self):
         if self.device.type == "cuda":
@@ -270,7 +274,8 @@ class _Peak:
         mode = self._mode
         # The level at the phase's start is one of its moments (its peak is counted from it).
         self.traces.append((array("q", mode.trace_ops), array("q", [self._start]) + mode.trace))
-        del mode.trace[:], mode.trace_ops[:]
+        self.grads.append(_grads_per_moment(len(mode.trace) + 1, self._ready))
+        del mode.trace[:], mode.trace_ops[:], self._ready[:]
         self._start = mode.current
         peak, mode.peak = mode.peak, mode.current
         return peak
@@ -288,6 +293,16 @@ class _Peak:
             if self._mode:
                 self._mode.read_autocast()
 
+    def gradient_ready(self, param: torch.Tensor) -> None:
+        """A parameter's gradient was accumulated (a post-accumulate-grad hook): it counts as a gradient at the
+        phase's moments from the op that made it on, the ops done so far. What a sharded backward (ZeRO-2/3)
+        keeps a share of: until then the same bytes are the backward's working memory, kept whole. A weight
+        used twice (tied embeddings) is accumulated twice into one gradient: counted once."""
+        if self._mode is not None:
+            size = storage_bytes(param.grad)
+            self._ready.append((len(self._mode.trace), size - self._grad_sizes.get(id(param), 0)))
+            self._grad_sizes[id(param)] = size
+
     def live(self) -> int:
         """Bytes alive now that were created since enter (the model states that existed before are not counted)."""
         if self.device.type == "cuda":
@@ -300,6 +315,17 @@ class _Peak:
             self.allocated = self._mode.allocated
             self._mode.__exit__(*exc)
         return False
+
+
+def _grads_per_moment(moments: int, ready: list[tuple[int, int]]) -> array:
+    """Gradient bytes alive at each of a phase's ``moments`` (0: its start; k: after its k-th op), from
+    `_Peak.gradient_ready`'s (ops done, bytes) marks."""
+    grads = array("q", bytes(8 * moments))
+    for done, size in ready:
+        grads[min(done, moments - 1)] += size
+    for k in range(1, moments):
+        grads[k] += grads[k - 1]
+    return grads
 
 
 def _autocast(device: torch.device, dtype):
@@ -377,12 +403,17 @@ def _probe(model, optimizer, example, batches, device, amp_dtype, loss_fn, name:
     states_measured = sum(storage_bytes(t) for opt in opts for s in opt.state.values()
                           for t in s.values() if isinstance(t, torch.Tensor))
     fwd, kept, bwd, allocated, sparse, sparse_params = [], [], [], [], [], set()
-    fwd_traces, bwd_traces = [], []
+    fwd_traces, bwd_traces, bwd_grads = [], [], []
     step, step_allocated = [], []
+    measuring: list[_Peak] = []  # the meter of the probe being measured, told when each gradient is ready
+    hooks = [p.register_post_accumulate_grad_hook(lambda p: measuring and measuring[0].gradient_ready(p))
+             for p in replica.parameters() if p.requires_grad]
     for b in batches:
         replica.zero_grad(set_to_none=True)
         with _Peak(device) as peak:
+            measuring[:] = [peak]
             forward_peak, forward_kept = forward_backward(b, peak)
+        measuring.clear()
         fwd.append(forward_peak)
         kept.append(forward_kept)
         bwd.append(peak.peak)
@@ -390,6 +421,7 @@ def _probe(model, optimizer, example, batches, device, amp_dtype, loss_fn, name:
         if peak.traces:
             fwd_traces.append(peak.traces[0])
             bwd_traces.append(peak.traces[1])
+            bwd_grads.append(peak.grads[1])
         # A sparse gradient (nn.Embedding/EmbeddingBag(sparse=True)) holds the batch's rows, not the whole
         # table: a trial's EmbeddingBag(200000, 256) was counted 195 MiB for 1.89 MiB. Measured, like the rest.
         grads = [(i, storage_bytes(p.grad)) for i, p in enumerate(replica.parameters())
@@ -404,12 +436,15 @@ def _probe(model, optimizer, example, batches, device, amp_dtype, loss_fn, name:
                 opt.step()
         step.append(peak.peak)
         step_allocated.append(peak.allocated or 0)
+    for hook in hooks:
+        hook.remove()
     replica.zero_grad(set_to_none=True)
     del replica, opts
     return {"forward": fwd, "kept": kept, "backward": bwd, "step": step, "states_measured": states_measured,
             "allocated": allocated, "step_allocated": step_allocated, "sparse_grads": sparse,
             "sparse_params": sparse_params, "heads": heads,
-            "forward_lines": moment_lines(batches, fwd_traces), "backward_lines": moment_lines(batches, bwd_traces)}
+            "forward_lines": moment_lines(batches, fwd_traces), "backward_lines": moment_lines(batches, bwd_traces),
+            "backward_grad_lines": grad_moment_lines(batches, bwd_traces, bwd_grads)}
 
 
 def _line(batches, values) -> tuple[float, float]:
@@ -428,18 +463,44 @@ def moment_lines(batches, traces) -> list[tuple[float, float]] | None:
     batch grows (a vocabulary head's backward peaks at its end at small batches, with every gradient, and at
     its start at larger ones, with the logits' gradient), which one line through the two peaks cannot see.
     Only the lines no other beats in both intercept and slope are kept: the others are never the highest."""
-    if len(traces) < 2 or len(batches) < 2:
+    if not _aligned(batches, traces):
         return None
-    (ops1, values1), (ops2, values2) = traces[:2]
-    if ops1 != ops2:
-        return None
-    lines = sorted({_line(batches, pair) for pair in zip(values1, values2)}, key=lambda l: (-l[1], -l[0]))
+    (_, values1), (_, values2) = traces[:2]
+    return _upper_lines({_line(batches, pair) for pair in zip(values1, values2)})
+
+
+def _aligned(batches, traces) -> bool:
+    """Whether two probes' traces ran the same ops in the same order (the same graph): then each moment of one
+    is a moment of the other."""
+    return len(traces) >= 2 and len(batches) >= 2 and traces[0][0] == traces[1][0]
+
+
+def _upper_lines(lines) -> list[tuple[float, float]]:
+    """The (intercept, slope) lines no other beats in both: the only ones that can be the highest at a batch."""
     kept, top = [], -1.0
-    for intercept, slope in lines:  # steepest first: a line is kept if it starts above every steeper one
-        if intercept > top:
+    for intercept, slope in sorted(lines, key=lambda l: (-l[1], -l[0])):  # steepest first: kept if it starts
+        if intercept > top:                                                # above every steeper one
             kept.append((intercept, slope))
             top = intercept
     return kept
+
+
+def grad_moment_lines(batches, traces, grads) -> list[tuple[float, float, float, float]] | None:
+    """Per moment of the backward, the line of the gradients alive then and the line of the rest (activations
+    not yet freed, gradient temporaries, gradients not yet accumulated), as (gradients' intercept, slope,
+    the rest's intercept, slope); None where `moment_lines` has none.
+
+    A sharded backward (ZeRO-2/3) keeps 1/N of each gradient once it is accumulated, so its peak is the highest
+    moment of (the rest + gradients / N): where the backward peaks before most gradients exist (a vocabulary
+    head's, at the logits' gradient), the peak minus *all* the gradients undercounts it. Moments with the same
+    gradients are pruned as `moment_lines` prunes, the others kept (one group per gradient accumulated)."""
+    if not _aligned(batches, traces) or len(grads) < 2:
+        return None
+    (_, values1), (_, values2) = traces[:2]
+    groups: dict[tuple[float, float], set] = {}
+    for t1, t2, g1, g2 in zip(values1, values2, grads[0], grads[1]):
+        groups.setdefault(_line(batches, (g1, g2)), set()).add(_line(batches, (t1 - g1, t2 - g2)))
+    return [(gi, gs, ri, rs) for (gi, gs), rest in groups.items() for ri, rs in _upper_lines(rest)]
 
 
 PHASES = ("forward", "backward", "optimizer step")
@@ -490,6 +551,9 @@ class ActivationFit:
     # through the phase's two peaks (CUDA probes, or probes whose ops did not line up).
     forward_lines: list[tuple[float, float]] | None = None
     backward_lines: list[tuple[float, float]] | None = None
+    # Per moment of the backward, which gradients existed then (`grad_moment_lines`): what a sharded backward
+    # keeps 1/N of. None (CUDA probes): the backward's peak minus (1 - 1/N) of all the gradients, a lower bound.
+    backward_grad_lines: list[tuple[float, float, float, float]] | None = None
 
     def _sparse(self) -> bool:
         """Whether any gradient is sparse: then the gradients, and the step over them, grow with the batch."""
@@ -596,14 +660,29 @@ class ActivationFit:
         intercept, slope = self._backward_line(batch)
         return int(max(0.0, intercept + slope * batch - self.grads_at(batch)))
 
-    def phases(self, batch: int, grads: float | None = None, step_temporaries: float | None = None) -> dict:
-        """Each phase's peak over the model states at ``batch``, with ``grads`` bytes of gradients per
-        device (default all of them; ZeRO-2/3 keep a shard) and the optimizer step's temporaries (default
-        `step_temporaries_at` the batch)."""
-        grads = self.grads_at(batch) if grads is None else grads
+    def backward_at(self, batch: int, grad_share: float = 1.0) -> int:
+        """The backward's peak at ``batch`` over the model states, each gradient kept at ``grad_share`` of its
+        size once accumulated (ZeRO-2/3 over N devices: 1/N).
+
+        Whole gradients: the backward peak's line. Sharded: the highest moment of the rest + the share of the
+        gradients alive then (`grad_moment_lines`), never below the peak minus the unkept share of every
+        gradient (what CUDA probes, which have no moments, give), nor above the unsharded peak."""
+        whole = self.grads_at(batch) + self.backward_working_at(batch)
+        if grad_share >= 1.0:
+            return whole
+        floor = grad_share * self.grads_at(batch) + self.backward_working_at(batch)
+        if not self.backward_grad_lines:
+            return int(floor)
+        moments = max(ri + rs * batch + grad_share * (gi + gs * batch) for gi, gs, ri, rs in self.backward_grad_lines)
+        return int(min(whole, max(floor, moments)))
+
+    def phases(self, batch: int, grad_share: float = 1.0, step_temporaries: float | None = None) -> dict:
+        """Each phase's peak over the model states at ``batch``, with each device keeping ``grad_share`` of
+        the gradients (1: all of them; ZeRO-2/3 over N devices: 1/N) and the optimizer step's temporaries
+        (default `step_temporaries_at` the batch)."""
         step = self.step_temporaries_at(batch) if step_temporaries is None else step_temporaries
-        return {"forward": self.forward_at(batch), "backward": grads + self.backward_working_at(batch),
-                "optimizer step": grads + step}
+        return {"forward": self.forward_at(batch), "backward": self.backward_at(batch, grad_share),
+                "optimizer step": grad_share * self.grads_at(batch) + step}
 
     def allocated_at(self, batch: int) -> int | None:
         """Bytes a whole step allocates at ``batch`` (forward + backward, line through the probes, plus the

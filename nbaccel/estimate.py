@@ -129,7 +129,8 @@ class MemoryEstimate(ResultMixin):
         is params + buffers + optimizer + overhead + the largest phase (``peak_phase``): forward = activations +
         ``forward_temporaries``; backward = grads + ``backward_working`` (activations not yet freed and
         gradient temporaries at the backward's peak); optimizer step = grads + ``step_temporaries``.
-        Sharded gradients (ZeRO-2/3) shrink the last two phases, not the forward, which has none.
+        Sharded gradients (ZeRO-2/3) shrink the last two phases, not the forward, which has none; in the
+        backward only those accumulated by its peak (`ActivationFit.backward_at`).
         """
         precision = self.precision_key(precision)
         strategy = strategy_key(strategy)
@@ -141,7 +142,8 @@ class MemoryEstimate(ResultMixin):
         local_batch = math.ceil(self.batch / n)
         params = self.param_bytes / shard if strategy == "zero3" else self.param_bytes
         all_grads = fit.grads_at(local_batch)  # sparse gradients grow with the (local) batch
-        grads = all_grads / shard if strategy in ("zero2", "zero3") else all_grads
+        grad_share = 1 / shard if strategy in ("zero2", "zero3") else 1.0
+        grads = all_grads * grad_share
         states = self.state_bytes / shard if strategy in ("zero1", "zero2", "zero3") else self.state_bytes
         extra = 0.0
         if strategy == "ddp" and n > 1:
@@ -152,7 +154,7 @@ class MemoryEstimate(ResultMixin):
         step_temp = fit.step_temporaries_at(local_batch) / (shard if strategy != "ddp" else 1)
         # The step's peak is that of its largest phase: the forward (activations, no gradients yet), the
         # backward (gradients + what it still holds) or the optimizer step (gradients + temporaries).
-        phases = fit.phases(local_batch, grads, step_temp)
+        phases = fit.phases(local_batch, grad_share, step_temp)
         peak_phase = max(PHASES, key=lambda k: phases[k])
         activations = fit.at(local_batch)
         held = params + self.buffer_bytes + states  # through the whole step
@@ -167,7 +169,9 @@ class MemoryEstimate(ResultMixin):
                 "params": int(params), "buffers": self.buffer_bytes, "grads": int(grads), "optimizer": int(states),
                 "activations": activations,
                 "forward_temporaries": max(0, fit.forward_at(local_batch) - activations),
-                "backward_working": fit.backward_working_at(local_batch), "step_temporaries": int(step_temp),
+                # What the backward holds beside this device's gradients at its peak (sharded: gradients not
+                # yet accumulated are here, whole).
+                "backward_working": int(phases["backward"] - grads), "step_temporaries": int(step_temp),
                 "overhead": int(extra), "peak_phase": peak_phase, "total": int(total),
                 "total_no_reuse": None if no_reuse is None else int(no_reuse),
                 "fits": self.budget_bytes is not None and total <= self.budget_bytes}
@@ -420,7 +424,8 @@ def estimate_memory(model: torch.nn.Module, optimizer="adamw", batch: int = 32, 
                                     probe["step"][0], allocated, None if step_allocated is None else step_allocated[0],
                                     kept=probe["kept"], sparse_grads=probe["sparse_grads"] or None,
                                     step_probes=probe["step"], step_allocated_probes=step_allocated,
-                                    forward_lines=probe["forward_lines"], backward_lines=probe["backward_lines"])
+                                    forward_lines=probe["forward_lines"], backward_lines=probe["backward_lines"],
+                                    backward_grad_lines=probe["backward_grad_lines"])
         states_measured = probe["states_measured"]
         heads = heads or probe["heads"]
     notes = _optimizer_notes(model, plan, name) + _sparse_grad_notes(model, probe["sparse_params"], fits, batch)
