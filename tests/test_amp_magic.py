@@ -256,6 +256,21 @@ def test_large_state_is_refused_with_the_alternatives(run_cell, ip):
         ip.run_cell_magic("amp", "--max-snapshot 2", "counter += 1")
 
 
+def test_max_snapshot_reads_a_percentage_as_the_budget_does(run_cell, ip):
+    # A docs trial: `--max-snapshot 50%` got argparse's "invalid float value: '50%'", while %memory_budget and
+    # its --near read 50% as 0.5. Now it is read the same way, and a range error keeps the notation typed.
+    run_cell(TRAIN)
+    with pytest.raises(UsageError, match=r"more than \d+ B \(1e-12 of the "):
+        ip.run_cell_magic("amp", "--max-snapshot 1e-10%", "counter += 1")
+    run_cell("%%amp --max-snapshot 50% --repeat 1 --warmup 0 -q -r res\ncounter += 1\n")
+    assert ip.user_ns["counter"] == 1
+    with pytest.raises(UsageError, match=r"between 0% and 100% \(0 excluded\), got 150%"):
+        ip.run_cell_magic("amp", "--max-snapshot 150%", "counter += 1")
+    with pytest.raises(UsageError, match=r"such as 0\.5 or 50%, got 'half'"):
+        ip.run_cell_magic("amp", "--max-snapshot half", "counter += 1")
+    assert ip.user_ns["counter"] == 1
+
+
 def test_no_restore_runs_continue_from_each_other(run_cell, ip):
     run_cell(TRAIN)
     run_cell("%%amp --no-restore --repeat 2 --warmup 0 -q -r res\ncounter += 1\n")

@@ -9,6 +9,7 @@ from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments
 
+from ..budget import read_share
 from ..amp import MIN_RUNS, compare_amp, not_restored, planned_runs, used_up
 from ..failure_hints import failure_hint
 from ..cell_reads import and_list
@@ -51,8 +52,9 @@ class AmpMagics(Magics):
     @argument("--no-restore", action="store_true",
               help="do not snapshot/restore your variables between runs (for state too large to copy; each "
                    "run then continues from the previous one's; torch's settings are still put back)")
-    @argument("--max-snapshot", type=float, default=0.5, metavar="FRACTION",
-              help="refuse when the state snapshot would exceed this fraction of available host memory (default 0.5)")
+    @argument("--max-snapshot", default="0.5", metavar="FRACTION",
+              help="refuse when the state snapshot would exceed this fraction of available host memory: 0.5 or "
+                   "50%% (default 0.5)")
     @argument("-r", "--result", default=None, metavar="NAME", help="store the AmpResult in this variable")
     @argument("-q", "--quiet", action="store_true",
               help="do not display the result, nor the note on how long a long comparison will take")
@@ -155,8 +157,17 @@ class AmpMagics(Magics):
         whole_number("repeat", args.repeat, 1, UsageError)
         whole_number("warmup", args.warmup, 0, UsageError)
         check_name(args.result, counts="--repeat")
-        if not 0 < args.max_snapshot <= 1:
-            raise UsageError(f"--max-snapshot is a fraction of available memory in (0, 1], got {args.max_snapshot}")
+        # read as %memory_budget reads a share ('0.5', '50%'): argparse's float gave "invalid float value: '50%'"
+        read = read_share(args.max_snapshot)
+        if read is None:
+            raise UsageError(f"--max-snapshot takes a fraction of available host memory such as 0.5 or 50%, got "
+                             f"{args.max_snapshot!r}")
+        share, percent = read
+        if not 0 < share <= 1:  # also refuses NaN
+            bounds = "0% and 100%" if percent else "0 and 1"
+            raise UsageError(f"--max-snapshot is a fraction of available host memory between {bounds} (0 excluded), "
+                             f"got {args.max_snapshot.strip()}")
+        args.max_snapshot = share
         refuse_empty_cell(self.shell, "amp", cell)
         refuse_options_in_cell(self.amp, cell)
         refuse_nested_cell_magic("amp", cell)
