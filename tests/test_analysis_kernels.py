@@ -139,6 +139,9 @@ def test_every_labelled_name_gets_a_valid_category(labelled_names):
         ("aten::_trilinear", "matmul/conv"),
         ("aten::slow_conv_dilated2d", "matmul/conv"),
         ("aten::slow_conv_transpose3d", "matmul/conv"),
+        # every convolution op with a FLOP formula is a matmul/conv op (these two were "other")
+        ("aten::miopen_depthwise_convolution", "matmul/conv"),
+        ("aten::_mps_convolution_transpose", "matmul/conv"),
         ("aten::native_batch_norm_backward", "normalization"),
         ("aten::native_group_norm_backward", "normalization"),
         ("aten::_softmax_backward_data", "reduction"),

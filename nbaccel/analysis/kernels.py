@@ -244,6 +244,8 @@ _OP_MATMUL = re.compile(
     r"|_conv_depthwise2d|miopen_convolution\w*|_addmm_activation|tensordot"
     # the CPU's fallback convolution kernels (dilated, transposed, float64): a trial read 94.5% "other"
     r"|slow_conv\w*|_slow_conv2d\w*|thnn_conv\w*|_nnpack_spatial_convolution"
+    # ROCm's depthwise and Apple's MPS convolutions (FLOPs in op_flops; a name rule missed them)
+    r"|miopen_depthwise_convolution|_mps_convolution\w*"
     # whole recurrent layers: their gates are matmuls (a trial's LSTM read "other 99.7%", and no matmul
     # advice); not the cells' fused gate kernels (_thnn_fused_lstm_cell: pointwise) nor weight copies
     r"|lstm|gru|rnn_tanh|rnn_relu|mkldnn_rnn_layer|mkldnn_rnn_layer_backward|_cudnn_rnn|_cudnn_rnn_backward"
