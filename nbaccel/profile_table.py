@@ -75,7 +75,7 @@ def group_ops(ops: pd.DataFrame, group: str = "op", device_total_us: float = 0.0
     shows none and the column sums to the header's total (`self_flops`). ``flops_calls``: how many
     of the row's calls carry those FLOPs, and ``flops_per_s`` divides the FLOPs by those calls' own
     time (device total on a GPU profile, CPU total on the CPU), not by all the row's: an
-    ``aten::_convolution`` row holds a ConvTranspose2d's FLOPs (its inner op has no formula) beside
+    ``aten::_convolution`` row holds a ConvTranspose2d's FLOPs (oneDNN runs it with no op inside) beside
     ordinary convolutions whose FLOPs sit on the op inside them, and a UNet's 2 transposed calls'
     FLOPs over all 13 calls' time read 998 MFLOP/s for 7.64 GFLOP/s (see `flop_calls`).
     ``percent`` is each row's share of all device time (GPU profile) or all self CPU time.

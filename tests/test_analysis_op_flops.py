@@ -288,3 +288,88 @@ def test_the_fallback_kernel_carries_the_flops_its_outer_convolution_held():
     ops = load_trace({"schemaVersion": 1, "traceEvents": ev}).ops
     counted = dict(zip(ops["name"][ops["flops_counted"]], ops["flops"][ops["flops_counted"]]))
     assert counted == {"aten::_slow_conv2d_forward": _SLOW_FWD_FLOPS, "aten::_slow_conv2d_backward": 2 * _SLOW_FWD_FLOPS}
+
+
+# The convolution kernels torch dispatches to below aten::_convolution, by backend. Each has a formula,
+# whose argument positions are read from the op's own schema (native_functions.yaml) here.
+_CONV_KERNELS = [
+    # CPU (and CUDA without cuDNN) fallbacks: torch 2.13 profiles these on the CPU for float64, bf16
+    # without bf16 units, or with torch.backends.mkldnn off
+    "aten::thnn_conv2d", "aten::_slow_conv2d_forward", "aten::slow_conv3d", "aten::slow_conv3d_forward",
+    "aten::slow_conv_dilated2d", "aten::slow_conv_dilated3d", "aten::slow_conv_transpose2d",
+    "aten::slow_conv_transpose3d", "aten::_nnpack_spatial_convolution", "aten::mkldnn_convolution",
+    # CUDA, ROCm, MPS
+    "aten::cudnn_convolution", "aten::cudnn_convolution_transpose", "aten::cudnn_convolution_relu",
+    "aten::cudnn_convolution_add_relu", "aten::_conv_depthwise2d", "aten::conv_depthwise3d",
+    "aten::miopen_convolution", "aten::miopen_convolution_transpose", "aten::miopen_depthwise_convolution",
+    "aten::miopen_convolution_relu", "aten::miopen_convolution_add_relu",
+    "aten::_mps_convolution", "aten::_mps_convolution_transpose",
+]
+
+
+@pytest.mark.parametrize("name", _CONV_KERNELS)
+def test_every_convolution_kernel_reads_its_arguments_where_its_schema_has_them(name):
+    import torch
+
+    from nbaccel.analysis.kernels import op_category
+    from nbaccel.analysis.op_flops import _CONV_ARGS
+
+    packet = getattr(torch.ops.aten, name.split("::")[1])
+    overload = getattr(packet, "default" if "default" in packet.overloads() else packet.overloads()[0])
+    args = [a.name for a in overload._schema.arguments]
+    assert args[1] == "weight" and args[0] in ("self", "input")  # the shapes `_conv` reads
+    spec = _CONV_ARGS[name]
+    assert isinstance(spec["transposed"], bool) and spec["transposed"] == ("transpose" in name)
+    for key, pos in spec.items():
+        if key != "transposed":
+            assert args[pos] == key, (name, key, args)
+    # a kernel without dilation (or groups) in its schema is never dilated (grouped: its weight says)
+    assert ("dilation" in spec) == ("dilation" in args) and ("stride" in spec) == ("stride" in args)
+    assert op_category(name) == "matmul/conv"  # the op tables' category, and unaligned-shape advice
+
+
+def test_the_dilated_and_transposed_fallback_kernels_count_as_the_convolution():
+    # slow_conv_dilated2d(self, weight, kernel_size, bias, stride, padding, dilation): one group's call
+    # of a Conv2d(4, 8, 3, stride=2, padding=1, dilation=2, groups=2) on 11x11 -> 5x5 output
+    dims = [[2, 2, 11, 11], [4, 2, 3, 3], [], [4], [], [], []]
+    conc = ["", "", "[3, 3]", "", "[2, 2]", "[1, 1]", "[2, 2]"]
+    per_group = 2 * 2 * 5 * 5 * 4 * 2 * 3 * 3  # 2 * N * Hout * Wout * Cout/g * Cin/g * kh * kw
+    assert op_flops("aten::slow_conv_dilated2d", dims, concrete_inputs=conc) == per_group
+    assert op_flops("aten::slow_conv_dilated2d", dims) is None  # stride, padding unknown
+    # dilation 1 would read a 6x6 output: dilation changes the output size, not the MACs per output
+    undilated = conc[:6] + ["[1, 1]"]
+    assert op_flops("aten::slow_conv_dilated2d", dims, concrete_inputs=undilated) == per_group * 36 // 25
+    # 3-D: (2, 4, 9, 9, 9), k=3, dilation 2, stride 1, no padding -> 5x5x5
+    dims3 = [[2, 4, 9, 9, 9], [6, 4, 3, 3, 3], [], [], [], [], []]
+    conc3 = ["", "", "[3, 3, 3]", "", "[1, 1, 1]", "[0, 0, 0]", "[2, 2, 2]"]
+    assert op_flops("aten::slow_conv_dilated3d", dims3, concrete_inputs=conc3) == 2 * 2 * 125 * 6 * 4 * 27
+    # slow_conv3d_forward: the whole input, the grouped weight (groups=2: 2 input channels per group)
+    dims3g = [[2, 4, 7, 7, 7], [8, 2, 3, 3, 3], [], [8], [], []]
+    conc3g = ["", "", "[3, 3, 3]", "", "[2, 2, 2]", "[1, 1, 1]"]
+    assert op_flops("aten::slow_conv3d_forward", dims3g, concrete_inputs=conc3g) == 2 * 2 * 64 * 8 * 2 * 27
+    # transposed (self, weight [Cin/g, Cout/g, k, k], ...): from the input side, whatever the stride,
+    # output_padding or dilation
+    tdims = [[2, 2, 5, 5], [2, 4, 3, 3], [], [4], [], [], [], []]
+    tconc = ["", "", "[3, 3]", "", "[2, 2]", "[0, 0]", "[1, 1]", "[2, 2]"]
+    assert op_flops("aten::slow_conv_transpose2d", tdims, concrete_inputs=tconc) == 2 * 2 * 25 * 9 * 2 * 4
+    assert op_flops("aten::slow_conv_transpose2d", tdims) == 2 * 2 * 25 * 9 * 2 * 4  # needs no argument
+    assert op_flops("aten::slow_conv_transpose3d", [[1, 3, 4, 4, 4], [3, 5, 2, 2, 2]]) == 2 * 64 * 8 * 3 * 5
+
+
+def test_the_gpu_convolution_kernels_read_their_own_argument_order():
+    # cudnn_convolution_transpose(self, weight, padding, output_padding, stride, dilation, groups, ...)
+    dims = [[2, 8, 6, 6], [8, 3, 3, 3]]
+    conc = ["", "", "[1, 1]", "[1, 1]", "[2, 2]", "[1, 1]", "2", "False", "False", "True"]
+    assert op_flops("aten::cudnn_convolution_transpose", dims, concrete_inputs=conc) == 2 * 2 * 36 * 9 * 8 * 3
+    # cudnn_convolution_add_relu(self, weight, z, alpha, bias, stride, padding, dilation, groups):
+    # stride 2, padding 0 on 9x9 with k=3 -> 4x4 (read as padding 2, stride 0 it would be None)
+    dims = [[1, 4, 9, 9], [6, 4, 3, 3], [1, 6, 4, 4], [], [6], [], [], [], []]
+    conc = ["", "", "", "1", "", "[2, 2]", "[0, 0]", "[1, 1]", "1"]
+    assert op_flops("aten::cudnn_convolution_add_relu", dims, concrete_inputs=conc) == 2 * 16 * 9 * 6 * 4
+    # miopen_convolution(self, weight, bias, padding, stride, dilation, groups, ...): padding 0, stride 2
+    dims = [[1, 4, 9, 9], [6, 4, 3, 3], [6], [], [], [], [], [], []]
+    conc = ["", "", "", "[0, 0]", "[2, 2]", "[1, 1]", "1", "False", "False"]
+    assert op_flops("aten::miopen_convolution", dims, concrete_inputs=conc) == 2 * 16 * 9 * 6 * 4
+    # _nnpack_spatial_convolution(input, weight, bias, padding, stride): never dilated
+    assert op_flops("aten::_nnpack_spatial_convolution", dims[:3] + [[], []],
+                    concrete_inputs=["", "", "", "[1, 1]", "[1, 1]"]) == 2 * 81 * 9 * 6 * 4

@@ -59,9 +59,12 @@ _CPU_ATTENTION = {
         _as_raw(flop_registry[aten._scaled_dot_product_flash_attention_backward]),
 }
 # nbaccel counts a convolution at the innermost op with a formula (mkldnn_convolution, _convolution, or
-# the CPU's fallback kernels _slow_conv2d_forward / _backward); FlopCounterMode at aten.convolution(_backward).
+# the CPU's fallback kernels: _slow_conv2d_forward / _backward, slow_conv3d_forward, the dilated and the
+# transposed ones); FlopCounterMode at aten.convolution(_backward).
+_FALLBACK_CONV = ("aten::_slow_conv2d_forward", "aten::slow_conv3d_forward", "aten::slow_conv_dilated2d",
+                  "aten::slow_conv_dilated3d", "aten::slow_conv_transpose2d", "aten::slow_conv_transpose3d")
 _SAME_OP = {"aten::mkldnn_convolution": "aten::convolution", "aten::_convolution": "aten::convolution",
-            "aten::_slow_conv2d_forward": "aten::convolution",
+            **dict.fromkeys(_FALLBACK_CONV, "aten::convolution"),
             "aten::_slow_conv2d_backward": "aten::convolution_backward"}
 
 
@@ -476,3 +479,54 @@ def test_a_bf16_convolution_on_a_cpu_without_bf16_units_counts_on_the_fallback_k
         assert profiled(run) == (ref_total, ref_ops) and ref_total > 0
     assert "aten::_slow_conv2d_backward" in set(ops["name"])
     assert "aten::convolution_backward" not in set(ops["name"])
+
+
+@pytest.mark.parametrize("conv, shape, kernel", [
+    (nn.Conv2d(4, 8, 3, stride=2, padding=1, dilation=2), (2, 4, 12, 12), "slow_conv_dilated2d"),
+    (nn.Conv2d(4, 8, 3, dilation=2, groups=2), (2, 4, 11, 11), "slow_conv_dilated2d"),  # once per group
+    (nn.Conv1d(4, 8, 3, stride=2, dilation=3), (2, 4, 20), "slow_conv_dilated2d"),  # run as 2-D
+    (nn.Conv3d(4, 8, 3, stride=2, padding=1, groups=2), (2, 4, 6, 6, 6), "slow_conv3d_forward"),
+    (nn.Conv3d(4, 6, 3, padding=2, dilation=2), (2, 4, 6, 6, 6), "slow_conv_dilated3d"),
+    (nn.ConvTranspose2d(4, 8, 3, stride=2, padding=1, output_padding=1), (2, 4, 6, 6), "slow_conv_transpose2d"),
+    (nn.ConvTranspose2d(4, 8, 3, stride=2, dilation=2, groups=2), (2, 4, 6, 6), "slow_conv_transpose2d"),
+    (nn.ConvTranspose1d(4, 6, 3, stride=3, output_padding=2), (2, 4, 10), "slow_conv_transpose2d"),
+    (nn.ConvTranspose3d(4, 6, 3, stride=2, output_padding=1, groups=2), (2, 4, 4, 4, 4), "slow_conv_transpose3d"),
+], ids=["conv2d stride 2 dil 2", "conv2d dil 2 groups 2", "conv1d dil 3", "conv3d groups 2", "conv3d dil 2",
+        "conv_transpose2d output_padding", "conv_transpose2d dil 2 groups 2", "conv_transpose1d",
+        "conv_transpose3d groups 2"])
+@pytest.mark.parametrize("backend", ["float64", "oneDNN off", "bf16 autocast"])
+def test_the_dilated_transposed_and_3d_fallback_kernels_carry_the_convolutions_flops(conv, shape, kernel, backend):
+    """torch's own CPU kernels under aten::_convolution (float64; fp32 with oneDNN off; bf16 on a CPU
+    without bf16 units) had no formula, so their FLOPs sat on aten::_convolution, which holds none of
+    the time, and the kernel's row showed no FLOP/s. They now carry them, once (`profiled` checks the
+    self FLOPs sum to the header), as many as FlopCounterMode counts. Their backward runs inside
+    convolution_backward (no op of its own): one forward per gradient, 3x the forward with an input
+    gradient, whatever the groups (FlopCounterMode counts a grouped weight gradient groups times)."""
+    torch.manual_seed(0)
+    x = torch.randn(*shape, requires_grad=True)
+    dtype = torch.float64 if backend == "float64" else torch.float32
+    conv, x = conv.to(dtype), x.detach().to(dtype).requires_grad_()
+    fallback = backend != "bf16 autocast" or not device_info("cpu").has_bf16_units
+
+    def run(fn):
+        def step():
+            with (torch.autocast("cpu", dtype=torch.bfloat16) if backend == "bf16 autocast"
+                  else contextlib.nullcontext()):
+                fn()
+        return step
+
+    with torch.backends.mkldnn.flags(enabled=backend != "oneDNN off"):
+        fwd, fwd_bwd = run(forward(conv, x)), run(forward_backward(conv, x))
+        ref_total, ref_ops = reference(fwd)
+        assert profiled(fwd) == (ref_total, ref_ops) and ref_total > 0
+        with nbaccel.profile(device="cpu") as prof:
+            fwd_bwd()
+        assert profiled(fwd_bwd)[0] == 3 * ref_total
+        if conv.groups == 1:
+            assert profiled(fwd_bwd) == reference(fwd_bwd)
+    counted = prof.result.ops.dropna(subset=["flops"])
+    if fallback:
+        assert set(counted["name"]) == {f"aten::{kernel}", "aten::convolution_backward"}
+        # the dilated and transposed kernels run once per group; slow_conv3d_forward takes all groups
+        calls = counted.set_index("name")["flops_calls"]
+        assert calls[f"aten::{kernel}"] == (1 if kernel == "slow_conv3d_forward" else conv.groups)

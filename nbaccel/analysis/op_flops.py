@@ -17,9 +17,16 @@ for attention on the CPU; ``aten::_addmm_activation``, the fused linear + ReLU/G
 ``nn.TransformerEncoderLayer``'s inference fast path (an addmm); ``aten::mv``/``aten::addmv``,
 matrix-vector products (``A @ v`` and its backward); ``aten::dot``/``aten::vdot`` (``v @ v``);
 recurrent layers (`rnn_flops`: LSTM, GRU, RNN); ``aten::_trilinear`` (`trilinear_flops`:
-nn.Bilinear, forward and backward); ``aten::_slow_conv2d_forward``/``_backward``, torch's own CPU
-convolution kernels where oneDNN has none (bf16 on a CPU without bf16 units, float64), which hold
-the time under ``aten::_convolution``/``convolution_backward`` and so now carry the FLOPs. Where the
+nn.Bilinear, forward and backward); torch's own CPU convolution kernels where oneDNN is not used
+(bf16 on a CPU without bf16 units, float64, ``torch.backends.mkldnn`` off), which hold the time
+under ``aten::_convolution``/``convolution_backward`` and so carry the FLOPs (the innermost op with a
+formula counts, so ``_convolution`` then counts none): ``_slow_conv2d_forward``/``_backward`` (Conv1d/2d,
+once per group), ``slow_conv3d_forward`` (Conv3d), ``slow_conv_dilated2d``/``3d`` and
+``slow_conv_transpose2d``/``3d`` (once per group; their backward has no op of its own, so
+``convolution_backward`` counts it). Also the GPU kernels under ``_convolution`` (cuDNN's transposed and
+fused-ReLU ones, CUDA's depthwise, MIOpen's, MPS's) and NNPACK's, from their schemas' argument order
+(`_CONV_ARGS`). A transposed convolution counts from the input side; dilation changes the output size
+(read from stride/padding/dilation), not the work per output. Where the
 registry is wrong, nbaccel is not: ``flop_counter`` counts a grouped
 convolution's weight gradient ``groups`` times over (it multiplies by all input channels, not
 those of one group).
@@ -204,6 +211,39 @@ _CONV_ARGS = {
     # CPU without AVX512-BF16/AMX. (self, weight, kernel_size, bias, stride, padding): never dilated (no
     # dilation: 1) and called once per group with that group's channels, so its weight gives its FLOPs.
     "aten::_slow_conv2d_forward": dict(stride=4, padding=5, transposed=False),
+    "aten::thnn_conv2d": dict(stride=4, padding=5, transposed=False),  # the op around _slow_conv2d_forward
+    # The rest of torch's own kernels (profiled under aten::_convolution on torch 2.13's CPU: float64, bf16
+    # without bf16 units, or torch.backends.mkldnn off; CUDA without cuDNN). (self, weight, kernel_size,
+    # bias, stride, padding[, dilation]): the weight gives the channels of one group, and the dilated and
+    # transposed ones are called once per group with that group's input and weight, so each call's weight
+    # gives its own FLOPs. slow_conv3d (around slow_conv3d_forward) takes the whole input and the
+    # grouped weight; its FLOPs are the same.
+    "aten::slow_conv3d": dict(stride=4, padding=5, transposed=False),
+    "aten::slow_conv3d_forward": dict(stride=4, padding=5, transposed=False),
+    "aten::slow_conv_dilated2d": dict(stride=4, padding=5, dilation=6, transposed=False),
+    "aten::slow_conv_dilated3d": dict(stride=4, padding=5, dilation=6, transposed=False),
+    # (self, weight, kernel_size, bias, stride, padding, output_padding, dilation); transposed: counted from
+    # the input side, so its FLOPs need no argument
+    "aten::slow_conv_transpose2d": dict(stride=4, padding=5, output_padding=6, dilation=7, transposed=True),
+    "aten::slow_conv_transpose3d": dict(stride=4, padding=5, output_padding=6, dilation=7, transposed=True),
+    # CUDA's depthwise kernels (self, weight, kernel_size, bias, stride, padding, dilation)
+    "aten::_conv_depthwise2d": dict(stride=4, padding=5, dilation=6, transposed=False),
+    "aten::conv_depthwise3d": dict(stride=4, padding=5, dilation=6, transposed=False),
+    "aten::_nnpack_spatial_convolution": dict(padding=3, stride=4, transposed=False),  # (input, weight, bias, ...)
+    "aten::cudnn_convolution_transpose": dict(padding=2, output_padding=3, stride=4, dilation=5, groups=6,
+                                              transposed=True),
+    # fused convolution + (add +) ReLU (FX/inductor fusions): (self, weight, [z, alpha,] bias, stride, ...)
+    "aten::cudnn_convolution_relu": dict(stride=3, padding=4, dilation=5, groups=6, transposed=False),
+    "aten::cudnn_convolution_add_relu": dict(stride=5, padding=6, dilation=7, groups=8, transposed=False),
+    "aten::miopen_convolution": dict(padding=3, stride=4, dilation=5, groups=6, transposed=False),
+    "aten::miopen_depthwise_convolution": dict(padding=3, stride=4, dilation=5, groups=6, transposed=False),
+    "aten::miopen_convolution_transpose": dict(padding=3, output_padding=4, stride=5, dilation=6, groups=7,
+                                               transposed=True),
+    "aten::miopen_convolution_relu": dict(stride=3, padding=4, dilation=5, groups=6, transposed=False),
+    "aten::miopen_convolution_add_relu": dict(stride=5, padding=6, dilation=7, groups=8, transposed=False),
+    "aten::_mps_convolution": dict(padding=3, stride=4, dilation=5, groups=6, transposed=False),
+    "aten::_mps_convolution_transpose": dict(padding=2, output_padding=3, stride=4, dilation=5, groups=6,
+                                             transposed=True),
 }
 
 
