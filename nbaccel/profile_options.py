@@ -39,8 +39,9 @@ class ProfileOptions:
     memory: bool = False
     shapes: bool = False
     stack: bool = False
-    warmup: int = 0
-    steps: int = 1
+    # None in a loaded trace's options: nbaccel did not record it, and its header says what the trace holds
+    warmup: int | None = 0
+    steps: int | None = 1
     trace: str | None = None
     amp: str | None = None
     device: str = "auto"
@@ -60,7 +61,7 @@ class ProfileOptions:
 
     @property
     def scheduled(self) -> bool:
-        return self.warmup > 0 or self.steps > 1
+        return bool(self.warmup) or (self.steps or 1) > 1
 
     def to_dict(self) -> dict:
         return {k: getattr(self, k) for k, f in self.__dataclass_fields__.items() if f.init}

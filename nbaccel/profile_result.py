@@ -165,6 +165,17 @@ class ProfileResult(ResultMixin):
                       zip(*(t.column("annotations", c) for c in ("name", "ts_us", "dur_us", "on_device")))
                       if str(name).startswith("ProfilerStep#") and not dev)
 
+    @functools.cached_property
+    def step_numbers(self) -> list[int]:
+        """The N of each recorded ``ProfilerStep#N``, in time order. torch numbers every ``prof.step()``
+        call from 0, recorded or not, so the first one is how many steps ran before the recording began
+        (a schedule's skip_first + wait + warmup, nbaccel's warmup)."""
+        t = self.trace
+        marks = sorted((float(ts), str(name)) for name, ts, dev in
+                       zip(*(t.column("annotations", c) for c in ("name", "ts_us", "on_device")))
+                       if str(name).startswith("ProfilerStep#") and not dev)
+        return [int(n) for _, name in marks for n in [name[len("ProfilerStep#"):]] if n.isdigit()]
+
     @property
     def step_ranges_us(self) -> list[tuple[float, float]]:
         """(start, end) of each recorded step, in order."""
@@ -230,7 +241,10 @@ class ProfileResult(ResultMixin):
             # profile; 0 for a trace from plain torch.profiler without a schedule)
             "steps": len(self.step_times_us) if self.loaded else self.options.steps,
             "unknown_events": int(sum(self.trace.unknown_events.values())),
-            "warmup": self.options.warmup,
+            # a loaded trace holds no warm-up (it ran unrecorded) and no record of the schedule: None, and
+            # first_step says how many steps came before the recording, which is what the file tells
+            "warmup": None if self.loaded else self.options.warmup,
+            "first_step": self.step_numbers[0] if self.step_numbers else None,
             "step_times_us": self.step_times_us,
             "device_time_us": self.device_time_us if self.on_device else None,
             "device_busy_fraction": busy["busy_fraction"] if busy else None,

@@ -353,7 +353,8 @@ def _load_rank(files: list[Path], opts: dict, source: str) -> ProfileResult:
     }
     _check_side_events(side, opts, where)
     options = ProfileOptions(top=opts["top"], sort=opts["sort"], memory=opts["memory"], shapes=opts["shapes"],
-                             stack=opts["stack"], device=info.type)
+                             stack=opts["stack"], device=info.type,
+                             warmup=None, steps=None)  # not known: the header's steps are what the trace holds
     if options.sort == "device" and info.type != "cuda":
         raise ProfileError(f"{option('sort', 'device')} needs device activity; {where} has no kernels (a CPU-only "
                            f"trace): use {option('sort', 'self')} or {option('sort', 'cpu')}")

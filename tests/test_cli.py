@@ -64,3 +64,24 @@ def test_an_unknown_trace_option_shows_the_trace_usage(capsys):
     err = capsys.readouterr().err
     assert err.startswith("usage: nbaccel trace [-h] [--top TOP]") and "--memory" in err
     assert "nbaccel trace: error: unrecognized arguments: --bogus" in err
+
+
+def test_trace_json_says_the_steps_the_trace_holds_not_the_default_options(capsys, tmp_path):
+    # A script-user trial: a folder from profile(warmup=1, steps=3, trace=...) read "warmup": 0, "steps": 1
+    # in --json, the defaults of options nbaccel never had for a trace it did not record.
+    import torch
+
+    import nbaccel
+
+    with nbaccel.profile(warmup=1, steps=3, trace=str(tmp_path / "sched")) as prof:
+        for _ in range(4):
+            torch.ones(8, 8) @ torch.ones(8, 8)
+            prof.step()
+    assert main(["trace", str(tmp_path / "sched"), "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["options"]["warmup"] is None and data["options"]["steps"] is None  # not known from a file
+    header = data["header"]
+    assert header["steps"] == 3 and len(header["step_times_us"]) == 3
+    assert header["warmup"] is None and header["first_step"] == 1  # ProfilerStep#1-#3: one step ran unrecorded
+    assert main(["trace", str(tmp_path / "sched")]) == 0
+    assert "(3 ProfilerStep ranges, #1-#3)" in capsys.readouterr().out.splitlines()[1]

@@ -135,14 +135,26 @@ def _flops_coverage(row) -> str:
 
 # --- the header ------------------------------------------------------------------------------------
 
+def step_numbers_text(numbers: list[int]) -> str:
+    """", #1-#3" (consecutive), ", #2, #3, #6, #7" (a schedule's cycles), ", #2 ... #40"; "" for none."""
+    if not numbers:
+        return ""
+    if numbers == list(range(numbers[0], numbers[0] + len(numbers))):
+        return f", #{numbers[0]}" + (f"-#{numbers[-1]}" if len(numbers) > 1 else "")
+    if len(numbers) <= 4:
+        return ", " + ", ".join(f"#{n}" for n in numbers)
+    return f", #{numbers[0]} ... #{numbers[-1]}"
+
+
 def header_items(result) -> list[tuple[str, str]]:
     h = result.header
     # "no warm-up" where it is so: the step may be the code's first call (see `method`)
     steps = f"{h['steps']} step{'s' if h['steps'] > 1 else ''}" + (f" after {h['warmup']} warmup" if h["warmup"]
                                                                   else ", no warm-up")
     if result.loaded:
-        steps = (f"{h['steps']} ProfilerStep range{'s' if h['steps'] > 1 else ''}" if h["steps"]
-                 else "no ProfilerStep ranges")
+        # the numbers, not a warm-up count: #1-#3 says one step ran unrecorded first, which is all the file tells
+        steps = (f"{h['steps']} ProfilerStep range{'s' if h['steps'] > 1 else ''}{step_numbers_text(result.step_numbers)}"
+                 if h["steps"] else "no ProfilerStep ranges")
     # Wall time is the span of the recorded events: with none (a cell of plain Python) there is no
     # span to show, and "0" would read as a measurement.
     wall = _time(h["wall_us"]) if h["ops"] or h["kernels"] else "none recorded"
