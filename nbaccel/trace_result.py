@@ -18,7 +18,8 @@ How a path is read:
   ``ProfilerStep`` ranges. Several distinct ranks give a `MultiRankResult`; ``rank=N`` picks
   one rank's files and returns its `ProfileResult`. Files with a rank mixed with files without
   one are refused (nbaccel cannot tell which process they belong to), and so are files that
-  cannot be one run: different world sizes, or one rank's files naming different GPUs.
+  cannot be one run: different world sizes, one rank's files naming different GPUs, or one process's
+  files holding separate profiles (`_separate_runs`: step numbers that start again).
 
 Bad input is a `TraceError` naming the file and the problem; in a folder, an unreadable file is
 skipped instead (a `TraceWarning` naming it, ``skipped`` in the result) and the others load.
@@ -55,7 +56,7 @@ from .trace_io import TraceIdentity, TraceStream, peek_identity, trace_files
 if TYPE_CHECKING:
     import pandas as pd
 
-__all__ = ["load_trace", "MultiRankResult", "RankNotFound", "TraceError", "TraceWarning"]
+__all__ = ["load_trace", "MultiRankResult", "RankNotFound", "SeparateRuns", "TraceError", "TraceWarning"]
 
 
 @contextlib.contextmanager
@@ -83,6 +84,11 @@ def trace_warnings_said(say):
 # the spread that nbaccel's timing already calls noisy (timing.NOISE_THRESHOLD, 10% IQR/median), and a
 # straggler worth chasing in a synchronous job costs every rank its excess per step, so it is larger.
 STRAGGLER_MIN_EXCESS = 0.05
+
+
+class SeparateRuns(TraceError):
+    """One process's files in a folder that hold separate profiles, not the steps of one (`_separate_runs`).
+    Refused for the whole load, not skipped as an unreadable file is: each file reads well on its own."""
 
 
 class RankNotFound(TraceError, LookupError):
@@ -194,6 +200,8 @@ def _load_skipping(files: list[Path], opts: dict, source: str, skipped: dict) ->
     """`_load_rank`, leaving out the files that cannot be read (into ``skipped``); None if none can."""
     try:
         return _load_rank(files, opts, source=source)
+    except SeparateRuns:
+        raise
     except TraceError as exc:
         if len(files) == 1:
             skipped[files[0]] = exc
@@ -302,9 +310,10 @@ def _load_rank(files: list[Path], opts: dict, source: str) -> ProfileResult:
     keep = opts["stack"] or opts["memory"]
 
     spans: list[tuple[float, float]] = []  # each file's first and last event time, for _far_apart
+    marks = [_FileMarks() for _ in files]  # each file's process and step numbers, for _separate_runs
 
     def events():
-        for stream in streams:
+        for stream, mark in zip(streams, marks):
             first = last = None
             for ev in stream.events():
                 if keep and isinstance(ev, dict) and _side_event(ev, opts["stack"], opts["memory"]):
@@ -312,6 +321,7 @@ def _load_rank(files: list[Path], opts: dict, source: str) -> ProfileResult:
                 ts = ev.get("ts") if isinstance(ev, dict) else None
                 if isinstance(ts, (int, float)):
                     first, last = (ts if first is None else first), ts
+                    mark.see(ev)
                 yield ev
             if first is not None:
                 spans.append((float(min(first, last)), float(max(first, last))))
@@ -324,6 +334,10 @@ def _load_rank(files: list[Path], opts: dict, source: str) -> ProfileResult:
     header = streams[0].header
     trace.device_properties = list(header.get("deviceProperties") or [])
     trace.metadata = _metadata(header)
+    if len(files) > 1:
+        for stream, mark in zip(streams, marks):
+            mark.trace_id, mark.host = stream.header.get("trace_id"), stream.header.get("host_name")
+        _separate_runs(files, marks, source, trace.rank)
     if not trace.count("ops") and not trace.has_device_activity:
         kinds = ", ".join(f"{k} x{n}" for k, n in trace.event_counts.most_common(6)) or "no events"
         where = files[0] if len(files) == 1 else source
@@ -367,6 +381,81 @@ def _load_rank(files: list[Path], opts: dict, source: str) -> ProfileResult:
                                            made_by=opts["made_by"])
     loaded["load_seconds"] = time.perf_counter() - t0
     return result
+
+
+@dataclass
+class _FileMarks:
+    """What tells one file's profile from another's: the process (pid of its ProfilerStep ranges, else of
+    its first op; Kineto's header ``host_name``), its first event time, its ``ProfilerStep#N`` numbers and
+    Kineto's ``trace_id`` (one per profiling session)."""
+
+    pid: object = None
+    host: object = None
+    first_ts: float | None = None
+    steps: list = field(default_factory=list)
+    trace_id: object = None
+
+    def see(self, ev: dict) -> None:
+        if self.first_ts is None or ev["ts"] < self.first_ts:
+            self.first_ts = float(ev["ts"])
+        cat, name = ev.get("cat"), str(ev.get("name", ""))
+        if cat == "user_annotation" and name.startswith("ProfilerStep#") and name[13:].isdigit():
+            self.steps.append(int(name[13:]))
+            self.pid = ev.get("pid")
+        elif self.pid is None and cat == "cpu_op":
+            self.pid = ev.get("pid")
+
+
+def _starts_a_profile(before: _FileMarks, mark: _FileMarks) -> str | None:
+    """Why ``mark``'s file, the next in time of one process after ``before``'s, cannot be a later step of
+    the same profile; None when it can. torch numbers one profiler's steps on from 0 across all the files
+    it writes (a schedule's cycles: #2-#3, then #6-#7), so numbers that start again mean a new profiler. A
+    file without steps is a whole unscheduled profile: beside another Kineto session (another trace_id) it
+    is a profile of its own (nbaccel's per-step files share their profile's trace_id). Not a gap in time:
+    a schedule's cycles may be hours apart, two profiles milliseconds."""
+    if before.steps and mark.steps:
+        if min(mark.steps) <= max(before.steps):
+            return f"ProfilerStep numbers start again (#{min(mark.steps)} after #{max(before.steps)})"
+        return None
+    if before.trace_id and mark.trace_id and before.trace_id != mark.trace_id:
+        return "different Kineto trace_ids, " + ("neither" if not (before.steps or mark.steps) else "not both") + \
+            " with ProfilerStep ranges (a schedule's every file has them)"
+    return None
+
+
+def _steps_text(numbers: list) -> str:
+    if not numbers:
+        return "no ProfilerStep ranges"
+    lo, hi = min(numbers), max(numbers)
+    return f"ProfilerStep#{lo}" + (f"-#{hi}" if hi > lo else "")
+
+
+def _separate_runs(files: list[Path], marks: list[_FileMarks], source: str, rank) -> None:
+    """A `SeparateRuns` error when one process's files hold several profiles (two ``profile(trace=DIR)``
+    into one folder, milliseconds apart), naming each profile's files: chained, their wall time, step
+    times and FLOP/s would mix the profiles. Files of different processes are `_warn_if_several_processes`'."""
+    by_process: dict = {}
+    for f, mark in zip(files, marks):
+        by_process.setdefault((mark.host, mark.pid), []).append((f, mark))
+    for (host, pid), entries in by_process.items():
+        entries.sort(key=lambda e: (e[1].first_ts is None, e[1].first_ts or 0.0))  # stable: name order
+        profiles, reasons = [[entries[0]]], []
+        for (_, before), (f, mark) in zip(entries, entries[1:]):
+            why = _starts_a_profile(before, mark)
+            if why:
+                profiles.append([])
+                reasons.append(f"{f.name}: {why}")
+            profiles[-1].append((f, mark))
+        if len(profiles) == 1:
+            continue
+        process = " ".join([f"process {pid}" if isinstance(pid, int) else "one process", f"on {host}" if host else ""])
+        whose = f"rank {rank}'s trace files ({process.strip()})" if rank is not None else f"the trace files of {process.strip()}"
+        listing = "; ".join(
+            f"profile {i}: " + ", ".join(f.name for f, _ in p[:3]) + (f" and {len(p) - 3} more" if len(p) > 3 else "")
+            + f" ({_steps_text([n for _, m in p for n in m.steps])})" for i, p in enumerate(profiles, 1))
+        raise SeparateRuns(f"{source}: {whose} hold {len(profiles)} separate profiles, not the steps "
+                           f"of one run ({'; '.join(reasons)}): {listing}. Chained, their wall time, step times and "
+                           "FLOP/s would mix the profiles. Load each on its own: one file, or one folder per profile")
 
 
 def _check_side_events(side: list, opts: dict, where) -> None:

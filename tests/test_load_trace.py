@@ -792,6 +792,71 @@ def test_unranked_step_files_of_several_processes_are_flagged(tmp_path):
         load_trace(tmp_path)
 
 
+def test_two_profiles_written_milliseconds_apart_are_not_read_as_one_run(tmp_path, capsys):
+    # A script-user trial: two profile(trace=DIR) ~20 ms apart loaded as "2 step files" of one run, no warning.
+    from nbaccel.__main__ import main
+
+    folder = tmp_path / "runs"
+    for _ in range(2):
+        with nbaccel.profile(trace=str(folder)):
+            torch.ones(8, 8) @ torch.ones(8, 8)
+    first, second = sorted(f.name for f in folder.iterdir())
+    message = (rf"runs: the trace files of process {os.getpid()} on .* hold 2 separate profiles, not the steps of one "
+               rf"run \({re.escape(second)}: ProfilerStep numbers start again \(#0 after #0\)\): profile 1: "
+               rf"{re.escape(first)} \(ProfilerStep#0\); profile 2: {re.escape(second)} \(ProfilerStep#0\)\. .*Load "
+               r"each on its own: one file, or one folder per profile")
+    with pytest.raises(nbaccel.trace_result.SeparateRuns, match=message):
+        load_trace(folder)
+    assert main(["trace", str(folder)]) == 2
+    assert re.fullmatch(f"nbaccel trace: {re.escape(str(tmp_path))}/{message}\n", capsys.readouterr().err)
+    assert load_trace(folder / second).step_numbers == [0]  # each file still loads on its own
+
+
+def _steps_file(numbers: list[int], ts: float, trace_id: str | None = None, pid: int = 7) -> str:
+    """One file of ``ProfilerStep#N`` ranges (each with an op), 1 ms apart from ``ts`` (µs), by process ``pid``."""
+    events = []
+    for i, n in enumerate(numbers):
+        start = ts + 1000 * i
+        events += [{"ph": "X", "cat": "user_annotation", "name": f"ProfilerStep#{n}", "pid": pid, "tid": 1,
+                    "ts": start, "dur": 900},
+                   {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": pid, "tid": 1, "ts": start + 1, "dur": 800}]
+    return json.dumps({**({"trace_id": trace_id} if trace_id else {}), "traceEvents": events})
+
+
+def test_a_schedules_cycle_files_are_one_run_and_restarted_step_numbers_two(tmp_path):
+    # tensorboard_trace_handler under schedule(wait=1, warmup=1, active=2, repeat=2): a file per cycle, each
+    # its own trace_id, torch's step count going on (#2-#3, #6-#7): one run, as it loaded before.
+    cycles = _mkdir(tmp_path / "cycles")
+    _write(cycles / "w_7.1000.pt.trace.json", _steps_file([2, 3], 0, "A"))
+    _write(cycles / "w_7.1100.pt.trace.json", _steps_file([6, 7], 100_000, "B"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", nbaccel.trace_result.TraceWarning)
+        result = load_trace(cycles)
+    assert result.step_numbers == [2, 3, 6, 7] and result.header["first_step"] == 2
+    # two torch profilers of one schedule each, 20 ms apart: the count starts again in the second
+    again = _mkdir(tmp_path / "again")
+    _write(again / "w_7.1000.pt.trace.json", _steps_file([1, 2], 0, "A"))
+    _write(again / "w_7.1020.pt.trace.json", _steps_file([1, 2], 20_000, "B"))
+    with pytest.raises(TraceError, match=r"hold 2 separate profiles.*\(#1 after #2\)\): profile 1: w_7\.1000\.pt\.trace"
+                                         r"\.json \(ProfilerStep#1-#2\); profile 2: w_7\.1020\.pt\.trace\.json"):
+        load_trace(again)
+    # two unscheduled profiles (no ProfilerStep), two Kineto sessions
+    plain = _mkdir(tmp_path / "plain")
+    for name, trace_id, ts in (("run0.json", "A", 0), ("run1.json", "B", 20_000)):
+        _write(plain / name, json.dumps({"trace_id": trace_id, **json.loads(_op_at("aten::mm", ts))}))
+    with pytest.raises(TraceError, match=r"hold 2 separate profiles, .*\(run1\.json: different Kineto trace_ids"):
+        load_trace(plain)
+
+
+def test_two_profiles_of_one_rank_name_the_rank(tmp_path):
+    for name, rank, ts in (("rank0.a.json", 0, 0), ("rank0.b.json", 0, 5000), ("rank1.json", 1, 0)):
+        doc = json.loads(_steps_file([0], ts))
+        _write(tmp_path / name, json.dumps({"distributedInfo": {"rank": rank, "world_size": 2}, **doc}))
+    with pytest.raises(TraceError, match=r": rank 0's trace files \(process 7\) hold 2 separate profiles, .*profile 1: "
+                                         r"rank0\.a\.json \(ProfilerStep#0\); profile 2: rank0\.b\.json"):
+        load_trace(tmp_path)  # refused, not rank 0 skipped as unreadable and rank 1 shown alone
+
+
 def test_separate_runs_of_one_rank_name_the_rank(tmp_path):
     _write(tmp_path / "rank0.a.json", _on(None, rank=0, world=2))
     _write(tmp_path / "rank0.b.json", _on(None, rank=0, world=2, ts=86_400e6))
@@ -925,8 +990,8 @@ def test_a_trace_folder_that_held_other_runs_says_so_when_written(tmp_path):
     with nbaccel.profile(trace=str(folder)) as second:
         torch.ones(4) + 1
     assert second.result.trace_earlier == first.result.trace_files
-    note = ("the trace folder already held 1 trace file of other runs, which loading the folder reads as one run "
-            "with this one: give each run a folder of its own")
+    note = ("the trace folder already held 1 trace file of other runs, which loading the folder cannot read as one "
+            "run with this one (it stops, or warns, naming the files): give each run a folder of its own")
     assert note in " ".join(render_profile_.text(second.result).split())
     assert note in render_profile_.html(second.result)
     assert second.result.to_dict()["trace_earlier"] == first.result.trace_files

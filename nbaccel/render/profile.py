@@ -197,12 +197,15 @@ def trace_line(result, perfetto: str = "ui.perfetto.dev") -> str:
 
 
 def earlier_traces_note(result) -> str:
-    """`%profile_trace FOLDER` reads every file in it as one run: said when --trace FOLDER held others."""
+    """`%profile_trace FOLDER` reads a folder as one run: said when --trace FOLDER held others' files, which
+    it then refuses (this process's earlier profiles: `trace_result._separate_runs`) or warns of (another
+    process's: `_warn_if_several_processes`)."""
     n = len(result.trace_earlier)
     if not n:
         return ""
     return (f"the trace folder already held {n} trace file{'s' if n > 1 else ''} of other runs, which loading "
-            "the folder reads as one run with this one: give each run a folder of its own")
+            "the folder cannot read as one run with this one (it stops, or warns, naming the files): give each "
+            "run a folder of its own")
 
 
 def title(result) -> str:
