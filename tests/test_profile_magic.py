@@ -672,6 +672,28 @@ def test_widget_top_k_sort_choices_and_name_order_follow_the_grouping(run_cell, 
     assert not control(box, "Checkbox", "ascending").value  # numbers: largest first
 
 
+def test_widget_switching_to_a_grouping_without_the_sorted_text_column_sorts_largest_first_again(run_cell, ip):
+    # From a JupyterLab trial: sort by "source line" (a text column ticks "ascending": A to Z), then
+    # group by "op": the sort went back to self CPU but "ascending" stayed ticked, so "top K" listed the
+    # cheapest ops (aten::fill_ 5 us first) under a "self CPU \u25b2" header nobody had asked for.
+    prof, _, _ = profile_cell(run_cell, ip, opts="-q -r prof --stack --top 3")
+    box = render_profile.widget(prof)
+    group, sort = control(box, "ToggleButtons", "group by"), control(box, "Dropdown", "sort by")
+    ascending = control(box, "Checkbox", "ascending")
+    sort.value = "source"
+    assert ascending.value
+    group.value = "op"
+    assert sort.value == "cpu_self_us" and not ascending.value
+    html = _ops_html(box)
+    assert "self CPU \u25bc" in html and "self CPU \u25b2" not in html
+    assert _first_column(html) == list(prof.table(group="op").head(3)["name"])  # the costliest three
+    # A column both groupings show keeps the order the user chose.
+    sort.value = "calls"
+    ascending.value = True
+    group.value = "op+shape"
+    assert sort.value == "calls" and ascending.value
+
+
 def test_widget_builds_with_breakdown_and_advice_tabs(run_cell, ip, cpu_with_bf16_and_fp16_units):
     prof, _, _ = profile_cell(run_cell, ip, opts="-q -r prof --amp bf16")
     box = render_profile.widget(prof)

@@ -543,7 +543,13 @@ def widget(result):
             if change is not None and change.owner is group:
                 kept = sort.value
                 sort.options = sort_options(group.value)
-                sort.value = kept if kept in {col for _, col in sort.options} else default_col
+                if kept in {col for _, col in sort.options}:
+                    sort.value = kept
+                else:
+                    # Back to the default column in its own order: the ascending tick a text column set
+                    # (source line, input shapes: A to Z) stayed, and "top K" showed the cheapest ops.
+                    sort.value = default_col
+                    ascending.value = default_col in _TEXT_COLUMNS
             if change is not None and change.owner is sort:
                 # Names read A to Z, numbers largest first: what a click on a column header does elsewhere.
                 ascending.value = sort.value in _TEXT_COLUMNS
