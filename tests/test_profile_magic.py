@@ -694,6 +694,25 @@ def test_widget_switching_to_a_grouping_without_the_sorted_text_column_sorts_lar
     assert sort.value == "calls" and ascending.value
 
 
+def test_tiny_shares_read_under_a_tenth_of_a_percent_not_zero(run_cell, ip):
+    # From a JupyterLab trial: ops of a few microseconds showed "0.0%" in the "% of total" column (and a
+    # 2.37 us "data transfer" category "0.0%"), which reads as none; nbaccel says "<0.1%" elsewhere.
+    prof, _, _ = profile_cell(run_cell, ip, opts="-q -r prof")
+    box = render_profile.widget(prof)
+    control(box, "IntSlider", "top K").value = control(box, "IntSlider", "top K").max
+    control(box, "Dropdown", "rows/page").value = 200
+    html = _ops_html(box)
+    shares = re.findall(r'</span> ([^<]*%)</td>', html)
+    table = prof.table(group="op", top=None)
+    assert len(shares) == len(table)
+    tiny = [s for s, p in zip(shares, table["percent"]) if 0 < p < 0.05]
+    assert tiny and set(tiny) == {"&lt;0.1%"}, shares
+    assert "0.0%" not in html and "0.0%" not in prof._repr_html_() and "0.0%" not in str(prof)
+    for s, p in zip(shares, table["percent"]):
+        if p >= 0.1:
+            assert s == f"{p:.1f}%"
+
+
 def test_widget_builds_with_breakdown_and_advice_tabs(run_cell, ip, cpu_with_bf16_and_fp16_units):
     prof, _, _ = profile_cell(run_cell, ip, opts="-q -r prof --amp bf16")
     box = render_profile.widget(prof)

@@ -58,8 +58,8 @@ def _fmt(kind: str, value) -> str:
         return _time(value)
     if kind == "device time":  # an op that launched no kernel has no device time: "-", like its FLOPs
         return "-" if not value or value != value else _time(value)
-    if kind == "pct":
-        return "-" if value is None or value != value else f"{value:.1f}%"
+    if kind == "pct":  # "<0.1%", not a "0.0%" that reads as none
+        return "-" if value is None or value != value else format_share(value / 100.0)
     if kind == "flops":
         return si(value, "FLOP") if value else "-"
     if kind == "rate":
@@ -270,7 +270,7 @@ def categories_html(result) -> str:
         return "<i>no events recorded</i>"
     basis = "device time" if result.on_device else "self CPU time"
     top = max(r[3] for r in rows) or 1.0
-    body = [[c, bar(p / top, 240) + f" {p:.1f}%", _time(t), f"{n:,}"] for c, t, n, p in rows]
+    body = [[c, bar(p / top, 240) + f" {format_share(p / 100.0)}", _time(t), f"{n:,}"] for c, t, n, p in rows]
     return (f'<div class="muted">share of {basis} per category</div>'
             + table(["category", "share", "time", "events"], body, name_columns=(), text_columns=(0,), raw_columns=(1,)))
 
@@ -390,7 +390,7 @@ def _category_text(result) -> list[str]:
     rows = category_rows(result)
     top = max((r[3] for r in rows), default=1.0) or 1.0
     width = max((len(r[0]) for r in rows), default=0)
-    return [f"  {c.ljust(width)}  {'#' * max(1, round(30 * p / top))} {p:.1f}%  ({_time(t)})" for c, t, n, p in rows]
+    return [f"  {c.ljust(width)}  {'#' * max(1, round(30 * p / top))} {format_share(p / 100.0)}  ({_time(t)})" for c, t, n, p in rows]
 
 
 def text(result) -> str:
