@@ -97,7 +97,10 @@ def lab(tmp_path_factory):
     env = {**os.environ, "JUPYTER_CONFIG_DIR": str(root / "config"), "JUPYTER_RUNTIME_DIR": str(root / "runtime"),
            "JUPYTER_DATA_DIR": str(root / "data"),
            "JUPYTERLAB_SETTINGS_DIR": str(settings), "JUPYTERLAB_WORKSPACES_DIR": str(root / "workspaces"),
-           "PYTHONUNBUFFERED": "1"}
+           "PYTHONUNBUFFERED": "1",
+           # The kernel runs in the scratch copy of notebooks/: without this it imported whichever nbaccel
+           # is installed (another checkout's, in a trial), not the one under test.
+           "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)}
     cmd = [sys.executable, "-m", "jupyterlab", "--no-browser", "--ip=127.0.0.1", f"--port={port}",
            "--ServerApp.port_retries=0", f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={work}",
            f"--LabApp.workspaces_dir={root / 'workspaces'}", "--LabApp.news_url=",
