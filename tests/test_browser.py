@@ -278,6 +278,7 @@ def test_quickstart_widgets_render_in_jupyterlab(lab, browser, screenshot_dir):
         _check_profiler_table(page, notebook, screenshot_dir)
         _check_memory_gauge(notebook, screenshot_dir)
         _check_nothing_cut_off(page)
+        _check_tab_titles_whole(page)
 
         body = notebook.inner_text()
         assert "Error displaying widget" not in body
@@ -335,6 +336,28 @@ def _check_nothing_cut_off(page):
         return {right: box.right, limit: out.right, text: el.innerText.slice(0, 60)};
     }).filter(r => r.right > r.limit + 1)""")
     assert not overflows, f"nbaccel displays wider than their output area (cut off): {overflows}"
+
+
+def _check_tab_titles_whole(page):
+    """In a ~700 px window with the file browser open, the %%amp and %%profile_gpu tabs read in full. (A
+    JupyterLab trial: ipywidgets' tabs shrink to fit, and "Breakdown" and "Tensor Cores" read "Breakdowr",
+    "Tensor Co".)"""
+    page.set_viewport_size({"width": 700, "height": 1000})
+    try:
+        page.wait_for_timeout(1_000)
+        cut = page.evaluate("""() => [...document.querySelectorAll(
+                '.nbaccel-amp .widget-tab .lm-TabBar-tabLabel, .nbaccel-profile .widget-tab .lm-TabBar-tabLabel')]
+            .filter(l => l.scrollWidth > l.clientWidth + 1).map(l => l.textContent)""")
+        assert not cut, f"tab titles cut off in a 700 px window: {cut}"
+        wide = page.evaluate("""() => [...document.querySelectorAll('.nbaccel-amp .widget-tab > .lm-TabBar, '
+                + '.nbaccel-profile .widget-tab > .lm-TabBar')].filter(bar => {
+                const out = bar.closest('.jp-OutputArea-output').getBoundingClientRect();
+                return [...bar.querySelectorAll('.lm-TabBar-tab')].some(t => t.getBoundingClientRect().right > out.right + 1);
+            }).map(bar => bar.innerText)""")
+        assert not wide, f"tabs past the right edge of the output area in a 700 px window: {wide}"
+    finally:
+        page.set_viewport_size({"width": 1400, "height": 1000})
+        page.wait_for_timeout(500)
 
 
 def _seconds(text: str) -> float:

@@ -29,6 +29,11 @@ CSS = """
 .nbaccel .bar {display: inline-block; height: 9px; background: #4a90d9; vertical-align: middle}
 .nbaccel .kpi {display: inline-block; margin-right: 28px; vertical-align: top}
 .nbaccel ul {margin: 2px 0 2px 18px; padding: 0}
+.nbaccel-amp .widget-tab > .lm-TabBar, .nbaccel-profile .widget-tab > .lm-TabBar,
+.nbaccel-amp .widget-tab > .lm-TabBar > .lm-TabBar-content,
+.nbaccel-profile .widget-tab > .lm-TabBar > .lm-TabBar-content {height: auto; flex-wrap: wrap}
+.nbaccel-amp .widget-tab > .lm-TabBar .lm-TabBar-tab,
+.nbaccel-profile .widget-tab > .lm-TabBar .lm-TabBar-tab {flex: 0 0 auto; min-width: max-content}
 </style>
 """
 
