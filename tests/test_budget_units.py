@@ -564,6 +564,23 @@ def test_what_a_cell_freed_is_said_beside_what_it_added():
     assert "freed 700 MiB" in table
 
 
+def test_a_cell_that_rose_and_came_back_down_says_how_much_it_kept():
+    """A user trial re-ran `emb = nn.Embedding(100000, 1024)`: its row read "added 390 MiB" while the usage
+    after it was what it had been before (the new table is made before the old one is dropped)."""
+    from nbaccel.budget import BudgetStatus, CellRecord, CellReport
+
+    def record(added, after):  # started at 400 MiB of a 1 GiB budget
+        return CellRecord("In[1]", GiB, 400 * MiB + added, added, None, 400 * MiB, 0.8, "ok", after_bytes=after)
+
+    back = record(390 * MiB, 400 * MiB)
+    assert "the cell added 390 MiB at its peak and kept none" in str(CellReport(back, "cpu"))
+    assert "390 MiB, none kept" in str(BudgetStatus(True, "cpu", GiB, 16 * GiB, records=[back]))
+    assert "the cell added 390 MiB at its peak and kept 20 MiB" in str(CellReport(record(390 * MiB, 420 * MiB), "cpu"))
+    # kept all but noise, or no reading of the end: the peak alone, as before
+    assert "kept" not in str(CellReport(record(390 * MiB, 790 * MiB - 2**19), "cpu"))
+    assert "kept" not in str(CellReport(record(390 * MiB, None), "cpu"))
+
+
 def test_the_context_manager_says_what_it_is():
     import nbaccel
 

@@ -46,10 +46,16 @@ def _text_gauge(fraction: float | None, width: int = 30) -> str:
 def _change(r, added: str = "") -> str:
     """What the cell did to usage, for the "added" column: its peak over the start ("700 MiB"), and what
     it gave back by its end where that is more than noise ("freed 700 MiB" for ``del b``, which added 0 B).
+    A cell that rose and came back down says how much it kept: a user trial re-ran ``emb = Embedding(...)``,
+    read "added 390 MiB" and saw the usage unchanged (the new table is made before the old one is dropped).
     ``added`` goes before the first figure ("added 700 MiB") in a sentence."""
     grew = added + format_bytes(r.added_bytes)
     if r.freed_bytes < PUSHED:
-        return grew
+        kept = None if r.after_bytes is None else max(0, r.after_bytes - r.before_bytes)
+        if kept is None or r.added_bytes < PUSHED or r.added_bytes - kept < PUSHED:
+            return grew
+        kept = format_bytes(kept) if kept >= PUSHED else "none"
+        return f"{grew} at its peak and kept {kept}" if added else f"{grew}, {kept} kept"
     freed = f"freed {format_bytes(r.freed_bytes)}"
     return freed if r.added_bytes < PUSHED else f"{grew}, {freed}"
 
