@@ -11,6 +11,7 @@ belongs to is `nbaccel.op_attribution`.
 
 from __future__ import annotations
 
+import re
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -192,13 +193,29 @@ def sort_table(table: pd.DataFrame, column: str, ascending: bool = False) -> pd.
                              key=key).reset_index(drop=True)
 
 
+_REGEX_SIGNS = set("|()[]{}*+?^$\\")
+
+
 def filter_table(table: pd.DataFrame, text: str) -> pd.DataFrame:
-    """Rows whose name (or source line) contains ``text``, case-insensitive; plain text, not a regex."""
-    text = (text or "").strip().lower()
+    """Rows whose name (or source line) contains ``text``, case-insensitive, or, where ``text`` reads as a
+    regular expression, matches it. A lab trial typed ``aten::(mm|addmm)`` and was told no operator matches.
+    Both, not the regex alone: a source line's ``model.py(12)`` is a regex that no longer matches itself."""
+    text = (text or "").strip()
     if not text:
         return table
-    hay = table["name"].astype(str).str.lower() + " " + table["source"].fillna("").astype(str).str.lower()
-    return table[hay.str.contains(text, regex=False)].reset_index(drop=True)
+    pattern = None
+    if _REGEX_SIGNS & set(text):
+        try:
+            pattern = re.compile(text, re.IGNORECASE)
+        except re.error:  # "[" or "c++": plain text only
+            pass
+    keep = np.zeros(len(table), dtype=bool)
+    for column in ("name", "source"):  # each on its own, so "^" and "$" anchor at the name's ends
+        hay = table[column].fillna("").astype(str)
+        keep |= hay.str.lower().str.contains(text.lower(), regex=False).to_numpy()
+        if pattern is not None:
+            keep |= hay.map(lambda s: pattern.search(s) is not None).to_numpy(dtype=bool)
+    return table[keep].reset_index(drop=True)
 
 
 def select(frame: pd.DataFrame, sort: str, ascending: bool = False, filter: str = "",  # noqa: A002

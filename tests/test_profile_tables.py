@@ -286,12 +286,18 @@ def test_unaligned_shapes_carry_their_share_and_come_most_time_then_most_flops_f
     assert pt.unaligned_shapes(ops)[0]["share"] is None  # no total given: no share to state
 
 
-def test_filter_is_plain_text_and_sort_handles_text_columns():
-    table = pd.DataFrame({"name": ["aten::mm", "aten::add_", "Optimizer.step#SGD.step"], "source": [None, None, None],
-                          "calls": [1, 3, 2]})
-    assert list(pt.filter_table(table, "MM")["name"]) == ["aten::mm"]
+def test_filter_is_plain_text_or_a_regex_and_sort_handles_text_columns():
+    table = pd.DataFrame({"name": ["aten::mm", "aten::add_", "Optimizer.step#SGD.step", "aten::addmm", "forward"],
+                          "source": [None, None, None, None, "model.py(12): forward"], "calls": [1, 3, 2, 1, 1]})
+    assert list(pt.filter_table(table, "MM")["name"]) == ["aten::mm", "aten::addmm"]
     assert list(pt.filter_table(table, "add_")["name"]) == ["aten::add_"]
-    assert list(pt.filter_table(table, "(")["name"]) == []  # not a regex: no error
+    assert list(pt.filter_table(table, "[")["name"]) == []  # not a valid regex: plain text, no error
+    assert list(pt.filter_table(table, "py(")["name"]) == ["forward"]
+    # a lab trial typed a regex and was told nothing matched
+    assert list(pt.filter_table(table, "aten::(mm|addmm)$")["name"]) == ["aten::mm", "aten::addmm"]
+    assert list(pt.filter_table(table, "^ATEN::ADD")["name"]) == ["aten::add_", "aten::addmm"]
+    # a source line is still found as typed, though as a regex "(12)" would not match its parentheses
+    assert list(pt.filter_table(table, "model.py(12)")["name"]) == ["forward"]
     assert list(pt.sort_table(table, "name", ascending=True)["name"])[0] == "aten::add_"
     with pytest.raises(ValueError):
         pt.sort_table(table, "nope")

@@ -168,7 +168,7 @@ def widget(result):
     sort = w.Dropdown(options=[(label, col) for col, label, _ in cols],  # named as the table's headers are
                       value=SORT_COLUMNS.get(result.default_sort, result.default_sort), description="sort by")
     ascending = w.Checkbox(value=False, description="ascending", indent=False)
-    name_filter = w.Text(value="", placeholder="part of an op name", description="filter")
+    name_filter = w.Text(value="", placeholder="part of an op name, or a regex", description="filter")
     size, page = single.page_controls()
     status, ops = w.HTML(), w.HTML()
     updating = [False]

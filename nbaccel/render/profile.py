@@ -523,7 +523,7 @@ def widget(result):
 
     sort = w.Dropdown(options=sort_options(result.options.group), value=default_col, description="sort by")
     ascending = w.Checkbox(value=False, description="ascending", indent=False)
-    name_filter = w.Text(value="", placeholder="part of an op name or source line", description="filter")
+    name_filter = w.Text(value="", placeholder="part of an op name or source line, or a regex", description="filter")
     n_rows = max(1, len(result.grouped(result.options.group)))
     # The K the user asked for (--top), not capped by the rows of the first grouping: a --stack
     # profile opens on a few source lines, and switching to "op" must still show --top rows.
