@@ -14,6 +14,7 @@ import contextlib
 import copy
 import weakref
 from array import array
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import torch
@@ -151,6 +152,8 @@ def _pass_example() -> str:
 def _example_batch(model: torch.nn.Module, example, batch: int, device: torch.device, name: str = "model"):
     """Inputs for a batch of ``batch`` rows: rows of ``example`` repeated, or random for a Linear-first model.
     An nn.EmbeddingBag's flat (indices, offsets) pair is cut by bags instead (`probe_inputs.find_bags`)."""
+    if isinstance(example, Mapping):  # keyword inputs (a Hugging Face-style batch): model(**batch), each value cut
+        return {key: _example_batch(model, value, batch, device, name)[0] for key, value in example.items()}
     if example is not None:
         tensors = example if isinstance(example, (tuple, list)) else (example,)
         bags = find_bags(model, tensors)
@@ -190,7 +193,23 @@ DEFAULT_HEAD_LOSS = ("a cross-entropy over the output's last dimension (F.cross_
                      "class 0 for every row): nbaccel's default for a last dimension of 1,024 or more")
 
 
+MODEL_LOSS = ("the loss the model returned (output.loss / output['loss'], as a Hugging Face-style model computes it "
+              "from the labels it was given)")
+
+
+def model_loss(output) -> torch.Tensor | None:
+    """The scalar loss a model returned with its output (HF's ``ModelOutput.loss``, a dict's ``"loss"``), or None.
+    The default loss takes it: a cross-entropy over its logits would measure a second loss beside the model's own."""
+    loss = output.get("loss") if isinstance(output, Mapping) else getattr(output, "loss", None)
+    if isinstance(loss, torch.Tensor) and loss.is_floating_point() and loss.numel() == 1 and loss.requires_grad:
+        return loss
+    return None
+
+
 def _default_loss(output) -> torch.Tensor:
+    own = model_loss(output)
+    if own is not None:
+        return own
     t = _first_float(output)
     if t is None:
         raise EstimateError("the model's output has no floating-point tensor to backpropagate from; pass "
@@ -368,14 +387,16 @@ def _probe(model, optimizer, example, batches, device, amp_dtype, loss_fn, name:
         p.grad = None
     opts = make_optimizers(plan or [(optimizer, None)], list(model.parameters()), list(replica.parameters()))
 
-    takes_batch, heads = loss_takes_batch(loss_fn), []
+    takes_batch, heads, model_losses = loss_takes_batch(loss_fn), [], []
 
     def forward_backward(b, meter=None):
         inputs = _example_batch(replica, example, b, device, name)
         with meter.autocast(amp_dtype) if meter else _autocast(device, amp_dtype):
-            out = replica(*inputs)
+            out = replica(**inputs) if isinstance(inputs, dict) else replica(*inputs)
             if meter:
-                heads.append(_head_shape(out))
+                by_model = loss_fn is _default_loss and model_loss(out) is not None
+                model_losses.append(by_model)
+                heads.append(None if by_model else _head_shape(out))  # no cross-entropy over the logits was made
             if targets is not None:
                 given = _example_batch(replica, targets, b, device, name)
                 try:
@@ -442,7 +463,7 @@ def _probe(model, optimizer, example, batches, device, amp_dtype, loss_fn, name:
     del replica, opts
     return {"forward": fwd, "kept": kept, "backward": bwd, "step": step, "states_measured": states_measured,
             "allocated": allocated, "step_allocated": step_allocated, "sparse_grads": sparse,
-            "sparse_params": sparse_params, "heads": heads,
+            "sparse_params": sparse_params, "heads": heads, "model_loss": bool(model_losses) and all(model_losses),
             "forward_lines": moment_lines(batches, fwd_traces), "backward_lines": moment_lines(batches, bwd_traces),
             "backward_grad_lines": grad_moment_lines(batches, bwd_traces, bwd_grads)}
 
@@ -758,8 +779,11 @@ def _dry_run(model, optimizer, example, batches, device, amp_dtype, loss_fn, nam
             feed = (f"a random input of shape ({batches[0]}, {getattr(first, 'in_features', '?')}) made for its "
                     f"first layer ({path}, an nn.Linear)")
         else:
-            tensors = example if isinstance(example, (tuple, list)) else (example,)
-            shapes = ", ".join(str(tuple(t.shape)) for t in tensors)
+            keyed = isinstance(example, Mapping)
+            tensors = (tuple(example.values()) if keyed else example if isinstance(example, (tuple, list))
+                       else (example,))
+            shapes = ", ".join((f"{key}=" if keyed else "") + str(tuple(t.shape))
+                               for key, t in zip(example if keyed else range(len(tensors)), tensors))
             bags = find_bags(model, tensors)
             how = "cut" if all(t.dim() and t.shape[0] >= batches[0] for t in tensors) else "repeated"
             feed = f"the example (shape {shapes}) {how} to the probe batch of {batches[0]} rows"
@@ -773,6 +797,7 @@ def _dry_run(model, optimizer, example, batches, device, amp_dtype, loss_fn, nam
         precision = "fp32" if amp_dtype is None else f"autocast {DTYPE_NAMES.get(amp_dtype, amp_dtype)}"
         raise EstimateError(
             f"the dry run of {name} on {feed} failed ({precision}): {type(exc).__name__}: {exc}\n{misfit}"
-            + (f"pass --input a batch that {name} accepts (first dimension = batch)" if in_magic()
-               else f"pass example= a batch that {name} accepts (first dimension = batch), and loss_fn= if its "
-                    "output needs one")) from exc
+            + (f"pass --input a batch that {name} accepts (first dimension = batch; a dict of tensors for a model "
+               "called as model(**batch))" if in_magic()
+               else f"pass example= a batch that {name} accepts (first dimension = batch; a dict of tensors for a "
+                    "model called as model(**batch)), and loss_fn= if its output needs one")) from exc

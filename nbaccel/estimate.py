@@ -37,13 +37,14 @@ Three modules: this one (the result, `estimate_memory`, sharding), `nbaccel.mode
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
 
 from .device import DTYPE_NAMES, DeviceError, device_info, dtype_name, resolve_device
-from .dry_run import (DEFAULT_HEAD_LOSS, DEFAULT_LOSS, PHASES, ActivationFit, EstimateError, LiveBytes,
+from .dry_run import (DEFAULT_HEAD_LOSS, DEFAULT_LOSS, MODEL_LOSS, PHASES, ActivationFit, EstimateError, LiveBytes,
                       _default_loss, _dry_run, _example_option, _line, is_head, loss_takes_batch,
                       several_optimizers)
 from .memory import format_bytes
@@ -295,10 +296,14 @@ def _check_arguments(batch, example, probe_batches, amp_dtype, loss_fn, name, gp
                         f"{type(batch).__name__} {batch!r}")
     if batch < 1:
         raise ValueError(f"{option('batch')} must be at least 1, got {batch}")
-    tensors = example if isinstance(example, (tuple, list)) else (example,)
-    if example is not None and not all(isinstance(t, torch.Tensor) for t in tensors):
-        raise TypeError(f"{_example_option()} takes a tensor (or a tuple of tensors) whose first dimension is the "
-                        f"batch, got {type(example).__name__}")
+    keyed = isinstance(example, Mapping)
+    tensors = tuple(example.values()) if keyed else example if isinstance(example, (tuple, list)) else (example,)
+    if example is not None and not ((tensors or not keyed) and all(isinstance(t, torch.Tensor) for t in tensors)):
+        # A Hugging Face-style batch is a dict: the model is called as model(**batch) (a trial's dict was refused)
+        got = ("a dict whose values are not all tensors: "
+               + ", ".join(f"{k}={type(v).__name__}" for k, v in example.items()) if keyed else type(example).__name__)
+        raise TypeError(f"{_example_option()} takes a tensor (or a tuple of tensors, passed as model(*example), or a "
+                        f"dict of tensors, passed as model(**example)) whose first dimension is the batch, got {got}")
     if probe_batches is not None and (not isinstance(probe_batches, (list, tuple)) or not all(
             whole(b) for b in probe_batches)):
         raise TypeError(f"{option('probe_batches')} takes two increasing batch sizes such as (2, 4), got "
@@ -346,7 +351,8 @@ def estimate_memory(model: torch.nn.Module, optimizer="adamw", batch: int = 32, 
                     gpu_counts=GPU_COUNTS, targets=None) -> MemoryEstimate:
     """Predict a training step's peak memory for ``model`` at ``batch``, in fp32 and under autocast.
 
-    ``example``: a batch (tensor or tuple, first dimension = batch) to build probe inputs from;
+    ``example``: a batch (tensor or tuple, first dimension = batch; a dict of tensors is passed as
+    ``model(**example)``, a Hugging Face-style batch) to build probe inputs from;
     optional for models whose first layer is ``nn.Linear``. ``budget``: "24GiB" or a share such as 0.9 (read like
     ``memory_budget``'s; it may exceed this machine: a per-GPU memory); default
     the device's memory. ``device``: where the dry runs execute (a copy of the model goes there).
@@ -356,7 +362,8 @@ def estimate_memory(model: torch.nn.Module, optimizer="adamw", batch: int = 32, 
     ride in ``example`` since the model is called with all of it): default the sum of the first
     floating-point output, which keeps no buffer of its own, or, when its last dimension has 1024 entries or
     more (a classifier or vocabulary head), a cross-entropy over that dimension (every row's target class 0),
-    whose buffers the logits' size the dry run then measures; the result says which.
+    whose buffers the logits' size the dry run then measures; where the output carries its own scalar loss
+    (``output.loss``, ``output["loss"]``: a model given its labels), that loss; the result says which.
     ``probe_batches``: the two dry-run batch sizes (default an eighth and a quarter of ``batch``).
 
     Off CUDA the predicted ``total`` counts tensor bytes; ``single(p)["total_no_reuse"]`` is the
@@ -432,6 +439,8 @@ def estimate_memory(model: torch.nn.Module, optimizer="adamw", batch: int = 32, 
     bags = find_bags(model, example)
     if bags:  # the probes were cut by bags, not rows: said, since a row cut is what --input's help describes
         notes.append(f"input: {bags.words(name)} (probes of {probe_batches[0]} and {probe_batches[1]} bags)")
+    if not own_loss and all(p["model_loss"] for p in probes.values()):  # the model's own output.loss
+        loss_words = f"{MODEL_LOSS}, nbaccel's default when the output has one; pass another with {_loss_option()}"
     if not own_loss and _wide_head(heads):  # the dry run's default loss was a cross-entropy (`_default_loss`)
         loss_words = _loss_words(None, head=True)
         notes += _head_notes(heads, probe_batches, batch)

@@ -116,7 +116,8 @@ class BudgetMagics(Magics):
                    "(opt_sp,opt: SparseAdam for the embeddings, Adam for the rest)")
     @argument("--batch", type=int, default=None, help="for --model: the global batch size")
     @argument("--input", default=None, metavar="NAME",
-              help="for --model: an example batch (tensor or tuple, first dim = batch; an nn.EmbeddingBag's flat "
+              help="for --model: an example batch (tensor or tuple, first dim = batch; a dict of tensors is passed "
+                   "as model(**batch); an nn.EmbeddingBag's flat "
                    "(indices, offsets) is cut by bags); needed unless the first layer is nn.Linear")
     @argument("--loss", default=None, metavar="NAME",
               help="for --model: the loss function in the namespace, called as NAME(output) or NAME(output, batch) "
