@@ -17,6 +17,7 @@ error is kept in the leaf but left out of ``max_rel``, and the report gives its 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import torch
@@ -46,7 +47,13 @@ def to_host(value):
         return type(value)(to_host(v) for v in value) if not hasattr(value, "_fields") else tuple(to_host(v) for v in value)
     if isinstance(value, dict):
         return {k: to_host(v) for k, v in value.items()}
+    if _is_dataclass(value):  # a model's output dataclass (loss, logits): compared field by field
+        return {f.name: to_host(getattr(value, f.name)) for f in dataclasses.fields(value)}
     return value
+
+
+def _is_dataclass(value) -> bool:
+    return dataclasses.is_dataclass(value) and not isinstance(value, type)
 
 
 def leaf_dtypes(value) -> list:
@@ -72,6 +79,9 @@ def _leaves(value, prefix="value"):
     elif isinstance(value, dict):
         for k, v in value.items():
             yield from _leaves(v, f"{prefix}[{k!r}]")
+    elif _is_dataclass(value):
+        for f in dataclasses.fields(value):
+            yield from _leaves(getattr(value, f.name), f"{prefix}[{f.name!r}]")
     elif isinstance(value, torch.Tensor) and value.is_nested:
         # each component on its own: a nested tensor has no dense form to subtract (to_dense refuses a
         # jagged one, a strided one has no sizes)

@@ -2412,3 +2412,25 @@ def test_a_count_in_the_device_place_names_the_keyword_it_meant():
         with pytest.raises((DeviceError, ProfileError), match=re.escape("device=0: nbaccel names its devices: "
                                                                          "device='cuda:0' for that GPU")):
             call()
+
+
+@dataclasses.dataclass
+class _ModelOutput:
+    loss: torch.Tensor
+    logits: torch.Tensor
+
+
+def test_the_drift_of_a_dataclass_result_is_compared_field_by_field():
+    """A model's output as a plain dataclass (loss, logits) read "drift not computed (the result holds no float
+    tensor ...): return the loss or the output", though the cell returned the output."""
+    from nbaccel.drift import compute_drift, to_host
+
+    fp32 = _ModelOutput(torch.tensor(2.0), torch.ones(2, 3))
+    amp = _ModelOutput(torch.tensor(2.5), torch.ones(2, 3))
+    drift = compute_drift(to_host(fp32), to_host(amp))
+    assert [leaf["name"] for leaf in drift["leaves"]] == ["value['loss']", "value['logits']"]
+    assert drift["leaves"][0]["max_abs"] == 0.5
+    model = torch.nn.Linear(4, 3)
+    x = torch.randn(2, 4)
+    res = nbaccel.compare_amp(lambda: _ModelOutput(model(x).sum(), model(x)), repeat=3)
+    assert res.drift is not None and res.drift["max_rel"] > 0
