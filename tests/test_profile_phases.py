@@ -93,7 +93,9 @@ def test_later_compiled_call_is_compiled_region_not_other(traces):
 
 
 def test_live_profile_with_warmup_that_still_compiles_says_it_recompiled(traces):
+    # A live profile's options, where the loaded trace has none recorded (warmup, steps: None)
     r = traces["compile_first_call"]
+    r = dataclasses.replace(r, options=dataclasses.replace(r.options, warmup=0, steps=1))
     live = dataclasses.replace(r, loaded=None, options=dataclasses.replace(r.options, warmup=1))
     line = next(a for a in live.advice if "torch.compile compiling" in a)
     assert "it compiled again after 1 warm-up run: " in line and "TORCH_LOGS=recompiles" in line
