@@ -257,19 +257,27 @@ def share_reading(text, device: torch.device, total: int | None = None) -> str:
     return f"{typed} of this host's {format_bytes(total)} of physical memory"
 
 
+def checked_share(text: str, name: str, what: str, example: str, error: type[Exception] = BudgetError,
+                  zero: str = "") -> float:
+    """``text`` read as a share in (0, 1] (`read_share`: ``"0.9"``, ``"90%"``), else ``error`` saying so in the
+    notation typed: "NAME takes WHAT such as EXAMPLE, got 'x'", "NAME is WHAT between 0% and 100%ZERO, got 150%".
+    For ``--near`` and ``%%amp --max-snapshot``."""
+    read = read_share(text)
+    if read is None:
+        raise error(f"{name} takes {what} such as {example}, got {text!r}")
+    share, percent = read
+    if not 0 < share <= 1:  # also refuses NaN
+        bounds = "0% and 100%" if percent else "0 and 1"
+        raise error(f"{name} is {what} between {bounds}{zero}, got {text.strip()}")
+    return share
+
+
 def check_near(near) -> float:
     """``near`` (``--near``): the share of the budget from which a cell gets a gauge, in (0, 1]: a number, or
     text as the budget itself is read (``"0.9"``, ``"90%"``; a trial's ``--near 90%`` got argparse's "invalid
     float value", and ``near="90%"`` a TypeError). A range error is in the notation given."""
     if isinstance(near, str):
-        read = read_share(near)
-        if read is None:
-            raise BudgetError(f"{option('near')} takes a share of the budget such as 0.9 or 90%, got {near!r}")
-        share, percent = read
-        if not 0 < share <= 1:
-            bounds = "0% and 100%" if percent else "0 and 1"
-            raise BudgetError(f"{option('near')} is a share of the budget between {bounds}, got {near.strip()}")
-        return share
+        return checked_share(near, option("near"), "a share of the budget", "0.9 or 90%")
     if isinstance(near, bool) or not isinstance(near, (int, float)):
         raise TypeError(f"{option('near')} takes a share of the budget between 0 and 1 such as 0.75 (or '75%'), got "
                         f"{type(near).__name__} {near!r}")

@@ -268,7 +268,6 @@ class _Peak:
         # Per phase, off CUDA: the gradients alive at each of its moments (`gradient_ready` marks them).
         self.grads: list[array] = []
         self._ready: list[tuple[int, int]] = []
-        self._grad_sizes: dict[int, int] = {}
 
     def __enter__(self):
         if self.device.type == "cuda":
@@ -316,11 +315,9 @@ class _Peak:
         """A parameter's gradient was accumulated (a post-accumulate-grad hook): it counts as a gradient at the
         phase's moments from the op that made it on, the ops done so far. What a sharded backward (ZeRO-2/3)
         keeps a share of: until then the same bytes are the backward's working memory, kept whole. A weight
-        used twice (tied embeddings) is accumulated twice into one gradient: counted once."""
+        used twice (tied embeddings) gets one call: autograd sums its gradients before accumulating them."""
         if self._mode is not None:
-            size = storage_bytes(param.grad)
-            self._ready.append((len(self._mode.trace), size - self._grad_sizes.get(id(param), 0)))
-            self._grad_sizes[id(param)] = size
+            self._ready.append((len(self._mode.trace), storage_bytes(param.grad)))
 
     def live(self) -> int:
         """Bytes alive now that were created since enter (the model states that existed before are not counted)."""
@@ -688,10 +685,11 @@ class ActivationFit:
         Whole gradients: the backward peak's line. Sharded: the highest moment of the rest + the share of the
         gradients alive then (`grad_moment_lines`), never below the peak minus the unkept share of every
         gradient (what CUDA probes, which have no moments, give), nor above the unsharded peak."""
-        whole = self.grads_at(batch) + self.backward_working_at(batch)
+        grads, working = self.grads_at(batch), self.backward_working_at(batch)
+        whole = grads + working
         if grad_share >= 1.0:
             return whole
-        floor = grad_share * self.grads_at(batch) + self.backward_working_at(batch)
+        floor = grad_share * grads + working
         if not self.backward_grad_lines:
             return int(floor)
         moments = max(ri + rs * batch + grad_share * (gi + gs * batch) for gi, gs, ri, rs in self.backward_grad_lines)

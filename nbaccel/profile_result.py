@@ -158,23 +158,24 @@ class ProfileResult(ResultMixin):
         return (win[1] - win[0]) if win else 0.0
 
     @functools.cached_property
-    def _steps(self) -> list[tuple[float, float]]:
-        """(start, duration) of each recorded step (the host's ``ProfilerStep#`` ranges), in order."""
+    def _step_marks(self) -> list[tuple[float, float, str]]:
+        """(start, duration, name) of each recorded step (the host's ``ProfilerStep#`` ranges), in order."""
         t = self.trace
-        return sorted((float(ts), float(dur)) for name, ts, dur, dev in
+        return sorted((float(ts), float(dur), str(name)) for name, ts, dur, dev in
                       zip(*(t.column("annotations", c) for c in ("name", "ts_us", "dur_us", "on_device")))
                       if str(name).startswith("ProfilerStep#") and not dev)
+
+    @property
+    def _steps(self) -> list[tuple[float, float]]:
+        """(start, duration) of each recorded step, in order."""
+        return [(ts, dur) for ts, dur, _ in self._step_marks]
 
     @functools.cached_property
     def step_numbers(self) -> list[int]:
         """The N of each recorded ``ProfilerStep#N``, in time order. torch numbers every ``prof.step()``
         call from 0, recorded or not, so the first one is how many steps ran before the recording began
         (a schedule's skip_first + wait + warmup, nbaccel's warmup)."""
-        t = self.trace
-        marks = sorted((float(ts), str(name)) for name, ts, dev in
-                       zip(*(t.column("annotations", c) for c in ("name", "ts_us", "on_device")))
-                       if str(name).startswith("ProfilerStep#") and not dev)
-        return [int(n) for _, name in marks for n in [name[len("ProfilerStep#"):]] if n.isdigit()]
+        return [int(n) for *_, name in self._step_marks for n in [name[len("ProfilerStep#"):]] if n.isdigit()]
 
     @property
     def step_ranges_us(self) -> list[tuple[float, float]]:
@@ -531,3 +532,14 @@ def _write_trace(data: bytes, path: str) -> str:
         raise ProfileError(f"cannot write the trace to {path}: could not create {exc.filename or path} "
                            f"({exc.strerror or exc}); choose another path") from None
     return str(path)
+
+
+def step_numbers_text(numbers: list[int]) -> str:
+    """", #1-#3" (consecutive), ", #2, #3, #6, #7" (a schedule's cycles), ", #2 ... #40"; "" for none."""
+    if not numbers:
+        return ""
+    if numbers == list(range(numbers[0], numbers[0] + len(numbers))):
+        return f", #{numbers[0]}" + (f"-#{numbers[-1]}" if len(numbers) > 1 else "")
+    if len(numbers) <= 4:
+        return ", " + ", ".join(f"#{n}" for n in numbers)
+    return f", #{numbers[0]} ... #{numbers[-1]}"

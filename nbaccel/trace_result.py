@@ -49,7 +49,7 @@ from .device import DeviceInfo
 from .options import in_magic, option, whole_number
 from .profile_options import (ProfileError, ProfileOptions, check_grouping, check_sort, check_table_args,
                               check_table_fits, sort_name, table_sort)
-from .profile_result import ProfileResult
+from .profile_result import ProfileResult, step_numbers_text
 from .results import ResultMixin
 from .trace_io import TraceIdentity, TraceStream, peek_identity, trace_files
 
@@ -311,6 +311,7 @@ def _load_rank(files: list[Path], opts: dict, source: str) -> ProfileResult:
 
     spans: list[tuple[float, float]] = []  # each file's first and last event time, for _far_apart
     marks = [_FileMarks() for _ in files]  # each file's process and step numbers, for _separate_runs
+    marking = len(files) > 1  # one file is one run: its events need no marks
 
     def events():
         for stream, mark in zip(streams, marks):
@@ -321,7 +322,8 @@ def _load_rank(files: list[Path], opts: dict, source: str) -> ProfileResult:
                 ts = ev.get("ts") if isinstance(ev, dict) else None
                 if isinstance(ts, (int, float)):
                     first, last = (ts if first is None else first), ts
-                    mark.see(ev)
+                    if marking:
+                        mark.see(ev)
                 yield ev
             if first is not None:
                 spans.append((float(min(first, last)), float(max(first, last))))
@@ -334,7 +336,7 @@ def _load_rank(files: list[Path], opts: dict, source: str) -> ProfileResult:
     header = streams[0].header
     trace.device_properties = list(header.get("deviceProperties") or [])
     trace.metadata = _metadata(header)
-    if len(files) > 1:
+    if marking:
         for stream, mark in zip(streams, marks):
             mark.trace_id, mark.host = stream.header.get("trace_id"), stream.header.get("host_name")
         _separate_runs(files, marks, source, trace.rank)
@@ -424,10 +426,8 @@ def _starts_a_profile(before: _FileMarks, mark: _FileMarks) -> str | None:
 
 
 def _steps_text(numbers: list) -> str:
-    if not numbers:
-        return "no ProfilerStep ranges"
-    lo, hi = min(numbers), max(numbers)
-    return f"ProfilerStep#{lo}" + (f"-#{hi}" if hi > lo else "")
+    """"ProfilerStep#0", "ProfilerStep#1-#3", "ProfilerStep#2, #3, #6, #7" (`step_numbers_text`'s notation)."""
+    return "ProfilerStep" + step_numbers_text(sorted(numbers))[2:] if numbers else "no ProfilerStep ranges"
 
 
 def _separate_runs(files: list[Path], marks: list[_FileMarks], source: str, rank) -> None:

@@ -9,7 +9,7 @@ from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments
 
-from ..budget import read_share
+from ..budget import checked_share
 from ..amp import MIN_RUNS, compare_amp, not_restored, planned_runs, used_up
 from ..failure_hints import failure_hint
 from ..cell_reads import and_list
@@ -158,16 +158,8 @@ class AmpMagics(Magics):
         whole_number("warmup", args.warmup, 0, UsageError)
         check_name(args.result, counts="--repeat")
         # read as %memory_budget reads a share ('0.5', '50%'): argparse's float gave "invalid float value: '50%'"
-        read = read_share(args.max_snapshot)
-        if read is None:
-            raise UsageError(f"--max-snapshot takes a fraction of available host memory such as 0.5 or 50%, got "
-                             f"{args.max_snapshot!r}")
-        share, percent = read
-        if not 0 < share <= 1:  # also refuses NaN
-            bounds = "0% and 100%" if percent else "0 and 1"
-            raise UsageError(f"--max-snapshot is a fraction of available host memory between {bounds} (0 excluded), "
-                             f"got {args.max_snapshot.strip()}")
-        args.max_snapshot = share
+        args.max_snapshot = checked_share(args.max_snapshot, "--max-snapshot", "a fraction of available host memory",
+                                          "0.5 or 50%", UsageError, zero=" (0 excluded)")
         refuse_empty_cell(self.shell, "amp", cell)
         refuse_options_in_cell(self.amp, cell)
         refuse_nested_cell_magic("amp", cell)

@@ -14,6 +14,7 @@ from ..analysis import CATEGORIES
 from ..analysis.sums import desc_order
 from ..memory import format_bytes
 from ..options import option
+from ..profile_result import step_numbers_text
 from ..profile_table import gemm_dims
 from ..timing import format_seconds
 from .common import bar, bullet_list, esc, figures, format_share, labelled, prose, si, table, text_table, wrap
@@ -134,17 +135,6 @@ def _flops_coverage(row) -> str:
 
 
 # --- the header ------------------------------------------------------------------------------------
-
-def step_numbers_text(numbers: list[int]) -> str:
-    """", #1-#3" (consecutive), ", #2, #3, #6, #7" (a schedule's cycles), ", #2 ... #40"; "" for none."""
-    if not numbers:
-        return ""
-    if numbers == list(range(numbers[0], numbers[0] + len(numbers))):
-        return f", #{numbers[0]}" + (f"-#{numbers[-1]}" if len(numbers) > 1 else "")
-    if len(numbers) <= 4:
-        return ", " + ", ".join(f"#{n}" for n in numbers)
-    return f", #{numbers[0]} ... #{numbers[-1]}"
-
 
 def header_items(result) -> list[tuple[str, str]]:
     h = result.header
