@@ -94,6 +94,18 @@ def cut_bags(example, bags: FlatBags, batch: int) -> dict[int, torch.Tensor]:
     return out
 
 
+def example_rows(model: torch.nn.Module, example) -> int | None:
+    """How many samples ``example`` holds, as the dry run cuts it: its bags (`find_bags`), else the first
+    dimension its tensors share; None where they share none (a tensor and its lengths, a graph)."""
+    bags = find_bags(model, example)
+    if bags is not None:
+        return bags.bags
+    tensors = (example.values() if isinstance(example, dict) else example if isinstance(example, (tuple, list))
+               else (example,))
+    firsts = {t.shape[0] for t in tensors if isinstance(t, torch.Tensor) and t.dim() >= 1}
+    return firsts.pop() if len(firsts) == 1 else None
+
+
 def graph_refusal(example, name: str) -> str | None:
     """Why a graph's example cannot be cut into probe batches, with what to do instead; None for other inputs.
 

@@ -352,6 +352,7 @@ def test_a_magic_that_refuses_after_running_code_is_still_watched(ip, run_cell):
     ("--model nothing --batch 4", "names nothing"),
     ("--model n --batch 4", "is an int, not a torch.nn.Module"),
     ("--model model", "needs --batch"),
+    ("--model model --input pair", "--input pair's tensors share no first dimension"),  # (x, lengths): no batch to read
     ("--model model --batch -4", "--batch is the global batch size, at least 1; got -4"),  # was "needs --batch"
     ("--model model --batch 0", "at least 1; got 0"),
     ("--model model --batch 4 --optimizer adam2", r"neither one of adamw, .* \(did you mean adam\?\)"),
@@ -359,7 +360,7 @@ def test_a_magic_that_refuses_after_running_code_is_still_watched(ip, run_cell):
     ("--strict", "go with a budget"),
 ])
 def test_bad_input_is_a_usage_error_and_the_previous_budget_stays(ip, run_cell, line, message):
-    run_cell("import torch\nn = 3\nmodel = torch.nn.Linear(4, 4)")
+    run_cell("import torch\nn = 3\nmodel = torch.nn.Linear(4, 4)\npair = (torch.ones(6, 4), torch.ones(2))")
     run_cell("%memory_budget 0.5 -q -r before")
     budget = ip.user_ns["before"].budget_bytes
     with pytest.raises(UsageError, match=message):
@@ -367,6 +368,21 @@ def test_bad_input_is_a_usage_error_and_the_previous_budget_stays(ip, run_cell, 
     run_cell("%memory_budget -q -r after")
     assert ip.user_ns["after"].budget_bytes == budget and ip.user_ns["after"].active
     assert len(_nbaccel_callbacks(ip)) == 2
+
+
+def test_the_batch_is_read_from_the_input_when_left_out_and_said_so(ip, run_cell):
+    # A trial's user passed --input with the batch itself and was told "--model needs --batch"
+    run_cell("import torch\nmodel = torch.nn.Linear(8, 4)\nx = torch.randn(12, 8)\nids = {'input': torch.randn(5, 8)}")
+    _, captured = run_cell("%memory_budget 1GiB --model model --input x -r e")
+    assert ip.user_ns["e"].batch == 12
+    assert "batch 12: the rows of --input x (no --batch given" in _texts(captured)
+    _, captured = run_cell("%memory_budget 1GiB --model model --input x --batch 40 -r typed")
+    assert ip.user_ns["typed"].batch == 40 and "rows of --input" not in _texts(captured)
+    run_cell("class Keyed(torch.nn.Module):\n    def __init__(self):\n        super().__init__()\n"
+             "        self.lin = torch.nn.Linear(8, 4)\n    def forward(self, input):\n        return self.lin(input)\n"
+             "keyed = Keyed()")
+    run_cell("%memory_budget 1GiB --model keyed --input ids -q -r d")
+    assert ip.user_ns["d"].batch == 5  # a dict batch: its tensors' rows
 
 
 def test_enforce_on_the_cpu_says_only_a_soft_budget_is_possible(ip, run_cell):

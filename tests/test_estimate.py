@@ -1087,6 +1087,18 @@ def _flat_bags(bags: int, last: bool):
     return torch.randint(0, 50000, (int(lengths.sum()),)), offsets
 
 
+def test_example_rows_count_bags_rows_or_nothing_shared():
+    from nbaccel.probe_inputs import example_rows
+
+    lin = torch.nn.Linear(3, 2)
+    assert example_rows(lin, torch.ones(7, 3)) == 7
+    assert example_rows(lin, (torch.ones(7, 3), torch.ones(7), torch.tensor(2.0))) == 7  # a 0-d scale has no rows
+    assert example_rows(lin, (torch.ones(7, 3), torch.ones(2))) is None
+    assert example_rows(lin, {"a": torch.ones(4, 3), "b": torch.ones(4)}) == 4
+    bag = torch.nn.EmbeddingBag(10, 3)
+    assert example_rows(bag, (torch.tensor([1, 2, 3, 4, 5]), torch.tensor([0, 2, 3]))) == 3  # bags, not indices
+
+
 @pytest.mark.parametrize("last", [False, True])
 def test_a_flat_embedding_bag_input_is_cut_by_bags(last):
     """Reproduced: model(indices, offsets) with indices all bags' lookups concatenated was cut row by row, so the

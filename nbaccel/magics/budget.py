@@ -114,7 +114,7 @@ class BudgetMagics(Magics):
               help="for --model (default adamw): adamw, adam, sgd (momentum=0: no state), sgd-momentum, adagrad, "
                    "rmsprop, sparseadam, none; or an optimizer variable (state for its own parameters), or several "
                    "(opt_sp,opt: SparseAdam for the embeddings, Adam for the rest)")
-    @argument("--batch", type=int, default=None, help="for --model: the global batch size")
+    @argument("--batch", type=int, default=None, help="for --model: the global batch size (default: the rows of --input)")
     @argument("--input", default=None, metavar="NAME",
               help="for --model: an example batch (tensor or tuple, first dim = batch; a dict of tensors is passed "
                    "as model(**batch); an nn.EmbeddingBag's flat "
@@ -290,12 +290,11 @@ class BudgetMagics(Magics):
         if not isinstance(model, torch.nn.Module):
             raise UsageError(f"--model {args.model} is {a_type(model)}, not a torch.nn.Module; pass the "
                              "variable holding the model")
-        if args.batch is None:
-            raise UsageError("--model needs --batch N (the global batch size, at least 1)")
-        if args.batch < 1:
+        if args.batch is not None and args.batch < 1:
             raise UsageError(f"--batch is the global batch size, at least 1; got {args.batch}")
         optimizer = self._optimizer_arg(args.optimizer or "adamw", OPTIMIZERS, closest_optimizer)
         example = self._lookup(args.input, "--input") if args.input else None
+        batch, batch_read = self._batch_arg(args, model, example)
         loss_fn = self._lookup(args.loss, "--loss") if args.loss else None
         if loss_fn is not None and not callable(loss_fn):
             raise UsageError(f"--loss {args.loss} is {a_type(loss_fn)}, not a function: define "
@@ -308,7 +307,7 @@ class BudgetMagics(Magics):
         if budget is None and self.watcher is not None:
             budget = f"{self.watcher.budget}B"
         try:
-            result = estimate_memory(model, optimizer=optimizer, batch=args.batch, example=example, budget=budget,
+            result = estimate_memory(model, optimizer=optimizer, batch=batch, example=example, budget=budget,
                                      device=device, name=args.model, loss_fn=loss_fn, targets=targets)
         except (ValueError, TypeError) as exc:
             raise UsageError(str(exc)) from None
@@ -316,7 +315,7 @@ class BudgetMagics(Magics):
             result = replace(result, budget_source="the budget being watched")
         mine = (self._own_optimizer(model, optimizer, args.model) if isinstance(optimizer, str)
                 else self._other_optimizers(model, optimizer, args))
-        result = replace(result, assumptions=result.assumptions + tuple(mine))
+        result = replace(result, assumptions=tuple(filter(None, [batch_read])) + result.assumptions + tuple(mine))
         result = replace(result, note=self._prediction_note(args, device, result))
         self._estimate = result
         if self.watcher is not None:
@@ -414,6 +413,22 @@ class BudgetMagics(Magics):
         return [f"your {', '.join(others)} update{'s' if len(others) == 1 else ''} parameters of {args.model} that "
                 f"--optimizer {args.optimizer} leaves out: --optimizer {','.join([args.optimizer] + others)} counts "
                 "their state too"]
+
+    @staticmethod
+    def _batch_arg(args, model, example) -> tuple[int, str | None]:
+        """--batch, or the rows of --input where it is left out (a trial's user passed the batch itself and was
+        told to count it); the second value says it was read so, None when typed."""
+        from ..probe_inputs import example_rows
+
+        if args.batch is not None:
+            return args.batch, None
+        rows = None if example is None or not isinstance(model, torch.nn.Module) else example_rows(model, example)
+        if not rows:
+            raise UsageError("--model needs --batch N (the global batch size, at least 1)"
+                             + (f": --input {args.input}'s tensors share no first dimension to read it from"
+                                if example is not None else ""))
+        return rows, (f"batch {rows}: the rows of --input {args.input} (no --batch given; --batch N predicts "
+                      "another batch size)")
 
     def _prediction_note(self, args, device, estimate) -> str:
         """What a prediction leaves as it was: "budget 1 GiB" in its summary read as a budget now being
