@@ -212,3 +212,39 @@ def test_a_report_names_what_made_it_the_magic_or_the_api_call(run_cell, ip):
     assert ip.user_ns["p"].to_dict()["made_by"] == "%%profile_gpu"
     assert str(ip.user_ns["a"]).startswith("nbaccel %%amp on CPU")
     assert str(ip.user_ns["p"]).startswith("nbaccel %%profile_gpu on CPU")
+
+
+def _luminance(rgb):
+    def channel(c):
+        c /= 255
+        return c / 12.92 if c <= 0.04045 else ((c + 0.055) / 1.055) ** 2.4
+    r, g, b = (channel(c) for c in rgb)
+    return 0.2126 * r + 0.7152 * g + 0.0722 * b
+
+
+def _contrast(a, b):
+    hi, lo = sorted((_luminance(a), _luminance(b)), reverse=True)
+    return (hi + 0.05) / (lo + 0.05)
+
+
+def _blend(fg, alpha, bg):
+    return tuple(alpha * f + (1 - alpha) * b for f, b in zip(fg, bg))
+
+
+@pytest.mark.parametrize("theme, text, alpha, background", [
+    # JupyterLab's --jp-content-font-color1 and --jp-layout-color0 in its light and dark themes
+    ("light", (0, 0, 0), 0.87, (255, 255, 255)),
+    ("dark", (255, 255, 255), 1.0, (17, 17, 17)),
+])
+def test_secondary_and_warning_text_keep_wcag_contrast_in_light_and_dark_themes(theme, text, alpha, background):
+    import re
+
+    from nbaccel.render.common import CSS
+
+    opacity = float(re.search(r"\.nbaccel \.muted \{opacity: ([0-9.]+)\}", CSS).group(1))
+    muted = _blend(text, alpha * opacity, background)
+    assert _contrast(muted, background) >= 4.5, theme
+    light_warn, dark_warn = re.findall(r"\.warn \{color: #([0-9a-f]{6})\}", CSS)
+    warn = dark_warn if theme == "dark" else light_warn
+    assert _contrast(tuple(int(warn[i:i + 2], 16) for i in (0, 2, 4)), background) >= 4.5, theme
+    assert 'data-jp-theme-light="false"' in CSS  # the dark colour applies where JupyterLab says it is dark
