@@ -41,7 +41,7 @@ from .contention import ContentionMeter
 from .device import DTYPE_NAMES, DeviceError, device_info, dtype_name, resolve_device
 # overflow_hint: docs/amp.md names it nbaccel.amp.overflow_hint
 from .failure_hints import failure_hint, message_of as _message, overflow_hint  # noqa: F401
-from .drift import compute_drift, leaf_dtypes, leaf_magnitudes, resolution, runs_differ, to_host
+from .drift import compare_tokens, compute_drift, leaf_dtypes, leaf_magnitudes, resolution, runs_differ, to_host
 from .flops import OpAudit, switching_ops
 from .holders import namespace_holders
 from .memory import PeakMemory, PeakMeter, format_bytes, meter_series, note_harness
@@ -759,7 +759,7 @@ def _build_result(info, order, times, memory, audits, amp_recipe, base_recipe, b
                      and any(a != k for a, k in zip(amp_dtypes, kept_dtypes) if a is not None and k is not None))
     if audit_differs and amp_error is None:
         amp_value, amp_error = _safely("copy the result to the host", to_host, value)
-    drift, why = None, amp_error
+    drift, tokens, why = None, None, amp_error
     if baseline:
         (base_value, base_error), base_magnitudes = audits[id(base_recipe)][2], audits[id(base_recipe)][4]
         why = why or base_error
@@ -767,6 +767,12 @@ def _build_result(info, order, times, memory, audits, amp_recipe, base_recipe, b
             # near 0 is judged against the fp32 run's values, at the recipe's rounding (drift.py)
             drift, why = _safely("compare the two results", compute_drift, base_value, amp_value, base_magnitudes,
                                  resolution(amp_recipe))
+        if why is None:
+            # token ids (a generate loop's output): integers, no relative error, so whether the tokens agree
+            tokens, tokens_why = _safely("compare the two results' token ids", compare_tokens, base_value, amp_value,
+                                         audits[id(base_recipe)][0].embedding_ids)
+            if drift is None and tokens is None:
+                why = tokens_why
     state_changed = False
     if restore and why is None and not audit_differs:
         # Two runs under the recipe from the restored state (the audited one and the kept one) must
@@ -786,10 +792,10 @@ def _build_result(info, order, times, memory, audits, amp_recipe, base_recipe, b
         # said, not left out: a user whose drift line vanished took it for a bug
         why = ("nothing to compare: the code returned no value; end the cell with the loss or the output, or "
                "return it from the function")
-    elif baseline and drift is None and why is None:
-        why = ("the result holds no float tensor, array or number that both runs returned with the same shape "
-               "(integer and bool tensors or arrays, and other objects, are not compared): return the loss or the "
-               "output to see the drift")
+    elif baseline and drift is None and why is None and tokens is None:  # token ids alone: compared as tokens
+        why = ("the result holds no float tensor, array or number that both runs returned with the same shape, "
+               "and no token ids (integer tensors other than token ids, bool tensors, arrays of either and other "
+               "objects are not compared): return the loss or the output to see the drift")
     # With both variants, a missing drift now always has its reason above: inf/NaN is read from the drift only.
     nonfinite = drift is not None and drift["amp_only_nonfinite"] > 0
     return AmpResult(
@@ -800,6 +806,7 @@ def _build_result(info, order, times, memory, audits, amp_recipe, base_recipe, b
         repeat=repeat,
         timer_method=clock.method,
         drift=drift,
+        tokens=tokens,
         drift_skipped=why if baseline else None,
         gradients=_gradient_report(base_probe, amp_probe, amp_recipe, scaler_info, switching_ops(amp_variant.ops)),
         unaligned_matmuls=amp_audit.unaligned_matmuls(),

@@ -8,7 +8,7 @@ import torch
 
 from .amp_result import MIN_RUNS, NO_SPEEDUP_BELOW, REDUCED_DTYPES, memory_ranges, too_few_runs
 from .cell_reads import and_list, take_first
-from .drift import near_zero_figures, relative_words, resolution
+from .drift import near_zero_figures, relative_words, resolution, share_words, tokens_differ
 from .flops import AUTOCAST_DTYPES, integer_matmuls, padding_worth_it
 from .memory import format_bytes
 from .timing import format_seconds
@@ -120,6 +120,15 @@ def _near_zero_notes(result: AmpResult, drift: dict, dtype: str) -> list[str]:
                          f"(the output itself, or a loss); if this near-0 value itself matters, {dtype} is too "
                          "coarse for it.")
     return notes
+
+
+def _tokens_size(tokens: dict) -> str:
+    """How far two runs' token ids differ, for the state note: "tokens agree at 87%"."""
+    if not tokens["comparable"]:
+        return "another number of token sequences"
+    if tokens["agree"] == tokens["compared"]:
+        return "token sequences of other lengths"
+    return f"tokens agree at {share_words(tokens['agree'], tokens['compared'])}"
 
 
 def _drift_differs(drift: dict | None) -> bool:
@@ -411,12 +420,13 @@ def advise(result: AmpResult) -> list[str]:
     if own:
         notes.append(own)
         speedup = None  # the same code timed twice: the note above is the finding, not a speed verdict
-    if state_reason and _drift_differs(drift):
+    if state_reason and (_drift_differs(drift) or tokens_differ(result.tokens)):
         # Precision is not to blame for a difference that state or plain Python made.
         verdict = ("the difference comes from state that changed between runs, not from precision"
                    if result.amp.ops.empty else "the difference may come from state that changed between runs "
                    "rather than from precision, so it is no measure of accuracy")
-        size = (f"max rel {drift['max_rel']:.1%}" if drift["max_rel"] is not None
+        size = (_tokens_size(result.tokens) if not _drift_differs(drift)
+                else f"max rel {drift['max_rel']:.1%}" if drift["max_rel"] is not None
                 else f"max abs {drift['max_abs']:.2e}")
         notes.append(f"The fp32 and {dtype} results differ ({size}), but {state_reason}: "
                      f"{verdict}.")

@@ -84,6 +84,9 @@ class AmpResult(ResultMixin):
     repeat: int
     timer_method: str
     drift: dict | None = None
+    # Token agreement of the result's token ids (a generate loop's output; `drift.compare_tokens`), which
+    # have no relative error: None where the result holds none.
+    tokens: dict | None = None
     gradients: dict | None = None
     unaligned_matmuls: list = field(default_factory=list)
     snapshot_bytes: int = 0
@@ -374,6 +377,7 @@ class AmpResult(ResultMixin):
             "memory_saving": self.memory_saving,
             "memory_firm": self.memory_firm,
             "drift": self.drift,
+            "tokens": self.tokens,
             "gradients": self.gradients,
             "precision": self.precision,
             "baseline_reduced": self.baseline_reduced,

@@ -13,6 +13,10 @@ values for a small result (`flops.OpAudit.magnitude_of`), carried through the pr
 that followed as the rounding is (a mean of large sums is judged at its own scale); a leaf whose fp32 value is within one unit
 of the recipe's rounding of them (|fp32| <= eps * their magnitude) is ``near_zero``: its relative
 error is kept in the leaf but left out of ``max_rel``, and the report gives its absolute difference.
+
+Integer leaves that look like token ids (`is_token_ids`: a generate loop's output) have no relative
+error; `compare_tokens` gives the share of positions where the runs chose the same token and, per
+sequence, how many positions agreed before the first that differs.
 """
 
 from __future__ import annotations
@@ -207,3 +211,135 @@ def runs_differ(drift: dict | None, recipe) -> bool:
     eps = resolution(recipe)
     return any(leaf["max_abs"] > 4 * eps * (leaf["sources"] if leaf["near_zero"] else leaf["largest"])
                for leaf in drift["leaves"])
+
+
+# Token ids: which integer leaves of a result are compared as token sequences (`compare_tokens`).
+# An int64 or int32 tensor (what an embedding takes, what generate() and a greedy decode return), of
+# 1 dim (one sequence) or 2 (sequence, position), at least 2 positions long, with no negative entry
+# (ids index a vocabulary), in both runs. Not bool masks, uint8 images or int8/int16 quantized values
+# (their dtype), not a 0-d step counter or count (no positions), not a 3-d or larger integer tensor
+# (no (sequence, position) layout), not one with negative entries (-100 labels, offsets, differences).
+# An integer result of that shape that is no token ids (a bincount, a confusion matrix) passes the
+# rule too; its agreement share is still the share of equal entries.
+TOKEN_DTYPES = (torch.int64, torch.int32)
+
+
+def is_token_ids(value) -> bool:
+    """Whether ``value`` looks like token ids by the rule above."""
+    return (isinstance(value, torch.Tensor) and value.dtype in TOKEN_DTYPES and value.layout == torch.strided
+            and not value.is_nested and value.dim() in (1, 2) and value.shape[-1] >= 2 and value.numel() > 0
+            and not bool((value < 0).any()))
+
+
+def _prompt_length(base: torch.Tensor, amp: torch.Tensor, prompts) -> int | None:
+    """How many leading positions of each sequence are the prompt: the ids of the first of the fp32 run's
+    first embedding calls (`flops.OpAudit.embedding_ids`) that every sequence of both runs starts with (one
+    of its rows: beam search and num_return_sequences repeat or pick rows) and goes on past. A position
+    embedding looked up first, or a cell that trains before it generates, is passed over. None: no such call."""
+    for prompt in prompts:
+        rows = prompt.reshape(-1, prompt.shape[-1])
+        length = rows.shape[1]
+        if min(base.shape[-1], amp.shape[-1]) <= length:
+            continue
+        starts = {tuple(r) for r in rows.tolist()}
+        if all(tuple(r) in starts for seq in (base, amp) for r in seq[:, :length].tolist()):
+            return length
+    return None
+
+
+def _token_leaf(path: str, b: torch.Tensor, a: torch.Tensor, prompts) -> dict:
+    b2, a2 = b.reshape(-1, b.shape[-1]), a.reshape(-1, a.shape[-1])
+    leaf = {"name": path, "fp32_shape": list(b.shape), "amp_shape": list(a.shape), "sequences": b2.shape[0],
+            "comparable": b.dim() == a.dim() and b2.shape[0] == a2.shape[0]}
+    if not leaf["comparable"]:  # another number of sequences: nothing lines up
+        return leaf
+    start = _prompt_length(b2, a2, prompts)
+    offset = start or 0
+    common = min(b2.shape[1], a2.shape[1])
+    same = b2[:, offset:common] == a2[:, offset:common]
+    differ = ~same
+    # per sequence: how many positions (new tokens, after a known prompt) agreed before the first that
+    # differs; None where every compared position agrees
+    where = differ.to(torch.uint8).argmax(1).tolist() if differ.numel() else [0] * differ.shape[0]
+    first = [i if d else None for i, d in zip(where, differ.any(1).tolist())]
+    return {**leaf, "prompt": start,
+            # the positions each run has after the prompt: new tokens where the prompt is known
+            "fp32_length": b2.shape[1] - offset, "amp_length": a2.shape[1] - offset,
+            "lengths_differ": b2.shape[1] != a2.shape[1],
+            "compared": same.numel(), "agree": int(same.sum()),
+            "agreement": float(same.sum()) / same.numel() if same.numel() else None,
+            "diverged": sum(f is not None for f in first), "first_divergence": first}
+
+
+def compare_tokens(base, amp, prompts=()) -> dict | None:
+    """Token agreement between the two runs' token-id leaves (`is_token_ids`): the share of positions where
+    fp32 and the recipe chose the same token, and per sequence how many positions agreed before the first
+    that differs (a generate loop that picks another token once goes on from another text). ``prompts``:
+    the ids the fp32 run first fed an embedding (`flops.OpAudit.embedding_ids`); where each sequence
+    starts with one of them, the prompt, only the new tokens are counted. Where generation stopped at
+    another length, the positions both runs have are compared and ``lengths_differ`` says so; another
+    number of sequences is not compared (``comparable`` False). None when no leaf is token ids in both runs."""
+    base, amp = to_host(base), to_host(amp)
+    leaves = [_token_leaf(path, b, a, prompts) for (path, b), (_, a) in zip(_leaves(base), _leaves(amp))
+              if is_token_ids(b) and is_token_ids(a)]
+    if not leaves:
+        return None
+    compared = [leaf for leaf in leaves if leaf["comparable"]]
+    positions, agree = sum(leaf["compared"] for leaf in compared), sum(leaf["agree"] for leaf in compared)
+    return {"leaves": leaves, "compared": positions, "agree": agree,
+            "agreement": agree / positions if positions else None,
+            "sequences": sum(leaf["sequences"] for leaf in compared),
+            "diverged": sum(leaf["diverged"] for leaf in compared),
+            "lengths_differ": any(leaf["lengths_differ"] for leaf in compared),
+            "comparable": bool(compared)}
+
+
+def median_divergence(leaf: dict) -> float | None:
+    """The median, over a token leaf's sequences that diverge, of the positions that agreed first."""
+    firsts = sorted(f for f in leaf.get("first_divergence") or () if f is not None)
+    if not firsts:
+        return None
+    mid = len(firsts) // 2
+    return float(firsts[mid]) if len(firsts) % 2 else (firsts[mid - 1] + firsts[mid]) / 2
+
+
+def share_words(part: int, whole: int) -> str:
+    """A share as a percentage that never rounds to 100 % or 0 % unless it is: 399 of 400 is 99.8 %."""
+    share = part / whole
+    if part in (0, whole):
+        return f"{share:.0%}"
+    text = f"{share:.0%}"
+    return f"{share:.1%}" if text in ("0%", "100%") else text
+
+
+def token_figures(leaf: dict, name: str) -> str:
+    """A token leaf as the report says it: "agree at 87% of the 80 new tokens; 3 of 4 sequences diverge,
+    first after 12 of 20 new tokens (median of the 3)". ``name``: the recipe's dtype."""
+    if not leaf["comparable"]:
+        return (f"not compared: fp32 returned shape {tuple(leaf['fp32_shape'])}, {name} {tuple(leaf['amp_shape'])} "
+                "(another number of sequences)")
+    unit = "new tokens" if leaf["prompt"] else "positions"
+    n, sequences = leaf["fp32_length"], leaf["sequences"]
+    text = ""
+    if leaf["lengths_differ"]:
+        n = min(n, leaf["amp_length"])
+        text = (f"lengths differ (generation stopped at another length): fp32 has {leaf['fp32_length']} {unit} per "
+                f"sequence, {name} {leaf['amp_length']}; over the first {n}: ")
+    if leaf["diverged"] == 0:
+        if leaf["lengths_differ"]:
+            return text + f"agree at every one of the {leaf['compared']} {unit}"
+        return text + f"identical in both runs ({sequences} sequence{'s' if sequences != 1 else ''} x {n} {unit})"
+    text += f"agree at {share_words(leaf['agree'], leaf['compared'])} of the {leaf['compared']} {unit}; "
+    median = median_divergence(leaf)
+    if sequences == 1:
+        return text + f"the sequence diverges after {median:g} of {n} {unit}"
+    return (text + f"{leaf['diverged']} of {sequences} sequences diverge, first after {median:g} of {n} {unit} "
+            f"(median of the {leaf['diverged']})" if leaf["diverged"] > 1 else
+            text + f"1 of {sequences} sequences diverges, after {median:g} of {n} {unit}")
+
+
+def tokens_differ(tokens: dict | None) -> bool:
+    """Whether the two runs' token ids differ anywhere they can be compared, or in their lengths or number."""
+    return bool(tokens) and (not tokens["comparable"] or tokens["lengths_differ"]
+                             or tokens["agree"] < tokens["compared"]
+                             or any(not leaf["comparable"] for leaf in tokens["leaves"]))

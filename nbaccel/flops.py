@@ -103,6 +103,12 @@ def _has_shape(value) -> bool:
     return value.layout in (torch.strided, torch._mkldnn) and not value.is_nested
 
 
+# The first embedding lookups whose ids the audit keeps (a prompt, a position embedding looked up before
+# the token one), and the most ids it copies of one: a prompt, not a training batch.
+EMBEDDING_IDS_KEPT = 4
+EMBEDDING_IDS_SIZE = 1 << 16
+
+
 def dtype_name(dtype) -> str:
     return DTYPE_NAMES.get(dtype, str(dtype).replace("torch.", "") if dtype is not None else "none")
 
@@ -129,6 +135,9 @@ class OpAudit(AutocastInside, EagerWhileActive, TorchDispatchMode):
         self._number_magnitudes: dict[float, float] = {}
         self.read_autocast()  # again as the audit begins (`AutocastInside`)
         self._depth = 0  # how many times the audit is entered: it re-enters itself to decompose an op
+        # host copies of the ids the first few embedding lookups took: a generate loop's prompt, which
+        # the token comparison leaves out of its counts (`drift.compare_tokens`)
+        self.embedding_ids: list[torch.Tensor] = []
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -151,11 +160,13 @@ class OpAudit(AutocastInside, EagerWhileActive, TorchDispatchMode):
         name = f"{func.namespace}::{func.overloadpacket.__name__}"
         if name in _IGNORED or func.namespace == "profiler":  # record_function markers, not math
             return out
+        if name == "aten::embedding" and len(self.embedding_ids) < EMBEDDING_IDS_KEPT:
+            self._keep_ids(args[1] if len(args) > 1 else kwargs.get("indices"))
         flat_in, _ = tree_flatten((args, kwargs))
         # An op that casts inside ran its math in autocast's dtype, whatever it returns (_trilinear's
         # bf16 bmm calls sum into an fp32 result)
         ran = self._cast_dtype(keys, flat_in) if keys else _dtype_ran(name, flat_in, out)
-        record = self.records[(name, dtype_name(ran))]
+        record = self.records[(name, dtype_name(ran) if ran is not None else _no_tensor_out(func, args, kwargs, out))]
         record.calls += 1
         record.input_dtypes.update(dtype_name(t.dtype) for t in flat_in if isinstance(t, torch.Tensor))
         dense = all(map(_has_shape, flat_in))  # read once: the FLOPs and the shapes both need it
@@ -164,6 +175,12 @@ class OpAudit(AutocastInside, EagerWhileActive, TorchDispatchMode):
             shapes = tuple(tuple(t.shape) for t in flat_in if isinstance(t, torch.Tensor))
             record.shapes.add(shapes)
         return out
+
+    def _keep_ids(self, ids) -> None:
+        if (isinstance(ids, torch.Tensor) and ids.dim() in (1, 2) and 0 < ids.numel() <= EMBEDDING_IDS_SIZE
+                and ids.layout == torch.strided and not ids.is_nested
+                and not (torch.cuda.is_available() and torch.cuda.is_current_stream_capturing())):
+            self.embedding_ids.append(ids.detach().to("cpu", copy=True))
 
     def __enter__(self):
         # Autocast as the code runs it, read as the audit begins: inside __torch_dispatch__ (where the
@@ -327,6 +344,29 @@ def _dtype_ran(name: str, flat_in: list, out) -> torch.dtype | None:
     flat_out, _ = tree_flatten(out)
     tensors = [t for t in flat_out if isinstance(t, torch.Tensor)]
     return next((t.dtype for t in tensors if t.is_floating_point()), tensors[0].dtype if tensors else None)
+
+
+def _no_tensor_out(func, args, kwargs, out) -> str:
+    """The output dtype column of an op that returned no tensor, which read "none": what it returned. A
+    Python number is "Python float" (``.item()``, aten::_local_scalar_dense: the value is read to the host,
+    exactly as the tensor held it; its dtype is in the input dtypes column), "Python bool" (aten::equal).
+    An op that returns nothing and writes tensors it was given (an optimizer's aten::_foreach_add_) ran in
+    those tensors' dtype; one that writes none (an assert) has "no output"."""
+    if isinstance(out, (bool, int, float, complex)):
+        return f"Python {type(out).__name__}"
+    if isinstance(out, torch.SymInt):  # pragma: no cover - symbolic shapes: under torch.compile's tracing
+        return "Python int"
+    written = [a for arg, a in zip(func._schema.arguments, _schema_values(func, args, kwargs))
+               if arg.alias_info is not None and arg.alias_info.is_write]
+    tensors = [t for t in tree_flatten(written)[0] if isinstance(t, torch.Tensor)]
+    if tensors:
+        return dtype_name(next((t.dtype for t in tensors if t.is_floating_point()), tensors[0].dtype))
+    return "no output"
+
+
+def _schema_values(func, args, kwargs) -> list:
+    """The op's arguments in its schema's order, positional or by keyword (None where left to the default)."""
+    return [args[i] if i < len(args) else kwargs.get(arg.name) for i, arg in enumerate(func._schema.arguments)]
 
 
 def _flops_of(func, name: str, args, kwargs, out, dense: bool | None = None) -> int:

@@ -1481,7 +1481,8 @@ def test_a_sparse_result_is_compared_as_its_dense_values():
     assert res.drift_skipped is None and 0 < res.drift["max_rel"] < 0.1
 
 
-@pytest.mark.parametrize("value", [torch.ones(3, dtype=torch.int64), "text"])
+# (a 1-d int64 tensor of ids is token ids now: test_a_1d_long_tensor_is_one_sequence)
+@pytest.mark.parametrize("value", [torch.tensor(3), torch.ones(3, dtype=torch.bool), "text"])
 def test_a_result_without_floats_says_why_there_is_no_drift(value):
     res = nbaccel.compare_amp(lambda: value, repeat=3, warmup=0)
     assert res.drift is None and res.drift_skipped.startswith("the result holds no float tensor")
@@ -2434,3 +2435,152 @@ def test_the_drift_of_a_dataclass_result_is_compared_field_by_field():
     x = torch.randn(2, 4)
     res = nbaccel.compare_amp(lambda: _ModelOutput(model(x).sum(), model(x)), repeat=3)
     assert res.drift is not None and res.drift["max_rel"] > 0
+
+
+def test_identical_token_ids_agree_everywhere_and_no_sequence_diverges():
+    from nbaccel.drift import compare_tokens, token_figures
+
+    out = torch.tensor([[3, 1, 4, 1, 5], [9, 2, 6, 5, 3]])
+    tokens = compare_tokens(out, out.clone())
+    (leaf,) = tokens["leaves"]
+    assert tokens["agreement"] == 1.0 and tokens["diverged"] == 0 and not tokens["lengths_differ"]
+    assert leaf["prompt"] is None and leaf["first_divergence"] == [None, None]  # no prompt known: every position
+    assert token_figures(leaf, "bf16") == "identical in both runs (2 sequences x 5 positions)"
+
+
+def test_a_divergence_at_a_known_position_is_counted_after_the_prompt():
+    from nbaccel.drift import compare_tokens, token_figures
+
+    fp32 = torch.tensor([[1, 2, 3, 4, 5, 6, 7], [1, 2, 3, 4, 5, 6, 7], [8, 8, 1, 1, 1, 1, 1]])
+    bf16 = torch.tensor([[1, 2, 3, 4, 9, 9, 9], [1, 2, 3, 4, 5, 6, 7], [8, 8, 2, 1, 1, 1, 1]])
+    # the embedding first took a position embedding's ids, then the prompts (rows 0 and 1 share one)
+    prompts = [torch.arange(2), torch.tensor([[1, 2], [8, 8]])]
+    tokens = compare_tokens(fp32, bf16, prompts)
+    (leaf,) = tokens["leaves"]
+    assert leaf["prompt"] == 2 and leaf["fp32_length"] == 5 and tokens["compared"] == 15
+    assert leaf["first_divergence"] == [2, None, 0] and tokens["agree"] == 15 - 3 - 1
+    assert token_figures(leaf, "bf16") == ("agree at 73% of the 15 new tokens; 2 of 3 sequences diverge, first after "
+                                           "1 of 5 new tokens (median of the 2)")
+    # a prompt only one run starts with is no prompt: positions from the start
+    assert compare_tokens(fp32, bf16, [torch.tensor([[1, 2, 3]])])["leaves"][0]["prompt"] is None
+
+
+def test_token_ids_of_another_length_or_number_are_said_not_a_crash():
+    from nbaccel.drift import compare_tokens, token_figures, tokens_differ
+
+    fp32 = torch.tensor([[5, 5, 1, 2, 3, 4], [5, 6, 1, 2, 0, 0]])
+    bf16 = torch.tensor([[5, 5, 1, 2], [5, 6, 1, 7]])  # generation stopped 2 tokens earlier
+    tokens = compare_tokens(fp32, bf16, [torch.tensor([[5, 5], [5, 6]])])
+    (leaf,) = tokens["leaves"]
+    assert tokens["lengths_differ"] and tokens_differ(tokens)
+    assert (leaf["fp32_length"], leaf["amp_length"], leaf["compared"], leaf["agree"]) == (4, 2, 4, 3)
+    assert leaf["first_divergence"] == [None, 1]
+    assert token_figures(leaf, "bf16") == (
+        "lengths differ (generation stopped at another length): fp32 has 4 new tokens per sequence, bf16 2; over the "
+        "first 2: agree at 75% of the 4 new tokens; 1 of 2 sequences diverges, after 1 of 2 new tokens")
+    same_start = compare_tokens(fp32, fp32[:, :4])
+    assert same_start["leaves"][0]["diverged"] == 0 and tokens_differ(same_start)
+    assert token_figures(same_start["leaves"][0], "bf16").endswith("over the first 4: agree at every one of the 8 "
+                                                                   "positions")
+    other = compare_tokens(fp32, fp32[:1])
+    assert not other["comparable"] and other["agreement"] is None and tokens_differ(other)
+    assert token_figures(other["leaves"][0], "fp16") == ("not compared: fp32 returned shape (2, 6), fp16 (1, 6) "
+                                                         "(another number of sequences)")
+    json.dumps(other, allow_nan=False)
+
+
+def test_a_1d_long_tensor_is_one_sequence():
+    from nbaccel.drift import compare_tokens, token_figures
+
+    tokens = compare_tokens({"ids": torch.tensor([5, 6, 7, 8])}, {"ids": torch.tensor([5, 6, 0, 0])})
+    (leaf,) = tokens["leaves"]
+    assert leaf["name"] == "value['ids']" and leaf["sequences"] == 1 and leaf["first_divergence"] == [2]
+    assert token_figures(leaf, "bf16") == ("agree at 50% of the 4 positions; the sequence diverges after 2 of 4 "
+                                           "positions")
+    # a 1-d prompt the model embedded whole
+    with_prompt = compare_tokens(torch.tensor([5, 6, 7, 8]), torch.tensor([5, 6, 7, 0]), [torch.tensor([5, 6])])
+    assert with_prompt["leaves"][0]["prompt"] == 2 and with_prompt["leaves"][0]["first_divergence"] == [1]
+
+
+@pytest.mark.parametrize("value", [
+    torch.tensor(12),  # a step counter
+    torch.tensor([True, False, True]),  # a mask
+    torch.tensor([[3, 200]], dtype=torch.uint8),  # an image's pixels
+    torch.tensor([1, 2, 3], dtype=torch.int16),  # quantized values
+    torch.tensor([[-100, 4, 5]]),  # labels with an ignore index
+    torch.ones(2, 3, 4, dtype=torch.int64),  # no (sequence, position) layout
+    torch.tensor([7]),  # one position
+    torch.tensor([0.5, 1.5]),  # floats: the drift's
+])
+def test_an_integer_tensor_that_is_no_token_ids_is_not_compared_as_tokens(value):
+    from nbaccel.drift import compare_tokens
+
+    other = value.clone() if value.dtype == torch.bool else value + 1
+    assert compare_tokens(value, other) is None
+    if value.is_floating_point():
+        return
+    res = nbaccel.compare_amp(lambda: value, repeat=3, warmup=0)
+    assert res.tokens is None and res.drift_skipped.startswith("the result holds no float tensor")
+    assert "tokens" not in str(res)
+
+
+def test_token_ids_beside_floats_in_a_model_output_get_both_figures():
+    """generate(..., return_dict_in_generate=True, output_scores=True): sequences and the scores."""
+    from token_model import SOURCE
+
+    ns = {}
+    exec(SOURCE, ns)
+    model, ids = ns["model"], ns["ids"]
+
+    def step():
+        out = model.generate(ids, max_new_tokens=3)
+        return {"sequences": out, "scores": model(out)[:, -1]}
+
+    res = nbaccel.compare_amp(step, repeat=3, warmup=0)
+    assert res.drift is not None and [leaf["name"] for leaf in res.drift["leaves"]] == ["value['scores']"]
+    assert [leaf["name"] for leaf in res.tokens["leaves"]] == ["value['sequences']"]
+    # 2, 3 -> 4 5 | 7 vs 6; 4, 5 -> | 7 vs 6 (tests/token_model.py)
+    assert res.tokens["leaves"][0]["prompt"] == 2 and res.tokens["leaves"][0]["first_divergence"] == [None, 2, 0, None]
+    text = unfolded(res)
+    assert "drift of the result: max abs" in text and "tokens of the result value['sequences']: agree at 67%" in text
+    assert json.loads(res.to_json())["tokens"]["agree"] == 8
+
+
+def test_the_op_table_names_what_an_op_without_a_tensor_output_returned():
+    """.item() (aten::_local_scalar_dense) read "none" in the output dtype column: it returns a Python
+    number, not a tensor. So did torch.equal and an optimizer's foreach ops, which write the tensors they
+    are given and return nothing."""
+    torch.manual_seed(0)
+    model, x = torch.nn.Linear(8, 8), torch.randn(4, 8)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, foreach=True)
+
+    def step():
+        opt.zero_grad()
+        loss = model(x).square().mean()
+        loss.backward()
+        opt.step()
+        return loss.item(), model(x).argmax().item(), bool((loss > 0).item()), torch.equal(x, x)
+
+    res = nbaccel.compare_amp(step, state=(model, opt), repeat=3, warmup=0)
+    ops = res.amp.ops
+    assert "none" not in set(ops["dtype"])
+    rows = {(r.op, r.input_dtypes): r.dtype for r in ops.itertuples()}
+    assert rows[("aten::_local_scalar_dense", "bf16")] == "Python float"  # the bf16 loss, read to the host
+    assert rows[("aten::_local_scalar_dense", "int64")] == "Python int"
+    assert rows[("aten::_local_scalar_dense", "bool")] == "Python bool"
+    assert rows[("aten::equal", "fp32")] == "Python bool"
+    assert rows[("aten::_foreach_add_", "fp32")] == "fp32"  # the fp32 parameters it updated in place
+    from nbaccel.render.amp import ops_rows
+
+    assert all(row[0] != "aten::_local_scalar_dense" for row in ops_rows(res, "reduced") + ops_rows(res, "fp32"))
+
+
+def test_tokens_that_differ_between_unrestored_runs_are_not_blamed_on_precision():
+    from token_model import SOURCE
+
+    ns = {}
+    exec(SOURCE, ns)
+    model, ids = ns["model"], ns["ids"]
+    res = nbaccel.compare_amp(lambda: model.generate(ids, max_new_tokens=6), repeat=3, warmup=0, restore=False)
+    assert "tokens agree 50% (3 of 4 sequences diverge) (variables not restored)" in str(res).splitlines()[0]
+    assert any(a.startswith("The fp32 and bf16 results differ (tokens agree at 50%), but") for a in res.advice)

@@ -1224,3 +1224,58 @@ def test_a_cell_that_changes_a_modules_structure_does_it_once(run_cell, ip):
     # one the cell does not read is left alone (the magic's cell function holds the whole namespace)
     run_cell("%%amp --repeat 3 --warmup 0 -q -r res\nx @ x.T")
     assert ip.user_ns["res"].drift["compared"] == 16
+
+
+def test_a_greedy_decodes_tokens_are_compared_position_by_position(run_cell, ip):
+    """A generate loop's LongTensor read "drift not computed (the result holds no float tensor ...)": integers
+    have no relative error. The report now says whether bf16 produced the same tokens, and where each
+    sequence first took another one (tests/token_model.py: bf16 picks 6 after 5 where fp32 picks 7)."""
+    from token_model import SOURCE, decode
+
+    run_cell(SOURCE)
+    _, captured = run_cell("%%amp --repeat 3 --warmup 0 -r res\nout = model.generate(ids, max_new_tokens=6)\nout")
+    prompts = [[0, 1], [2, 3], [4, 5], [6, 7]]
+    fp32, bf16 = ([decode(p, 6, bf16=b) for p in prompts] for b in (False, True))
+    assert torch.equal(ip.user_ns["out"], torch.tensor(bf16))  # the kept run is the recipe's
+    res = ip.user_ns["res"]
+    tokens = res.tokens
+    (leaf,) = tokens["leaves"]
+    # the prompt (what the model's embedding took first) is left out: 4 sequences x 6 new tokens
+    assert leaf["prompt"] == 2 and tokens["compared"] == 24
+    assert tokens["agree"] == sum(f == b for fs, bs in zip(fp32, bf16) for f, b in zip(fs[2:], bs[2:])) == 12
+    # 0, 1 -> 2 3 4 5 | 7 vs 6; 2, 3 -> 4 5 | ...; 4, 5 -> | 7 vs 6; 6, 7 -> 0 1 2 3 4 5, never reaching a 5 first
+    assert leaf["first_divergence"] == [4, 2, 0, None] and tokens["diverged"] == 3
+    assert res.drift is None and res.drift_skipped is None  # not "not computed": the tokens are the comparison
+    shown = captured.outputs[0].data
+    text = unfolded(shown["text/plain"])
+    assert text.split(" method: ")[0].count("not computed") == 0
+    assert shown["text/plain"].splitlines()[0].endswith("tokens agree 50% (3 of 4 sequences diverge)")
+    assert ("tokens of the result: agree at 50% of the 24 new tokens; 3 of 4 sequences diverge, first after 2 of "
+            "6 new tokens (median of the 3)") in text
+    assert "tokens (fp32 vs bf16)" in shown["text/html"] and "agree 50%" in shown["text/html"]
+    assert json.loads(res.to_json())["tokens"]["leaves"][0]["first_divergence"] == [4, 2, 0, None]
+
+    # Identical tokens: a prompt whose path never reaches 5 in 4 new tokens
+    run_cell("%%amp --repeat 3 --warmup 0 -q -r same\nmodel.generate(ids[3:], max_new_tokens=4)")
+    same = ip.user_ns["same"]
+    assert same.tokens["agree"] == same.tokens["compared"] == 4 and same.tokens["diverged"] == 0
+    assert "tokens identical" in str(same).splitlines()[0]
+    assert "tokens of the result: identical in both runs (1 sequence x 4 new tokens)" in unfolded(same)
+
+
+def test_a_decode_that_stops_at_another_length_is_said_not_a_crash(run_cell, ip):
+    """fp32 reaches the end token 0 one step before bf16 (3 4 5 7 0 against 3 4 5 6 7 0): the two results
+    have other shapes, which the report says, comparing the positions both have."""
+    from token_model import SOURCE, decode
+
+    run_cell(SOURCE)
+    run_cell("%%amp --repeat 3 --warmup 0 -q -r res\nmodel.generate(torch.tensor([[3]]), 10, eos_token_id=0)")
+    assert decode([3], 10, False, eos=0) == [3, 4, 5, 7, 0] and decode([3], 10, True, eos=0) == [3, 4, 5, 6, 7, 0]
+    res = ip.user_ns["res"]
+    (leaf,) = res.tokens["leaves"]
+    assert leaf["lengths_differ"] and (leaf["fp32_length"], leaf["amp_length"]) == (4, 5)
+    assert leaf["compared"] == 4 and leaf["agree"] == 2 and leaf["first_divergence"] == [2]
+    assert str(res).splitlines()[0].endswith("tokens agree 50% (the sequence diverges, lengths differ)")
+    assert ("tokens of the result: lengths differ (generation stopped at another length): fp32 has 4 new tokens per "
+            "sequence, bf16 5; over the first 4: agree at 50% of the 4 new tokens; the sequence diverges after 2 of "
+            "4 new tokens") in unfolded(res)

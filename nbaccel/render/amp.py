@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ..amp_result import MEMORY_NOISE_FLOOR, memory_ranges, too_few_runs
-from ..drift import near_zero_figures, relative_words, resolution
+from ..drift import near_zero_figures, relative_words, resolution, share_words, token_figures
 from ..memory import byte_range, format_bytes
 from ..options import option
 from ..timing import format_seconds
@@ -58,6 +58,8 @@ def headline(result) -> str:
         parts.append(" ".join(memory))
     if result.drift:
         parts.append(drift_summary(result))
+    if result.tokens:
+        parts.append(tokens_summary(result))
     # One flag before every figure it qualifies: speedup, memory and drift all compare the recipe with
     # the cell's own reduced precision, not with fp32 (the first advice line says how).
     flag = f"fp32 run not fp32 (the cell runs {' and '.join(result.baseline_reduced)} itself): " \
@@ -115,6 +117,28 @@ def drift_summary(result) -> str:
         text += f" ({result.amp.name} has inf/NaN where fp32 has none)"
     flag = _drift_flag(result)
     return text + (f" ({flag})" if flag else "")
+
+
+def tokens_summary(result) -> str:
+    """The token agreement for the headline: "tokens agree 87% (3 of 4 sequences diverge)"."""
+    t = result.tokens
+    text, detail = _tokens_kpi(t)
+    text = f"tokens {text}" if text != "not compared" else "tokens not compared"
+    flag = _drift_flag(result)
+    return text + "".join(f" ({w})" for w in (detail, flag) if w)
+
+
+def _tokens_kpi(t: dict) -> tuple[str, str | None]:
+    """(the figure, what qualifies it) of a result's token agreement: ("agree 87%", "3 of 4 sequences diverge")."""
+    if not t["comparable"]:
+        return "not compared", "another number of sequences"
+    lengths = "lengths differ" if t["lengths_differ"] else None
+    if t["agree"] == t["compared"]:
+        return ("agree where both have them" if lengths else "identical"), lengths
+    n = t["sequences"]
+    diverged = ("the sequence diverges" if n == 1 else
+                f"{t['diverged']} of {n} sequences diverge{'s' if t['diverged'] == 1 else ''}")
+    return f"agree {share_words(t['agree'], t['compared'])}", ", ".join(filter(None, (diverged, lengths)))
 
 
 def _drift_flag(result) -> str | None:
@@ -272,7 +296,8 @@ def text(result) -> str:
 def _drift_lines(result) -> list[str]:
     d = result.drift
     if d is None:
-        return [f"drift of the result: not computed ({result.drift_skipped})"] if result.drift_skipped else []
+        return ([f"drift of the result: not computed ({result.drift_skipped})"] if result.drift_skipped
+                else []) + _token_lines(result)
     if d.get("compared") == 0:
         lines = ["drift of the result: n/a (no element is finite in both runs)"]
     else:
@@ -288,7 +313,16 @@ def _drift_lines(result) -> list[str]:
         lines.append(f"{result.amp.name} produced inf/NaN where fp32 did not: {d['amp_only_nonfinite']} element(s)")
     if d.get("fp32_only_nonfinite"):
         lines.append(f"fp32 produced inf/NaN where {result.amp.name} did not: {d['fp32_only_nonfinite']} element(s)")
-    return lines
+    return lines + _token_lines(result)
+
+
+def _token_lines(result) -> list[str]:
+    """One line per token-id leaf of the result (`drift.compare_tokens`)."""
+    t = result.tokens
+    if not t:
+        return []
+    return [f"tokens of the result{'' if leaf['name'] == 'value' else ' ' + leaf['name']}: "
+            f"{token_figures(leaf, result.amp.name)}" for leaf in t["leaves"]]
 
 
 def _kpis(result) -> str:
@@ -330,6 +364,14 @@ def _kpis(result) -> str:
         if result.drift.get("amp_only_nonfinite"):
             kpis.append(f'<div class="kpi"><div class="muted">inf/NaN only in {esc(result.amp.name)}</div>'
                         f'<div class="big warn">{result.drift["amp_only_nonfinite"]}</div></div>')
+    if result.tokens:
+        value, detail = _tokens_kpi(result.tokens)
+        flag = _drift_flag(result)
+        cls = "big" if value == "identical" else "big warn"
+        kpis.append(f'<div class="kpi"><div class="muted">tokens (fp32 vs {esc(result.amp.name)})</div>'
+                    f'<div class="{cls}">{esc(value)}</div>'
+                    + (f'<div class="muted">({esc(detail)})</div>' if detail else "")
+                    + (f'<div class="muted warn">{esc(flag)}</div>' if flag else "") + '</div>')
     return "".join(kpis)
 
 
@@ -360,7 +402,7 @@ def details_html(result) -> str:
                 table(OPS_HEADERS, ops_rows(result)[:40], text_columns=(1, 4))]
     drift = _drift_lines(result)
     if drift:
-        sections += ["<h4>Drift of the result (fp32 vs the recipe)</h4>", bullet_list(drift)]
+        sections += ["<h4>Drift of the result (fp32 vs the recipe)</h4>", bullet_list(drift)]  # token ids too
     if result.gradients:
         sections += ["<h4>Gradients</h4>", bullet_list(_gradient_lines(result))]
     return "".join(sections)
