@@ -27,7 +27,7 @@ from .eager_modes import EagerWhileActive
 from .memory import cuda_counters, reset_cuda_peak
 from .model_states import make_optimizers
 from .options import in_magic, option
-from .probe_inputs import cut_bags, find_bags
+from .probe_inputs import cut_bags, example_tensors, find_bags
 from .storages import storage_bytes, storage_keys, storages
 
 
@@ -778,8 +778,7 @@ def _dry_run(model, optimizer, example, batches, device, amp_dtype, loss_fn, nam
                     f"first layer ({path}, an nn.Linear)")
         else:
             keyed = isinstance(example, Mapping)
-            tensors = (tuple(example.values()) if keyed else example if isinstance(example, (tuple, list))
-                       else (example,))
+            tensors = example_tensors(example)
             shapes = ", ".join((f"{key}=" if keyed else "") + str(tuple(t.shape))
                                for key, t in zip(example if keyed else range(len(tensors)), tensors))
             bags = find_bags(model, tensors)

@@ -51,7 +51,7 @@ from .memory import format_bytes
 from .model_states import (OPTIMIZERS, _largest_leaf_bytes, _optimizer_spec, closest_optimizer, make_optimizer,
                            optimizer_plan, optimizer_state_bytes, plan_name, plan_state_bytes)
 from .options import in_magic, option
-from .probe_inputs import find_bags, graph_refusal
+from .probe_inputs import example_tensors, find_bags, graph_refusal
 from .results import ResultMixin
 from .snapshot import rng_kept
 
@@ -297,7 +297,7 @@ def _check_arguments(batch, example, probe_batches, amp_dtype, loss_fn, name, gp
     if batch < 1:
         raise ValueError(f"{option('batch')} must be at least 1, got {batch}")
     keyed = isinstance(example, Mapping)
-    tensors = tuple(example.values()) if keyed else example if isinstance(example, (tuple, list)) else (example,)
+    tensors = example_tensors(example)
     if example is not None and not ((tensors or not keyed) and all(isinstance(t, torch.Tensor) for t in tensors)):
         # A Hugging Face-style batch is a dict: the model is called as model(**batch) (a trial's dict was refused)
         got = ("a dict whose values are not all tensors: "

@@ -15,6 +15,7 @@ the example. Two common inputs have no such rows:
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import torch
@@ -94,15 +95,21 @@ def cut_bags(example, bags: FlatBags, batch: int) -> dict[int, torch.Tensor]:
     return out
 
 
+def example_tensors(example) -> tuple:
+    """The tensors of an example as the model is called with them: a dict's values (``model(**batch)``), a
+    tuple's or list's items (``model(*batch)``), or the one tensor."""
+    if isinstance(example, Mapping):
+        return tuple(example.values())
+    return tuple(example) if isinstance(example, (tuple, list)) else (example,)
+
+
 def example_rows(model: torch.nn.Module, example) -> int | None:
     """How many samples ``example`` holds, as the dry run cuts it: its bags (`find_bags`), else the first
     dimension its tensors share; None where they share none (a tensor and its lengths, a graph)."""
     bags = find_bags(model, example)
     if bags is not None:
         return bags.bags
-    tensors = (example.values() if isinstance(example, dict) else example if isinstance(example, (tuple, list))
-               else (example,))
-    firsts = {t.shape[0] for t in tensors if isinstance(t, torch.Tensor) and t.dim() >= 1}
+    firsts = {t.shape[0] for t in example_tensors(example) if isinstance(t, torch.Tensor) and t.dim() >= 1}
     return firsts.pop() if len(firsts) == 1 else None
 
 
