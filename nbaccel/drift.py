@@ -26,6 +26,8 @@ import math
 
 import torch
 
+from .render.common import format_share
+
 try:  # numpy is a torch dependency in practice, but not a hard one
     import numpy as np
 except ImportError:  # pragma: no cover
@@ -304,12 +306,9 @@ def median_divergence(leaf: dict) -> float | None:
 
 
 def share_words(part: int, whole: int) -> str:
-    """A share as a percentage that never rounds to 100 % or 0 % unless it is: 399 of 400 is 99.8 %."""
-    share = part / whole
-    if part in (0, whole):
-        return f"{share:.0%}"
-    text = f"{share:.0%}"
-    return f"{share:.1%}" if text in ("0%", "100%") else text
+    """``part`` of ``whole`` as a whole percentage that never rounds to 100 % or 0 % unless it is: 399 of 400
+    is 99.8 %."""
+    return format_share(part / whole, digits=0)
 
 
 def token_figures(leaf: dict, name: str) -> str:

@@ -168,6 +168,16 @@ def si(value, unit: str) -> str:
     return f"{value:.3g} {unit}"
 
 
-def format_share(fraction: float) -> str:
-    """A share as nbaccel quotes it: "12.3%", and "<0.1%" rather than a "0.0%" that reads as none."""
-    return "0%" if fraction == 0 else "<0.1%" if fraction < 0.001 else f"{fraction:.1%}"
+def format_share(fraction: float, digits: int = 1) -> str:
+    """A share as nbaccel quotes it: "12.3%" (``digits`` decimals), never rounded to a "0.0%" that
+    reads as none or a "100.0%" that reads as all unless it is: "<0.1%", 399 of 400 at ``digits=0``
+    "99.8%" (one more decimal before giving up), 3999.9 of 4000 ">99.9%"."""
+    if fraction == 0:
+        return "0%"
+    if fraction == 1:
+        return f"{fraction:.{digits}%}"
+    for places in range(digits, max(digits, 1) + 1):
+        text = f"{fraction:.{places}%}"
+        if text not in (f"{0:.{places}%}", f"{1:.{places}%}"):
+            return text
+    return "<0.1%" if fraction < 0.5 else ">99.9%"
