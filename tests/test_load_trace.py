@@ -27,7 +27,7 @@ from nbaccel.render import display as display_module
 from nbaccel.render import multirank as render_multirank
 from nbaccel.render import profile as render_profile
 from nbaccel.trace_result import MultiRankResult, TraceError, load_trace
-from widget_helpers import control, first_column, walk
+from widget_helpers import control, first_column, ops_table, walk
 from text_helpers import unfolded
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "data"
@@ -686,7 +686,7 @@ def test_profile_widget_renders_one_page_at_a_time():
     r = load_trace(real_path(A100), top=15)
     box = render_profile.widget(r)
     tab = next(w for w in walk(box) if type(w).__name__ == "Tab")
-    ops = tab.children[0].children[-1]
+    ops = ops_table(box)
     top = control(box, "IntSlider", "top K")
     size = control(box, "Dropdown", "rows/page")
     page = control(box, "BoundedIntText", "page")

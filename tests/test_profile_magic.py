@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+from html import unescape as html_unescape
 from pathlib import Path
 
 import pytest
@@ -15,7 +16,7 @@ from nbaccel.analysis import load_trace
 from nbaccel.device import cpu_flags, device_info
 from nbaccel.render import display as display_module
 from nbaccel.render import profile as render_profile
-from widget_helpers import control, first_column, walk
+from widget_helpers import control, first_column, header_buttons, ops_table, walk
 from text_helpers import unfolded
 
 SETUP = """
@@ -332,8 +333,8 @@ def test_stack_op_calls_count_the_ops_the_line_made(run_cell, ip):
     row = next(r for r in text.splitlines() if r.startswith(line))
     assert f" {made} " in row
     assert ">op calls<" in bundle(captured)["text/html"]
-    box = render_profile.widget(prof)  # its table and its "sort by" name the column as the header does
-    assert ">op calls<" in _ops_html(box) and ("op calls", "calls") in control(box, "Dropdown", "sort by").options
+    box = render_profile.widget(prof)  # its header and its "sort by" name the column as the table does
+    assert "op calls" in _headers(box) and ("op calls", "calls") in control(box, "Dropdown", "sort by").options
 
 
 def test_autocast_redispatch_is_one_call_of_the_op(run_cell, ip):
@@ -604,7 +605,12 @@ def test_to_dict_is_json_safe(run_cell, ip):
 def _ops_html(box):
     """The operator table's HTML, without the <wbr> break opportunities in long names (not text)."""
     tab = next(w for w in walk(box) if type(w).__name__ == "Tab")
-    return tab.children[0].children[-1].value.replace("<wbr>", "")
+    return ops_table(box).value.replace("<wbr>", "")
+
+
+def _headers(box):
+    """The operator table's column headers (the widget's header buttons), as they read."""
+    return [b.description for b in header_buttons(box)]
 
 
 def _first_column(html):
@@ -646,7 +652,7 @@ def test_widget_controls_change_the_table(run_cell, ip, monkeypatch):
     assert len(_first_column(_ops_html(box))) == 1
 
     group.value = "op+shape"
-    assert "input shapes" in _ops_html(box) and "1000x1000, 1000x1001" in _ops_html(box)
+    assert "input shapes" in _headers(box) and "1000x1000, 1000x1001" in _ops_html(box)
 
 
 def test_widget_top_k_sort_choices_and_name_order_follow_the_grouping(run_cell, ip):
@@ -685,13 +691,116 @@ def test_widget_switching_to_a_grouping_without_the_sorted_text_column_sorts_lar
     group.value = "op"
     assert sort.value == "cpu_self_us" and not ascending.value
     html = _ops_html(box)
-    assert "self CPU \u25bc" in html and "self CPU \u25b2" not in html
+    assert "self CPU \u25bc" in _headers(box) and "self CPU \u25b2" not in _headers(box)
     assert _first_column(html) == list(prof.table(group="op").head(3)["name"])  # the costliest three
     # A column both groupings show keeps the order the user chose.
     sort.value = "calls"
     ascending.value = True
     group.value = "op+shape"
     assert sort.value == "calls" and ascending.value
+
+
+def _header(box, label):
+    """The header button whose column is ``label`` (with or without its sort arrow)."""
+    found = [b for b in header_buttons(box) if b.description.rstrip(" \u25b2\u25bc") == label]
+    assert len(found) == 1, f"no single header button {label!r}: {_headers(box)}"
+    return found[0]
+
+
+def test_widget_column_headers_sort_on_click_and_reverse_on_a_second(run_cell, ip):
+    # From a trial: users clicked the operator table's column headers and nothing happened (only the
+    # "sort by" dropdown sorted). The headers are buttons now: a click sorts, a second reverses.
+    prof, _, _ = profile_cell(run_cell, ip)
+    box = render_profile.widget(prof)
+    sort, ascending = control(box, "Dropdown", "sort by"), control(box, "Checkbox", "ascending")
+    cols = render_profile.visible_columns(prof, "op")
+    assert [b.description.rstrip(" \u25b2\u25bc") for b in header_buttons(box)] == [label for _, label, _ in cols]
+    assert "self CPU \u25bc" in _headers(box)  # the default order, marked as the static table marks it
+    assert "<thead>" not in _ops_html(box)  # the buttons are the header ...
+    assert "<thead>" in prof._repr_html_() and 'class="fixed"' not in prof._repr_html_()  # ... not in static HTML
+
+    _header(box, "calls").click()  # numbers: largest first
+    assert (sort.value, ascending.value) == ("calls", False)
+    assert _first_column(_ops_html(box)) == list(prof.table(group="op", sort="calls").head(25)["name"])
+    assert "calls \u25bc" in _headers(box) and "self CPU" in _headers(box)  # the old column lost its arrow
+
+    _header(box, "calls").click()  # the same column again: reversed
+    assert (sort.value, ascending.value) == ("calls", True)
+    assert _first_column(_ops_html(box)) == list(prof.table(group="op", sort="calls", ascending=True)
+                                                 .head(25)["name"])
+    assert "calls \u25b2" in _headers(box)
+
+    _header(box, "operator").click()  # names: A to Z
+    names = _first_column(_ops_html(box))
+    assert (sort.value, ascending.value) == ("name", True) and names == sorted(names)
+    _header(box, "operator").click()
+    assert _first_column(_ops_html(box)) == list(prof.table(group="op", sort="name", ascending=False)
+                                                 .head(25)["name"]) and not ascending.value
+
+    # The dropdown and the checkbox drive the header's arrow too.
+    sort.value = "cpu_total_us"
+    assert "CPU total \u25bc" in _headers(box) and "operator" in _headers(box)
+    ascending.value = True
+    assert "CPU total \u25b2" in _headers(box)
+    _header(box, "CPU total").click()  # a click on the sorted column reverses what the checkbox set
+    assert not ascending.value and "CPU total \u25bc" in _headers(box)
+
+
+def test_widget_header_click_starts_at_the_first_page(run_cell, ip):
+    prof, _, _ = profile_cell(run_cell, ip)
+    box = render_profile.widget(prof)
+    control(box, "Dropdown", "rows/page").value = 10
+    page = control(box, "BoundedIntText", "page")
+    page.value = 2
+    assert page.value == 2
+    _header(box, "calls").click()
+    assert page.value == 1
+    assert _first_column(_ops_html(box)) == list(prof.table(group="op", sort="calls").head(10)["name"])
+
+
+def test_widget_header_follows_the_grouping_and_lines_up_with_the_table(run_cell, ip):
+    prof, _, _ = profile_cell(run_cell, ip, opts="-q -r prof --stack")
+    box = render_profile.widget(prof)
+    group = control(box, "ToggleButtons", "group by")
+    grid = next(w for w in walk(box) if type(w).__name__ == "GridBox")
+    for grouping in ("source", "op+shape", "op"):
+        group.value = grouping
+        cols = render_profile.visible_columns(prof, grouping)
+        assert [b.description.rstrip(" \u25b2\u25bc") for b in header_buttons(box)] == [c[1] for c in cols]
+        # The grid of buttons and the table's <colgroup> have the same widths, one per column shown.
+        html = _ops_html(box)
+        widths = re.findall(r'<col(?: style="width:([^"]+)")?>', html)
+        template = grid.layout.grid_template_columns.replace("minmax(0, 1fr)", "*").split()
+        assert [w or "*" for w in widths] == template and len(template) == len(cols)
+        assert 'table class="fixed"' in html
+        first_row = re.search(r"<tbody><tr>(.*?)</tr>", html).group(1)
+        assert first_row.count("<td") == len(cols)
+    group.value = "op+shape"
+    _header(box, "input shapes").click()
+    shapes = list(prof.table(group="op+shape", sort="shapes", ascending=True)
+                  .head(min(25, control(box, "IntSlider", "top K").value))["shapes"])
+    assert control(box, "Dropdown", "sort by").value == "shapes" and "input shapes \u25b2" in _headers(box)
+    rows = re.findall(r"<tr>(.*?)</tr>", _ops_html(box))
+    shown = [html_unescape(re.findall(r"<td[^>]*>(.*?)</td>", r)[1]) for r in rows]  # operator, input shapes
+    assert shown == shapes and shapes == sorted(shapes)
+    group.value = "source"  # no shapes column there: back to the default, and its button says so
+    assert "self CPU \u25bc" in _headers(box) and "input shapes" not in _headers(box)
+
+
+def test_widget_long_names_are_whole_in_the_fixed_table(run_cell, ip):
+    # Fixed column widths must not cut a name: it wraps inside its column (break opportunities after
+    # "::" and "_"), every character still in the cell.
+    run_cell(SETUP)
+    run_cell("%%profile_gpu -q -r prof\nimport torch.nn.functional as F\n"
+             "p = F.max_pool2d(torch.randn(1, 3, 16, 16, requires_grad=True), 2, return_indices=True)[0]"
+             ".sum().backward()\n")
+    prof = ip.user_ns["prof"]
+    box = render_profile.widget(prof)
+    control(box, "IntSlider", "top K").value = control(box, "IntSlider", "top K").max
+    control(box, "Dropdown", "rows/page").value = 200
+    names = _first_column(_ops_html(box))
+    longest = max(prof.table(group="op", top=None)["name"], key=len)
+    assert len(longest) > 30 and longest in names
 
 
 def test_tiny_shares_read_under_a_tenth_of_a_percent_not_zero(run_cell, ip):

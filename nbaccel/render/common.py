@@ -26,6 +26,15 @@ CSS = """
   max-width: 48em; font-family: var(--jp-code-font-family, monospace)}
 .nbaccel td.text, .nbaccel th.text {text-align: left; white-space: normal}
 .nbaccel th.sorted {text-decoration: underline}
+.nbaccel table.fixed {table-layout: fixed; width: 100%}
+.nbaccel table.fixed td {white-space: normal; min-width: 0; max-width: none}
+.nbaccel.fill {max-width: none}
+.widget-html-content:has(> .nbaccel.fill) {flex: 1 1 auto; width: 100%}
+.nbaccel-profile .jupyter-button.nbaccel-th {height: auto; min-height: var(--jp-widgets-inline-height, 28px);
+  margin: 0; padding: 2px 8px; white-space: normal; overflow: visible; text-overflow: clip;
+  overflow-wrap: break-word; line-height: 1.3; text-align: right; font-weight: 600; border-radius: 0}
+.nbaccel-profile .jupyter-button.nbaccel-th.text {text-align: left}
+.nbaccel-profile .jupyter-button.nbaccel-th.sorted {text-decoration: underline}
 .nbaccel .big {font-size: 22px; font-weight: 600}
 .nbaccel .muted {opacity: 0.72}
 .nbaccel .warn {color: #a65200}
@@ -63,7 +72,8 @@ def breakable(name) -> str:
 
 
 def table(headers: list[str], rows: list[list], name_columns=(0,), raw_columns=(), tall: bool = False,
-          text_columns=(), sorted_column: tuple[int, bool] | None = None, empty: str | None = None) -> str:
+          text_columns=(), sorted_column: tuple[int, bool] | None = None, empty: str | None = None,
+          widths: list[str | None] | None = None, head: bool = True) -> str:
     """An HTML table; cells in ``raw_columns`` are inserted as HTML, the rest escaped.
 
     Numbers never wrap. ``name_columns`` hold code names (operators, kernels, variables): left,
@@ -72,7 +82,11 @@ def table(headers: list[str], rows: list[list], name_columns=(0,), raw_columns=(
     ``text_columns`` hold words (a recipe, a status): left-aligned, wrapping as prose. ``tall``: at
     most 420 px high, scrolling (kernel names are C++ templates hundreds of characters long).
     ``sorted_column``: (index, ascending) marks the header the rows are sorted by. ``empty``: what
-    one row says when there are none (a filter that matched nothing).
+    one row says when there are none (a filter that matched nothing). ``widths``: one CSS width per
+    column (None: an equal share of what the others leave), laid out with ``table-layout: fixed`` over
+    the whole width, so columns stay where a row of controls drawn above the table puts its headers
+    (the profiler widget's header buttons: `column_widths`); ``head=False`` leaves out the <thead>
+    those controls stand in for.
     """
     def kind(i: int) -> str:
         return "name" if i in name_columns else "text" if i in text_columns else ""
@@ -93,7 +107,12 @@ def table(headers: list[str], rows: list[list], name_columns=(0,), raw_columns=(
         body.append("<tr>" + "".join(cells) + "</tr>")
     if not rows and empty:
         body.append(f'<tr><td class="text muted" colspan="{len(headers)}">{esc(empty)}</td></tr>')
-    return (f'<div class="scroll{" tall" if tall else ""}"><table><thead><tr>{"".join(heads)}</tr></thead>'
+    thead = f'<thead><tr>{"".join(heads)}</tr></thead>' if head else ""
+    if widths is None:
+        return (f'<div class="scroll{" tall" if tall else ""}"><table>{thead}'
+                f"<tbody>{''.join(body)}</tbody></table></div>")
+    cols = "".join(f'<col style="width:{w}">' if w else "<col>" for w in widths)
+    return (f'<div class="scroll{" tall" if tall else ""}"><table class="fixed"><colgroup>{cols}</colgroup>{thead}'
             f"<tbody>{''.join(body)}</tbody></table></div>")
 
 
@@ -101,8 +120,8 @@ def bullet_list(items) -> str:
     return "<ul>" + "".join(f"<li>{esc(i)}</li>" for i in items) + "</ul>" if items else ""
 
 
-def wrap(inner: str) -> str:
-    return CSS + f'<div class="nbaccel">{inner}</div>'
+def wrap(inner: str, cls: str = "") -> str:
+    return CSS + f'<div class="nbaccel{" " + cls if cls else ""}">{inner}</div>'
 
 
 def text_table(headers: list[str], rows: list[list], left=(0,)) -> str:

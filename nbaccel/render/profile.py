@@ -421,10 +421,34 @@ def header_html(result) -> str:
     return f"<h4>{esc(title(result))}</h4>{kpis}<div class=\"muted\">{esc(result.header['peak_note'])}</div>{warning}"
 
 
-def ops_table_html(result, frame, group: str, sort: tuple[str, bool] | None = None, empty: str | None = None) -> str:
+# Widths of the widget's operator columns by kind: what their figures need at 13 px, with the cell
+# padding, so numbers stay on one line. Text columns (operator, source line, input shapes) have none:
+# they share what is left, at least `_TEXT_MIN_PX` each, and long names wrap inside them.
+_KIND_PX = {"int": 80, "time": 96, "device time": 96, "pct": 180, "flops": 96, "rate": 150, "bytes": 110}
+_TEXT_MIN_PX = 220
+
+
+def column_widths(cols) -> list[str | None]:
+    """CSS widths of ``cols`` (`visible_columns`) for a fixed-layout table; None: a share of the rest."""
+    return [None if kind == "text" else f"{_KIND_PX.get(kind, 96)}px" for _, _, kind in cols]
+
+
+def grid_columns(cols) -> str:
+    """The same widths as a CSS grid template: a row of header buttons over the table lines up with it
+    (a fixed-layout table gives its width-less columns equal shares of the rest, as ``1fr`` does)."""
+    return " ".join(w or "minmax(0, 1fr)" for w in column_widths(cols))
+
+
+def min_table_px(cols) -> int:
+    return sum(_TEXT_MIN_PX if kind == "text" else _KIND_PX.get(kind, 96) for _, _, kind in cols)
+
+
+def ops_table_html(result, frame, group: str, sort: tuple[str, bool] | None = None, empty: str | None = None,
+                   fixed: bool = False) -> str:
     """The operator table; ``sort`` (column, ascending) marks the header the rows are sorted by (the
     "sort by" control sorts: a trial's user looked for it on the headers), ``empty`` is what a table
-    without rows says."""
+    without rows says. ``fixed``: the widget's table, in `column_widths` and without its <thead>: the
+    widget's header buttons, laid out on the same widths, are its header."""
     cols = visible_columns(result, group)
     frame = records(frame)
     rows = _rows(result, frame, cols)
@@ -437,7 +461,8 @@ def ops_table_html(result, frame, group: str, sort: tuple[str, bool] | None = No
     text_cols = tuple(i for i, c in enumerate(cols) if c[2] == "text")
     sorted_i = next((i for i, c in enumerate(cols) if sort is not None and c[0] == sort[0]), None)
     return table([c[1] for c in cols], rows, name_columns=text_cols, raw_columns=(pct_i,) if pct_i is not None else (),
-                 sorted_column=(sorted_i, sort[1]) if sorted_i is not None else None, empty=empty)
+                 sorted_column=(sorted_i, sort[1]) if sorted_i is not None else None, empty=empty,
+                 widths=column_widths(cols) if fixed else None, head=not fixed)
 
 
 def details_html(result) -> str:
@@ -499,8 +524,9 @@ def page_note(page: int, pages: int, size: int, total: int) -> str:
 
 
 def widget(result):
-    """Header, then tabs: Operators (sort / ascending / filter / top-K / group-by, paged), Breakdown,
-    Tensor Cores (and matmul shapes), Advice. Controls re-render only the visible page of rows."""
+    """Header, then tabs: Operators (sort / ascending / filter / top-K / group-by, paged, and a click on
+    a column header sorts by it), Breakdown, Tensor Cores (and matmul shapes), Advice. Controls
+    re-render only the visible page of rows."""
     import ipywidgets as w
 
     from ..profile_table import SORT_COLUMNS
@@ -522,8 +548,57 @@ def widget(result):
     group = w.ToggleButtons(options=groups, value=result.options.group, description="group by")
     size, page = page_controls()
     status = w.HTML()
-    ops = w.HTML()
+    ops = w.HTML(layout=w.Layout(margin="0"))
+    ops.add_class("nbaccel-ops")
+    # The table's header is a row of buttons (an HTML table's <th> cannot talk to the kernel): a click
+    # sorts by that column, a second click reverses. They sit on a grid of the table's own column widths
+    # (`grid_columns`), in one box with the table, so both scroll sideways together in a narrow window.
+    header = w.GridBox(layout=w.Layout(grid_gap="0", margin="0"))
+    header.add_class("nbaccel-ops-header")
+    table_box = w.VBox([header, ops], layout=w.Layout(width="100%", margin="0"))
+    shown_cols: list[tuple[str, str, str]] = []
     updating = [False]  # setting page.value inside refresh must not re-enter it
+
+    def build_header(grouping):
+        """One button per column the grouping shows (switching "group by" changes the columns)."""
+        for old in header.children:
+            old.close()
+        shown_cols[:] = visible_columns(result, grouping)
+        buttons = []
+        for col, label, kind in shown_cols:
+            button = w.Button(description=label, layout=w.Layout(width="auto", height="auto", margin="0"))
+            button.add_class("nbaccel-th")
+            if kind == "text":
+                button.add_class("text")
+            button.on_click(lambda _, col=col: header_clicked(col))
+            buttons.append(button)
+        header.layout.grid_template_columns = grid_columns(shown_cols)
+        px = min_table_px(shown_cols)
+        table_box.layout.min_width, table_box.layout.max_width = f"{px}px", f"{max(px, 1100)}px"
+        header.children = buttons
+
+    def mark_header():
+        """The sorted column's button says so (\u25b2 / \u25bc), as the static table's header does."""
+        for button, (col, label, kind) in zip(header.children, shown_cols):
+            if col == sort.value:
+                button.description = label + (" \u25b2" if ascending.value else " \u25bc")
+                button.tooltip = f"sorted by {label}; click to reverse"
+                button.add_class("sorted")
+            else:
+                button.description = label
+                button.tooltip = f"sort by {label} ({'A to Z' if kind == 'text' else 'largest first'})"
+                button.remove_class("sorted")
+
+    def header_clicked(col):
+        # First click: the column in its natural order (names A to Z, numbers largest first, as the
+        # "sort by" observer does); a second click on the sorted column reverses it.
+        ascending_now = not ascending.value if col == sort.value else col in _TEXT_COLUMNS
+        updating[0] = True
+        try:
+            sort.value, ascending.value = col, ascending_now
+        finally:
+            updating[0] = False
+        render(new_order=True)
 
     def refresh(change=None):
         if updating[0]:
@@ -533,6 +608,7 @@ def widget(result):
             if change is not None and change.owner is group:
                 kept = sort.value
                 sort.options = sort_options(group.value)
+                build_header(group.value)
                 if kept in {col for _, col in sort.options}:
                     sort.value = kept
                 else:
@@ -543,12 +619,19 @@ def widget(result):
             if change is not None and change.owner is sort:
                 # Names read A to Z, numbers largest first: what a click on a column header does elsewhere.
                 ascending.value = sort.value in _TEXT_COLUMNS
+        finally:
+            updating[0] = False
+        render(new_order=change is not None and change.owner is not page)
+
+    def render(new_order: bool):
+        updating[0] = True
+        try:
             grouped = result.grouped(group.value)
             top.max = max(len(grouped), top.value, 1)
             frame = result.table(group=group.value, sort=sort.value, ascending=ascending.value,
                                  filter=name_filter.value, top=None)
             limited = frame.head(top.value)
-            if change is not None and change.owner is not page:
+            if new_order:
                 page.value = 1  # a new order or filter starts at its first page
             shown, current, pages = page_of(limited, size.value, page.value)
             page.max = pages
@@ -557,13 +640,15 @@ def widget(result):
                                 + (f' matching "{esc(name_filter.value)}"' if name_filter.value.strip() else "")
                                 + f" ({len(grouped)} in all){page_note(current, pages, size.value, len(limited))}</span>")
             typed = name_filter.value.strip()
+            mark_header()
             ops.value = wrap(ops_table_html(
                 result, shown, group.value, sort=(sort.value, ascending.value),
                 empty=f'no {"source line" if group.value == "source" else "operator"} matches "{typed}"' if typed
-                else None))
+                else None, fixed=True), "fill")
         finally:
             updating[0] = False
 
+    build_header(group.value)
     for control in (sort, ascending, name_filter, top, group, size, page):
         control.observe(refresh, names="value")
     refresh()
@@ -573,7 +658,8 @@ def widget(result):
     controls = w.VBox([w.HBox([sort, ascending, top], layout=row), w.HBox([name_filter, group], layout=row),
                        w.HBox([size, page], layout=row)])
     empty = nothing_recorded(result)  # then one line, not controls over a table without rows
-    operators = w.HTML(wrap(f"<p>{esc(empty)}</p>")) if empty else w.VBox([controls, status, ops])
+    scroller = w.Box([table_box], layout=w.Layout(overflow="auto"))
+    operators = w.HTML(wrap(f"<p>{esc(empty)}</p>")) if empty else w.VBox([controls, status, scroller])
     breakdown = w.HTML(wrap((f"<p>{esc(empty)}</p>" if empty else categories_html(result))
                             + bullet_list(stream_lines(result))
                             + ("<h4>Top kernels</h4>" + table(["kernel", "calls", "time", "category", "Tensor Cores"],
