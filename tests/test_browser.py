@@ -4,7 +4,8 @@ Starts JupyterLab on a free loopback port with a random token, in a temporary co
 ``notebooks/``, opens ``01_quickstart.ipynb`` in Debian's Chromium (``/usr/bin/chromium``, driven
 by Playwright through ``executable_path``; no browser is ever downloaded), runs every cell from the
 Run menu and checks what is drawn: the ``%%amp`` widget with a speedup figure, a widget that talks
-back to the kernel, the ``%%profile_gpu`` table (lists ``aten::`` operators, re-sorts), the
+back to the kernel, the ``%%profile_gpu`` table (lists ``aten::`` operators, re-sorts from the
+ascending box and from a click on a column header, whose buttons line up with the columns), the
 ``%memory_budget`` gauge, and a browser console free of widget errors.
 
 Screenshots go to ``$NBACCEL_SCREENSHOT_DIR`` when it is set (``docs/img`` to refresh the README's
@@ -279,6 +280,7 @@ def test_quickstart_widgets_render_in_jupyterlab(lab, browser, screenshot_dir):
         _check_memory_gauge(notebook, screenshot_dir)
         _check_nothing_cut_off(page)
         _check_tab_titles_whole(page)
+        _check_header_in_a_narrow_window(page, notebook, screenshot_dir)
 
         body = notebook.inner_text()
         assert "Error displaying widget" not in body
@@ -310,9 +312,15 @@ def _check_profiler_table(page, notebook, screenshot_dir):
     prof.first.scroll_into_view_if_needed()
     prof.first.screenshot(path=str(screenshot_dir / "profile_widget.png"))
 
+    # The header is a row of buttons over the table (nbaccel-th), lined up with its columns.
+    buttons = prof.locator(".nbaccel-th")
+    headers = [h.strip() for h in buttons.all_inner_texts()]
+    assert headers and headers[0].startswith("operator"), f"no header buttons over the operator table: {headers}"
+    _check_header_lines_up(table, buttons)
+    labels = [h.rstrip(" \u25b2\u25bc") for h in headers]
+    column = labels.index("self CPU") if "self CPU" in labels else None
+
     # Tick "ascending": the observer in the kernel re-sorts and sends the new table back.
-    headers = table.locator("thead th").all_inner_texts()
-    column = headers.index("self CPU") if "self CPU" in headers else None
     text_before = table.inner_text()
     prof.get_by_role("checkbox", name="ascending").check()
     _wait_for_change(table, text_before)
@@ -324,6 +332,33 @@ def _check_profiler_table(page, notebook, screenshot_dir):
         assert first[1] <= first[0], f"ascending put {after[0]!r} above {before[0]!r}"
         times = [_seconds(r.split("\t")[column]) for r in after]
         assert times == sorted(times), f"the table is not in ascending order of self CPU: {times}"
+
+    # Click the "calls" header: the kernel sorts by calls, largest first (and unticks "ascending");
+    # a second click reverses.
+    calls = labels.index("calls")
+    for clicks, descending in ((1, True), (2, False)):
+        text_before = table.inner_text()
+        buttons.nth(calls).click()
+        _wait_for_change(table, text_before)
+        counts = [int(r.split("\t")[calls].replace(",", "")) for r in table.locator("tbody tr").all_inner_texts()]
+        assert counts == sorted(counts, reverse=descending), f"click {clicks} on 'calls' did not sort: {counts}"
+        arrow = "\u25bc" if descending else "\u25b2"
+        assert buttons.nth(calls).inner_text().strip() == f"calls {arrow}", buttons.nth(calls).inner_text()
+        assert prof.get_by_role("checkbox", name="ascending").is_checked() is not descending
+    _check_header_lines_up(table, buttons)
+    prof.first.scroll_into_view_if_needed()
+    prof.first.screenshot(path=str(screenshot_dir / "profile_widget_sorted.png"))
+
+
+def _check_header_lines_up(table, buttons):
+    """Each header button stands over its column: the same left and right edges as the first row's cells."""
+    cells = table.locator("tbody tr").first.locator("td")
+    assert cells.count() == buttons.count(), f"{buttons.count()} header buttons over {cells.count()} columns"
+    for i in range(buttons.count()):
+        b, c = buttons.nth(i).bounding_box(), cells.nth(i).bounding_box()
+        assert abs(b["x"] - c["x"]) <= 1.5 and abs(b["width"] - c["width"]) <= 1.5, (
+            f"header {buttons.nth(i).inner_text()!r} at x={b['x']:.1f} w={b['width']:.1f}, "
+            f"its column at x={c['x']:.1f} w={c['width']:.1f}")
 
 
 def _check_nothing_cut_off(page):
@@ -355,6 +390,27 @@ def _check_tab_titles_whole(page):
                 return [...bar.querySelectorAll('.lm-TabBar-tab')].some(t => t.getBoundingClientRect().right > out.right + 1);
             }).map(bar => bar.innerText)""")
         assert not wide, f"tabs past the right edge of the output area in a 700 px window: {wide}"
+    finally:
+        page.set_viewport_size({"width": 1400, "height": 1000})
+        page.wait_for_timeout(500)
+
+
+def _check_header_in_a_narrow_window(page, notebook, screenshot_dir):
+    """In a ~700 px window the operator table keeps its column widths and scrolls sideways in its box,
+    and its header buttons scroll with it: still over their columns, scrolled to either end."""
+    page.set_viewport_size({"width": 700, "height": 1000})
+    try:
+        page.wait_for_timeout(1_000)
+        prof = notebook.locator(".nbaccel-profile")
+        box = prof.locator(".nbaccel-ops-scroll").first
+        table, buttons = prof.locator(".widget-tab-contents table").first, prof.locator(".nbaccel-th")
+        box.scroll_into_view_if_needed()
+        assert box.evaluate("b => b.scrollWidth > b.clientWidth"), "a 700 px window squeezed the operator table"
+        _check_header_lines_up(table, buttons)
+        box.evaluate("b => { b.scrollLeft = b.scrollWidth; }")
+        page.wait_for_timeout(300)
+        _check_header_lines_up(table, buttons)
+        box.screenshot(path=str(screenshot_dir / "profile_table_narrow.png"))
     finally:
         page.set_viewport_size({"width": 1400, "height": 1000})
         page.wait_for_timeout(500)

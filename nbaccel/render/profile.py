@@ -659,6 +659,7 @@ def widget(result):
                        w.HBox([size, page], layout=row)])
     empty = nothing_recorded(result)  # then one line, not controls over a table without rows
     scroller = w.Box([table_box], layout=w.Layout(overflow="auto"))
+    scroller.add_class("nbaccel-ops-scroll")
     operators = w.HTML(wrap(f"<p>{esc(empty)}</p>")) if empty else w.VBox([controls, status, scroller])
     breakdown = w.HTML(wrap((f"<p>{esc(empty)}</p>" if empty else categories_html(result))
                             + bullet_list(stream_lines(result))
