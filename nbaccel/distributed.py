@@ -449,8 +449,10 @@ def profile(directory: str, name: str = "nbaccel", group=None, **kwargs):
 
     def prepare():
         # On every rank before any starts its profiler, so a folder one rank cannot make (its parent a
-        # file) raises on every rank at once, not after the others waited out the group's timeout.
-        os.makedirs(directory, exist_ok=True)
+        # file, /proc) raises on every rank at once, not after the others waited out the group's timeout.
+        # check() refuses such a trace path as profile(trace=...) does, with the path and the fix (an
+        # os.makedirs here raised a bare "No such file or directory" for /proc); the folders are made when
+        # the trace is saved, so the report says which it created (made here, they were never said).
         return _profile(trace=trace_path(directory, name), **kwargs).check()
 
     with _measured(prepare, group, _options(_profile, **kwargs), "nbaccel.distributed.profile") as prof:

@@ -8,6 +8,7 @@ naming the fix, spelled the way the caller typed it (``top=`` in Python, ``--top
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 import tempfile
@@ -111,7 +112,11 @@ def check_trace_path(path: str) -> None:
         with tempfile.TemporaryFile(dir=ancestor):
             pass
     except OSError as exc:
-        raise ProfileError(f"{option('trace', path)}: cannot write into {ancestor} ({exc.strerror or exc}); "
+        why = exc.strerror or str(exc)
+        if exc.errno == errno.ENOENT:  # the folder is there, yet a new file in it "does not exist": /proc
+            why = ("a virtual file system of the kernel, such as /proc, which takes no new files: a trace "
+                   "needs a folder on disk, e.g. runs/ under the working directory")
+        raise ProfileError(f"{option('trace', path)}: cannot write into {ancestor} ({why}); "
                            "choose another path") from None
 
 

@@ -17,6 +17,7 @@ import torch
 import torch.distributed as dist
 
 import nbaccel.distributed as nd
+from nbaccel.profile_options import ProfileError
 
 WORKER = Path(__file__).with_name("test_distributed_worker.py")
 ROOT = Path(__file__).resolve().parents[1]
@@ -173,7 +174,7 @@ def test_a_budget_refused_on_one_rank_raises_on_every_rank(failures_run):
     assert r0["error"] == "RankFailure" and "rank(s) 1" in r0["message"] and "BudgetError" in r0["message"]
 
 
-@pytest.mark.parametrize("scenario, error", [("profile_folder", "NotADirectoryError"), ("profile_top", "ProfileError")])
+@pytest.mark.parametrize("scenario, error", [("profile_folder", "ProfileError"), ("profile_top", "ProfileError")])
 def test_nd_profile_refused_on_one_rank_raises_on_every_rank_before_any_code(failures_run, scenario, error):
     r0, r1 = (r[scenario] for r in failures_run)
     assert r1["error"] == error, r1
@@ -445,3 +446,30 @@ def test_gathered_amp_text_carries_each_ranks_warnings_and_uncertainty():
     rows[1].update(speedup_uncertain=True)
     assert "speedup uncertain on every rank" in str(nd.DistributedAmp(None, nd.RankReport("compare_amp", rows,
                                                                                         ["speedup"])))
+
+
+def test_distributed_profile_says_which_trace_folders_it_created(tmp_path):
+    # A trial: nd.profile("some/missing/folder") made the folders before the profile started (os.makedirs),
+    # so the report, unlike profile(trace=...)'s, never said it had created them.
+    with nd.profile(str(tmp_path / "runs" / "a" / "b")) as prof:
+        torch.ones(8).sum()
+    assert prof.result.trace_created == str(tmp_path / "runs")
+    assert f"created the folder {tmp_path / 'runs'}" in str(prof.result)
+    assert prof.result.trace_files == [nd.trace_path(str(tmp_path / "runs" / "a" / "b"))]
+    with nd.profile(str(tmp_path / "runs" / "a" / "b")) as again:  # there now: nothing to say
+        torch.ones(8).sum()
+    assert again.result.trace_created is None and "created the folder" not in str(again.result)
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="no /proc here")
+def test_distributed_profile_into_proc_is_refused_naming_the_path_before_the_code_runs():
+    # A trial: nd.profile("/proc/x/") failed in os.makedirs with a bare FileNotFoundError
+    # ("No such file or directory: '/proc/x/'"), as if the folder were the problem.
+    ran = []
+    with pytest.raises(ProfileError) as caught:
+        with nd.profile("/proc/nbaccel_x/"):
+            ran.append(1)
+    assert not ran
+    message = str(caught.value)
+    assert "/proc/nbaccel_x" in message and "cannot write into /proc" in message
+    assert "virtual file system" in message and "choose another path" in message

@@ -921,6 +921,24 @@ def test_unwritable_trace_folder_is_refused(ip, tmp_path, monkeypatch):
     assert ip.user_ns["ran"] == 0
 
 
+@pytest.mark.skipif(not Path("/proc/self").exists(), reason="no /proc here")
+def test_a_trace_under_proc_is_refused_saying_why_before_the_code_runs(ip):
+    """A trial: --trace /proc/x.json was refused with "(No such file or directory)" about a folder that
+    exists: /proc takes no new files, which the refusal now says, with the fix."""
+    from nbaccel.profile import ProfileError
+
+    ip.user_ns["ran"] = 0
+    said = r"cannot write into /proc \(a virtual file system of the kernel, such as /proc, which takes no new files"
+    with pytest.raises(UsageError, match=r"--trace /proc/nbaccel_x\.json: " + said + r".*choose another path"):
+        ip.run_cell_magic("profile_gpu", "--trace /proc/nbaccel_x.json", "ran += 1")
+    assert ip.user_ns["ran"] == 0
+    ran = []
+    with pytest.raises(ProfileError, match=r"trace='/proc/nbaccel_x\.json': " + said):
+        with nbaccel.profile(trace="/proc/nbaccel_x.json"):
+            ran.append(1)
+    assert not ran
+
+
 def test_a_trace_name_that_reads_as_a_file_is_asked_about(run_cell, ip, tmp_path):
     """A trial: --trace out.txt made a folder named out.txt with the trace inside it."""
     ip.user_ns["ran"] = 0
