@@ -140,6 +140,34 @@ def drop_unknown_block_warning(enabled: bool = True):
 # --- the profile ---------------------------------------------------------------------------------
 
 _RECORDING = threading.Lock()  # held while an nbaccel.profile records, whichever thread it runs in
+# The nbaccel.profile holding _RECORDING and the thread it records in, set and cleared with the lock: a
+# profile started inside it, in that thread, is refused as nested (`_nested`), not as "another torch profiler".
+_RECORDER: list = []
+
+
+def _nested(who: str) -> ProfileError | None:
+    """The refusal of a profile started while this thread's nbaccel profile records, else None; the
+    outer profile is the error's ``_nbaccel_outer`` (its ``__exit__`` then says what happened, not that
+    "the profiled code raised").
+
+    Unchecked, the inner one was refused as "another torch profiler is already running ... (a `with
+    torch.profiler.profile()` block or an earlier profile that was not stopped)", and the outer one said
+    "the profiled code raised ProfileError" (a trial): neither said that the inner profile's code never ran."""
+    if not _RECORDER or _RECORDER[0][1] != threading.get_ident():
+        return None
+    outer = _RECORDER[0][0]
+    inner = "%%profile_gpu cell" if who == PROFILE_MAGIC else "nbaccel.profile()"
+    around = ("a %%profile_gpu cell" if outer._guard._who == PROFILE_MAGIC
+              else "another nbaccel.profile()'s with block")
+    error = ProfileError(
+        f"an nbaccel profile is already running: this {inner} was started inside {around}, and torch runs one "
+        "profiler per process, so it was refused before its code ran. Profile one or the other: take the code "
+        f"out of the outer profile to profile it on its own, or remove this {inner}"
+        + ("" if who == PROFILE_MAGIC else " (its code then runs in the outer profile, where "
+                                           "result.table(filter='...') picks out its ops)"))
+    error._nbaccel_outer = outer
+    return error
+
 
 # Who ran the cell, as a watching memory budget names it (`memory.note_harness`): "under %%profile_gpu".
 PROFILE_MAGIC, PROFILE_API = "%%profile_gpu", "nbaccel.profile"
@@ -229,6 +257,9 @@ class profile:  # noqa: N801 - a context manager used like a function: `with nba
         starts its profiler, so that nbaccel's exchange between the ranks is not recorded as part of
         the profile. ``__enter__`` checks again (a profiler may have started in between).
         """
+        nested = _nested(self._guard._who)
+        if nested is not None:
+            raise nested
         self.device, self.info, self.recipe = validate(self.options)
         # validate's check reads the calling thread's profiler state only; Kineto has one session per
         # process, and two threads profiling at once crashed the process.
@@ -259,6 +290,8 @@ class profile:  # noqa: N801 - a context manager used like a function: `with nba
         self._earlier, self._created = _trace_folder_before(opts.trace)
         with sigint_held():  # taken and noted together: a Ctrl-C in between would leave it held for good
             self._holds_lock = _RECORDING.acquire(blocking=False)
+            if self._holds_lock:
+                _RECORDER[:] = [(self, threading.get_ident())]
         if not self._holds_lock:  # taken since check() by another thread
             raise _another_thread_recording()
         try:
@@ -449,6 +482,7 @@ class profile:  # noqa: N801 - a context manager used like a function: `with nba
                         self._unknown_block_filter = None
                 finally:
                     if self._holds_lock:
+                        _RECORDER.clear()
                         _RECORDING.release()
                         self._holds_lock = False
 
@@ -528,6 +562,11 @@ class profile:  # noqa: N801 - a context manager used like a function: `with nba
                 return False
             runs = self.options.warmup + self.options.steps
             which = f" in run {self.steps_done + 1} of {runs}" if runs > 1 else ""
+            if getattr(exc, "_nbaccel_outer", None) is self:  # its error says why; this one was stopped
+                print(f"nbaccel: a profile started inside this {self._guard._who}{which} was refused before its "
+                      f"code ran (one profiler at a time: the error below says what to do); this {self._guard._who} "
+                      f"was stopped there and its partial profile discarded. {self._what_stays()}", file=sys.stderr)
+                return False
             what = ("was interrupted (KeyboardInterrupt)" if issubclass(exc_type, KeyboardInterrupt)
                     else f"raised {exc_type.__name__}")  # worded as %%amp words an interrupt
             hint = failure_hint(exc, self.device) if exc is not None else None

@@ -73,3 +73,49 @@ def test_compare_amp_inside_a_profile_is_said_in_both_reports():
     with nbaccel.profile() as plain:
         m(x).sum()
     assert not any(a.startswith("This profile holds") for a in plain.result.advice)
+
+
+def test_a_profile_inside_a_profile_is_refused_as_already_running_before_its_code_runs(capsys):
+    """A trial: the inner nbaccel.profile() was refused as "another torch profiler is already running (a `with
+    torch.profiler.profile()` block or an earlier profile that was not stopped)", and the outer one then said
+    "the profiled code raised ProfileError": the inner block's code never ran, and nothing else was wrong."""
+    import torch
+
+    import nbaccel
+    from nbaccel.profile_options import ProfileError
+
+    x, ran = torch.randn(8, 8), []
+    with pytest.raises(ProfileError) as caught:
+        with nbaccel.profile() as outer:
+            x @ x
+            with nbaccel.profile():
+                ran.append(1)
+    assert not ran
+    message = str(caught.value)
+    assert message.startswith("an nbaccel profile is already running: this nbaccel.profile() was started inside "
+                              "another nbaccel.profile()'s with block") and "refused before its code ran" in message
+    assert "Profile one or the other" in message and "torch.profiler.profile()" not in message
+    said = capsys.readouterr().err
+    assert "the profiled code raised" not in said
+    assert said.startswith("nbaccel: a profile started inside this nbaccel.profile was refused before its code ran")
+    assert "discarded" in said and repr(outer).startswith("<nbaccel.profile discarded")
+    with nbaccel.profile() as after:  # nothing left behind
+        x @ x
+    assert after.result.op_count > 0
+
+
+def test_a_profile_started_in_a_profiled_cell_or_around_one_is_refused_as_already_running(run_cell, ip):
+    run_cell(SETUP + "\nimport nbaccel")
+    result, captured = run_cell("%%profile_gpu\nx @ x\nwith nbaccel.profile():\n    runs.append(1)",
+                                expect_error=Exception)
+    assert str(result.error_in_exec).startswith("an nbaccel profile is already running: this nbaccel.profile() was "
+                                                "started inside a %%profile_gpu cell")
+    assert ip.user_ns["runs"] == [] and "the profiled code raised" not in captured.stderr
+    assert "a profile started inside this %%profile_gpu was refused before its code ran" in captured.stderr
+    # %%profile_gpu run from inside a with nbaccel.profile() block: a UsageError before its cell runs
+    result, captured = run_cell("with nbaccel.profile():\n    get_ipython().run_cell_magic('profile_gpu', '', "
+                                "'runs.append(1)')", expect_error=UsageError)
+    assert str(result.error_in_exec).startswith("an nbaccel profile is already running: this %%profile_gpu cell was "
+                                                "started inside another nbaccel.profile()'s with block")
+    assert ip.user_ns["runs"] == []
+    run_cell("%%profile_gpu -q\nx @ x")

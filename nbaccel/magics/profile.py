@@ -11,7 +11,7 @@ from IPython.core.magic_arguments import argument, magic_arguments
 
 from ..device import dtype_name
 from ..options import a_type, magic_spelled, magic_spelling
-from ..profile import ProfileResult, profile_function
+from ..profile import PROFILE_MAGIC, ProfileResult, _nested, profile_function
 from ..profile_compare import compare_profiles
 from ..profile_options import DTYPES, ProfileError, ProfileOptions, validate
 from ..op_attribution import CELL_LINE
@@ -79,6 +79,9 @@ class ProfileMagics(Magics):
                                  stack=args.stack, warmup=args.warmup, steps=args.steps, trace=args.trace,
                                  amp=args.amp, device=args.device)
         try:
+            nested = _nested(PROFILE_MAGIC)  # run from inside a with nbaccel.profile() block
+            if nested is not None:
+                raise nested
             dev = validate(options)[0]  # every refusal happens here, before the cell runs
         except ProfileError as exc:
             raise UsageError(str(exc)) from None
