@@ -358,6 +358,21 @@ def test_report_names_no_slowest_rank_when_all_ranks_are_equal():
     assert time_line.endswith("rank 2 (h)")
 
 
+def test_report_names_no_max_rank_where_the_ranks_read_the_same_as_shown():
+    # A trial: speedups of 2.2600001x and 2.26x, both shown as 2.26x, read "max on rank 0" (and fp32 medians
+    # 11.3 ms on both ranks, "max on rank 1"): a rank singled out for a difference the row does not show.
+    rows = [{"rank": 0, "host": "h", "fp32_median_s": 0.0113, "amp_median_s": 0.005, "speedup": 2.2600001,
+             "amp_dtype": "bf16"},
+            {"rank": 1, "host": "h", "fp32_median_s": 0.01130004, "amp_median_s": 0.004, "speedup": 2.26,
+             "amp_dtype": "bf16"}]
+    text = str(nd.RankReport("compare_amp", rows, ["fp32_median_s", "amp_median_s", "speedup"],
+                             {"fp32_median_s": "s", "amp_median_s": "s", "speedup": "x"}))
+    line = {ln.split()[0]: ln for ln in text.splitlines()[2:]}
+    assert line["speedup"].endswith("equal on every rank") and "rank 0" not in line["speedup"], text
+    assert line["fp32"].endswith("equal on every rank"), text
+    assert line["bf16"].endswith("rank 0 (h)"), text  # 5 ms against 4 ms: a difference shown
+
+
 def test_gathered_budget_report_words_each_status_as_the_history_does():
     from nbaccel.render.budget import ranks_text, ranks_verdict
 
