@@ -493,7 +493,7 @@ _caps: dict[int, _DeviceCaps] = {}  # device index -> nbaccel's caps on it
 def _cap_fraction(device: torch.device, budget: int) -> float:
     if device.type != "cuda":
         raise BudgetError(f"{option('enforce', True)} needs a CUDA device: the CPU allocator has no per-process cap, so on the CPU "
-                          "only a soft budget (checked after each cell) is possible; for a hard host limit run "
+                          f"only a soft budget ({'checked after each cell' if in_magic() else 'checked when the with block exits'}) is possible; for a hard host limit run "
                           "the kernel under a cgroup (systemd-run -p MemoryMax=6G, docker --memory 6g)")
     return min(1.0, budget / device_memory(device))
 
@@ -570,11 +570,13 @@ def history_frame(records: list[CellRecord]) -> pd.DataFrame:
     return pd.DataFrame([r.to_dict() for r in records], columns=columns)
 
 
-def usage_method(device: torch.device) -> str:
+def usage_method(device: torch.device, unit: str = "cell") -> str:
+    """How a peak is measured, per ``unit``: a notebook's cell, or a script's ``with`` block."""
+    per = "per cell" if unit == "cell" else "per with block"
     if device.type == "cuda":
-        return ("peak reserved bytes of the CUDA caching allocator per cell (max_memory_reserved after "
+        return (f"peak reserved bytes of the CUDA caching allocator {per} (max_memory_reserved after "
                 "reset_peak_memory_stats); peak allocated shown beside it")
-    return ("process peak RSS per cell (VmHWM reset through /proc/self/clear_refs after malloc_trim; "
+    return (f"process peak RSS {per} (VmHWM reset through /proc/self/clear_refs after malloc_trim; "
             "a 1 ms RSS sampler where that is unavailable)")
 
 
@@ -597,6 +599,9 @@ class BudgetStatus(ResultMixin):
     used_now: int | None = None
     allocated_now: int | None = None
     note: str = ""
+    # What is measured one at a time: "cell" (%memory_budget) or "block" (memory_budget() in a script, which
+    # checks when each with block exits: its status said "checked after each cell" in a script, a trial)
+    unit: str = "cell"
 
     @property
     def history(self) -> pd.DataFrame:
@@ -605,7 +610,7 @@ class BudgetStatus(ResultMixin):
 
     @property
     def method(self) -> str:
-        return usage_method(torch.device(self.device))
+        return usage_method(torch.device(self.device), self.unit)
 
     def to_dataframe(self) -> pd.DataFrame:
         return self.history
@@ -615,7 +620,7 @@ class BudgetStatus(ResultMixin):
                 "device_total": self.device_total, "enforce": self.enforce, "strict": self.strict, "near": self.near,
                 "history": [r.to_dict() for r in self.records], "holders": [h.to_dict() for h in self.holders],
                 "used_now": self.used_now, "allocated_now": self.allocated_now, "note": self.note,
-                "method": self.method}
+                "unit": self.unit, "method": self.method}
 
 
 @dataclass
@@ -639,13 +644,14 @@ class CellReport(ResultMixin):
 
 
 def status(watcher: Watcher | None, device: torch.device, namespace: dict | None = None, skip=lambda n: False,
-           enforce: bool = False, strict: bool = False, note: str = "") -> BudgetStatus:
+           enforce: bool = False, strict: bool = False, note: str = "", unit: str = "cell") -> BudgetStatus:
     used, allocated = usage_now(device)
     return BudgetStatus(
         active=watcher is not None, device=str(device), budget_bytes=watcher.budget if watcher else None,
         device_total=device_memory(device), enforce=enforce, strict=strict,
         near=watcher.near if watcher else NEAR, records=watcher.records if watcher else [],
         holders=namespace_holders(namespace or {}, skip=skip), used_now=used, allocated_now=allocated, note=note,
+        unit=unit,
     )
 
 
@@ -689,7 +695,8 @@ class MemoryBudget:
         return history_frame(self.watcher.records)
 
     def status(self) -> BudgetStatus:
-        return status(self.watcher, self.device, self.namespace, enforce=self.enforce, strict=self.strict)
+        return status(self.watcher, self.device, self.namespace, enforce=self.enforce, strict=self.strict,
+                      unit="block")
 
     def to_dict(self) -> dict:
         """``status().to_dict()``: so ``results_frame([..., budget])`` takes the context manager too."""

@@ -569,6 +569,31 @@ def test_script_context_manager():
         nbaccel.memory_budget("1GiB", enforce=True)
 
 
+def test_a_script_budget_status_speaks_of_with_blocks_not_cells(ip, run_cell):
+    # A trial: memory_budget(...).status() in a script said "checked after each cell" and "peak RSS per cell";
+    # a script has no cells: the budget is checked as each with block exits.
+    import nbaccel
+
+    for strict in (False, True):
+        budget = nbaccel.memory_budget("1GiB", device="cpu", strict=strict)
+        for _ in range(2):  # before any block, and after one
+            text = str(budget.status())
+            head = text.splitlines()[0]
+            assert head.endswith("[soft: checked when each with block exits, a BudgetWarning when over]" if not strict
+                                 else "[strict: a with block that goes over raises BudgetExceeded]"), head
+            assert "cell" not in text and "per with block" in budget.status().method, text
+            assert budget.status().to_dict()["unit"] == "block"
+            with budget:
+                torch.ones(8).sum()
+    with pytest.raises(nbaccel.budget.BudgetError, match=r"only a soft budget \(checked when the with block exits\)"):
+        nbaccel.memory_budget("1GiB", enforce=True)
+    # the magic's status still speaks of cells
+    _, captured = run_cell(f"%memory_budget {_budget_above_now(4000)} -r s")
+    assert _texts(captured).splitlines()[0].endswith("[soft: checked after each cell, a warning when over]")
+    assert "per cell" in ip.user_ns["s"].method and ip.user_ns["s"].to_dict()["unit"] == "cell"
+    run_cell("%memory_budget off")
+
+
 def test_a_script_block_that_only_holds_memory_is_not_failed():
     """The scripts' blocks follow the cells' rule: a block that starts over a strict budget and adds nothing
     is "already over", without a BudgetExceeded or a warning (it raised one for memory held before it)."""

@@ -193,11 +193,15 @@ def _status_head(s, note: bool = True) -> str:
     if not s.active:
         return f"memory budget: off ({s.device}){' -- ' + note if note else ''}"
     # Each mode says what it does: a bare "[soft]" left users guessing.
-    flags = [f for f, on in (("enforced: the allocator is capped", s.enforce),
-                             ("strict: a cell that goes over fails", s.strict)) if on]
+    # A script's memory_budget() measures each with block and checks it as the block exits: it has no cells.
+    block = getattr(s, "unit", "cell") == "block"
+    fails = "a with block that goes over raises BudgetExceeded" if block else "a cell that goes over fails"
+    soft = ("soft: checked when each with block exits, a BudgetWarning when over" if block
+            else "soft: checked after each cell, a warning when over")
+    flags = [f for f, on in (("enforced: the allocator is capped", s.enforce), (f"strict: {fails}", s.strict)) if on]
     total = f" of {format_bytes(s.device_total)}" if s.device_total else ""
     return (f"memory budget {format_bytes(s.budget_bytes)}{total} on {s.device}"
-            + (f" [{'; '.join(flags)}]" if flags else " [soft: checked after each cell, a warning when over]")
+            + (f" [{'; '.join(flags)}]" if flags else f" [{soft}]")
             + (f" -- {note}" if note else ""))
 
 
