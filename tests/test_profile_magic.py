@@ -469,6 +469,31 @@ def test_export_chrome_trace_that_cannot_be_written_names_the_path(tmp_path, whe
                                                    f"{re.escape(failed)} .*choose another path"):
         prof.result.export_chrome_trace(path)
 
+def test_a_trace_folders_step_files_are_named_and_numbered_in_the_report(tmp_path):
+    """A trial: profile(steps=3, trace=folder) listed three {host}_{pid}.{ms} names, none saying which step
+    it holds; the line says how they are named and numbers them in step order (the layout is kept)."""
+    folder = tmp_path / "runs"
+    with nbaccel.profile(steps=3, warmup=1, trace=str(folder)) as prof:
+        for _ in range(4):
+            torch.ones(8, 8) @ torch.ones(8, 8)
+            prof.step()
+    files = prof.result.trace_files
+    assert len(files) == 3 and sorted(files) == files  # the ms names sort in step order
+    line = next(ln for ln in str(prof.result).splitlines() if ln.startswith("trace: "))
+    assert line.startswith(f"trace: 3 files in {folder}/, one per profiled step, named {{host}}_{{pid}}.{{ms}}"
+                           ".pt.trace.json (ms: the step's start in Unix milliseconds, so they sort in step order): "
+                           + ", ".join(f"step {i} {Path(f).name}" for i, f in enumerate(files, 1))), line
+    assert line.endswith(f"(open each at https://ui.perfetto.dev; created the folder {folder})")
+    assert "one per profiled step" in prof.result._repr_html_()
+    for i, f in enumerate(files, 1):  # each file holds the step it is numbered as (#0 was the warm-up)
+        doc = json.loads(Path(f).read_text())
+        assert [e["name"] for e in doc["traceEvents"]
+                if str(e.get("name", "")).startswith("ProfilerStep#")] == [f"ProfilerStep#{i}"]
+    with nbaccel.profile(trace=str(tmp_path / "one")) as single:  # one step: the file alone, as before
+        torch.ones(8, 8) @ torch.ones(8, 8)
+    assert f"trace: {single.result.trace_files[0]}  (open at" in str(single.result)
+
+
 def test_trace_folder_has_one_file_per_step_in_tensorboard_layout(run_cell, ip, tmp_path):
     folder = tmp_path / "runs" / "profile"
     prof, _, _ = profile_cell(run_cell, ip, opts=f"-q -r prof --warmup 1 --steps 3 --trace {folder}")

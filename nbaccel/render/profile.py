@@ -183,7 +183,18 @@ def skipped_files_text(skipped: dict) -> str:
 
 def trace_line(result, perfetto: str = "ui.perfetto.dev") -> str:
     created = f"; created the folder {result.trace_created}" if result.trace_created else ""
-    return f"trace: {', '.join(result.trace_files)}  (open at {perfetto}{created})"
+    files = result.trace_files
+    if len(files) < 2:
+        return f"trace: {', '.join(files)}  (open at {perfetto}{created})"
+    # A folder's files, one per step: their tensorboard_trace_handler names ({host}_{pid}.{ms}) did not say
+    # which step each holds (a trial), so the line says what the names are and numbers them in step order.
+    folder = os.path.dirname(files[0])
+    named = [f"step {i} {os.path.basename(f)}" for i, f in enumerate(files, 1)]
+    if len(named) > 6:
+        named = [*named[:2], f"... ({len(named) - 3} more)", named[-1]]
+    return (f"trace: {len(files)} files in {folder}{os.sep}, one per profiled step, named {{host}}_{{pid}}.{{ms}}"
+            f".pt.trace.json (ms: the step's start in Unix milliseconds, so they sort in step order): "
+            f"{', '.join(named)}  (open each at {perfetto}{created})")
 
 
 def earlier_traces_note(result) -> str:
