@@ -47,9 +47,14 @@ class LiveBytes(AutocastInside, EagerWhileActive, TorchDispatchMode):
     tensors; off by default, so a long block measured for its peak alone does not grow them.
     """
 
-    def __init__(self, trace: bool = False):
+    def __init__(self, trace: bool = False, mark: bool = False):
         super().__init__()
         self.tracing = trace
+        # With ``mark`` (a profiler recording the allocator, `_OpScratch`): every op runs inside a profiler
+        # range named `OP_MARK`, and ``trace_base`` holds the live bytes as it began, so that what the
+        # allocator handed out inside it beyond its outputs (a kernel's scratch) can be added to its moment.
+        self.marking = mark
+        self.trace_base = array("q")
         self._live: dict[int, int] = {}
         self.current = 0
         self.peak = 0
@@ -61,7 +66,12 @@ class LiveBytes(AutocastInside, EagerWhileActive, TorchDispatchMode):
         return super().__enter__()
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = self.run_op(func, args, kwargs or {}, self.autocast_inside(func))
+        if self.marking:
+            self.trace_base.append(self.current)
+            with torch._C._profiler._RecordFunctionFast(OP_MARK):
+                out = self.run_op(func, args, kwargs or {}, self.autocast_inside(func))
+        else:
+            out = self.run_op(func, args, kwargs or {}, self.autocast_inside(func))
         inputs = set()
         for t in tree_leaves((args, kwargs)):
             if isinstance(t, torch.Tensor):
@@ -89,6 +99,67 @@ class LiveBytes(AutocastInside, EagerWhileActive, TorchDispatchMode):
     def _free(self, key):
         self.current -= self._live.pop(key, 0)
 
+
+
+OP_MARK = "nbaccel::dry_run_op"
+
+
+class _OpScratch:
+    """What torch's CPU allocator handed out inside each op of a dry run, its outputs included: the profiler's
+    memory events (`tensor_peak.CpuTensorPeak`) in the ranges `LiveBytes` marks (``mark=True``).
+
+    `LiveBytes` sees an op's outputs, not the scratch its kernel takes from the allocator and frees before it
+    returns. oneDNN's bf16 matmuls on an AMX-BF16 host take scratch buffers (packed or reordered operands)
+    of 9-141 KiB in a 64-128-8 MLP's step, whose size follows the kernel oneDNN picks for the shape, not a
+    line in the batch: the last weight gradient's took 26,368 B at batch 2-32, 60,544 B at 48, 42,752 B
+    at 64 and 75,520 B at 128. Its step peaked at that op, 26 KiB above what the outputs alone gave.
+
+    ``peaks``: per marked op in order, the allocator's highest level inside it over its level as the op
+    began; None where it could not be read (another profiler records, or the ranges did not match the ops).
+    """
+
+    def __init__(self):
+        from .tensor_peak import CpuTensorPeak
+
+        self._meter = CpuTensorPeak() if CpuTensorPeak.available() else None
+        self.peaks: list[int] | None = None
+        self.allocated = 0  # every byte the allocator handed out in the block
+
+    @property
+    def on(self) -> bool:
+        return self._meter is not None and self._meter._prof is not None
+
+    def __enter__(self):
+        if self._meter is not None:
+            self._meter.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        if self._meter is None:
+            return False
+        prof = self._meter._prof
+        self._meter.__exit__(*exc)
+        if prof is None or self._meter.result is None or exc[0] is not None:
+            return False
+        cpu = torch.autograd.DeviceType.CPU
+        events = prof.profiler.kineto_results.events()
+        marks = sorted((e.start_ns(), e.start_ns() + e.duration_ns()) for e in events if e.name() == OP_MARK)
+        changes = sorted((e.start_ns(), e.nbytes()) for e in events
+                         if e.name() == "[memory]" and e.device_type() == cpu)
+        self.allocated = sum(n for _, n in changes if n > 0)
+        peaks, level, i = [], 0, 0
+        for start, end in marks:
+            while i < len(changes) and changes[i][0] < start:
+                level += changes[i][1]
+                i += 1
+            base = top = level
+            while i < len(changes) and changes[i][0] <= end:
+                level += changes[i][1]
+                top = max(top, level)
+                i += 1
+            peaks.append(top - base)
+        self.peaks = peaks
+        return False
 
 
 class EstimateError(ValueError):
@@ -265,6 +336,12 @@ class _Peak:
     def __init__(self, device: torch.device):
         self.device, self.peak, self.allocated, self._mode = device, 0, None, None
         self.traces: list[tuple[array, array]] = []
+        # Per phase: its peak (`phase`'s return; off CUDA raised at exit by the ops' scratch, `_OpScratch`).
+        self.phase_peaks: list[int] = []
+        # Off CUDA: the most bytes the ops' scratch added above what their outputs gave at any moment, and
+        # whether it was read at all (False while another profiler records: the outputs alone then).
+        self.scratch, self.scratch_read = 0, False
+        self._bases: list[array] = []
         # Per phase, off CUDA: the gradients alive at each of its moments (`gradient_ready` marks them).
         self.grads: list[array] = []
         self._ready: list[tuple[int, int]] = []
@@ -276,7 +353,8 @@ class _Peak:
             self._base = now.allocated
             reset_cuda_peak(self.device, now=now)
         else:
-            self._mode = LiveBytes(trace=True)
+            self._scratch = _OpScratch().__enter__()
+            self._mode = LiveBytes(trace=True, mark=self._scratch.on)
             self._mode.__enter__()
             self._start = 0
         return self
@@ -288,14 +366,17 @@ class _Peak:
             now = cuda_counters(self.device)
             peak = now.peak_allocated - self._base
             reset_cuda_peak(self.device, now=now)
+            self.phase_peaks.append(peak)
             return peak
         mode = self._mode
         # The level at the phase's start is one of its moments (its peak is counted from it).
         self.traces.append((array("q", mode.trace_ops), array("q", [self._start]) + mode.trace))
         self.grads.append(_grads_per_moment(len(mode.trace) + 1, self._ready))
-        del mode.trace[:], mode.trace_ops[:], self._ready[:]
+        self._bases.append(array("q", mode.trace_base))
+        del mode.trace[:], mode.trace_ops[:], mode.trace_base[:], self._ready[:]
         self._start = mode.current
         peak, mode.peak = mode.peak, mode.current
+        self.phase_peaks.append(peak)
         return peak
 
     @contextlib.contextmanager
@@ -330,7 +411,29 @@ class _Peak:
         if self.device.type != "cuda":
             self.allocated = self._mode.allocated
             self._mode.__exit__(*exc)
+            self._scratch.__exit__(*exc)
+            self._add_scratch(self._scratch)
         return False
+
+    def _add_scratch(self, scratch: _OpScratch) -> None:
+        """Each op's moment raised to the live bytes as it began plus the allocator's peak inside it (its
+        outputs and its kernel's scratch), and each phase's peak with it; untouched where the allocator's
+        ranges were not read or do not match the ops one to one."""
+        peaks = scratch.peaks
+        if peaks is None or len(peaks) != sum(len(base) for base in self._bases):
+            return
+        k = 0
+        for i, ((_, values), base) in enumerate(zip(self.traces, self._bases)):
+            for j, start in enumerate(base):
+                inside = start + peaks[k]
+                k += 1
+                if inside > values[j + 1]:
+                    self.scratch = max(self.scratch, inside - values[j + 1])
+                    values[j + 1] = inside
+            self.phase_peaks[i] = max(self.phase_peaks[i], max(values))
+        self.peak = self.phase_peaks[-1]
+        self.allocated = max(self.allocated, scratch.allocated)
+        self.scratch_read = True
 
 
 def _grads_per_moment(moments: int, ready: list[tuple[int, int]]) -> array:
@@ -422,7 +525,7 @@ def _probe(model, optimizer, example, batches, device, amp_dtype, loss_fn, name:
                           for t in s.values() if isinstance(t, torch.Tensor))
     fwd, kept, bwd, allocated, sparse, sparse_params = [], [], [], [], [], set()
     fwd_traces, bwd_traces, bwd_grads = [], [], []
-    step, step_allocated = [], []
+    step, step_allocated, scratch = [], [], []
     measuring: list[_Peak] = []  # the meter of the probe being measured, told when each gradient is ready
     hooks = [p.register_post_accumulate_grad_hook(lambda p: measuring and measuring[0].gradient_ready(p))
              for p in replica.parameters() if p.requires_grad]
@@ -430,9 +533,10 @@ def _probe(model, optimizer, example, batches, device, amp_dtype, loss_fn, name:
         replica.zero_grad(set_to_none=True)
         with _Peak(device) as peak:
             measuring[:] = [peak]
-            forward_peak, forward_kept = forward_backward(b, peak)
+            _, forward_kept = forward_backward(b, peak)
         measuring.clear()
-        fwd.append(forward_peak)
+        fwd.append(peak.phase_peaks[0])  # raised by the ops' scratch at exit, where the allocator was read
+        scratch.append(peak.scratch if peak.scratch_read else None)
         kept.append(forward_kept)
         bwd.append(peak.peak)
         allocated.append(peak.allocated)
@@ -454,13 +558,15 @@ def _probe(model, optimizer, example, batches, device, amp_dtype, loss_fn, name:
                 opt.step()
         step.append(peak.peak)
         step_allocated.append(peak.allocated or 0)
+        if peak.scratch_read and scratch[-1] is not None:
+            scratch[-1] = max(scratch[-1], peak.scratch)
     for hook in hooks:
         hook.remove()
     replica.zero_grad(set_to_none=True)
     del replica, opts
     return {"forward": fwd, "kept": kept, "backward": bwd, "step": step, "states_measured": states_measured,
             "allocated": allocated, "step_allocated": step_allocated, "sparse_grads": sparse,
-            "sparse_params": sparse_params, "heads": heads, "model_loss": bool(model_losses) and all(model_losses),
+            "sparse_params": sparse_params, "heads": heads, "scratch": scratch, "model_loss": bool(model_losses) and all(model_losses),
             "forward_lines": moment_lines(batches, fwd_traces), "backward_lines": moment_lines(batches, bwd_traces),
             "backward_grad_lines": grad_moment_lines(batches, bwd_traces, bwd_grads)}
 
