@@ -44,8 +44,8 @@ from typing import TYPE_CHECKING
 import torch
 
 from .device import DTYPE_NAMES, DeviceError, device_info, dtype_name, resolve_device
-from .dry_run import (DEFAULT_HEAD_LOSS, DEFAULT_LOSS, MODEL_LOSS, PHASES, ActivationFit, EstimateError, LiveBytes,
-                      _default_loss, _dry_run, _example_option, _line, is_head, loss_takes_batch,
+from .dry_run import (CHECK_TOLERANCE, DEFAULT_HEAD_LOSS, DEFAULT_LOSS, MODEL_LOSS, PHASES, ActivationFit,
+                      EstimateError, LiveBytes, _default_loss, _dry_run, _example_option, _line, is_head, loss_takes_batch,
                       several_optimizers)
 from .memory import format_bytes
 from .model_states import (OPTIMIZERS, _largest_leaf_bytes, _optimizer_spec, closest_optimizer, make_optimizer,
@@ -417,25 +417,26 @@ def estimate_memory(model: torch.nn.Module, optimizer="adamw", batch: int = 32, 
     probe_batches = list(probe_batches)
     fits, states_measured, heads = {}, None, None
     probes = {}
+    # Where the kernels took scratch (`dry_run._OpScratch`), one more probe at twice the larger one's batch
+    # (at most half the batch) checks the lines; a miss refits them through the two larger probes.
+    check = min(2 * probe_batches[1], batch // 2)
     with rng_kept():  # a prediction draws nothing from the user's random streams (dropout, a random input)
         for label, dtype in ((_own_precision(params), None), (f"{DTYPE_NAMES[amp]} AMP", amp)):
             probes[label] = _dry_run(model, optimizer, example, probe_batches, dev, dtype, loss_fn, name, plan,
-                                     targets)
+                                     targets, check if check > probe_batches[1] else None)
     for label, probe in probes.items():
         allocated = None if dev.type == "cuda" else probe["allocated"]
         # Sparse gradients are measured (their rows), the dense ones exact arithmetic.
         dense_grads = sum(p.numel() * p.element_size() for i, p in enumerate(params)
                           if p.requires_grad and i not in probe["sparse_params"])
-        step_allocated = None if allocated is None else probe["step_allocated"]
-        fits[label] = ActivationFit(label, probe_batches, probe["forward"], probe["backward"], dense_grads,
-                                    probe["step"][0], allocated, None if step_allocated is None else step_allocated[0],
-                                    kept=probe["kept"], sparse_grads=probe["sparse_grads"] or None,
-                                    step_probes=probe["step"], step_allocated_probes=step_allocated,
-                                    forward_lines=probe["forward_lines"], backward_lines=probe["backward_lines"],
-                                    backward_grad_lines=probe["backward_grad_lines"])
+        fits[label] = _fit(label, probe, dense_grads, dev)
+        if probe["unrefitted"]:  # what the first two probes alone gave, said beside the refit (`_check_notes`)
+            probe["unrefitted_fit"] = _fit(label, probe["unrefitted"], dense_grads, dev)
         states_measured = probe["states_measured"]
         heads = heads or probe["heads"]
     notes = _optimizer_notes(model, plan, name) + _sparse_grad_notes(model, probe["sparse_params"], fits, batch)
+    checks = _check_notes(probes, fits, batch)
+    notes += [words for words, refit in checks if refit]
     bags = find_bags(model, example)
     if bags:  # the probes were cut by bags, not rows: said, since a row cut is what --input's help describes
         notes.append(f"input: {bags.words(name)} (probes of {probe_batches[0]} and {probe_batches[1]} bags)")
@@ -446,7 +447,9 @@ def estimate_memory(model: torch.nn.Module, optimizer="adamw", batch: int = 32, 
         notes += _head_notes(heads, probe_batches, batch)
     grad_bytes = next(iter(fits.values())).grads_at(batch)
     meter = ("the CUDA caching allocator's counters (memory_allocated, max_memory_allocated)" if dev.type == "cuda"
-             else "live tensor storages counted by a TorchDispatchMode (exact tensor bytes; the process's RSS "
+             else "live tensor storages counted by a TorchDispatchMode, and inside each op its kernel's scratch "
+                  "from torch's CPU allocator (profiler memory events; where no other profiler records) "
+                  "(exact tensor bytes; the process's RSS "
                   "under glibc's default heap is higher by a placement-dependent amount, at most total_no_reuse: "
                   "every byte the step allocates, also fitted linearly)")
     tensors = f"{len(params)} parameter tensors" + (f" and {len(buffers)} buffers" if buffers else "")
@@ -458,8 +461,9 @@ def estimate_memory(model: torch.nn.Module, optimizer="adamw", batch: int = 32, 
               "(bytes alive at the end of the forward), the forward's and the backward's peaks: one dry training step "
               f"on a copy of the model at batches {probe_batches[0]} and {probe_batches[1]} on {dev} (by {meter}), "
               f"each extrapolated linearly to batch {batch}; loss: {loss_words}; optimizer step temporaries: "
-              f"measured after each probe's backward, {step_fit}; "
-              "sharding: ZeRO accounting, global batch split evenly; not included: CUDA context, allocator "
+              f"measured after each probe's backward, {step_fit}"
+              + "".join(f"; {words}" for words, refit in checks if not refit)
+              + "; sharding: ZeRO accounting, global batch split evenly; not included: CUDA context, allocator "
               "fragmentation")
     return MemoryEstimate(
         model_name=name, optimizer=opt_name, batch=batch, n_params=sum(p.numel() for p in params),
@@ -505,6 +509,46 @@ def _loss_words(loss_fn, targets=None, head: bool = False) -> str:
 def _wide_head(heads: list) -> bool:
     """Whether the probes' output had a classifier's or vocabulary's last dimension (`dry_run.is_head`)."""
     return len(heads) >= 2 and all(map(is_head, heads))
+
+
+def _fit(label: str, probe: dict, dense_grads: int, dev: torch.device) -> ActivationFit:
+    """The `ActivationFit` of a dry run's two fitted probes (`dry_run._probe`)."""
+    allocated = None if dev.type == "cuda" else probe["allocated"]
+    step_allocated = None if allocated is None else probe["step_allocated"]
+    return ActivationFit(label, probe["batches"], probe["forward"], probe["backward"], dense_grads,
+                         probe["step"][0], allocated, None if step_allocated is None else step_allocated[0],
+                         kept=probe["kept"], sparse_grads=probe["sparse_grads"] or None,
+                         step_probes=probe["step"], step_allocated_probes=step_allocated,
+                         forward_lines=probe["forward_lines"], backward_lines=probe["backward_lines"],
+                         backward_grad_lines=probe["backward_grad_lines"])
+
+
+def _check_notes(probes: dict, fits: dict, batch: int) -> list[tuple[str, bool]]:
+    """Per precision whose probes' kernels took scratch: (the check probe's peaks against the lines and the fit
+    kept, whether it refitted: an assumption then, else a word of the method) (`dry_run._check_probe`)."""
+    notes = []
+    for label, probe in probes.items():
+        checked = probe.get("check")
+        if not checked:
+            continue
+        (b1, b2), b3 = checked["probes"], checked["batch"]
+        scratch = max(s or 0 for s in probe["scratch"])
+        misses = ", ".join(f"{phase} {format_bytes(measured)} measured, {format_bytes(predicted)} from the lines "
+                           f"({(predicted - measured) / max(measured, 1):+.1%})"
+                           for phase, (predicted, measured) in checked["phases"].items())
+        if checked["refit"]:
+            refit, first = max(fits[label].phases(batch).values()), max(probe["unrefitted_fit"].phases(batch).values())
+            verdict = (f"more than {CHECK_TOLERANCE:.0%} off: the kernels changed with the batch, so the fit is the "
+                       f"line through batches {b2} and {b3}, nearer the batch's kernels; the step's peak over the "
+                       f"model states at batch {batch}: {format_bytes(refit)} from it, {format_bytes(first)} from "
+                       f"{b1} and {b2} ({(first - refit) / max(refit, 1):+.0%}): the estimate is this uncertain "
+                       "(a kernel can change again between the check and the batch)")
+        else:
+            verdict = f"within {CHECK_TOLERANCE:.0%}: the fit through {b1} and {b2} kept"
+        notes.append((f"{label}: the CPU kernels took scratch memory beside their outputs (up to "
+                     f"{format_bytes(scratch)} at a probe), whose size follows the algorithm they pick for the "
+                     f"shape, not the batch; a check probe at batch {b3}: {misses}; {verdict}", checked["refit"]))
+    return notes
 
 
 def _head_notes(heads: list, batches: list, batch: int) -> list[str]:

@@ -9,7 +9,6 @@ from array import array
 import pytest
 import torch
 
-from nbaccel.device import cpu_flags
 from nbaccel.memory import format_bytes
 
 from nbaccel.dry_run import _probe
@@ -930,7 +929,9 @@ def test_the_default_loss_over_a_vocabulary_head_is_a_cross_entropy_and_said():
     assert real.single("fp32")["total"] > est.single("fp32")["total"]
     # A narrow output (8 classes) is no vocabulary: the sum, no note.
     narrow = estimate_memory(_mlp(), optimizer="adamw", batch=32, device="cpu")
-    assert not narrow.assumptions and "loss: the sum of the output (output.float().sum()" in narrow.method
+    # no note of the loss (a check probe's, where the host's kernels took scratch, is another matter)
+    assert all("the CPU kernels took scratch memory" in note for note in narrow.assumptions)
+    assert "loss: the sum of the output (output.float().sum()" in narrow.method
 
 
 class _TinyLM(torch.nn.Module):
@@ -1032,11 +1033,10 @@ def test_the_mlps_backward_peak_moves_too(precision):
         step()
     measured = meter.result.peak_bytes + x.numel() * x.element_size()
     assert est.single(precision)["peak_phase"] == "backward"
-    if precision != "fp32" and "amx_bf16" in cpu_flags():
-        # Known miss, not yet mended (2026-12-05): on an AMX-BF16 host oneDNN's bf16 backward at batch 128 keeps
-        # 26 KiB more than the probes at 16 and 32 extrapolate to (151,592 B predicted, 177,960 B measured,
-        # -15 %); the AVX2-only host this was written on matched to the byte. The issue note carries it.
-        pytest.xfail(f"bf16 AMP on AMX: predicted {_predicted_step(est, precision):,} B, measured {measured:,} B")
+    # On an AMX-BF16 host oneDNN's bf16 matmuls take scratch from the allocator, which the dry run once did not
+    # see, and whose size is flat at 16-32 rows and grows above: 151,592 B predicted, 177,960 B measured (-15 %)
+    # (the AVX2-only host this was written on matched to the byte). Now seen, and checked by a probe at 64,
+    # which the lines through 16 and 32 missed: refitted through 32 and 64, to the byte.
     assert abs(_predicted_step(est, precision) - measured) <= 0.01 * measured, (_predicted_step(est, precision), measured)
 
 
@@ -1250,7 +1250,9 @@ def test_a_dict_batch_is_passed_as_keyword_arguments():
 
     by_hand = estimate_memory(model, batch=16, example=batch, device="cpu", loss_fn=loss)
     assert est.table()["total"].tolist() == by_hand.table()["total"].tolist()
-    assert seen[-1] == [("attention_mask", (4, 8)), ("input_ids", (4, 8)), ("labels", (4, 8))]
+    assert [("attention_mask", (4, 8)), ("input_ids", (4, 8)), ("labels", (4, 8))] in seen
+    # every probe's (a check probe's too, where the kernels took scratch) labels cut to its rows
+    assert all(len({shape[0] for _, shape in probe}) == 1 for probe in seen)
     with pytest.raises(TypeError, match=r"^example takes a tensor \(or a tuple of tensors, passed as "
                                         r"model\(\*example\), or a dict of tensors, passed as model\(\*\*example\)\) "
                                         r"whose first dimension is the batch, got a dict whose values are not all "
@@ -1303,3 +1305,13 @@ def test_the_dry_runs_moments_hold_the_kernels_scratch():
         step(peak)
     assert peak.scratch_read and max(peak.phase_peaks) == meter.result.peak_bytes
     assert [max(values) for _, values in peak.traces] == peak.phase_peaks
+
+
+def test_a_check_probe_off_the_lines_refits_them():
+    """Where the kernels took scratch, a third probe checks the first two's lines: a peak off them by over 1 %
+    (the kernels changed between) moves the fit to the two larger probes; on them, the fit stays."""
+    from nbaccel.dry_run import _check_probe
+
+    missed = _check_probe([2, 4, 8], [10, 20, 40], [10, 20, 100], [], [])
+    assert missed["refit"] and missed["phases"] == {"forward": (40, 40), "backward": (40, 100)}
+    assert not _check_probe([2, 4, 8], [10, 20, 40], [10, 20, 40], [], [])["refit"]
