@@ -370,7 +370,8 @@ class _Runner:
         the cell's own profiler stopped that meter."""
         __tracebackhide__ = True  # noqa: F841 - IPython hides nbaccel's frames from the user's traceback
         self.start(recipe)
-        meter = CpuTensorPeak() if tensors else PeakMeter(self.device)
+        meter = (CpuTensorPeak("an AMP comparison's memory meter (%%amp or compare_amp)") if tensors
+                 else PeakMeter(self.device))
         with self.silence(), apply_recipe(recipe), meter:
             value = self.cell()
         if meter.result is None:

@@ -45,7 +45,6 @@ import os
 import re
 import sys
 import tempfile
-import threading
 import time
 import warnings
 from pathlib import Path
@@ -64,6 +63,7 @@ from .profile_options import ProfileError, ProfileOptions, check_options, trace_
 from .profile_result import ProfileResult
 from .profiler_guard import SecondProfilerGuard
 from .quiet import hiding_side_channels
+from .recording import RECORDING
 from .signals import exit_again, finish, sigint_held
 from .stderr_filter import dropped_stderr_lines
 from .trace_io import _RANK_NAME, worker_name, write_step_traces, write_trace_bytes
@@ -139,10 +139,12 @@ def drop_unknown_block_warning(enabled: bool = True):
 
 # --- the profile ---------------------------------------------------------------------------------
 
-_RECORDING = threading.Lock()  # held while an nbaccel.profile records, whichever thread it runs in
-# The nbaccel.profile holding _RECORDING and the thread it records in, set and cleared with the lock: a
-# profile started inside it, in that thread, is refused as nested (`_nested`), not as "another torch profiler".
-_RECORDER: list = []
+# One nbaccel recorder per process (`recording`); kept under its old name for the modules that read it.
+_RECORDING = RECORDING
+
+
+def _profile_words(who: str) -> str:
+    return "%%profile_gpu cell" if who == PROFILE_MAGIC else "nbaccel.profile()"
 
 
 def _nested(who: str) -> ProfileError | None:
@@ -153,10 +155,10 @@ def _nested(who: str) -> ProfileError | None:
     Unchecked, the inner one was refused as "another torch profiler is already running ... (a `with
     torch.profiler.profile()` block or an earlier profile that was not stopped)", and the outer one said
     "the profiled code raised ProfileError" (a trial): neither said that the inner profile's code never ran."""
-    if not _RECORDER or _RECORDER[0][1] != threading.get_ident():
+    outer = _RECORDING.profile_in_this_thread()
+    if outer is None:
         return None
-    outer = _RECORDER[0][0]
-    inner = "%%profile_gpu cell" if who == PROFILE_MAGIC else "nbaccel.profile()"
+    inner = _profile_words(who)
     around = ("a %%profile_gpu cell" if outer._guard._who == PROFILE_MAGIC
               else "another nbaccel.profile()'s with block")
     error = ProfileError(
@@ -264,7 +266,7 @@ class profile:  # noqa: N801 - a context manager used like a function: `with nba
         # validate's check reads the calling thread's profiler state only; Kineto has one session per
         # process, and two threads profiling at once crashed the process.
         if _RECORDING.locked():
-            raise _another_thread_recording()
+            raise ProfileError(_RECORDING.refusal(f"this {_profile_words(self._guard._who)}"))
         return self
 
     def __enter__(self) -> "profile":
@@ -289,11 +291,11 @@ class profile:  # noqa: N801 - a context manager used like a function: `with nba
         # it held, and every later profile in the process was "another thread is recording".
         self._earlier, self._created = _trace_folder_before(opts.trace)
         with sigint_held():  # taken and noted together: a Ctrl-C in between would leave it held for good
-            self._holds_lock = _RECORDING.acquire(blocking=False)
-            if self._holds_lock:
-                _RECORDER[:] = [(self, threading.get_ident())]
+            self._holds_lock = _RECORDING.take(
+                "a %%profile_gpu cell" if self._guard._who == PROFILE_MAGIC else "an nbaccel.profile() block",
+                profile=self)
         if not self._holds_lock:  # taken since check() by another thread
-            raise _another_thread_recording()
+            raise ProfileError(_RECORDING.refusal(f"this {_profile_words(self._guard._who)}"))
         try:
             self._start(opts)
         except BaseException:
@@ -482,7 +484,6 @@ class profile:  # noqa: N801 - a context manager used like a function: `with nba
                         self._unknown_block_filter = None
                 finally:
                     if self._holds_lock:
-                        _RECORDER.clear()
                         _RECORDING.release()
                         self._holds_lock = False
 
@@ -627,11 +628,6 @@ class profile:  # noqa: N801 - a context manager used like a function: `with nba
                                             # calls under warmup=1, steps=2 read "the code ran 3 times")
                                             unrecorded_steps=max(0, self.steps_done - (opts.warmup + opts.steps
                                                                                        if opts.scheduled else 1)))
-
-
-def _another_thread_recording() -> ProfileError:
-    return ProfileError("another nbaccel.profile is recording in another thread of this process; Kineto "
-                        "holds one profiling session per process: profile one thread at a time")
 
 
 def _trace_folder_before(target: str | None) -> tuple[list[str], str | None]:

@@ -19,8 +19,9 @@ from __future__ import annotations
 import torch
 
 from .memory import PeakMemory
-from .profile import _RECORDING, quiet_kineto
+from .profile import quiet_kineto
 from .profile_options import profiler_running
+from .recording import RECORDING
 from .signals import sigint_held
 
 METHOD = ("peak of torch's CPU allocator minus its level before (each allocation and free, recorded by "
@@ -38,7 +39,8 @@ class CpuTensorPeak:
     """``with CpuTensorPeak() as meter: run()`` then ``meter.result`` (a `PeakMemory`), or None when the
     meter could not measure (another profile started meanwhile, or the run's own profiler stopped it)."""
 
-    def __init__(self):
+    def __init__(self, what: str = "nbaccel's CPU memory meter"):
+        self.what = what  # how a profile refused meanwhile in another thread names this meter (`RECORDING`)
         self.result: PeakMemory | None = None
         self._prof = None
         self._locked = False
@@ -47,11 +49,11 @@ class CpuTensorPeak:
     def available() -> bool:
         """No profiler recording in this process: this thread's (a user's own, an nbaccel.profile around
         the call), or another thread's (torch's process-wide flag; two at once crash the process)."""
-        return not (_profiler_on() or _RECORDING.locked())
+        return not (_profiler_on() or RECORDING.locked())
 
     def __enter__(self) -> "CpuTensorPeak":
         with sigint_held():  # a Ctrl-C while Kineto starts left the profiler on, or the lock taken, for good
-            self._locked = _RECORDING.acquire(blocking=False)  # an nbaccel.profile in another thread waits
+            self._locked = RECORDING.take(self.what)  # an nbaccel.profile in another thread waits
             if not self._locked or _profiler_on():
                 self._release()  # taken since `available`: no measure (result stays None)
                 return self
@@ -85,7 +87,7 @@ class CpuTensorPeak:
 
     def _release(self) -> None:
         if self._locked:
-            _RECORDING.release()
+            RECORDING.release()
             self._locked = False
 
 

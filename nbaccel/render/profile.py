@@ -38,6 +38,11 @@ _COLUMNS = [
 _TEXT_COLUMNS = {col for col, _, kind in _COLUMNS if kind == "text"}
 
 
+def natural_ascending(col: str) -> bool:
+    """A column's first order when chosen: names A to Z, numbers largest first (as headers sort elsewhere)."""
+    return col in _TEXT_COLUMNS
+
+
 def sort_label(key: str) -> str:
     """A --sort key as the table's column header says it: ``self`` -> "self CPU"."""
     from ..profile_table import SORT_COLUMNS
@@ -439,9 +444,14 @@ _KIND_PX = {"int": 80, "time": 96, "device time": 96, "pct": 180, "flops": 96, "
 _TEXT_MIN_PX = 220
 
 
+def _kind_px(kind: str) -> int | None:
+    """A column kind's fixed width; None for text columns, which share what is left."""
+    return None if kind == "text" else _KIND_PX.get(kind, 96)
+
+
 def column_widths(cols) -> list[str | None]:
     """CSS widths of ``cols`` (`visible_columns`) for a fixed-layout table; None: a share of the rest."""
-    return [None if kind == "text" else f"{_KIND_PX.get(kind, 96)}px" for _, _, kind in cols]
+    return [f"{px}px" if (px := _kind_px(kind)) else None for _, _, kind in cols]
 
 
 def grid_columns(cols) -> str:
@@ -451,7 +461,8 @@ def grid_columns(cols) -> str:
 
 
 def min_table_px(cols) -> int:
-    return sum(_TEXT_MIN_PX if kind == "text" else _KIND_PX.get(kind, 96) for _, _, kind in cols)
+    """The narrowest the table can be: fixed columns at their widths, text columns at `_TEXT_MIN_PX`."""
+    return sum(_kind_px(kind) or _TEXT_MIN_PX for _, _, kind in cols)
 
 
 def ops_table_html(result, frame, group: str, sort: tuple[str, bool] | None = None, empty: str | None = None,
@@ -601,9 +612,9 @@ def widget(result):
                 button.remove_class("sorted")
 
     def header_clicked(col):
-        # First click: the column in its natural order (names A to Z, numbers largest first, as the
-        # "sort by" observer does); a second click on the sorted column reverses it.
-        ascending_now = not ascending.value if col == sort.value else col in _TEXT_COLUMNS
+        # First click: the column in its natural order (as the "sort by" observer sets it); a second
+        # click on the sorted column reverses it.
+        ascending_now = not ascending.value if col == sort.value else natural_ascending(col)
         updating[0] = True
         try:
             sort.value, ascending.value = col, ascending_now
@@ -626,10 +637,9 @@ def widget(result):
                     # Back to the default column in its own order: the ascending tick a text column set
                     # (source line, input shapes: A to Z) stayed, and "top K" showed the cheapest ops.
                     sort.value = default_col
-                    ascending.value = default_col in _TEXT_COLUMNS
+                    ascending.value = natural_ascending(default_col)
             if change is not None and change.owner is sort:
-                # Names read A to Z, numbers largest first: what a click on a column header does elsewhere.
-                ascending.value = sort.value in _TEXT_COLUMNS
+                ascending.value = natural_ascending(sort.value)
         finally:
             updating[0] = False
         render(new_order=change is not None and change.owner is not page)
