@@ -28,6 +28,7 @@ An audited run is slower than a plain one, so it is never the run that is timed.
 
 from __future__ import annotations
 
+import functools
 import math
 import sys
 from collections import defaultdict
@@ -356,17 +357,19 @@ def _no_tensor_out(func, args, kwargs, out) -> str:
         return f"Python {type(out).__name__}"
     if isinstance(out, torch.SymInt):  # pragma: no cover - symbolic shapes: under torch.compile's tracing
         return "Python int"
-    written = [a for arg, a in zip(func._schema.arguments, _schema_values(func, args, kwargs))
-               if arg.alias_info is not None and arg.alias_info.is_write]
+    written = [args[i] if i < len(args) else kwargs.get(name) for i, name in _written_arguments(func)]
     tensors = [t for t in tree_flatten(written)[0] if isinstance(t, torch.Tensor)]
     if tensors:
         return dtype_name(next((t.dtype for t in tensors if t.is_floating_point()), tensors[0].dtype))
     return "no output"
 
 
-def _schema_values(func, args, kwargs) -> list:
-    """The op's arguments in its schema's order, positional or by keyword (None where left to the default)."""
-    return [args[i] if i < len(args) else kwargs.get(arg.name) for i, arg in enumerate(func._schema.arguments)]
+@functools.lru_cache(maxsize=None)
+def _written_arguments(func) -> tuple[tuple[int, str], ...]:
+    """(position, name) of the arguments ``func``'s schema says it writes. Cached per op: an optimizer's
+    step calls its foreach ops once per parameter group every step, and the schema never changes."""
+    return tuple((i, arg.name) for i, arg in enumerate(func._schema.arguments)
+                 if arg.alias_info is not None and arg.alias_info.is_write)
 
 
 def _flops_of(func, name: str, args, kwargs, out, dense: bool | None = None) -> int:
