@@ -418,11 +418,13 @@ class _Runner:
                      for key, runs in peaks.items()}
         return peaks, fp32_again
 
-    def audited(self, recipe: Recipe):
+    def audited(self, recipe: Recipe, keep_embedding_ids: bool = True):
+        """The recipe's run under `OpAudit`; ``keep_embedding_ids``: whether its audit keeps the prompt's
+        token ids (`drift.compare_tokens` reads the fp32 run's only)."""
         __tracebackhide__ = True  # noqa: F841 - IPython hides nbaccel's frames from the user's traceback
         self.start(recipe)
         probe = _GradientProbe(c.tensor for c in self.snapshot.tensors)
-        audit = OpAudit()
+        audit = OpAudit(keep_embedding_ids)
         scales_before = _scaler_scales(self.snapshot)
         with self.silence(), apply_recipe(recipe), probe, audit, _ScalerUse() as scaler_use:
             value = self.cell()
@@ -570,7 +572,7 @@ def compare_amp(
         # The audit first: its op count decides how the memory runs measure (`memory_series`).
         audits = {}
         for recipe in order:  # a loop, not a comprehension: its frame would show in the cell's traceback
-            audits[id(recipe)] = runner.audited(recipe)
+            audits[id(recipe)] = runner.audited(recipe, keep_embedding_ids=recipe is base_recipe)
         ops = max(audit.calls for audit, *_ in audits.values())
         peaks, fp32_again = runner.memory_series(order, base_recipe, keep_fp32=restore, ops=ops)
         memory = {key: PeakMemory.median_of(runs) for key, runs in peaks.items()}

@@ -125,7 +125,7 @@ class _OpRecord:
 class OpAudit(AutocastInside, EagerWhileActive, TorchDispatchMode):
     """Records (op, output dtype) -> calls, FLOPs and matmul shapes for everything run inside it."""
 
-    def __init__(self):
+    def __init__(self, keep_embedding_ids: bool = True):
         super().__init__()
         self.records: dict[tuple[str, str], _OpRecord] = defaultdict(_OpRecord)
         self.calls = 0  # every op dispatched, views included: how much a per-op meter would record
@@ -139,6 +139,9 @@ class OpAudit(AutocastInside, EagerWhileActive, TorchDispatchMode):
         # host copies of the ids the first few embedding lookups took: a generate loop's prompt, which
         # the token comparison leaves out of its counts (`drift.compare_tokens`)
         self.embedding_ids: list[torch.Tensor] = []
+        # ``keep_embedding_ids=False``: the reduced-precision run's audit, whose prompt is the fp32 run's
+        # (the same starting state), so its copies would only be host memory and time
+        self._embedding_ids_wanted = EMBEDDING_IDS_KEPT if keep_embedding_ids else 0
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -161,7 +164,7 @@ class OpAudit(AutocastInside, EagerWhileActive, TorchDispatchMode):
         name = f"{func.namespace}::{func.overloadpacket.__name__}"
         if name in _IGNORED or func.namespace == "profiler":  # record_function markers, not math
             return out
-        if name == "aten::embedding" and len(self.embedding_ids) < EMBEDDING_IDS_KEPT:
+        if name == "aten::embedding" and len(self.embedding_ids) < self._embedding_ids_wanted:
             self._keep_ids(args[1] if len(args) > 1 else kwargs.get("indices"))
         flat_in, _ = tree_flatten((args, kwargs))
         # An op that casts inside ran its math in autocast's dtype, whatever it returns (_trilinear's

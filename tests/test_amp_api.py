@@ -2584,3 +2584,20 @@ def test_tokens_that_differ_between_unrestored_runs_are_not_blamed_on_precision(
     res = nbaccel.compare_amp(lambda: model.generate(ids, max_new_tokens=6), repeat=3, warmup=0, restore=False)
     assert "tokens agree 50% (3 of 4 sequences diverge) (variables not restored)" in str(res).splitlines()[0]
     assert any(a.startswith("The fp32 and bf16 results differ (tokens agree at 50%), but") for a in res.advice)
+
+
+def test_only_the_fp32_audit_keeps_the_prompts_token_ids():
+    """The token comparison reads the prompt from the fp32 run's audit; the reduced-precision run's audit
+    copied the same ids to the host as well, for nothing."""
+    from nbaccel.flops import EMBEDDING_IDS_KEPT, OpAudit
+
+    emb = torch.nn.Embedding(10, 4)
+    ids = [torch.tensor([[1, 2, 3]]) for _ in range(EMBEDDING_IDS_KEPT + 2)]
+    kept, skipped = OpAudit(), OpAudit(keep_embedding_ids=False)
+    for audit in (kept, skipped):
+        with audit:
+            for i in ids:
+                emb(i)
+    assert len(kept.embedding_ids) == EMBEDDING_IDS_KEPT and torch.equal(kept.embedding_ids[0], ids[0])
+    assert skipped.embedding_ids == []
+    assert skipped.records[("aten::embedding", "fp32")].calls == len(ids)  # still audited
