@@ -102,6 +102,8 @@ class LiveBytes(AutocastInside, EagerWhileActive, TorchDispatchMode):
 
 
 OP_MARK = "nbaccel::dry_run_op"
+# How a profile refused while a dry run records in another thread names it (`recording.RECORDING`).
+HOLDER = "a memory estimate's dry run"
 
 
 class _OpScratch:
@@ -121,7 +123,7 @@ class _OpScratch:
     def __init__(self):
         from .tensor_peak import CpuTensorPeak
 
-        self._meter = CpuTensorPeak() if CpuTensorPeak.available() else None
+        self._meter = CpuTensorPeak(HOLDER) if CpuTensorPeak.available() else None
         self.peaks: list[int] | None = None
         self.allocated = 0  # every byte the allocator handed out in the block
 
@@ -137,15 +139,14 @@ class _OpScratch:
     def __exit__(self, *exc):
         if self._meter is None:
             return False
-        prof = self._meter._prof
+        from .tensor_peak import allocator_changes
+
         self._meter.__exit__(*exc)
-        if prof is None or self._meter.result is None or exc[0] is not None:
+        events = self._meter.events
+        if events is None or exc[0] is not None:
             return False
-        cpu = torch.autograd.DeviceType.CPU
-        events = prof.profiler.kineto_results.events()
         marks = sorted((e.start_ns(), e.start_ns() + e.duration_ns()) for e in events if e.name() == OP_MARK)
-        changes = sorted((e.start_ns(), e.nbytes()) for e in events
-                         if e.name() == "[memory]" and e.device_type() == cpu)
+        changes = allocator_changes(events)
         self.allocated = sum(n for _, n in changes if n > 0)
         peaks, level, i = [], 0, 0
         for start, end in marks:

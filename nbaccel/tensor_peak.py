@@ -42,6 +42,9 @@ class CpuTensorPeak:
     def __init__(self, what: str = "nbaccel's CPU memory meter"):
         self.what = what  # how a profile refused meanwhile in another thread names this meter (`RECORDING`)
         self.result: PeakMemory | None = None
+        # With a result: the profiler's events, read once (building them costs per event), for a caller
+        # that reads more than the peak from them (`dry_run._OpScratch`: the allocator's level per op).
+        self.events: list | None = None
         self._prof = None
         self._locked = False
 
@@ -75,7 +78,8 @@ class CpuTensorPeak:
             valid = profiler_running()
             self._stop()
             if valid and exc[0] is None:
-                self.result = PeakMemory("cpu", _peak_added(self._prof), METHOD, exact=True)
+                self.events = self._prof.profiler.kineto_results.events()
+                self.result = PeakMemory("cpu", _peak_added(self.events), METHOD, exact=True)
 
     def _stop(self) -> None:
         try:
@@ -96,14 +100,17 @@ def _profiler_on() -> bool:
     return profiler_running() or torch.autograd.profiler._is_profiler_enabled
 
 
-def _peak_added(prof) -> int:
+def allocator_changes(events) -> list[tuple[int, int]]:
+    """(time in ns, bytes: + allocated, - freed) of each of torch's CPU allocator's events, in time order."""
+    cpu = torch.autograd.DeviceType.CPU
+    return sorted((e.start_ns(), e.nbytes()) for e in events if e.name() == "[memory]" and e.device_type() == cpu)
+
+
+def _peak_added(events) -> int:
     """The highest running sum of the CPU allocator's allocations (+) and frees (-), in time order,
     from the start (0: a run that only freed memory added none)."""
-    cpu = torch.autograd.DeviceType.CPU
-    changes = sorted((e.start_ns(), e.nbytes()) for e in prof.profiler.kineto_results.events()
-                     if e.name() == "[memory]" and e.device_type() == cpu)
     level = peak = 0
-    for _, nbytes in changes:
+    for _, nbytes in allocator_changes(events):
         level += nbytes
         peak = max(peak, level)
     return peak

@@ -72,6 +72,23 @@ def test_profile_refused_while_a_memory_meter_records_elsewhere_names_the_meter(
     assert prof.result.op_count > 0
 
 
+def test_profile_refused_while_a_dry_run_records_elsewhere_names_the_dry_run():
+    """The estimate's dry runs (`dry_run._OpScratch`) were named "nbaccel's CPU memory meter", %%amp's words."""
+    from nbaccel import dry_run
+
+    worker, leave = _held_in_thread(dry_run._OpScratch, "estimate-thread")
+    try:
+        with pytest.raises(ProfileError) as err:
+            with nbaccel.profile():
+                pass
+        assert str(err.value).startswith(
+            'a memory estimate\'s dry run is recording in another thread ("estimate-thread")')
+    finally:
+        leave.set()
+        worker.join(30)
+    assert not RECORDING.locked()
+
+
 def test_memory_meter_stands_aside_while_a_profile_records_elsewhere():
     worker, leave = _held_in_thread(nbaccel.profile, "profile-thread")
     try:
