@@ -563,7 +563,7 @@ def _probe(model, optimizer, example, batches, device, amp_dtype, loss_fn, name:
         if peak.scratch_read and scratch[-1] is not None:
             scratch[-1] = max(scratch[-1], peak.scratch)
         if (len(todo) == len(batches) and b == todo[-1] and check and check > b
-                and max(s or 0 for s in scratch) > CHECK_TOLERANCE * max(fwd[-1], bwd[-1])):
+                and check_needed(max(s or 0 for s in scratch), max(fwd[-1], bwd[-1]))):
             todo.append(check)  # the kernels' scratch was a share of the peak that could move it: look once more
     for hook in hooks:
         hook.remove()
@@ -593,6 +593,17 @@ def _probe(model, optimizer, example, batches, device, amp_dtype, loss_fn, name:
 
 # How far a check probe may land from the probes' lines before the lines are refitted through it.
 CHECK_TOLERANCE = 0.01
+# Scratch up to this many bytes takes no check probe, whatever its share: fp32 kernels took 1-2 KiB at the
+# probes of a 64->128->8 MLP (AVX2 and AMX hosts), 2 % of a 97 KiB peak, and each such estimate paid a dry run
+# at twice the larger probe's batch, and a line of method, to confirm its lines to the byte. The scratch that
+# moved a step's peak (oneDNN's bf16 matmuls on AMX) took 26 KiB and more at the same probes.
+CHECK_SCRATCH_FLOOR = 16 * 1024
+
+
+def check_needed(scratch: int, peak: int) -> bool:
+    """Whether the kernels' ``scratch`` at the probes (their most, in bytes) could move the probes' lines enough
+    to look once more: over `CHECK_SCRATCH_FLOOR` and over `CHECK_TOLERANCE` of the larger probe's ``peak``."""
+    return scratch > CHECK_SCRATCH_FLOOR and scratch > CHECK_TOLERANCE * peak
 
 
 def _check_probe(batches, fwd, bwd, fwd_traces, bwd_traces) -> dict:

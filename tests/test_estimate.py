@@ -1315,3 +1315,22 @@ def test_a_check_probe_off_the_lines_refits_them():
     missed = _check_probe([2, 4, 8], [10, 20, 40], [10, 20, 100], [], [])
     assert missed["refit"] and missed["phases"] == {"forward": (40, 40), "backward": (40, 100)}
     assert not _check_probe([2, 4, 8], [10, 20, 40], [10, 20, 40], [], [])["refit"]
+
+
+def test_a_check_probe_only_where_the_scratch_could_move_the_peak():
+    """Over 1 % of the peak and over 16 KiB: fp32's 1-2 KiB of scratch at a tiny MLP's probes took a check probe
+    (a dry run at twice the batch, a line of method) to confirm lines it could not move by more than that."""
+    from nbaccel.dry_run import CHECK_SCRATCH_FLOOR, _probe, check_needed
+
+    assert not check_needed(2 * 1024, 97 * 1024)          # 2 % of the peak, but 2 KiB
+    assert check_needed(26 * 1024, 150 * 1024)            # the AMX bf16 matmuls' scratch
+    assert not check_needed(26 * 1024, 10 * 1024 ** 2)    # 0.25 % of a 10 MiB peak
+    assert not check_needed(CHECK_SCRATCH_FLOOR, 1024)    # the floor itself: no check
+
+    model = _mlp()
+    probe = _probe(model, torch.optim.SGD(model.parameters(), lr=0.1), None, [4, 8], torch.device("cpu"), None,
+                   lambda out: out.sum(), check=16)
+    scratch = max(s or 0 for s in probe["scratch"])
+    first = probe["unrefitted"] or probe  # the first two probes' figures, where a check refitted the lines
+    peak = max(first["forward"][1], first["backward"][1])
+    assert (probe["check"] is not None) == check_needed(scratch, peak), (scratch, peak, probe["check"])
