@@ -1334,3 +1334,27 @@ def test_a_check_probe_only_where_the_scratch_could_move_the_peak():
     first = probe["unrefitted"] or probe  # the first two probes' figures, where a check refitted the lines
     peak = max(first["forward"][1], first["backward"][1])
     assert (probe["check"] is not None) == check_needed(scratch, peak), (scratch, peak, probe["check"])
+
+
+def test_the_dry_runs_op_ranges_without_torchs_private_range(monkeypatch):
+    """`_RecordFunctionFast` is torch's private API: where a torch lacks it, the public record_function marks
+    the ops, and the dry run's peak is still the allocator's."""
+    from nbaccel import dry_run
+    from nbaccel.tensor_peak import CpuTensorPeak
+
+    monkeypatch.setattr(dry_run, "_op_range", torch.autograd.profiler.record_function)
+    model, x = _mlp(), torch.randn(32, 64)
+
+    def step(peak=None):
+        loss = model(x).sum()
+        if peak:
+            peak.phase()
+        loss.backward()
+        model.zero_grad(set_to_none=True)
+
+    step()
+    with CpuTensorPeak() as meter:
+        step()
+    with dry_run._Peak(torch.device("cpu")) as peak:
+        step(peak)
+    assert peak.scratch_read and max(peak.phase_peaks) == meter.result.peak_bytes
