@@ -17,6 +17,7 @@ Skips, saying why, only when Chromium, Playwright or JupyterLab cannot be found.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -169,6 +170,26 @@ def screenshot_dir(tmp_path):
     return path
 
 
+@contextlib.contextmanager
+def _lab_page(browser, lab, screenshot_dir, failure_png: str):
+    """A 1400x1000 page and the list of the browser's console and page errors; on a failure, a full-page
+    screenshot (``failure_png``), the server log's path and the last errors are printed."""
+    errors: list[str] = []
+    context = browser.new_context(viewport={"width": 1400, "height": 1000})
+    page = context.new_page()
+    page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    try:
+        yield page, errors
+    except Exception:
+        page.screenshot(path=str(screenshot_dir / failure_png), full_page=True)
+        print(f"failure screenshot: {screenshot_dir / failure_png}; server log: {lab['log']}")
+        print("console errors:", *errors[-20:], sep="\n  ")
+        raise
+    finally:
+        context.close()
+
+
 def _wait_for_idle_kernel(lab, timeout_s: float, notebook: str = QUICKSTART):
     """The notebook's session has a kernel and that kernel is idle (asked from the server's REST API)."""
     deadline = time.monotonic() + timeout_s
@@ -252,13 +273,7 @@ def test_quickstart_widgets_render_in_jupyterlab(lab, browser, screenshot_dir):
     assert any(s.lstrip().startswith("%%profile_gpu") for s in sources), "the quickstart lost its %%profile_gpu cell"
     assert any("%memory_budget" in s for s in sources), "the quickstart lost its %memory_budget cell"
 
-    console_errors: list[str] = []
-    page_errors: list[str] = []
-    context = browser.new_context(viewport={"width": 1400, "height": 1000})
-    page = context.new_page()
-    page.on("console", lambda m: console_errors.append(m.text) if m.type == "error" else None)
-    page.on("pageerror", lambda e: page_errors.append(str(e)))
-    try:
+    with _lab_page(browser, lab, screenshot_dir, "failure.png") as (page, console_errors):
         run_seconds = _open_and_run_all(page, lab, QUICKSTART, len(sources))
         notebook = page.locator(ACTIVE_NOTEBOOK)
         tracebacks = _tracebacks(notebook)
@@ -298,16 +313,9 @@ def test_quickstart_widgets_render_in_jupyterlab(lab, browser, screenshot_dir):
         amp.first.scroll_into_view_if_needed()
         page.screenshot(path=str(screenshot_dir / "quickstart_lab.png"))
 
-        widget_errors = [e for e in console_errors + page_errors if WIDGET_ERROR.search(e)]
+        widget_errors = [e for e in console_errors if WIDGET_ERROR.search(e)]
         assert not widget_errors, "the browser console reported widget errors:\n" + "\n".join(widget_errors)
         print(f"\nRun All took {run_seconds:.1f}s in JupyterLab; screenshots in {screenshot_dir}")
-    except Exception:
-        page.screenshot(path=str(screenshot_dir / "failure.png"), full_page=True)
-        print(f"failure screenshot: {screenshot_dir / 'failure.png'}; server log: {lab['log']}")
-        print("console errors:", *console_errors[-20:], sep="\n  ")
-        raise
-    finally:
-        context.close()
 
 
 def _check_profiler_table(page, notebook, screenshot_dir):
@@ -469,12 +477,7 @@ def test_gpu_trace_widget_renders_in_jupyterlab(lab, browser, screenshot_dir):
     name = "gpu_trace.ipynb"
     nbformat.write(nb, lab["root"] / name)
 
-    console_errors: list[str] = []
-    context = browser.new_context(viewport={"width": 1400, "height": 1000})
-    page = context.new_page()
-    page.on("console", lambda m: console_errors.append(m.text) if m.type == "error" else None)
-    page.on("pageerror", lambda e: console_errors.append(str(e)))
-    try:
+    with _lab_page(browser, lab, screenshot_dir, "gpu_trace_failure.png") as (page, console_errors):
         _open_and_run_all(page, lab, name, 2)
         notebook = page.locator(ACTIVE_NOTEBOOK)
         tracebacks = _tracebacks(notebook)
@@ -521,10 +524,3 @@ def test_gpu_trace_widget_renders_in_jupyterlab(lab, browser, screenshot_dir):
         breakdown.first.screenshot(path=str(screenshot_dir / "gpu_trace_breakdown.png"))
         widget_errors = [e for e in console_errors if WIDGET_ERROR.search(e)]
         assert not widget_errors, "the browser console reported widget errors:\n" + "\n".join(widget_errors)
-    except Exception:
-        page.screenshot(path=str(screenshot_dir / "gpu_trace_failure.png"), full_page=True)
-        print(f"failure screenshot: {screenshot_dir / 'gpu_trace_failure.png'}; server log: {lab['log']}")
-        print("console errors:", *console_errors[-20:], sep="\n  ")
-        raise
-    finally:
-        context.close()

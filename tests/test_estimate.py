@@ -1280,13 +1280,19 @@ def test_the_default_loss_is_the_loss_the_model_returned():
     assert "loss: a cross-entropy over the output's last dimension" in plain.method
 
 
-def test_the_dry_runs_moments_hold_the_kernels_scratch():
+@pytest.mark.parametrize("op_range", ["torch's private range", "record_function"])
+def test_the_dry_runs_moments_hold_the_kernels_scratch(op_range, monkeypatch):
     """LiveBytes sees an op's outputs; a kernel's scratch from torch's CPU allocator, freed before the op returns,
     it did not (oneDNN's bf16 matmuls on an AMX-BF16 host: 26,368 B above the outputs at the MLP's last weight
     gradient, batch 128). With the allocator's ranges per op (`_OpScratch`) the dry run's peak is the allocator's,
-    to the byte, on any host (where the kernels take no scratch both are the outputs alone)."""
+    to the byte, on any host (where the kernels take no scratch both are the outputs alone). Also with the
+    public record_function marking the ops, for a torch without the private `_RecordFunctionFast`."""
+    from nbaccel import dry_run
     from nbaccel.dry_run import _Peak
     from nbaccel.tensor_peak import CpuTensorPeak
+
+    if op_range == "record_function":
+        monkeypatch.setattr(dry_run, "_op_range", torch.autograd.profiler.record_function)
 
     model, x = _mlp(), torch.randn(128, 64)
 
@@ -1334,27 +1340,3 @@ def test_a_check_probe_only_where_the_scratch_could_move_the_peak():
     first = probe["unrefitted"] or probe  # the first two probes' figures, where a check refitted the lines
     peak = max(first["forward"][1], first["backward"][1])
     assert (probe["check"] is not None) == check_needed(scratch, peak), (scratch, peak, probe["check"])
-
-
-def test_the_dry_runs_op_ranges_without_torchs_private_range(monkeypatch):
-    """`_RecordFunctionFast` is torch's private API: where a torch lacks it, the public record_function marks
-    the ops, and the dry run's peak is still the allocator's."""
-    from nbaccel import dry_run
-    from nbaccel.tensor_peak import CpuTensorPeak
-
-    monkeypatch.setattr(dry_run, "_op_range", torch.autograd.profiler.record_function)
-    model, x = _mlp(), torch.randn(32, 64)
-
-    def step(peak=None):
-        loss = model(x).sum()
-        if peak:
-            peak.phase()
-        loss.backward()
-        model.zero_grad(set_to_none=True)
-
-    step()
-    with CpuTensorPeak() as meter:
-        step()
-    with dry_run._Peak(torch.device("cpu")) as peak:
-        step(peak)
-    assert peak.scratch_read and max(peak.phase_peaks) == meter.result.peak_bytes
