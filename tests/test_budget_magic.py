@@ -345,7 +345,7 @@ def test_a_magic_that_refuses_after_running_code_is_still_watched(ip, run_cell):
 
 @pytest.mark.parametrize("line, message", [
     ("-5GB", "must be positive"),
-    ("12 parsecs", "cannot read '12parsecs'"),  # a number and a word are read as one size, like "6 GB"
+    ("12 parsecs", "cannot read '12 parsecs'"),  # a number and a word are one size, like "6 GB", echoed as typed
     ("12parsecs", "cannot read '12parsecs'"),
     ("999TiB", "larger than this host's physical memory"),
     ("1PiB", "larger than this host's physical memory"),  # was "cannot read '1PiB'"
@@ -493,7 +493,7 @@ def test_an_estimate_against_a_share_says_what_it_is_a_share_of(ip, run_cell, ml
 
     total = device_memory(torch.device("cpu"))
     _, captured = run_cell(f"%memory_budget {typed} --model model --batch 32 --input x -r est")
-    said = (f"{format_bytes(int(share * total))} ({typed.replace(' ', '')} of this host's {format_bytes(total)} "
+    said = (f"{format_bytes(int(share * total))} ({typed} of this host's {format_bytes(total)} "  # as typed
             "of physical memory)")
     assert f"budget {said}, measured on cpu" in ip.user_ns["est"].summary
     assert f"compared with: {said}, with the training step's tensors" in unfolded(_texts(captured))
@@ -846,7 +846,7 @@ def test_a_single_letter_unit_is_read_as_binary_and_the_status_says_so(ip, run_c
     head, note = _texts(captured).splitlines()[:2]
     assert head.startswith("memory budget 1 GiB of ") and head.endswith(
         "[soft: checked after each cell, a warning when over]")
-    assert note == f"  1{letter} read as 1 GiB, as docker and systemd read {letter} (write 1GB for 1,000,000,000 bytes)"
+    assert note == f"  {line} read as 1 GiB, as docker and systemd read {letter} (write 1GB for 1,000,000,000 bytes)"  # as typed
 
 
 @pytest.mark.parametrize("line, size, read", [("2Gb", 2 * 10**9, "2 GB"), ("2gb", 2 * 10**9, "2 GB"),
@@ -856,8 +856,7 @@ def test_a_lowercase_b_is_read_as_bytes_and_the_status_says_so(ip, run_cell, lin
     _, captured = run_cell(f"%memory_budget {line} -r s")
     assert ip.user_ns["s"].budget_bytes == size
     note = _texts(captured).splitlines()[1]
-    typed = line.replace(" ", "")  # the magic reads "2 Gib" as one size, as it reads "6 GB"
-    assert note == f"  {typed} read as {read} (bytes; a lowercase b usually means bits)"
+    assert note == f"  {line} read as {read} (bytes; a lowercase b usually means bits)"  # as typed: "2 Gib"
     _, captured = run_cell("%memory_budget 2GB -r s")  # a capital B is bytes as written: nothing to say
     assert ip.user_ns["s"].budget_bytes == 2 * 10**9 and "bits" not in _texts(captured)
 

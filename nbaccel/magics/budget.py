@@ -149,8 +149,9 @@ class BudgetMagics(Magics):
         namespace, and what to try, with the expected saving. The result (-r) has ``.history``.
         """
         # "6 GB" and "80 %" are what people type (and "12 parsecs" deserves the size error, not argparse's): a
-        # number and the word or % after it are one size; argparse would see two positional arguments.
-        line = re.sub(r"^(\s*-?[0-9]*\.?[0-9]+)\s+([a-z]+\b|%)", r"\1\2", line, flags=re.I)
+        # number and the word or % after it are one size; argparse would see two positional arguments. Quoted,
+        # not joined: an error then echoes "12 parsecs" as typed, not "12parsecs" (the parser takes the space).
+        line = re.sub(r"^(\s*)(-?[0-9]*\.?[0-9]+\s+(?:[a-z]+\b|%))", r'\1"\2"', line, flags=re.I)
         line = re.sub(r"(--near(?:\s+|=)-?[0-9]*\.?[0-9]+)\s+%", r"\1%", line)  # "--near 90 %" too
         # argparse takes "-5GB" for an unknown option: name the real mistake first. Only a token in the
         # budget's place, though: "--near -0.5" is a bad --near, said below.
