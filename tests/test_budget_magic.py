@@ -1115,3 +1115,53 @@ def test_estimate_cuts_a_flat_embedding_bag_input_by_bags_and_refuses_a_graph(ip
         "leaves edges pointing past the end, and the estimator fits its prediction through two such probes. Measure "
         "the step instead: %memory_budget 0.9, then run one training step on the full graph in a cell: %memory_budget "
         "status shows that cell's measured peak (peak used; added: what the cell added)")
+
+
+def _folds(page: str) -> list[tuple[str, bool, str]]:
+    """(summary, open?, folded text) of each <details> of a page, as a browser would fold them."""
+    from html.parser import HTMLParser
+
+    class Folds(HTMLParser):
+        def __init__(self):
+            super().__init__()
+            self.found, self.depth, self.in_summary = [], 0, False
+
+        def handle_starttag(self, tag, attrs):
+            if tag == "details":
+                self.depth += 1
+                self.found.append(["", "open" in dict(attrs), ""])
+            self.in_summary = self.in_summary or tag == "summary"
+
+        def handle_endtag(self, tag):
+            self.depth -= tag == "details"
+            self.in_summary = self.in_summary and tag != "summary"
+
+        def handle_data(self, data):
+            if self.depth:
+                self.found[-1][0 if self.in_summary else 2] += data
+
+    parser = Folds()
+    parser.feed(page)
+    return [tuple(f) for f in parser.found]
+
+
+def test_an_estimate_page_shows_the_figures_and_folds_the_method(ip, run_cell, mlp):
+    # A trial: a tiny model's estimate filled a screen, most of it how the figures were measured. On a page
+    # (and the widget) the verdict and the table stay in view; the sharding table folds when nothing needs it.
+    from nbaccel.render import budget as budget_render
+
+    run_cell("%memory_budget 1GiB --model model --batch 32 --input x -r est")
+    page = budget_render.widget(ip.user_ns["est"]).value
+    (sharding, sharding_open, sharded), (how, how_open, method) = _folds(page)
+    assert "not needed: fp32 and bf16 AMP fit in the budget unsharded" in sharding and not sharding_open
+    assert "ZeRO-3 / FSDP" in sharded
+    assert how.startswith("How these figures were measured") and not how_open
+    assert "method: params/buffers/grads/optimizer states" in unfolded(method)
+    outside = page.split("<details")[0]
+    assert "fits in fp32" in outside and "peak during" in outside and "method:" not in outside
+    assert "method: " in budget_render.text(ip.user_ns["est"])  # a terminal has no folds: the text keeps it all
+
+    run_cell("big = torch.nn.Linear(1024, 1024)\nxb = torch.randn(8, 1024)")
+    run_cell("%memory_budget 8MiB --model big --batch 8 --input xb -r est")  # 4 MiB of weights, 16+ with adamw
+    (sharding, sharding_open, _), _ = _folds(budget_render.widget(ip.user_ns["est"]).value)
+    assert sharding_open and "not needed" not in sharding  # over the budget on one device: the plan is the answer

@@ -12,7 +12,7 @@ from ..budget import PUSHED, harness_words, plural, share_text
 from ..holders import unresident_line
 from ..memory import format_bytes
 from ..timing import format_seconds
-from .common import bullet_list, esc, labelled, prose, table, text_table, wrap
+from .common import bullet_list, esc, folded, labelled, prose, table, text_table, wrap
 
 GAUGE_CSS = """
 <style>
@@ -478,20 +478,33 @@ def _unsplit_line(e) -> str:
     return f"no sharding table: no GPU count above 1 was asked for (gpu_counts={tuple(e.gpu_counts)})"
 
 
+def _fits_on_one(e) -> bool:
+    """Every precision fits the budget on one device: the sharding table is then a plan, not a need."""
+    return e.budget_bytes is not None and all(e.single(p)["fits"] for p in e.fits)
+
+
 def estimate_html(e) -> str:
-    title = _sharding_title(e)
+    # The verdict, the table and the caveats first; the sharding table folded when nothing needs it, and the
+    # measurement's prose (a screenful on a tiny model, a trial) folded under the figures it explains.
     note = f'<div class="nbaccel-note">{esc(e.note)}</div>' if e.note else ""
-    sharding = (f"<h4>{esc(title[0].upper() + title[1:])}</h4>"
-                + table(_sharding_headers(e), _sharding_rows(e), name_columns=(), text_columns=(0, 1))
-                if _sharding_counts(e) else f"<div>{esc(_unsplit_line(e))}</div>")
+    title = _sharding_title(e)
+    if not _sharding_counts(e):
+        sharding = f"<div>{esc(_unsplit_line(e))}</div>"
+    else:
+        sharded = table(_sharding_headers(e), _sharding_rows(e), name_columns=(), text_columns=(0, 1))
+        if _fits_on_one(e):
+            verb = "fits" if len(e.fits) == 1 else "fit"
+            title = f"{title} -- not needed: {' and '.join(e.fits)} {verb} in the budget unsharded"
+        sharding = folded(title[0].upper() + title[1:], sharded, open_=not _fits_on_one(e))
+    how = (f"<div>{esc(_ACTIVATIONS)}</div>" + bullet_list(_fit_lines(e))
+           + f"<div>{esc(_phases_title(e)[0].upper() + _phases_title(e)[1:])}</div>" + bullet_list(_phase_lines(e))
+           + bullet_list(_rss_line(e))
+           + f'<div class="muted">compared with: {esc(_compared_with(e))}; method: {esc(e.method)}</div>')
     return wrap(f"<h4>{esc(_estimate_head(e))}</h4>" + note
                 + table(_estimate_headers(e), _estimate_rows(e), name_columns=(),
                         text_columns=tuple(i for i, h in enumerate(_estimate_columns(e)) if h in _ESTIMATE_WORDS))
-                + sharding
-                + f"<div>{esc(_ACTIVATIONS)}</div>" + bullet_list(_fit_lines(e))
-                + f"<div>{esc(_phases_title(e)[0].upper() + _phases_title(e)[1:])}</div>" + bullet_list(_phase_lines(e))
-                + bullet_list(list(e.assumptions) + _rss_line(e))
-                + f'<div class="muted">compared with: {esc(_compared_with(e))}; method: {esc(e.method)}</div>')
+                + bullet_list(list(e.assumptions)) + sharding
+                + folded("How these figures were measured: activations, the step's phases, method", how))
 
 
 # --- dispatch ---------------------------------------------------------------------------------------------

@@ -43,6 +43,8 @@ body.vscode-high-contrast .nbaccel .warn {color: #f2a65a}
 .nbaccel .bar {display: inline-block; height: 9px; background: #4a90d9; vertical-align: middle}
 .nbaccel .kpi {display: inline-block; margin-right: 28px; vertical-align: top}
 .nbaccel ul {margin: 2px 0 2px 18px; padding: 0}
+.nbaccel details {margin: 6px 0}
+.nbaccel details > summary {cursor: pointer; font-weight: 600}
 .nbaccel-amp .widget-tab > .lm-TabBar, .nbaccel-profile .widget-tab > .lm-TabBar,
 .nbaccel-amp .widget-tab > .lm-TabBar > .lm-TabBar-content,
 .nbaccel-profile .widget-tab > .lm-TabBar > .lm-TabBar-content {height: auto; flex-wrap: wrap}
@@ -118,6 +120,12 @@ def table(headers: list[str], rows: list[list], name_columns=(0,), raw_columns=(
 
 def bullet_list(items) -> str:
     return "<ul>" + "".join(f"<li>{esc(i)}</li>" for i in items) + "</ul>" if items else ""
+
+
+def folded(summary: str, inner: str, open_: bool = False) -> str:
+    """A section a reader opens when they want it (HTML ``<details>``, which JupyterLab, VS Code, nbviewer and
+    GitHub all show folded): the how-it-was-measured prose under the figures, so the figures come first."""
+    return f'<details{" open" if open_ else ""}><summary>{esc(summary)}</summary>{inner}</details>'
 
 
 def wrap(inner: str, cls: str = "") -> str:
