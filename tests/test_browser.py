@@ -7,7 +7,8 @@ Run menu and checks what is drawn: the ``%%amp`` widget with a speedup figure, a
 back to the kernel, the ``%%profile_gpu`` table (lists ``aten::`` operators, re-sorts from the
 ascending box and from a click on a column header, whose buttons line up with the columns), the
 ``%memory_budget`` gauge, and a browser console free of widget errors. A second notebook shows the
-same profile widget over a real H100 trace (``%profile_trace``), as ``%%profile_gpu`` draws it on a GPU.
+same profile widget over a real H100 trace (``%profile_trace``), as ``%%profile_gpu`` draws it on a GPU; a
+third a ``%memory_budget --model`` estimate, whose sharding table and method stay folded until clicked.
 
 Screenshots go to ``$NBACCEL_SCREENSHOT_DIR`` when it is set (``docs/img`` to refresh the README's
 picture), else to pytest's temporary directory, so an ordinary test run leaves the checkout clean.
@@ -522,5 +523,40 @@ def test_gpu_trace_widget_renders_in_jupyterlab(lab, browser, screenshot_dir):
         text = breakdown.first.inner_text()
         assert "matmul/conv" in text and "sm90" in text, text[:800]  # Hopper's kernels, named in full
         breakdown.first.screenshot(path=str(screenshot_dir / "gpu_trace_breakdown.png"))
+        widget_errors = [e for e in console_errors if WIDGET_ERROR.search(e)]
+        assert not widget_errors, "the browser console reported widget errors:\n" + "\n".join(widget_errors)
+
+
+def test_memory_estimate_folds_its_method_in_jupyterlab(lab, browser, screenshot_dir):
+    """A %memory_budget --model estimate as Lab shows it: the verdict and the table in view, the sharding table
+    and the method folded until clicked (a tiny model's estimate filled a screen, most of it method)."""
+    import nbformat
+
+    setup = "import torch\nmodel = torch.nn.Sequential(torch.nn.Linear(64, 64))\nx = torch.randn(32, 64)"
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("%load_ext nbaccel"),
+                                         nbformat.v4.new_code_cell(setup),
+                                         nbformat.v4.new_code_cell("%memory_budget 1GiB --model model --batch 32 "
+                                                                   "--input x")])
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    name = "estimate.ipynb"
+    nbformat.write(nb, lab["root"] / name)
+
+    with _lab_page(browser, lab, screenshot_dir, "estimate_failure.png") as (page, console_errors):
+        _open_and_run_all(page, lab, name, 3)
+        notebook = page.locator(ACTIVE_NOTEBOOK)
+        tracebacks = _tracebacks(notebook)
+        assert not tracebacks, f"a cell raised in JupyterLab:\n{tracebacks[0][:2000]}"
+        estimate = notebook.locator(".nbaccel").filter(has_text="parameters")
+        estimate.first.wait_for(state="visible", timeout=30_000)
+        shown = estimate.first.inner_text()  # what is drawn: a folded section's body is not
+        assert "fits in fp32" in shown and "peak during" in shown, shown[:800]
+        assert "not needed: fp32 and bf16 AMP fit in the budget unsharded" in shown
+        assert "ZeRO-1" not in shown and "method:" not in shown, shown[:1500]
+        estimate.first.screenshot(path=str(screenshot_dir / "memory_estimate_folded.png"))
+
+        estimate.first.get_by_text("How these figures were measured").click()
+        method = estimate.first.locator("details").filter(has_text="How these figures were measured")
+        assert "method: params/buffers/grads/optimizer states" in method.inner_text()
+        assert "ZeRO-1" not in estimate.first.inner_text()  # the other fold stays as it was
         widget_errors = [e for e in console_errors if WIDGET_ERROR.search(e)]
         assert not widget_errors, "the browser console reported widget errors:\n" + "\n".join(widget_errors)
