@@ -223,6 +223,20 @@ def _open_and_run_all(page, lab, notebook: str, n_code_cells: int) -> float:
     return time.monotonic() - started
 
 
+def _run_new_notebook(page, lab, name: str, cells: list[str]):
+    """Write a notebook of these code cells into Lab's folder, open it, Run All; its locator, once no cell raised."""
+    import nbformat
+
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(source) for source in cells])
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nbformat.write(nb, lab["root"] / name)
+    _open_and_run_all(page, lab, name, len(cells))
+    notebook = page.locator(ACTIVE_NOTEBOOK)
+    tracebacks = _tracebacks(notebook)
+    assert not tracebacks, f"a cell raised in JupyterLab:\n{tracebacks[0][:2000]}"
+    return notebook
+
+
 def _tracebacks(notebook) -> list[str]:
     errors = notebook.locator(".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stderr']")
     return [t for t in errors.all_inner_texts() if "Traceback" in t or "Error" in t]
@@ -466,23 +480,13 @@ def test_gpu_trace_widget_renders_in_jupyterlab(lab, browser, screenshot_dir):
     %%profile_gpu's). Checked against the Python API's own figures for the same file: the header names the
     H100 and the peak, the operator table is sorted by self device time and re-sorts, the name filter goes
     through the kernel, the Tensor Cores tab shows the share the API computes, the Breakdown tab the kernels."""
-    import nbformat
-
     import nbaccel
 
     expected = nbaccel.load_trace(NOTEBOOKS / GPU_TRACE, top=8)
     share = f"{100 * expected.tensor_cores.value:.1f}%"
-    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("%load_ext nbaccel"),
-                                         nbformat.v4.new_code_cell(f"%profile_trace {GPU_TRACE} --top 8")])
-    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
-    name = "gpu_trace.ipynb"
-    nbformat.write(nb, lab["root"] / name)
-
+    cells = ["%load_ext nbaccel", f"%profile_trace {GPU_TRACE} --top 8"]
     with _lab_page(browser, lab, screenshot_dir, "gpu_trace_failure.png") as (page, console_errors):
-        _open_and_run_all(page, lab, name, 2)
-        notebook = page.locator(ACTIVE_NOTEBOOK)
-        tracebacks = _tracebacks(notebook)
-        assert not tracebacks, f"a cell raised in JupyterLab:\n{tracebacks[0][:2000]}"
+        notebook = _run_new_notebook(page, lab, "gpu_trace.ipynb", cells)
         prof = notebook.locator(".nbaccel-profile")
         prof.first.wait_for(state="visible", timeout=30_000)
         header = prof.first.inner_text()
@@ -530,22 +534,11 @@ def test_gpu_trace_widget_renders_in_jupyterlab(lab, browser, screenshot_dir):
 def test_memory_estimate_folds_its_method_in_jupyterlab(lab, browser, screenshot_dir):
     """A %memory_budget --model estimate as Lab shows it: the verdict and the table in view, the sharding table
     and the method folded until clicked (a tiny model's estimate filled a screen, most of it method)."""
-    import nbformat
-
-    setup = "import torch\nmodel = torch.nn.Sequential(torch.nn.Linear(64, 64))\nx = torch.randn(32, 64)"
-    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("%load_ext nbaccel"),
-                                         nbformat.v4.new_code_cell(setup),
-                                         nbformat.v4.new_code_cell("%memory_budget 1GiB --model model --batch 32 "
-                                                                   "--input x")])
-    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
-    name = "estimate.ipynb"
-    nbformat.write(nb, lab["root"] / name)
-
+    cells = ["%load_ext nbaccel",
+             "import torch\nmodel = torch.nn.Sequential(torch.nn.Linear(64, 64))\nx = torch.randn(32, 64)",
+             "%memory_budget 1GiB --model model --batch 32 --input x"]
     with _lab_page(browser, lab, screenshot_dir, "estimate_failure.png") as (page, console_errors):
-        _open_and_run_all(page, lab, name, 3)
-        notebook = page.locator(ACTIVE_NOTEBOOK)
-        tracebacks = _tracebacks(notebook)
-        assert not tracebacks, f"a cell raised in JupyterLab:\n{tracebacks[0][:2000]}"
+        notebook = _run_new_notebook(page, lab, "estimate.ipynb", cells)
         estimate = notebook.locator(".nbaccel").filter(has_text="parameters")
         estimate.first.wait_for(state="visible", timeout=30_000)
         shown = estimate.first.inner_text()  # what is drawn: a folded section's body is not
