@@ -407,6 +407,9 @@ class profile:  # noqa: N801 - a context manager used like a function: `with nba
 
     def step(self) -> None:
         """End one iteration (``prof.step()`` of torch.profiler): advances warmup -> active steps."""
+        if self._state == "ready":  # was "'NoneType' object has no attribute 'step'" (a trial)
+            raise RuntimeError("prof.step() ends a step of a running profile: call it inside "
+                               "`with nbaccel.profile(steps=N) as prof:`, once per iteration")
         self.steps_done += 1
         try:
             self._step()

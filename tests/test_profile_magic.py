@@ -1511,6 +1511,8 @@ def test_the_profile_object_says_its_state_and_where_the_result_is():
                           ".result holds the ProfileResult after it>")
     with pytest.raises(AttributeError, match=r"no \.result yet: this profile has not run yet: use it as `with"):
         prof.result  # noqa: B018
+    with pytest.raises(RuntimeError, match=r"call it inside `with nbaccel.profile\(steps=N\) as prof:`"):
+        prof.step()  # before the block: was "'NoneType' object has no attribute 'step'"
     with prof:
         torch.ones(4).sum()
         prof.step()
