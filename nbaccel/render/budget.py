@@ -492,10 +492,11 @@ def estimate_html(e) -> str:
         sharding = f"<div>{esc(_unsplit_line(e))}</div>"
     else:
         sharded = table(_sharding_headers(e), _sharding_rows(e), name_columns=(), text_columns=(0, 1))
-        if _fits_on_one(e):
+        unneeded = _fits_on_one(e)
+        if unneeded:
             verb = "fits" if len(e.fits) == 1 else "fit"
             title = f"{title} -- not needed: {' and '.join(e.fits)} {verb} in the budget unsharded"
-        sharding = folded(title[0].upper() + title[1:], sharded, open_=not _fits_on_one(e))
+        sharding = folded(title[0].upper() + title[1:], sharded, open_=not unneeded)
     how = (f"<div>{esc(_ACTIVATIONS)}</div>" + bullet_list(_fit_lines(e))
            + f"<div>{esc(_phases_title(e)[0].upper() + _phases_title(e)[1:])}</div>" + bullet_list(_phase_lines(e))
            + bullet_list(_rss_line(e))
