@@ -320,8 +320,11 @@ def loss_takes_batch(loss_fn) -> bool:
     default (a cross-entropy needs the targets, which come with the batch), else ``loss_fn(output)``."""
     import inspect
 
+    # A loss module (nn.CrossEntropyLoss()) is called through Module.__call__(*args, **kwargs), which hides
+    # its parameters: its forward's are the ones it takes (a trial's CrossEntropyLoss() was refused targets=).
+    called = loss_fn.forward if isinstance(loss_fn, torch.nn.Module) else loss_fn
     try:
-        params = inspect.signature(loss_fn).parameters.values()
+        params = inspect.signature(called).parameters.values()
     except (TypeError, ValueError):  # a builtin without a signature: called with the output alone
         return False
     positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
@@ -510,7 +513,11 @@ def _probe(model, optimizer, example, batches, device, amp_dtype, loss_fn, name:
                     raise EstimateError(_loss_failure(loss_fn, out, given, exc)) from exc
             elif takes_batch:
                 single = example is None or isinstance(example, torch.Tensor)
-                loss = loss_fn(out, inputs[0] if single else inputs)
+                try:
+                    loss = loss_fn(out, inputs[0] if single else inputs)
+                except (RuntimeError, ValueError, TypeError, IndexError) as exc:
+                    # the model ran: a loss that wants labels got the model's input (blamed on it before)
+                    raise EstimateError(_loss_on_batch_failure(loss_fn, out, inputs, exc)) from exc
             else:
                 loss = loss_fn(out)
             del out  # not held through the backward by this function (the real step's loss holds what it needs)
@@ -920,6 +927,21 @@ def _loss_failure(loss_fn, out, targets: tuple, exc: BaseException) -> str:
     return (f"the dry run's loss {getattr(loss_fn, '__name__', type(loss_fn).__name__)}(output, targets) failed: "
             f"{type(exc).__name__}: {exc}\nthe model's output has shape {shape(first) if first is not None else '?'}, "
             f"the targets (cut to the probe's rows) {given}: pass {target} what {loss} takes with that output")
+
+
+def _loss_on_batch_failure(loss_fn, out, inputs: tuple, exc: BaseException) -> str:
+    """A two-argument loss, given no targets, failed on the model's output and input batch: it most likely
+    wants labels, which the model's input cannot carry."""
+    def shape(t):
+        return tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
+    first = _first_float(out)
+    loss, target = ("--loss", "--target NAME") if in_magic() else ("loss_fn=", "targets=")
+    name = getattr(loss_fn, '__name__', type(loss_fn).__name__)
+    return (f"the dry run's loss {name} takes two arguments and, with no {target} given, was called as "
+            f"{name}(output, the model's input): {type(exc).__name__}: {exc}\nthe model's output has shape "
+            f"{shape(first) if first is not None else '?'}, its input {', '.join(str(shape(t)) for t in inputs)}: "
+            f"pass the labels {loss} takes as its second argument with {target} (a tensor whose first "
+            "dimension is the batch, e.g. y for a classifier's cross-entropy)")
 
 
 def _dry_run(model, optimizer, example, batches, device, amp_dtype, loss_fn, name, plan=None, targets=None,

@@ -1076,6 +1076,30 @@ def test_estimate_takes_the_targets_apart_from_the_input(ip, run_cell):
             ip.run_line_magic("memory_budget", line)
 
 
+def test_a_loss_module_takes_the_targets_and_without_them_is_told_to(ip, run_cell):
+    """A user trial: --loss ce --target yb with ce = nn.CrossEntropyLoss() was refused ("--target NAME is the
+    loss's second argument"): a module's signature is Module.__call__(*args, **kwargs), its forward's is
+    (input, target). Without --target the loss got the model's input and the error blamed --input."""
+    run_cell("import torch\ntorch.manual_seed(0)\n"
+             "clf = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 10))\n"
+             "xb = torch.randn(64, 32)\nyb = torch.randint(0, 10, (64,))\nce = torch.nn.CrossEntropyLoss()\n"
+             "def ce_fn(out, labels):\n    return torch.nn.functional.cross_entropy(out, labels)")
+    run_cell("%memory_budget --model clf --batch 256 --input xb --loss ce --target yb -q -r module")
+    run_cell("%memory_budget --model clf --batch 256 --input xb --loss ce_fn --target yb -q -r function")
+    module, function = ip.user_ns["module"], ip.user_ns["function"]
+    assert "loss: CrossEntropyLoss, called as loss_fn(output, targets)" in module.method
+    # the module and the function compute the same loss: the same dry run, the same bytes
+    assert module.single("fp32")["total"] == function.single("fp32")["total"]
+    with pytest.raises(UsageError) as refused:
+        ip.run_line_magic("memory_budget", "--model clf --batch 256 --input xb --loss ce")
+    said = str(refused.value)
+    assert re.search(r"the dry run's loss CrossEntropyLoss takes two arguments and, with no --target NAME given, was "
+                     r"called as CrossEntropyLoss\(output, the model's input\): RuntimeError: .*\nthe model's output "
+                     r"has shape \(\d+, 10\), its input \(\d+, 32\): pass the labels --loss takes as its second "
+                     r"argument with --target NAME", said), said
+    assert "pass --input a batch" not in said
+
+
 def test_input_takes_a_variable_name_not_an_expression(ip, run_cell):
     """A user trial: --input (x, off) failed with argparse's "unrecognized arguments: off)"."""
     run_cell("import torch\nmodel = torch.nn.Linear(4, 4)\nx = torch.randn(8, 4)\noff = torch.zeros(8)")
