@@ -496,31 +496,9 @@ def compare_amp(
     ``gather_amp(result)``) gathers every rank's result (min/median/max, slowest rank).
     """
     __tracebackhide__ = True  # noqa: F841 - IPython hides nbaccel's frames from the user's traceback
-    _check_function(fn)
-    whole_number("warmup", warmup, 0)
-    whole_number("repeat", repeat, 1, why="; use at least 3 for a spread")
-    _check_arguments(tf32=tf32, baseline=baseline, restore=restore, namespace=namespace, state=state,
-                     max_snapshot_fraction=max_snapshot_fraction, on_cell_error=on_cell_error,
-                     on_first_run=on_first_run)
-    if state and not isinstance(state, (list, tuple)):
-        state = (state,)  # one object (state=model) is what was meant
-    if isinstance(device, int) and not isinstance(device, bool):
-        # A trial's compare_amp(fn, "bf16", 3) meant repeat=3 and was told "device='3' was asked for, but this
-        # torch sees no CUDA GPU" (torch reads an int as a CUDA index). nbaccel's devices are named: a number here
-        # is a misplaced count far more often than a GPU.
-        if device < 1:  # torch's way to write cuda:0, and no count compare_amp takes (a review)
-            raise DeviceError(f"device={device}: nbaccel names its devices: device='cuda:{device}' for that GPU")
-        raise DeviceError(f"device={device}: compare_amp's third argument is the device; pass repeat={device} (or "
-                          f"warmup={device}) by keyword, e.g. compare_amp(fn, {dtype!r}, repeat={device}); for a GPU, "
-                          f"name it: device='cuda:{device}'")
-    dev = resolve_device(device)
-    info = device_info(dev)
-    if dtype_name(dtype) == FP32:
-        raise DeviceError(f"{option('dtype', dtype)} compares fp32 with itself: fp32 is the baseline. Use "
-                          f"{option('dtype', 'bf16')}, {option('dtype', 'fp16')}, {option('dtype', 'auto')}, or "
-                          f"{option('dtype', 'tf32')} on an Ampere+ CUDA GPU")
-    amp_recipe = make_recipe(dtype, dev, tf32=tf32)
-    base_recipe = make_recipe(FP32, dev)
+    state, dev, info, amp_recipe, base_recipe = _checked(fn, dtype, device, tf32, warmup, repeat, baseline,
+                                                         restore, namespace, state, max_snapshot_fraction,
+                                                         on_cell_error, on_first_run)
     outer_autocast = autocast_in_effect(dev.type)  # before any run: the user's, not ours
     fp32_overridden = relaxed_fp32_settings(dev.type)  # likewise
     torch_before = TorchGlobals()
@@ -639,6 +617,52 @@ def compare_amp(
 
 COMPARE_AMP_MARK = "nbaccel.compare_amp"  # a range in a profile around which compare_amp ran (`profile_advice`)
 USED_UP = "the comparison's runs used it up"  # the mark of `used_up_note` among an exception's notes
+
+
+def _checked(fn, dtype, device, tf32, warmup, repeat, baseline, restore, namespace, state, max_snapshot_fraction,
+             on_cell_error, on_first_run):
+    """Everything `compare_amp` refuses before it runs ``fn``: (state, device, its info, the recipes).
+    Apart so that `check_compare_amp` (nbaccel.distributed) can refuse on every rank before any runs."""
+    __tracebackhide__ = True  # noqa: F841 - the refusal reads as compare_amp's, as it was before
+    _check_function(fn)
+    whole_number("warmup", warmup, 0)
+    whole_number("repeat", repeat, 1, why="; use at least 3 for a spread")
+    _check_arguments(tf32=tf32, baseline=baseline, restore=restore, namespace=namespace, state=state,
+                     max_snapshot_fraction=max_snapshot_fraction, on_cell_error=on_cell_error,
+                     on_first_run=on_first_run)
+    if state and not isinstance(state, (list, tuple)):
+        state = (state,)  # one object (state=model) is what was meant
+    if isinstance(device, int) and not isinstance(device, bool):
+        # A trial's compare_amp(fn, "bf16", 3) meant repeat=3 and was told "device='3' was asked for, but this
+        # torch sees no CUDA GPU" (torch reads an int as a CUDA index). nbaccel's devices are named: a number here
+        # is a misplaced count far more often than a GPU.
+        if device < 1:  # torch's way to write cuda:0, and no count compare_amp takes (a review)
+            raise DeviceError(f"device={device}: nbaccel names its devices: device='cuda:{device}' for that GPU")
+        raise DeviceError(f"device={device}: compare_amp's third argument is the device; pass repeat={device} (or "
+                          f"warmup={device}) by keyword, e.g. compare_amp(fn, {dtype!r}, repeat={device}); for a GPU, "
+                          f"name it: device='cuda:{device}'")
+    dev = resolve_device(device)
+    info = device_info(dev)
+    if dtype_name(dtype) == FP32:
+        raise DeviceError(f"{option('dtype', dtype)} compares fp32 with itself: fp32 is the baseline. Use "
+                          f"{option('dtype', 'bf16')}, {option('dtype', 'fp16')}, {option('dtype', 'auto')}, or "
+                          f"{option('dtype', 'tf32')} on an Ampere+ CUDA GPU")
+    amp_recipe = make_recipe(dtype, dev, tf32=tf32)
+    base_recipe = make_recipe(FP32, dev)
+    return state, dev, info, amp_recipe, base_recipe
+
+
+def check_compare_amp(*args, **kwargs) -> None:
+    """Raise what ``compare_amp(*args, **kwargs)`` would refuse before running its function, without running it.
+
+    `nbaccel.distributed.compare_amp` checks on every rank and agrees on the outcome first: a bad device on
+    one rank raised there after the others had started ``fn`` and its collectives, which then waited out the
+    process group's timeout (a trial)."""
+    bound = inspect.signature(compare_amp).bind(*args, **kwargs)
+    bound.apply_defaults()
+    a = bound.arguments
+    _checked(a["fn"], a["dtype"], a["device"], a["tf32"], a["warmup"], a["repeat"], a["baseline"], a["restore"],
+             a["namespace"], a["state"], a["max_snapshot_fraction"], a["on_cell_error"], a["on_first_run"])
 
 
 def used_up_note(iterators: list[str]) -> str:

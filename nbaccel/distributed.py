@@ -75,12 +75,13 @@ class RankFailure(RuntimeError):
     """Raised on the healthy ranks when the measured code, or nbaccel's preparation for it (``starting``),
     raised on other ranks."""
 
-    def __init__(self, failures: dict[int, str], starting: str | None = None):
+    def __init__(self, failures: dict[int, str], starting: str | None = None, gathering: str | None = None):
         self.failures = dict(failures)
         ranks = ", ".join(map(str, sorted(failures)))
         detail = "; ".join(f"rank {r}: {msg}" for r, msg in sorted(failures.items()))
         # Said apart: a preparation that failed must not read as the user's code failing (it never ran).
         what = (f"{starting} could not start on rank(s) {ranks}, so the code ran on no rank" if starting
+                else f"{gathering} was refused on rank(s) {ranks}, so nothing was gathered" if gathering
                 else f"the measured code raised on rank(s) {ranks}, so no result was gathered")
         super().__init__(f"{what} ({detail})")
 
@@ -350,15 +351,38 @@ def _ident() -> dict:
             "local_rank": int(os.environ.get("LOCAL_RANK", rank()))}
 
 
-def _gather_rows(local: dict, group=None) -> list[dict]:
-    _need_group("nbaccel.distributed.gather")
-    rows = _all_gather({**_ident(), **local}, group)
-    return sorted(rows, key=lambda r: r["rank"])
+def _gather_rows(make_row, group=None, what: str = "nbaccel.distributed.gather") -> list[dict]:
+    """Every rank's ``make_row()`` (a dict), with its rank, host and pid, in rank order.
+
+    A row one rank cannot make (gather_amp(None)) raises there, and `RankFailure` on the others, in the same
+    exchange: it raised on that rank alone, before the exchange, and left the others waiting in it (a trial)."""
+    _need_group(what)
+    error, row = None, {}
+    try:
+        row = make_row()
+        if not isinstance(row, dict):
+            raise TypeError(f"{what} takes a dict of this rank's figures ({{metric: value}}), got "
+                            f"{type(row).__name__}")
+    except Exception as exc:  # exchanged below, then re-raised unchanged on this rank
+        error, row = exc, {}
+    rows = _all_gather({**_ident(), **row, _REFUSED: None if error is None else f"{type(error).__name__}: {error}"},
+                       group)
+    refused = {r["rank"]: r[_REFUSED] for r in rows if r[_REFUSED] is not None}
+    if error is not None:
+        if len(refused) > 1:
+            _note(error, f"nbaccel.distributed: also refused on rank(s) {sorted(set(refused) - {rank()})}")
+        raise error
+    if refused:
+        raise RankFailure(refused, gathering=what)
+    return sorted(({k: v for k, v in r.items() if k != _REFUSED} for r in rows), key=lambda r: r["rank"])
+
+
+_REFUSED = "_nbaccel_refused"  # the exchanged row's error, if the rank could not make its row
 
 
 def gather(kind: str, local: dict, metrics: list[str], units: dict | None = None, group=None) -> RankReport:
     """All-gather one dict per rank into a `RankReport` (available on every rank)."""
-    return RankReport(kind, _gather_rows(local, group), metrics, units or {})
+    return RankReport(kind, _gather_rows(lambda: local, group), metrics, units or {})
 
 
 def amp_row(result) -> dict:
@@ -384,8 +408,21 @@ _AMP_UNITS = {"fp32_median_s": "s", "amp_median_s": "s", "speedup": "x", "fp32_p
 
 
 def gather_amp(result, group=None) -> RankReport:
-    """Gather an `AmpResult` from every rank (call on every rank) into a `RankReport`."""
-    return gather("compare_amp", amp_row(result), _AMP_METRICS, _AMP_UNITS, group)
+    """Gather an `AmpResult` from every rank (call on every rank) into a `RankReport`. Anything else is a
+    TypeError on its rank and `RankFailure` on the others, not a hang."""
+    def row() -> dict:
+        from .amp_result import AmpResult
+
+        if isinstance(result, DistributedAmp):
+            raise TypeError("gather_amp takes an AmpResult; this DistributedAmp is already gathered: its table is "
+                            ".report (this rank's AmpResult is .local)")
+        if not isinstance(result, AmpResult):
+            raise TypeError(f"gather_amp takes the AmpResult nbaccel.compare_amp returned on this rank, got "
+                            f"{type(result).__name__}")
+        return amp_row(result)
+
+    return RankReport("compare_amp", _gather_rows(row, group, "nbaccel.distributed.gather_amp"), _AMP_METRICS,
+                      _AMP_UNITS)
 
 
 @dataclass
@@ -416,12 +453,16 @@ def compare_amp(fn, *args, group=None, **kwargs) -> DistributedAmp:
     Every rank must call it with the same arguments: if ``fn`` contains collectives (DDP's
     backward), all ranks run it the same number of times, so those collectives pair up. The
     arguments are compared first, and differing ones raise `RankMismatch` on every rank before
-    ``fn`` runs anywhere.
+    ``fn`` runs anywhere; so do arguments that ``nbaccel.compare_amp`` refuses on any rank (a device that
+    rank cannot use, a dtype, a count), raised there as its own error and on the others as `RankFailure`.
     """
-    from .amp import compare_amp as _compare_amp
+    from .amp import check_compare_amp, compare_amp as _compare_amp
 
-    run_all(lambda: None, group, options=_options(_compare_amp, fn, *args, **kwargs),
-            what="nbaccel.distributed.compare_amp")
+    # The arguments are checked on every rank, and agreed on, before fn runs on any: a device one rank
+    # refused raised there while the others ran fn into DDP's all-reduce and waited out the group's timeout.
+    run_all(lambda: check_compare_amp(fn, *args, **kwargs), group,
+            options=_options(_compare_amp, fn, *args, **kwargs), what="nbaccel.distributed.compare_amp",
+            starting=True)
     local = run_all(lambda: _compare_amp(fn, *args, **kwargs), group)
     return DistributedAmp(local, gather_amp(local, group))
 
@@ -540,4 +581,5 @@ def memory_budget(budget, group=None, **kwargs):
     row = {"peak_bytes": rec.used_bytes if rec else None, "budget_bytes": mb.budget,
            "fraction": rec.fraction if rec else None, "status": rec.status if rec else None,
            "near": mb.watcher.near, "device": str(mb.device)}
-    mb.report = BudgetReport("memory_budget", _gather_rows(row, group), ["peak_bytes"], {"peak_bytes": "bytes"})
+    mb.report = BudgetReport("memory_budget", _gather_rows(lambda: row, group), ["peak_bytes"],
+                             {"peak_bytes": "bytes"})

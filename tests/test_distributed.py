@@ -207,7 +207,7 @@ def test_ranks_profiling_into_one_folder_each_add_their_file(ddp_run):
 
 @pytest.mark.parametrize("scenario, option", [
     ("amp_repeat", "repeat: 2 (rank 0), 3 (rank 1)"),
-    ("amp_dtype", "dtype: 'bf16' (rank 0), 'fp16' (rank 1)"),
+    ("amp_dtype", "dtype: 'bf16' (rank 0), 'auto' (rank 1)"),
     ("profile_steps", "steps: 1 (rank 0), 2 (rank 1)"),
 ])
 def test_different_options_per_rank_raise_on_every_rank(failures_run, scenario, option):
@@ -232,6 +232,31 @@ def test_options_compared_are_the_plain_ones_with_defaults():
     assert "device" not in opts and "state" not in opts and "fn" not in opts
     assert nd._differences({0: opts, 1: {**opts, "repeat": 5}}) == {"repeat": {0: 3, 1: 5}}
     assert nd._differences({0: opts, 1: dict(opts)}) == {}
+
+
+def test_a_device_refused_on_one_rank_raises_on_every_rank_before_the_step_runs(failures_run):
+    """A trial: nd.compare_amp ran fn before checking its arguments, so a device one rank could not use raised
+    there while the other ran fn into its all-reduce and waited out the process group's timeout."""
+    r0, r1 = (r["amp_bad_device"] for r in failures_run)
+    assert r1["error"] == "DeviceError" and "cuda:99" in r1["message"], r1
+    assert r0["error"] == "RankFailure", r0
+    assert r0["message"].startswith("nbaccel.distributed.compare_amp could not start on rank(s) 1, so the code ran "
+                                    "on no rank (rank 1: DeviceError: device='cuda:99'"), r0
+    assert r0["ran"] == [] and r1["ran"] == []  # the step ran on no rank
+
+
+def test_gather_amp_of_a_non_result_raises_on_every_rank(failures_run):
+    """A trial: nd.gather_amp(None) on one rank raised AttributeError ('.amp') there and left the others waiting."""
+    r0, r1 = (r["gather_none"] for r in failures_run)
+    assert r1["error"] == "TypeError", r1
+    assert r1["message"] == "gather_amp takes the AmpResult nbaccel.compare_amp returned on this rank, got NoneType"
+    assert r0["error"] == "RankFailure", r0
+    assert r0["message"] == ("nbaccel.distributed.gather_amp was refused on rank(s) 1, so nothing was gathered (rank 1: "
+                             "TypeError: gather_amp takes the AmpResult nbaccel.compare_amp returned on this rank, "
+                             "got NoneType)")
+    r0, r1 = (r["gather_gathered"] for r in failures_run)
+    assert r1["error"] == "TypeError" and "already gathered: its table is .report" in r1["message"], r1
+    assert r0["error"] == "RankFailure", r0
 
 
 def test_ranks_still_pair_up_after_the_failures(failures_run):

@@ -44,7 +44,9 @@ def _failures(r: int, result: dict, traces: str) -> None:
     result["budget_bad_size"] = _outcome(bad_budget_on_rank_1)
     ok = lambda: torch.ones(8).sum()  # noqa: E731 - no collectives: a mismatch would pass silently
     result["amp_repeat"] = _outcome(lambda: nd.compare_amp(ok, warmup=0, repeat=2 if r == 0 else 3, state=[None]))
-    result["amp_dtype"] = _outcome(lambda: nd.compare_amp(ok, dtype="bf16" if r == 0 else "fp16", warmup=0, repeat=2,
+    # "auto" may resolve to another dtype on another GPU (fp16 on a V100): compared as written. (fp16 here
+    # would be refused on the CPU, which is said before any difference.)
+    result["amp_dtype"] = _outcome(lambda: nd.compare_amp(ok, dtype="bf16" if r == 0 else "auto", warmup=0, repeat=2,
                                                           state=[None]))
 
     def profile_steps():
@@ -68,6 +70,26 @@ def _failures(r: int, result: dict, traces: str) -> None:
     # One rank in compare_amp, the other in profile: their exchanges must not pair up as one call.
     result["different_calls"] = _outcome(
         lambda: nd.compare_amp(ok, warmup=0, repeat=2, state=[None]) if r == 0 else profile(traces))
+    # A device rank 1 cannot use, around a step with a collective of its own (DDP's all-reduce): checked on
+    # every rank before the step runs on any, so rank 0 is not left in the all-reduce until the timeout.
+    ran_on = []
+
+    def collective_step():
+        ran_on.append(r)
+        t = torch.ones(8)
+        dist.all_reduce(t)
+        return t
+
+    result["amp_bad_device"] = _outcome(lambda: nd.compare_amp(collective_step, dtype="bf16", warmup=0, repeat=2,
+                                                               device="cpu" if r == 0 else "cuda:99", state=[None]))
+    result["amp_bad_device"]["ran"] = list(ran_on)
+    # gather_amp of something that is not an AmpResult on rank 1 (None: a cell's result that was never set).
+    import nbaccel
+
+    mine = nbaccel.compare_amp(ok, dtype="bf16", warmup=0, repeat=2, state=[None])
+    result["gather_none"] = _outcome(lambda: nd.gather_amp(mine if r == 0 else None))
+    gathered = nd.compare_amp(ok, dtype="bf16", warmup=0, repeat=2, state=[None])
+    result["gather_gathered"] = _outcome(lambda: nd.gather_amp(mine if r == 0 else gathered))
     # Last: a healthy exchange after the failures, so a step left unpaired above shows up here.
     result["after"] = _outcome(lambda: nd.compare_amp(lambda: torch.ones(8).sum(), warmup=0, repeat=2, state=[None]))
 
