@@ -57,6 +57,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import json
 import os
 import socket
 import statistics
@@ -295,8 +296,18 @@ class RankReport:
         return {m: self.stats(m) for m in self.metrics}
 
     def to_dict(self) -> dict:
-        return {"kind": f"{self.kind}_ranks", "world_size": self.world_size, "ranks": self.ranks,
-                "summary": self.summary, "units": self.units}
+        """Plain JSON, as a result's (``results_frame`` reads its headline: medians, the slowest rank)."""
+        from .results import SCHEMA_VERSION, json_safe
+        from . import __version__
+
+        dtypes = {r.get("amp_dtype") for r in self.ranks}
+        agreed = {"dtype": dtypes.pop()} if len(dtypes) == 1 and None not in dtypes else {}
+        return json_safe({"kind": f"{self.kind}_ranks", "schema_version": SCHEMA_VERSION,
+                          "nbaccel_version": __version__, "world_size": self.world_size, **agreed,
+                          "ranks": self.ranks, "summary": self.summary, "units": self.units})
+
+    def to_json(self, **kwargs) -> str:
+        return json.dumps(self.to_dict(), **kwargs)
 
     def __str__(self) -> str:
         # "max on": the rank holding the largest value, the slowest for a time but the best for a speedup
@@ -430,6 +441,13 @@ class DistributedAmp:
     local: object  # this rank's AmpResult
     report: RankReport
 
+    def to_dict(self) -> dict:
+        """The gathered report's `RankReport.to_dict`, with this rank's own result under ``"local"``."""
+        return {**self.report.to_dict(), "local": self.local.to_dict()}
+
+    def to_json(self, **kwargs) -> str:
+        return json.dumps(self.to_dict(), **kwargs)
+
     def __str__(self) -> str:
         """The gathered table, headed by the recipe every rank ran (the options were agreed on)."""
         ranks = self.report.ranks
@@ -557,6 +575,9 @@ class BudgetReport(RankReport):
         from .render.budget import ranks_text
 
         return f"{super().__str__()}\n{ranks_text(self.ranks)}"
+
+    def to_dict(self) -> dict:
+        return {**super().to_dict(), "over_ranks": [r["rank"] for r in self.ranks if r.get("status") == "over"]}
 
 
 @contextlib.contextmanager

@@ -110,6 +110,18 @@ _HEADLINES = {
     "multirank": {"world_size": "world_size", "straggler_rank": "straggler.rank",
                   "straggler_step_us": "straggler.step_time_us", "excess_fraction": "straggler.excess_fraction"},
     "env": {"torch": "sections.software.torch", "cuda": "sections.software.CUDA (torch built with)"},
+    # nbaccel.distributed's gathered reports: medians across ranks and the rank that held them back
+    "compare_amp_ranks": {"world_size": "world_size", "dtype": "dtype", "speedup_median": "summary.speedup.median",
+                          "speedup_min": "summary.speedup.min", "slowest_rank": "summary.speedup.slowest_rank",
+                          "fp32_median_s": "summary.fp32_median_s.median",
+                          "amp_median_s": "summary.amp_median_s.median",
+                          "amp_peak_bytes_max": "summary.amp_peak_bytes.max"},
+    "profile_ranks": {"world_size": "world_size", "window_us_median": "summary.window_us.median",
+                      "window_us_max": "summary.window_us.max", "slowest_rank": "summary.window_us.slowest_rank",
+                      "device_time_us_median": "summary.device_time_us.median"},
+    "memory_budget_ranks": {"world_size": "world_size", "peak_bytes_median": "summary.peak_bytes.median",
+                            "peak_bytes_max": "summary.peak_bytes.max", "max_rank": "summary.peak_bytes.max_rank",
+                            "over_ranks": "over_ranks"},
 }
 
 
@@ -128,7 +140,7 @@ def results_frame(records) -> pd.DataFrame:
     version did not have are left empty, so notebooks saved by older nbaccel still compare.
     """
     import pandas as pd
-    if isinstance(records, (str, dict, ResultMixin)):
+    if isinstance(records, (str, dict, ResultMixin)) or (hasattr(records, "to_dict") and not isinstance(records, list)):
         records = [records]  # one result: a one-row frame, not "'AmpResult' object is not iterable"
     if records is None or not hasattr(records, "__iter__"):
         raise TypeError(f"results_frame takes results, their to_dict() or to_json(), or a list of them; got "

@@ -88,6 +88,20 @@ def test_gathered_amp_report_has_both_ranks(ddp_run):
     assert r1["amp"] == report  # every rank holds the same gathered report
 
 
+def test_gathered_amp_report_loads_into_results_frame_with_its_headline(ddp_run):
+    """A trial: results_frame([res.report]) had kind and versions but no number, though api.md promised them."""
+    import nbaccel
+
+    _, (r0, _) = ddp_run
+    report = r0["amp"]
+    row = nbaccel.results_frame([report]).iloc[0]
+    speedups = sorted(r["speedup"] for r in report["ranks"])
+    assert row["kind"] == "compare_amp_ranks" and row["world_size"] == 2 and row["dtype"] == "bf16"
+    assert row["speedup_median"] == pytest.approx(sum(speedups) / 2) and row["speedup_min"] == speedups[0]
+    assert row["slowest_rank"] == min(report["ranks"], key=lambda r: r["speedup"])["rank"]
+    assert row["amp_peak_bytes_max"] == max(r["amp_peak_bytes"] for r in report["ranks"])
+
+
 def test_slowest_rank_is_named(ddp_run):
     _, (r0, _) = ddp_run
     local = r0["local"]
@@ -427,6 +441,27 @@ def test_gathered_budget_report_says_which_ranks_only_held_memory_from_before():
     assert ranks_verdict(rows).split("; ") == [
         "over the budget on rank 2", "already over the budget as the block began (it added none) on rank 1",
         "already near the budget as the block began (it added none) on rank 3", "within the budget on rank 0"]
+
+
+def test_distributed_results_save_and_load_like_the_others(tmp_path):
+    """DistributedAmp and the gathered reports had no to_json(), and results_frame() read no figure from them."""
+    import nbaccel
+
+    a = torch.randn(32, 32)
+    res = nd.compare_amp(lambda: a @ a, dtype="bf16", warmup=0, repeat=3, state=[a])
+    saved = json.loads(res.to_json())
+    assert saved["kind"] == "compare_amp_ranks" and saved["local"] == json.loads(res.local.to_json())
+    with nd.memory_budget("4GiB") as mb:
+        torch.ones(8).sum()
+    with nd.profile(str(tmp_path / "prof")) as prof:
+        a @ a
+    frame = nbaccel.results_frame([res.to_json(), res.report, mb.report.to_json(), prof.report])
+    assert list(frame["kind"]) == ["compare_amp_ranks"] * 2 + ["memory_budget_ranks", "profile_ranks"]
+    assert list(frame["speedup_median"][:2]) == [res.local.speedup] * 2
+    assert list(frame["amp_median_s"][:2]) == [res.local.amp.median] * 2
+    assert frame["peak_bytes_max"][2] == mb.report.ranks[0]["peak_bytes"] and frame["over_ranks"][2] == []
+    assert frame["window_us_median"][3] == prof.result.window_us and frame["slowest_rank"][3] == 0
+    assert len(nbaccel.results_frame(res.report)) == 1  # one report alone, as one result alone
 
 
 def test_budget_report_without_process_group_has_its_one_rank():
