@@ -500,15 +500,24 @@ def profile(directory: str, name: str = "nbaccel", group=None, **kwargs):
     after its profiler stopped.
     """
     from .profile import profile as _profile
-
-    if isinstance(directory, bool) or not isinstance(directory, (str, os.PathLike)):
-        raise TypeError(f"nbaccel.distributed.profile takes the folder for the per-rank traces first, e.g. "
-                        f"profile('runs/prof'); got {directory!r}")
-    if "trace" in kwargs:  # each rank's file is named here; a shared path would be overwritten by every rank
-        raise TypeError("nbaccel.distributed.profile names each rank's trace itself (in the folder given first); "
-                        "leave out trace=")
+    from .profile_options import ProfileError
 
     def prepare():
+        # The arguments too are checked here, so that a rank refusing them raises on every rank.
+        if isinstance(directory, bool) or not isinstance(directory, (str, os.PathLike)):
+            raise TypeError(f"nbaccel.distributed.profile takes the folder for the per-rank traces first, e.g. "
+                            f"profile('runs/prof'); got {directory!r}")
+        if "trace" in kwargs:  # each rank's file is named here; a shared path would be overwritten by every rank
+            raise TypeError("nbaccel.distributed.profile names each rank's trace itself (in the folder given "
+                            "first); leave out trace=")
+        folder = os.fspath(directory)
+        if folder.endswith((".json", ".json.gz")) and not os.path.isdir(folder):
+            # A trial's nd.profile("runs/prof.json") made a folder named prof.json, holding the traces.
+            stem = os.path.basename(folder).split(".json")[0]
+            raise ProfileError(f"nbaccel.distributed.profile takes a folder and writes one trace per rank in it, but "
+                               f"{folder!r} reads as a file's name: pass the folder, and name= for the files' "
+                               f"prefix: profile({os.path.dirname(folder) or '.'!r}, name={stem!r}) writes "
+                               f"{trace_path(os.path.dirname(folder) or '.', stem, 0)} on rank 0")
         # On every rank before any starts its profiler, so a folder one rank cannot make (its parent a
         # file, /proc) raises on every rank at once, not after the others waited out the group's timeout.
         # check() refuses such a trace path as profile(trace=...) does, with the path and the fix (an

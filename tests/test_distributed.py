@@ -487,6 +487,22 @@ def test_distributed_profile_names_a_wrong_folder_or_a_trace_argument(tmp_path, 
             pass
 
 
+def test_distributed_profile_refuses_a_file_name_for_its_folder(tmp_path):
+    """A trial: nd.profile("runs/prof.json") silently made a folder named prof.json for the traces."""
+    ran = []
+    with pytest.raises(ProfileError, match=re.escape(
+            f"{str(tmp_path / 'runs' / 'prof.json')!r} reads as a file's name: pass the folder, and name= for the "
+            f"files' prefix: profile({str(tmp_path / 'runs')!r}, name='prof') writes "
+            f"{tmp_path / 'runs' / 'prof.rank0.pt.trace.json'} on rank 0")):
+        with nd.profile(str(tmp_path / "runs" / "prof.json")):
+            ran.append(True)
+    assert not ran and not (tmp_path / "runs").exists()
+    (tmp_path / "made.json").mkdir()  # a folder that exists is one, whatever its name
+    with nd.profile(str(tmp_path / "made.json")) as prof:
+        torch.ones(4).sum()
+    assert os.path.exists(prof.report.ranks[0]["trace"])
+
+
 def test_gathered_rows_are_named_as_read_not_by_their_keys():
     # A trial: "fp32_median_s 11.3 ms" and a "max at (slowest / largest)" column naming the best speedup.
     rows = [{"rank": r, "host": "h", "amp_dtype": "bf16", "amp_median_s": 0.005 * (r + 1), "fp32_median_s": 0.0113,
