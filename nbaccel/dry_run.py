@@ -483,11 +483,13 @@ def several_optimizers() -> str:
 
 
 def _probe(model, optimizer, example, batches, device, amp_dtype, loss_fn, name: str = "model", plan=None,
-           targets=None, check: int | None = None) -> dict:
+           targets=None, check: int | None = None, progress=None) -> dict:
     """Dry runs of a training step on a copy of the model: activations per batch, step temporaries.
     ``plan``: `model_states.optimizer_plan` (default ``optimizer`` over every trainable parameter).
     ``targets``: what a ``loss_fn(output, batch)`` gets as ``batch`` (cut to the probe rows like ``example``),
-    instead of the model's inputs: the model is called with ``example`` alone, so labels cannot ride in it."""
+    instead of the model's inputs: the model is called with ``example`` alone, so labels cannot ride in it.
+    ``progress(words)``: told before each step what it is (the estimate's progress note)."""
+    progress = progress or (lambda words: None)
     replica = copy.deepcopy(model).to(device)
     replica.train()
     for p in replica.parameters():
@@ -528,6 +530,7 @@ def _probe(model, optimizer, example, batches, device, amp_dtype, loss_fn, name:
         return forward
 
     # First step unmeasured: the optimizer allocates its state lazily, as in real training.
+    progress(f"its first step, at batch {batches[0]} (unmeasured: the optimizer makes its state)")
     forward_backward(batches[0])
     for opt in opts:
         _first_step(opt, replica)
@@ -543,6 +546,8 @@ def _probe(model, optimizer, example, batches, device, amp_dtype, loss_fn, name:
     todo = list(batches)
     for b in todo:
         replica.zero_grad(set_to_none=True)
+        progress(f"the step measured at batch {b}" + (" (a check of the first two)" if len(todo) > len(batches)
+                                                      and b == todo[-1] else ""))
         with _Peak(device) as peak:
             measuring[:] = [peak]
             _, forward_kept = forward_backward(b, peak)
@@ -945,12 +950,13 @@ def _loss_on_batch_failure(loss_fn, out, inputs: tuple, exc: BaseException) -> s
 
 
 def _dry_run(model, optimizer, example, batches, device, amp_dtype, loss_fn, name, plan=None, targets=None,
-             check=None):
+             check=None, progress=None):
     """`_probe`, with a failure of the model on the probe input said as such: the user's error (e.g. a
     shape mismatch) shows the probe batch, not the batch they asked for, which is confusing alone.
     An `EstimateError` (docs/api.md: the estimate could not use the model's input), chained from the model's."""
     try:
-        return _probe(model, optimizer, example, batches, device, amp_dtype, loss_fn, name, plan, targets, check)
+        return _probe(model, optimizer, example, batches, device, amp_dtype, loss_fn, name, plan, targets, check,
+                      progress)
     except (RuntimeError, ValueError, TypeError, IndexError, KeyError, AssertionError) as exc:
         from .oom import is_oom
 

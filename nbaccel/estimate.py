@@ -37,6 +37,7 @@ Three modules: this one (the result, `estimate_memory`, sharding), `nbaccel.mode
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -348,7 +349,7 @@ def _own_precision(params: list) -> str:
 
 def estimate_memory(model: torch.nn.Module, optimizer="adamw", batch: int = 32, example=None, budget=None,
                     device="auto", probe_batches=None, amp_dtype="auto", loss_fn=None, name: str = "model",
-                    gpu_counts=GPU_COUNTS, targets=None) -> MemoryEstimate:
+                    gpu_counts=GPU_COUNTS, targets=None, on_progress=None) -> MemoryEstimate:
     """Predict a training step's peak memory for ``model`` at ``batch``, in fp32 and under autocast.
 
     ``example``: a batch (tensor or tuple, first dimension = batch; a dict of tensors is passed as
@@ -365,6 +366,9 @@ def estimate_memory(model: torch.nn.Module, optimizer="adamw", batch: int = 32, 
     whose buffers the logits' size the dry run then measures; where the output carries its own scalar loss
     (``output.loss``, ``output["loss"]``: a model given its labels), that loss; the result says which.
     ``probe_batches``: the two dry-run batch sizes (default an eighth and a quarter of ``batch``).
+    ``on_progress(words, seconds)``: called before each step of the dry runs with what it is ("the bf16 AMP
+    dry run: the step measured at batch 64") and the seconds since the first began: the dry runs measure
+    every op, so they take far longer than the steps themselves (a trial's CNN: 98.6 s, silent throughout).
 
     Off CUDA the predicted ``total`` counts tensor bytes; ``single(p)["total_no_reuse"]`` is the
     most the step can make the process's RSS reach (no freed block reused). glibc's default heap
@@ -420,10 +424,15 @@ def estimate_memory(model: torch.nn.Module, optimizer="adamw", batch: int = 32, 
     # Where the kernels took scratch (`dry_run._OpScratch`), one more probe at twice the larger one's batch
     # (at most half the batch) checks the lines; a miss refits them through the two larger probes.
     check = min(2 * probe_batches[1], batch // 2)
+    if on_progress is not None and not callable(on_progress):
+        raise TypeError(f"on_progress takes a function (words, seconds) or None, got {type(on_progress).__name__}")
+    started = time.perf_counter()
     with rng_kept():  # a prediction draws nothing from the user's random streams (dropout, a random input)
         for label, dtype in ((_own_precision(params), None), (f"{DTYPE_NAMES[amp]} AMP", amp)):
+            progress = on_progress and (lambda words, label=label: on_progress(
+                f"the {label} dry run: {words}", time.perf_counter() - started))
             probes[label] = _dry_run(model, optimizer, example, probe_batches, dev, dtype, loss_fn, name, plan,
-                                     targets, check if check > probe_batches[1] else None)
+                                     targets, check if check > probe_batches[1] else None, progress)
     for label, probe in probes.items():
         allocated = None if dev.type == "cuda" else probe["allocated"]
         # Sparse gradients are measured (their rows), the dense ones exact arithmetic.

@@ -1100,6 +1100,52 @@ def test_a_loss_module_takes_the_targets_and_without_them_is_told_to(ip, run_cel
     assert "pass --input a batch" not in said
 
 
+@pytest.mark.parametrize("kernel", [False, True], ids=["terminal", "kernel"])
+def test_a_long_estimate_says_what_it_is_doing_and_how_to_stop_it(ip, run_cell, monkeypatch, kernel):
+    """A trial: %memory_budget --model ran 98.6 s for a small CNN without a word. Past LONG_ESTIMATE_SECONDS the
+    estimate says, before each dry-run step, how long so far and which step comes; in a kernel one display
+    updated in place and, at the end, how long the dry runs took; in a terminal a few lines, each at least
+    twice as late as the one before."""
+    from nbaccel.magics import budget as budget_magic
+
+    monkeypatch.setattr(budget_magic, "LONG_ESTIMATE_SECONDS", 0.0)  # every step, to keep the test short
+    updates = []
+    if kernel:
+        monkeypatch.setattr(ip, "kernel", object(), raising=False)
+        monkeypatch.setattr("IPython.display.DisplayHandle.update", lambda self, obj, **kw: updates.append(obj))
+    run_cell("import torch\ntorch.manual_seed(0)\n"
+             "net = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 4))")
+    _, captured = run_cell("%memory_budget --model net --batch 64 -r est")
+    said = (captured.stderr.splitlines() if not kernel else
+            [o.data["text/plain"] for o in captured.outputs if "so far" in o.data.get("text/plain", "")]
+            + [u["text/plain"] for u in updates])
+    step = (r"nbaccel %memory_budget: [\d.]+ (µs|ms|s) so far; now the (fp32|bf16 AMP) dry run: (its first step, at "
+            r"batch 8 \(unmeasured: the optimizer makes its state\)|the step measured at batch (8|16|32)( \(a check of "
+            r"the first two\))?)\. The dry runs measure every op of a training step on a copy of net, so they take "
+            r"far longer than the step; Ctrl-C stops them and leaves the model, its optimizer and your variables as "
+            r"they were\.")
+    if kernel:
+        assert len(said) >= 6 and said[0].startswith("nbaccel %memory_budget: ") and "the fp32 dry run: its first" \
+            in said[0]
+        assert all(re.fullmatch(step, line) for line in said[:-1]), said
+        assert any("bf16 AMP dry run: the step measured" in line for line in said)
+        assert re.fullmatch(r"nbaccel %memory_budget: the dry runs took [\d.]+ (ms|s) in all\.", said[-1]), said
+    else:
+        assert 1 <= len(said) <= 6 and all(re.fullmatch(step, line) for line in said), captured.stderr
+        seconds = [float(re.search(r"([\d.]+) (ms|µs|s) so far", line).group(1)) * {"µs": 1e-6, "ms": 1e-3, "s": 1}[
+            re.search(r"([\d.]+) (ms|µs|s) so far", line).group(2)] for line in said]
+        assert all(later >= 2 * earlier * 0.999 for earlier, later in zip(seconds, seconds[1:])), said
+    assert ip.user_ns["est"].single("fp32")["total"] > 0
+    # -q: no note; and below the threshold none either
+    updates.clear()
+    _, captured = run_cell("%memory_budget --model net --batch 64 -q")
+    assert "so far" not in captured.stderr and captured.outputs == [] and updates == []
+    monkeypatch.setattr(budget_magic, "LONG_ESTIMATE_SECONDS", 600.0)
+    _, captured = run_cell("%memory_budget --model net --batch 64 -r est")
+    assert "so far" not in captured.stderr and not any("so far" in str(o.data) for o in captured.outputs)
+    assert updates == []
+
+
 def test_input_takes_a_variable_name_not_an_expression(ip, run_cell):
     """A user trial: --input (x, off) failed with argparse's "unrecognized arguments: off)"."""
     run_cell("import torch\nmodel = torch.nn.Linear(4, 4)\nx = torch.randn(8, 4)\noff = torch.zeros(8)")

@@ -244,3 +244,31 @@ def test_a_second_profiler_in_the_cell_fails_at_its_line_and_at_nbaccels_check(r
     assert [line for line in shown.splitlines() if "nbaccel/" in line] == [
         line for line in shown.splitlines() if "profiler_guard.py" in line and line.startswith("File ")]
     assert "runs one profiler per process" in shown
+
+
+def test_an_interrupt_in_the_estimates_dry_run_shows_no_nbaccel_frame(run_cell, ip, monkeypatch):
+    """A trial: Ctrl-C during %memory_budget --model's dry runs (98.6 s for a small CNN) printed a 23-frame
+    traceback through dry_run.LiveBytes.__torch_dispatch__. Now one line says what stopped and what is intact,
+    torch's dispatch and autocast are as before, and the watched budget goes on."""
+    import torch
+
+    from nbaccel.dry_run import LiveBytes
+
+    run_cell("%memory_budget 4GiB -q -r budget")
+    run_cell("import torch\ntorch.manual_seed(0)\n"
+             "model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 2))\n"
+             "before = [p.detach().clone() for p in model.parameters()]")
+    _interrupt_once(monkeypatch, LiveBytes, "__torch_dispatch__", on_call=30)  # inside a measured step
+    result, captured = run_cell("%memory_budget --model model --batch 64", expect_error=KeyboardInterrupt)
+    assert "KeyboardInterrupt" in captured.stdout and "get_ipython().run_line_magic(" in captured.stdout
+    assert "File " not in captured.stdout and "nbaccel" not in captured.stdout, captured.stdout
+    assert ("nbaccel %memory_budget: interrupted (KeyboardInterrupt) during the estimate's dry runs; nothing was "
+            "estimated; model, its optimizer and your variables are as they were (the dry runs use a copy)"
+            in captured.stderr), captured.stderr
+    assert all(torch.equal(p, b) for p, b in zip(ip.user_ns["model"].parameters(), ip.user_ns["before"]))
+    assert torch._C._len_torch_dispatch_stack() == 0 and not torch.is_autocast_enabled("cpu")
+    monkeypatch.undo()
+    cells = len(ip.user_ns["budget"].history)
+    run_cell("x = torch.ones(4)")  # the watcher still measures the next cell
+    assert len(ip.user_ns["budget"].history) == cells + 1
+    assert ip.user_ns["budget"].history.iloc[-1]["status"] == "ok"

@@ -1340,3 +1340,24 @@ def test_a_check_probe_only_where_the_scratch_could_move_the_peak():
     first = probe["unrefitted"] or probe  # the first two probes' figures, where a check refitted the lines
     peak = max(first["forward"][1], first["backward"][1])
     assert (probe["check"] is not None) == check_needed(scratch, peak), (scratch, peak, probe["check"])
+
+
+def test_on_progress_is_told_each_dry_run_step_in_order():
+    """The hook %memory_budget's long-run note stands on (and a script's print): every step, in order, with
+    rising seconds; anything but a function is refused before a dry run starts."""
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 2))
+    told = []
+    estimate_memory(net, batch=32, device="cpu", on_progress=lambda words, seconds: told.append((words, seconds)))
+    words = [w for w, _ in told]
+    for precision in ("fp32", "bf16 AMP"):
+        mine = [w for w in words if w.startswith(f"the {precision} dry run: ")]
+        assert mine[:3] == [f"the {precision} dry run: its first step, at batch 4 (unmeasured: the optimizer makes its "
+                            "state)", f"the {precision} dry run: the step measured at batch 4",
+                            f"the {precision} dry run: the step measured at batch 8"], words
+    assert words.index("the bf16 AMP dry run: the step measured at batch 4") > words.index(
+        "the fp32 dry run: the step measured at batch 8")
+    seconds = [s for _, s in told]
+    assert seconds == sorted(seconds) and seconds[0] >= 0
+    with pytest.raises(TypeError, match="on_progress takes a function"):
+        estimate_memory(net, batch=32, device="cpu", on_progress="print")

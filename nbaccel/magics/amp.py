@@ -16,12 +16,11 @@ from ..cell_reads import and_list
 from ..device import DeviceError, autocast_dtype, device_info, dtype_name, resolve_device
 from ..options import magic_spelled, whole_number
 from ..precision import make_recipe
-from ..render.display import in_kernel
 from ..snapshot import (LazyModuleNotReady, SnapshotTooLarge, describe_failures, not_put_back,
                         restore_failures)
 from ..timing import format_seconds
 from .common import (cell_function, check_name, check_name_free, comment_hinted, dtype_hint, help_option, history_name,
-                     interrupt_without_frames, interrupted_in_nbaccel, output_can_be_silenced, parse_line,
+                     interrupt_without_frames, interrupted_in_nbaccel, ProgressNote, output_can_be_silenced, parse_line,
                      refuse_empty_cell, refuse_options_in_cell, refuse_nested_cell_magic, show_result, silenced,
                      sole_measuring_magic)
 from .ran_before import remember
@@ -84,22 +83,14 @@ class AmpMagics(Magics):
         if args is None:  # -h/--help: the help was printed
             return None
         cell_errors = []  # (exception, which run) when the cell itself raised
-        notes = []  # the long-run note's display handle, replaced when the comparison ends
+        notes = ProgressNote(self.shell)  # the long-run note, replaced when the comparison ends
         firsts, announced = [], []  # each variant's first run (fp32's first); the estimates said so far
 
         def note_long_run(seconds, runs_left, restore_seconds):
             firsts.append(seconds)
             note = _note_long_run(firsts, runs_left, args, device, restore_seconds, announced)
-            if note is None:
-                return
-            if not in_kernel(self.shell):
-                print(note, file=sys.stderr, flush=True)  # flushed: the runs it announces come next
-            elif notes:  # the variant's first run revised it: the same note, updated in place
-                notes[0].update({"text/plain": note}, raw=True)
-            else:
-                from IPython.display import display
-
-                notes.append(display({"text/plain": note}, raw=True, display_id=True))
+            if note is not None:  # a second one (the variant's first run revised it) replaces the first
+                notes.say(note)
 
         started, finished = time.perf_counter(), False
         with sole_measuring_magic("amp"):
@@ -131,8 +122,7 @@ class AmpMagics(Magics):
                 runs = planned_runs(args.warmup, args.repeat, not args.no_baseline, device, allocator=allocator)
                 done = (f"nbaccel %%amp: the {runs} runs took {elapsed} in all." if finished else
                         f"nbaccel %%amp: the runs stopped after {elapsed} (the note below says why).")
-                for handle in filter(None, notes):
-                    handle.update({"text/plain": done}, raw=True)
+                notes.finish(done)
         # the fp32 baseline is the cell as a plain run is (no autocast): a later profile of it is not a first run
         remember(cell, *([None] if result.baseline is not None else []), result.amp.recipe.label)
         show_result(self.shell, "%%amp", result, args.result, args.quiet)

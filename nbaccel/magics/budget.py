@@ -20,6 +20,7 @@ import ast
 import difflib
 import re
 import sys
+import time
 from dataclasses import replace
 
 from IPython.core.error import UsageError
@@ -35,7 +36,9 @@ from ..memory import format_bytes
 from ..oom import OOM_TYPES, explain_oom, is_oom
 from ..options import a_type, magic_spelled
 from ..render.display import display_result
-from .common import check_name, comment_hinted, help_option, history_name, parse_line, split_line, store_result
+from ..timing import format_seconds
+from .common import (ProgressNote, check_name, comment_hinted, help_option, history_name, interrupted_in_nbaccel,
+                     parse_line, split_line, store_result)
 
 _NEGATIVE = re.compile(r"^-\.?[0-9]")
 # Options that take a value: a negative number after one of them is that option's value (--near -0.5),
@@ -58,6 +61,9 @@ OPTION_MEANINGS.update({f"--{word}": "the status is shown by %memory_budget alon
 OPTION_MEANINGS.update(dict.fromkeys(
     ("--budget", "--size", "--limit", "--max", "--memory", "--set"),
     "the budget is written without an option: %memory_budget 2GiB"))
+# An estimate whose dry runs have taken this long says what it is doing and how to stop it (a trial: a
+# CNN's took 98.6 s without a word); %%amp's long-run note starts at the same 5 s.
+LONG_ESTIMATE_SECONDS = 5.0
 CPU_ENFORCE_NOTE = ("--enforce: the CPU allocator has no per-process cap, so only a soft budget (checked after each "
                     "cell) is possible here; for a hard limit start the kernel in a cgroup "
                     "(systemd-run --user -p MemoryMax=6G jupyter lab, or docker --memory 6g)")
@@ -148,6 +154,7 @@ class BudgetMagics(Magics):
         the request, the limit, what was allocated, the largest tensors/modules/optimizers in the
         namespace, and what to try, with the expected saving. The result (-r) has ``.history``.
         """
+        __tracebackhide__ = True  # noqa: F841 - IPython hides nbaccel's frames from the user's traceback
         # "6 GB" and "80 %" are what people type (and "12 parsecs" deserves the size error, not argparse's): a
         # number and the word or % after it are one size; argparse would see two positional arguments. Quoted,
         # not joined: an error then echoes "12 parsecs" as typed, not "12parsecs" (the parser takes the space).
@@ -285,6 +292,7 @@ class BudgetMagics(Magics):
         return self.shell.user_ns[name]
 
     def _estimate_cmd(self, args):
+        __tracebackhide__ = True  # noqa: F841 - an interrupt in the dry runs shows the magic's line alone
         from ..estimate import OPTIMIZERS, closest_optimizer, estimate_memory
 
         model = self._lookup(args.model, "--model")
@@ -307,11 +315,32 @@ class BudgetMagics(Magics):
         budget = args.budget
         if budget is None and self.watcher is not None:
             budget = f"{self.watcher.budget}B"
+        note, started = ProgressNote(self.shell), time.perf_counter()
+
+        def progress(words, seconds):
+            if seconds >= LONG_ESTIMATE_SECONDS and not args.quiet:
+                note.say(f"nbaccel %memory_budget: {format_seconds(seconds)} so far; now {words}. The dry runs "
+                         f"measure every op of a training step on a copy of {args.model}, so they take far longer "
+                         "than the step; Ctrl-C stops them and leaves the model, its optimizer and your variables "
+                         "as they were.", at=seconds)
+
         try:
             result = estimate_memory(model, optimizer=optimizer, batch=batch, example=example, budget=budget,
-                                     device=device, name=args.model, loss_fn=loss_fn, targets=targets)
+                                     device=device, name=args.model, loss_fn=loss_fn, targets=targets,
+                                     on_progress=progress)
         except (ValueError, TypeError) as exc:
             raise UsageError(str(exc)) from None
+        except KeyboardInterrupt as exc:  # most likely in the dry runs' op-by-op measuring: nbaccel's frames
+            raise interrupted_in_nbaccel(exc, "%memory_budget", "during the estimate's dry runs",
+                                         f"nothing was estimated; {args.model}, its optimizer and your variables are "
+                                         "as they were (the dry runs use a copy)") from None
+        finally:
+            if self.watcher is not None:
+                # The estimate's dry runs are nbaccel's own work, not the user's cell: don't hold
+                # them against the budget (an interrupted or refused one neither).
+                self.watcher.abandon()
+            elapsed = format_seconds(time.perf_counter() - started)
+            note.finish(f"nbaccel %memory_budget: the dry runs took {elapsed} in all.")
         if args.budget is None and self.watcher is not None:
             result = replace(result, budget_source="the budget being watched")
         mine = (self._own_optimizer(model, optimizer, args.model) if isinstance(optimizer, str)
@@ -319,10 +348,6 @@ class BudgetMagics(Magics):
         result = replace(result, assumptions=tuple(filter(None, [batch_read])) + result.assumptions + tuple(mine))
         result = replace(result, note=self._prediction_note(args, device, result))
         self._estimate = result
-        if self.watcher is not None:
-            # The estimate's dry runs are nbaccel's own work, not the user's cell: don't hold
-            # them against the budget.
-            self.watcher.abandon()
         store_result(self.shell, args.result, result)
         if not args.quiet:
             display_result(result)

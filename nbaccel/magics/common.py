@@ -66,6 +66,41 @@ def cell_function(shell, cell: str):
     return run_cell
 
 
+class ProgressNote:
+    """A magic's note on long work in progress: in a Jupyter kernel one display, updated in place and
+    replaced by ``finish``'s line when the work is over (a stderr line stayed under the result as a red
+    box); elsewhere lines on stderr, flushed, each at most ``every`` times later than the one before, so
+    a terminal does not fill up."""
+
+    def __init__(self, shell, every: float = 2.0):
+        self.shell, self.every, self._handle, self._said_at = shell, every, None, None
+
+    @property
+    def said(self) -> bool:
+        return self._handle is not None or self._said_at is not None
+
+    def say(self, text: str, at: float | None = None) -> None:
+        """Show ``text``; ``at`` (seconds so far) paces the terminal's lines (None: always)."""
+        from ..render.display import in_kernel
+
+        if not in_kernel(self.shell):
+            if at is not None and self._said_at is not None and at < self.every * self._said_at:
+                return
+            self._said_at = at if at is not None else 0.0
+            print(text, file=sys.stderr, flush=True)  # flushed: the work it announces comes next
+        elif self._handle is not None:
+            self._handle.update({"text/plain": text}, raw=True)
+        else:
+            from IPython.display import display
+
+            self._handle = display({"text/plain": text}, raw=True, display_id=True)
+
+    def finish(self, text: str) -> None:
+        """The work is over: the kernel's note says ``text`` instead (nothing when nothing was said)."""
+        if self._handle is not None:
+            self._handle.update({"text/plain": text}, raw=True)
+
+
 def interrupt_without_frames(exc: KeyboardInterrupt) -> KeyboardInterrupt:
     """A fresh KeyboardInterrupt, with ``exc``'s notes, for a Ctrl-C that landed in nbaccel's own code
     (restoring a snapshot, reading a trace) rather than in the cell; the magic raises it ``from None``
