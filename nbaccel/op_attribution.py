@@ -23,8 +23,22 @@ from .cells import cell_label, notebook_cells
 if TYPE_CHECKING:
     import pandas as pd
 
-# Prefix of the record_function ranges that %%profile_gpu --stack puts around each cell statement.
+# The record_function ranges that %%profile_gpu --stack puts around each cell statement are named as
+# IPython's tracebacks name a cell's line, "Cell In[7], line 2: y = m(x)", like the rows of the functions the
+# cell calls ("Cell In[3], line 1: def step"; a trial read the two forms side by side). Traces recorded
+# before were "cell line 2: ...", still read as such; a range whose cell number is unknown is named so.
 CELL_LINE = "cell line "
+_CELL_RANGE = re.compile(r"(cell line |Cell In\[\d+\], line )\d+: ")
+
+
+def cell_line_label(cell: int | None, lineno: int, text: str) -> str:
+    """The range's name for line ``lineno`` (its source ``text``) of cell ``cell``."""
+    return f"Cell In[{cell}], line {lineno}: {text}" if cell is not None else f"{CELL_LINE}{lineno}: {text}"
+
+
+def is_cell_line(name: str) -> bool:
+    """Whether a ``user_annotation`` name is one of those ranges (either spelling)."""
+    return bool(_CELL_RANGE.match(name))
 
 
 class OpIndex:
@@ -107,7 +121,7 @@ def _is_source_event(ev) -> bool:
     cat = ev.get("cat")
     if cat == "python_function":
         return is_user_frame(ev.get("name", ""))
-    return cat == "user_annotation" and str(ev.get("name", "")).startswith(CELL_LINE)
+    return cat == "user_annotation" and is_cell_line(str(ev.get("name", "")))
 
 
 def source_by_op(events: list, ops: pd.DataFrame) -> list[str | None]:
@@ -115,7 +129,7 @@ def source_by_op(events: list, ops: pd.DataFrame) -> list[str | None]:
 
     Sources are the user's own functions (``file(line): func``, where ``line`` is the ``def``
     line: Kineto's Python tracer records function starts) and the ``cell line N: ...`` ranges
-    that ``%%profile_gpu --stack`` wraps around each statement of the cell.
+    that ``%%profile_gpu --stack`` wraps around each statement of the cell (``Cell In[7], line 2: ...``).
     """
     frames: dict[tuple, list[tuple[float, float, str]]] = {}
     for ev in events:
@@ -162,7 +176,7 @@ def frame_label(name: str, cells: dict[str, int]) -> str:
     ``model.py, line 40: def forward``. The line is where the function starts (Kineto records no
     other), so the row says ``def``: a JupyterLab trial read "line 11: forward" as the line that ran.
     ``<listcomp>``, ``<lambda>``, ``<module>`` keep their names (their start is the line they run on).
-    Other names (the cell's own ``cell line N: ...`` ranges) are unchanged."""
+    Other names (the cell's own ``Cell In[n], line N: ...`` ranges) are unchanged."""
     m = _FRAME.match(name)
     if not m:
         return name
@@ -177,7 +191,7 @@ def _innermost_source(stack: list[tuple[float, float, str]]) -> str | None:
     ``<module>`` frame opens after it and would hide the line it belongs to."""
     for k in range(len(stack) - 1, -1, -1):
         name = stack[k][2]
-        if name.endswith("<module>") and any(frame[2].startswith(CELL_LINE) for frame in stack[:k]):
+        if name.endswith("<module>") and any(is_cell_line(frame[2]) for frame in stack[:k]):
             continue
         return name
     return None

@@ -452,9 +452,36 @@ def advise(result: ProfileResult) -> list[str]:
     emulated = _emulated_bf16(result)
     if emulated:
         notes.append(emulated)
+    one_function = _one_function_note(result, where)
+    if one_function:
+        notes.append(one_function)
     if result.device.type == "cpu" and result.loaded is None:
         notes.append("Profiled on the CPU (no CUDA device): times are CPU times; GPU figures need a GPU.")
     return notes
+
+
+# A --stack table whose first row is one function holding this share of the time says how to see its lines.
+ONE_FUNCTION_SHARE = 0.8
+_FUNCTION_ROW = re.compile(r"(?P<where>.+), line (?P<line>\d+): def (?P<func>[\w.]+)$")
+
+
+def _one_function_note(result: ProfileResult, where: str) -> str | None:
+    """Under --stack, a function's ops are charged to the function (Kineto records where it starts, not the
+    line running): a trial's cell called train_step(), defined in an earlier cell, and got one row,
+    "Cell In[3], line 1: def train_step", at >99.9%, which says nothing about where in it the time went."""
+    if not result.options.stack or not result.op_count:
+        return None
+    rows = [r for r in result.grouped_rows("source") if r.get("percent")]
+    top = max(rows, key=lambda r: r["percent"], default=None)
+    found = _FUNCTION_ROW.match(str(top["source"])) if top else None
+    if not found or top["percent"] < 100 * ONE_FUNCTION_SHARE:
+        return None
+    share = ">99.9%" if top["percent"] > 99.9 else f"{top['percent']:.0f}%"
+    return (f"One function, {found['func']} ({found['where']}, line {found['line']}), holds {share} of the {where} "
+            f"time: {option('stack', True)} charges a function's ops to the function, not to its lines (torch's Python "
+            "tracer records where each function starts, not the line that runs). To see its lines, profile its "
+            "body as the cell (each top-level statement is then a row of its own), or split it into smaller "
+            "functions.")
 
 
 EMULATED_BF16_SHARE = 0.2  # bf16 matmul/conv time past this share, on a CPU without bf16 units, is named

@@ -303,14 +303,17 @@ def test_shapes_groups_by_input_shape(run_cell, ip):
 
 
 def test_stack_groups_by_cell_line(run_cell, ip):
-    prof, _, _ = profile_cell(run_cell, ip, opts="-q -r prof --stack")
+    prof, result, _ = profile_cell(run_cell, ip, opts="-q -r prof --stack")
     table = prof.ops
-    assert table.iloc[0]["source"] == "cell line 3: y = a @ b"
+    # named as IPython's tracebacks name a cell's line, like the rows of the functions it calls (a trial read
+    # "cell line 3: ..." beside "Cell In[2], line 1: def step")
+    cell = f"Cell In[{result.execution_count}]"
+    assert table.iloc[0]["source"] == f"{cell}, line 3: y = a @ b"
     assert "aten::mm" in table.iloc[0]["name"]
     lines = set(table["source"])
-    assert "cell line 4: z = m(x).relu().sum()" in lines
+    assert f"{cell}, line 4: z = m(x).relu().sum()" in lines
     # Every op call the line made: aten::matmul, the aten::mm it runs, ... (the CPU total counts them once).
-    made = (prof.op_events["source"] == "cell line 3: y = a @ b").sum()
+    made = (prof.op_events["source"] == f"{cell}, line 3: y = a @ b").sum()
     assert made > 1 and table.iloc[0]["calls"] == made
     assert table.iloc[0]["cpu_total_us"] == prof.op_events.set_index("name").loc["aten::matmul", "dur_us"]
 
@@ -319,10 +322,10 @@ def test_stack_op_calls_count_the_ops_the_line_made(run_cell, ip):
     # A user trial read "1" op call beside a line's three costliest ops (aten::addmm, aten::t,
     # aten::copy_) and "14" beside loss.backward(): the column counted the line's outermost ops only
     # (aten::linear; the autograd engine's nodes), not the ops whose names it showed.
-    prof, _, captured = profile_cell(run_cell, ip, opts="-r prof --stack")
+    prof, result, captured = profile_cell(run_cell, ip, opts="-r prof --stack")
     by_line = prof.table(group="source").set_index("source")
     events = prof.op_events
-    line = "cell line 4: z = m(x).relu().sum()"
+    line = f"Cell In[{result.execution_count}], line 4: z = m(x).relu().sum()"
     # its op events, less re-dispatches (an op inside an op of its name is one call, as in the op grouping)
     again = nbaccel.profile_table.redispatched(events["parent"].tolist(), events["name"].tolist())
     made = sum(1 for src, inner in zip(events["source"], again) if src == line and not inner)
@@ -355,9 +358,9 @@ def test_stack_attributes_a_last_expression_to_its_cell_line(run_cell, ip):
     # The cell's last expression is evaluated apart (its value is the cell's result); its own
     # module-level frame once hid the line: the table said "<ipython-input-..>(0): <module>".
     run_cell(SETUP)
-    run_cell("%%profile_gpu -q -r prof --stack\ncount = 1\n(a @ b).sum()\n")
+    result, _ = run_cell("%%profile_gpu -q -r prof --stack\ncount = 1\n(a @ b).sum()\n")
     sources = set(ip.user_ns["prof"].ops["source"])
-    assert sources == {"cell line 2: (a @ b).sum()"}, sources
+    assert sources == {f"Cell In[{result.execution_count}], line 2: (a @ b).sum()"}, sources
 
 
 def test_stack_attributes_ops_to_user_functions(run_cell, ip):
@@ -368,6 +371,33 @@ def test_stack_attributes_ops_to_user_functions(run_cell, ip):
     # Named like IPython's tracebacks name the cell, not by its code name (<ipython-input-..>
     # here, /tmp/ipykernel_../...py in a kernel), which no reader can map to a cell.
     assert f"Cell In[{defined.execution_count}], line 2: def helper" in sources, sources
+
+
+def test_stack_says_how_to_see_the_lines_of_a_function_that_holds_the_time(run_cell, ip):
+    """A trial: a cell calling train_step(), defined in an earlier cell, got one --stack row, "def train_step",
+    at >99.9%, and no word on why its lines were not there."""
+    run_cell(SETUP)
+    defined, _ = run_cell("def train_step():\n    y = a @ b\n    return (y @ y.T).sum()\n")
+    _, captured = run_cell("%%profile_gpu -r prof --stack\ntrain_step()\n")
+    prof = ip.user_ns["prof"]
+    note = next(a for a in prof.advice if a.startswith("One function"))
+    assert re.fullmatch(rf"One function, train_step \(Cell In\[{defined.execution_count}\], line 1\), holds "
+                        r"(>99\.9|\d+)% of the CPU time: --stack charges a function's ops to the function, not to its "
+                        r"lines \(torch's Python tracer records where each function starts, not the line that runs\)\. "
+                        r"To see its lines, profile its body as the cell \(each top-level statement is then a row of "
+                        r"its own\), or split it into smaller functions\.", note), note
+    assert "One function, train_step" in unfolded(bundle(captured)["text/plain"])
+    # its body as the cell: a row per line, and no such note
+    run_cell("%%profile_gpu -q -r prof --stack\ny = a @ b\n(y @ y.T).sum()\n")
+    assert not any(a.startswith("One function") for a in ip.user_ns["prof"].advice)
+    # without --stack there are no source rows to speak of
+    run_cell("%%profile_gpu -q -r prof\ntrain_step()\n")
+    assert not any(a.startswith("One function") for a in ip.user_ns["prof"].advice)
+    # from Python the option is spelled as a keyword
+    import nbaccel
+    with nbaccel.profile(stack=True) as p:
+        ip.user_ns["train_step"]()
+    assert any(a.startswith("One function, train_step") and "stack=True charges" in a for a in p.result.advice)
 
 
 def test_warmup_and_steps_run_the_cell_that_many_times(run_cell, ip):
@@ -644,11 +674,12 @@ def _first_column(html):
 
 def test_widget_controls_change_the_table(run_cell, ip, monkeypatch):
     monkeypatch.setattr(display_module, "WIDGETS", "always")
-    prof, _, captured = profile_cell(run_cell, ip, opts="-r prof --stack")
+    prof, result, captured = profile_cell(run_cell, ip, opts="-r prof --stack")
     assert "application/vnd.jupyter.widget-view+json" in bundle(captured)
     box = render_profile.widget(prof)
     group = control(box, "ToggleButtons", "group by")
-    assert group.value == "source" and _first_column(_ops_html(box))[0] == "cell line 3: y = a @ b"
+    assert group.value == "source"
+    assert _first_column(_ops_html(box))[0] == f"Cell In[{result.execution_count}], line 3: y = a @ b"
 
     group.value = "op"
     names = _first_column(_ops_html(box))

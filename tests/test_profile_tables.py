@@ -279,6 +279,19 @@ def test_source_grouping_counts_every_op_call_and_nested_time_once():
     assert line["name"].startswith("aten::addmm")
 
 
+@pytest.mark.parametrize("name", ["Cell In[7], line 1: y = m(x)", "cell line 1: y = m(x)"],
+                         ids=["named-as-ipython", "before"])
+def test_a_cell_line_range_is_a_source_in_either_spelling(name):
+    """--stack's ranges are named "Cell In[7], line 1: ..." (as the functions' rows are); traces recorded before
+    named them "cell line 1: ...", and load as such. A user's own range of another name is no source."""
+    ops = _ops([("aten::linear", 0, 100, 10, -1), ("aten::relu", 120, 10, 10, -1)])
+    events = [{"cat": "user_annotation", "name": name, "pid": 1, "tid": 1, "ts": 0, "dur": 110},
+              {"cat": "user_annotation", "name": "my range 1: relu", "pid": 1, "tid": 1, "ts": 115, "dur": 20}]
+    assert op_attribution.source_by_op(events, ops) == [name, None]
+    assert op_attribution.cell_line_label(7, 1, "y = m(x)") == "Cell In[7], line 1: y = m(x)"
+    assert op_attribution.cell_line_label(None, 1, "y = m(x)") == "cell line 1: y = m(x)"
+
+
 def test_unaligned_shapes_use_16_for_int8_and_skip_aligned():
     ops = _ops([("aten::mm", 0, 10, 10, -1), ("aten::mm", 20, 10, 10, -1), ("aten::_int_mm", 40, 10, 10, -1),
                 ("aten::convolution", 60, 10, 10, -1)])

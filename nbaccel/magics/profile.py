@@ -14,9 +14,9 @@ from ..options import a_type, magic_spelled, magic_spelling
 from ..profile import PROFILE_MAGIC, ProfileResult, _nested, profile_function
 from ..profile_compare import compare_profiles
 from ..profile_options import DTYPES, ProfileError, ProfileOptions, validate
-from ..op_attribution import CELL_LINE
+from ..op_attribution import cell_line_label
 from ..profile_table import SORT_COLUMNS
-from .common import (cell_function, check_name, check_name_free, comment_hinted, compile_cell, dtype_hint,
+from .common import (cell_function, cell_number, check_name, check_name_free, comment_hinted, compile_cell, dtype_hint,
                      help_option, interrupt_without_frames, interrupted_in_nbaccel, output_can_be_silenced, parse_cell,
                      parse_line, refuse_empty_cell, refuse_options_in_cell, refuse_nested_cell_magic, show_result,
                      silenced, sole_measuring_magic)
@@ -168,6 +168,7 @@ def annotated_cell_function(shell, cell: str):
     the cost is one ``record_function`` (about a microsecond) per executed top-level statement.
     """
     source, tree, filename = parse_cell(shell, cell)
+    number = cell_number(shell)
     lines = source.splitlines()
     body, last = tree.body, None
     if body and isinstance(body[-1], ast.Expr):
@@ -179,7 +180,7 @@ def annotated_cell_function(shell, cell: str):
         # Kineto (torch 2.13) writes names into the JSON unescaped: a '"' breaks the trace, a
         # backslash becomes '/', and a name with a tab or non-ASCII becomes "unknown".
         text = re.sub(r"[^\x20-\x7e]", "?", text).replace('"', "'").replace("\\", "/")
-        return f"{CELL_LINE}{node.lineno}: {text}"
+        return cell_line_label(number, node.lineno, text)
 
     wrapped = []
     for stmt in body:
