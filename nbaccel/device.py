@@ -210,6 +210,28 @@ def dtype_name(requested) -> str:
     return aliases.get(name, name)
 
 
+def nearest_dtype(requested: str, choices) -> str | None:
+    """The one of ``choices`` that ``requested`` most likely misspells ("bfloat" -> bf16, "f16" -> fp16), or
+    None (a trial typed "bfloat", and the list alone left them to work out which was meant)."""
+    import difflib
+
+    spellings = {**{c: c for c in choices}, "bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}
+    near = difflib.get_close_matches(str(requested).lower(), list(spellings), n=1, cutoff=0.6)
+    return spellings[near[0]] if near and spellings[near[0]] in choices else None
+
+
+def did_you_mean(name: str, requested: str, choices) -> str:
+    """`` (did you mean dtype='bf16'?)`` after a refusal, or nothing."""
+    meant = nearest_dtype(requested, choices)
+    return f" (did you mean {option(name, meant)}?)" if meant else ""
+
+
+def unknown_dtype(requested: str, name: str, choices: tuple[str, ...]) -> str:
+    """The refusal of a dtype name nbaccel does not know, with the nearest known one when there is one."""
+    listed = ", ".join(choices[:-1]) + f" or {choices[-1]}"
+    return f"{option(name, requested)} is not an autocast dtype; use {listed}{did_you_mean(name, requested, choices)}"
+
+
 def autocast_dtype(requested: str, info: DeviceInfo, name: str = "dtype") -> torch.dtype:
     """Map ``bf16|fp16|auto`` to the autocast dtype for this device, or say why not (``name``: the
     option the user set, ``dtype`` of %%amp or ``amp`` of %%profile_gpu)."""
@@ -220,8 +242,8 @@ def autocast_dtype(requested: str, info: DeviceInfo, name: str = "dtype") -> tor
         return torch.float16
     if requested not in _DTYPES:
         # compare_amp / %%amp (``dtype``) also take tf32 (TF32 alone, no autocast); the profiler's amp does not
-        choices = "bf16, fp16, auto or tf32" if name == "dtype" else "bf16, fp16 or auto"
-        raise DeviceError(f"{option(name, requested)} is not an autocast dtype; use {choices}")
+        choices = ("bf16", "fp16", "auto", "tf32") if name == "dtype" else ("bf16", "fp16", "auto")
+        raise DeviceError(unknown_dtype(requested, name, choices))
     dtype = _DTYPES[requested]
     if dtype is torch.bfloat16 and not info.supports_bf16:
         raise DeviceError(f"{info.name} has no bf16 support (needs compute capability 8.0+); "

@@ -26,7 +26,8 @@ from dataclasses import dataclass
 import torch
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
-from .device import DTYPE_NAMES, DeviceError, DeviceInfo, autocast_dtype, device_info, dtype_name, resolve_device
+from .device import (DTYPE_NAMES, DeviceError, DeviceInfo, autocast_dtype, device_info, dtype_name, resolve_device,
+                     unknown_dtype)
 from .options import option
 from .signals import finish, sigint_held
 
@@ -489,6 +490,9 @@ class precision:  # noqa: N801 - a context manager used like a function: `with n
         if cudnn_benchmark is not None and not isinstance(cudnn_benchmark, bool):  # torch's own error came on entry
             raise TypeError(f"{option('cudnn_benchmark')} takes True, False or None (left as it is), got "
                             f"{cudnn_benchmark!r}")
+        if recipe is None and dtype_name(dtype) not in ("bf16", "fp16", "auto", "tf32", "fp32"):
+            # precision() also takes fp32 (strict IEEE fp32, %%amp's baseline): its refusal lists it
+            raise DeviceError(unknown_dtype(dtype_name(dtype), "dtype", ("bf16", "fp16", "auto", "tf32", "fp32")))
         self.recipe = recipe or make_recipe(dtype, device, tf32, cudnn_benchmark)
         self._active: list = []
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 from . import profile_table as pt
-from .device import DeviceError, DeviceInfo, device_info, dtype_name, resolve_device
+from .device import DeviceError, DeviceInfo, device_info, did_you_mean, dtype_name, resolve_device
 from .options import in_magic, option, whole_number
 from .precision import Recipe, make_recipe
 
@@ -209,7 +209,8 @@ def check_options(options: ProfileOptions) -> None:
         raise ProfileError(f"{option('amp', options.amp)}: fp32 is what runs without {option('amp')}; leave it out "
                            f"to profile the code as it is, or give a reduced dtype: {', '.join(DTYPES)}")
     if options.amp is not None and options.amp not in DTYPES:
-        raise ProfileError(f"{option('amp', options.amp)} is not supported; use one of: {', '.join(DTYPES)}")
+        raise ProfileError(f"{option('amp', options.amp)} is not supported; use one of: {', '.join(DTYPES)}"
+                           f"{did_you_mean('amp', options.amp, DTYPES)}")
 
 
 # Sort words with one meaning here: torch's key_averages().table(sort_by=...) names and plain words, read

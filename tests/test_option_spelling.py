@@ -45,6 +45,27 @@ def test_compare_amp_names_its_dtype_argument():
         nbaccel.compare_amp(lambda: None, dtype="fp8")
 
 
+def test_a_misspelt_dtype_is_told_the_one_it_most_likely_meant(run_cell, ip):
+    """A trial: precision("bfloat") listed the choices without fp32 (which precision takes) and left the reader
+    to work out which one was meant."""
+    with pytest.raises(DeviceError, match=re.escape("dtype='bfloat' is not an autocast dtype; use bf16, fp16, auto, "
+                                                    "tf32 or fp32 (did you mean dtype='bf16'?)")):
+        nbaccel.precision("bfloat")
+    with pytest.raises(DeviceError, match=re.escape("dtype='f16' is not an autocast dtype; use bf16, fp16, auto or "
+                                                    "tf32 (did you mean dtype='fp16'?)")):
+        nbaccel.compare_amp(lambda: None, dtype="f16")
+    with pytest.raises(ProfileError, match=re.escape("(did you mean amp='bf16'?)")):
+        nbaccel.profile(amp="bf-16")
+    with nbaccel.precision("fp32") as recipe:  # the choice the refusal lists, taken
+        assert recipe.autocast_dtype is None
+    for cell, said in (("%%amp --dtype bfloat\n1", "--dtype bfloat is not supported; use one of: bf16, fp16, auto, "
+                                                     "tf32 (did you mean --dtype bf16?)"),
+                       ("%%profile_gpu --amp bfloat\n1", "--amp bfloat is not supported; use one of: bf16, fp16, "
+                                                          "auto (did you mean --amp bf16?)")):
+        result, _ = run_cell(cell, expect_error=UsageError)
+        assert str(result.error_before_exec or result.error_in_exec) == said
+
+
 @pytest.mark.parametrize("cell, said", [
     ("%%profile_gpu --sort memory\n1", "--sort memory needs --memory"),
     ("%%profile_gpu --top 0\n1", "--top must be at least 1"),

@@ -13,7 +13,7 @@ from ..budget import checked_share
 from ..amp import MIN_RUNS, compare_amp, not_restored, planned_runs, used_up
 from ..failure_hints import failure_hint
 from ..cell_reads import and_list
-from ..device import DeviceError, autocast_dtype, device_info, dtype_name, resolve_device
+from ..device import DeviceError, autocast_dtype, device_info, did_you_mean, dtype_name, resolve_device
 from ..options import magic_spelled, whole_number
 from ..precision import make_recipe
 from ..snapshot import (LazyModuleNotReady, SnapshotTooLarge, describe_failures, not_put_back,
@@ -142,7 +142,8 @@ class AmpMagics(Magics):
             # "--dtype fp32 is not supported" named a spelling nobody wrote (--dtype float32) and no reason
             args.dtype = typed
         elif args.dtype not in DTYPES:
-            raise UsageError(f"--dtype {typed} is not supported; use one of: {', '.join(DTYPES)}")
+            raise UsageError(f"--dtype {typed} is not supported; use one of: {', '.join(DTYPES)}"
+                             f"{did_you_mean('dtype', typed, DTYPES)}")
         # compare_amp checks these too, but its ValueError would surface after the snapshot, as nbaccel's own
         whole_number("repeat", args.repeat, 1, UsageError)
         whole_number("warmup", args.warmup, 0, UsageError)
