@@ -410,6 +410,10 @@ class profile:  # noqa: N801 - a context manager used like a function: `with nba
         if self._state == "ready":  # was "'NoneType' object has no attribute 'step'" (a trial)
             raise RuntimeError("prof.step() ends a step of a running profile: call it inside "
                                "`with nbaccel.profile(steps=N) as prof:`, once per iteration")
+        if self._state in ("done", "discarded"):  # was ignored without a word (a review)
+            raise RuntimeError("prof.step() after the with block: the profile has ended"
+                               + (", and its result is prof.result" if self._state == "done" else "")
+                               + "; call prof.step() inside the block, once per iteration")
         self.steps_done += 1
         try:
             self._step()

@@ -1556,6 +1556,11 @@ def test_the_profile_object_says_its_state_and_where_the_result_is():
             prof.step()
     assert repr(prof).startswith("<nbaccel.profile done (cpu, 2 steps after 1 warmup, memory): .result holds the "
                                  "ProfileResult, ") and isinstance(prof.result, nbaccel.ProfileResult)
+    done = prof.result
+    with pytest.raises(RuntimeError, match=re.escape("prof.step() after the with block: the profile has ended, and its "
+                                                     "result is prof.result; call prof.step() inside the block")):
+        prof.step()  # after the block: was ignored without a word
+    assert prof.result is done and prof.steps_done == 3  # nothing changed
     with pytest.raises(ValueError):
         with prof:  # a second use that raises leaves no result of the first behind
             raise ValueError("boom")
