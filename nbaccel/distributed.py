@@ -362,6 +362,9 @@ def _ident() -> dict:
             "local_rank": int(os.environ.get("LOCAL_RANK", rank()))}
 
 
+_REFUSED = "_nbaccel_refused"  # the exchanged row's error, if the rank could not make its row
+
+
 def _gather_rows(make_row, group=None, what: str = "nbaccel.distributed.gather") -> list[dict]:
     """Every rank's ``make_row()`` (a dict), with its rank, host and pid, in rank order.
 
@@ -386,9 +389,6 @@ def _gather_rows(make_row, group=None, what: str = "nbaccel.distributed.gather")
     if refused:
         raise RankFailure(refused, gathering=what)
     return sorted(({k: v for k, v in r.items() if k != _REFUSED} for r in rows), key=lambda r: r["rank"])
-
-
-_REFUSED = "_nbaccel_refused"  # the exchanged row's error, if the rank could not make its row
 
 
 def gather(kind: str, local: dict, metrics: list[str], units: dict | None = None, group=None) -> RankReport:
