@@ -1136,6 +1136,12 @@ def test_a_long_estimate_says_what_it_is_doing_and_how_to_stop_it(ip, run_cell, 
             re.search(r"([\d.]+) (ms|µs|s) so far", line).group(2)] for line in said]
         assert all(later >= 2 * earlier * 0.999 for earlier, later in zip(seconds, seconds[1:])), said
     assert ip.user_ns["est"].single("fp32")["total"] > 0
+    if kernel:  # a dry run that fails after the note says it stopped, not how long "the dry runs took"
+        updates.clear()
+        run_cell("def bad_loss(out, batch):\n    raise ValueError('not this loss')")
+        run_cell("%memory_budget --model net --batch 64 --loss bad_loss", expect_error=UsageError)
+        assert re.fullmatch(r"nbaccel %memory_budget: the dry runs stopped after [\d.]+ (µs|ms|s) \(the note below "
+                            r"says why\)\.", updates[-1]["text/plain"]), updates
     # -q: no note; and below the threshold none either
     updates.clear()
     _, captured = run_cell("%memory_budget --model net --batch 64 -q")

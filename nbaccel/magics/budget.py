@@ -324,6 +324,7 @@ class BudgetMagics(Magics):
                          "than the step; Ctrl-C stops them and leaves the model, its optimizer and your variables "
                          "as they were.", at=seconds)
 
+        result = None
         try:
             result = estimate_memory(model, optimizer=optimizer, batch=batch, example=example, budget=budget,
                                      device=device, name=args.model, loss_fn=loss_fn, targets=targets,
@@ -340,7 +341,8 @@ class BudgetMagics(Magics):
                 # them against the budget (an interrupted or refused one neither).
                 self.watcher.abandon()
             elapsed = format_seconds(time.perf_counter() - started)
-            note.finish(f"nbaccel %memory_budget: the dry runs took {elapsed} in all.")
+            note.finish(f"nbaccel %memory_budget: the dry runs took {elapsed} in all." if result is not None else
+                        f"nbaccel %memory_budget: the dry runs stopped after {elapsed} (the note below says why).")
         if args.budget is None and self.watcher is not None:
             result = replace(result, budget_source="the budget being watched")
         mine = (self._own_optimizer(model, optimizer, args.model) if isinstance(optimizer, str)
