@@ -34,6 +34,7 @@ from typing import Callable
 
 import torch
 
+from .keywords import explains_keywords
 from .amp_advice import advise
 from .amp_result import MEMORY_NOISE_FLOOR, MEMORY_SAME, MIN_RUNS, AmpResult, Variant
 from .cell_reads import KINDS, and_list, describe, graphs_compiled, objects_read, take_first
@@ -441,6 +442,8 @@ class _Runner:
         return audit, probe, host, scaler_info, magnitudes, dtypes
 
 
+@explains_keywords({"steps": "repeat", "number": "repeat", "runs": "repeat", "iterations": "repeat", "iters": "repeat",
+                    "n": "repeat", "warmups": "warmup", "warm_up": "warmup", "precision": "dtype", "amp": "dtype"})
 def compare_amp(
     fn: Callable[[], object],
     dtype: str = "auto",

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from .keywords import explains_keywords
 from .device import DeviceError, device_index, device_info, resolve_device
 from .holders import Holder, namespace_holders
 from .memory import (MAX_BYTES, NUMBER_PATTERN, UNIT_PATTERN, UNITS, PeakMeter, cuda_counters, current_rss,
@@ -663,6 +664,7 @@ class MemoryBudget:
     Out of memory inside: the exception propagates with the explanation added as a note
     (``b.last_oom`` keeps it). ``enforce=True`` caps the CUDA allocator for the block's duration."""
 
+    @explains_keywords({"limit": "budget", "size": "budget"})
     def __init__(self, budget, device="auto", strict: bool = False, enforce: bool = False, near: float = NEAR,
                  namespace: dict | None = None):
         for name, value in (("strict", strict), ("enforce", enforce)):
@@ -740,6 +742,7 @@ class MemoryBudget:
         return False
 
 
+@explains_keywords({"limit": "budget", "size": "budget"})
 def memory_budget(budget, device="auto", strict: bool = False, enforce: bool = False, near: float = NEAR,
                   namespace: dict | None = None) -> MemoryBudget:
     """A budget for scripts; see `MemoryBudget`. ``budget``: "6GiB", "6GB", "512MiB", "6G" (= 6GiB), a share of

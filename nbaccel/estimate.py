@@ -44,6 +44,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from .keywords import explains_keywords
 from .device import DTYPE_NAMES, DeviceError, device_info, dtype_name, resolve_device
 from .dry_run import (CHECK_TOLERANCE, DEFAULT_HEAD_LOSS, DEFAULT_LOSS, MODEL_LOSS, PHASES, ActivationFit,
                       EstimateError, LiveBytes, _default_loss, _dry_run, _example_option, _line, is_head, loss_takes_batch,
@@ -347,6 +348,9 @@ def _own_precision(params: list) -> str:
     return DTYPE_NAMES.get(dtype, str(dtype).replace("torch.", ""))
 
 
+@explains_keywords({"batch_size": "batch", "input": "example", "inputs": "example", "x": "example", "loss": "loss_fn",
+                    "criterion": "loss_fn", "labels": "targets", "target": "targets", "y": "targets",
+                    "dtype": "amp_dtype"})
 def estimate_memory(model: torch.nn.Module, optimizer="adamw", batch: int = 32, example=None, budget=None,
                     device="auto", probe_batches=None, amp_dtype="auto", loss_fn=None, name: str = "model",
                     gpu_counts=GPU_COUNTS, targets=None, on_progress=None) -> MemoryEstimate:

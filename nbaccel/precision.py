@@ -26,6 +26,7 @@ from dataclasses import dataclass
 import torch
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
+from .keywords import explains_keywords
 from .device import (DTYPE_NAMES, DeviceError, DeviceInfo, autocast_dtype, device_info, dtype_name, resolve_device,
                      unknown_dtype)
 from .options import option
@@ -480,6 +481,7 @@ class precision:  # noqa: N801 - a context manager used like a function: `with n
     then ``with amp:`` in a loop), like `nbaccel.profile` and `nbaccel.memory_budget`.
     """
 
+    @explains_keywords({"amp": "dtype", "precision": "dtype"})
     def __init__(self, dtype: str = "auto", device="auto", tf32: bool = True, cudnn_benchmark: bool | None = None,
                  recipe: Recipe | None = None):
         if recipe is not None and not isinstance(recipe, Recipe):

@@ -52,6 +52,7 @@ from typing import Callable
 
 import torch
 
+from .keywords import explains_keywords
 from .analysis.trace import paused_gc
 from .contention import ContentionMeter
 from .device import device_info, resolve_device
@@ -200,6 +201,8 @@ class profile:  # noqa: N801 - a context manager used like a function: `with nba
     ``torch.float16``).
     """
 
+    @explains_keywords({"record_shapes": "shapes", "with_stack": "stack", "profile_memory": "memory", "repeat": "steps",
+                        "active": "steps", "iterations": "steps", "dtype": "amp", "sort_by": "sort", "row_limit": "top"})
     def __init__(self, device="auto", *, top: int = 15, sort: str | None = None, memory: bool = False,
                  shapes: bool = False, stack: bool = False, warmup: int = 0, steps: int = 1,
                  trace: str | None = None, amp: str | None = None, options: ProfileOptions | None = None,

@@ -376,3 +376,34 @@ def test_result_tables_take_what_the_profile_recorded():
     with nbaccel.profile(stack=True) as stacked:
         torch.ones(4, 4) @ torch.ones(4, 4)
     assert len(stacked.result.table(group="source")) >= 1
+
+
+@pytest.mark.parametrize("call, said", [
+    # torch.profiler's own names, the likeliest from a torch user's fingers
+    (lambda: nbaccel.profile(record_shapes=True), "profile() has no record_shapes= argument: did you mean shapes=True?"),
+    (lambda: nbaccel.profile(with_stack=True), "profile() has no with_stack= argument: did you mean stack=True?"),
+    (lambda: nbaccel.profile(profile_memory=True), "profile() has no profile_memory= argument: did you mean memory=True?"),
+    (lambda: nbaccel.profile(repeat=3), "profile() has no repeat= argument: did you mean steps=3?"),
+    # a trial: compare_amp(fn, steps=3) was Python's bare "got an unexpected keyword argument 'steps'"
+    (lambda: nbaccel.compare_amp(lambda: None, steps=3), "compare_amp() has no steps= argument: did you mean repeat=3?"),
+    (lambda: nbaccel.compare_amp(lambda: None, number=3), "compare_amp() has no number= argument: did you mean repeat=3?"),
+    (lambda: nbaccel.estimate_memory(torch.nn.Linear(2, 2), batch_size=8),
+     "estimate_memory() has no batch_size= argument: did you mean batch=8?"),
+    (lambda: nbaccel.memory_budget(limit="2GiB"), "memory_budget() has no limit= argument: did you mean budget='2GiB'?"),
+    (lambda: nbaccel.precision(amp="bf16"), "precision() has no amp= argument: did you mean dtype='bf16'?"),
+    (lambda: nbaccel.profile(tops=3), "profile() has no tops= argument: did you mean top=3?"),  # the nearest name
+    (lambda: nbaccel.profile(zzz=1), "profile() has no zzz= argument; it takes device, top, sort, memory, shapes, "),
+])
+def test_an_unknown_keyword_is_told_the_argument_meant(call, said):
+    with pytest.raises(TypeError) as info:
+        call()
+    assert str(info.value).startswith(said), str(info.value)
+
+
+def test_the_checked_functions_keep_their_signature_and_run_as_before():
+    import inspect
+
+    assert list(inspect.signature(nbaccel.compare_amp).parameters)[:3] == ["fn", "dtype", "device"]
+    assert nbaccel.compare_amp.__name__ == "compare_amp" and "strict fp32" in nbaccel.compare_amp.__doc__
+    with nbaccel.precision(dtype="fp32") as recipe:
+        assert recipe.autocast_dtype is None
