@@ -1152,6 +1152,17 @@ def test_a_long_estimate_says_what_it_is_doing_and_how_to_stop_it(ip, run_cell, 
     assert updates == []
 
 
+@pytest.mark.parametrize("line, said", [("2GiB cpu", "--device cpu"), ("2GiB cuda:1", "--device cuda:1"),
+                                        ("4GiB GPU", "--device cuda")])
+def test_a_device_without_its_option_is_told_where_it_goes(ip, line, said):
+    """A trial: %memory_budget 2GiB cpu was argparse's "unrecognized arguments: cpu" alone."""
+    with pytest.raises(UsageError, match=re.escape(f"(a device goes after --device: {said})")):
+        ip.run_line_magic("memory_budget", line)
+    with pytest.raises(UsageError) as other:  # another stray word keeps argparse's words
+        ip.run_line_magic("memory_budget", "2GiB banana")
+    assert "unrecognized arguments: banana; see %memory_budget --help" in str(other.value)
+
+
 def test_input_takes_a_variable_name_not_an_expression(ip, run_cell):
     """A user trial: --input (x, off) failed with argparse's "unrecognized arguments: off)"."""
     run_cell("import torch\nmodel = torch.nn.Linear(4, 4)\nx = torch.randn(8, 4)\noff = torch.zeros(8)")

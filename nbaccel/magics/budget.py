@@ -69,6 +69,15 @@ CPU_ENFORCE_NOTE = ("--enforce: the CPU allocator has no per-process cap, so onl
                     "(systemd-run --user -p MemoryMax=6G jupyter lab, or docker --memory 6g)")
 
 
+def _device_hint(token: str) -> str | None:
+    """``%memory_budget 2GiB cpu``: a device written without its option (a trial: argparse's "unrecognized
+    arguments: cpu" alone)."""
+    if re.fullmatch(r"(cpu|cuda(:\d+)?|gpu)", token, flags=re.I):
+        device = "cuda" if token.lower() == "gpu" else token.lower()
+        return f"a device goes after --device: --device {device}"
+    return None
+
+
 def _read_near(text: str) -> float:
     """--near's value as a share of the budget: 0.9, or 90%, as the budget itself reads 0.8 and 80% (`check_near`)."""
     try:
@@ -172,7 +181,7 @@ class BudgetMagics(Magics):
             if _NEGATIVE.match(token) and previous not in _VALUE_OPTIONS:
                 raise UsageError(f"a budget must be positive, got {token}; write e.g. 6GiB, 512MiB or 0.8")
         _check_names(tokens)
-        args = parse_line(self.memory_budget, line, meanings=OPTION_MEANINGS)
+        args = parse_line(self.memory_budget, line, meanings=OPTION_MEANINGS, hint=_device_hint)
         if args is None:  # -h/--help: the help was printed
             return None
         check_name(args.result)
