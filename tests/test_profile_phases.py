@@ -261,12 +261,24 @@ def test_an_optimizer_steps_ops_count_as_optimizer_on_the_cpu(run_cell, ip):
     assert in_step > 0 and cats["optimizer"] == pytest.approx(in_step)
     # every op is counted once: the categories still add up to the self time
     assert sum(cats.values()) == pytest.approx(_self_total_plus_gaps(prof))
+    # The table's category column keeps each op's kind, so the bars say why the two differ (a trial read
+    # aten::add_ as "elementwise" in the table and its time under "optimizer")
+    from nbaccel.render import profile as render_profile
+
+    said = ("an op counts here under the phase it ran in (optimizer: inside Optimizer.step), whatever its kind in "
+            "the op table's category column")
+    assert render_profile.phase_note(prof) == said
+    import html
+
+    assert said in " ".join(str(prof).split()) and said in html.unescape(render_profile.categories_html(prof))
+    assert prof.ops.set_index("name").loc["aten::lerp_", "category"] == "elementwise"
     # A closure step (Lightning calls every optimizer so): its range holds the forward and backward
     run_cell("%%profile_gpu -q -r stepped\n"
              "def closure():\n    opt.zero_grad()\n    loss = model(x).sum()\n    loss.backward()\n    return loss\n"
              "opt.step(closure)")
     closure = ip.user_ns["stepped"]
     assert "optimizer" not in {p for p in closure.op_phases}
+    assert render_profile.phase_note(closure) is None  # no phase among the bars: nothing to explain
     assert _cats(closure).get("matmul/conv", 0) > 0
     run_cell("%%profile_gpu -q -r bfgs\n"
              "def closure():\n    lbfgs.zero_grad()\n    loss = model(x).sum()\n    loss.backward()\n    return loss\n"

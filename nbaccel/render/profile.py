@@ -270,6 +270,26 @@ def category_rows(result):
     return result.category_rows
 
 
+# On the CPU an op's phase (`analysis.phases.op_phases`) replaces its kind in the time by category: each
+# phase, and what puts an op in it.
+_PHASES = {"optimizer": "inside Optimizer.step", "data loading": "inside a DataLoader's __next__",
+           "compiling": "inside torch.compile's compiling", "attention": "inside an attention op or its backward",
+           "normalization": "inside a norm op or its backward"}
+
+
+def phase_note(result) -> str | None:
+    """Why an op's category in the table (its kind) can differ from the bar it counts in: a trial read
+    aten::add_ as "elementwise" in the table and its time under "optimizer" in the bars."""
+    if result.on_device:  # kernels are categorized by their kind alone
+        return None
+    present = [c for c, *_ in category_rows(result) if c in _PHASES]
+    if not present:
+        return None
+    where = "; ".join(f"{c}: {_PHASES[c]}" for c in present)
+    return (f"an op counts here under the phase it ran in ({where}), whatever its kind in "
+            "the op table's category column")
+
+
 def categories_html(result) -> str:
     rows = category_rows(result)
     if not rows:
@@ -277,8 +297,10 @@ def categories_html(result) -> str:
     basis = "device time" if result.on_device else "self CPU time"
     top = max(r[3] for r in rows) or 1.0
     body = [[c, bar(p / top, 240) + f" {format_share(p / 100.0)}", _time(t), f"{n:,}"] for c, t, n, p in rows]
+    note = phase_note(result)
     return (f'<div class="muted">share of {basis} per category</div>'
-            + table(["category", "share", "time", "events"], body, name_columns=(), text_columns=(0,), raw_columns=(1,)))
+            + table(["category", "share", "time", "events"], body, name_columns=(), text_columns=(0,), raw_columns=(1,))
+            + (f'<div class="muted">{esc(note)}</div>' if note else ""))
 
 
 def tensor_core_lines(result) -> list[str]:
@@ -414,6 +436,7 @@ def text(result) -> str:
         out.append(prose(empty))
     else:
         out += _table_text(result) + ["", "time by category:", *_category_text(result)]
+        out += [prose("  " + note) for note in [phase_note(result)] if note]
     if result.on_device:
         out += ["", "device busy per stream:", *(prose("  " + s) for s in stream_lines(result))]
     out += ["", *map(prose, tensor_core_lines(result))]
