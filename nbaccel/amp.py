@@ -37,7 +37,8 @@ import torch
 from .keywords import explains_keywords
 from .amp_advice import advise
 from .amp_result import MEMORY_NOISE_FLOOR, MEMORY_SAME, MIN_RUNS, AmpResult, Variant
-from .cell_reads import KINDS, and_list, describe, graphs_compiled, objects_read, take_first
+from .cell_reads import (KINDS, and_list, describe, graphs_compiled, objects_read, optimizer_state_bytes,
+                         take_first)
 from .contention import ContentionMeter
 from .device import DTYPE_NAMES, DeviceError, device_info, dtype_name, resolve_device
 # overflow_hint: docs/amp.md names it nbaccel.amp.overflow_hint
@@ -568,6 +569,10 @@ def compare_amp(
         if graphs_compiled() > graphs_at_start and not compiled:  # torch.compile called inside the cell
             compiled = ["the code the cell compiles"]
         result.iterators, result.compiled, result.worker_loaders = iterators, compiled, loaders
+        if restore:  # restored stateless before every run, each run's step created the state (the kept one too)
+            result.optimizer_state_created = [
+                (name, type(opt).__name__, optimizer_state_bytes(opt))
+                for name, opt in reads["stateless_optimizers"].items() if opt.state]
         result.compiled_while_timed = compiled_while_timed
         result.contention = runner.meter.result
         result.under_profiler = under_profiler

@@ -121,6 +121,9 @@ class AmpResult(ResultMixin):
     compiled_while_timed: int = 0
     # DataLoaders it reads that start worker processes on every iteration: "`loader` (2 workers)".
     worker_loaders: list[str] = field(default_factory=list)
+    # Optimizers it reads that had no state as it began, with the bytes of the state each run's step created
+    # (restored stateless before every run): [("opt", "AdamW", 1048576)].
+    optimizer_state_created: list[tuple[str, str, int]] = field(default_factory=list)
     # The user's settings that run fp32 math below IEEE fp32 (`precision.relaxed_fp32_settings`, as
     # code): the recipes did not use them (the fp32 run is strict), and the method line says so.
     fp32_overridden: list[str] = field(default_factory=list)
@@ -394,6 +397,8 @@ class AmpResult(ResultMixin):
             "compiled": self.compiled,
             "compiled_while_timed": self.compiled_while_timed,
             "worker_loaders": self.worker_loaders,
+            "optimizer_state_created": [{"name": name, "optimizer": kind, "bytes": n}
+                                        for name, kind, n in self.optimizer_state_created],
             "nonfinite_result": self.nonfinite_result,
             "drift_skipped": self.drift_skipped,
             "outer_autocast": self.outer_autocast,
