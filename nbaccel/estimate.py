@@ -52,8 +52,8 @@ from .dry_run import (CHECK_TOLERANCE, DEFAULT_HEAD_LOSS, DEFAULT_LOSS, MODEL_LO
 from .memory import format_bytes
 from .model_states import (OPTIMIZERS, _largest_leaf_bytes, _optimizer_spec, closest_optimizer, make_optimizer,
                            optimizer_plan, optimizer_state_bytes, plan_name, plan_state_bytes)
-from .options import in_magic, option
-from .probe_inputs import example_tensors, find_bags, graph_refusal
+from .options import a_type, in_magic, option
+from .probe_inputs import example_rows, example_tensors, find_bags, graph_refusal
 from .results import ResultMixin
 from .snapshot import rng_kept
 
@@ -312,6 +312,11 @@ def _check_arguments(batch, example, probe_batches, amp_dtype, loss_fn, name, gp
                         f"{probe_batches!r}")
     if amp_dtype not in ("auto", "bf16", "fp16"):
         raise ValueError(f"{option('amp_dtype')} takes 'auto', 'bf16' or 'fp16', got {amp_dtype!r}")
+    if isinstance(loss_fn, type) and issubclass(loss_fn, torch.nn.Module):
+        # the class is callable too: it was "made" with the output and failed at .backward() (a trial)
+        made = f"{'nn.' if loss_fn.__module__.startswith('torch.nn') else ''}{loss_fn.__name__}()"
+        raise TypeError(f"{'--loss' if in_magic() else 'loss_fn'} is the class {loss_fn.__name__}, not a loss: pass "
+                        f"an instance, {made} (loss = {made}, then {_loss_option(named='loss')})")
     if loss_fn is not None and not callable(loss_fn):
         raise TypeError(f"{option('loss_fn')} takes a function output -> scalar loss, got {type(loss_fn).__name__}")
     if not isinstance(name, str):
@@ -330,9 +335,14 @@ def _check_parameters(model: torch.nn.Module, params: list, name: str) -> None:
         raise ValueError(f"{name} has lazy layers (nn.LazyLinear, ...) whose parameters do not exist yet: run one "
                          f"forward pass first ({name}(x)), then estimate")
     if not any(p.requires_grad for p in params):
-        what = "no parameters" if not params else "no trainable parameters (all requires_grad=False)"
-        raise ValueError(f"{name} has {what}, so a training step has nothing to update: estimate the model you "
-                         "train, or use torch.no_grad() memory tools for inference")
+        kind = type(model).__name__
+        if not params:  # a trial passed its loss module (nn.CrossEntropyLoss) as the model
+            loss = " (a loss goes in " + ("--loss" if in_magic() else "loss_fn=") + ")" if kind.endswith("Loss") else ""
+            raise ValueError(f"{name} ({a_type(model)}) has no parameters, so a training step has nothing to update: "
+                             f"estimate the model you train{loss}")
+        raise ValueError(f"{name} has no trainable parameters (all requires_grad=False), so a training step has "
+                         "nothing to update: the estimate is of a training step; for inference, run the forward in a "
+                         "cell under a watched budget (%memory_budget 0.8), which measures each cell's peak")
 
 
 
@@ -381,7 +391,7 @@ def estimate_memory(model: torch.nn.Module, optimizer="adamw", batch: int = 32, 
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     _check_arguments(batch, example, probe_batches, amp_dtype, loss_fn, name, gpu_counts)
-    _check_targets(targets, loss_fn)
+    _check_targets(targets, loss_fn, model, example)
     graph = graph_refusal(example, name)
     if graph:  # before the dry run: its error was an index out of bounds deep inside the model
         raise EstimateError(graph)
@@ -488,14 +498,22 @@ def estimate_memory(model: torch.nn.Module, optimizer="adamw", batch: int = 32, 
     )
 
 
-def _check_targets(targets, loss_fn) -> None:
-    """``targets`` go to the loss as its second argument: without a loss that takes two they would go nowhere."""
+def _check_targets(targets, loss_fn, model=None, example=None) -> None:
+    """``targets`` go to the loss as its second argument: without a loss that takes two they would go nowhere.
+    Their rows are the example's rows' targets: a different count is a mistake (a trial's targets of 3 rows
+    beside an example of 8 were cut to the probes' rows without a word)."""
     if targets is None:
         return
     tensors = targets if isinstance(targets, (tuple, list)) else (targets,)
     if not tensors or not all(isinstance(t, torch.Tensor) and t.dim() > 0 for t in tensors):
         raise TypeError(f"{_target_option()} takes a tensor (or a tuple of tensors) whose first dimension is the "
                         f"batch, got {type(targets).__name__}")
+    rows = example_rows(model, example) if example is not None and model is not None else None
+    if rows is not None and any(t.shape[0] != rows for t in tensors):
+        got = ", ".join(str(t.shape[0]) for t in tensors)
+        example_words = "--input" if in_magic() else "example="
+        raise ValueError(f"{_target_option()} has {got} rows but {example_words} has {rows}: the targets are the "
+                         "labels of the example's rows, one row each; pass the labels of the same batch")
     if loss_fn is None or not loss_takes_batch(loss_fn):
         raise ValueError(f"{_target_option()} is the loss's second argument: pass a loss that takes (output, "
                          f"targets) with {_loss_option()}, e.g. def loss(output, y): return F.cross_entropy(output, y)")
@@ -505,7 +523,9 @@ def _target_option() -> str:
     return "--target NAME" if in_magic() else "targets="
 
 
-def _loss_option() -> str:
+def _loss_option(named: str | None = None) -> str:
+    if named:
+        return f"--loss {named}" if in_magic() else f"loss_fn={named}"
     return "--loss NAME (a function in the namespace)" if in_magic() else "loss_fn="
 
 

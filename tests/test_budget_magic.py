@@ -1100,6 +1100,40 @@ def test_a_loss_module_takes_the_targets_and_without_them_is_told_to(ip, run_cel
     assert "pass --input a batch" not in said
 
 
+def test_a_loss_class_a_loss_as_the_model_and_targets_of_other_rows_are_refused_saying_so(ip, run_cell):
+    """A trial: --loss ce_cls (nn.CrossEntropyLoss, the class) was a traceback from torch ("'CrossEntropyLoss'
+    object has no attribute 'backward'"); --target with 3 rows beside an --input of 8 was cut without a word;
+    --model ce read "use torch.no_grad() memory tools for inference"; a non-function --loss beside --target
+    showed a def loss(output, batch) template."""
+    run_cell("import torch\nclf = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 3))\n"
+             "x = torch.randn(8, 8)\ny = torch.randint(0, 3, (8,))\nce_cls = torch.nn.CrossEntropyLoss\n"
+             "ce = torch.nn.CrossEntropyLoss()\nlossval = 3.0")
+    for line, said in (
+            ("--model clf --batch 32 --input x --loss ce_cls --target y",
+             "--loss is the class CrossEntropyLoss, not a loss: pass an instance, nn.CrossEntropyLoss() (loss = "
+             "nn.CrossEntropyLoss(), then --loss loss)"),
+            ("--model clf --batch 32 --input x --loss ce --target y3",
+             "--target NAME has 3 rows but --input has 8: the targets are the labels of the example's rows, one row "
+             "each; pass the labels of the same batch"),
+            ("--model ce --batch 32", "ce (a CrossEntropyLoss) has no parameters, so a training step has nothing to "
+                                      "update: estimate the model you train (a loss goes in --loss)"),
+            ("--model clf --batch 32 --input x --loss lossval --target y",
+             "--loss lossval is a float, not a function: define def loss(output, targets): return "
+             "F.cross_entropy(...), or make loss = nn.CrossEntropyLoss(), and pass --loss loss")):
+        run_cell("y3 = y[:3]")
+        with pytest.raises(UsageError) as refused:
+            ip.run_line_magic("memory_budget", line)
+        assert str(refused.value) == said, str(refused.value)
+    import nbaccel  # the API says the same in its own words
+    with pytest.raises(TypeError, match=re.escape("loss_fn is the class CrossEntropyLoss, not a loss: pass an "
+                                                  "instance, nn.CrossEntropyLoss() (loss = nn.CrossEntropyLoss(), "
+                                                  "then loss_fn=loss)")):
+        nbaccel.estimate_memory(ip.user_ns["clf"], batch=32, example=ip.user_ns["x"], loss_fn=ip.user_ns["ce_cls"])
+    with pytest.raises(ValueError, match=re.escape("targets= has 3 rows but example= has 8")):
+        nbaccel.estimate_memory(ip.user_ns["clf"], batch=32, example=ip.user_ns["x"], loss_fn=ip.user_ns["ce"],
+                                targets=ip.user_ns["y3"])
+
+
 @pytest.mark.parametrize("kernel", [False, True], ids=["terminal", "kernel"])
 def test_a_long_estimate_says_what_it_is_doing_and_how_to_stop_it(ip, run_cell, monkeypatch, kernel):
     """A trial: %memory_budget --model ran 98.6 s for a small CNN without a word. Past LONG_ESTIMATE_SECONDS the

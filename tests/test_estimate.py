@@ -553,7 +553,7 @@ def test_on_the_cpu_the_estimate_speaks_of_this_host_and_labels_the_gpu_table_a_
 @pytest.mark.parametrize("model, message", [
     # The dry run once failed on these with "optimizer got an empty parameter list" and a note about a
     # first nn.Linear the model did not have, or with torch's "uninitialized parameter".
-    (torch.nn.ReLU(), r"^model has no parameters, so a training step has nothing to update"),
+    (torch.nn.ReLU(), r"^model \(a ReLU\) has no parameters, so a training step has nothing to update"),
     (torch.nn.Linear(4, 4).requires_grad_(False), r"^model has no trainable parameters \(all requires_grad=False\)"),
     (torch.nn.LazyLinear(4), r"^model has lazy layers .*run one forward pass first \(model\(x\)\)"),
 ])

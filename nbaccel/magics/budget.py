@@ -315,8 +315,10 @@ class BudgetMagics(Magics):
         batch, batch_read = self._batch_arg(args, model, example)
         loss_fn = self._lookup(args.loss, "--loss") if args.loss else None
         if loss_fn is not None and not callable(loss_fn):
+            second = "targets" if args.target else "batch"
             raise UsageError(f"--loss {args.loss} is {a_type(loss_fn)}, not a function: define "
-                             "def loss(output, batch): return F.cross_entropy(...) and pass --loss loss")
+                             f"def loss(output, {second}): return F.cross_entropy(...), or make loss = "
+                             "nn.CrossEntropyLoss(), and pass --loss loss")
         targets = self._lookup(args.target, "--target") if args.target else None
         device = self._device(args.device)
         # A per-GPU memory to compare with (it may be larger than anything in this machine): estimate_memory
