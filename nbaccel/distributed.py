@@ -12,6 +12,7 @@ ranks (it measures the calling rank only). Under ``torch.distributed``, call the
         train_step(ddp_model, batch)
     with nd.memory_budget("6GiB") as b:       # per-rank budget, peak and ok/near/over, gathered as b.report
         train_step(ddp_model, batch)
+    dist.destroy_process_group()              # at the end: without it a rank can abort at exit (gloo, torch 2.13)
 
 or `gather_amp` / `gather` on a result you already have.
 
@@ -462,6 +463,12 @@ class DistributedAmp:
         against = ("against strict fp32" if any(r.get("fp32_median_s") is not None for r in ranks)
                    else "only (no fp32 baseline)")
         lines.append(f"  recipe: {', '.join(dtypes)} {against} on every rank")
+        # A trial read rank 0's "speedup 0.31x" with no reason given: the device, and where the reason is.
+        devices = _by_value({r["rank"]: r.get("device") for r in ranks}).replace("'", "")
+        lines.append(f"  devices: {devices}" if len({r.get('device') for r in ranks}) > 1
+                     else f"  device: {ranks[0].get('device')} on every rank")
+        lines.append("  why, and how it was measured: print(res.local), this rank's own report (its advice, its "
+                     "method)")
         return "\n".join(lines)
 
 
@@ -517,7 +524,7 @@ def profile(directory: str, name: str = "nbaccel", group=None, **kwargs):
             raise ProfileError(f"nbaccel.distributed.profile takes a folder and writes one trace per rank in it, but "
                                f"{folder!r} reads as a file's name: pass the folder, and name= for the files' "
                                f"prefix: profile({os.path.dirname(folder) or '.'!r}, name={stem!r}) writes "
-                               f"{trace_path(os.path.dirname(folder) or '.', stem, 0)} on rank 0")
+                               f"{trace_path(os.path.dirname(folder) or '.', stem)} on this rank (rank {rank()})")
         # On every rank before any starts its profiler, so a folder one rank cannot make (its parent a
         # file, /proc) raises on every rank at once, not after the others waited out the group's timeout.
         # check() refuses such a trace path as profile(trace=...) does, with the path and the fix (an

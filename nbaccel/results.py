@@ -167,4 +167,12 @@ def results_frame(records) -> pd.DataFrame:
         for column, path in headlines.items():
             row[column] = _dig(record, path)
         rows.append(row)
-    return pd.DataFrame(rows)
+    frame = pd.DataFrame(rows)
+    # Ranks and counts stay whole numbers where another kind's row leaves them empty (pandas' NaN would make
+    # them floats: a trial's slowest_rank read 1.0 beside a profile's row).
+    for column in frame.columns:
+        if (column.endswith("_rank") or column == "world_size") and frame[column].dtype.kind == "f":
+            values = frame[column].dropna()
+            if (values == values.round()).all():
+                frame[column] = frame[column].astype("Int64")
+    return frame

@@ -75,7 +75,10 @@ def test_gathered_amp_report_has_both_ranks(ddp_run):
     assert "across 2 rank(s)" in r0["amp_text"] and "max on" in r0["amp_text"]
     # the headline number and the recipe, which the gathered report once left out
     assert report["summary"]["speedup"]["min"] > 0 and re.search(r"speedup +[\d.]+x", r0["amp_text"])
-    assert r0["amp_full"].endswith("recipe: bf16 against strict fp32 on every rank")
+    lines = r0["amp_full"].splitlines()
+    assert lines[-3:] == ["  recipe: bf16 against strict fp32 on every rank", f"  device: {report['ranks'][0]['device']} "
+                          "on every rank", "  why, and how it was measured: print(res.local), this rank's own report "
+                          "(its advice, its method)"]
     # Each rank's own warnings and uncertainty travel with its row and are shown (a user trial: the
     # gathered "speedup 0.92x" stood alone where the rank's own report had three warnings).
     for r in (r0, r1):
@@ -462,6 +465,10 @@ def test_distributed_results_save_and_load_like_the_others(tmp_path):
     assert frame["peak_bytes_max"][2] == mb.report.ranks[0]["peak_bytes"] and frame["over_ranks"][2] == []
     assert frame["window_us_median"][3] == prof.result.window_us and frame["slowest_rank"][3] == 0
     assert len(nbaccel.results_frame(res.report)) == 1  # one report alone, as one result alone
+    # ranks stay whole numbers beside rows that have none (a trial's slowest_rank read 1.0 beside NaN)
+    mixed = nbaccel.results_frame([res.report, res.local])
+    assert str(mixed["slowest_rank"].dtype) == "Int64" and mixed["slowest_rank"][0] == 0
+    assert mixed["slowest_rank"].isna()[1] and str(mixed["world_size"].dtype) == "Int64"
 
 
 def test_budget_report_without_process_group_has_its_one_rank():
@@ -493,7 +500,7 @@ def test_distributed_profile_refuses_a_file_name_for_its_folder(tmp_path):
     with pytest.raises(ProfileError, match=re.escape(
             f"{str(tmp_path / 'runs' / 'prof.json')!r} reads as a file's name: pass the folder, and name= for the "
             f"files' prefix: profile({str(tmp_path / 'runs')!r}, name='prof') writes "
-            f"{tmp_path / 'runs' / 'prof.rank0.pt.trace.json'} on rank 0")):
+            f"{tmp_path / 'runs' / 'prof.rank0.pt.trace.json'} on this rank (rank 0)")):
         with nd.profile(str(tmp_path / "runs" / "prof.json")):
             ran.append(True)
     assert not ran and not (tmp_path / "runs").exists()
@@ -521,9 +528,12 @@ def test_gathered_rows_are_named_as_read_not_by_their_keys():
 
 def test_gathered_amp_without_baseline_says_so_in_its_recipe_line():
     # compare_amp(baseline=False): bf16 rows only, which the recipe line called "against strict fp32".
-    rows = [{"rank": r, "host": "h", "amp_dtype": "bf16", "amp_median_s": 0.01, "warnings": []} for r in (0, 1)]
+    rows = [{"rank": r, "host": "h", "amp_dtype": "bf16", "amp_median_s": 0.01, "warnings": [], "device": f"cuda:{r}"}
+            for r in (0, 1)]
     text = str(nd.DistributedAmp(None, nd.RankReport("compare_amp", rows, nd._AMP_METRICS, nd._AMP_UNITS)))
-    assert text.endswith("recipe: bf16 only (no fp32 baseline) on every rank") and "fp32 median" not in text
+    assert "\n  recipe: bf16 only (no fp32 baseline) on every rank\n" in text and "fp32 median" not in text
+    # a trial read "speedup 0.31x" with no reason: each rank's device, and where the reasons are
+    assert "\n  devices: cuda:0 (rank 0), cuda:1 (rank 1)\n  why, and how it was measured: print(res.local)" in text
 
 
 def test_gathered_amp_text_carries_each_ranks_warnings_and_uncertainty():
