@@ -174,6 +174,15 @@ class Contention:
     others_s: dict = field(default_factory=dict)  # span -> CPU-seconds used by other programs (signed sum)
     method: str = ""
     unknown: str | None = None  # why nothing was measured
+    # The kernel's 1-minute load average as the first span began (``os.getloadavg``): what a window too short
+    # for /proc/stat's ticks can still say about a busy machine (a trial's 65 ms profile on a VM at load 3.9
+    # on 2 cores ranked ops by the time slices they lost, and its method line said only "not measured").
+    load_average: float | None = None
+
+    def likely_contended(self) -> bool:
+        """The load average says more tasks wanted to run than there are cores, counting one of this
+        process's: others most likely took CPU time, though the window was too short to measure it."""
+        return self.load_average is not None and bool(self.cores) and self.load_average >= self.cores + 1
 
     def others_cores(self, span: str | None = None) -> float | None:
         """Cores other programs kept busy on average during ``span`` (all spans: None), or None when
@@ -231,8 +240,10 @@ class Contention:
         if self.others_cores() is None:
             wall = sum(self.wall_s.values())
             # format_seconds: a tiny step read "lasted 0 ms in all" (a user trial) with a fixed unit
+            busy = (f"; the 1-minute load average was {self.load_average:.1f} on {self.cores} cores as they "
+                    "began, so other programs were most likely taking CPU time" if self.likely_contended() else "")
             return (f"contention: not measured ({runs} lasted {format_seconds(wall)} in all, under the "
-                    f"{MIN_WINDOW_S:g} s that /proc/stat's 10 ms ticks need)")
+                    f"{MIN_WINDOW_S:g} s that /proc/stat's 10 ms ticks need{busy})")
         return (f"contention: other programs used {self.figures()}{during}, torch using {self.threads} thread{'s' if self.threads != 1 else ''} "
                 f"({self.method})")
 
@@ -249,6 +260,7 @@ class Contention:
             "contended": self.contended,
             "threshold_cores": MIN_OTHERS_CORES,
             "min_window_s": MIN_WINDOW_S,
+            "load_average": self.load_average,
         }
 
 
@@ -263,9 +275,10 @@ class ContentionMeter:
 
     def __init__(self, reader: ProcReader | None = None, *, busy: Callable[[], float] | None = None,
                  ours: Callable[[], float] | None = None, now: Callable[[], float] = time.perf_counter,
-                 cores: int | None = None, threads: int | None = None):
+                 cores: int | None = None, threads: int | None = None, load: Callable[[], float] | None = None):
         unknown, method = None, "injected readers"
         if busy is None or ours is None:
+            load = load or _load_average
             reader = reader or ProcReader()
             unknown, method = reader.available(), reader.method
             busy, ours = busy or reader.busy, ours or reader.ours
@@ -278,7 +291,7 @@ class ContentionMeter:
 
             self._threads = torch.get_num_threads
             threads = self._threads()
-        self._busy, self._ours, self._now = busy, ours, now
+        self._busy, self._ours, self._now, self._load = busy, ours, now, load
         self.result = Contention(cores=cores, threads=threads, method=method, unknown=unknown)
 
     @contextlib.contextmanager
@@ -286,6 +299,8 @@ class ContentionMeter:
         if self.result.unknown:
             yield
             return
+        if self._load is not None and self.result.load_average is None:
+            self.result.load_average = self._load()
         start = self._read()
         try:
             yield
@@ -309,6 +324,13 @@ class ContentionMeter:
         except (OSError, ValueError, IndexError) as exc:
             self.result.unknown = f"reading /proc failed: {type(exc).__name__}: {exc}"
             return None
+
+
+def _load_average() -> float | None:
+    try:
+        return os.getloadavg()[0]
+    except (AttributeError, OSError):  # Windows; a system that cannot tell
+        return None
 
 
 __all__ = ["Contention", "ContentionMeter", "ProcReader", "MIN_OTHERS_CORES", "MIN_WINDOW_S"]

@@ -6,6 +6,7 @@ Tensor Core misses, unaligned shapes), so the reader can check the advice agains
 
 from __future__ import annotations
 
+import math
 import re
 from typing import TYPE_CHECKING
 
@@ -452,12 +453,35 @@ def advise(result: ProfileResult) -> list[str]:
     emulated = _emulated_bf16(result)
     if emulated:
         notes.append(emulated)
+    busy = _busy_machine_note(result)
+    if busy:
+        notes.append(busy)
     one_function = _one_function_note(result, where)
     if one_function:
         notes.append(one_function)
     if result.device.type == "cpu" and result.loaded is None:
         notes.append("Profiled on the CPU (no CUDA device): times are CPU times; GPU figures need a GPU.")
     return notes
+
+
+def _busy_machine_note(result: ProfileResult) -> str | None:
+    """A profile too short to measure contention, on a machine whose load average says it was busy: how many
+    steps would measure it (a trial: a 65 ms step on a VM at load 3.9 on 2 cores ranked aten::sqrt first at
+    19.6 ms and a row of ops at 7.8 ms each, time slices lost to other programs, with no word on it)."""
+    from .contention import MIN_WINDOW_S
+
+    c = result.contention
+    if c is None or c.unknown or c.others_cores() is not None or not c.likely_contended() or result.loaded:
+        return None
+    wall_s = sum(c.wall_s.values())
+    steps = max(1, result.options.steps)
+    needed = math.ceil(MIN_WINDOW_S / (wall_s / steps)) if wall_s > 0 else None
+    more = (f" {option('steps', needed)} profiles long enough to measure it" if needed and needed > steps
+            else " a longer profile measures it")
+    return (f"The machine's 1-minute load average was {c.load_average:.1f} on the {c.cores} CPU cores this process "
+            f"may use as the profile began, and the profiled {format_seconds(wall_s)} were too short to measure what "
+            f"other programs took ({MIN_WINDOW_S:g} s is needed): op times here can include time slices lost to "
+            f"them.{more}.")
 
 
 # A --stack table whose first row is one function holding this share of the time says how to see its lines.

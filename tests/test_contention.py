@@ -40,9 +40,9 @@ class Script:
         self.ours += self.ours_rate * self.step
         return self.t
 
-    def meter(self, cores=2, threads=2):
+    def meter(self, cores=2, threads=2, load=None):
         return ContentionMeter(busy=lambda: self.busy, ours=lambda: self.ours, now=self.now, cores=cores,
-                               threads=threads)
+                               threads=threads, load=load)
 
 
 def test_busy_others_are_the_busy_time_minus_ours_per_second():
@@ -267,13 +267,13 @@ PROFILE_SETUP = "import torch\nx = torch.randn(32, 32)\nruns = 0"
 PROFILE_CELL = "%%profile_gpu {opts} -r prof\nruns += 1\n(x @ x).sum()\n"
 
 
-def _scripted_profile(run_cell, ip, monkeypatch, busy_rate, opts="", step=0.3, at=None):
+def _scripted_profile(run_cell, ip, monkeypatch, busy_rate, opts="", step=0.3, at=None, load=None):
     """%%profile_gpu through the shell with the meter's readers scripted (ours: 1 core, busy: busy_rate)."""
     script = Script(busy_rate=busy_rate, ours_rate=1.0, step=step)
     if at is not None:  # note how many runs of the cell had happened at each reading
         tick = script.now
         script.now = lambda: (at.append(ip.user_ns["runs"]), tick())[1]
-    monkeypatch.setattr(sys.modules["nbaccel.profile"], "ContentionMeter", lambda: script.meter())
+    monkeypatch.setattr(sys.modules["nbaccel.profile"], "ContentionMeter", lambda: script.meter(load=load))
     run_cell(PROFILE_SETUP)
     _, captured = run_cell(PROFILE_CELL.format(opts=opts))
     return ip.user_ns["prof"], captured
@@ -312,6 +312,28 @@ def test_a_short_profile_says_contention_was_not_measured(run_cell, ip, monkeypa
     assert prof.contention_warning is None
     assert ("contention: not measured (the profiled steps lasted 50 ms in all, under the 0.2 s"
             in unfolded(captured.outputs[0].data["text/plain"].split("method: ")[1]))
+
+
+def test_a_short_profile_on_a_busy_machine_says_so_from_the_load_average(run_cell, ip, monkeypatch):
+    """A trial: a 65 ms step on a VM at load 3.9 on 2 cores ranked the ops by the time slices they lost, and the
+    method line said only "not measured". The kernel's 1-minute load average, read as the span begins, says
+    the machine was busy; the advice says how many steps would measure it. Below cores + 1 nothing is said."""
+    prof, captured = _scripted_profile(run_cell, ip, monkeypatch, busy_rate=2.0, step=0.05, load=lambda: 3.9)
+    method = unfolded(captured.outputs[0].data["text/plain"].split("method: ")[1])
+    assert ("contention: not measured (the profiled steps lasted 50 ms in all, under the 0.2 s that /proc/stat's "
+            "10 ms ticks need; the 1-minute load average was 3.9 on 2 cores as they began, so other programs were "
+            "most likely taking CPU time)") in method
+    note = next(a for a in prof.advice if a.startswith("The machine's 1-minute load average"))
+    assert note == ("The machine's 1-minute load average was 3.9 on the 2 CPU cores this process may use as the "
+                    "profile began, and the profiled 50 ms were too short to measure what other programs took (0.2 s "
+                    "is needed): op times here can include time slices lost to them. --steps 4 profiles long enough "
+                    "to measure it.")
+    assert prof.to_dict()["contention"]["load_average"] == 3.9
+    for load in (2.9, None):  # one runnable task above the cores is this process's own; no reading: no claim
+        prof, captured = _scripted_profile(run_cell, ip, monkeypatch, busy_rate=2.0, step=0.05,
+                                           load=(lambda: load) if load else None)
+        assert not any(a.startswith("The machine's") for a in prof.advice)
+        assert "load average" not in captured.outputs[0].data["text/plain"]
 
 
 def test_the_span_covers_the_active_steps_only_and_is_read_twice(run_cell, ip, monkeypatch):
