@@ -658,13 +658,13 @@ def status(watcher: Watcher | None, device: torch.device, namespace: dict | None
 
 # --- scripts: a context manager --------------------------------------------------------------------
 
+@explains_keywords({"limit": "budget", "size": "budget"})
 class MemoryBudget:
     """``with memory_budget("6GiB") as b: train_step()``: each ``with`` block is one row of
     ``b.history``. Over budget: a `BudgetWarning` (or `BudgetExceeded` with ``strict=True``).
     Out of memory inside: the exception propagates with the explanation added as a note
     (``b.last_oom`` keeps it). ``enforce=True`` caps the CUDA allocator for the block's duration."""
 
-    @explains_keywords({"limit": "budget", "size": "budget"})
     def __init__(self, budget, device="auto", strict: bool = False, enforce: bool = False, near: float = NEAR,
                  namespace: dict | None = None):
         for name, value in (("strict", strict), ("enforce", enforce)):

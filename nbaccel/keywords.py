@@ -15,24 +15,42 @@ import inspect
 
 
 def explains_keywords(meant: dict[str, str] | None = None):
-    """Decorate a function (or a class's ``__init__``) so that an unknown keyword raises a TypeError naming
-    the argument meant: ``meant`` maps other tools' names to ours; otherwise the closest name, if any."""
+    """Decorate a function, or a class (its ``__init__``'s keywords), so that an unknown keyword raises a
+    TypeError naming the argument meant: ``meant`` maps other tools' names to ours; otherwise the closest
+    name, if any. A class is checked in a ``__new__`` added for it, not by wrapping ``__init__``: a warning
+    that ``__init__`` raises with a ``stacklevel`` then still points at the caller's line."""
     meant = meant or {}
 
-    def decorate(func):
+    def decorate(target):
+        func = target.__init__ if isinstance(target, type) else target
         params = inspect.signature(func).parameters
         if any(p.kind is p.VAR_KEYWORD for p in params.values()):
-            return func  # **kwargs takes any name: nothing to check here
+            return target  # **kwargs takes any name: nothing to check here
         names = [n for n, p in params.items() if p.kind is not p.VAR_POSITIONAL and n != "self"]
         known = set(names)
         owner = func.__qualname__.removesuffix(".__init__")
 
-        @functools.wraps(func)
-        def checked(*args, **kwargs):
-            __tracebackhide__ = True  # noqa: F841 - IPython hides this frame: the error is the caller's line
+        def check(kwargs) -> None:
             unknown = [k for k in kwargs if k not in known]
             if unknown:
                 raise TypeError(_words(owner, unknown[0], kwargs[unknown[0]], names, meant))
+
+        if isinstance(target, type):
+            def __new__(cls, *args, **kwargs):  # noqa: N807 - the class's own constructor hook
+                __tracebackhide__ = True  # noqa: F841 - IPython hides this frame: the error is the caller's line
+                check(kwargs)
+                return object.__new__(cls)
+
+            # inspect.signature(cls) reads a class's own __new__ before its __init__: it is told __init__'s, so
+            # signature-based callers (nbaccel.distributed comparing options across ranks) see the real ones.
+            __new__.__signature__ = inspect.signature(func)
+            target.__new__ = __new__
+            return target
+
+        @functools.wraps(func)
+        def checked(*args, **kwargs):
+            __tracebackhide__ = True  # noqa: F841 - IPython hides this frame: the error is the caller's line
+            check(kwargs)
             return func(*args, **kwargs)
 
         return checked

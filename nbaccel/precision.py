@@ -469,6 +469,7 @@ def _default_device_knob():
 
 # --- the recipe as a context --------------------------------------------------------------------
 
+@explains_keywords({"amp": "dtype", "precision": "dtype"})
 class precision:  # noqa: N801 - a context manager used like a function: `with nbaccel.precision("bf16"):`
     """Run the body under a mixed-precision recipe; every flag it set is restored on exit (except
     one the body changed itself, see `apply_recipe`).
@@ -481,7 +482,6 @@ class precision:  # noqa: N801 - a context manager used like a function: `with n
     then ``with amp:`` in a loop), like `nbaccel.profile` and `nbaccel.memory_budget`.
     """
 
-    @explains_keywords({"amp": "dtype", "precision": "dtype"})
     def __init__(self, dtype: str = "auto", device="auto", tf32: bool = True, cudnn_benchmark: bool | None = None,
                  recipe: Recipe | None = None):
         if recipe is not None and not isinstance(recipe, Recipe):

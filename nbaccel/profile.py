@@ -185,6 +185,8 @@ def harness_words(who: str) -> str:
             f"is read, more with {more} -- not the peak of one plain run: a strict budget does not fail it -- run "
             "the cell plainly to check it against the budget")
 
+@explains_keywords({"record_shapes": "shapes", "with_stack": "stack", "profile_memory": "memory", "repeat": "steps",
+                    "active": "steps", "iterations": "steps", "dtype": "amp", "sort_by": "sort", "row_limit": "top"})
 class profile:  # noqa: N801 - a context manager used like a function: `with nbaccel.profile():`
     """Profile the body of a ``with`` block; the analysis is ``.result`` afterwards.
 
@@ -201,8 +203,6 @@ class profile:  # noqa: N801 - a context manager used like a function: `with nba
     ``torch.float16``).
     """
 
-    @explains_keywords({"record_shapes": "shapes", "with_stack": "stack", "profile_memory": "memory", "repeat": "steps",
-                        "active": "steps", "iterations": "steps", "dtype": "amp", "sort_by": "sort", "row_limit": "top"})
     def __init__(self, device="auto", *, top: int = 15, sort: str | None = None, memory: bool = False,
                  shapes: bool = False, stack: bool = False, warmup: int = 0, steps: int = 1,
                  trace: str | None = None, amp: str | None = None, options: ProfileOptions | None = None,

@@ -404,6 +404,10 @@ def test_the_checked_functions_keep_their_signature_and_run_as_before():
     import inspect
 
     assert list(inspect.signature(nbaccel.compare_amp).parameters)[:3] == ["fn", "dtype", "device"]
+    # a class is checked in a __new__ of its own, which must not hide __init__'s signature (nbaccel.distributed
+    # compares the options it binds across ranks) nor add a frame to __init__'s warnings (their stacklevel)
+    assert list(inspect.signature(nbaccel.profile).parameters)[:3] == ["device", "top", "sort"]
+    assert list(inspect.signature(nbaccel.precision).parameters)[0] == "dtype"
     assert nbaccel.compare_amp.__name__ == "compare_amp" and "strict fp32" in nbaccel.compare_amp.__doc__
     with nbaccel.precision(dtype="fp32") as recipe:
         assert recipe.autocast_dtype is None
