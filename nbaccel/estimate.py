@@ -392,6 +392,8 @@ def estimate_memory(model: torch.nn.Module, optimizer="adamw", batch: int = 32, 
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     _check_arguments(batch, example, probe_batches, amp_dtype, loss_fn, name, gpu_counts)
     _check_targets(targets, loss_fn, model, example)
+    if on_progress is not None and not callable(on_progress):
+        raise TypeError(f"on_progress takes a function (words, seconds) or None, got {type(on_progress).__name__}")
     graph = graph_refusal(example, name)
     if graph:  # before the dry run: its error was an index out of bounds deep inside the model
         raise EstimateError(graph)
@@ -438,8 +440,6 @@ def estimate_memory(model: torch.nn.Module, optimizer="adamw", batch: int = 32, 
     # Where the kernels took scratch (`dry_run._OpScratch`), one more probe at twice the larger one's batch
     # (at most half the batch) checks the lines; a miss refits them through the two larger probes.
     check = min(2 * probe_batches[1], batch // 2)
-    if on_progress is not None and not callable(on_progress):
-        raise TypeError(f"on_progress takes a function (words, seconds) or None, got {type(on_progress).__name__}")
     started = time.perf_counter()
     with rng_kept():  # a prediction draws nothing from the user's random streams (dropout, a random input)
         for label, dtype in ((_own_precision(params), None), (f"{DTYPE_NAMES[amp]} AMP", amp)):
