@@ -373,6 +373,20 @@ def test_stack_attributes_ops_to_user_functions(run_cell, ip):
     assert f"Cell In[{defined.execution_count}], line 2: def helper" in sources, sources
 
 
+def test_the_header_names_the_slowest_row_within_the_first_lines(run_cell, ip):
+    """A trial: the text put the slowest op on line 9 (13 under a warning), below a notebook output's fold. The
+    header names the table's first row with its share; under --stack, its source line."""
+    prof, result, captured = profile_cell(run_cell, ip, opts="-r prof")
+    first = prof.top_rows(1)[0]
+    text = captured.outputs[0].data["text/plain"].splitlines()
+    said = f"slowest: {first['name']} ({first['percent']:.1f}% of self CPU time)"
+    assert any(said in line for line in text[:4]), text[:6]
+    assert said.split(": ", 1)[1] in bundle(captured)["text/html"]
+    prof, result, captured = profile_cell(run_cell, ip, opts="-q -r prof --stack")
+    top = prof.top_rows(1)[0]
+    assert f"slowest: {top['source']} (" in unfolded(str(prof)) and top["source"].startswith("Cell In[")
+
+
 def test_stack_says_how_to_see_the_lines_of_a_function_that_holds_the_time(run_cell, ip):
     """A trial: a cell calling train_step(), defined in an earlier cell, got one --stack row, "def train_step",
     at >99.9%, and no word on why its lines were not there."""

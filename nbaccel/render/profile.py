@@ -161,6 +161,9 @@ def header_items(result) -> list[tuple[str, str]]:
     else:
         items.append(("device time", "no GPU: CPU profiled"))
     items.append(("op calls / kernels", f"{h['ops']:,} / {h['kernels']:,}"))
+    slowest = _slowest_item(result)
+    if slowest:
+        items.append(("slowest", slowest))
     if h["flops"]:
         # the total FLOPs too: the table's self FLOPs column sums to it
         items.append(("achieved", f"{si(h['flops_per_s'], 'FLOP/s')} ({si(h['flops'], 'FLOP')}, "
@@ -177,6 +180,18 @@ def header_items(result) -> list[tuple[str, str]]:
     if result.loaded and result.loaded.get("far_apart"):
         items.append(("warning", result.loaded["far_apart"]))
     return items
+
+
+def _slowest_item(result) -> str | None:
+    """The table's first row in a few words, for the header: a trial found the slowest op at line 9 of the
+    text (13 under a warning), below the fold of a notebook's output."""
+    rows = result.top_rows(1) if result.op_count else []
+    if not rows or rows[0].get("percent") is None or rows[0]["percent"] != rows[0]["percent"]:  # NaN: no share
+        return None
+    row = rows[0]
+    name = row.get("source") if result.options.group == "source" and row.get("source") else row["name"]
+    basis = "device time" if result.on_device else "self CPU time"
+    return f"{name} ({format_share(row['percent'] / 100.0)} of {basis})"
 
 
 def skipped_files_text(skipped: dict) -> str:
