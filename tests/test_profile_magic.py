@@ -382,6 +382,10 @@ def test_the_header_names_the_slowest_row_within_the_first_lines(run_cell, ip):
     said = f"slowest: {first['name']} ({first['percent']:.1f}% of self CPU time)"
     assert any(said in line for line in text[:4]), text[:6]
     assert said.split(": ", 1)[1] in bundle(captured)["text/html"]
+    # the share column says whose share it is: "% of total" beside "CPU total" read as that column's (a trial)
+    header = next(line for line in text if line.startswith("operator "))
+    assert "% of self CPU" in header and "% of total" not in header
+    assert ("% of self CPU", "percent") in control(render_profile.widget(prof), "Dropdown", "sort by").options
     prof, result, captured = profile_cell(run_cell, ip, opts="-q -r prof --stack")
     top = prof.top_rows(1)[0]
     assert f"slowest: {top['source']} (" in unfolded(str(prof)) and top["source"].startswith("Cell In[")

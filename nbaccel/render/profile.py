@@ -93,6 +93,8 @@ def visible_columns(result, group: str) -> list[tuple[str, str, str]]:
             label = "op calls"  # every op call the line made (profile_table.group_ops), not how often it ran
         if col == "flops_per_s":
             label = f"FLOP/s ({'device' if result.on_device else 'CPU'} total)"  # the divisor: flops_rate_basis
+        if col == "percent":  # "% of total" beside a CPU total column read as that column's share (a trial)
+            label = "% of device" if result.on_device else "% of self CPU"
         cols.append((col, label, kind))
     return cols
 
