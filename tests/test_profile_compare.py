@@ -86,6 +86,9 @@ def test_times_are_per_step_so_one_step_and_three_compare():
     per_step = sum(r["cpu_self_us"] for r in three.grouped_rows("op")) / 3
     assert c.op_time_us[1] == pytest.approx(per_step)
     assert "1 and 3 recorded steps" in unfolded(str(c))
+    # the column says so: "calls" read "20" beside a profile of 60 calls as the profile's count (a trial)
+    header = next(line for line in str(c).splitlines() if line.lstrip().startswith("op "))
+    assert "calls per step" in header
 
 
 def test_labels_default_to_the_autocast_recipe():

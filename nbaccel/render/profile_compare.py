@@ -174,7 +174,8 @@ def method(c) -> str:
             "and not the other.")
 
 
-_HEADERS = ["op", "category", "calls", "{a}", "{b}", "ratio", "change"]
+# "calls per step": a trial read "1" beside a profile of 2 steps as the profile's count
+_HEADERS = ["op", "category", "calls per step", "{a}", "{b}", "ratio", "change"]
 
 
 def _top(c) -> int:
