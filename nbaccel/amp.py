@@ -37,8 +37,7 @@ import torch
 from .keywords import explains_keywords
 from .amp_advice import advise
 from .amp_result import MEMORY_NOISE_FLOOR, MEMORY_SAME, MIN_RUNS, AmpResult, Variant
-from .cell_reads import (KINDS, and_list, describe, graphs_compiled, objects_read, optimizer_state_bytes,
-                         take_first)
+from .cell_reads import KINDS, and_list, describe, graphs_compiled, objects_read, take_first
 from .contention import ContentionMeter
 from .device import DTYPE_NAMES, DeviceError, device_info, dtype_name, resolve_device
 # overflow_hint: docs/amp.md names it nbaccel.amp.overflow_hint
@@ -51,6 +50,7 @@ from .options import in_magic, option, whole_number
 from .precision import (FP32, Recipe, TorchGlobals, apply_recipe, autocast_in_effect, make_recipe,
                         relaxed_fp32_settings)
 from .quiet import hiding_side_channels
+from .storages import optimizer_state_storage_bytes
 from .snapshot import (Snapshot, SnapshotTooLarge, available_host_memory, distinct_failures, estimate_bytes,
                        refuse_uninitialized_lazy)
 from .tensor_peak import MAX_OPS, CpuTensorPeak
@@ -571,7 +571,7 @@ def compare_amp(
         result.iterators, result.compiled, result.worker_loaders = iterators, compiled, loaders
         if restore:  # restored stateless before every run, each run's step created the state (the kept one too)
             result.optimizer_state_created = [
-                (name, type(opt).__name__, optimizer_state_bytes(opt))
+                (name, type(opt).__name__, optimizer_state_storage_bytes(opt))
                 for name, opt in reads["stateless_optimizers"].items() if opt.state]
         result.compiled_while_timed = compiled_while_timed
         result.contention = runner.meter.result
@@ -666,6 +666,7 @@ def check_compare_amp(*args, **kwargs) -> None:
     `nbaccel.distributed.compare_amp` checks on every rank and agrees on the outcome first: a bad device on
     one rank raised there after the others had started ``fn`` and its collectives, which then waited out the
     process group's timeout (a trial)."""
+    compare_amp.check_keywords(kwargs)  # steps=3: "did you mean repeat=3?", as compare_amp itself says it
     bound = inspect.signature(compare_amp).bind(*args, **kwargs)
     bound.apply_defaults()
     a = bound.arguments

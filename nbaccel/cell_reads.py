@@ -95,14 +95,6 @@ def is_stateless_optimizer(value) -> bool:
             and any(p.requires_grad for group in value.param_groups for p in group["params"]))
 
 
-def optimizer_state_bytes(optimizer) -> int:
-    """The bytes of the tensors an optimizer's state holds (AdamW: exp_avg, exp_avg_sq, step)."""
-    import torch
-
-    return sum(t.numel() * t.element_size() for state in optimizer.state.values() for t in state.values()
-               if isinstance(t, torch.Tensor))
-
-
 KINDS = {"iterators": is_unrewindable, "compiled": is_compiled, "worker_loaders": starts_workers,
          "lazy_modules": has_uninitialized_lazy, "stateless_optimizers": is_stateless_optimizer}
 

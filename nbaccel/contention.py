@@ -174,9 +174,9 @@ class Contention:
     others_s: dict = field(default_factory=dict)  # span -> CPU-seconds used by other programs (signed sum)
     method: str = ""
     unknown: str | None = None  # why nothing was measured
-    # The kernel's 1-minute load average as the first span began (``os.getloadavg``): what a window too short
-    # for /proc/stat's ticks can still say about a busy machine (a trial's 65 ms profile on a VM at load 3.9
-    # on 2 cores ranked ops by the time slices they lost, and its method line said only "not measured").
+    # The kernel's 1-minute load average as the meter was made, just before the measured code (``os.getloadavg``):
+    # what a window too short for /proc/stat's ticks can still say about a busy machine (a trial's 65 ms profile
+    # on a VM at load 3.9 on 2 cores ranked ops by the time slices they lost; its method line said "not measured").
     load_average: float | None = None
 
     def likely_contended(self) -> bool:
@@ -291,16 +291,17 @@ class ContentionMeter:
 
             self._threads = torch.get_num_threads
             threads = self._threads()
-        self._busy, self._ours, self._now, self._load = busy, ours, now, load
-        self.result = Contention(cores=cores, threads=threads, method=method, unknown=unknown)
+        self._busy, self._ours, self._now = busy, ours, now
+        # Read once, here: made before the measured code starts, so the reading is not inside a span
+        # (the kernel's 1-minute average moves little between here and the first span).
+        self.result = Contention(cores=cores, threads=threads, method=method, unknown=unknown,
+                                 load_average=load() if load is not None and not unknown else None)
 
     @contextlib.contextmanager
     def span(self, name: str):
         if self.result.unknown:
             yield
             return
-        if self._load is not None and self.result.load_average is None:
-            self.result.load_average = self._load()
         start = self._read()
         try:
             yield

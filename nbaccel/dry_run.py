@@ -28,7 +28,7 @@ from .memory import cuda_counters, reset_cuda_peak
 from .model_states import make_optimizers
 from .options import in_magic, option
 from .probe_inputs import cut_bags, example_tensors, find_bags
-from .storages import storage_bytes, storage_keys, storages
+from .storages import optimizer_state_storage_bytes, storage_bytes, storage_keys, storages
 
 
 class LiveBytes(AutocastInside, EagerWhileActive, TorchDispatchMode):
@@ -535,8 +535,7 @@ def _probe(model, optimizer, example, batches, device, amp_dtype, loss_fn, name:
     for opt in opts:
         _first_step(opt, replica)
     replica.zero_grad(set_to_none=True)
-    states_measured = sum(storage_bytes(t) for opt in opts for s in opt.state.values()
-                          for t in s.values() if isinstance(t, torch.Tensor))
+    states_measured = sum(optimizer_state_storage_bytes(opt) for opt in opts)
     fwd, kept, bwd, allocated, sparse, sparse_params = [], [], [], [], [], set()
     fwd_traces, bwd_traces, bwd_grads = [], [], []
     step, step_allocated, scratch = [], [], []
@@ -922,29 +921,30 @@ def _layer_misfit(layer: torch.nn.Module, t: torch.Tensor) -> bool:
     return False
 
 
+def _shape(t):
+    """A tensor's shape as an error quotes it, else its type's name."""
+    return tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
+
+
 def _loss_failure(loss_fn, out, targets: tuple, exc: BaseException) -> str:
     """The loss failed on the model's output and the targets: both shapes, and the options that gave them."""
-    def shape(t):
-        return tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
     first = _first_float(out)
-    given = ", ".join(str(shape(t)) for t in targets)
+    given = ", ".join(str(_shape(t)) for t in targets)
     loss, target = ("--loss", "--target") if in_magic() else ("loss_fn=", "targets=")
     return (f"the dry run's loss {getattr(loss_fn, '__name__', type(loss_fn).__name__)}(output, targets) failed: "
-            f"{type(exc).__name__}: {exc}\nthe model's output has shape {shape(first) if first is not None else '?'}, "
+            f"{type(exc).__name__}: {exc}\nthe model's output has shape {_shape(first) if first is not None else '?'}, "
             f"the targets (cut to the probe's rows) {given}: pass {target} what {loss} takes with that output")
 
 
 def _loss_on_batch_failure(loss_fn, out, inputs: tuple, exc: BaseException) -> str:
     """A two-argument loss, given no targets, failed on the model's output and input batch: it most likely
     wants labels, which the model's input cannot carry."""
-    def shape(t):
-        return tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
     first = _first_float(out)
     loss, target = ("--loss", "--target NAME") if in_magic() else ("loss_fn=", "targets=")
     name = getattr(loss_fn, '__name__', type(loss_fn).__name__)
     return (f"the dry run's loss {name} takes two arguments and, with no {target} given, was called as "
             f"{name}(output, the model's input): {type(exc).__name__}: {exc}\nthe model's output has shape "
-            f"{shape(first) if first is not None else '?'}, its input {', '.join(str(shape(t)) for t in inputs)}: "
+            f"{_shape(first) if first is not None else '?'}, its input {', '.join(str(_shape(t)) for t in inputs)}: "
             f"pass the labels {loss} takes as its second argument with {target} (a tensor whose first "
             "dimension is the batch, e.g. y for a classifier's cross-entropy)")
 

@@ -53,6 +53,7 @@ def explains_keywords(meant: dict[str, str] | None = None):
             check(kwargs)
             return func(*args, **kwargs)
 
+        checked.check_keywords = check  # for a caller that checks the arguments before calling (nd.compare_amp)
         return checked
 
     return decorate

@@ -469,6 +469,10 @@ def _default_device_knob():
 
 # --- the recipe as a context --------------------------------------------------------------------
 
+# What `precision` takes: the autocast dtypes, TF32 alone, and strict fp32.
+PRECISION_DTYPES = ("bf16", "fp16", "auto", "tf32", "fp32")
+
+
 @explains_keywords({"amp": "dtype", "precision": "dtype"})
 class precision:  # noqa: N801 - a context manager used like a function: `with nbaccel.precision("bf16"):`
     """Run the body under a mixed-precision recipe; every flag it set is restored on exit (except
@@ -492,9 +496,9 @@ class precision:  # noqa: N801 - a context manager used like a function: `with n
         if cudnn_benchmark is not None and not isinstance(cudnn_benchmark, bool):  # torch's own error came on entry
             raise TypeError(f"{option('cudnn_benchmark')} takes True, False or None (left as it is), got "
                             f"{cudnn_benchmark!r}")
-        if recipe is None and dtype_name(dtype) not in ("bf16", "fp16", "auto", "tf32", "fp32"):
+        if recipe is None and dtype_name(dtype) not in PRECISION_DTYPES:
             # precision() also takes fp32 (strict IEEE fp32, %%amp's baseline): its refusal lists it
-            raise DeviceError(unknown_dtype(dtype_name(dtype), "dtype", ("bf16", "fp16", "auto", "tf32", "fp32")))
+            raise DeviceError(unknown_dtype(dtype_name(dtype), "dtype", PRECISION_DTYPES))
         self.recipe = recipe or make_recipe(dtype, device, tf32, cudnn_benchmark)
         self._active: list = []
 

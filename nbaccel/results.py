@@ -140,7 +140,8 @@ def results_frame(records) -> pd.DataFrame:
     version did not have are left empty, so notebooks saved by older nbaccel still compare.
     """
     import pandas as pd
-    if isinstance(records, (str, dict, ResultMixin)) or (hasattr(records, "to_dict") and not isinstance(records, list)):
+    # one result, or one of nbaccel.distributed's reports (a to_dict() without iteration): a one-row frame
+    if isinstance(records, (str, dict, ResultMixin)) or (hasattr(records, "to_dict") and not hasattr(records, "__iter__")):
         records = [records]  # one result: a one-row frame, not "'AmpResult' object is not iterable"
     if records is None or not hasattr(records, "__iter__"):
         raise TypeError(f"results_frame takes results, their to_dict() or to_json(), or a list of them; got "

@@ -68,4 +68,12 @@ def storage_bytes(t: torch.Tensor) -> int:
     return sum({key: nbytes for key, nbytes, _ in memory_blocks(t)}.values())
 
 
-__all__ = ["dense_parts", "memory_blocks", "storage_bytes", "storage_keys", "storages"]
+def optimizer_state_storage_bytes(optimizer) -> int:
+    """Bytes the tensors of an optimizer's state hold now (AdamW: exp_avg, exp_avg_sq, step), measured: the
+    estimator's dry run reads its probe optimizers' state with it, ``%%amp`` the state the cell's step made."""
+    return sum(storage_bytes(t) for state in optimizer.state.values() for t in state.values()
+               if isinstance(t, torch.Tensor))
+
+
+__all__ = ["dense_parts", "memory_blocks", "optimizer_state_storage_bytes", "storage_bytes", "storage_keys",
+           "storages"]

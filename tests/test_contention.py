@@ -316,7 +316,7 @@ def test_a_short_profile_says_contention_was_not_measured(run_cell, ip, monkeypa
 
 def test_a_short_profile_on_a_busy_machine_says_so_from_the_load_average(run_cell, ip, monkeypatch):
     """A trial: a 65 ms step on a VM at load 3.9 on 2 cores ranked the ops by the time slices they lost, and the
-    method line said only "not measured". The kernel's 1-minute load average, read as the span begins, says
+    method line said only "not measured". The kernel's 1-minute load average, read as the meter is made, says
     the machine was busy; the advice says how many steps would measure it. Below cores + 1 nothing is said."""
     prof, captured = _scripted_profile(run_cell, ip, monkeypatch, busy_rate=2.0, step=0.05, load=lambda: 3.9)
     method = unfolded(captured.outputs[0].data["text/plain"].split("method: ")[1])

@@ -471,6 +471,12 @@ def test_distributed_results_save_and_load_like_the_others(tmp_path):
     assert mixed["slowest_rank"].isna()[1] and str(mixed["world_size"].dtype) == "Int64"
 
 
+def test_nd_compare_amp_refuses_an_unknown_keyword_as_compare_amp_does():
+    # its up-front check on every rank bound the arguments itself: "got an unexpected keyword argument 'steps'"
+    with pytest.raises(TypeError, match=re.escape("compare_amp() has no steps= argument: did you mean repeat=3?")):
+        nd.compare_amp(lambda: None, steps=3)
+
+
 def test_budget_report_without_process_group_has_its_one_rank():
     import torch
 

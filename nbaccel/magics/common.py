@@ -75,10 +75,6 @@ class ProgressNote:
     def __init__(self, shell, every: float = 2.0):
         self.shell, self.every, self._handle, self._said_at = shell, every, None, None
 
-    @property
-    def said(self) -> bool:
-        return self._handle is not None or self._said_at is not None
-
     def say(self, text: str, at: float | None = None) -> None:
         """Show ``text``; ``at`` (seconds so far) paces the terminal's lines (None: always)."""
         from ..render.display import in_kernel

@@ -434,6 +434,11 @@ _ACTIVATIONS = ("activations = what the forward keeps for the backward (tensors 
                 "under autocast also 16-bit weight copies), one dry run per probe batch, fitted linearly:")
 
 
+def _first_upper(text: str) -> str:
+    """A title's first letter upper-cased for a heading (the text output keeps it in a sentence)."""
+    return text[:1].upper() + text[1:]
+
+
 def _phases_title(e) -> str:
     return (f"the step's peak at batch {e.batch} = {_states_words(e)} + the largest of its phases (the backward "
             "frees activations while the gradients appear; 'still held' = activations not yet freed and gradient "
@@ -496,9 +501,9 @@ def estimate_html(e) -> str:
         if unneeded:
             verb = "fits" if len(e.fits) == 1 else "fit"
             title = f"{title} -- not needed: {' and '.join(e.fits)} {verb} in the budget unsharded"
-        sharding = folded(title[0].upper() + title[1:], sharded, open_=not unneeded)
+        sharding = folded(_first_upper(title), sharded, open_=not unneeded)
     how = (f"<div>{esc(_ACTIVATIONS)}</div>" + bullet_list(_fit_lines(e))
-           + f"<div>{esc(_phases_title(e)[0].upper() + _phases_title(e)[1:])}</div>" + bullet_list(_phase_lines(e))
+           + f"<div>{esc(_first_upper(_phases_title(e)))}</div>" + bullet_list(_phase_lines(e))
            + bullet_list(_rss_line(e))
            + f'<div class="muted">compared with: {esc(_compared_with(e))}; method: {esc(e.method)}</div>')
     return wrap(f"<h4>{esc(_estimate_head(e))}</h4>" + note
