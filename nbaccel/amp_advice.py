@@ -11,7 +11,7 @@ from .cell_reads import and_list, take_first
 from .drift import near_zero_figures, relative_words, resolution, share_words, tokens_differ
 from .flops import AUTOCAST_DTYPES, integer_matmuls, padding_worth_it
 from .memory import format_bytes
-from .timing import format_seconds
+from .timing import format_ratio, format_seconds
 from .options import in_magic, option
 from .precision import describe
 
@@ -497,12 +497,13 @@ def advise(result: AmpResult) -> list[str]:
         else:
             if not result.speedup_uncertain and result.times_contended:
                 # Not "is faster": the warning says other programs took the CPU during the timed runs.
-                line = (f"{label} measured {speedup:.2f}x faster, but while other programs competed for the CPU "
-                        "(see the warning): re-run when the machine is quiet before relying on it.")
+                line = (f"{label} measured {format_ratio(speedup, firm=False)} faster, but while other programs "
+                        "competed for the CPU (see the warning): re-run when the machine is quiet before relying on it.")
             elif not result.speedup_uncertain:
                 line = f"{label} is {speedup:.2f}x faster here."
             else:  # the headline says "uncertain"; the advice says why and what settles it (a trial found it silent)
-                line = f"{label} measured {speedup:.2f}x faster, but {_unfirm_timing(result)} before relying on it."
+                line = (f"{label} measured {format_ratio(speedup, firm=False)} faster, but {_unfirm_timing(result)} "
+                        "before relying on it.")
             notes.append(line + _without_units(info, dtype))
     unaligned = _significant_unaligned(result)
     dims = sorted({d for m in unaligned for d in m["unaligned"] if padding_worth_it(d)})[:6]

@@ -158,6 +158,17 @@ class AmpResult(ResultMixin):
                                               or speedup_is_uncertain(self.baseline.times, self.amp.times))
 
     @property
+    def speedup_span(self) -> tuple[float, float] | None:
+        """Where the ratio could lie on a re-run when the IQRs overlap (`speedup_uncertain` with enough runs):
+        fp32's first quartile over the recipe's third, to fp32's third over the recipe's first. Overlapping
+        IQRs put 1x inside it, which is the point: a trial read "speedup 17.78x (uncertain, contended)" as a
+        figure good to two decimals."""
+        if not self.speedup_uncertain or too_few_runs(self) or self.amp.times.q1 <= 0 or self.amp.times.q3 <= 0:
+            return None
+        base, amp = self.baseline.times, self.amp.times
+        return base.q1 / amp.q3, base.q3 / amp.q1
+
+    @property
     def memory_saving(self) -> float | None:
         """Fraction of the fp32 peak that the recipe saved (0.3 = 30 % less; negative = more), from the
         median peaks as measured, whatever the size: see `memory_firm` before reading much into it."""

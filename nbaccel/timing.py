@@ -113,6 +113,14 @@ def speedup_is_uncertain(base: Stats, other: Stats) -> bool:
     return other.q1 <= base.q3 and base.q1 <= other.q3 and abs(base.median - other.median) > 0
 
 
+def format_ratio(value: float, firm: bool = True) -> str:
+    """A speedup as shown: two decimals when firm ("1.38x"), two significant digits when a flag qualifies it
+    ("18x", "1.1x", "0.31x"): the second decimal of an uncertain or contended ratio is noise."""
+    if firm:
+        return f"{value:.2f}x"
+    return f"{value:.0f}x" if value >= 9.5 else f"{value:#.2g}x"
+
+
 def format_seconds(seconds: float) -> str:
     """Three significant digits in the largest unit that keeps the number at least 1: ``0.9996``
     is "1 s" (not "1e+03 ms"), 1500 s is "1500 s" (not "1.5e+03 s")."""

@@ -1322,6 +1322,11 @@ def test_on_cell_error_hears_of_an_interrupt_too():
     with pytest.raises(KeyboardInterrupt):
         nbaccel.compare_amp(cell, repeat=2, warmup=0, on_cell_error=lambda exc, where: seen.append(where))
     assert seen == ["in a bf16 autocast run (earlier bf16 autocast and fp32 runs had succeeded)"]
+    box.runs = 0  # without on_cell_error the note says it as the magic does: interrupted, not "raised"
+    with pytest.raises(KeyboardInterrupt) as info:
+        nbaccel.compare_amp(cell, repeat=2, warmup=0)
+    assert info.value.__notes__[0].startswith("nbaccel.compare_amp: interrupted (KeyboardInterrupt) in a bf16 "
+                                              "autocast run (earlier"), info.value.__notes__
 
 
 def test_on_first_run_gets_the_measured_first_run_and_the_runs_to_come():
@@ -1647,7 +1652,7 @@ def test_an_uncertain_speedup_is_named_with_what_settles_it(cpu_with_bf16_and_fp
     x, w = torch.randn(64, 64), torch.randn(64, 64)
     result = _slower_under_autocast([0.012, 0.016, 0.011, 0.015], [0.010, 0.012, 0.014, 0.011], lambda: x @ w)
     assert result.speedup >= 1.05 and result.speedup_uncertain and result.contention_warning is None
-    assert f"bf16 autocast measured {result.speedup:.2f}x faster, but the two variants' IQRs overlap (see the " \
+    assert f"bf16 autocast measured {result.speedup:#.2g}x faster, but the two variants' IQRs overlap (see the " \
            "warning): re-run with a larger repeat before relying on it." in result.advice
     assert not any("faster here" in a for a in result.advice)
     # Saved and loaded as a table, the hedge stays (a trial: speedup_claimed True, nothing said of "uncertain").
@@ -1656,7 +1661,18 @@ def test_an_uncertain_speedup_is_named_with_what_settles_it(cpu_with_bf16_and_fp
     # In the HTML the flag is in words, not only orange (nbaccel's <style> is stripped on GitHub).
     from nbaccel.render import amp as render_amp
 
-    assert f'{result.speedup:.2f}x</div><div class="muted warn">(uncertain)</div>' in render_amp.html(result)
+    # Two significant digits and the span the IQRs allow, which holds 1x (a trial read an uncertain
+    # "17.78x" as a figure good to two decimals).
+    base, amp = result.baseline.times, result.amp.times
+    low, high = result.speedup_span
+    assert (low, high) == (pytest.approx(base.q1 / amp.q3), pytest.approx(base.q3 / amp.q1)) and low < 1 < high
+    flag = f"uncertain: {low:#.2g}x-{high:#.2g}x across the IQRs"
+    assert f'{result.speedup:#.2g}x</div><div class="muted warn">({flag})</div>' in render_amp.html(result)
+    assert str(result).splitlines()[0].split(": ", 2)[2].startswith(f"speedup {result.speedup:#.2g}x ({flag})")
+    # A firm speedup keeps its two decimals, and has no span.
+    firm = _slower_under_autocast([0.020, 0.021, 0.020, 0.021], [0.010, 0.011, 0.010, 0.011], lambda: x @ w)
+    assert not firm.speedup_uncertain and firm.speedup_span is None
+    assert f"speedup {firm.speedup:.2f}x," in str(firm).splitlines()[0]
 
 
 def test_nothing_cast_is_the_verdict_however_noisy_the_times():

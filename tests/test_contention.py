@@ -221,8 +221,8 @@ def test_amp_warns_with_the_figures_per_variant_in_text_html_and_widget():
     assert result.contention_warning == warning
     text = unfolded(result)
     assert "WARNING: " + warning in text
-    assert "speedup 3.00x (contended)" in text
-    assert "is 3.00x faster here" not in text and "measured 3.00x faster, but while other programs" in text
+    assert "speedup 3.0x (contended)" in text
+    assert "is 3.00x faster here" not in text and "measured 3.0x faster, but while other programs" in text
     method = text.split("method: ")[1]
     assert "contention: other programs used 0.7 of the 2 CPU cores" in method and "torch using 2 threads" in method
     html = result._repr_html_()

@@ -6,7 +6,7 @@ from ..amp_result import MEMORY_NOISE_FLOOR, memory_ranges, too_few_runs
 from ..drift import near_zero_figures, relative_words, resolution, share_words, token_figures
 from ..memory import byte_range, format_bytes
 from ..options import option
-from ..timing import format_seconds
+from ..timing import format_ratio, format_seconds
 from .common import bullet_list, esc, labelled, prose, si, table, text_table, wrap
 
 
@@ -37,8 +37,16 @@ def _no_torch_ops(result) -> bool:
 
 
 def _speedup_flags(result) -> list[str]:
-    """What qualifies a measured speedup: its variants' IQRs overlap, other programs took the CPU."""
-    return [w for w, on in (("uncertain", result.speedup_uncertain), ("contended", _contended(result))) if on]
+    """What qualifies a measured speedup: its variants' IQRs overlap (with the span they allow), other
+    programs took the CPU."""
+    span = result.speedup_span
+    uncertain = f"uncertain: {format_ratio(span[0], firm=False)}-{format_ratio(span[1], firm=False)} across the IQRs" if span else "uncertain"
+    return [w for w, on in ((uncertain, result.speedup_uncertain), ("contended", _contended(result))) if on]
+
+
+def speedup_figure(result) -> str:
+    """The measured speedup with the precision its flags allow (`ratio`)."""
+    return format_ratio(result.speedup, firm=not _speedup_flags(result))
 
 
 def headline(result) -> str:
@@ -52,7 +60,7 @@ def headline(result) -> str:
             parts.append(f"speedup not claimed ({_too_few(result)})")
         else:
             flags = _speedup_flags(result)
-            parts.append(f"speedup {result.speedup:.2f}x" + (f" ({', '.join(flags)})" if flags else ""))
+            parts.append(f"speedup {speedup_figure(result)}" + (f" ({', '.join(flags)})" if flags else ""))
     memory = memory_summary(result)
     if memory:
         parts.append(" ".join(memory))
@@ -344,7 +352,7 @@ def _kpis(result) -> str:
         flags = _speedup_flags(result)
         flag = f'<div class="muted warn">({", ".join(flags)})</div>' if flags else ""
         kpis.append(f'<div class="kpi"><div class="muted">{label}</div><div class="{cls} nbaccel-speedup">'
-                    f'{result.speedup:.2f}x</div>{flag}</div>')
+                    f'{speedup_figure(result)}</div>{flag}</div>')
     memory = memory_summary(result)
     if memory:
         label, value = memory
