@@ -613,7 +613,9 @@ def compare_amp(
                             f"{and_list(iterators)}, which the runs used up (the note above)" if restore and used_up
                             else "your variables and torch's settings are as before the call" if restore
                             else "torch's settings are as before the call (restore=False: variables keep what the runs did)")
-                add_note(exc, f"nbaccel.compare_amp: raised {cell.where(order)}; {restored}")
+                # "interrupted" for Ctrl-C, as the magic says it: "raised in the fp32 run" read as a bug (a trial)
+                what = "interrupted (KeyboardInterrupt)" if isinstance(exc, KeyboardInterrupt) else "raised"
+                add_note(exc, f"nbaccel.compare_amp: {what} {cell.where(order)}; {restored}")
                 hint = failure_hint(exc, dev)
                 if hint:
                     add_note(exc, f"nbaccel.compare_amp: {hint}")

@@ -592,8 +592,13 @@ class profile:  # noqa: N801 - a context manager used like a function: `with nba
             done = (f"only {active} of the {self.options.steps} active steps {'was' if active == 1 else 'were'} completed"
                     if active
                     else "so no active step was completed")
+            # With none at all, the loop is what is missing (a trial's with-block ran its code once, no loop):
+            # the fix in code, not only the count.
+            how = ("; call prof.step() at the end of each iteration of a loop that runs the code "
+                   f"{needed} times or more (`for _ in range({needed}): ...; prof.step()`), or drop warmup= and "
+                   "steps= to profile the block once" if not self.steps_done else "")
             raise ProfileError(f"profile(warmup={self.options.warmup}, steps={self.options.steps}) needs {needed} "
-                               f"calls to .step(); got {self.steps_done}, {done}")
+                               f"calls to .step(); got {self.steps_done}, {done}{how}")
         try:
             self.result = self._build()
             self._state = "done"

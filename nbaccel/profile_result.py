@@ -288,6 +288,13 @@ class ProfileResult(ResultMixin):
         rows = pt.sort_rows(self.grouped_rows(), pt.SORT_COLUMNS.get(self.default_sort, self.default_sort))
         return rows[:top] if top else rows
 
+    def slowest_row(self) -> dict | None:
+        """The row with the largest share of the time the percent column is of (device time on a GPU
+        profile, self CPU time otherwise), whatever ``--sort`` ordered the table by: a trial's
+        ``--sort cpu`` header named aten::dropout (0.1%) as the slowest while aten::bernoulli_ held 25%."""
+        rows = pt.sort_rows(self.grouped_rows(), pt.SORT_COLUMNS["device" if self.on_device else "self"])
+        return rows[0] if rows else None
+
     def grouped(self, group: str) -> pd.DataFrame:
         """The unsorted table for one grouping, computed once (the widget regroups often)."""
         if group not in self._grouped:

@@ -391,6 +391,18 @@ def test_the_header_names_the_slowest_row_within_the_first_lines(run_cell, ip):
     assert f"slowest: {top['source']} (" in unfolded(str(prof)) and top["source"].startswith("Cell In[")
 
 
+def test_the_slowest_row_is_by_time_whatever_the_sort(run_cell, ip):
+    """A trial's --sort cpu header named aten::dropout (0.1% of self CPU time) "slowest" because it headed the
+    table by CPU total, while aten::bernoulli_ held 25%: the header's slowest row is by self time."""
+    for sort in ("calls", "cpu"):
+        prof, result, captured = profile_cell(run_cell, ip, opts=f"-q -r prof --sort {sort}")
+        by_self = max(prof.top_rows(), key=lambda row: row["cpu_self_us"])
+        assert f"slowest: {by_self['name']} ({by_self['percent']:.1f}% of self CPU time)" in unfolded(str(prof))
+        assert prof.slowest_row()["name"] == by_self["name"]
+        if sort == "calls":  # the table's first row is another op here, so the check above can fail
+            assert prof.top_rows(1)[0]["name"] != by_self["name"]
+
+
 def test_stack_says_how_to_see_the_lines_of_a_function_that_holds_the_time(run_cell, ip):
     """A trial: a cell calling train_step(), defined in an earlier cell, got one --stack row, "def train_step",
     at >99.9%, and no word on why its lines were not there."""
@@ -1405,9 +1417,12 @@ def test_a_profile_object_used_twice_counts_each_use_on_its_own():
                 torch.ones(4).sum()
                 prof.step()
         assert prof.steps_done == 3 and prof.result is not None
-    with pytest.raises(ProfileError, match=r"needs 3 calls to \.step\(\); got 0"):
+    with pytest.raises(ProfileError, match=r"needs 3 calls to \.step\(\); got 0") as info:
         with prof:
             torch.ones(4).sum()
+    # with no call at all the fix is the loop, said in code (a trial was told only the count)
+    assert "call prof.step() at the end of each iteration" in str(info.value)
+    assert "for _ in range(3): ...; prof.step()" in str(info.value)
 
 
 def test_wall_time_covers_the_code_not_only_its_ops():

@@ -185,12 +185,11 @@ def header_items(result) -> list[tuple[str, str]]:
 
 
 def _slowest_item(result) -> str | None:
-    """The table's first row in a few words, for the header: a trial found the slowest op at line 9 of the
-    text (13 under a warning), below the fold of a notebook's output."""
-    rows = result.top_rows(1) if result.op_count else []
-    if not rows or rows[0].get("percent") is None or rows[0]["percent"] != rows[0]["percent"]:  # NaN: no share
+    """The slowest row in a few words, for the header: a trial found the slowest op at line 9 of the
+    text (13 under a warning), below the fold of a notebook's output. By time, not by ``--sort``."""
+    row = result.slowest_row() if result.op_count else None
+    if not row or row.get("percent") is None or row["percent"] != row["percent"]:  # NaN: no share
         return None
-    row = rows[0]
     name = row.get("source") if result.options.group == "source" and row.get("source") else row["name"]
     basis = "device time" if result.on_device else "self CPU time"
     return f"{name} ({format_share(row['percent'] / 100.0)} of {basis})"
