@@ -311,6 +311,14 @@ class ProfileResult(ResultMixin):
                          stack=self.options.stack)
         return pt.select(self.grouped(group or self.options.group), sort or self.default_sort, ascending, filter, top)
 
+    def table_text(self, group: str | None = None, sort: str | None = None, ascending: bool = False,
+                   filter: str = "", top: int | None = None) -> str:  # noqa: A002 - the user's word
+        """`table` laid out as the text report's table (full names, aligned columns), to print in a
+        terminal or a script: ``print(prof.table_text(filter="mm", top=5))``."""
+        from .render.profile import table_text
+
+        return table_text(self, group=group, sort=sort, ascending=ascending, filter=filter, top=top)
+
     @property
     def ops(self) -> pd.DataFrame:
         """Every operator row, grouped as the options asked, in the default sort order."""

@@ -17,6 +17,7 @@ from nbaccel import op_attribution
 from nbaccel import profile_table as pt
 from nbaccel.device import DeviceInfo
 from nbaccel.profile import ProfileOptions, ProfileResult
+from nbaccel.profile_options import ProfileError
 from nbaccel.trace_io import split_by_step, write_step_traces
 from nbaccel.render import profile as render_profile
 
@@ -421,3 +422,25 @@ def test_the_coverage_note_stands_beside_a_rate_only():
     assert note({"flops_calls": 1, "calls": 3, "flops_per_s": 2e10}) == " (1 of 3 calls)"
     assert note({"flops_calls": 1, "calls": 3, "flops_per_s": float("nan")}) == ""
     assert note({"flops_calls": 3, "calls": 3, "flops_per_s": 2e10}) == ""
+
+
+def test_table_text_prints_a_filtered_table_with_full_names_and_what_it_left_out():
+    """A trial's print(prof.table(filter="mm")) in a terminal was a DataFrame squashed to its width, names cut
+    and columns folded; table_text lays the same rows out as the report does, and says what it kept."""
+    r = cuda_result()
+    total = len(r.table())
+    mm = r.table(filter="mm|relu")
+    assert len(mm) == 2 and total == 3
+    lines = r.table_text(filter="mm|relu").splitlines()
+    assert lines[0] == "the 2 rows matching 'mm|relu' (3 in all) by self device (grouped by op):"
+    assert lines[1].split()[:2] == ["operator", "calls"] and "% of device" in lines[1]
+    assert [line.split()[0] for line in lines[3:]] == list(mm["name"])  # full names, the table's order
+    one = r.table_text(filter="mm|relu", top=1).splitlines()
+    assert one[0].startswith("top 1 of the 2 rows matching") and len(one) == 4
+    assert r.table_text(filter="relu").startswith("the 1 row matching 'relu' (3 in all)")
+    assert r.table_text(sort="calls", top=2, ascending=True).splitlines()[0] == \
+        f"top 2 of {total} rows by calls ascending (grouped by op):"
+    assert r.table_text(filter="no such op") == \
+        f"no row of the {total} (grouped by op) has a name or source line matching 'no such op'"
+    with pytest.raises(ProfileError, match="top must be at least 1"):  # table()'s checks, not a pandas error
+        r.table_text(top=0)

@@ -430,6 +430,33 @@ def _table_text(result) -> list[str]:
                        left=tuple(i for i, c in enumerate(cols) if c[2] == "text"))]
 
 
+def table_text(result, group: str | None = None, sort: str | None = None, ascending: bool = False,
+               filter: str = "", top: int | None = None) -> str:  # noqa: A002 - table()'s word
+    """`ProfileResult.table` as the text report prints its table, for a terminal or a script: a trial's
+    ``print(prof.table(filter="mm"))`` came out as a DataFrame squashed to the terminal's width, with
+    names cut and columns folded. The arguments are `table`'s, checked by it."""
+    from ..profile_options import table_sort
+
+    frame = result.table(group=group, sort=sort, ascending=ascending, filter=filter, top=top)
+    group = group or result.options.group
+    total = len(result.grouped(group))
+    order = f"by {sort_label(table_sort(sort) or result.default_sort)}{' ascending' if ascending else ''}"
+    wanted = (filter or "").strip()
+    if not wanted:
+        title = f"top {len(frame)} of {total} rows {order} (grouped by {group}):"
+    elif frame.empty:
+        return f"no row of the {total} (grouped by {group}) has a name or source line matching {wanted!r}"
+    else:
+        matched = len(result.table(group=group, filter=filter)) if top else len(frame)
+        rows = f"{matched} rows" if matched > 1 else "1 row"
+        shown = f"the {rows}" if matched == len(frame) else f"top {len(frame)} of the {rows}"
+        title = f"{shown} matching {wanted!r} ({total} in all) {order} (grouped by {group}):"
+    cols = visible_columns(result, group)
+    return "\n".join([title,
+                       text_table([c[1] for c in cols], _rows(result, frame, cols),
+                                  left=tuple(i for i, c in enumerate(cols) if c[2] == "text"))])
+
+
 def _category_text(result) -> list[str]:
     rows = category_rows(result)
     top = max((r[3] for r in rows), default=1.0) or 1.0
