@@ -205,8 +205,8 @@ class profile:  # noqa: N801 - a context manager used like a function: `with nba
 
     def __init__(self, device="auto", *, top: int = 15, sort: str | None = None, memory: bool = False,
                  shapes: bool = False, stack: bool = False, warmup: int = 0, steps: int = 1,
-                 trace: str | None = None, amp: str | None = None, options: ProfileOptions | None = None,
-                 contention_meter: ContentionMeter | None = None):
+                 trace: str | None = None, amp: str | None = None, filter: str = "",  # noqa: A002
+                 options: ProfileOptions | None = None, contention_meter: ContentionMeter | None = None):
         if isinstance(device, int) and not isinstance(device, bool) and options is None:
             # profile(10) meant top=10 (a trial) and was "unknown device '10'": the device is the one positional.
             if device < 1:  # torch's way to write cuda:0, and no count a profile takes (a review)
@@ -225,7 +225,7 @@ class profile:  # noqa: N801 - a context manager used like a function: `with nba
             trace = os.fspath(trace)
         self.options = options or ProfileOptions(top=top, sort=sort, memory=memory, shapes=shapes, stack=stack,
                                                  warmup=warmup, steps=steps, trace=trace, amp=amp,
-                                                 device=str(device))
+                                                 device=str(device), filter=filter)
         check_options(self.options)  # what needs no machine fails here; the rest when the block starts
         if self.options.trace:
             _warn_if_shared_trace(self.options.trace)

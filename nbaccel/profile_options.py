@@ -46,6 +46,9 @@ class ProfileOptions:
     trace: str | None = None
     amp: str | None = None
     device: str = "auto"
+    # Rows of the shown table: names (or source lines) holding this text or matching it as a regex. A view,
+    # like top: result.ops and table() keep every row, and the header's figures are the whole profile's.
+    filter: str = ""  # noqa: A003 - the table()'s and the widget's word
     # The sort word as typed (``gpu``, ``self_cuda_time_total``), for refusals that name what the user
     # wrote rather than the key it was read as; not an option of its own.
     sort_as_typed: str | None = field(default=None, init=False, repr=False, compare=False)
@@ -144,14 +147,18 @@ def table_sort(sort):
     return sort if sort in pt.COLUMNS else sort_name(sort)
 
 
+def check_filter(text) -> None:
+    if not isinstance(text, str):
+        raise ProfileError(f"{option('filter')} takes the text to look for in the names, got {text!r}")
+
+
 def check_table_args(group, sort, ascending, filter, top) -> None:  # noqa: A002 - the user's word
     """Refuse, with `ProfileError`, what ``table()`` could not mean -- for a live profile and a merged
     multi-rank one alike. Unchecked, ``top=-1`` reached pandas' ``head(-1)`` (all rows but the
     last), ``top=True`` became one row and ``filter=3`` an AttributeError deep in the filter."""
     if top is not None:
         whole_number("top", top, 1, ProfileError)
-    if not isinstance(filter, str):
-        raise ProfileError(f"{option('filter')} takes the text to look for in the names, got {filter!r}")
+    check_filter(filter)
     if group is not None and group not in pt.GROUPS:
         raise ProfileError(f"{option('group', group)} is not a grouping; use one of: {', '.join(pt.GROUPS)}")
     if sort is not None and sort not in pt.SORT_COLUMNS and sort not in pt.COLUMNS:
@@ -193,6 +200,7 @@ def check_options(options: ProfileOptions) -> None:
     (``nbaccel.profile(top=0)`` fails there, as ``nbaccel.precision("fp8")`` does, not at the
     ``with`` line), and again by `validate`."""
     whole_number("top", options.top, 1, ProfileError)
+    check_filter(options.filter)
     whole_number("steps", options.steps, 1, ProfileError, why=": the profile needs an active step")
     whole_number("warmup", options.warmup, 0, ProfileError)
     for flag in ("memory", "shapes", "stack"):  # memory="no" reached torch's ProfilerConfig as a type error

@@ -282,10 +282,12 @@ class ProfileResult(ResultMixin):
         return self._grouped[key]
 
     def top_rows(self, top: int | None = None) -> list[dict]:
-        """The displayed table: rows of the options' grouping in the default sort, first ``top``.
+        """The displayed table: rows of the options' grouping that its --filter keeps, in the default sort,
+        first ``top``.
 
-        The same rows, in the same order, as ``table(top=top)``, without pandas."""
-        rows = pt.sort_rows(self.grouped_rows(), pt.SORT_COLUMNS.get(self.default_sort, self.default_sort))
+        The same rows, in the same order, as ``table(filter=options.filter, top=top)``, without pandas."""
+        rows = pt.filter_rows(self.grouped_rows(), self.options.filter)
+        rows = pt.sort_rows(rows, pt.SORT_COLUMNS.get(self.default_sort, self.default_sort))
         return rows[:top] if top else rows
 
     def slowest_row(self) -> dict | None:

@@ -196,26 +196,38 @@ def sort_table(table: pd.DataFrame, column: str, ascending: bool = False) -> pd.
 _REGEX_SIGNS = set("|()[]{}*+?^$\\")
 
 
-def filter_table(table: pd.DataFrame, text: str) -> pd.DataFrame:
-    """Rows whose name (or source line) contains ``text``, case-insensitive, or, where ``text`` reads as a
+def name_matcher(text: str):
+    """Whether a name (or source line) holds ``text``, case-insensitive, or, where ``text`` reads as a
     regular expression, matches it. A lab trial typed ``aten::(mm|addmm)`` and was told no operator matches.
     Both, not the regex alone: a source line's ``model.py(12)`` is a regex that no longer matches itself."""
-    text = (text or "").strip()
-    if not text:
-        return table
+    text = text.strip()
     pattern = None
     if _REGEX_SIGNS & set(text):
         try:
             pattern = re.compile(text, re.IGNORECASE)
         except re.error:  # "[" or "c++": plain text only
             pass
+    return lambda s: text.lower() in s.lower() or (pattern is not None and pattern.search(s) is not None)
+
+
+def filter_table(table: pd.DataFrame, text: str) -> pd.DataFrame:
+    """Rows whose name or source line `name_matcher` matches (each on its own, so "^" and "$" anchor at
+    the name's ends); all rows for an empty ``text``."""
+    if not (text or "").strip():
+        return table
+    matches = name_matcher(text)
     keep = np.zeros(len(table), dtype=bool)
-    for column in ("name", "source"):  # each on its own, so "^" and "$" anchor at the name's ends
-        hay = table[column].fillna("").astype(str)
-        keep |= hay.str.lower().str.contains(text.lower(), regex=False).to_numpy()
-        if pattern is not None:
-            keep |= hay.map(lambda s: pattern.search(s) is not None).to_numpy(dtype=bool)
+    for column in ("name", "source"):
+        keep |= table[column].fillna("").astype(str).map(matches).to_numpy(dtype=bool)
     return table[keep].reset_index(drop=True)
+
+
+def filter_rows(rows: list[dict], text: str) -> list[dict]:
+    """`filter_table` over row dicts."""
+    if not (text or "").strip():
+        return rows
+    matches = name_matcher(text)
+    return [r for r in rows if any(isinstance(r.get(c), str) and matches(r[c]) for c in ("name", "source"))]
 
 
 def select(frame: pd.DataFrame, sort: str, ascending: bool = False, filter: str = "",  # noqa: A002

@@ -403,6 +403,33 @@ def test_the_slowest_row_is_by_time_whatever_the_sort(run_cell, ip):
             assert prof.top_rows(1)[0]["name"] != by_self["name"]
 
 
+def test_filter_shows_only_the_matching_rows_in_text_html_and_widget(run_cell, ip):
+    """Outside JupyterLab (the HTML and text fallbacks) no filter box exists: --filter narrows the shown table
+    there, and opens the widget's box with it. The header stays the whole profile's."""
+    prof, result, captured = profile_cell(run_cell, ip, opts="-r prof --filter aten::(mm|addmm|linear)")
+    names = [row["name"] for row in prof.top_rows()]
+    assert sorted(names) == ["aten::addmm", "aten::linear", "aten::mm"]
+    total = len(prof.grouped_rows())
+    assert total > 10 and len(prof.ops) == total  # a view: ops and table() keep every row
+    text = captured.outputs[0].data["text/plain"]
+    assert (f"the 3 rows matching 'aten::(mm|addmm|linear)' ({total} in all) by self CPU (grouped by op):"
+            in text)
+    table = text.split("(grouped by op):\n", 1)[1].split("\n\n", 1)[0].splitlines()[2:]
+    assert [line.split()[0] for line in table] == names
+    assert f"slowest: {prof.slowest_row()['name']}" in unfolded(text)
+    html = bundle(captured)["text/html"]
+    assert first_column(html) == names and "The 3 rows matching" in html_unescape(html)
+    assert control(render_profile.widget(prof), "Text", "filter").value == "aten::(mm|addmm|linear)"
+    # --top still limits, and a filter that keeps nothing says so instead of an empty table
+    prof, _, captured = profile_cell(run_cell, ip, opts="-r prof --filter aten:: --top 2")
+    assert f"top 2 of the {len(prof.top_rows())} rows matching 'aten::' ({total} in all)" in str(prof)
+    prof, _, captured = profile_cell(run_cell, ip, opts="-r prof --filter conv2d")
+    said = f"no row of the {total} (grouped by op) has a name or source line matching 'conv2d'"
+    assert said in captured.outputs[0].data["text/plain"] and said in html_unescape(bundle(captured)["text/html"])
+    with pytest.raises(nbaccel.ProfileError, match="filter takes the text to look for in the names, got 3"):
+        nbaccel.profile(filter=3)
+
+
 def test_stack_says_how_to_see_the_lines_of_a_function_that_holds_the_time(run_cell, ip):
     """A trial: a cell calling train_step(), defined in an earlier cell, got one --stack row, "def train_step",
     at >99.9%, and no word on why its lines were not there."""

@@ -32,6 +32,9 @@ class ProfileMagics(Magics):
     @argument("--sort", default=None, metavar="{" + ",".join(SORT_COLUMNS) + "}",  # read by sort_name, any case
               help="cpu (CPU total), self (self CPU), device (self device time), calls, memory (self bytes), flops; "
                    "default: device on CUDA, else self")
+    @argument("--filter", default="", metavar="TEXT",
+              help="show only the table rows whose op name (or source line) holds TEXT, or matches it as a regex "
+                   "(aten::(mm|addmm)); the header's figures stay the whole profile's")
     @argument("--memory", action="store_true", help="record memory allocated per op (profile_memory)")
     @argument("--shapes", action="store_true", help="group the table by op and input shapes")
     @argument("--stack", action="store_true", help="record Python stacks (with_stack); group by source line")
@@ -77,7 +80,7 @@ class ProfileMagics(Magics):
         # ProfileOptions reads bfloat16, float16, half as the recipe names them; validate refuses the rest
         options = ProfileOptions(top=args.top, sort=args.sort, memory=args.memory, shapes=args.shapes,
                                  stack=args.stack, warmup=args.warmup, steps=args.steps, trace=args.trace,
-                                 amp=args.amp, device=args.device)
+                                 amp=args.amp, device=args.device, filter=args.filter)
         try:
             nested = _nested(PROFILE_MAGIC)  # run from inside a with nbaccel.profile() block
             if nested is not None:

@@ -420,14 +420,33 @@ def kernel_rows(result, top=15):
 
 # --- text ------------------------------------------------------------------------------------------
 
-def _table_text(result) -> list[str]:
-    group = result.options.group
+def table_title(shown: int, matched: int, total: int, order: str, group: str, wanted: str = "") -> str:
+    """The line over an operator table: how many rows it shows, of how many that the filter kept, of all."""
+    if not wanted:
+        return f"top {shown} of {total} rows {order} (grouped by {group}):"
+    if not matched:
+        return f"no row of the {total} (grouped by {group}) has a name or source line matching {wanted!r}"
+    rows = f"{matched} rows" if matched > 1 else "1 row"
+    kept = f"the {rows}" if matched == shown else f"top {shown} of the {rows}"
+    return f"{kept} matching {wanted!r} ({total} in all) {order} (grouped by {group}):"
+
+
+def _shown_table_title(result) -> str:
+    """`table_title` of the table the report shows: --top rows of what --filter kept, in the default sort."""
+    shown, matched = len(result.top_rows(result.options.top)), len(result.top_rows())
+    return table_title(shown, matched, len(result.grouped_rows()), f"by {sort_label(result.default_sort)}",
+                       result.options.group, result.options.filter.strip())
+
+
+def _ops_text(result, frame, group: str) -> str:
     cols = visible_columns(result, group)
+    return text_table([c[1] for c in cols], _rows(result, frame, cols),
+                      left=tuple(i for i, c in enumerate(cols) if c[2] == "text"))
+
+
+def _table_text(result) -> list[str]:
     frame = result.top_rows(result.options.top)
-    return [f"top {len(frame)} of {len(result.grouped_rows())} rows by {sort_label(result.default_sort)} "
-            f"(grouped by {group}):",
-            text_table([c[1] for c in cols], _rows(result, frame, cols),
-                       left=tuple(i for i, c in enumerate(cols) if c[2] == "text"))]
+    return [_shown_table_title(result)] + ([_ops_text(result, frame, result.options.group)] if frame else [])
 
 
 def table_text(result, group: str | None = None, sort: str | None = None, ascending: bool = False,
@@ -439,22 +458,10 @@ def table_text(result, group: str | None = None, sort: str | None = None, ascend
 
     frame = result.table(group=group, sort=sort, ascending=ascending, filter=filter, top=top)
     group = group or result.options.group
-    total = len(result.grouped(group))
     order = f"by {sort_label(table_sort(sort) or result.default_sort)}{' ascending' if ascending else ''}"
-    wanted = (filter or "").strip()
-    if not wanted:
-        title = f"top {len(frame)} of {total} rows {order} (grouped by {group}):"
-    elif frame.empty:
-        return f"no row of the {total} (grouped by {group}) has a name or source line matching {wanted!r}"
-    else:
-        matched = len(result.table(group=group, filter=filter)) if top else len(frame)
-        rows = f"{matched} rows" if matched > 1 else "1 row"
-        shown = f"the {rows}" if matched == len(frame) else f"top {len(frame)} of the {rows}"
-        title = f"{shown} matching {wanted!r} ({total} in all) {order} (grouped by {group}):"
-    cols = visible_columns(result, group)
-    return "\n".join([title,
-                       text_table([c[1] for c in cols], _rows(result, frame, cols),
-                                  left=tuple(i for i, c in enumerate(cols) if c[2] == "text"))])
+    matched = len(result.table(group=group, filter=filter)) if top else len(frame)
+    title = table_title(len(frame), matched, len(result.grouped(group)), order, group, (filter or "").strip())
+    return "\n".join([title, _ops_text(result, frame, group)]) if len(frame) else title
 
 
 def _category_text(result) -> list[str]:
@@ -573,9 +580,9 @@ def html(result) -> str:
              + (f'<div class="warn">{esc(earlier_traces_note(result))}</div>' if result.trace_earlier else "")
              if result.trace_files else "")
     empty = nothing_recorded(result)
-    ops = (f"<p>{esc(empty)}</p>" if empty else
-           f"<h4>Top {len(frame)} of {len(result.grouped_rows())} by {esc(sort_label(result.default_sort))} "
-           f"(grouped by {esc(group)})</h4>" + ops_table_html(result, frame, group))
+    title = _shown_table_title(result).rstrip(":")
+    ops = (f"<p>{esc(empty)}</p>" if empty else f"<p>{esc(title)}</p>" if not frame else
+           f"<h4>{esc(title[0].upper() + title[1:])}</h4>" + ops_table_html(result, frame, group))
     return wrap(header_html(result) + advice + ops + details_html(result) + trace
                 + f'<div class="muted">method: {esc(method(result))}</div>')
 
@@ -627,7 +634,7 @@ def widget(result):
 
     sort = w.Dropdown(options=sort_options(result.options.group), value=default_col, description="sort by")
     ascending = w.Checkbox(value=False, description="ascending", indent=False)
-    name_filter = w.Text(value="", placeholder="part of an op name or source line, or a regex", description="filter")
+    name_filter = w.Text(value=result.options.filter, placeholder="part of an op name or source line, or a regex", description="filter")
     n_rows = max(1, len(result.grouped(result.options.group)))
     # The K the user asked for (--top), not capped by the rows of the first grouping: a --stack
     # profile opens on a few source lines, and switching to "op" must still show --top rows.
