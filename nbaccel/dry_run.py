@@ -22,6 +22,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 from .autocast_inside import AutocastInside
+from .cell_reads import and_list
 from .device import DTYPE_NAMES
 from .eager_modes import EagerWhileActive
 from .memory import cuda_counters, reset_cuda_peak
@@ -954,39 +955,62 @@ def _dry_run(model, optimizer, example, batches, device, amp_dtype, loss_fn, nam
     """`_probe`, with a failure of the model on the probe input said as such: the user's error (e.g. a
     shape mismatch) shows the probe batch, not the batch they asked for, which is confusing alone.
     An `EstimateError` (docs/api.md: the estimate could not use the model's input), chained from the model's."""
+    out_of_memory = None
     try:
         return _probe(model, optimizer, example, batches, device, amp_dtype, loss_fn, name, plan, targets, check,
                       progress)
-    except (RuntimeError, ValueError, TypeError, IndexError, KeyError, AssertionError) as exc:
+    except (RuntimeError, ValueError, TypeError, IndexError, KeyError, AssertionError, MemoryError) as exc:
         from .oom import is_oom
 
-        if is_oom(exc) or isinstance(exc, EstimateError):
+        if isinstance(exc, EstimateError):
             raise
-        words, path, first = _layer_words(model, name)
-        misfit = ""
-        if example is None:
-            # getattr: a failure before the input was made (the model's deepcopy) has no Linear behind it
-            feed = (f"a random input of shape ({batches[0]}, {getattr(first, 'in_features', '?')}) made for its "
-                    f"first layer ({path}, an nn.Linear)")
+        if is_oom(exc):  # MemoryError too
+            out_of_memory = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         else:
-            keyed = isinstance(example, Mapping)
-            tensors = example_tensors(example)
-            shapes = ", ".join((f"{key}=" if keyed else "") + str(tuple(t.shape))
-                               for key, t in zip(example if keyed else range(len(tensors)), tensors))
-            bags = find_bags(model, tensors)
-            how = "cut" if all(t.dim() and t.shape[0] >= batches[0] for t in tensors) else "repeated"
-            feed = f"the example (shape {shapes}) {how} to the probe batch of {batches[0]} rows"
-            if bags:
-                how = "cut" if bags.bags >= batches[0] else "repeated"
-                feed = (f"the example (shape {shapes}) {how} to the probe batch of {batches[0]} bags "
-                        f"({bags.words(name)})")
-            takes = _layer_input(first)
-            if takes and _layer_misfit(first, tensors[0]):
-                misfit = f"the example has shape {tuple(tensors[0].shape)} and {words} takes {takes}\n"
-        precision = "fp32" if amp_dtype is None else f"autocast {DTYPE_NAMES.get(amp_dtype, amp_dtype)}"
-        raise EstimateError(
-            f"the dry run of {name} on {feed} failed ({precision}): {type(exc).__name__}: {exc}\n{misfit}"
-            + (f"pass --input a batch that {name} accepts (first dimension = batch; a dict of tensors for a model "
-               "called as model(**batch))" if in_magic()
-               else f"pass example= a batch that {name} accepts (first dimension = batch; a dict of tensors for a "
-                    "model called as model(**batch)), and loss_fn= if its output needs one")) from exc
+            _raise_model_failure(model, example, batches, amp_dtype, name, exc)
+    # Raised out here, the OOM's traceback (and the probe's tensors its frames hold) is gone: a trial's
+    # --batch 100000000000 got 20 frames ending in torch.arange, and under a watched budget an explanation
+    # that took nbaccel's probe for the user's step.
+    raise EstimateError(_probe_oom_words(batches, check, device, out_of_memory))
+
+
+def _probe_oom_words(batches, check, device, torch_words: str) -> str:
+    sizes = [*batches, *([check] if check else [])]
+    fix = ("pass a smaller --batch" if in_magic()
+           else "pass a smaller batch=, or smaller probe_batches= (two increasing sizes, e.g. (2, 4))")
+    return (f"the dry run ran out of memory itself: it runs the step for real on probe batches of "
+            f"{and_list([f'{b:,}' for b in sizes])} rows, smaller than the batch asked for, and the "
+            f"{device.type.upper()} could not hold them ({torch_words}). A batch part of which does not fit "
+            f"this device does not fit it whole; {fix} to estimate a size that runs here")
+
+
+def _raise_model_failure(model, example, batches, amp_dtype, name, exc):
+    """The model failed on the probe input: said with the probe batch and the shapes it was fed."""
+    words, path, first = _layer_words(model, name)
+    misfit = ""
+    if example is None:
+        # getattr: a failure before the input was made (the model's deepcopy) has no Linear behind it
+        feed = (f"a random input of shape ({batches[0]}, {getattr(first, 'in_features', '?')}) made for its "
+                f"first layer ({path}, an nn.Linear)")
+    else:
+        keyed = isinstance(example, Mapping)
+        tensors = example_tensors(example)
+        shapes = ", ".join((f"{key}=" if keyed else "") + str(tuple(t.shape))
+                           for key, t in zip(example if keyed else range(len(tensors)), tensors))
+        bags = find_bags(model, tensors)
+        how = "cut" if all(t.dim() and t.shape[0] >= batches[0] for t in tensors) else "repeated"
+        feed = f"the example (shape {shapes}) {how} to the probe batch of {batches[0]} rows"
+        if bags:
+            how = "cut" if bags.bags >= batches[0] else "repeated"
+            feed = (f"the example (shape {shapes}) {how} to the probe batch of {batches[0]} bags "
+                    f"({bags.words(name)})")
+        takes = _layer_input(first)
+        if takes and _layer_misfit(first, tensors[0]):
+            misfit = f"the example has shape {tuple(tensors[0].shape)} and {words} takes {takes}\n"
+    precision = "fp32" if amp_dtype is None else f"autocast {DTYPE_NAMES.get(amp_dtype, amp_dtype)}"
+    raise EstimateError(
+        f"the dry run of {name} on {feed} failed ({precision}): {type(exc).__name__}: {exc}\n{misfit}"
+        + (f"pass --input a batch that {name} accepts (first dimension = batch; a dict of tensors for a model "
+           "called as model(**batch))" if in_magic()
+           else f"pass example= a batch that {name} accepts (first dimension = batch; a dict of tensors for a "
+                "model called as model(**batch)), and loss_fn= if its output needs one")) from exc

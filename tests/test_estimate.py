@@ -1361,3 +1361,42 @@ def test_on_progress_is_told_each_dry_run_step_in_order():
     assert seconds == sorted(seconds) and seconds[0] >= 0
     with pytest.raises(TypeError, match="on_progress takes a function"):
         estimate_memory(net, batch=32, device="cpu", on_progress="print")
+
+
+class _Hungry(torch.nn.Module):
+    """A layer whose forward asks the allocator for 2**62 bytes: a real out-of-memory on any host."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        torch.empty(2**62, dtype=torch.uint8)
+        return self.lin(x)
+
+
+def test_a_dry_run_that_runs_out_of_memory_says_so_and_keeps_nothing():
+    """A trial's --batch 100000000000 got 20 frames ending in torch.arange's "can't allocate memory", and under a
+    watched budget an OOM explanation that took nbaccel's probe for the user's step."""
+    with pytest.raises(EstimateError) as info:
+        estimate_memory(_Hungry(), batch=64, example=torch.randn(64, 4), device="cpu")
+    said = str(info.value)
+    assert said.startswith("the dry run ran out of memory itself: it runs the step for real on probe batches of "
+                           "8, 16 and 32 rows, smaller than the batch asked for, and the CPU could not hold them"), said
+    assert "DefaultCPUAllocator: can't allocate memory" in said and "pass a smaller batch=" in said
+    # raised outside the except block: no chained OOM (whose frames would hold the probe's tensors)
+    assert info.value.__cause__ is None and info.value.__context__ is None
+
+
+def test_the_magic_turns_a_dry_run_out_of_memory_into_a_usage_error(run_cell, ip):
+    from IPython.core.error import UsageError
+
+    ip.user_ns.update(hungry=_Hungry(), x=torch.randn(64, 4))
+    run_cell("%memory_budget 2GiB -q")
+    try:
+        result, captured = run_cell("%memory_budget 1GiB --model hungry --input x", expect_error=UsageError)
+    finally:
+        run_cell("%memory_budget off")
+    text = str(result.error_in_exec) + captured.stdout + captured.stderr
+    assert "the dry run ran out of memory itself" in text and "pass a smaller --batch" in text, text
+    assert "the memory budget" not in text  # not explained as the user's step over the watched budget
