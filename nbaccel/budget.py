@@ -269,8 +269,13 @@ def checked_share(text: str, name: str, what: str, example: str, error: type[Exc
     share, percent = read
     if not 0 < share <= 1:  # also refuses NaN
         bounds = "0% and 100%" if percent else "0 and 1"
-        raise error(f"{name} is {what} between {bounds}{zero}, got {text.strip()}")
+        raise error(f"{name} is {what} between {bounds}{zero}, got {text.strip()}{_percent_meant(share, percent)}")
     return share
+
+
+def _percent_meant(share: float, percent: bool) -> str:
+    """A share typed as a percentage without its % sign (a trial's ``--near 50``): the two spellings meant."""
+    return f" (for {share:g}%: {share / 100:g} or {share:g}%)" if not percent and 1 < share <= 100 else ""
 
 
 def check_near(near) -> float:
@@ -283,7 +288,8 @@ def check_near(near) -> float:
         raise TypeError(f"{option('near')} takes a share of the budget between 0 and 1 such as 0.75 (or '75%'), got "
                         f"{type(near).__name__} {near!r}")
     if not 0 < near <= 1:  # also refuses NaN
-        raise BudgetError(f"{option('near')} is a share of the budget between 0 and 1, got {near}")
+        raise BudgetError(f"{option('near')} is a share of the budget between 0 and 1, got {near}"
+                          f"{_percent_meant(near, False)}")
     return near
 
 

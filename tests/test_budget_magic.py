@@ -357,7 +357,7 @@ def test_a_magic_that_refuses_after_running_code_is_still_watched(ip, run_cell):
     ("--model model --batch 0", "at least 1; got 0"),
     ("--model model --batch 4 --optimizer adam2", r"neither one of adamw, .* \(did you mean adam\?\)"),
     ("--near 3 1GiB", "--near is a share"),
-    ("--strict", "go with a budget"),
+    ("--strict", "--strict goes with a budget: %memory_budget 6GiB --strict"),
 ])
 def test_bad_input_is_a_usage_error_and_the_previous_budget_stays(ip, run_cell, line, message):
     run_cell("import torch\nn = 3\nmodel = torch.nn.Linear(4, 4)\npair = (torch.ones(6, 4), torch.ones(2))")
@@ -425,10 +425,13 @@ def test_status_by_name_is_the_bare_line(run_cell, ip):
     _, captured = run_cell("%memory_budget status -q")
     assert not captured.outputs and ip.user_ns["s"] is s  # -q hides it; nothing else changed
     for line, message in [("statsu", "did you mean %memory_budget status (shows the budget"),
-                          ("status --strict", "--enforce and --strict go with a budget"),
+                          ("status --strict", "--strict goes with a budget: %memory_budget 6GiB --strict"),
+                          ("status --near 0.5", "--near goes with a budget: %memory_budget 6GiB --near 0.5"),
+                          ("off --strict", "--strict goes with a budget to watch, not with off, which removes"),
                           ("status --model m --batch 2", "cannot read 'status' as a budget")]:  # a prediction
         _, captured = run_cell(f"%memory_budget {line}", expect_error=UsageError)
         assert message in captured.stderr, (line, captured.stderr)
+    assert ip.user_ns["s"] is s and _nbaccel_callbacks(ip)  # refused: the budget still watches
     run_cell("%memory_budget off -q")
     assert not _nbaccel_callbacks(ip)
 
@@ -807,6 +810,8 @@ def test_off_without_a_budget_says_there_was_none(ip, run_cell):
     ("2GiB --near 0%", r"^--near is a share of the budget between 0% and 100%, got 0%$"),
     ("2GiB --near -50%", r"^--near is a share of the budget between 0% and 100%, got -50%$"),
     ("2GiB --near ninety", r"^--near takes a share of the budget such as 0.9 or 90%, got 'ninety'$"),
+    # a percentage typed without its sign (a trial's --near 50): both spellings meant, not only the range
+    ("2GiB --near 50", r"^--near is a share of the budget between 0 and 1, got 50 \(for 50%: 0.5 or 50%\)$"),
     ("-5GB", "a budget must be positive, got -5GB"),
     ("--strict -0.5", "a budget must be positive, got -0.5"),
     ("2GiB --device -1", "device"),

@@ -525,6 +525,8 @@ def test_api_near_out_of_range():
 
     with pytest.raises(BudgetError, match=r"near is a share of the budget between 0 and 1, got 1.5"):
         nbaccel.memory_budget("1GiB", near=1.5)
+    with pytest.raises(BudgetError, match=r"got 90 \(for 90%: 0.9 or 90%\)$"):  # a percentage without its sign
+        nbaccel.memory_budget("1GiB", near=90)
 
 
 def test_api_near_reads_a_share_as_the_budget_is_read():

@@ -187,9 +187,9 @@ class BudgetMagics(Magics):
         check_name(args.result)
         if args.near is not None:
             args.near = _read_near(args.near)
+        for_watching = [flag for flag, given in (("--strict", args.strict), ("--enforce", args.enforce),
+                                                 ("--near", args.near is not None)) if given]
         if args.model is not None:
-            for_watching = [flag for flag, given in (("--strict", args.strict), ("--enforce", args.enforce),
-                                                     ("--near", args.near is not None)) if given]
             if for_watching:  # a prediction watches nothing: these would be dropped unsaid
                 raise UsageError(f"{_go(for_watching)} with a watched budget, not with --model (a prediction "
                                  f"watches no cell): run "
@@ -214,7 +214,12 @@ class BudgetMagics(Magics):
                                  f"({words[meant[0]]})?")
         if args.budget is not None and args.budget.lower() == "status":
             args.budget = None  # the docs and the help call the bare line "the status": both spellings work
+        watch_line = "%memory_budget 6GiB " + " ".join(f"--near {args.near:g}" if flag == "--near" else flag
+                                                       for flag in for_watching)
         if args.budget is not None and args.budget.lower() == "off":
+            if for_watching:  # a trial's "off --strict" was taken silently, the flag dropped
+                raise UsageError(f"{_go(for_watching)} with a budget to watch, not with off, which removes the "
+                                 f"budget: {watch_line} watches one")
             had_budget = self.watcher is not None
             recorded = len(self.watcher.records) if had_budget else 0
             self.stop()
@@ -223,8 +228,8 @@ class BudgetMagics(Magics):
             result = status(None, torch.device("cpu"), note=note)
             return self._show(args, result)
         if args.budget is None:
-            if args.enforce or args.strict:
-                raise UsageError("--enforce and --strict go with a budget: %memory_budget 6GiB --strict")
+            if for_watching:  # named as typed: a trial's "status --strict" was told of --enforce too
+                raise UsageError(f"{_go(for_watching)} with a budget: {watch_line}")
             device = self.watcher.device if self.watcher and args.device == "auto" else self._device(args.device)
             return self._show(args, self._status(device))
         return self._start(args, near)
