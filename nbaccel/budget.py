@@ -200,6 +200,10 @@ def read_share(text: str) -> tuple[float, bool] | None:
     return None
 
 
+# a comma or underscore between digits with three digits after it: 2,000MB, 2_000_000_000 (not 1,5GB)
+_DIGIT_SEPARATOR = re.compile(r"(?<=[0-9])[,_](?=[0-9]{3}(?:[^0-9]|$))")
+
+
 def parse_budget(text, device: torch.device, total: int | None = None, limit: bool = True) -> int:
     """``"6GiB"``, ``"6GB"``, ``"512MiB"``, ``"6G"`` (= 6GiB, see `size_reading`) -> bytes; a number without a
     unit is a share of the device.
@@ -214,6 +218,15 @@ def parse_budget(text, device: torch.device, total: int | None = None, limit: bo
     if isinstance(text, bool) or not isinstance(text, (str, int, float)):
         raise TypeError(f"{option('budget')} takes a size such as '6GiB' or a share such as 0.8, got "
                           f"{type(text).__name__} {text!r}")
+    if isinstance(text, str) and _DIGIT_SEPARATOR.search(text):
+        # a trial's 2,000MB and 2_000_000_000 were "cannot read": the separators are the thing to drop
+        plain = _DIGIT_SEPARATOR.sub("", text).strip()
+        try:
+            parse_budget(plain, device, total, limit)
+        except BudgetError as exc:
+            raise BudgetError(f"write {text.strip()!r} without digit separators ({plain!r}); then: {exc}") from None
+        raise BudgetError(f"cannot read {text.strip()!r} as a budget: write it without digit separators, "
+                          f"{_quote(plain)}")
     total = device_memory(device) if total is None else total
     number = text if isinstance(text, (int, float)) else None
     if number is None and re.fullmatch(NUMBER_PATTERN, text.strip(), flags=re.I):

@@ -40,6 +40,12 @@ def _optimizer_spec(optimizer) -> tuple[str, dict]:
         if name == "sgd" and any(g.get("momentum", 0) for g in optimizer.param_groups):
             name = "sgd-momentum"
         return name, dict(optimizer.defaults)
+    if isinstance(optimizer, type) and issubclass(optimizer, torch.optim.Optimizer):
+        # a trial's optimizer=torch.optim.AdamW was told "got type": the class, where an instance or name goes
+        name = next((n for cls, n in _KNOWN if issubclass(optimizer, cls)), None)
+        raise TypeError(f"{option('optimizer')} got the class {optimizer.__name__}, not an optimizer: pass an instance "
+                        f"over the model's parameters ({optimizer.__name__}(model.parameters(), ...))"
+                        + (f" or its name, {option('optimizer', name)}" if name else ""))
     if optimizer is not None and not isinstance(optimizer, str):
         raise TypeError(f"{option('optimizer')} takes one of {', '.join(OPTIMIZERS)} or a torch.optim.Optimizer, "
                         f"got {type(optimizer).__name__}")

@@ -810,6 +810,12 @@ def test_off_without_a_budget_says_there_was_none(ip, run_cell):
     ("2GiB --near 0%", r"^--near is a share of the budget between 0% and 100%, got 0%$"),
     ("2GiB --near -50%", r"^--near is a share of the budget between 0% and 100%, got -50%$"),
     ("2GiB --near ninety", r"^--near takes a share of the budget such as 0.9 or 90%, got 'ninety'$"),
+    # digit separators (a trial's 2,000MB read "cannot read"): the thing to drop, with what follows then
+    ("2,000MB", r"^cannot read '2,000MB' as a budget: write it without digit separators, 2000MB$"),
+    ("2_000_000_000", r"^write '2_000_000_000' without digit separators \('2000000000'\); then: 2000000000 has no "
+                      r"unit: write 2GB"),
+    ("1,5GB", r"^cannot read '1,5GB' as a budget; write e.g."),  # a decimal comma is no separator
+    ("2GiB -s", r"unrecognized arguments: -s \(the strict budget is --strict\)"),
     # a percentage typed without its sign (a trial's --near 50): both spellings meant, not only the range
     ("2GiB --near 50", r"^--near is a share of the budget between 0 and 1, got 50 \(for 50%: 0.5 or 50%\)$"),
     ("-5GB", "a budget must be positive, got -5GB"),

@@ -1400,3 +1400,13 @@ def test_the_magic_turns_a_dry_run_out_of_memory_into_a_usage_error(run_cell, ip
     text = str(result.error_in_exec) + captured.stdout + captured.stderr
     assert "the dry run ran out of memory itself" in text and "pass a smaller --batch" in text, text
     assert "the memory budget" not in text  # not explained as the user's step over the watched budget
+
+
+def test_an_optimizer_class_is_refused_with_the_instance_or_name_to_pass():
+    """A trial's optimizer=torch.optim.AdamW was told "... or a torch.optim.Optimizer, got type"."""
+    with pytest.raises(TypeError, match=r"^optimizer got the class AdamW, not an optimizer: pass an instance over "
+                                        r"the model's parameters \(AdamW\(model.parameters\(\), \.\.\.\)\) or its "
+                                        r"name, optimizer='adamw'$"):
+        estimate_memory(torch.nn.Linear(4, 4), optimizer=torch.optim.AdamW, batch=8, device="cpu")
+    with pytest.raises(TypeError, match=r"class LBFGS, not an optimizer: .*\.\.\.\)\)$"):  # no name to offer
+        estimate_memory(torch.nn.Linear(4, 4), optimizer=torch.optim.LBFGS, batch=8, device="cpu")

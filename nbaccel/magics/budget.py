@@ -57,6 +57,9 @@ OPTION_MEANINGS.update({f"--{word}": "the budget is removed without an option: %
                         for word, same in SAME_AS.items() if same == "off"} | {"--off": "no dashes: %memory_budget off"})
 OPTION_MEANINGS.update({f"--{word}": "the status is shown by %memory_budget alone, or %memory_budget status"
                         for word in ("status", "stats", "show", "info")})
+# The short flags a user guesses (a trial's -s was "unrecognized arguments"): this magic's long ones.
+OPTION_MEANINGS.update({"-s": "the strict budget is --strict", "-e": "the enforced budget is --enforce",
+                        "-n": "the gauge's threshold is --near (a share of the budget, e.g. --near 0.9)"})
 # "--budget 2GiB" (a user trial) read "did you mean --quiet?": the budget is the magic's first word.
 OPTION_MEANINGS.update(dict.fromkeys(
     ("--budget", "--size", "--limit", "--max", "--memory", "--set"),
