@@ -49,7 +49,7 @@ from .device import DTYPE_NAMES, DeviceError, device_info, dtype_name, resolve_d
 from .dry_run import (CHECK_TOLERANCE, DEFAULT_HEAD_LOSS, DEFAULT_LOSS, MODEL_LOSS, PHASES, ActivationFit,
                       EstimateError, LiveBytes, _default_loss, _dry_run, _example_option, _line, is_head, loss_takes_batch,
                       several_optimizers)
-from .memory import format_bytes
+from .memory import current_rss, format_bytes
 from .model_states import (OPTIMIZERS, _largest_leaf_bytes, _optimizer_spec, closest_optimizer, make_optimizer,
                            optimizer_plan, optimizer_state_bytes, plan_name, plan_state_bytes)
 from .options import a_type, in_magic, option
@@ -124,6 +124,10 @@ class MemoryEstimate(ResultMixin):
     # What the estimate assumed or measured that a figure alone does not say (the loss, the optimizer's
     # reading, sparse gradients), one line each, shown under the phases.
     assumptions: tuple = ()
+    # The process's resident memory as the estimate began (CPU): a watched CPU budget compares the whole
+    # process's peak RSS, this plus the step's tensors (a trial: "fits in 600 MiB (peak 449 MiB)", then each
+    # step "829 MiB of 500 MiB" under %memory_budget, 425 MiB there before the step).
+    process_rss_bytes: int | None = None
 
     def per_gpu(self, precision: str, strategy: str, n: int) -> dict:
         """Bytes per GPU for one configuration, by component.
@@ -274,7 +278,11 @@ class MemoryEstimate(ResultMixin):
                             f"{p} does not fit on {self.most_gpus_text()}")
         budget = format_bytes(self.budget_bytes)
         text = ", ".join(parts) + f" -- budget {budget} ({self.budget_source}), measured on {self.probe_device}"
-        return text + (f"; on GPUs with {budget} each: {', '.join(gpus)}" if gpus else "")
+        text += f"; on GPUs with {budget} each: {', '.join(gpus)}" if gpus else ""
+        if self.process_rss_bytes:
+            text += (f"; the peaks are the step's tensors, and a watched budget (%memory_budget) counts the "
+                     f"process's whole RSS, {format_bytes(self.process_rss_bytes)} before this estimate, beside them")
+        return text
 
     def _payload(self) -> dict:
         return {"model": self.model_name, "optimizer": self.optimizer, "batch": self.batch, "n_params": self.n_params,
@@ -285,7 +293,7 @@ class MemoryEstimate(ResultMixin):
                 "activations": {k: v.to_dict(self.batch) for k, v in self.fits.items()},
                 "single_gpu": {k: self.single(k) for k in self.fits}, "budget_bytes": self.budget_bytes,
                 "budget_source": self.budget_source, "summary": self.summary, "probe_device": self.probe_device,
-                "method": self.method, "note": self.note, "assumptions": list(self.assumptions), "table": self.table().to_dict(orient="records")}
+                "method": self.method, "note": self.note, "process_rss_bytes": self.process_rss_bytes, "assumptions": list(self.assumptions), "table": self.table().to_dict(orient="records")}
 
 
 def _check_arguments(batch, example, probe_batches, amp_dtype, loss_fn, name, gpu_counts) -> None:
@@ -440,6 +448,7 @@ def estimate_memory(model: torch.nn.Module, optimizer="adamw", batch: int = 32, 
     # Where the kernels took scratch (`dry_run._OpScratch`), one more probe at twice the larger one's batch
     # (at most half the batch) checks the lines; a miss refits them through the two larger probes.
     check = min(2 * probe_batches[1], batch // 2)
+    process_rss = current_rss() if dev.type == "cpu" else None  # before the dry runs add their own
     started = time.perf_counter()
     with rng_kept():  # a prediction draws nothing from the user's random streams (dropout, a random input)
         for label, dtype in ((_own_precision(params), None), (f"{DTYPE_NAMES[amp]} AMP", amp)):
@@ -494,7 +503,7 @@ def estimate_memory(model: torch.nn.Module, optimizer="adamw", batch: int = 32, 
         state_bytes=state_device, state_host_bytes=state_host, largest_layer_bytes=_largest_leaf_bytes(model),
         fits=fits, budget_bytes=budget_bytes, budget_source=source, probe_device=str(dev), method=method,
         states_measured=states_measured, gpu_counts=tuple(gpu_counts), buffer_bytes=buffer_bytes,
-        assumptions=tuple(notes),
+        assumptions=tuple(notes), process_rss_bytes=process_rss,
     )
 
 

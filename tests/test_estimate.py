@@ -1410,3 +1410,20 @@ def test_an_optimizer_class_is_refused_with_the_instance_or_name_to_pass():
         estimate_memory(torch.nn.Linear(4, 4), optimizer=torch.optim.AdamW, batch=8, device="cpu")
     with pytest.raises(TypeError, match=r"class LBFGS, not an optimizer: .*\.\.\.\)\)$"):  # no name to offer
         estimate_memory(torch.nn.Linear(4, 4), optimizer=torch.optim.LBFGS, batch=8, device="cpu")
+
+
+def test_a_cpu_estimate_says_a_watched_budget_also_counts_the_process():
+    """A trial read "fits in 600 MiB (peak 449 MiB)", set %memory_budget 500MiB, and every step was "829 MiB of
+    500 MiB": the watcher counts the process's RSS (425 MiB before the step), the estimate the step's tensors."""
+    from nbaccel.memory import current_rss
+
+    before = current_rss()
+    est = estimate_memory(torch.nn.Linear(64, 64), batch=32, budget="1GiB", device="cpu")
+    if before is None:  # no /proc: nothing measured, nothing said
+        assert est.process_rss_bytes is None and "RSS" not in est.summary
+        return
+    assert 0.5 * before < est.process_rss_bytes < 2 * before
+    assert est.summary.endswith(f"; the peaks are the step's tensors, and a watched budget (%memory_budget) counts "
+                                f"the process's whole RSS, {format_bytes(est.process_rss_bytes)} before this "
+                                "estimate, beside them")
+    assert est.to_dict()["process_rss_bytes"] == est.process_rss_bytes
