@@ -353,7 +353,7 @@ def _no_speedup(result: AmpResult, speedup: float, dtype: str) -> str:
         return f"No speedup ({speedup:.2f}x): " + (fact or f"the work is too small or memory-bound for {dtype} to "
                                                    f"pay for its casts (try a larger batch), or an op runs slower in "
                                                    f"{dtype} here: {_compare_how(dtype)}.")
-    note = f"No speedup measured ({speedup:.2f}x), but {hedge}."
+    note = f"No speedup measured ({format_ratio(speedup, firm=False)}), but {hedge}."  # hedged: two digits
     return note + (" " + _sentence(fact) if fact else "")
 
 

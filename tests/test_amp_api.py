@@ -1632,7 +1632,7 @@ def test_a_slowdown_within_the_noise_is_not_given_a_confident_cause():
     result = _slower_under_autocast([0.010, 0.014, 0.009, 0.013], [0.012, 0.013, 0.015, 0.011], lambda: x @ w)
     assert result.speedup < 1 and result.speedup_uncertain and result.contention_warning is None
     advice = " ".join(result.advice)
-    assert f"No speedup measured ({result.speedup:.2f}x), but the two variants' IQRs overlap (see the warning): " \
+    assert f"No speedup measured ({result.speedup:#.2g}x), but the two variants' IQRs overlap (see the warning): " \
            "re-run with a larger repeat." in advice
     assert "memory-bound" not in advice and "larger batch" not in advice and "No speedup (" not in advice
     # Firm times (no overlap, no contention) keep the cause inferred from them.

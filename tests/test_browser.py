@@ -300,7 +300,9 @@ def test_quickstart_widgets_render_in_jupyterlab(lab, browser, screenshot_dir):
         amp.first.wait_for(state="visible", timeout=30_000)
         assert amp.count() == 1
         speedup = amp.locator(".nbaccel-speedup")
-        assert re.fullmatch(r"\d+\.\d{2}x", speedup.inner_text().strip()), speedup.inner_text()
+        # two decimals when firm ("1.38x"), two significant digits when flagged uncertain or contended
+        # ("2.3x", "0.73x", "18x": timing.format_ratio), as a noisy CI machine often makes it
+        assert re.fullmatch(r"\d+\.\d{2}x|[1-9]\.\dx|\d{2,}x|0\.0+\d{2}x", speedup.inner_text().strip()), speedup.inner_text()
         amp.first.scroll_into_view_if_needed()
         amp.first.screenshot(path=str(screenshot_dir / "amp_widget.png"))
 
