@@ -965,7 +965,8 @@ def _dry_run(model, optimizer, example, batches, device, amp_dtype, loss_fn, nam
         if isinstance(exc, EstimateError):
             raise
         if is_oom(exc):  # MemoryError too
-            out_of_memory = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            said = str(exc).strip()
+            out_of_memory = said.splitlines()[0] if said else type(exc).__name__
         else:
             _raise_model_failure(model, example, batches, amp_dtype, name, exc)
     # Raised out here, the OOM's traceback (and the probe's tensors its frames hold) is gone: a trial's

@@ -44,9 +44,10 @@ def _speedup_flags(result) -> list[str]:
     return [w for w, on in ((uncertain, result.speedup_uncertain), ("contended", _contended(result))) if on]
 
 
-def speedup_figure(result) -> str:
-    """The measured speedup with the precision its flags allow (`ratio`)."""
-    return format_ratio(result.speedup, firm=not _speedup_flags(result))
+def speedup_figure(result, flags: list[str] | None = None) -> str:
+    """The measured speedup with the precision its flags (`_speedup_flags`, read here unless given) allow:
+    `timing.format_ratio`."""
+    return format_ratio(result.speedup, firm=not (_speedup_flags(result) if flags is None else flags))
 
 
 def headline(result) -> str:
@@ -60,7 +61,7 @@ def headline(result) -> str:
             parts.append(f"speedup not claimed ({_too_few(result)})")
         else:
             flags = _speedup_flags(result)
-            parts.append(f"speedup {speedup_figure(result)}" + (f" ({', '.join(flags)})" if flags else ""))
+            parts.append(f"speedup {speedup_figure(result, flags)}" + (f" ({', '.join(flags)})" if flags else ""))
     memory = memory_summary(result)
     if memory:
         parts.append(" ".join(memory))
@@ -352,7 +353,7 @@ def _kpis(result) -> str:
         flags = _speedup_flags(result)
         flag = f'<div class="muted warn">({", ".join(flags)})</div>' if flags else ""
         kpis.append(f'<div class="kpi"><div class="muted">{label}</div><div class="{cls} nbaccel-speedup">'
-                    f'{speedup_figure(result)}</div>{flag}</div>')
+                    f'{speedup_figure(result, flags)}</div>{flag}</div>')
     memory = memory_summary(result)
     if memory:
         label, value = memory

@@ -431,11 +431,13 @@ def table_title(shown: int, matched: int, total: int, order: str, group: str, wa
     return f"{kept} matching {wanted!r} ({total} in all) {order} (grouped by {group}):"
 
 
-def _shown_table_title(result) -> str:
-    """`table_title` of the table the report shows: --top rows of what --filter kept, in the default sort."""
-    shown, matched = len(result.top_rows(result.options.top)), len(result.top_rows())
-    return table_title(shown, matched, len(result.grouped_rows()), f"by {sort_label(result.default_sort)}",
-                       result.options.group, result.options.filter.strip())
+def shown_table(result) -> tuple[str, list[dict]]:
+    """The table the report shows, --top rows of what --filter kept in the default sort, with its
+    `table_title`: the rows filtered and sorted once for both."""
+    kept = result.top_rows()
+    frame = kept[:result.options.top]
+    return table_title(len(frame), len(kept), len(result.grouped_rows()), f"by {sort_label(result.default_sort)}",
+                       result.options.group, result.options.filter.strip()), frame
 
 
 def _ops_text(result, frame, group: str) -> str:
@@ -445,8 +447,8 @@ def _ops_text(result, frame, group: str) -> str:
 
 
 def _table_text(result) -> list[str]:
-    frame = result.top_rows(result.options.top)
-    return [_shown_table_title(result)] + ([_ops_text(result, frame, result.options.group)] if frame else [])
+    title, frame = shown_table(result)
+    return [title] + ([_ops_text(result, frame, result.options.group)] if frame else [])
 
 
 def table_text(result, group: str | None = None, sort: str | None = None, ascending: bool = False,
@@ -574,13 +576,13 @@ def details_html(result) -> str:
 
 def html(result) -> str:
     group = result.options.group
-    frame = result.top_rows(result.options.top)
+    title, frame = shown_table(result)
+    title = title.rstrip(":")
     advice = f"<h4>Advice</h4>{bullet_list(result.advice)}" if result.advice else ""
     trace = (f'<div class="muted">{esc(trace_line(result))}</div>'
              + (f'<div class="warn">{esc(earlier_traces_note(result))}</div>' if result.trace_earlier else "")
              if result.trace_files else "")
     empty = nothing_recorded(result)
-    title = _shown_table_title(result).rstrip(":")
     ops = (f"<p>{esc(empty)}</p>" if empty else f"<p>{esc(title)}</p>" if not frame else
            f"<h4>{esc(title[0].upper() + title[1:])}</h4>" + ops_table_html(result, frame, group))
     return wrap(header_html(result) + advice + ops + details_html(result) + trace
