@@ -191,3 +191,10 @@ def main(out: str, mode: str) -> None:
 
 if __name__ == "__main__":
     main(sys.argv[1], sys.argv[2])
+    # Leave without the interpreter's shutdown. After these scenarios a rank aborted there, its work done
+    # and its results written ("terminate called without an active exception", SIGABRT, about 1 launch in
+    # 7 on 2 cores, reproduced with only compare_amp then gather_amp; one gc.collect() before exit cleared
+    # that case but not the full "raise" run). The C++ teardown is torch's; what this test checks is written.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
