@@ -253,9 +253,10 @@ def _without_units(info, dtype: str) -> str:
 
 
 def _same_kernels(result: AmpResult, speedup: float, dtype: str) -> str:
-    """The verdict where the recipe cast nothing: whatever the ratio, it is noise."""
+    """The verdict where the recipe cast nothing: whatever the ratio, it is noise, so it is shown as a flagged
+    one is (two significant digits): "the 1.02x" had read as a measured 2%."""
     return (f"No speedup: {_nothing_to_cast(result)}. Both variants ran the same kernels, so the "
-            f"{speedup:.2f}x between their times is run-to-run variation, not an effect of {dtype}.")
+            f"{format_ratio(speedup, firm=False)} between their times is run-to-run variation, not an effect of {dtype}.")
 
 
 # scaled_dot_product_attention's math path is the one caller of aten::_safe_softmax (torch 2.13; flex

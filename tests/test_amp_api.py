@@ -17,7 +17,7 @@ from nbaccel.contention import ContentionMeter
 from nbaccel.drift import compute_drift
 from nbaccel.precision import NEW_TF32_API, Recipe, TorchGlobals, apply_recipe, global_state, make_recipe
 from nbaccel.snapshot import Snapshot
-from nbaccel.timing import Stats, speedup_is_uncertain
+from nbaccel.timing import Stats, format_ratio, speedup_is_uncertain
 from fake_clock import FakeClock
 from text_helpers import unfolded
 
@@ -1395,7 +1395,7 @@ def test_a_speedup_where_nothing_ran_in_reduced_precision_is_not_claimed():
     assert amp_render.headline(result).startswith("speedup not claimed (no op ran in bf16; 3.00x measured)")
     assert "not claimed" in amp_render.html(result) and "3.00x measured" in amp_render.html(result)
     verdict = next(a for a in result.advice if a.startswith("No speedup"))
-    assert "Both variants ran the same kernels, so the 3.00x between their times is run-to-run variation" in verdict
+    assert "Both variants ran the same kernels, so the 3.0x between their times is run-to-run variation" in verdict
     assert not any("faster" in a for a in result.advice)
     # The cell makes its own bf16 tensors: the same ops run in bf16 in both variants, the recipe cast none
     # (a second trial: "bf16 autocast is 1.80x faster here").
@@ -1686,7 +1686,7 @@ def test_nothing_cast_is_the_verdict_however_noisy_the_times():
                     "elementwise ops and ops such as mv, dot, cdist and linalg in fp32); it speeds up matrix products "
                     "and convolutions, those of the thread that runs the cell (not of threads it starts). Both "
                     "variants ran the same kernels, so the "
-                    f"{result.speedup:.2f}x between their times is run-to-run variation, not an effect of bf16.")
+                    f"{format_ratio(result.speedup, firm=False)} between their times is run-to-run variation, not an effect of bf16.")
     assert not any("larger repeat" in a or "lacks bf16 units" in a for a in result.advice)
 
 
