@@ -12,7 +12,7 @@ ranks (it measures the calling rank only). Under ``torch.distributed``, call the
         train_step(ddp_model, batch)
     with nd.memory_budget("6GiB") as b:       # per-rank budget, peak and ok/near/over, gathered as b.report
         train_step(ddp_model, batch)
-    dist.destroy_process_group()              # at the end: without it a rank can abort at exit (gloo, torch 2.13)
+    gc.collect(); dist.destroy_process_group()  # at the end: else a rank can abort at exit (docs/api.md)
 
 or `gather_amp` / `gather` on a result you already have.
 
