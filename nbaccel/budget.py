@@ -42,6 +42,8 @@ NEAR = 0.75  # a cell that used at least this share of the budget gets a gauge
 # A cell whose peak rose at least this much above the usage it started from pushed usage up; less is noise
 # (any Python code moves RSS by a few pages). See `verdict`.
 PUSHED = 2**20
+# Unwritten memory (see `CellRecord.unwritten_would_exceed`) below this is not worth a note.
+UNWRITTEN_WORTH_SAYING = 256 * 2**20
 
 
 class BudgetError(ValueError):
@@ -340,6 +342,17 @@ class CellRecord:
     harness: str | None = None
     harness_bytes: int = 0  # the host snapshot that comparison held (process memory: counted by a CPU budget)
     after_bytes: int | None = None  # usage when the cell ended (CUDA reserved / CPU RSS); None: not read
+    # CPU: memory the cell allocated but left unwritten (torch.empty), not in RSS until written (PeakMeter)
+    unwritten_bytes: int = 0
+
+    @property
+    def unwritten_would_exceed(self) -> bool:
+        """Whether memory the cell reserved but has not written yet takes the process over the budget
+        once written: ``x = torch.empty(3 * 2**30, dtype=torch.uint8)`` passed a 1 GB strict budget, and
+        the cell that filled it was blamed. Under `UNWRITTEN_WORTH_SAYING` it is not worth a note: a
+        tensor written partway, or glibc keeping a freed chunk's pages."""
+        held = self.after_bytes if self.after_bytes is not None else self.used_bytes
+        return self.unwritten_bytes >= UNWRITTEN_WORTH_SAYING and held + self.unwritten_bytes > self.budget_bytes
 
     @property
     def freed_bytes(self) -> int:
@@ -357,7 +370,8 @@ class CellRecord:
                 "added_bytes": self.added_bytes, "allocated_peak_bytes": self.allocated_peak_bytes,
                 "before_bytes": self.before_bytes, "budget_bytes": self.budget_bytes, "status": self.status,
                 "seconds": self.seconds, "error": self.error, "measured_under": self.harness,
-                "harness_bytes": self.harness_bytes, "after_bytes": self.after_bytes, "freed_bytes": self.freed_bytes}
+                "harness_bytes": self.harness_bytes, "after_bytes": self.after_bytes, "freed_bytes": self.freed_bytes,
+                "unwritten_bytes": self.unwritten_bytes}
 
 
 def verdict(before: int, added: int, budget: int, near: float) -> str:
@@ -376,6 +390,16 @@ def verdict(before: int, added: int, budget: int, near: float) -> str:
     if used >= near * budget:
         return "already near" if before >= near * budget and added < PUSHED else "near"
     return "ok"
+
+
+def unwritten_words(record: CellRecord) -> str:
+    """The note for a cell whose reserved, still unwritten memory will take the process over the budget."""
+    held = record.after_bytes if record.after_bytes is not None else record.used_bytes
+    return (f"{record.label} reserved {format_bytes(record.unwritten_bytes)} that is not yet resident "
+            "(torch.empty and friends leave pages unwritten, and the process's RSS counts a page once it is "
+            f"written): written, the process would hold about {format_bytes(held + record.unwritten_bytes)}, over "
+            f"the {format_bytes(record.budget_bytes)} budget. It counts in the cell that writes it: make the "
+            "tensor smaller, or del it")
 
 
 def harness_words(record: CellRecord, device: str) -> str:
@@ -484,7 +508,8 @@ class Watcher:
         harness, harness_bytes = take_harness()
         record = CellRecord(label or self._label, self.budget, used, added, allocated, before, seconds, status,
                             f"{type(error).__name__}: {error}"[:200] if error is not None else None, peak.method,
-                            harness=harness, harness_bytes=harness_bytes, after_bytes=after)
+                            harness=harness, harness_bytes=harness_bytes, after_bytes=after,
+                            unwritten_bytes=meter.unwritten_bytes)
         self.records.append(record)
         return record
 
@@ -586,7 +611,7 @@ def history_frame(records: list[CellRecord]) -> pd.DataFrame:
     import pandas as pd
     columns = ["cell", "used_bytes", "fraction", "added_bytes", "allocated_peak_bytes", "before_bytes",
                "budget_bytes", "status", "seconds", "error", "measured_under", "harness_bytes", "after_bytes",
-               "freed_bytes"]
+               "freed_bytes", "unwritten_bytes"]
     return pd.DataFrame([r.to_dict() for r in records], columns=columns)
 
 
@@ -758,6 +783,8 @@ class MemoryBudget:
             if self.strict and not record.harness:
                 raise BudgetExceeded(message)
             warnings.warn(message, BudgetWarning, stacklevel=self._stacklevel)
+        elif exc is None and record is not None and record.unwritten_would_exceed:
+            warnings.warn(unwritten_words(record), BudgetWarning, stacklevel=self._stacklevel)
         return False
 
 

@@ -91,15 +91,43 @@ def current_rss() -> int | None:
 
 
 @functools.lru_cache(maxsize=1)
-def _libc_trim():
+def _libc():
     # find_library runs ldconfig (~1.5 ms): look it up once, so per-cell meters stay cheap.
     name = ctypes.util.find_library("c")
     if not name:
         return None
     try:
-        return getattr(ctypes.CDLL(name), "malloc_trim", None)
+        return ctypes.CDLL(name)
     except OSError:
         return None
+
+
+def _libc_trim():
+    return getattr(_libc(), "malloc_trim", None)
+
+
+class _MallInfo2(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_size_t) for name in
+                ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost")]
+
+
+@functools.lru_cache(maxsize=1)
+def _libc_mallinfo2():
+    fn = getattr(_libc(), "mallinfo2", None)  # glibc 2.33+
+    if fn is not None:
+        fn.restype = _MallInfo2
+    return fn
+
+
+def malloc_mapped_bytes() -> int | None:
+    """Bytes glibc's malloc holds in mmapped chunks (``mallinfo2().hblkhd``: 5 µs, more where many freed
+    chunks wait in malloc's free lists, which it walks): every large allocation
+    (above its mmap threshold, at most 32 MiB), written or not. Address space as a whole (``VmSize``) is no
+    measure of allocations: a new thread maps a 64 MiB malloc arena it may never fill (8 threads, 144 MiB
+    here), and a library import maps its file. None without glibc's mallinfo2 (musl, tcmalloc preloaded:
+    their chunks are not glibc's and read 0, which only hides the note that uses this)."""
+    fn = _libc_mallinfo2()
+    return int(fn().hblkhd) if fn is not None else None
 
 
 def _malloc_trim() -> None:
@@ -225,6 +253,10 @@ class PeakMeter:
         # watcher tells a cell that freed memory from one that only held it.
         self.after: CudaCounters | None = None
         self.rss_after: int | None = None
+        # CPU: what the run's large allocations (glibc's mmapped chunks: a tensor of more than 32 MiB is one)
+        # grew by beyond RSS: memory allocated and not yet written (torch.empty's pages become resident
+        # when written), which RSS does not count yet. 0 where it cannot be read (no glibc mallinfo2).
+        self.unwritten_bytes = 0
         # The highest peak counters read when a meter inside this one reset them (see _open_meters).
         self._folded = (0, 0)
 
@@ -273,12 +305,15 @@ class PeakMeter:
             gc.collect()
         _malloc_trim()
         if _reset_cpu_peak():
-            before = current_rss() or 0
+            before, mapped_before = current_rss() or 0, malloc_mapped_bytes()
             try:
                 yield
             finally:
                 now = _status_kibs("VmHWM", "VmRSS")  # one read for both: this runs after every watched cell
                 peak, self.rss_after = max(now.get("VmHWM", 0), self._folded[0]), now.get("VmRSS")
+                mapped_after = malloc_mapped_bytes()
+                if None not in (mapped_before, mapped_after, self.rss_after):
+                    self.unwritten_bytes = max(0, (mapped_after - mapped_before) - (self.rss_after - before))
                 self.result = PeakMemory(
                     "cpu", max(0, peak - before),
                     "process peak RSS (VmHWM reset via /proc/self/clear_refs, malloc_trim first) minus RSS before",
@@ -302,6 +337,7 @@ class PeakMeter:
     def __enter__(self):
         self._folded = (0, 0)  # a meter used again starts afresh
         self.after = self.rss_after = None
+        self.unwritten_bytes = 0
         self._cm = self._cuda() if self.device.type == "cuda" else self._cpu()
         self._cm.__enter__()  # resets the peak (folding it into the meters around) before joining them
         _open_meters.add(self)

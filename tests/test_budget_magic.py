@@ -223,6 +223,32 @@ def test_over_a_strict_budget_fails_the_cell(ip, run_cell):
     assert statuses[-3:-1] == ["over", "already over"] and statuses[-1] in ("ok", "already near")
 
 
+def test_memory_reserved_but_not_yet_written_is_said_on_the_cell_that_reserved_it(ip, run_cell):
+    """A trial: ``x = torch.empty(3 GiB)`` passed a 1 GB strict budget in silence (its pages are not
+    resident until written) and the cell that filled it was failed, as if it had made the tensor."""
+    from nbaccel.memory import malloc_mapped_bytes
+
+    if malloc_mapped_bytes() is None:
+        pytest.skip("no glibc mallinfo2 here")
+    run_cell("import torch")
+    run_cell(f"%memory_budget {_budget_above_now(300)} --strict -q -r b")
+    result, captured = run_cell("x = torch.empty(600_000_000, dtype=torch.uint8)")
+    assert result.error_in_exec is None  # not over yet: said, not failed
+    said = unfolded(captured.stdout)
+    assert re.search(r"In\[\d+\] reserved 5\d\d MiB that is not yet resident", said), said
+    assert "over the" in said and "counts in the cell that writes it" in said
+    row = ip.user_ns["b"].history.iloc[-1]
+    assert row["status"] in ("ok", "near", "already near") and row["unwritten_bytes"] >= 500 * 2**20
+    result, captured = run_cell("x.fill_(1); None", expect_error=RuntimeError)
+    assert type(result.error_in_exec).__name__ == "BudgetExceeded"
+    assert "not yet resident" not in captured.stdout  # written now: its own verdict, no second note
+    run_cell("del x")
+    # Below the threshold, or written at once: nothing to say.
+    for cell in ("y = torch.empty(100_000_000, dtype=torch.uint8)", "z = torch.zeros(50_000_000, dtype=torch.uint8)"):
+        _, captured = run_cell(cell)
+        assert "not yet resident" not in captured.stdout, cell
+
+
 def test_history_and_live_output_agree_on_a_cell_that_frees_memory(ip, run_cell):
     """A user trial: after `del b` under a soft budget nothing was shown, but its history row read "over",
     added "0 B" -- the cell that fixed the problem was blamed for it. And after a strict failure a
@@ -543,6 +569,24 @@ def test_an_estimate_shows_the_same_activations_and_peak_phase_in_every_renderin
         assert f"at batch 32: {format_bytes(one['activations'])} (linear extrapolation)" in shown
         assert "what the forward keeps for the backward" in shown
     assert one["activations"] == fit.at(32) and "bytes alive at the end of the forward" in est.method
+
+
+def test_a_block_that_reserves_unwritten_memory_is_warned_not_failed():
+    import warnings
+
+    import nbaccel
+    from nbaccel.memory import malloc_mapped_bytes
+
+    if malloc_mapped_bytes() is None:
+        pytest.skip("no glibc mallinfo2 here")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with nbaccel.memory_budget(current_rss() + 300 * MB, strict=True) as b:
+            x = torch.empty(600_000_000, dtype=torch.uint8)
+    said = [str(w.message) for w in caught if issubclass(w.category, nbaccel.BudgetWarning)]
+    assert len(said) == 1 and said[0].startswith("block 1 reserved 5") and "not yet resident" in said[0], said
+    assert b.history["status"].iloc[-1] != "over"
+    del x
 
 
 def test_script_context_manager():

@@ -819,3 +819,33 @@ def test_a_share_reading_says_what_was_typed_and_of_what():
     # sizes are their own reading: the caller says "as given"
     for size in ("6GiB", "6G", 6 * 2**30, True):
         assert share_reading(size, cpu, 16 * 2**30) == ""
+
+
+def test_unwritten_bytes_count_allocations_not_address_space():
+    """A tensor allocated and never written counts; threads (each maps a 64 MiB malloc arena) and a
+    written tensor do not."""
+    import threading
+
+    from nbaccel.memory import PeakMeter, _can_reset_hwm, malloc_mapped_bytes
+
+    if malloc_mapped_bytes() is None or not _can_reset_hwm():
+        pytest.skip("no glibc mallinfo2, or no resettable VmHWM, here")
+    cpu = torch.device("cpu")
+    with PeakMeter(cpu, collect=False) as meter:
+        x = torch.empty(300 * 2**20, dtype=torch.uint8)
+    assert meter.unwritten_bytes >= 290 * 2**20
+    with PeakMeter(cpu, collect=False) as meter:
+        x.fill_(1)
+    assert meter.unwritten_bytes == 0
+    del x
+
+    def work():
+        [bytearray(1000) for _ in range(1000)]
+
+    with PeakMeter(cpu, collect=False) as meter:
+        threads = [threading.Thread(target=work) for _ in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    assert meter.unwritten_bytes < 16 * 2**20

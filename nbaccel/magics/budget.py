@@ -30,11 +30,13 @@ from IPython.core.magic_arguments import argument, magic_arguments
 import torch
 
 from ..budget import (NEAR, PUSHED, usage_now, BudgetError, BudgetExceeded, CellReport, Watcher, apply_cap,
-                      capped_devices, check_near, parse_budget, plural, release_cap, share_text, size_reading, status)
+                      capped_devices, check_near, parse_budget, plural, release_cap, share_text, size_reading, status,
+                      unwritten_words)
 from ..device import DeviceError, resolve_device
 from ..memory import format_bytes
 from ..oom import OOM_TYPES, explain_oom, is_oom
 from ..options import a_type, magic_spelled
+from ..render.common import prose
 from ..render.display import display_result
 from ..timing import format_seconds
 from .common import (ProgressNote, check_name, comment_hinted, help_option, history_name, interrupted_in_nbaccel,
@@ -576,6 +578,8 @@ class BudgetMagics(Magics):
         # The status says whether the cell is to blame (`budget.verdict`): a cell that starts near or over and
         # adds nothing (`del x`) is "already near"/"already over", shown nothing and never failed, and the
         # history row says the same as what was (not) shown. An error cell's status is error/oom.
+        if record is not None and record.status != "over" and record.unwritten_would_exceed:
+            print(prose("nbaccel: " + unwritten_words(record)))  # not over yet: said, never failed (the writing cell is, under --strict)
         if record is None or record.status not in ("near", "over"):
             return
         failing = record.status == "over" and self.strict and result.error_before_exec is None and not record.harness
