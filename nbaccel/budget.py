@@ -351,8 +351,15 @@ class CellRecord:
         once written: ``x = torch.empty(3 * 2**30, dtype=torch.uint8)`` passed a 1 GB strict budget, and
         the cell that filled it was blamed. Under `UNWRITTEN_WORTH_SAYING` it is not worth a note: a
         tensor written partway, or glibc keeping a freed chunk's pages."""
+        return (self.unwritten_bytes >= UNWRITTEN_WORTH_SAYING
+                and self.unwritten_written_bytes > self.budget_bytes)
+
+    @property
+    def unwritten_written_bytes(self) -> int:
+        """What the process would hold once the unwritten memory is written: its usage at the cell's end
+        (its peak where that was not read) plus the unwritten bytes."""
         held = self.after_bytes if self.after_bytes is not None else self.used_bytes
-        return self.unwritten_bytes >= UNWRITTEN_WORTH_SAYING and held + self.unwritten_bytes > self.budget_bytes
+        return held + self.unwritten_bytes
 
     @property
     def freed_bytes(self) -> int:
@@ -394,10 +401,9 @@ def verdict(before: int, added: int, budget: int, near: float) -> str:
 
 def unwritten_words(record: CellRecord) -> str:
     """The note for a cell whose reserved, still unwritten memory will take the process over the budget."""
-    held = record.after_bytes if record.after_bytes is not None else record.used_bytes
     return (f"{record.label} reserved {format_bytes(record.unwritten_bytes)} that is not yet resident "
             "(torch.empty and friends leave pages unwritten, and the process's RSS counts a page once it is "
-            f"written): written, the process would hold about {format_bytes(held + record.unwritten_bytes)}, over "
+            f"written): written, the process would hold about {format_bytes(record.unwritten_written_bytes)}, over "
             f"the {format_bytes(record.budget_bytes)} budget. It counts in the cell that writes it: make the "
             "tensor smaller, or del it")
 
