@@ -49,7 +49,7 @@ from .device import DTYPE_NAMES, DeviceError, device_info, dtype_name, resolve_d
 from .dry_run import (CHECK_TOLERANCE, DEFAULT_HEAD_LOSS, DEFAULT_LOSS, MODEL_LOSS, PHASES, ActivationFit,
                       EstimateError, LiveBytes, _default_loss, _dry_run, _example_option, _line, is_head, loss_takes_batch,
                       several_optimizers)
-from .memory import current_rss, format_bytes
+from .memory import _malloc_trim, current_rss, format_bytes
 from .model_states import (OPTIMIZERS, _largest_leaf_bytes, _optimizer_spec, closest_optimizer, make_optimizer,
                            optimizer_plan, optimizer_state_bytes, plan_name, plan_state_bytes)
 from .options import a_type, in_magic, option
@@ -128,6 +128,10 @@ class MemoryEstimate(ResultMixin):
     # process's peak RSS, this plus the step's tensors (a trial: "fits in 600 MiB (peak 449 MiB)", then each
     # step "829 MiB of 500 MiB" under %memory_budget, 425 MiB there before the step).
     process_rss_bytes: int | None = None
+    # ... and as it ended, after handing the heap the dry runs freed back (``malloc_trim``): what stays is the
+    # setup they did once for the process (a trial: 243 -> 469 -> 509 MiB over three estimates; torch's profiler
+    # alone keeps ~72 MiB from its first run, docs/memory.md).
+    process_rss_after_bytes: int | None = None
 
     def per_gpu(self, precision: str, strategy: str, n: int) -> dict:
         """Bytes per GPU for one configuration, by component.
@@ -280,8 +284,12 @@ class MemoryEstimate(ResultMixin):
         text = ", ".join(parts) + f" -- budget {budget} ({self.budget_source}), measured on {self.probe_device}"
         text += f"; on GPUs with {budget} each: {', '.join(gpus)}" if gpus else ""
         if self.process_rss_bytes:
-            text += (f"; the peaks are the step's tensors, and a watched budget (%memory_budget) counts the "
-                     f"process's whole RSS, {format_bytes(self.process_rss_bytes)} before this estimate, beside them")
+            # Named neutrally: the same sentence serves %memory_budget and memory_budget() in a script.
+            text += (f"; the peaks are the step's tensors, and a watched memory budget counts the process's whole "
+                     f"RSS beside them: {format_bytes(self.process_rss_bytes)} before this estimate")
+            if self.process_rss_after_bytes:
+                text += (f", {format_bytes(self.process_rss_after_bytes)} after it (what its dry runs set up "
+                         "once for the process stays)")
         return text
 
     def _payload(self) -> dict:
@@ -293,7 +301,8 @@ class MemoryEstimate(ResultMixin):
                 "activations": {k: v.to_dict(self.batch) for k, v in self.fits.items()},
                 "single_gpu": {k: self.single(k) for k in self.fits}, "budget_bytes": self.budget_bytes,
                 "budget_source": self.budget_source, "summary": self.summary, "probe_device": self.probe_device,
-                "method": self.method, "note": self.note, "process_rss_bytes": self.process_rss_bytes, "assumptions": list(self.assumptions), "table": self.table().to_dict(orient="records")}
+                "method": self.method, "note": self.note, "process_rss_bytes": self.process_rss_bytes,
+                "process_rss_after_bytes": self.process_rss_after_bytes, "assumptions": list(self.assumptions), "table": self.table().to_dict(orient="records")}
 
 
 def _check_arguments(batch, example, probe_batches, amp_dtype, loss_fn, name, gpu_counts) -> None:
@@ -456,6 +465,12 @@ def estimate_memory(model: torch.nn.Module, optimizer="adamw", batch: int = 32, 
                 f"the {label} dry run: {words}", time.perf_counter() - started))
             probes[label] = _dry_run(model, optimizer, example, probe_batches, dev, dtype, loss_fn, name, plan,
                                      targets, check if check > probe_batches[1] else None, progress)
+    process_rss_after = None
+    if process_rss is not None:
+        # The dry runs' freed heap would otherwise stay in the process, and a watched budget would charge the
+        # next cell's headroom for it (4-18 ms here; each CPU meter trims before it runs anyway).
+        _malloc_trim()
+        process_rss_after = current_rss()
     for label, probe in probes.items():
         allocated = None if dev.type == "cuda" else probe["allocated"]
         # Sparse gradients are measured (their rows), the dense ones exact arithmetic.
@@ -503,7 +518,7 @@ def estimate_memory(model: torch.nn.Module, optimizer="adamw", batch: int = 32, 
         state_bytes=state_device, state_host_bytes=state_host, largest_layer_bytes=_largest_leaf_bytes(model),
         fits=fits, budget_bytes=budget_bytes, budget_source=source, probe_device=str(dev), method=method,
         states_measured=states_measured, gpu_counts=tuple(gpu_counts), buffer_bytes=buffer_bytes,
-        assumptions=tuple(notes), process_rss_bytes=process_rss,
+        assumptions=tuple(notes), process_rss_bytes=process_rss, process_rss_after_bytes=process_rss_after,
     )
 
 
