@@ -14,7 +14,9 @@ import torch
 
 from . import __version__
 from .device import device_info
+from .memory import current_rss, format_bytes
 from .precision import global_state
+from .snapshot import available_host_memory
 from .results import ResultMixin
 
 
@@ -30,7 +32,35 @@ class EnvReport(ResultMixin):
 def _plain(value):
     if isinstance(value, (str, int, float, bool)) or value is None:
         return value
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
     return str(value)
+
+
+# The flags torch reads and sets as a pair (`precision.global_state`), with each half's name: the report showed
+# "(False, torch.bfloat16)" and "(True, True)", which says nothing of which half is which.
+_PAIR_NAMES = {"autocast.": ("enabled", "dtype"), "deterministic_algorithms": ("enabled", "warn_only"),
+               "anomaly_mode": ("enabled", "check_nan"), "_reduced_precision_reduction": ("allowed", "split_k")}
+
+
+def _named_pair(key: str, value):
+    """A pair-valued flag as {name: value} (`_PAIR_NAMES`); any other value as it is."""
+    if not (isinstance(value, tuple) and len(value) == 2):
+        return value
+    names = next((names for part, names in _PAIR_NAMES.items() if part in key), ("value", "second"))
+    return dict(zip(names, value))
+
+
+def _memory_row() -> str | None:
+    """The host's memory as the budgets see it: physical, available now (MemAvailable), this process's RSS."""
+    total = device_info("cpu").total_memory
+    if not total:
+        return None
+    words = [f"{format_bytes(total)} physical"]
+    available, rss = available_host_memory(), current_rss()
+    words += [f"{format_bytes(available)} available"] if available else []
+    words += [f"this process {format_bytes(rss)} (RSS)"] if rss else []
+    return ", ".join(words)
 
 
 def _yes(flag) -> str:
@@ -74,6 +104,9 @@ def env_report() -> EnvReport:
         "AVX512-FP16": _yes(cpu.cpu_features.get("avx512_fp16")),
         "threads": torch.get_num_threads(),
     }
+    memory = _memory_row()
+    if memory:
+        sections["cpu"]["memory"] = memory
     if torch.cuda.is_available():
         for index in range(torch.cuda.device_count()):
             gpu = device_info(f"cuda:{index}")
@@ -89,5 +122,5 @@ def env_report() -> EnvReport:
         sections["software"]["driver"] = nvidia_driver_version() or "not known"
     else:
         sections["gpu"] = {"CUDA available": "no -- nbaccel measures on the CPU (CPU autocast, CPU profiler, process RSS)"}
-    sections["global precision flags (now)"] = dict(global_state())
+    sections["global precision flags (now)"] = {key: _named_pair(key, value) for key, value in global_state().items()}
     return EnvReport(sections)

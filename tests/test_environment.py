@@ -66,3 +66,41 @@ def test_the_cli_stops_quietly_when_its_reader_has_gone(args):
         os.close(write_end)
     assert "Traceback" not in proc.stderr and "BrokenPipeError" not in proc.stderr, proc.stderr
     assert proc.returncode == 1  # as Python's own exit status on EPIPE (its docs' "Note on SIGPIPE")
+
+
+def test_paired_flags_name_their_second_half_in_every_form(monkeypatch):
+    """A trial read "autocast.cpu (False, torch.bfloat16)" and "anomaly_mode (False, True)": which half is the
+    mode? Each pair shows the flag first and names its companion; --json keeps both halves by name."""
+    from nbaccel.render import env as render_env
+
+    torch.use_deterministic_algorithms(False, warn_only=True)
+    try:
+        report = env_report()
+    finally:
+        torch.use_deterministic_algorithms(False)
+    flags = report.sections["global precision flags (now)"]
+    text = render_env.text(report)
+    assert "autocast.cpu                                        False (dtype: torch.bfloat16)" in text
+    assert "deterministic_algorithms                            False (warn_only: True)" in text
+    if "anomaly_mode" in flags and isinstance(flags["anomaly_mode"], dict):  # torch with check_nan
+        assert "False (check_nan: True)" in text
+    assert "(False," not in text and "(True," not in text
+    assert "False (dtype: torch.bfloat16)" in render_env.html(report)
+    payload = report.to_dict()["sections"]["global precision flags (now)"]
+    assert payload["autocast.cpu"] == {"enabled": False, "dtype": "torch.bfloat16"}
+    assert payload["deterministic_algorithms"] == {"enabled": False, "warn_only": True}
+    assert payload["float32_matmul_precision"] == torch.get_float32_matmul_precision()  # a single value stays one
+
+
+def test_the_cpu_section_gives_the_memory_a_budget_is_measured_against(monkeypatch):
+    """%memory_budget 50% reads "of this host's 23.5 GiB of physical memory": the report had no memory line."""
+    monkeypatch.setattr(environment, "available_host_memory", lambda: 3 * 2**30)
+    monkeypatch.setattr(environment, "current_rss", lambda: 300 * 2**20)
+    cpu = DeviceInfo("cpu", None, "a CPU", cpu_features={"capability": "AVX2"}, total_memory=16 * 2**30)
+    monkeypatch.setattr(environment, "device_info", lambda spec: cpu)
+    assert env_report().sections["cpu"]["memory"] == "16 GiB physical, 3 GiB available, this process 300 MiB (RSS)"
+    monkeypatch.setattr(environment, "available_host_memory", lambda: None)  # no /proc/meminfo
+    monkeypatch.setattr(environment, "current_rss", lambda: None)
+    assert env_report().sections["cpu"]["memory"] == "16 GiB physical"
+    monkeypatch.setattr(environment, "device_info", lambda spec: DeviceInfo("cpu", None, "a CPU", cpu_features={}))
+    assert "memory" not in env_report().sections["cpu"]

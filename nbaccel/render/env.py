@@ -3,17 +3,30 @@
 from .common import esc, table, text_table, wrap
 
 
+def _shown(value) -> str:
+    """A flag read as a named pair ({"enabled": False, "dtype": torch.bfloat16}) as "False (dtype: torch.bfloat16)":
+    the flag first, as torch's getter gives it, its companion named."""
+    if not isinstance(value, dict):
+        return value
+    (_, first), *rest = value.items()
+    return f"{first} ({', '.join(f'{name}: {v}' for name, v in rest)})"
+
+
+def _rows(values: dict) -> list:
+    return [[key, _shown(value)] for key, value in values.items()]
+
+
 def text(report) -> str:
     out = []
     for title, values in report.sections.items():
         out.append(f"[{title}]")
-        out.append(text_table(["key", "value"], [[k, v] for k, v in values.items()], left=(0, 1)))
+        out.append(text_table(["key", "value"], _rows(values), left=(0, 1)))
         out.append("")
     return "\n".join(out).rstrip()
 
 
 def html(report) -> str:
-    parts = [f"<h4>{esc(title)}</h4>" + table(["key", "value"], [[k, v] for k, v in values.items()],
+    parts = [f"<h4>{esc(title)}</h4>" + table(["key", "value"], _rows(values),
                                                  name_columns=(), text_columns=(0, 1))
              for title, values in report.sections.items()]
     return wrap("".join(parts))
