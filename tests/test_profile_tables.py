@@ -440,6 +440,8 @@ def test_table_text_prints_a_filtered_table_with_full_names_and_what_it_left_out
     assert r.table_text(filter="relu").startswith("the 1 row matching 'relu' (3 in all)")
     assert r.table_text(sort="calls", top=2, ascending=True).splitlines()[0] == \
         f"top 2 of {total} rows by calls ascending (grouped by op):"
+    assert [line.split()[0] for line in r.table_text(sort="calls", top=2, ascending=True).splitlines()[3:]] == \
+        list(r.table(sort="calls", top=2, ascending=True)["name"])  # the rows table(top=) keeps, in its order
     assert r.table_text(filter="no such op") == \
         f"no row of the {total} (grouped by op) has a name or source line matching 'no such op'"
     with pytest.raises(ProfileError, match="top must be at least 1"):  # table()'s checks, not a pandas error

@@ -456,13 +456,14 @@ def table_text(result, group: str | None = None, sort: str | None = None, ascend
     """`ProfileResult.table` as the text report prints its table, for a terminal or a script: a trial's
     ``print(prof.table(filter="mm"))`` came out as a DataFrame squashed to the terminal's width, with
     names cut and columns folded. The arguments are `table`'s, checked by it."""
-    from ..profile_options import table_sort
+    from ..profile_options import check_table_args, table_sort
 
-    frame = result.table(group=group, sort=sort, ascending=ascending, filter=filter, top=top)
+    check_table_args(None, None, False, "", top)  # first, as table(top=) would: the rest table() checks
+    matching = result.table(group=group, sort=sort, ascending=ascending, filter=filter)
+    frame = matching.head(top) if top else matching  # table(top=)'s cut, without filtering and sorting twice
     group = group or result.options.group
     order = f"by {sort_label(table_sort(sort) or result.default_sort)}{' ascending' if ascending else ''}"
-    matched = len(result.table(group=group, filter=filter)) if top else len(frame)
-    title = table_title(len(frame), matched, len(result.grouped(group)), order, group, (filter or "").strip())
+    title = table_title(len(frame), len(matching), len(result.grouped(group)), order, group, (filter or "").strip())
     return "\n".join([title, _ops_text(result, frame, group)]) if len(frame) else title
 
 
