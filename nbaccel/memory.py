@@ -119,15 +119,21 @@ def _libc_mallinfo2():
     return fn
 
 
-def malloc_mapped_bytes() -> int | None:
-    """Bytes glibc's malloc holds in mmapped chunks (``mallinfo2().hblkhd``: 5 µs, more where many freed
-    chunks wait in malloc's free lists, which it walks): every large allocation
-    (above its mmap threshold, at most 32 MiB), written or not. Address space as a whole (``VmSize``) is no
-    measure of allocations: a new thread maps a 64 MiB malloc arena it may never fill (8 threads, 144 MiB
-    here), and a library import maps its file. None without glibc's mallinfo2 (musl, tcmalloc preloaded:
-    their chunks are not glibc's and read 0, which only hides the note that uses this)."""
+def malloc_held_bytes() -> int | None:
+    """Bytes glibc's malloc has handed out and not got back, written or not: its mmapped chunks
+    (``mallinfo2().hblkhd``: every allocation above its mmap threshold, 128 KiB rising to 32 MiB as
+    large blocks are freed) plus what is in use in its heaps (``uordblks``, every arena: the tensors
+    below the threshold, 64 x 16 MiB ``torch.empty`` grew it 1 GiB and RSS not at all). 5 µs, more
+    where many freed chunks wait in malloc's free lists, which it walks. Address space as a whole
+    (``VmSize``) is no measure of allocations: a new thread maps a 64 MiB malloc arena it may never fill
+    (8 threads, 144 MiB here), and a library import maps its file. None without glibc's mallinfo2
+    (musl, tcmalloc preloaded: their chunks are not glibc's and read 0, which only hides the note that
+    uses this)."""
     fn = _libc_mallinfo2()
-    return int(fn().hblkhd) if fn is not None else None
+    if fn is None:
+        return None
+    info = fn()
+    return int(info.hblkhd) + int(info.uordblks)
 
 
 def _malloc_trim() -> None:
@@ -253,8 +259,8 @@ class PeakMeter:
         # watcher tells a cell that freed memory from one that only held it.
         self.after: CudaCounters | None = None
         self.rss_after: int | None = None
-        # CPU: what the run's large allocations (glibc's mmapped chunks: a tensor of more than 32 MiB is one)
-        # grew by beyond RSS: memory allocated and not yet written (torch.empty's pages become resident
+        # CPU: what malloc's allocations (`malloc_held_bytes`: mmapped chunks and heap in use) grew by beyond
+        # RSS: memory allocated and not yet written (torch.empty's pages become resident
         # when written), which RSS does not count yet. 0 where it cannot be read (no glibc mallinfo2).
         self.unwritten_bytes = 0
         # The highest peak counters read when a meter inside this one reset them (see _open_meters).
@@ -305,15 +311,17 @@ class PeakMeter:
             gc.collect()
         _malloc_trim()
         if _reset_cpu_peak():
-            before, mapped_before = current_rss() or 0, malloc_mapped_bytes()
+            before, held_before = current_rss() or 0, malloc_held_bytes()
             try:
                 yield
             finally:
                 now = _status_kibs("VmHWM", "VmRSS")  # one read for both: this runs after every watched cell
                 peak, self.rss_after = max(now.get("VmHWM", 0), self._folded[0]), now.get("VmRSS")
-                mapped_after = malloc_mapped_bytes()
-                if None not in (mapped_before, mapped_after, self.rss_after):
-                    self.unwritten_bytes = max(0, (mapped_after - mapped_before) - (self.rss_after - before))
+                # What malloc handed out beyond what became resident: allocated, not yet written. malloc_trim
+                # above made the heap's free pages non-resident, so reusing them and writing grows RSS too.
+                held_after = malloc_held_bytes()
+                if None not in (held_before, held_after, self.rss_after):
+                    self.unwritten_bytes = max(0, (held_after - held_before) - (self.rss_after - before))
                 self.result = PeakMemory(
                     "cpu", max(0, peak - before),
                     "process peak RSS (VmHWM reset via /proc/self/clear_refs, malloc_trim first) minus RSS before",

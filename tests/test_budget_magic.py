@@ -226,9 +226,9 @@ def test_over_a_strict_budget_fails_the_cell(ip, run_cell):
 def test_memory_reserved_but_not_yet_written_is_said_on_the_cell_that_reserved_it(ip, run_cell):
     """A trial: ``x = torch.empty(3 GiB)`` passed a 1 GB strict budget in silence (its pages are not
     resident until written) and the cell that filled it was failed, as if it had made the tensor."""
-    from nbaccel.memory import malloc_mapped_bytes
+    from nbaccel.memory import malloc_held_bytes
 
-    if malloc_mapped_bytes() is None:
+    if malloc_held_bytes() is None:
         pytest.skip("no glibc mallinfo2 here")
     run_cell("import torch")
     run_cell(f"%memory_budget {_budget_above_now(300)} --strict -q -r b")
@@ -575,9 +575,9 @@ def test_a_block_that_reserves_unwritten_memory_is_warned_not_failed():
     import warnings
 
     import nbaccel
-    from nbaccel.memory import malloc_mapped_bytes
+    from nbaccel.memory import malloc_held_bytes
 
-    if malloc_mapped_bytes() is None:
+    if malloc_held_bytes() is None:
         pytest.skip("no glibc mallinfo2 here")
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
