@@ -13,6 +13,7 @@ import sys
 
 def main(argv=None) -> int:
     from . import __version__
+    from .profile_options import FILTER_HELP
 
     parser = argparse.ArgumentParser(prog="nbaccel", description="PyTorch performance in Jupyter")
     parser.add_argument("--version", action="version", version=f"nbaccel {__version__}")
@@ -26,6 +27,7 @@ def main(argv=None) -> int:
     trace.add_argument("--top", type=int, default=15, help="rows of the operator table (default 15)")
     trace.add_argument("--sort", default=None, help="cpu, self, device, calls, memory or flops "
                                                     "(default: device when the trace has kernels, else self)")
+    trace.add_argument("--filter", default="", metavar="TEXT", help=FILTER_HELP)
     trace.add_argument("--shapes", action="store_true", help="group the table by op and input shapes")
     # as %profile_trace: "--sort memory needs --memory" named a flag this command lacked (a user trial)
     trace.add_argument("--stack", action="store_true",
@@ -59,7 +61,7 @@ def _trace(args) -> int:
     try:
         with magic_spelling(), trace_warnings_said(lambda message: print(f"nbaccel trace: {message}", file=sys.stderr)):
             result = load_trace(args.path, rank=args.rank, top=args.top, sort=args.sort, shapes=args.shapes,
-                                stack=args.stack, memory=args.memory)
+                                stack=args.stack, memory=args.memory, filter=args.filter)
     except (TraceError, ProfileError) as exc:
         print(f"nbaccel trace: {exc}", file=sys.stderr)
         return 2

@@ -147,6 +147,11 @@ def table_sort(sort):
     return sort if sort in pt.COLUMNS else sort_name(sort)
 
 
+# --filter's help, the same under %%profile_gpu, %profile_trace and `python -m nbaccel trace`.
+FILTER_HELP = ("show only the table rows whose op name (or source line) holds TEXT, or matches it as a regex "
+               "(aten::(mm|addmm)); the header's figures stay the whole profile's")
+
+
 def check_filter(text) -> None:
     if not isinstance(text, str):
         raise ProfileError(f"{option('filter')} takes the text to look for in the names, got {text!r}")

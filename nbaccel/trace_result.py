@@ -47,7 +47,7 @@ from .analysis.sums import intervals_union
 from .analysis.trace import TraceData, TraceError, TraceWarning, _build, _metadata, paused_gc
 from .device import DeviceInfo
 from .options import in_magic, option, whole_number
-from .profile_options import (ProfileError, ProfileOptions, check_grouping, check_sort, check_table_args,
+from .profile_options import (ProfileError, ProfileOptions, check_filter, check_grouping, check_sort, check_table_args,
                               check_table_fits, sort_name, table_sort)
 from .profile_result import ProfileResult, step_numbers_text
 from .results import ResultMixin
@@ -98,17 +98,19 @@ class RankNotFound(TraceError, LookupError):
 
 
 def load_trace(path: str | os.PathLike, *, rank: int | None = None, top: int = 15, sort: str | None = None,
-               shapes: bool = False, stack: bool = False, memory: bool = False):
+               shapes: bool = False, stack: bool = False, memory: bool = False, filter: str = ""):  # noqa: A002
     """Load a torch.profiler Chrome trace file, or a folder of them, for analysis.
 
     Returns a `ProfileResult` (the type ``%%profile_gpu`` returns) for one file or one rank,
     a `MultiRankResult` for a folder holding several ranks. ``top``/``sort``/``shapes`` set the
-    shown table like the magic's options; ``stack`` groups by recorded Python source
+    shown table like the magic's options, and ``filter`` keeps the table's rows whose op name (or source line)
+    holds it or matches it as a regex, as ``%%profile_gpu --filter`` does; ``stack`` groups by recorded Python source
     (with_stack traces) and ``memory`` charges recorded ``[memory]`` events to ops -- both keep
     those raw events, so they are off by default. Raises `TraceError` for input that is not a
     readable profiler trace, `ProfileError` for options that cannot apply.
     """
     whole_number("top", top, 1, ProfileError)
+    check_filter(filter)
     sort = sort_name(sort)  # FLOPS, gpu, self_cpu_time_total: as profile() reads them
     check_sort(sort)
     if sort == "memory" and not memory:
@@ -120,7 +122,7 @@ def load_trace(path: str | os.PathLike, *, rank: int | None = None, top: int = 1
     p = _trace_location(path)
     # made_by: what the report is headed with and to_dict() keeps; the magic calls this under its spelling.
     made_by = "%profile_trace" if in_magic() else "load_trace()"
-    opts = dict(top=top, sort=sort, shapes=shapes, stack=stack, memory=memory, made_by=made_by)
+    opts = dict(top=top, sort=sort, shapes=shapes, stack=stack, memory=memory, filter=filter, made_by=made_by)
     if p.is_file():
         if rank is not None:
             raise ProfileError(f"{option('rank', rank)} selects a rank in a folder of traces; {path} is one file")
@@ -369,7 +371,7 @@ def _load_rank(files: list[Path], opts: dict, source: str) -> ProfileResult:
     }
     _check_side_events(side, opts, where)
     options = ProfileOptions(top=opts["top"], sort=opts["sort"], memory=opts["memory"], shapes=opts["shapes"],
-                             stack=opts["stack"], device=info.type,
+                             stack=opts["stack"], filter=opts["filter"], device=info.type,
                              warmup=None, steps=None)  # not known: the header's steps are what the trace holds
     if options.sort == "device" and info.type != "cuda":
         raise ProfileError(f"{option('sort', 'device')} needs device activity; {where} has no kernels (a CPU-only "

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -24,6 +25,14 @@ def test_trace_prints_the_report_a_notebook_shows(capsys):
     out = capsys.readouterr().out
     assert out.startswith("nbaccel trace: loaded trace h200_bf16_transformer_step.json.gz -- recorded on NVIDIA H200")
     assert "top 3 of 94 rows by self FLOPs" in out and "Tensor Core share of kernel time: 45.3%" in out
+
+
+def test_trace_filters_its_table_as_the_magics_do(capsys):
+    assert main(["trace", str(H200), "--filter", "aten::(mm|addmm)", "--top", "1"]) == 0
+    assert re.search(r"^top 1 of the \d+ rows matching 'aten::\(mm\|addmm\)' \(94 in all\) by self device",
+                     capsys.readouterr().out, re.M)
+    assert "--filter TEXT" in subprocess.run([sys.executable, "-m", "nbaccel", "trace", "-h"], capture_output=True,
+                                             text=True, timeout=120).stdout
 
 
 def test_trace_json_is_the_results_to_dict(capsys):

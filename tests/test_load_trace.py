@@ -467,7 +467,8 @@ def test_a_loaded_trace_names_what_loaded_it(tmp_path, run_cell, ip):
 
 def test_magic_help_is_accurate(ip):
     doc = ip.magics_manager.magics["line"]["profile_trace"].__doc__
-    for option in ("PATH", "--top", "--sort", "--shapes", "--stack", "--memory", "--rank", "--result", "--quiet"):
+    for option in ("PATH", "--top", "--sort", "--filter", "--shapes", "--stack", "--memory", "--rank", "--result",
+                   "--quiet"):
         assert option in doc, option
 
 
@@ -722,6 +723,37 @@ def test_multirank_widget_switches_ranks_and_pages(two_ranks, monkeypatch):
     monkeypatch.setattr(display_module, "WIDGETS", "always")
     bundle = display_module.mime_bundle(r)
     assert {"text/plain", "text/html", "application/vnd.jupyter.widget-view+json"} <= set(bundle)
+
+
+def test_filter_picks_the_table_rows_of_a_trace_and_of_merged_ranks(two_ranks, run_cell, ip):
+    """%%profile_gpu took --filter, %profile_trace and load_trace did not: a job's few matmuls among 143 op rows
+    were found by scrolling. The header's figures stay the whole trace's."""
+    folder, whole = two_ranks
+    wanted = "aten::(mm|addmm)"
+    one = load_trace(folder / "rank-0.json.gz", filter=wanted, top=1)
+    assert one.options.filter == wanted and str(one).count("matching 'aten::(mm|addmm)'") == 1
+    assert re.search(r"top 1 of the 2 rows matching 'aten::\(mm\|addmm\)' \(\d+ in all\) by self device", str(one))
+    job = load_trace(folder, filter=wanted)
+    merged = whole.table(filter=wanted)
+    assert len(merged) == 2 and set(merged["name"]) == {"aten::mm", "aten::addmm"}
+    lines = render_multirank.text(job).splitlines()
+    at = next(i for i, line in enumerate(lines) if "merged over" in line)
+    assert lines[at] == (f"the 2 rows matching 'aten::(mm|addmm)' ({len(whole.ops)} in all) merged over 2 ranks by "
+                         "self device (grouped by op):")
+    assert [line.split()[0] for line in lines[at + 3:at + 5]] == list(merged["name"]) and lines[at + 5] == ""
+    assert job.header == whole.header if hasattr(job, "header") else job.per_rank.equals(whole.per_rank)
+    html = render_multirank.html(job)
+    assert "<h4>the 2 rows matching &#x27;aten::(mm|addmm)&#x27;" in html and first_column(html)[-2:] == list(merged["name"])
+    box = render_multirank.widget(job)
+    assert control(box, "Text", "filter").value == wanted
+    assert _rows([w for w in walk(box) if type(w).__name__ == "HTML"][-2].value) == list(merged["name"])
+    nothing = render_multirank.text(load_trace(folder, filter="no such op"))
+    assert f"no row of the {len(whole.ops)} (grouped by op) has a name or source line matching 'no such op'" in nothing
+    assert "operator " not in nothing  # no table header over no rows
+    run_cell(f"%profile_trace {folder} --filter mm -q -r job")
+    assert ip.user_ns["job"].options.filter == "mm"
+    with pytest.raises(nbaccel.ProfileError, match=r"^filter takes the text to look for in the names, got 3$"):
+        load_trace(folder, filter=3)
 
 
 def test_load_trace_is_exported():

@@ -13,7 +13,7 @@ from ..device import dtype_name
 from ..options import a_type, magic_spelled, magic_spelling
 from ..profile import PROFILE_MAGIC, ProfileResult, _nested, profile_function
 from ..profile_compare import compare_profiles
-from ..profile_options import DTYPES, ProfileError, ProfileOptions, validate
+from ..profile_options import DTYPES, FILTER_HELP, ProfileError, ProfileOptions, validate
 from ..op_attribution import cell_line_label
 from ..profile_table import SORT_COLUMNS
 from .common import (cell_function, cell_number, check_name, check_name_free, comment_hinted, compile_cell, dtype_hint,
@@ -32,9 +32,7 @@ class ProfileMagics(Magics):
     @argument("--sort", default=None, metavar="{" + ",".join(SORT_COLUMNS) + "}",  # read by sort_name, any case
               help="cpu (CPU total), self (self CPU), device (self device time), calls, memory (self bytes), flops; "
                    "default: device on CUDA, else self")
-    @argument("--filter", default="", metavar="TEXT",
-              help="show only the table rows whose op name (or source line) holds TEXT, or matches it as a regex "
-                   "(aten::(mm|addmm)); the header's figures stay the whole profile's")
+    @argument("--filter", default="", metavar="TEXT", help=FILTER_HELP)
     @argument("--memory", action="store_true", help="record memory allocated per op (profile_memory)")
     @argument("--shapes", action="store_true", help="group the table by op and input shapes")
     @argument("--stack", action="store_true", help="record Python stacks (with_stack); group by source line")

@@ -9,7 +9,7 @@ from IPython.core.magic import Magics, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments
 
 from ..options import magic_spelled
-from ..profile_options import ProfileError
+from ..profile_options import FILTER_HELP, ProfileError
 from ..profile_table import SORT_COLUMNS
 from ..render.display import display_result
 from ..trace_result import TraceError, load_trace, trace_warnings_said
@@ -27,6 +27,7 @@ class TraceMagics(Magics):
     @argument("--sort", default=None, metavar="{" + ",".join(SORT_COLUMNS) + "}",  # read by sort_name, any case
               help="cpu (CPU total), self (self CPU), device (self device time), calls, memory, flops; "
                    "default: device when the trace has kernels, else self")
+    @argument("--filter", default="", metavar="TEXT", help=FILTER_HELP)
     @argument("--shapes", action="store_true", help="group the table by op and input shapes")
     @argument("--stack", action="store_true",
               help="group by recorded Python source (traces made with with_stack=True)")
@@ -55,7 +56,7 @@ class TraceMagics(Magics):
         try:
             with trace_warnings_said(lambda message: print(f"Warning: {message}", file=sys.stderr)):
                 result = load_trace(args.path, rank=args.rank, top=args.top, sort=args.sort, shapes=args.shapes,
-                                    stack=args.stack, memory=args.memory)
+                                    stack=args.stack, memory=args.memory, filter=args.filter)
         except (TraceError, ProfileError) as exc:
             raise UsageError(str(exc)) from None
         store_result(self.shell, args.result, result)

@@ -98,17 +98,26 @@ def method(result) -> str:
 
 # --- text -------------------------------------------------------------------------------------------
 
+def _merged_table(result):
+    """The merged op table the report shows (--top rows of what --filter kept), with the line over it."""
+    matching = result.table(filter=result.options.filter)
+    frame = matching.head(result.options.top)
+    order = f"merged over {len(result.ranks)} ranks by {single.sort_label(result.default_sort)}"
+    return frame, single.table_title(len(frame), len(matching), len(result.ops), order, result.options.group,
+                                     result.options.filter.strip())
+
+
 def text(result) -> str:
     out = ["nbaccel " + title(result), *map(prose, straggler_lines(result)), ""]
     out.append(text_table(_RANK_HEADERS, rank_rows(result), left=()))
     first = next(iter(result.ranks.values()))
     group = result.options.group
     cols = single.visible_columns(first, group)
-    frame = result.table(top=result.options.top)
-    out += ["", f"top {len(frame)} of {len(result.ops)} ops merged over {len(result.ranks)} ranks by "
-                f"{single.sort_label(result.default_sort)} (grouped by {group}):"]
-    out.append(text_table([c[1] for c in cols], single._rows(first, frame, cols),
-                          left=tuple(i for i, c in enumerate(cols) if c[2] == "text")))
+    frame, title_line = _merged_table(result)
+    out += ["", title_line]
+    if len(frame):
+        out.append(text_table([c[1] for c in cols], single._rows(first, frame, cols),
+                              left=tuple(i for i, c in enumerate(cols) if c[2] == "text")))
     out += ["", labelled("method: ", method(result))]
     return "\n".join(out)
 
@@ -143,11 +152,10 @@ def header_html(result) -> str:
 def html(result) -> str:
     first = next(iter(result.ranks.values()))
     group = result.options.group
-    frame = result.table(top=result.options.top)
+    frame, title_line = _merged_table(result)
     return wrap(header_html(result) + ranks_html(result)
-                + f"<h4>Top {len(frame)} of {len(result.ops)} ops merged over {len(result.ranks)} ranks by "
-                  f"{esc(single.sort_label(result.default_sort))}</h4>"
-                + single.ops_table_html(first, frame, group)
+                + f"<h4>{esc(title_line.rstrip(':'))}</h4>"
+                + (single.ops_table_html(first, frame, group) if len(frame) else "")
                 + f'<div class="muted">method: {esc(method(result))}</div>')
 
 
@@ -168,7 +176,7 @@ def widget(result):
     sort = w.Dropdown(options=[(label, col) for col, label, _ in cols],  # named as the table's headers are
                       value=SORT_COLUMNS.get(result.default_sort, result.default_sort), description="sort by")
     ascending = w.Checkbox(value=False, description="ascending", indent=False)
-    name_filter = w.Text(value="", placeholder="part of an op name, or a regex", description="filter")
+    name_filter = w.Text(value=result.options.filter, placeholder="part of an op name, or a regex", description="filter")
     size, page = single.page_controls()
     status, ops = w.HTML(), w.HTML()
     updating = [False]
