@@ -695,13 +695,14 @@ class CellReport(ResultMixin):
 
 
 def status(watcher: Watcher | None, device: torch.device, namespace: dict | None = None, skip=lambda n: False,
-           enforce: bool = False, strict: bool = False, note: str = "", unit: str = "cell") -> BudgetStatus:
+           enforce: bool = False, strict: bool = False, note: str = "", unit: str = "cell",
+           error_tb=None) -> BudgetStatus:
     used, allocated = usage_now(device)
     return BudgetStatus(
         active=watcher is not None, device=str(device), budget_bytes=watcher.budget if watcher else None,
         device_total=device_memory(device), enforce=enforce, strict=strict,
         near=watcher.near if watcher else NEAR, records=watcher.records if watcher else [],
-        holders=namespace_holders(namespace or {}, skip=skip), used_now=used, allocated_now=allocated, note=note,
+        holders=namespace_holders(namespace or {}, skip=skip, error_tb=error_tb), used_now=used, allocated_now=allocated, note=note,
         unit=unit,
     )
 

@@ -1341,3 +1341,49 @@ def test_an_estimate_page_shows_the_figures_and_folds_the_method(ip, run_cell, m
     run_cell("%memory_budget 8MiB --model big --batch 8 --input xb -r est")  # 4 MiB of weights, 16+ with adamw
     (sharding, sharding_open, _), _ = _folds(budget_render.widget(ip.user_ns["est"]).value)
     assert sharding_open and "not needed" not in sharding  # over the budget on one device: the plan is the answer
+
+
+@pytest.mark.parametrize("raised", ["ValueError('after allocating')", "KeyboardInterrupt"])
+def test_a_failed_cell_says_it_went_over_and_what_its_traceback_keeps_until_released(ip, run_cell, raised):
+    """A trial: a step that allocated 300 MiB and then raised (or was interrupted) under a 600 MiB --strict budget
+    showed its traceback alone; the history read "error" at 114%, every later cell "already over" in silence,
+    and the 300 MiB stayed held by the error's traceback, which the holders table did not list."""
+    run_cell("import torch")
+    run_cell(f"%memory_budget {_budget_above_now(200)} --strict -q")
+    run_cell(f"def boom():\n    t = torch.ones(300 * 2**20 // 4)\n    raise {raised}")
+    result, captured = run_cell("boom()", expect_error=BaseException)
+    said = unfolded(captured.stdout)
+    count = result.execution_count
+    assert re.search(rf"nbaccel: In\[{count}\] failed, and its peak went over the memory budget before it did: "
+                     r"[\d.]+ MiB of [\d.]+ MiB \(1\d\d%\); it added 30\d MiB\. Its traceback keeps 300 MiB of tensors "
+                     r"alive in its functions' variables \(t in boom 300 MiB\): IPython keeps the last error for %tb and "
+                     r"%debug until the next one, and no del reaches them; %memory_budget release drops it$", said, re.M), said
+    _, captured = run_cell("%memory_budget")
+    rows = [line.split() for line in captured.outputs[0].data["text/plain"].splitlines()]
+    assert ["(last", "error)", "traceback", "cpu", "fp32", "300", "MiB", "t", "in", "boom", "300", "MiB"] in rows
+    before = current_rss()
+    _, captured = run_cell("%memory_budget release")
+    assert current_rss() < before - 250 * MB
+    assert re.fullmatch(rf"nbaccel: released the last error \({'ValueError: after allocating' if 'Value' in raised else 'KeyboardInterrupt: '}\) "
+                        r"and its traceback: process RSS [\d.]+ MiB -> [\d.]+ MiB; %tb and %debug have nothing to show "
+                        r"now", unfolded(captured.stdout).strip()), captured.stdout
+    _, captured = run_cell("%memory_budget release")
+    assert "no error to release" in captured.stdout
+    _, captured = run_cell("%tb")
+    assert "No traceback available" in captured.stdout + captured.stderr
+    for line, named in (("release --strict", "--strict goes"), ("release -r b", "-r goes")):
+        with pytest.raises(UsageError, match=f"^{named} with a budget or a status, not with release"):
+            ip.run_line_magic("memory_budget", line)
+    run_cell("%memory_budget off -q")
+
+
+def test_a_failed_cell_that_held_little_gets_no_note(ip, run_cell):
+    run_cell("import torch")
+    run_cell(f"%memory_budget {_budget_above_now(200)} -q")
+    _, captured = run_cell("def small():\n    t = torch.ones(1000)\n    raise ValueError('x')\nsmall()",
+                           expect_error=ValueError)
+    assert "nbaccel:" not in captured.stdout
+    _, captured = run_cell("%memory_budget")
+    rows = [line.split() for line in captured.outputs[0].data["text/plain"].splitlines()]
+    assert ["(last", "error)", "traceback", "cpu", "fp32", "3.91", "KiB", "t", "in", "small", "3.91", "KiB"] in rows
+    run_cell("%memory_budget off -q")

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import ast
 import difflib
+import gc
 import re
 import sys
 import time
@@ -31,9 +32,10 @@ import torch
 
 from ..budget import (NEAR, PUSHED, usage_now, BudgetError, BudgetExceeded, CellReport, Watcher, apply_cap,
                       capped_devices, check_near, parse_budget, plural, release_cap, share_text, size_reading, status,
-                      unwritten_words)
+                      unwritten_words, verdict)
 from ..device import DeviceError, resolve_device
-from ..memory import format_bytes
+from ..holders import error_frames_holder
+from ..memory import _malloc_trim, format_bytes
 from ..oom import OOM_TYPES, explain_oom, is_oom
 from ..options import a_type, magic_spelled
 from ..render.common import prose
@@ -116,7 +118,8 @@ class BudgetMagics(Magics):
     @argument("budget", nargs="?", default=None,
               help="6GiB, 6GB, 512MiB, 6G (= 6GiB, as docker and systemd read it), or a share of the device such as "
                    "0.8 or 80%% (the CPU: of physical memory); "
-                   "'off' removes the budget and every hook; nothing (or 'status'): show the status")
+                   "'off' removes the budget and every hook; nothing (or 'status'): show the status; 'release': "
+                   "drop the last error, whose traceback keeps its functions' tensors alive")
     @argument("--device", default="auto", help="auto, cpu or cuda[:N] (default: cuda when present)")
     @argument("--enforce", action="store_true",
               help="CUDA: cap the allocator at the budget (set_per_process_memory_fraction), so a cell that "
@@ -160,6 +163,7 @@ class BudgetMagics(Magics):
             %memory_budget                 # status (also: %memory_budget status): budget, last cells' peaks,
                                            # what holds memory now
             %memory_budget off             # remove the budget, its hooks, handler and cap
+            %memory_budget release         # drop the last error and the tensors its traceback kept alive
             %memory_budget 80GiB --model model --optimizer adamw --batch 32 --input x
 
         After a cell: nothing when it stayed under --near (75%) of the budget, a gauge when above,
@@ -209,7 +213,8 @@ class BudgetMagics(Magics):
         if for_model:  # silently watching a budget instead of the prediction asked for would mislead
             raise UsageError(f"{_go(for_model)} with --model: "
                              "%memory_budget 80GiB --model model --batch 32 predicts that model's memory")
-        words = {"off": "removes the budget and every hook", "status": "shows the budget and the cells watched"}
+        words = {"off": "removes the budget and every hook", "status": "shows the budget and the cells watched",
+                 "release": "drops the last error and what its traceback kept alive"}
         if args.budget is not None and args.budget.isalpha() and args.budget.lower() not in words:
             # none, clear, reset (a user trial) and stats mean a word they do not resemble
             meant = ([SAME_AS[args.budget.lower()]] if args.budget.lower() in SAME_AS else
@@ -221,6 +226,12 @@ class BudgetMagics(Magics):
             args.budget = None  # the docs and the help call the bare line "the status": both spellings work
         watch_line = "%memory_budget 6GiB " + " ".join(f"--near {args.near:g}" if flag == "--near" else flag
                                                        for flag in for_watching)
+        if args.budget is not None and args.budget.lower() == "release":
+            extra = for_watching + (["-r"] if args.result else [])
+            if extra:
+                raise UsageError(f"{_go(extra)} with a budget or a status, not with release, which only drops the "
+                                 "last error: %memory_budget release")
+            return self._release(args.quiet)
         if args.budget is not None and args.budget.lower() == "off":
             if for_watching:  # a trial's "off --strict" was taken silently, the flag dropped
                 raise UsageError(f"{_go(for_watching)} with a budget to watch, not with off, which removes the "
@@ -247,7 +258,25 @@ class BudgetMagics(Magics):
 
     def _status(self, device, note=""):
         return status(self.watcher, device, self.shell.user_ns, skip=history_name(self.shell), enforce=self.enforce,
-                      strict=self.strict, note=note)
+                      strict=self.strict, note=note, error_tb=getattr(sys, "last_traceback", None))
+
+    def _release(self, quiet: bool) -> None:
+        """``%memory_budget release``: drop every reference to the last error's traceback, so the frames it keeps
+        (and the tensors in their variables) can be freed. %tb and %debug have nothing to show afterwards."""
+        device = self.watcher.device if self.watcher else self._device("auto")
+        before = usage_now(device)[0]
+        words = drop_last_error(self.shell)
+        gc.collect()
+        _malloc_trim()
+        after = usage_now(device)[0]
+        if quiet:
+            return
+        if words is None:
+            print("nbaccel: no error to release (none since the kernel started, or released already)")
+            return
+        measured = "reserved" if device.type == "cuda" else "process RSS"
+        print(prose(f"nbaccel: released the last error ({words}) and its traceback: {measured} "
+                    f"{format_bytes(before)} -> {format_bytes(after)}; %tb and %debug have nothing to show now"))
 
     def _show(self, args, result):
         store_result(self.shell, args.result, result)
@@ -578,6 +607,11 @@ class BudgetMagics(Magics):
         # The status says whether the cell is to blame (`budget.verdict`): a cell that starts near or over and
         # adds nothing (`del x`) is "already near"/"already over", shown nothing and never failed, and the
         # history row says the same as what was (not) shown. An error cell's status is error/oom.
+        if record is not None and record.status == "error":
+            note = failed_cell_words(record, self.watcher.near, error)
+            if note:
+                print(prose("nbaccel: " + note))
+            return
         if record is not None and record.status != "over" and record.unwritten_would_exceed:
             print(prose("nbaccel: " + unwritten_words(record)))  # not over yet: said, never failed (the writing cell is, under --strict)
         if record is None or record.status not in ("near", "over"):
@@ -661,6 +695,53 @@ class BudgetMagics(Magics):
         stb = shell.InteractiveTB.get_exception_only(etype, value)
         shell._showtraceback(etype, value, stb)
         return None
+
+
+def drop_last_error(shell) -> str | None:
+    """Drop what keeps the last error's traceback alive: sys.last_* (%tb, %debug), IPython's formatter's copy,
+    and each exception's own ``__traceback__`` in its chain (the last cell's result keeps the exception).
+    Returns "ValueError: ..." for the error dropped, None where there was none."""
+    error = getattr(sys, "last_value", None)
+    found = error is not None or getattr(sys, "last_traceback", None) is not None
+    seen = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        error.__traceback__ = None
+        error = error.__cause__ or error.__context__
+    words = _error_words(sys.last_value) if getattr(sys, "last_value", None) is not None else "its traceback"
+    for name in ("last_type", "last_value", "last_traceback", "last_exc"):
+        if hasattr(sys, name):
+            delattr(sys, name)
+    if getattr(shell.InteractiveTB, "tb", None) is not None:  # AutoFormattedTB keeps the traceback it printed
+        found = True
+        shell.InteractiveTB.tb = None
+    return words if found else None
+
+
+def _error_words(error: BaseException) -> str:
+    text = f"{type(error).__name__}: {error}"
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def failed_cell_words(record, near: float, error: BaseException | None) -> str:
+    """What a budget says of a cell that raised: a failed cell's status is "error", which shows nothing, and
+    its peak may have gone over the budget before it failed (a trial: 684 MiB of 600 MiB, then every later
+    cell "already over", silent); and its traceback keeps the tensors its functions made (IPython keeps the
+    last error for %tb and %debug), which no ``del`` reaches."""
+    would = verdict(record.before_bytes, record.added_bytes, record.budget_bytes, near)
+    peak = (f", and its peak {'went over' if would == 'over' else 'came near'} the memory budget before it did: "
+            f"{format_bytes(record.used_bytes)} of {format_bytes(record.budget_bytes)} ({share_text(record.fraction)}); "
+            f"it added {format_bytes(record.added_bytes)}" if would in ("over", "near") else "")
+    tb = getattr(error, "__traceback__", None)
+    held = error_frames_holder(tb, {}) if tb is not None else None
+    kept = (f". Its traceback keeps {format_bytes(held.nbytes)} of tensors alive in its functions' variables "
+            f"({held.detail}): IPython keeps the last error for %tb and %debug until the next one, and no del reaches "
+            "them; %memory_budget release drops it" if held is not None and held.nbytes >= FRAMES_WORTH_SAYING else "")
+    return f"{record.label} failed{peak}{kept}" if peak or kept else ""
+
+
+# Tensors kept by a failed cell's frames below this are not worth a note.
+FRAMES_WORTH_SAYING = 16 * 2**20
 
 
 def _check_names(tokens: list[str]) -> None:
