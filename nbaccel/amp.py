@@ -323,6 +323,7 @@ class _Runner:
         self._report_restore = on_first_run is not None and _takes_three(on_first_run)  # read once
         self._reported: set = set()  # the variants whose first run on_first_run was told of
         self._runs = 0  # runs so far, for the runs still to come
+        self.relaxed_by_cell: dict[int, list[str]] = {}  # id(recipe) -> the fp32 settings its audited run ended with
         self.meter: ContentionMeter | None = None  # set for the timed rounds only, not the warmup
         self.names: dict = {}  # id(recipe) -> the variant's name, the meter's span
         # The restores of the variables before each run, timed (perf_counter: the host's copy, whatever
@@ -430,6 +431,9 @@ class _Runner:
         scales_before = _scaler_scales(self.snapshot)
         with self.silence(), apply_recipe(recipe), probe, audit, _ScalerUse() as scaler_use:
             value = self.cell()
+            if recipe.autocast_dtype is None:  # read before the recipe puts its own settings back
+                # The cell's own torch.set_float32_matmul_precision("medium"): the fp32 run was not strict.
+                self.relaxed_by_cell[id(recipe)] = relaxed_fp32_settings(self.device.type)
         host = _safely("copy the result to the host", to_host, value)
         # read now, while the value's tensors are alive: the audit keys them weakly
         magnitudes = _safely("read the result's magnitudes", leaf_magnitudes, value, audit.magnitude_of)[0] or {}
@@ -565,6 +569,7 @@ def compare_amp(
         result = _build_result(info, order, times, memory, audits, amp_recipe, base_recipe, baseline,
                                warmup, repeat, clock, snapshot, restore, value, fp32_again)
         result.outer_autocast, result.fp32_overridden = outer_autocast, fp32_overridden
+        result.fp32_relaxed_by_cell = runner.relaxed_by_cell.get(id(base_recipe), []) if baseline else []
         result.restore_times = runner.restore_times if restore else []
         if graphs_compiled() > graphs_at_start and not compiled:  # torch.compile called inside the cell
             compiled = ["the code the cell compiles"]

@@ -98,6 +98,19 @@ def _outer_autocast_note(result: AmpResult, dtype: str) -> str:
             "it is on again for your own code.")
 
 
+def _relaxed_in_baseline(result: AmpResult) -> str:
+    """The fp32 run is strict fp32 around the cell, but a cell that sets a lower fp32 precision itself runs its
+    fp32 matmuls as that asks (bf16 passes on the CPU's oneDNN, TF32 on CUDA): the comparison is then with that,
+    not with IEEE fp32, and nothing else in the report would say so (a trial read "strict fp32")."""
+    settings = " and ".join(result.fp32_relaxed_by_cell)
+    what = "TF32 (or bf16) passes" if result.device.type == "cuda" else "oneDNN's bf16 passes"
+    around = "%%amp" if in_magic() else "compare_amp"
+    return (f"The fp32 run was not strict fp32: the cell itself calls {settings}, so its fp32 matmuls ran with "
+            f"{what} there; the speedup and drift compare the recipe with that setting, not with IEEE fp32. Make the "
+            f"setting in a cell of its own, before {around}, to compare against strict fp32 (the fp32 run then "
+            "overrides it, and says so).")
+
+
 def _reduced_in_baseline(result: AmpResult) -> str | None:
     """The fp32 run is strict fp32 around the cell, but a cell that enters autocast itself (or casts
     the model to bf16) still runs its matmuls in reduced precision there: then both runs are the same
@@ -431,6 +444,8 @@ def advise(result: AmpResult) -> list[str]:
         notes.append(_compiled_note(result.compiled))
     if result.outer_autocast:
         notes.append(_outer_autocast_note(result, dtype))
+    if result.fp32_relaxed_by_cell:
+        notes.append(_relaxed_in_baseline(result))
     own = _reduced_in_baseline(result)
     if own:
         notes.append(own)

@@ -127,6 +127,9 @@ class AmpResult(ResultMixin):
     # The user's settings that run fp32 math below IEEE fp32 (`precision.relaxed_fp32_settings`, as
     # code): the recipes did not use them (the fp32 run is strict), and the method line says so.
     fp32_overridden: list[str] = field(default_factory=list)
+    # The same settings made by the cell itself, read as its fp32 run ended: that run's fp32 math was as they
+    # ask, not strict (a trial's step began with torch.set_float32_matmul_precision("medium")).
+    fp32_relaxed_by_cell: list[str] = field(default_factory=list)
     made_by: str = "compare_amp()"  # or "%%amp": what the header names (a script's report said "%%amp")
     value: object = field(default=None, repr=False)  # the kept run's value (not serialized)
 
@@ -414,6 +417,7 @@ class AmpResult(ResultMixin):
             "drift_skipped": self.drift_skipped,
             "outer_autocast": self.outer_autocast,
             "fp32_overridden": self.fp32_overridden,
+            "fp32_relaxed_by_cell": self.fp32_relaxed_by_cell,
             "advice": self.advice,
             "noise_warnings": self.noise_warnings,
             "contention": self.contention.to_dict() if self.contention else None,

@@ -431,6 +431,34 @@ def test_the_report_says_the_fp32_it_ran_is_not_the_users_relaxed_one():
     assert "fp32 math: strict IEEE fp32 in the ops autocast leaves in fp32, not as your" in unfolded(alone)
 
 
+def test_a_cell_that_lowers_its_own_fp32_precision_is_not_reported_as_strict_fp32():
+    """A trial's step began with torch.set_float32_matmul_precision("medium"): the report's fp32 row read
+    "strict fp32", fp32_overridden was [], and no line said the fp32 run's matmuls were not IEEE fp32."""
+    (a, b, _, _), _ = _strict_matmul_and_conv()
+
+    def step():
+        torch.set_float32_matmul_precision("medium")
+        return a @ b
+
+    saved = TorchGlobals()
+    try:
+        res = nbaccel.compare_amp(step, dtype="bf16", repeat=3, warmup=0)
+        plain = nbaccel.compare_amp(lambda: a @ b, dtype="bf16", repeat=3, warmup=0)  # "medium" set before: overridden
+    finally:
+        saved.restore()
+    setting = 'torch.set_float32_matmul_precision("medium")'
+    assert res.fp32_relaxed_by_cell == [setting] and res.fp32_overridden == []
+    assert res.to_dict()["fp32_relaxed_by_cell"] == [setting]
+    text = unfolded(res)
+    assert f'fp32 as the cell sets it ({setting})' in text and "strict fp32" not in text.split("advice:")[0]
+    assert (f"The fp32 run was not strict fp32: the cell itself calls {setting}, so its fp32 matmuls ran with "
+            "oneDNN's bf16 passes there; the speedup and drift compare the recipe with that setting, not with IEEE "
+            "fp32. Make the setting in a cell of its own, before compare_amp, to compare against strict fp32") in text
+    # Set before the comparison, the setting is the user's, overridden in the fp32 run: said as before.
+    assert plain.fp32_relaxed_by_cell == [] and plain.fp32_overridden == [setting]
+    assert "The fp32 run was not strict fp32" not in unfolded(plain)
+
+
 def _matmul_tf32():
     if NEW_TF32_API:
         return torch.backends.cuda.matmul.fp32_precision

@@ -18,6 +18,8 @@ def _variant_rows(result):
     rows = []
     for v in filter(None, (result.baseline, result.amp)):
         recipe = v.recipe.label
+        if v is result.baseline and result.fp32_relaxed_by_cell:  # the cell set its own fp32 precision
+            recipe = f"fp32 as the cell sets it ({' and '.join(result.fp32_relaxed_by_cell)})"
         if v is result.baseline and result.baseline_reduced:  # the cell's own autocast / casts ran inside it
             recipe += f" + the cell's own {' and '.join(result.baseline_reduced)}"
         rows.append([
