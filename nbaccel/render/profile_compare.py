@@ -47,6 +47,20 @@ def first_run_note(c) -> str | None:
     return " and ".join(names) + (" was a first run" if len(names) == 1 else " were first runs") + ": setup included"
 
 
+def contended_note(c) -> str | None:
+    """"a ran while other programs used 1.0 of the 2 CPU cores", for the headline beside `first_run_note`; None
+    when neither profile was contended. The two profiles ran at different moments, so load in one skews every
+    ratio: a trial's baseline, recorded while another process kept a core busy, read "14.9x faster" for a 1.3x
+    change, and the contention was the fifth line under it."""
+    named = [f"{label} ran while other programs used {result.contention.figures()}"
+             for label, result in zip(c.labels, (c.before, c.after)) if _contended(result)]
+    return "; ".join(named) or None
+
+
+def _contended(result) -> bool:
+    return result.contention is not None and result.contention.contended
+
+
 def first_run_lines(c) -> list[str]:
     """The caveat on a side that was likely its code's first run: the headline it qualifies, why, and how to be sure.
 
@@ -81,15 +95,17 @@ def first_run_lines(c) -> list[str]:
 
 
 def _maybe_setup(c, side: int) -> str:
-    """The qualifier of a called-out line that a first run's setup may explain: ops faster in or only in a
-    'before' that was one, slower in or only in an 'after' that was."""
-    return " (maybe first-run setup: see above)" if c.first_runs[side] else ""
+    """The qualifier of a called-out line that a first run's setup, or other programs' load, may explain: ops
+    faster in or only in a 'before' that was one (or contended), slower in or only in an 'after' that was."""
+    causes = [cause for cause, on in (("first-run setup", c.first_runs[side]),
+                                      ("contention", _contended((c.before, c.after)[side]))) if on]
+    return f" (maybe {' or '.join(causes)}: see above)" if causes else ""
 
 
 def summary_items(c) -> list[tuple[str, str]]:
     (sa, sb), (oa, ob) = c.step_time_us, c.op_time_us
     a, b = c.labels
-    note = first_run_note(c)
+    note = "; ".join(filter(None, (first_run_note(c), contended_note(c))))
     return [("mean step time", f"{_time(sa)} -> {_time(sb)} ({_ratio(sa, sb)}" + (f"; {note})" if note else ")")),
             ("ops' self time", f"{_time(oa)} -> {_time(ob)} ({_ratio(oa, ob)})"),
             ("compared", "device self time" if c.on_device else "self CPU time")]
@@ -136,8 +152,11 @@ def finding_lines(c) -> list[str]:
              (f"faster in {b}{_maybe_setup(c, 0)}", c.faster, changed),
              (f"only in {a}{_maybe_setup(c, 0)}", c.gone, alone("before_us", 0)),
              (f"no clear change in total in {b}", c.unclear, unclear))
-    lines = first_run_lines(c) + [f"{label}: " + _names(rows, what) for label, rows, what in kinds if rows]
-    if len(lines) == len(first_run_lines(c)):
+    # Other programs' load first, beside the first-run caveat: both qualify every ratio under them.
+    caveats = first_run_lines(c) + [f"{label}: {result.contention_warning}" for label, result
+                                    in zip(c.labels, (c.before, c.after)) if result.contention_warning]
+    lines = caveats + [f"{label}: " + _names(rows, what) for label, rows, what in kinds if rows]
+    if len(lines) == len(caveats):
         lines.append(f"no op changed by {c.min_ratio:.2f}x and by {MIN_SHARE:.0%} of the ops' time or more"
                      + (", beyond its step-to-step spread" if c.spread_checked else "")
                      + ": the difference is spread over many ops, or within the noise (the table has every op)")
@@ -149,9 +168,6 @@ def finding_lines(c) -> list[str]:
     if not c.spread_checked and (c.slower or c.faster or c.moved):
         lines.append(f"from {'one step' if 1 in c.steps else 'steps'} without a spread to check them against: "
                      f"profile both with {option('steps', 5)} to name only changes beyond each op's step-to-step noise")
-    for label, result in zip(c.labels, (c.before, c.after)):
-        if result.contention_warning:  # the two ran at different moments: load in one skews the ratios
-            lines.append(f"{label}: {result.contention_warning}")
     return lines
 
 
