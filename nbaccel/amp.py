@@ -812,8 +812,9 @@ def _build_result(info, order, times, memory, audits, amp_recipe, base_recipe, b
                                  resolution(amp_recipe))
         if why is None:
             # token ids (a generate loop's output): integers, no relative error, so whether the tokens agree
+            prompts = audits[id(base_recipe)][0].embedding_ids  # an embedding looked up: the ids are text
             tokens, tokens_why = _safely("compare the two results' token ids", compare_tokens, base_value, amp_value,
-                                         audits[id(base_recipe)][0].embedding_ids)
+                                         prompts, bool(prompts))
             if drift is None and tokens is None:
                 why = tokens_why
     state_changed = False

@@ -149,11 +149,12 @@ def _near_zero_notes(result: AmpResult, drift: dict, dtype: str) -> list[str]:
 
 def _tokens_size(tokens: dict) -> str:
     """How far two runs' token ids differ, for the state note: "tokens agree at 87%"."""
+    words = tokens.get("tokens", True)  # integers without an embedding lookup are no text (`drift.compare_tokens`)
     if not tokens["comparable"]:
-        return "another number of token sequences"
+        return "another number of token sequences" if words else "another number of rows of integer ids"
     if tokens["agree"] == tokens["compared"]:
-        return "token sequences of other lengths"
-    return f"tokens agree at {share_words(tokens['agree'], tokens['compared'])}"
+        return "token sequences of other lengths" if words else "rows of integer ids of other lengths"
+    return f"{'tokens' if words else 'integer ids'} agree at {share_words(tokens['agree'], tokens['compared'])}"
 
 
 def _drift_differs(drift: dict | None) -> bool:

@@ -273,22 +273,28 @@ def _token_leaf(path: str, b: torch.Tensor, a: torch.Tensor, prompts) -> dict:
             "diverged": sum(f is not None for f in first), "first_divergence": first}
 
 
-def compare_tokens(base, amp, prompts=()) -> dict | None:
+def compare_tokens(base, amp, prompts=(), text: bool = True) -> dict | None:
     """Token agreement between the two runs' token-id leaves (`is_token_ids`): the share of positions where
     fp32 and the recipe chose the same token, and per sequence how many positions agreed before the first
     that differs (a generate loop that picks another token once goes on from another text). ``prompts``:
     the ids the fp32 run first fed an embedding (`flops.OpAudit.embedding_ids`); where each sequence
     starts with one of them, the prompt, only the new tokens are counted. Where generation stopped at
     another length, the positions both runs have are compared and ``lengths_differ`` says so; another
-    number of sequences is not compared (``comparable`` False). None when no leaf is token ids in both runs."""
+    number of sequences is not compared (``comparable`` False). None when no leaf is token ids in both runs.
+    ``text``: whether the ids are text (``%%amp`` passes whether the fp32 run looked up an embedding); False words
+    them as integer ids and entries (``tokens`` False in the result and its leaves), as a classifier's argmax is."""
     base, amp = to_host(base), to_host(amp)
     leaves = [_token_leaf(path, b, a, prompts) for (path, b), (_, a) in zip(_leaves(base), _leaves(amp))
               if is_token_ids(b) and is_token_ids(a)]
     if not leaves:
         return None
+    # Without an embedding lookup in the fp32 run, the integers are no text: a CNN's argmax over 32 images read
+    # "tokens identical (1 sequence x 32 positions)". They are counted the same, and worded as ids and entries.
+    for leaf in leaves:
+        leaf["tokens"] = text
     compared = [leaf for leaf in leaves if leaf["comparable"]]
     positions, agree = sum(leaf["compared"] for leaf in compared), sum(leaf["agree"] for leaf in compared)
-    return {"leaves": leaves, "compared": positions, "agree": agree,
+    return {"leaves": leaves, "compared": positions, "agree": agree, "tokens": text,
             "agreement": agree / positions if positions else None,
             "sequences": sum(leaf["sequences"] for leaf in compared),
             "diverged": sum(leaf["diverged"] for leaf in compared),
@@ -316,7 +322,9 @@ def token_figures(leaf: dict, name: str) -> str:
     first after 12 of 20 new tokens (median of the 3)". ``name``: the recipe's dtype."""
     if not leaf["comparable"]:
         return (f"not compared: fp32 returned shape {tuple(leaf['fp32_shape'])}, {name} {tuple(leaf['amp_shape'])} "
-                "(another number of sequences)")
+                f"(another number of {'sequences' if leaf.get('tokens', True) else 'rows'})")
+    if not leaf.get("tokens", True):
+        return _id_figures(leaf)
     unit = "new tokens" if leaf["prompt"] else "positions"
     n, sequences = leaf["fp32_length"], leaf["sequences"]
     text = ""
@@ -335,6 +343,21 @@ def token_figures(leaf: dict, name: str) -> str:
     return (text + f"{leaf['diverged']} of {sequences} sequences diverge, first after {median:g} of {n} {unit} "
             f"(median of the {leaf['diverged']})" if leaf["diverged"] > 1 else
             text + f"1 of {sequences} sequences diverges, after {median:g} of {n} {unit}")
+
+
+def _id_figures(leaf: dict) -> str:
+    """An integer leaf that is no text (`compare_tokens`'s ``tokens`` False): its equal entries, no sequences
+    or divergence points: "identical in both runs (32 entries)", "agree at 97% of the 32 entries (1 differs)"."""
+    rows, n = leaf["sequences"], leaf["fp32_length"]
+    shape = f"{rows} rows x {n} entries" if len(leaf["fp32_shape"]) == 2 else f"{n} entries"
+    if leaf["lengths_differ"]:
+        return (f"lengths differ: fp32 has {leaf['fp32_length']} entries per row, the other {leaf['amp_length']}; "
+                f"the first {min(n, leaf['amp_length'])} agree at {share_words(leaf['agree'], leaf['compared'])}")
+    differ = leaf["compared"] - leaf["agree"]
+    if not differ:
+        return f"identical in both runs ({shape})"
+    return (f"agree at {share_words(leaf['agree'], leaf['compared'])} of the {leaf['compared']} entries "
+            f"({differ} differ{'s' if differ == 1 else ''})")
 
 
 def tokens_differ(tokens: dict | None) -> bool:

@@ -14,7 +14,7 @@ import torch
 
 import nbaccel
 from nbaccel.contention import ContentionMeter
-from nbaccel.drift import compute_drift
+from nbaccel.drift import compute_drift, share_words
 from nbaccel.precision import NEW_TF32_API, Recipe, TorchGlobals, apply_recipe, global_state, make_recipe
 from nbaccel.snapshot import Snapshot
 from nbaccel.timing import Stats, format_ratio, speedup_is_uncertain
@@ -2645,3 +2645,25 @@ def test_only_the_fp32_audit_keeps_the_prompts_token_ids():
     assert len(kept.embedding_ids) == EMBEDDING_IDS_KEPT and torch.equal(kept.embedding_ids[0], ids[0])
     assert skipped.embedding_ids == []
     assert skipped.records[("aten::embedding", "fp32")].calls == len(ids)  # still audited
+
+
+def test_a_classifiers_predicted_classes_are_integer_ids_not_tokens():
+    """A trial's CNN argmax over 32 images read "tokens identical" and "tokens of the result: identical in both
+    runs (1 sequence x 32 positions)": no embedding was looked up, so the integers are no text."""
+    torch.manual_seed(0)
+    cnn = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.ReLU(), torch.nn.Flatten(), torch.nn.Linear(4 * 6 * 6, 5))
+    images = torch.randn(32, 3, 8, 8)
+
+    def predict():
+        with torch.inference_mode():
+            return cnn(images).argmax(1)
+
+    res = nbaccel.compare_amp(predict, dtype="bf16", repeat=3, warmup=0)
+    assert res.tokens["tokens"] is False and res.tokens["compared"] == 32
+    text = unfolded(res)
+    assert "tokens" not in text and "sequence" not in text
+    differ = res.tokens["compared"] - res.tokens["agree"]
+    line = ("integer ids of the result: identical in both runs (32 entries)" if not differ else
+            f"integer ids of the result: agree at {share_words(res.tokens['agree'], 32)} of the 32 entries ({differ} differ")
+    assert line in text
+    assert ("integer ids identical" if not differ else "integer ids agree") in text.splitlines()[0]

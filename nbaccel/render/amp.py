@@ -134,18 +134,24 @@ def tokens_summary(result) -> str:
     """The token agreement for the headline: "tokens agree 87% (3 of 4 sequences diverge)"."""
     t = result.tokens
     text, detail = _tokens_kpi(t)
-    text = f"tokens {text}" if text != "not compared" else "tokens not compared"
+    noun = "tokens" if t.get("tokens", True) else "integer ids"  # a classifier's argmax is no text
+    text = f"{noun} {text}"
     flag = _drift_flag(result)
     return text + "".join(f" ({w})" for w in (detail, flag) if w)
 
 
 def _tokens_kpi(t: dict) -> tuple[str, str | None]:
     """(the figure, what qualifies it) of a result's token agreement: ("agree 87%", "3 of 4 sequences diverge")."""
+    words = t.get("tokens", True)
     if not t["comparable"]:
-        return "not compared", "another number of sequences"
+        return "not compared", f"another number of {'sequences' if words else 'rows'}"
     lengths = "lengths differ" if t["lengths_differ"] else None
     if t["agree"] == t["compared"]:
         return ("agree where both have them" if lengths else "identical"), lengths
+    if not words:  # no sequences to diverge: the entries that differ
+        differ = t["compared"] - t["agree"]
+        return (f"agree {share_words(t['agree'], t['compared'])}",
+                ", ".join(filter(None, (f"{differ} of {t['compared']} differ{'s' if differ == 1 else ''}", lengths))))
     n = t["sequences"]
     diverged = ("the sequence diverges" if n == 1 else
                 f"{t['diverged']} of {n} sequences diverge{'s' if t['diverged'] == 1 else ''}")
@@ -332,7 +338,8 @@ def _token_lines(result) -> list[str]:
     t = result.tokens
     if not t:
         return []
-    return [f"tokens of the result{'' if leaf['name'] == 'value' else ' ' + leaf['name']}: "
+    return [f"{'tokens' if leaf.get('tokens', True) else 'integer ids'} of the result"
+            f"{'' if leaf['name'] == 'value' else ' ' + leaf['name']}: "
             f"{token_figures(leaf, result.amp.name)}" for leaf in t["leaves"]]
 
 
