@@ -91,12 +91,12 @@ def json_safe(value):
 # Headline fields per kind, as dotted paths into ``to_dict()``; `results_frame` reads these, so a
 # saved notebook's results load the same way in later nbaccel versions.
 _HEADLINES = {
-    "amp": {"device": "device.name", "dtype": "amp.name", "speedup": "speedup", "speedup_claimed": "speedup_claimed",
+    "amp": {"device": "device", "device_name": "device.name", "dtype": "amp.name", "speedup": "speedup", "speedup_claimed": "speedup_claimed",
             # the headline's hedge ("(uncertain)": the IQRs overlap), kept when results are saved
             "speedup_uncertain": "speedup_uncertain", "memory_saving": "memory_saving", "memory_firm": "memory_firm",
             "fp32_median_s": "baseline.time.median_s", "amp_median_s": "amp.time.median_s",
             "drift_max_rel": "drift.max_rel"},
-    "profile": {"device": "header.device", "dtype": "header.dominant_dtype", "wall_us": "header.wall_us", "device_time_us": "header.device_time_us",
+    "profile": {"device": "device", "device_name": "device.name", "dtype": "header.dominant_dtype", "wall_us": "header.wall_us", "device_time_us": "header.device_time_us",
                 "flops_per_s": "header.flops_per_s", "fraction_of_peak": "header.fraction_of_peak",
                 "tensor_core_share": "tensor_cores.share"},
     # %memory_budget's results share kind "budget"; their ``view`` says which one (status, cell, oom).
@@ -123,6 +123,13 @@ _HEADLINES = {
                             "peak_bytes_max": "summary.peak_bytes.max", "max_rank": "summary.peak_bytes.max_rank",
                             "over_ranks": "over_ranks"},
 }
+
+
+def _device_spec(info: dict) -> str | None:
+    """"cpu", "cuda:0": one spelling in the ``device`` column for every kind (a trial's frame read "AMD EPYC",
+    "CPU: AMD EPYC" and "cpu" for one CPU, so a filter by device found a third of the rows)."""
+    kind, index = info.get("type"), info.get("index")
+    return None if kind is None else f"{kind}:{index}" if index is not None else kind
 
 
 def _dig(data, path):
@@ -167,6 +174,8 @@ def results_frame(records) -> pd.DataFrame:
         headlines = _HEADLINES.get(f"{row['kind']}.{view}") or _HEADLINES.get(row["kind"], {})
         for column, path in headlines.items():
             row[column] = _dig(record, path)
+        if isinstance(row.get("device"), dict):  # a DeviceInfo's to_dict(): its spec, as the budgets' rows read
+            row["device"] = _device_spec(row["device"])
         rows.append(row)
     frame = pd.DataFrame(rows)
     # Ranks and counts stay whole numbers where another kind's row leaves them empty (pandas' NaN would make

@@ -248,3 +248,20 @@ def test_secondary_and_warning_text_keep_wcag_contrast_in_light_and_dark_themes(
     warn = dark_warn if theme == "dark" else light_warn
     assert _contrast(tuple(int(warn[i:i + 2], 16) for i in (0, 2, 4)), background) >= 4.5, theme
     assert 'data-jp-theme-light="false"' in CSS  # the dark colour applies where JupyterLab says it is dark
+
+
+def test_results_frame_spells_the_device_one_way_for_every_kind():
+    """A trial's frame read "AMD EPYC" (amp), "CPU: AMD EPYC" (profile) and "cpu" (budget) for one CPU: a
+    filter by device found a third of the rows. The spec in ``device``, the name beside it."""
+    model, x = torch.nn.Linear(8, 8), torch.randn(4, 8)
+    amp = nbaccel.compare_amp(lambda: model(x), repeat=3, warmup=0)
+    with nbaccel.profile() as prof:
+        model(x)
+    with nbaccel.memory_budget(0.9, device="cpu") as budget:
+        model(x)
+    frame = nbaccel.results_frame([amp, prof.result, budget])
+    assert list(frame["device"]) == ["cpu", "cpu", "cpu"]
+    name = nbaccel.env_report().sections["cpu"]["name"]
+    assert list(frame["device_name"][:2]) == [name, name]
+    from nbaccel.results import _device_spec
+    assert _device_spec({"type": "cuda", "index": 1, "name": "NVIDIA H200"}) == "cuda:1"
