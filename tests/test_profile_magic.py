@@ -489,16 +489,20 @@ def test_trace_file_in_folders_that_do_not_exist_yet(run_cell, ip, tmp_path):
     # As for a folder of steps, missing folders on the way are created (a new user was told to
     # "create it first" for a file, while a folder name was created for them).
     path = tmp_path / "runs" / "today" / "step.json.gz"
-    profile_cell(run_cell, ip, opts=f"-q -r prof --trace {path}")
+    _, _, captured = profile_cell(run_cell, ip, opts=f"-q -r prof --trace {path}")
     prof = ip.user_ns["prof"]
+    # -q hides the report, not the folders made on the disk (a trial: -q --trace into a new folder said nothing)
+    said = [line for line in captured.stdout.splitlines() if line.startswith("nbaccel")]
+    assert said == [f"nbaccel %%profile_gpu: wrote {path}; created the folder {tmp_path / 'runs'}"]
     assert path.is_file() and prof.trace_path == str(path)
     # Said, so a mistyped path's new folders are seen (a user trial: /nonexistent/dir was made silently).
     assert prof.trace_created == str(tmp_path / "runs")
     assert f"(open at https://ui.perfetto.dev; created the folder {tmp_path / 'runs'})" in str(prof)
     assert f"created the folder {tmp_path / 'runs'}" in prof._repr_html_()
     # A folder that was there already: nothing said.
-    profile_cell(run_cell, ip, opts=f"-q -r prof --trace {tmp_path / 'runs' / 'again.json'}")
+    _, _, captured = profile_cell(run_cell, ip, opts=f"-q -r prof --trace {tmp_path / 'runs' / 'again.json'}")
     assert ip.user_ns["prof"].trace_created is None and "created the folder" not in str(ip.user_ns["prof"])
+    assert "nbaccel" not in captured.stdout  # -q: quiet
     folder = tmp_path / "steps" / "run1"  # a folder of steps
     profile_cell(run_cell, ip, opts=f"-q -r prof --warmup 1 --steps 1 --trace {folder}")
     assert ip.user_ns["prof"].trace_created == str(tmp_path / "steps")

@@ -116,6 +116,9 @@ class ProfileMagics(Magics):
         result.first_run = not options.warmup and not ran_before(self.shell, cell, result.recipe_label)
         remember(cell, result.recipe_label)
         show_result(self.shell, "%%profile_gpu", result, args.result, args.quiet)
+        if args.quiet and result.trace_created:
+            # -q hides the report, not a folder made on the user's disk: a mistyped --trace path shows here
+            print(f"nbaccel %%profile_gpu: wrote {', '.join(result.trace_files)}; created the folder {result.trace_created}")
         if earlier is not None:  # -q hides the profile; the comparison is what --compare asked to see (a trial)
             comparison = compare_profiles(earlier, result, labels=(args.compare, _this_run(result)),
                                           made_by=f"%%profile_gpu --compare {args.compare}")
