@@ -265,3 +265,29 @@ def test_results_frame_spells_the_device_one_way_for_every_kind():
     assert list(frame["device_name"][:2]) == [name, name]
     from nbaccel.results import _device_spec
     assert _device_spec({"type": "cuda", "index": 1, "name": "NVIDIA H200"}) == "cuda:1"
+
+
+def test_profile_and_amp_pages_fold_their_method():
+    """A trial: a %%profile_gpu page ended in 13-16 lines of method between the figures and the next cell. On a
+    page and in the widget it folds under "How these figures were measured" (as the memory estimate's does); the
+    text keeps it whole (a terminal has no folds), and the trace line stays in view."""
+    from nbaccel.render import amp as amp_render
+    from nbaccel.render import profile as profile_render
+
+    model, x = torch.nn.Linear(8, 8), torch.randn(4, 8)
+    amp = nbaccel.compare_amp(lambda: model(x), repeat=3, warmup=0)
+    with nbaccel.profile() as prof:
+        model(x)
+    fold = "<details><summary>How these figures were measured</summary>"
+    for result, render in ((amp, amp_render), (prof.result, profile_render)):
+        for page in (render.html(result), [w for w in widget_walk(render.widget(result))
+                                           if type(w).__name__ == "HTML" and "method:" in w.value][0].value):
+            before, _, inside = page.partition(fold)
+            assert inside and "method: " in inside and "method:" not in before
+        assert "method: " in render.text(result)
+
+
+def widget_walk(widget):
+    yield widget
+    for child in getattr(widget, "children", ()):
+        yield from widget_walk(child)

@@ -7,7 +7,7 @@ from ..drift import near_zero_figures, relative_words, resolution, share_words, 
 from ..memory import byte_range, format_bytes
 from ..options import option
 from ..timing import format_ratio, format_seconds
-from .common import bullet_list, esc, labelled, prose, si, table, text_table, wrap
+from .common import bullet_list, esc, labelled, method_html, prose, si, table, text_table, wrap
 
 
 def _flops(v) -> str:
@@ -428,8 +428,7 @@ def details_html(result) -> str:
 
 def html(result) -> str:
     advice = f"<h4>Advice</h4>{bullet_list(result.advice)}" if result.advice else ""
-    return wrap(summary_html(result) + advice + details_html(result)
-                + f'<div class="muted">method: {esc(method(result))}</div>')
+    return wrap(summary_html(result) + advice + details_html(result) + method_html(method(result)))
 
 
 def widget(result):
@@ -451,7 +450,7 @@ def widget(result):
     tabs = w.Tab(children=[advice, w.VBox([choose, ops]), grads])
     for i, title in enumerate(["Advice", "Operators", "Gradients"]):
         tabs.set_title(i, title)
-    footer = w.HTML(wrap(f'<div class="muted">method: {esc(method(result))}</div>'))
+    footer = w.HTML(wrap(method_html(method(result))))
     box = w.VBox([summary, tabs, footer])
     box.add_class("nbaccel-amp")
     return box

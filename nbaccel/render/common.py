@@ -122,6 +122,12 @@ def bullet_list(items) -> str:
     return "<ul>" + "".join(f"<li>{esc(i)}</li>" for i in items) + "</ul>" if items else ""
 
 
+def method_html(method: str, before: str = "") -> str:
+    """A report's method folded under "How these figures were measured" (``before``: HTML over it in the fold,
+    e.g. the trace line): a %%profile_gpu page ended in 13-16 lines of it, between the user and the next cell."""
+    return folded("How these figures were measured", f'<div class="muted">{before}method: {esc(method)}</div>')
+
+
 def folded(summary: str, inner: str, open_: bool = False) -> str:
     """A section a reader opens when they want it (HTML ``<details>``, which JupyterLab, VS Code, nbviewer and
     GitHub all show folded): the how-it-was-measured prose under the figures, so the figures come first."""

@@ -17,7 +17,8 @@ from ..options import option
 from ..profile_result import step_numbers_text
 from ..profile_table import gemm_dims
 from ..timing import format_seconds
-from .common import bar, bullet_list, esc, figures, format_share, labelled, prose, si, table, text_table, wrap
+from .common import (bar, bullet_list, esc, figures, format_share, labelled, method_html, prose, si, table, text_table,
+                     wrap)
 
 # (column of the table, header shown, kind) in display order; kind picks the formatter.
 _COLUMNS = [
@@ -586,8 +587,7 @@ def html(result) -> str:
     empty = nothing_recorded(result)
     ops = (f"<p>{esc(empty)}</p>" if empty else f"<p>{esc(title)}</p>" if not frame else
            f"<h4>{esc(title[0].upper() + title[1:])}</h4>" + ops_table_html(result, frame, group))
-    return wrap(header_html(result) + advice + ops + details_html(result) + trace
-                + f'<div class="muted">method: {esc(method(result))}</div>')
+    return wrap(header_html(result) + advice + ops + details_html(result) + trace + method_html(method(result)))
 
 
 # --- widget ----------------------------------------------------------------------------------------
@@ -771,7 +771,8 @@ def widget(result):
         tabs.set_title(i, name)
     trace = (esc(trace_line(result)) + "<br>" + (esc(earlier_traces_note(result)) + "<br>" if result.trace_earlier
                                                    else "") if result.trace_files else "")
-    footer = w.HTML(wrap(f'<div class="muted">{trace}method: {esc(method(result))}</div>'))
+    # The trace line stays in view (its path is for copying); the method folds under it.
+    footer = w.HTML(wrap((f'<div class="muted">{trace}</div>' if trace else "") + method_html(method(result))))
     box = w.VBox([w.HTML(wrap(header_html(result))), tabs, footer])
     box.add_class("nbaccel-profile")
     return box
