@@ -91,11 +91,14 @@ def _unitless_fix(raw: str, value: float, where: str) -> str:
         first, second = (binary, decimal) if float(binary[:-3]) * dict(_BINARY)[binary[-3:]] == value else \
             (decimal, binary)
         return f"{raw} has no unit: write {_quote(first)} (= {value:,.0f} bytes) or {_quote(second)}; {share}"
-    if value <= 100:  # `%memory_budget 50` most likely meant 50 %, which is one keystroke away
+    # `%memory_budget 50` most likely meant 50 %, which is one keystroke away; 2 or 1.5 a size (a trial's 1.5
+    # was offered 1.5 % first)
+    if value <= 100 and value >= 10 and value == int(value):
         return (f"{raw} has no unit: write {_quote(raw + '%')} for {raw} % of {where}, or a size: "
                 f"{_quote(raw + 'GiB')}, {_quote(raw + 'GB')} or {_quote(raw + 'MiB')}; a number without a unit is a "
                 "share of at most 1, e.g. 0.8")
-    return (f"{raw} has no unit: write {_quote(raw + 'GiB')}, {_quote(raw + 'GB')} or {_quote(raw + 'MiB')}; "
+    percent = f", or {_quote(raw + '%')} for {raw} % of {where}" if value <= 100 else ""
+    return (f"{raw} has no unit: write {_quote(raw + 'GiB')}, {_quote(raw + 'GB')} or {_quote(raw + 'MiB')}{percent}; "
             f"{share}")
 
 
@@ -241,8 +244,8 @@ def parse_budget(text, device: torch.device, total: int | None = None, limit: bo
         # only text (the magic's line) without a unit is ambiguous, and refused below.
         size = int(text)
         if size < MIN_BUDGET:
-            raise BudgetError(f"{option('budget', text)} is {format_bytes(size)}: a budget under 1 MiB cannot hold a "
-                              f"Python process (from Python a number above 1 is bytes) -- did you mean '{text}GiB'?")
+            raise BudgetError(f"{option('budget', text)} is {text:g} bytes: a budget under 1 MiB cannot hold a "
+                              f"Python process (from Python a number above 1 is bytes) -- did you mean '{text:g}GiB'?")
         if limit and total and size > total:
             raise _too_large(size, where, total, device)
         return size

@@ -845,6 +845,9 @@ def test_off_without_a_budget_says_there_was_none(ip, run_cell):
             r"share of this host's physical memory"),
     ("2000000000", r"^2000000000 has no unit: write 2GB \(= 2,000,000,000 bytes\) or 1.86GiB"),
     ("12", r"^12 has no unit: write 12% for 12 % of this host's physical memory, or a size: 12GiB, 12GB or 12MiB"),
+    # a small or fractional number is more likely a size (a trial's 1.5 was offered 1.5 % first)
+    ("1.5", r"^1.5 has no unit: write 1.5GiB, 1.5GB or 1.5MiB, or 1.5% for 1.5 % of this host's physical memory; "),
+    ("2", r"^2 has no unit: write 2GiB, 2GB or 2MiB, or 2% for 2 % of"),
     ("0.5B", r"a budget under 1 MiB cannot hold a Python process .*did you mean 0.5GB\?"),
     ("1B", r"did you mean 1GB\?"),
     ("2GiB --near -0.5", r"^--near is a share of the budget between 0 and 1, got -0.5"),

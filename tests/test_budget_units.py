@@ -473,7 +473,7 @@ def test_api_numbers_are_shares_up_to_1_and_bytes_above():
     assert nbaccel.memory_budget(0.5, device="cpu").budget == int(0.5 * total)
     assert nbaccel.memory_budget(2e9, device="cpu").budget == 2_000_000_000
     assert nbaccel.memory_budget(2**30, device="cpu").budget == 2**30
-    with pytest.raises(BudgetError, match=r"^budget=1000 is 1000 B: a budget under 1 MiB .* did you mean '1000GiB'\?"):
+    with pytest.raises(BudgetError, match=r"^budget=1000 is 1000 bytes: a budget under 1 MiB .* did you mean '1000GiB'\?"):
         nbaccel.memory_budget(1000, device="cpu")
     assert nbaccel.memory_budget(f"{2**30}B", device="cpu").budget == 2**30
     with pytest.raises(BudgetError, match="larger than this host's physical memory"):
@@ -493,7 +493,8 @@ def test_a_number_up_to_1_is_a_share_in_any_notation(text, expected):
     ("2e9", r"^2e9 has no unit: write '2GB' \(= 2,000,000,000 bytes\) or '1.86GiB'; a number without a unit is a "
             r"share of this host's physical memory \(at most 1"),
     ("2000000000", r"^2000000000 has no unit: write '2GB' \(= 2,000,000,000 bytes\) or '1.86GiB'"),
-    (1000, r"^budget=1000 is 1000 B: .*did you mean '1000GiB'"),  # from Python a number above 1 is bytes
+    (1000, r"^budget=1000 is 1000 bytes: .*did you mean '1000GiB'"),  # from Python a number above 1 is bytes
+    (1.5, r"^budget=1.5 is 1.5 bytes: .*did you mean '1.5GiB'"),  # was "is 1 B"
     ("0.5B", r"^0.5B is 0 B: a budget under 1 MiB cannot hold a Python process .*did you mean '0.5GB'\?"),
     ("1B", r"did you mean '1GB'\?"), ("512KiB", r"did you mean '512MiB'\?"),
     ("1e-7", "a share of 1e-7 is .* a budget under 1 MiB"),

@@ -517,7 +517,7 @@ def test_a_model_that_fails_on_the_example_says_the_dry_run_failed():
     ({"optimizer": 3}, TypeError, r"^optimizer takes one of adamw"),
     ({"optimizer": "adamz"}, ValueError, r"^unknown optimizer 'adamz' \(did you mean adam\?\); use one of: adamw"),
     ({"budget": [1]}, TypeError, r"^budget takes a size"),
-    ({"budget": 1000}, ValueError, r"^budget=1000 is 1000 B: a budget under 1 MiB"),
+    ({"budget": 1000}, ValueError, r"^budget=1000 is 1000 bytes: a budget under 1 MiB"),
     ({"gpu_counts": (16, 32)}, ValueError, r"^gpu_counts \(16, 32\) are all more GPUs than the batch of 8 can be "
                                            r"split over; give counts of at most 8"),
 ])
