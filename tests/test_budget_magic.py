@@ -1397,3 +1397,20 @@ def test_a_failed_cell_that_held_little_gets_no_note(ip, run_cell):
     rows = [line.split() for line in captured.outputs[0].data["text/plain"].splitlines()]
     assert ["(last", "error)", "traceback", "cpu", "fp32", "3.91", "KiB", "t", "in", "small", "3.91", "KiB"] in rows
     run_cell("%memory_budget off -q")
+
+
+def test_an_out_of_memory_cell_says_what_its_traceback_keeps(ip, run_cell):
+    """After an out-of-memory error the failed step's frames (its activations) stay alive with the error: a
+    retry then fails beside them. The explanation gives the figures; one line under it says what is kept."""
+    run_cell("import torch")
+    run_cell("%memory_budget 0.9 -q")
+    run_cell("def step():\n    acts = torch.ones(50 * 2**20 // 4)\n    return torch.empty(2**50, dtype=torch.uint8)")
+    try:
+        _, captured = run_cell("step()", expect_error=RuntimeError)
+        said = unfolded(captured.stdout)
+        assert re.search(r"nbaccel: In\[\d+\] failed\. Its traceback keeps 50 MiB of tensors alive in its functions' "
+                         r"variables \(acts in step 50 MiB\)", said), said
+        assert "its peak went" not in said  # the explanation above has the figures
+    finally:
+        run_cell("%memory_budget release -q")
+        run_cell("%memory_budget off -q")

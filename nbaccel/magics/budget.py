@@ -607,8 +607,8 @@ class BudgetMagics(Magics):
         # The status says whether the cell is to blame (`budget.verdict`): a cell that starts near or over and
         # adds nothing (`del x`) is "already near"/"already over", shown nothing and never failed, and the
         # history row says the same as what was (not) shown. An error cell's status is error/oom.
-        if record is not None and record.status == "error":
-            note = failed_cell_words(record, self.watcher.near, error)
+        if record is not None and record.status in ("error", "oom"):  # an oom's explanation gave its figures
+            note = failed_cell_words(record, self.watcher.near, error, peak=record.status == "error")
             if note:
                 print(prose("nbaccel: " + note))
             return
@@ -723,12 +723,13 @@ def _error_words(error: BaseException) -> str:
     return text if len(text) <= 80 else text[:77] + "..."
 
 
-def failed_cell_words(record, near: float, error: BaseException | None) -> str:
+def failed_cell_words(record, near: float, error: BaseException | None, peak: bool = True) -> str:
     """What a budget says of a cell that raised: a failed cell's status is "error", which shows nothing, and
     its peak may have gone over the budget before it failed (a trial: 684 MiB of 600 MiB, then every later
     cell "already over", silent); and its traceback keeps the tensors its functions made (IPython keeps the
-    last error for %tb and %debug), which no ``del`` reaches."""
-    would = verdict(record.before_bytes, record.added_bytes, record.budget_bytes, near)
+    last error for %tb and %debug), which no ``del`` reaches: after an out-of-memory error (``peak`` False: its
+    explanation gave the figures) those are the failed step's activations, and a retry fails again beside them."""
+    would = verdict(record.before_bytes, record.added_bytes, record.budget_bytes, near) if peak else "ok"
     peak = (f", and its peak {'went over' if would == 'over' else 'came near'} the memory budget before it did: "
             f"{format_bytes(record.used_bytes)} of {format_bytes(record.budget_bytes)} ({share_text(record.fraction)}); "
             f"it added {format_bytes(record.added_bytes)}" if would in ("over", "near") else "")
