@@ -1366,7 +1366,7 @@ def _check_failed_cell_and_release(ip, run_cell, raised):
     said = unfolded(captured.stdout)
     count = result.execution_count
     assert re.search(rf"nbaccel: In\[{count}\] failed, and its peak went over the memory budget before it did: "
-                     r"[\d.]+ MiB of [\d.]+ MiB \(1\d\d%\); it added 30\d MiB\. Its traceback keeps 300 MiB of tensors "
+                     r"[\d.]+ [MG]iB of [\d.]+ [MG]iB \(1\d\d%\); it added 30\d MiB\. Its traceback keeps 300 MiB of tensors "
                      r"alive in its functions' variables \(t in boom 300 MiB\): IPython keeps the last error for %tb and "
                      r"%debug until the next one, and no del reaches them; %memory_budget release drops it", said), said
     _, captured = run_cell("%memory_budget")
@@ -1376,7 +1376,7 @@ def _check_failed_cell_and_release(ip, run_cell, raised):
     _, captured = run_cell("%memory_budget release")
     assert current_rss() < before - 250 * MB
     assert re.fullmatch(rf"nbaccel: released the last error \({'ValueError: after allocating' if 'Value' in raised else 'KeyboardInterrupt: '}\) "
-                        r"and its traceback: process RSS [\d.]+ MiB -> [\d.]+ MiB; %tb and %debug have nothing to show "
+                        r"and its traceback: process RSS [\d.]+ [MG]iB -> [\d.]+ [MG]iB; %tb and %debug have nothing to show "
                         r"now", unfolded(captured.stdout).strip()), captured.stdout
     _, captured = run_cell("%memory_budget release")
     assert "no error to release" in captured.stdout
