@@ -730,15 +730,16 @@ def failed_cell_words(record, near: float, error: BaseException | None, peak: bo
     last error for %tb and %debug), which no ``del`` reaches: after an out-of-memory error (``peak`` False: its
     explanation gave the figures) those are the failed step's activations, and a retry fails again beside them."""
     would = verdict(record.before_bytes, record.added_bytes, record.budget_bytes, near) if peak else "ok"
-    peak = (f", and its peak {'went over' if would == 'over' else 'came near'} the memory budget before it did: "
-            f"{format_bytes(record.used_bytes)} of {format_bytes(record.budget_bytes)} ({share_text(record.fraction)}); "
-            f"it added {format_bytes(record.added_bytes)}" if would in ("over", "near") else "")
+    reached = (f", and its peak {'went over' if would == 'over' else 'came near'} the memory budget before it did: "
+               f"{format_bytes(record.used_bytes)} of {format_bytes(record.budget_bytes)} "
+               f"({share_text(record.fraction)}); it added {format_bytes(record.added_bytes)}"
+               if would in ("over", "near") else "")
     tb = getattr(error, "__traceback__", None)
     held = error_frames_holder(tb, {}) if tb is not None else None
     kept = (f". Its traceback keeps {format_bytes(held.nbytes)} of tensors alive in its functions' variables "
             f"({held.detail}): IPython keeps the last error for %tb and %debug until the next one, and no del reaches "
             "them; %memory_budget release drops it" if held is not None and held.nbytes >= FRAMES_WORTH_SAYING else "")
-    return f"{record.label} failed{peak}{kept}" if peak or kept else ""
+    return f"{record.label} failed{reached}{kept}" if reached or kept else ""
 
 
 # Tensors kept by a failed cell's frames below this are not worth a note.
