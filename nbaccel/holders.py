@@ -146,12 +146,19 @@ def _joined(*parts: str) -> str:
     return "; ".join(p for p in parts if p)
 
 
-def frame_tensors(tb) -> list[tuple[str, dict]]:
-    """The tensors a traceback keeps alive through its functions' variables: [("t in boom", storages), ...],
-    innermost frame last, each storage once. Module-level frames (a cell's own code) are left out: their
-    variables are the namespace, listed by name. Modules and optimizers are not walked: a function's
-    ``model`` is the namespace's too, almost always."""
+def frame_tensors(tracebacks) -> list[tuple[str, dict]]:
+    """The tensors tracebacks (one, or several) keep alive through their functions' variables:
+    [("t in boom", storages), ...], innermost frame last, each storage once. Module-level frames (a cell's own
+    code) are left out: their variables are the namespace, listed by name. Modules and optimizers are not
+    walked: a function's ``model`` is the namespace's too, almost always."""
     found, seen = [], set()
+    for tb in tracebacks if isinstance(tracebacks, (list, tuple)) else [tracebacks]:
+        found += _frames_tensors(tb, seen)
+    return found
+
+
+def _frames_tensors(tb, seen: set) -> list[tuple[str, dict]]:
+    found = []
     while tb is not None:
         frame = tb.tb_frame
         tb = tb.tb_next

@@ -1375,15 +1375,15 @@ def _check_failed_cell_and_release(ip, run_cell, raised):
     before = current_rss()
     _, captured = run_cell("%memory_budget release")
     assert current_rss() < before - 250 * MB
-    assert re.fullmatch(rf"nbaccel: released the last error \({'ValueError: after allocating' if 'Value' in raised else 'KeyboardInterrupt: '}\) "
+    assert re.fullmatch(rf"nbaccel: released the last error \({'ValueError: after allocating' if 'Value' in raised else 'KeyboardInterrupt'}\) "
                         r"and its traceback: process RSS [\d.]+ [MG]iB -> [\d.]+ [MG]iB; %tb and %debug have nothing to show "
                         r"now", unfolded(captured.stdout).strip()), captured.stdout
     _, captured = run_cell("%memory_budget release")
     assert "no error to release" in captured.stdout
     _, captured = run_cell("%tb")
     assert "No traceback available" in captured.stdout + captured.stderr
-    for line, named in (("release --strict", "--strict goes"), ("release -r b", "-r goes")):
-        with pytest.raises(UsageError, match=f"^{named} with a budget or a status, not with release"):
+    for line, named in (("release --strict", "--strict"), ("release -r b", "-r")):
+        with pytest.raises(UsageError, match=f"^release takes no {named} \\(it drops the last error"):
             ip.run_line_magic("memory_budget", line)
 
 
@@ -1411,6 +1411,28 @@ def test_an_out_of_memory_cell_says_what_its_traceback_keeps(ip, run_cell):
         assert re.search(r"nbaccel: In\[\d+\] failed\. Its traceback keeps 50 MiB of tensors alive in its functions' "
                          r"variables \(acts in step 50 MiB\)", said), said
         assert "its peak went" not in said  # the explanation above has the figures
+    finally:
+        run_cell("%memory_budget release -q")
+        run_cell("%memory_budget off -q")
+
+
+def test_an_earlier_errors_memory_is_listed_or_freed_when_a_later_error_comes(ip, run_cell):
+    """A trial: a cell failed holding 300 MiB, then a typo (`%memory_budget releas`) failed too; the status then
+    listed nothing while RSS stayed 300 MiB up. IPython's formatter keeps the traceback it printed last (for
+    %debug), which a magic's UsageError, printed without one, does not replace: it is listed and released. A
+    later error with a traceback replaces it, and the first is then garbage in a reference cycle, collected."""
+    run_cell("import torch")
+    run_cell("%memory_budget 0.9 -q")
+    run_cell("def boom():\n    t = torch.ones(300 * 2**20 // 4)\n    raise ValueError('held')")
+    try:
+        run_cell("boom()", expect_error=ValueError)
+        run_cell("%memory_budget releas", expect_error=UsageError)
+        _, captured = run_cell("%memory_budget")
+        rows = [line.split() for line in captured.outputs[0].data["text/plain"].splitlines()]
+        assert ["(last", "error)", "traceback", "cpu", "fp32", "300", "MiB", "t", "in", "boom", "300", "MiB"] in rows
+        held = current_rss()
+        run_cell("{}['k']", expect_error=KeyError)  # printed with a traceback: the formatter lets the first go
+        assert current_rss() < held - 250 * MB  # freed as that error came, not at some later collection
     finally:
         run_cell("%memory_budget release -q")
         run_cell("%memory_budget off -q")
