@@ -287,9 +287,15 @@ class MemoryEstimate(ResultMixin):
             # Named neutrally: the same sentence serves %memory_budget and memory_budget() in a script.
             text += (f"; the peaks are the step's tensors, and a watched memory budget counts the process's whole "
                      f"RSS beside them: {format_bytes(self.process_rss_bytes)} before this estimate")
-            if self.process_rss_after_bytes:
-                text += (f", {format_bytes(self.process_rss_after_bytes)} after it (what its dry runs set up "
-                         "once for the process stays)")
+            after = self.process_rss_after_bytes
+            if after:
+                grew = after > self.process_rss_bytes  # "stays" only where something stayed (a trial: 347 -> 345)
+                text += (f", {format_bytes(after)} after it"
+                         + (" (what its dry runs set up once for the process stays)" if grew else ""))
+            held = max(self.process_rss_bytes, after or 0)
+            if held >= self.budget_bytes:  # "fits in fp32 (peak 40 MiB) -- budget 200 MiB" beside 286 MiB of RSS
+                text += (f"; the process alone holds more than the {format_bytes(self.budget_bytes)} budget, so a "
+                         "watched budget of that size is over before any step")
         return text
 
     def _payload(self) -> dict:

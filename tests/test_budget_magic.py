@@ -1436,3 +1436,19 @@ def test_an_earlier_errors_memory_is_listed_or_freed_when_a_later_error_comes(ip
     finally:
         run_cell("%memory_budget release -q")
         run_cell("%memory_budget off -q")
+
+
+def test_an_estimate_that_leaves_the_process_over_a_watched_budget_says_so(ip, run_cell, mlp):
+    """A trial: the estimate's dry runs (torch's profiler setting up once) took the process over the watched
+    budget, and every later cell read "already over", unexplained. Here the budget is below the RSS already."""
+    run_cell(f"%memory_budget {_budget_above_now(-20)} -q")
+    try:
+        _, captured = run_cell("%memory_budget 1GiB --model model --batch 32 --input x")
+        said = unfolded(captured.outputs[0].data["text/plain"])
+        assert re.search(r"the process's RSS is [\d.]+ [MG]iB after the dry runs, over the watched [\d.]+ [MG]iB: the "
+                         r"next cells read 'already over' until memory is freed or the budget raised", said), said
+        run_cell("%memory_budget 0.9 -q")
+        _, captured = run_cell("%memory_budget 1GiB --model model --batch 32 --input x")
+        assert "after the dry runs, over" not in unfolded(captured.outputs[0].data["text/plain"])
+    finally:
+        run_cell("%memory_budget off -q")

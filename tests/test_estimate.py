@@ -1424,10 +1424,11 @@ def test_a_cpu_estimate_says_a_watched_budget_also_counts_the_process():
         return
     assert 0.5 * before < est.process_rss_bytes < 2 * before
     assert est.process_rss_after_bytes > 0.5 * before
+    stays = " (what its dry runs set up once for the process stays)" if \
+        est.process_rss_after_bytes > est.process_rss_bytes else ""  # only where the RSS grew
     assert est.summary.endswith(f"; the peaks are the step's tensors, and a watched memory budget counts the process's "
                                 f"whole RSS beside them: {format_bytes(est.process_rss_bytes)} before this estimate, "
-                                f"{format_bytes(est.process_rss_after_bytes)} after it (what its dry runs set up once "
-                                "for the process stays)")
+                                f"{format_bytes(est.process_rss_after_bytes)} after it{stays}")
     assert est.to_dict()["process_rss_bytes"] == est.process_rss_bytes
     assert est.to_dict()["process_rss_after_bytes"] == est.process_rss_after_bytes
 
@@ -1446,3 +1447,20 @@ def test_a_cpu_estimate_hands_the_heap_its_dry_runs_freed_back_before_reading_th
     if est.process_rss_bytes is None:
         pytest.skip("no /proc/self/status: the RSS is not read")
     assert calls == ["rss", "dry run", "dry run", "trim", "rss"]
+
+
+def test_a_cpu_estimate_under_a_budget_the_process_already_exceeds_says_so():
+    """A trial: "fits in fp32 (peak 40 MiB) ... budget 200 MiB" beside "286 MiB before this estimate": the
+    step fits the budget, the process it runs in does not."""
+    from nbaccel.memory import current_rss
+
+    if current_rss() is None:
+        pytest.skip("no /proc: the RSS is not read")
+    est = estimate_memory(torch.nn.Linear(64, 64), batch=32, budget="2MiB", device="cpu")
+    assert "fits in fp32" in est.summary
+    assert est.summary.endswith("; the process alone holds more than the 2 MiB budget, so a watched budget of that "
+                                "size is over before any step")
+    roomy = estimate_memory(torch.nn.Linear(64, 64), batch=32, budget="8GiB", device="cpu")
+    assert "the process alone" not in roomy.summary
+    if roomy.process_rss_after_bytes <= roomy.process_rss_bytes:  # nothing stayed: nothing said to stay
+        assert "stays" not in roomy.summary

@@ -522,7 +522,12 @@ class BudgetMagics(Magics):
                 f"{watched} stays as it was" if watched else
                 f"no budget is being watched, so later cells are not measured; {self._watch_command(args, device)} "
                 "starts watching")
-        return "; ".join(filter(None, [note, size_reading(args.budget)]))
+        after = estimate.process_rss_after_bytes
+        over = (f"the process's RSS is {format_bytes(after)} after the dry runs, over the watched "
+                f"{format_bytes(self.watcher.budget)}: the next cells read 'already over' until memory is freed or "
+                "the budget raised" if watched and after and self.watcher.device.type == "cpu"
+                and after > self.watcher.budget else "")  # a trial's later cells read "already over" unexplained
+        return "; ".join(filter(None, [note, over, size_reading(args.budget)]))
 
     @staticmethod
     def _watch_command(args, device) -> str:
