@@ -210,6 +210,20 @@ def name_matcher(text: str):
     return lambda s: text.lower() in s.lower() or (pattern is not None and pattern.search(s) is not None)
 
 
+def regex_error(text: str) -> str | None:
+    """Why ``text``, written with regex signs, is no regular expression ("missing ), unterminated subpattern
+    at position 6"), for a filter that matched nothing: `name_matcher` then searched it as plain text alone,
+    and "no row matching 'aten::(mm'" said nothing of the typo. None where it is one, or has no regex signs."""
+    text = (text or "").strip()
+    if not _REGEX_SIGNS & set(text):
+        return None
+    try:
+        re.compile(text)
+    except re.error as exc:
+        return str(exc)
+    return None
+
+
 def filter_table(table: pd.DataFrame, text: str) -> pd.DataFrame:
     """Rows whose name or source line `name_matcher` matches (each on its own, so "^" and "$" anchor at
     the name's ends); all rows for an empty ``text``."""

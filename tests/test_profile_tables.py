@@ -446,3 +446,13 @@ def test_table_text_prints_a_filtered_table_with_full_names_and_what_it_left_out
         f"no row of the {total} (grouped by op) has a name or source line matching 'no such op'"
     with pytest.raises(ProfileError, match="top must be at least 1"):  # table()'s checks, not a pandas error
         r.table_text(top=0)
+
+
+def test_a_filter_that_is_a_broken_regex_and_matches_nothing_says_why():
+    """A trial's --filter "aten::(mm" (a missing parenthesis) read "no row ... matching 'aten::(mm'", nothing of the
+    typo: it is looked for as plain text, and the line says so with the regex's error."""
+    r = cuda_result()
+    assert r.table_text(filter="aten::(mm") == (
+        f"no row of the {len(r.table())} (grouped by op) has a name or source line matching 'aten::(mm' (as a regex it "
+        "is invalid: missing ), unterminated subpattern at position 6; it was looked for as plain text)")
+    assert "invalid" not in r.table_text(filter="no such op")  # a plain word: no regex to blame

@@ -15,7 +15,7 @@ from ..analysis.sums import desc_order
 from ..memory import format_bytes
 from ..options import option
 from ..profile_result import step_numbers_text
-from ..profile_table import gemm_dims
+from ..profile_table import gemm_dims, regex_error
 from ..timing import format_seconds
 from .common import (bar, bullet_list, esc, figures, format_share, labelled, method_html, prose, si, table, text_table,
                      wrap)
@@ -426,7 +426,9 @@ def table_title(shown: int, matched: int, total: int, order: str, group: str, wa
     if not wanted:
         return f"top {shown} of {total} rows {order} (grouped by {group}):"
     if not matched:
-        return f"no row of the {total} (grouped by {group}) has a name or source line matching {wanted!r}"
+        broken = regex_error(wanted)
+        return (f"no row of the {total} (grouped by {group}) has a name or source line matching {wanted!r}"
+                + (f" (as a regex it is invalid: {broken}; it was looked for as plain text)" if broken else ""))
     rows = f"{matched} rows" if matched > 1 else "1 row"
     kept = f"the {rows}" if matched == shown else f"top {shown} of the {rows}"
     return f"{kept} matching {wanted!r} ({total} in all) {order} (grouped by {group}):"
@@ -740,8 +742,9 @@ def widget(result):
             mark_header()
             ops.value = wrap(ops_table_html(
                 result, shown, group.value, sort=(sort.value, ascending.value),
-                empty=f'no {"source line" if group.value == "source" else "operator"} matches "{typed}"' if typed
-                else None, fixed=True), "fill")
+                empty=(f'no {"source line" if group.value == "source" else "operator"} matches "{typed}"'
+                       + (f" (as a regex it is invalid: {regex_error(typed)}; looked for as plain text)"
+                          if regex_error(typed) else "")) if typed else None, fixed=True), "fill")
         finally:
             updating[0] = False
 
