@@ -8,7 +8,7 @@ import torch
 
 from .amp_result import MIN_RUNS, NO_SPEEDUP_BELOW, REDUCED_DTYPES, memory_ranges, too_few_runs
 from .cell_reads import and_list, take_first
-from .drift import near_zero_figures, relative_words, resolution, share_words, tokens_differ
+from .drift import ids_noun, near_zero_figures, relative_words, resolution, share_words, tokens_differ
 from .flops import AUTOCAST_DTYPES, integer_matmuls, padding_worth_it
 from .memory import format_bytes
 from .timing import format_ratio, format_seconds
@@ -149,12 +149,12 @@ def _near_zero_notes(result: AmpResult, drift: dict, dtype: str) -> list[str]:
 
 def _tokens_size(tokens: dict) -> str:
     """How far two runs' token ids differ, for the state note: "tokens agree at 87%"."""
-    words = tokens.get("tokens", True)  # integers without an embedding lookup are no text (`drift.compare_tokens`)
+    words = tokens["tokens"]  # integers without an embedding lookup are no text (`drift.compare_tokens`)
     if not tokens["comparable"]:
         return "another number of token sequences" if words else "another number of rows of integer ids"
     if tokens["agree"] == tokens["compared"]:
         return "token sequences of other lengths" if words else "rows of integer ids of other lengths"
-    return f"{'tokens' if words else 'integer ids'} agree at {share_words(tokens['agree'], tokens['compared'])}"
+    return f"{ids_noun(tokens)} agree at {share_words(tokens['agree'], tokens['compared'])}"
 
 
 def _drift_differs(drift: dict | None) -> bool:

@@ -322,8 +322,8 @@ def token_figures(leaf: dict, name: str) -> str:
     first after 12 of 20 new tokens (median of the 3)". ``name``: the recipe's dtype."""
     if not leaf["comparable"]:
         return (f"not compared: fp32 returned shape {tuple(leaf['fp32_shape'])}, {name} {tuple(leaf['amp_shape'])} "
-                f"(another number of {'sequences' if leaf.get('tokens', True) else 'rows'})")
-    if not leaf.get("tokens", True):
+                f"(another number of {'sequences' if leaf['tokens'] else 'rows'})")
+    if not leaf["tokens"]:
         return _id_figures(leaf)
     unit = "new tokens" if leaf["prompt"] else "positions"
     n, sequences = leaf["fp32_length"], leaf["sequences"]
@@ -343,6 +343,12 @@ def token_figures(leaf: dict, name: str) -> str:
     return (text + f"{leaf['diverged']} of {sequences} sequences diverge, first after {median:g} of {n} {unit} "
             f"(median of the {leaf['diverged']})" if leaf["diverged"] > 1 else
             text + f"1 of {sequences} sequences diverges, after {median:g} of {n} {unit}")
+
+
+def ids_noun(tokens: dict) -> str:
+    """What a `compare_tokens` result or leaf calls its integers: "tokens" where they are text, else "integer
+    ids" (a classifier's argmax)."""
+    return "tokens" if tokens["tokens"] else "integer ids"
 
 
 def _id_figures(leaf: dict) -> str:

@@ -51,9 +51,9 @@ def _named_pair(key: str, value):
     return dict(zip(names, value))
 
 
-def _memory_row() -> str | None:
-    """The host's memory as the budgets see it: physical, available now (MemAvailable), this process's RSS."""
-    total = device_info("cpu").total_memory
+def _memory_row(total: int | None) -> str | None:
+    """The host's memory as the budgets see it: physical (``total``), available now (MemAvailable), this
+    process's RSS."""
     if not total:
         return None
     words = [f"{format_bytes(total)} physical"]
@@ -104,7 +104,7 @@ def env_report() -> EnvReport:
         "AVX512-FP16": _yes(cpu.cpu_features.get("avx512_fp16")),
         "threads": torch.get_num_threads(),
     }
-    memory = _memory_row()
+    memory = _memory_row(cpu.total_memory)
     if memory:
         sections["cpu"]["memory"] = memory
     if torch.cuda.is_available():

@@ -49,7 +49,7 @@ from .device import DTYPE_NAMES, DeviceError, device_info, dtype_name, resolve_d
 from .dry_run import (CHECK_TOLERANCE, DEFAULT_HEAD_LOSS, DEFAULT_LOSS, MODEL_LOSS, PHASES, ActivationFit,
                       EstimateError, LiveBytes, _default_loss, _dry_run, _example_option, _line, is_head, loss_takes_batch,
                       several_optimizers)
-from .memory import _malloc_trim, current_rss, format_bytes
+from .memory import malloc_trim, current_rss, format_bytes
 from .model_states import (OPTIMIZERS, _largest_leaf_bytes, _optimizer_spec, closest_optimizer, make_optimizer,
                            optimizer_plan, optimizer_state_bytes, plan_name, plan_state_bytes)
 from .options import a_type, in_magic, option
@@ -475,7 +475,7 @@ def estimate_memory(model: torch.nn.Module, optimizer="adamw", batch: int = 32, 
     if process_rss is not None:
         # The dry runs' freed heap would otherwise stay in the process, and a watched budget would charge the
         # next cell's headroom for it (4-18 ms here; each CPU meter trims before it runs anyway).
-        _malloc_trim()
+        malloc_trim()
         process_rss_after = current_rss()
     for label, probe in probes.items():
         allocated = None if dev.type == "cuda" else probe["allocated"]

@@ -194,8 +194,8 @@ def error_frames_holder(tb, counted: dict) -> Holder | None:
 ERROR_FRAMES = "(last error)"
 
 
-def namespace_holders(namespace: dict, top: int = 10, skip=lambda name: False, error_tb=None) -> list[Holder]:
-    """The ``top`` largest holders of tensor memory in ``namespace``, largest first.
+def namespace_holders(namespace: dict, top: int | None = 10, skip=lambda name: False, error_tb=None) -> list[Holder]:
+    """The ``top`` largest holders of tensor memory in ``namespace``, largest first (None: all).
 
     Modules report parameters + buffers + gradients; optimizers their state tensors (Adam's
     moments...); tensors and containers (nested up to `CONTAINER_DEPTH` levels) their storages. Each
@@ -296,4 +296,4 @@ def _view_detail(tensor: torch.Tensor, storages: dict) -> str:
 # Below this a kept storage is not worth a remark.
 VIEW_NOTE_BYTES = 64 << 10
 
-__all__ = ["ERROR_FRAMES", "Holder", "error_frames_holder", "frame_tensors", "namespace_holders"]
+__all__ = ["ERROR_FRAMES", "Holder", "namespace_holders"]

@@ -196,17 +196,23 @@ def sort_table(table: pd.DataFrame, column: str, ascending: bool = False) -> pd.
 _REGEX_SIGNS = set("|()[]{}*+?^$\\")
 
 
+def _as_regex(text: str):
+    """(the compiled pattern, case-insensitive, or None; why ``text`` is no regex, or None): only text written
+    with regex signs is read as one, and "[" or "c++" that fail to compile are plain text."""
+    if not _REGEX_SIGNS & set(text):
+        return None, None
+    try:
+        return re.compile(text, re.IGNORECASE), None
+    except re.error as exc:
+        return None, str(exc)
+
+
 def name_matcher(text: str):
     """Whether a name (or source line) holds ``text``, case-insensitive, or, where ``text`` reads as a
     regular expression, matches it. A lab trial typed ``aten::(mm|addmm)`` and was told no operator matches.
     Both, not the regex alone: a source line's ``model.py(12)`` is a regex that no longer matches itself."""
     text = text.strip()
-    pattern = None
-    if _REGEX_SIGNS & set(text):
-        try:
-            pattern = re.compile(text, re.IGNORECASE)
-        except re.error:  # "[" or "c++": plain text only
-            pass
+    pattern, _ = _as_regex(text)
     return lambda s: text.lower() in s.lower() or (pattern is not None and pattern.search(s) is not None)
 
 
@@ -214,14 +220,7 @@ def regex_error(text: str) -> str | None:
     """Why ``text``, written with regex signs, is no regular expression ("missing ), unterminated subpattern
     at position 6"), for a filter that matched nothing: `name_matcher` then searched it as plain text alone,
     and "no row matching 'aten::(mm'" said nothing of the typo. None where it is one, or has no regex signs."""
-    text = (text or "").strip()
-    if not _REGEX_SIGNS & set(text):
-        return None
-    try:
-        re.compile(text)
-    except re.error as exc:
-        return str(exc)
-    return None
+    return _as_regex((text or "").strip())[1]
 
 
 def filter_table(table: pd.DataFrame, text: str) -> pd.DataFrame:

@@ -1452,3 +1452,18 @@ def test_an_estimate_that_leaves_the_process_over_a_watched_budget_says_so(ip, r
         assert "after the dry runs, over" not in unfolded(captured.outputs[0].data["text/plain"])
     finally:
         run_cell("%memory_budget off -q")
+
+
+def test_a_failed_cell_whose_tensors_a_name_also_holds_gets_no_traceback_note(ip, run_cell):
+    """The traceback keeps a function's variable alive only where no name in the namespace holds it too:
+    `step(big)` failing holds nothing that release would free, and the note must not say it does."""
+    run_cell("import torch\nbig = torch.ones(300 * 2**20 // 4)")
+    run_cell("%memory_budget 0.9 -q")
+    run_cell("def step(t):\n    raise ValueError('x')")
+    try:
+        _, captured = run_cell("step(big)", expect_error=ValueError)
+        assert "traceback keeps" not in captured.stdout
+    finally:
+        run_cell("%memory_budget release -q")
+        run_cell("%memory_budget off -q")
+        run_cell("del big")

@@ -1439,9 +1439,9 @@ def test_a_cpu_estimate_hands_the_heap_its_dry_runs_freed_back_before_reading_th
     from nbaccel import estimate as estimate_module
 
     calls = []
-    dry_run, trim, rss = estimate_module._dry_run, estimate_module._malloc_trim, estimate_module.current_rss
+    dry_run, trim, rss = estimate_module._dry_run, estimate_module.malloc_trim, estimate_module.current_rss
     monkeypatch.setattr(estimate_module, "_dry_run", lambda *a, **k: calls.append("dry run") or dry_run(*a, **k))
-    monkeypatch.setattr(estimate_module, "_malloc_trim", lambda: calls.append("trim") or trim())
+    monkeypatch.setattr(estimate_module, "malloc_trim", lambda: calls.append("trim") or trim())
     monkeypatch.setattr(estimate_module, "current_rss", lambda: calls.append("rss") or rss())
     est = estimate_memory(torch.nn.Linear(64, 64), batch=32, budget="1GiB", device="cpu")
     if est.process_rss_bytes is None:

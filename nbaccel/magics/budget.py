@@ -34,8 +34,8 @@ from ..budget import (NEAR, PUSHED, usage_now, BudgetError, BudgetExceeded, Cell
                       capped_devices, check_near, parse_budget, plural, release_cap, share_text, size_reading, status,
                       unwritten_words, verdict)
 from ..device import DeviceError, resolve_device
-from ..holders import error_frames_holder
-from ..memory import _malloc_trim, format_bytes
+from ..holders import ERROR_FRAMES, namespace_holders
+from ..memory import malloc_trim, format_bytes
 from ..oom import OOM_TYPES, explain_oom, is_oom
 from ..options import a_type, magic_spelled
 from ..render.common import prose
@@ -261,6 +261,15 @@ class BudgetMagics(Magics):
         return status(self.watcher, device, self.shell.user_ns, skip=history_name(self.shell), enforce=self.enforce,
                       strict=self.strict, note=note, error_tb=kept_tracebacks(self.shell))
 
+    def _kept_by(self, error: BaseException | None):
+        """The `Holder` row of what ``error``'s traceback alone keeps alive: storages a name in the namespace also
+        holds are not kept by it (``release`` would free none of them), so they are counted as the status counts."""
+        tb = getattr(error, "__traceback__", None)
+        if tb is None:
+            return None
+        rows = namespace_holders(self.shell.user_ns, top=None, skip=history_name(self.shell), error_tb=tb)
+        return next((row for row in rows if row.name == ERROR_FRAMES), None)
+
     def _release(self, quiet: bool) -> None:
         """``%memory_budget release``: drop every reference to the last error's traceback, so the frames it keeps
         (and the tensors in their variables) can be freed. %tb and %debug have nothing to show afterwards."""
@@ -268,7 +277,7 @@ class BudgetMagics(Magics):
         before = usage_now(device)[0]
         words = drop_last_error(self.shell)
         gc.collect()
-        _malloc_trim()
+        malloc_trim()
         after = usage_now(device)[0]
         if quiet:
             return
@@ -618,7 +627,7 @@ class BudgetMagics(Magics):
         # adds nothing (`del x`) is "already near"/"already over", shown nothing and never failed, and the
         # history row says the same as what was (not) shown. An error cell's status is error/oom.
         if record is not None and record.status in ("error", "oom"):  # an oom's explanation gave its figures
-            note = failed_cell_words(record, self.watcher.near, error, peak=record.status == "error")
+            note = failed_cell_words(record, self.watcher.near, self._kept_by(error), peak=record.status == "error")
             if note:
                 print(prose("nbaccel: " + note))
             return
@@ -741,19 +750,18 @@ def _error_words(error: BaseException) -> str:
     return text if len(text) <= 80 else text[:77] + "..."
 
 
-def failed_cell_words(record, near: float, error: BaseException | None, peak: bool = True) -> str:
+def failed_cell_words(record, near: float, held, peak: bool = True) -> str:
     """What a budget says of a cell that raised: a failed cell's status is "error", which shows nothing, and
     its peak may have gone over the budget before it failed (a trial: 684 MiB of 600 MiB, then every later
     cell "already over", silent); and its traceback keeps the tensors its functions made (IPython keeps the
     last error for %tb and %debug), which no ``del`` reaches: after an out-of-memory error (``peak`` False: its
-    explanation gave the figures) those are the failed step's activations, and a retry fails again beside them."""
+    explanation gave the figures) those are the failed step's activations, and a retry fails again beside them.
+    ``held``: the `Holder` row of what the traceback alone keeps (`BudgetMagics._kept_by`), or None."""
     would = verdict(record.before_bytes, record.added_bytes, record.budget_bytes, near) if peak else "ok"
     reached = (f", and its peak {'went over' if would == 'over' else 'came near'} the memory budget before it did: "
                f"{format_bytes(record.used_bytes)} of {format_bytes(record.budget_bytes)} "
                f"({share_text(record.fraction)}); it added {format_bytes(record.added_bytes)}"
                if would in ("over", "near") else "")
-    tb = getattr(error, "__traceback__", None)
-    held = error_frames_holder(tb, {}) if tb is not None else None
     kept = (f". Its traceback keeps {format_bytes(held.nbytes)} of tensors alive in its functions' variables "
             f"({held.detail}): IPython keeps the last error for %tb and %debug until the next one, and no del reaches "
             "them; %memory_budget release drops it" if held is not None and held.nbytes >= FRAMES_WORTH_SAYING else "")

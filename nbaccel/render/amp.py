@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ..amp_result import MEMORY_NOISE_FLOOR, memory_ranges, too_few_runs
-from ..drift import near_zero_figures, relative_words, resolution, share_words, token_figures
+from ..drift import ids_noun, near_zero_figures, relative_words, resolution, share_words, token_figures
 from ..memory import byte_range, format_bytes
 from ..options import option
 from ..timing import format_ratio, format_seconds
@@ -134,15 +134,14 @@ def tokens_summary(result) -> str:
     """The token agreement for the headline: "tokens agree 87% (3 of 4 sequences diverge)"."""
     t = result.tokens
     text, detail = _tokens_kpi(t)
-    noun = "tokens" if t.get("tokens", True) else "integer ids"  # a classifier's argmax is no text
-    text = f"{noun} {text}"
+    text = f"{ids_noun(t)} {text}"
     flag = _drift_flag(result)
     return text + "".join(f" ({w})" for w in (detail, flag) if w)
 
 
 def _tokens_kpi(t: dict) -> tuple[str, str | None]:
     """(the figure, what qualifies it) of a result's token agreement: ("agree 87%", "3 of 4 sequences diverge")."""
-    words = t.get("tokens", True)
+    words = t["tokens"]
     if not t["comparable"]:
         return "not compared", f"another number of {'sequences' if words else 'rows'}"
     lengths = "lengths differ" if t["lengths_differ"] else None
@@ -338,7 +337,7 @@ def _token_lines(result) -> list[str]:
     t = result.tokens
     if not t:
         return []
-    return [f"{'tokens' if leaf.get('tokens', True) else 'integer ids'} of the result"
+    return [f"{ids_noun(leaf)} of the result"
             f"{'' if leaf['name'] == 'value' else ' ' + leaf['name']}: "
             f"{token_figures(leaf, result.amp.name)}" for leaf in t["leaves"]]
 

@@ -459,9 +459,11 @@ def table_text(result, group: str | None = None, sort: str | None = None, ascend
     """`ProfileResult.table` as the text report prints its table, for a terminal or a script: a trial's
     ``print(prof.table(filter="mm"))`` came out as a DataFrame squashed to the terminal's width, with
     names cut and columns folded. The arguments are `table`'s, checked by it."""
-    from ..profile_options import check_table_args, table_sort
+    from ..options import whole_number
+    from ..profile_options import ProfileError, table_sort
 
-    check_table_args(None, None, False, "", top)  # first, as table(top=) would: the rest table() checks
+    if top is not None:  # first, as table(top=) checks it: the rest table() checks
+        whole_number("top", top, 1, ProfileError)
     matching = result.table(group=group, sort=sort, ascending=ascending, filter=filter)
     frame = matching.head(top) if top else matching  # table(top=)'s cut, without filtering and sorting twice
     group = group or result.options.group
@@ -739,12 +741,13 @@ def widget(result):
                                 + (f' matching "{esc(name_filter.value)}"' if name_filter.value.strip() else "")
                                 + f" ({len(grouped)} in all){page_note(current, pages, size.value, len(limited))}</span>")
             typed = name_filter.value.strip()
+            broken = regex_error(typed) if typed else None
             mark_header()
             ops.value = wrap(ops_table_html(
                 result, shown, group.value, sort=(sort.value, ascending.value),
                 empty=(f'no {"source line" if group.value == "source" else "operator"} matches "{typed}"'
-                       + (f" (as a regex it is invalid: {regex_error(typed)}; looked for as plain text)"
-                          if regex_error(typed) else "")) if typed else None, fixed=True), "fill")
+                       + (f" (as a regex it is invalid: {broken}; looked for as plain text)" if broken else ""))
+                if typed else None, fixed=True), "fill")
         finally:
             updating[0] = False
 
