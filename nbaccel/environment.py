@@ -51,16 +51,30 @@ def _named_pair(key: str, value):
     return dict(zip(names, value))
 
 
-def _memory_row(total: int | None) -> str | None:
+class ByteSizes(dict):
+    """Sizes in bytes under machine-readable names (``physical_bytes``, ...): --json gives the numbers, which a
+    script can compare (it gave "16 GiB physical, ..." as prose), and the report shows them as one row of words
+    (`words`)."""
+
+    LABELS = {"physical_bytes": "physical", "available_bytes": "available",
+              "process_rss_bytes": "RSS of this process", "total_bytes": "total"}
+
+    def words(self) -> str:
+        return ", ".join(f"{format_bytes(size)} {self.LABELS.get(name, name)}" for name, size in self.items())
+
+
+def _memory_row(total: int | None) -> ByteSizes | None:
     """The host's memory as the budgets see it: physical (``total``), available now (MemAvailable), this
     process's RSS."""
     if not total:
         return None
-    words = [f"{format_bytes(total)} physical"]
+    sizes = ByteSizes(physical_bytes=total)
     available, rss = available_host_memory(), current_rss()
-    words += [f"{format_bytes(available)} available"] if available else []
-    words += [f"this process {format_bytes(rss)} (RSS)"] if rss else []
-    return ", ".join(words)
+    if available:
+        sizes["available_bytes"] = available
+    if rss:
+        sizes["process_rss_bytes"] = rss
+    return sizes
 
 
 def _yes(flag) -> str:
@@ -113,7 +127,7 @@ def env_report() -> EnvReport:
             sections[f"cuda:{index}"] = {
                 "name": gpu.name,
                 "compute capability": ".".join(map(str, gpu.compute_capability)),
-                "memory": f"{gpu.total_memory / 2**30:.1f} GiB",
+                "memory": ByteSizes(total_bytes=gpu.total_memory),
                 "Tensor Cores": _yes(gpu.tensor_cores),
                 "bf16": _yes(gpu.supports_bf16),
                 "fp16": _yes(gpu.supports_fp16),

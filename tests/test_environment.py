@@ -1,6 +1,8 @@
 """The env report's NVIDIA driver version, read from /proc/driver/nvidia/version (faked here)."""
-
 from __future__ import annotations
+
+import json
+import re
 
 import pytest
 import torch
@@ -44,7 +46,10 @@ def test_the_report_shows_it_with_a_gpu(tmp_path, monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     monkeypatch.setattr(environment, "NVIDIA_VERSION_FILE", str(path))
-    assert env_report().sections["software"]["driver"] == "550.54.15"
+    report = env_report()
+    assert report.sections["software"]["driver"] == "550.54.15"
+    assert json.loads(report.to_json())["sections"]["cuda:0"]["memory"] == {"total_bytes": 141 * 2**30}
+    assert re.search(r"\nmemory +141 GiB total\n", str(report))
     monkeypatch.setattr(environment, "NVIDIA_VERSION_FILE", str(tmp_path / "missing"))
     assert env_report().sections["software"]["driver"] == "not known"
 
@@ -93,14 +98,22 @@ def test_paired_flags_name_their_second_half_in_every_form(monkeypatch):
 
 
 def test_the_cpu_section_gives_the_memory_a_budget_is_measured_against(monkeypatch):
-    """%memory_budget 50% reads "of this host's 23.5 GiB of physical memory": the report had no memory line."""
+    """%memory_budget 50% reads "of this host's 23.5 GiB of physical memory": the report had no memory line.
+    The report shows it as words; --json gives each size in bytes (it gave the words, which no script can
+    compare)."""
+    from nbaccel.render import env as render_env
+
     monkeypatch.setattr(environment, "available_host_memory", lambda: 3 * 2**30)
     monkeypatch.setattr(environment, "current_rss", lambda: 300 * 2**20)
     cpu = DeviceInfo("cpu", None, "a CPU", cpu_features={"capability": "AVX2"}, total_memory=16 * 2**30)
     monkeypatch.setattr(environment, "device_info", lambda spec: cpu)
-    assert env_report().sections["cpu"]["memory"] == "16 GiB physical, 3 GiB available, this process 300 MiB (RSS)"
+    report = env_report()
+    assert re.search(r"\nmemory +16 GiB physical, 3 GiB available, 300 MiB RSS of this process\n", render_env.text(report))
+    assert "16 GiB physical, 3 GiB available, 300 MiB RSS of this process" in render_env.html(report)
+    assert json.loads(report.to_json())["sections"]["cpu"]["memory"] == {
+        "physical_bytes": 16 * 2**30, "available_bytes": 3 * 2**30, "process_rss_bytes": 300 * 2**20}
     monkeypatch.setattr(environment, "available_host_memory", lambda: None)  # no /proc/meminfo
     monkeypatch.setattr(environment, "current_rss", lambda: None)
-    assert env_report().sections["cpu"]["memory"] == "16 GiB physical"
+    assert env_report().sections["cpu"]["memory"] == {"physical_bytes": 16 * 2**30}
     monkeypatch.setattr(environment, "device_info", lambda spec: DeviceInfo("cpu", None, "a CPU", cpu_features={}))
     assert "memory" not in env_report().sections["cpu"]

@@ -235,3 +235,5 @@ def test_nbaccel_env_takes_quiet_like_every_other_magic(run_cell, ip):
     assert type(ip.user_ns["env"]).__name__ == "EnvReport"
     result, _ = run_cell("%nbaccel_env -q --json", expect_error=UsageError)
     assert "--json prints the report and -q/--quiet shows nothing: give one" in str(result.error_in_exec)
+    result, _ = run_cell("%nbaccel_env -q", expect_error=UsageError)  # it did nothing, silently
+    assert "without -r NAME, keeps nothing: add -r NAME" in str(result.error_in_exec)

@@ -287,8 +287,8 @@ def test_a_comment_right_after_a_flag_is_a_comment(run_cell, ip):
     assert ip.user_ns["res"].amp.name == "bf16"
     run_cell("%%amp --repeat 3 --warmup 0 -q#x -r res2\nx @ x")  # the rest of the line is the comment
     assert "res2" not in ip.user_ns
-    result, _ = run_cell("%nbaccel_env -q#quiet")
-    assert result.success
+    result, _ = run_cell("%nbaccel_env -r env_q -q#quiet")
+    assert result.success and "env_q" in ip.user_ns
 
 
 @pytest.mark.parametrize("line, said", [

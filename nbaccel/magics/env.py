@@ -29,6 +29,9 @@ class EnvMagics(Magics):
         if args.quiet and args.json:  # one asks for output, the other for none
             raise UsageError("--json prints the report and -q/--quiet shows nothing: give one (-q -r NAME keeps "
                              "the report, NAME.to_json() gives its JSON)")
+        if args.quiet and not args.result:  # it printed nothing and kept nothing: a silent no-op (a trial)
+            raise UsageError("-q/--quiet shows nothing and, without -r NAME, keeps nothing: add -r NAME to store "
+                             "the report (%nbaccel_env -q -r env), or leave -q out to see it")
         report = env_report()
         store_result(self.shell, args.result, report)
         if args.quiet:

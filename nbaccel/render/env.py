@@ -1,11 +1,14 @@
 """How the environment report looks."""
 
+from ..environment import ByteSizes
 from .common import esc, table, text_table, wrap
 
 
 def _shown(value) -> str:
     """A flag read as a named pair ({"enabled": False, "dtype": torch.bfloat16}) as "False (dtype: torch.bfloat16)":
     the flag first, as torch's getter gives it, its companion named."""
+    if isinstance(value, ByteSizes):  # {"physical_bytes": ..., ...} as "16 GiB physical, 3 GiB available, ..."
+        return value.words()
     if not isinstance(value, dict):
         return value
     (_, first), *rest = value.items()
