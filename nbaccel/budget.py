@@ -42,8 +42,10 @@ NEAR = 0.75  # a cell that used at least this share of the budget gets a gauge
 # A cell whose peak rose at least this much above the usage it started from pushed usage up; less is noise
 # (any Python code moves RSS by a few pages). See `verdict`.
 PUSHED = 2**20
-# Unwritten memory (see `CellRecord.unwritten_would_exceed`) below this is not worth a note.
+# Unwritten memory (see `CellRecord.unwritten_would_exceed`) below this is not worth a note, and a cell that
+# adds less than UNWRITTEN_CELL_WORTH to it gets none (the earlier cell that reserved it was told).
 UNWRITTEN_WORTH_SAYING = 256 * 2**20
+UNWRITTEN_CELL_WORTH = 64 * 2**20
 
 
 class BudgetError(ValueError):
@@ -347,14 +349,20 @@ class CellRecord:
     after_bytes: int | None = None  # usage when the cell ended (CUDA reserved / CPU RSS); None: not read
     # CPU: memory the cell allocated but left unwritten (torch.empty), not in RSS until written (PeakMeter)
     unwritten_bytes: int = 0
+    # ... and what every watched cell so far left unwritten, the cells since that wrote or freed some taken
+    # off (`Watcher.unwritten_total`): two cells of torch.empty(1 GiB) are 2 GiB that will become resident
+    unwritten_total_bytes: int = 0
 
     @property
     def unwritten_would_exceed(self) -> bool:
         """Whether memory the cell reserved but has not written yet takes the process over the budget
         once written: ``x = torch.empty(3 * 2**30, dtype=torch.uint8)`` passed a 1 GB strict budget, and
-        the cell that filled it was blamed. Under `UNWRITTEN_WORTH_SAYING` it is not worth a note: a
-        tensor written partway, or glibc keeping a freed chunk's pages."""
-        return (self.unwritten_bytes >= UNWRITTEN_WORTH_SAYING
+        the cell that filled it was blamed. Counted with what earlier cells left unwritten (two cells of
+        torch.empty(200 MB) under a budget 300 MiB away), but told only on a cell that added some of it. Under
+        `UNWRITTEN_WORTH_SAYING` in all it is not worth a note: a tensor written partway, or glibc keeping a
+        freed chunk's pages."""
+        return (self.unwritten_bytes >= UNWRITTEN_CELL_WORTH
+                and max(self.unwritten_bytes, self.unwritten_total_bytes) >= UNWRITTEN_WORTH_SAYING
                 and self.unwritten_written_bytes > self.budget_bytes)
 
     @property
@@ -362,7 +370,7 @@ class CellRecord:
         """What the process would hold once the unwritten memory is written: its usage at the cell's end
         (its peak where that was not read) plus the unwritten bytes."""
         held = self.after_bytes if self.after_bytes is not None else self.used_bytes
-        return held + self.unwritten_bytes
+        return held + max(self.unwritten_bytes, self.unwritten_total_bytes)
 
     @property
     def freed_bytes(self) -> int:
@@ -381,7 +389,7 @@ class CellRecord:
                 "before_bytes": self.before_bytes, "budget_bytes": self.budget_bytes, "status": self.status,
                 "seconds": self.seconds, "error": self.error, "measured_under": self.harness,
                 "harness_bytes": self.harness_bytes, "after_bytes": self.after_bytes, "freed_bytes": self.freed_bytes,
-                "unwritten_bytes": self.unwritten_bytes}
+                "unwritten_bytes": self.unwritten_bytes, "unwritten_total_bytes": self.unwritten_total_bytes}
 
 
 def verdict(before: int, added: int, budget: int, near: float) -> str:
@@ -404,11 +412,14 @@ def verdict(before: int, added: int, budget: int, near: float) -> str:
 
 def unwritten_words(record: CellRecord) -> str:
     """The note for a cell whose reserved, still unwritten memory will take the process over the budget."""
-    return (f"{record.label} reserved {format_bytes(record.unwritten_bytes)} that is not yet resident "
+    earlier = record.unwritten_total_bytes - record.unwritten_bytes >= UNWRITTEN_CELL_WORTH
+    # "about": the total is a tally, lowered by any cell whose RSS grew by more than malloc handed out
+    in_all = f", about {format_bytes(record.unwritten_total_bytes)} with what earlier cells reserved" if earlier else ""
+    return (f"{record.label} reserved {format_bytes(record.unwritten_bytes)} that is not yet resident{in_all} "
             "(torch.empty and friends leave pages unwritten, and the process's RSS counts a page once it is "
             f"written): written, the process would hold about {format_bytes(record.unwritten_written_bytes)}, over "
             f"the {format_bytes(record.budget_bytes)} budget. It counts in the cell that writes it: make the "
-            "tensor smaller, or del it")
+            + ("tensors smaller, or del some" if earlier else "tensor smaller, or del it"))
 
 
 def harness_words(record: CellRecord, device: str) -> str:
@@ -452,6 +463,10 @@ class Watcher:
         # assert, an illegal address). The context cannot be used again, and every later synchronize
         # raises it anew, so from then on the meters skip it: a later `print(1)` is not failed for it.
         self.device_error: RuntimeError | None = None
+        # CPU: what the watched cells allocated and left unwritten, as a running tally of each cell's signed
+        # `PeakMeter.unwritten_change`, never below 0. A cell whose RSS grew by more than malloc handed out
+        # (Python objects in pymalloc's arenas, a library loaded) lowers it too: it errs low, never high.
+        self.unwritten_total = 0
 
     def begin(self, label: str) -> None:
         self.abandon()
@@ -518,9 +533,14 @@ class Watcher:
         record = CellRecord(label or self._label, self.budget, used, added, allocated, before, seconds, status,
                             f"{type(error).__name__}: {error}"[:200] if error is not None else None, peak.method,
                             harness=harness, harness_bytes=harness_bytes, after_bytes=after,
-                            unwritten_bytes=meter.unwritten_bytes)
+                            unwritten_bytes=meter.unwritten_bytes,
+                            unwritten_total_bytes=self._tally_unwritten(meter))
         self.records.append(record)
         return record
+
+    def _tally_unwritten(self, meter: PeakMeter) -> int:
+        self.unwritten_total = max(0, self.unwritten_total + meter.unwritten_change)
+        return self.unwritten_total
 
 
 # --- the CUDA cap ----------------------------------------------------------------------------------
@@ -620,7 +640,7 @@ def history_frame(records: list[CellRecord]) -> pd.DataFrame:
     import pandas as pd
     columns = ["cell", "used_bytes", "fraction", "added_bytes", "allocated_peak_bytes", "before_bytes",
                "budget_bytes", "status", "seconds", "error", "measured_under", "harness_bytes", "after_bytes",
-               "freed_bytes", "unwritten_bytes"]
+               "freed_bytes", "unwritten_bytes", "unwritten_total_bytes"]
     return pd.DataFrame([r.to_dict() for r in records], columns=columns)
 
 

@@ -264,7 +264,9 @@ class PeakMeter:
         # CPU: what malloc's allocations (`malloc_held_bytes`: mmapped chunks and heap in use) grew by beyond
         # RSS: memory allocated and not yet written (torch.empty's pages become resident
         # when written), which RSS does not count yet. 0 where it cannot be read (no glibc mallinfo2).
-        self.unwritten_bytes = 0
+        # ``unwritten_change`` is the same difference signed: negative where the run wrote or freed memory
+        # left unwritten before it (a watcher keeps the running total: `budget.Watcher.unwritten_total`).
+        self.unwritten_bytes = self.unwritten_change = 0
         # The highest peak counters read when a meter inside this one reset them (see _open_meters).
         self._folded = (0, 0)
 
@@ -323,7 +325,9 @@ class PeakMeter:
                 # above made the heap's free pages non-resident, so reusing them and writing grows RSS too.
                 held_after = malloc_held_bytes()
                 if None not in (held_before, held_after, self.rss_after):
-                    self.unwritten_bytes = max(0, (held_after - held_before) - (self.rss_after - before))
+                    # signed: a cell that writes (or frees) memory an earlier cell left unwritten lowers it
+                    self.unwritten_change = (held_after - held_before) - (self.rss_after - before)
+                    self.unwritten_bytes = max(0, self.unwritten_change)
                 self.result = PeakMemory(
                     "cpu", max(0, peak - before),
                     "process peak RSS (VmHWM reset via /proc/self/clear_refs, malloc_trim first) minus RSS before",
@@ -347,7 +351,7 @@ class PeakMeter:
     def __enter__(self):
         self._folded = (0, 0)  # a meter used again starts afresh
         self.after = self.rss_after = None
-        self.unwritten_bytes = 0
+        self.unwritten_bytes = self.unwritten_change = 0
         self._cm = self._cuda() if self.device.type == "cuda" else self._cpu()
         self._cm.__enter__()  # resets the peak (folding it into the meters around) before joining them
         _open_meters.add(self)

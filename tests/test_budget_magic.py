@@ -571,6 +571,35 @@ def test_an_estimate_shows_the_same_activations_and_peak_phase_in_every_renderin
     assert one["activations"] == fit.at(32) and "bytes alive at the end of the forward" in est.method
 
 
+def test_unwritten_memory_of_earlier_cells_counts_in_the_note(ip, run_cell):
+    """Two cells of ``torch.empty(200 MB)`` under a budget 300 MiB above the process: each alone fits once
+    written, both do not. The second cell's note said only its own 200 MB ("would hold about" was under the
+    budget's line it then named as crossed); the watcher now keeps the tally, and writing or freeing lowers it."""
+    from nbaccel.memory import malloc_held_bytes
+
+    if malloc_held_bytes() is None:
+        pytest.skip("no glibc mallinfo2 here")
+    run_cell("import torch")
+    run_cell(f"%memory_budget {_budget_above_now(300)} -q -r b")
+    try:
+        _, captured = run_cell("a = torch.empty(200_000_000, dtype=torch.uint8)")
+        assert "not yet resident" not in captured.stdout  # 200 MB written still fits
+        _, captured = run_cell("c = torch.empty(200_000_000, dtype=torch.uint8)")
+        said = unfolded(captured.stdout)
+        assert re.search(r"In\[\d+\] reserved 1\d\d MiB that is not yet resident, about 3\d\d MiB with what "
+                         r"earlier cells reserved \(", said), said
+        assert "make the tensors smaller, or del some" in said
+        totals = list(ip.user_ns["b"].history["unwritten_total_bytes"])
+        assert totals[-1] >= 370 * 2**20 and totals[-2] >= 180 * 2**20
+        run_cell("a.fill_(1); None")  # written: resident now, no longer pending
+        run_cell("del c")
+        totals = list(ip.user_ns["b"].history["unwritten_total_bytes"])
+        assert 180 * 2**20 <= totals[-2] <= 200 * 2**20 and totals[-1] <= 10 * 2**20, totals
+    finally:
+        run_cell("a = c = None")
+        run_cell("%memory_budget off")
+
+
 def test_a_block_that_reserves_unwritten_memory_is_warned_not_failed():
     import warnings
 

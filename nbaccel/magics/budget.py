@@ -584,6 +584,7 @@ class BudgetMagics(Magics):
         if self.watcher is not None:
             w = self.watcher
             kept = {"budget": w.budget, "device": w.device, "near": w.near, "records": w.records,
+                    "unwritten": w.unwritten_total,
                     "strict": self.strict, "enforce": self.enforce, "estimate": self._estimate}
         self.stop()
         return kept
@@ -593,7 +594,7 @@ class BudgetMagics(Magics):
         if not kept:
             return
         self.watcher = Watcher(kept["budget"], kept["device"], kept["near"])
-        self.watcher.records = kept["records"]
+        self.watcher.records, self.watcher.unwritten_total = kept["records"], kept["unwritten"]
         self.strict, self._estimate = kept["strict"], kept["estimate"]
         if kept["enforce"]:
             apply_cap(kept["device"], kept["budget"])
