@@ -761,7 +761,13 @@ def test_widget_controls_change_the_table(run_cell, ip, monkeypatch):
     filtered = _first_column(_ops_html(box))
     assert filtered and all("mm" in n for n in filtered)
     status = [w for w in walk(box) if type(w).__name__ == "HTML" and "rows matching" in w.value]
-    assert status and f"{len(filtered)} of {len(filtered)} rows" in status[0].value
+    # worded as the text's title (it read "3 of 3 rows matching "mm""), order and grouping left to the controls
+    rows = "1 row" if len(filtered) == 1 else f"{len(filtered)} rows"
+    assert status and f"the {rows} matching &#x27;mm&#x27; ({len(prof.grouped('op'))} in all)" in status[0].value
+    name_filter.value = "aten::(mm"  # matches nothing, as plain text or as the regex it fails to be
+    said = html_unescape(_ops_html(box))
+    assert (f"no row of the {len(prof.grouped('op'))} (grouped by op) has a name or source line matching 'aten::(mm' "
+            "(as a regex it is invalid: missing )") in said
     name_filter.value = ""
 
     top = control(box, "IntSlider", "top K")

@@ -421,17 +421,29 @@ def kernel_rows(result, top=15):
 
 # --- text ------------------------------------------------------------------------------------------
 
-def table_title(shown: int, matched: int, total: int, order: str, group: str, wanted: str = "") -> str:
-    """The line over an operator table: how many rows it shows, of how many that the filter kept, of all."""
+def rows_words(shown: int, matched: int, total: int, wanted: str = "") -> str:
+    """How many rows a table shows, of how many that the filter kept, of all: "top 5 of 12 rows", "the 3
+    rows matching 'mm' (40 in all)". The text's title and the widget's status line both say it (the widget
+    read "3 of 3 rows matching "mm"" where the text read "the 3 rows matching 'mm'")."""
     if not wanted:
-        return f"top {shown} of {total} rows {order} (grouped by {group}):"
-    if not matched:
-        broken = regex_error(wanted)
-        return (f"no row of the {total} (grouped by {group}) has a name or source line matching {wanted!r}"
-                + (f" (as a regex it is invalid: {broken}; it was looked for as plain text)" if broken else ""))
+        return f"top {shown} of {total} rows"
     rows = f"{matched} rows" if matched > 1 else "1 row"
     kept = f"the {rows}" if matched == shown else f"top {shown} of the {rows}"
-    return f"{kept} matching {wanted!r} ({total} in all) {order} (grouped by {group}):"
+    return f"{kept} matching {wanted!r} ({total} in all)"
+
+
+def no_match_words(total: int, group: str, wanted: str) -> str:
+    """What a filter that kept no row says, and why where its regex is invalid."""
+    broken = regex_error(wanted)
+    return (f"no row of the {total} (grouped by {group}) has a name or source line matching {wanted!r}"
+            + (f" (as a regex it is invalid: {broken}; it was looked for as plain text)" if broken else ""))
+
+
+def table_title(shown: int, matched: int, total: int, order: str, group: str, wanted: str = "") -> str:
+    """The line over an operator table: `rows_words`, the order and the grouping."""
+    if wanted and not matched:
+        return no_match_words(total, group, wanted)
+    return f"{rows_words(shown, matched, total, wanted)} {order} (grouped by {group}):"
 
 
 def shown_table(result) -> tuple[str, list[dict]]:
@@ -737,17 +749,14 @@ def widget(result):
             shown, current, pages = page_of(limited, size.value, page.value)
             page.max = pages
             page.value = current
-            status.value = wrap(f'<span class="muted">{len(limited)} of {len(frame)} rows'
-                                + (f' matching "{esc(name_filter.value)}"' if name_filter.value.strip() else "")
-                                + f" ({len(grouped)} in all){page_note(current, pages, size.value, len(limited))}</span>")
             typed = name_filter.value.strip()
-            broken = regex_error(typed) if typed else None
+            # the order and grouping are the controls' own: the status line says the rows, as the text's title
+            status.value = wrap(f'<span class="muted">{esc(rows_words(len(limited), len(frame), len(grouped), typed))}'
+                                f"{page_note(current, pages, size.value, len(limited))}</span>")
             mark_header()
             ops.value = wrap(ops_table_html(
                 result, shown, group.value, sort=(sort.value, ascending.value),
-                empty=(f'no {"source line" if group.value == "source" else "operator"} matches "{typed}"'
-                       + (f" (as a regex it is invalid: {broken}; looked for as plain text)" if broken else ""))
-                if typed else None, fixed=True), "fill")
+                empty=no_match_words(len(grouped), group.value, typed) if typed else None, fixed=True), "fill")
         finally:
             updating[0] = False
 
