@@ -468,6 +468,7 @@ def compare_amp(
     on_cell_error: Callable[[BaseException, str], None] | None = None,
     on_first_run: Callable[[float, int], None] | None = None,
     contention_meter: ContentionMeter | None = None,
+    emulated: bool = False,
 ) -> AmpResult:
     """Time ``fn`` in strict fp32 and under autocast (+TF32 on CUDA) from the same starting state.
 
@@ -499,6 +500,9 @@ def compare_amp(
     the seconds the first restore of the variables took (0 without a snapshot), which each run pays too.
     ``contention_meter``: what measures other programs' CPU use during the timed runs (default: a
     `ContentionMeter` reading /proc; tests inject scripted readers).
+    ``emulated=True``: ``dtype="fp16"`` runs on a CPU without fp16 units (AMX-FP16 / AVX512-FP16) instead of
+    being refused: the drift and a training step's gradient overflow/underflow are fp16's, the times are
+    the emulation's, many times fp32's, and the result says so.
     Returns an `AmpResult`; the kept run's return value is ``result.value``.
     Under torchrun it measures the calling rank only; `nbaccel.distributed.compare_amp` (or
     ``gather_amp(result)``) gathers every rank's result (min/median/max, slowest rank).
@@ -506,7 +510,7 @@ def compare_amp(
     __tracebackhide__ = True  # noqa: F841 - IPython hides nbaccel's frames from the user's traceback
     state, dev, info, amp_recipe, base_recipe = _checked(fn, dtype, device, tf32, warmup, repeat, baseline,
                                                          restore, namespace, state, max_snapshot_fraction,
-                                                         on_cell_error, on_first_run)
+                                                         on_cell_error, on_first_run, emulated)
     outer_autocast = autocast_in_effect(dev.type)  # before any run: the user's, not ours
     fp32_overridden = relaxed_fp32_settings(dev.type)  # likewise
     torch_before = TorchGlobals()
@@ -635,7 +639,7 @@ USED_UP = "the comparison's runs used it up"  # the mark of `used_up_note` among
 
 
 def _checked(fn, dtype, device, tf32, warmup, repeat, baseline, restore, namespace, state, max_snapshot_fraction,
-             on_cell_error, on_first_run):
+             on_cell_error, on_first_run, emulated=False):
     """Everything `compare_amp` refuses before it runs ``fn``: (state, device, its info, the recipes).
     Apart so that `check_compare_amp` (nbaccel.distributed) can refuse on every rank before any runs."""
     __tracebackhide__ = True  # noqa: F841 - the refusal reads as compare_amp's, as it was before
@@ -644,7 +648,7 @@ def _checked(fn, dtype, device, tf32, warmup, repeat, baseline, restore, namespa
     whole_number("repeat", repeat, 1, why="; use at least 3 for a spread")
     _check_arguments(tf32=tf32, baseline=baseline, restore=restore, namespace=namespace, state=state,
                      max_snapshot_fraction=max_snapshot_fraction, on_cell_error=on_cell_error,
-                     on_first_run=on_first_run)
+                     on_first_run=on_first_run, emulated=emulated)
     if state and not isinstance(state, (list, tuple)):
         state = (state,)  # one object (state=model) is what was meant
     if isinstance(device, int) and not isinstance(device, bool):
@@ -662,7 +666,7 @@ def _checked(fn, dtype, device, tf32, warmup, repeat, baseline, restore, namespa
         raise DeviceError(f"{option('dtype', dtype)} compares fp32 with itself: fp32 is the baseline. Use "
                           f"{option('dtype', 'bf16')}, {option('dtype', 'fp16')}, {option('dtype', 'auto')}, or "
                           f"{option('dtype', 'tf32')} on an Ampere+ CUDA GPU")
-    amp_recipe = make_recipe(dtype, dev, tf32=tf32)
+    amp_recipe = make_recipe(dtype, dev, tf32=tf32, emulated=emulated)
     base_recipe = make_recipe(FP32, dev)
     return state, dev, info, amp_recipe, base_recipe
 
@@ -678,7 +682,8 @@ def check_compare_amp(*args, **kwargs) -> None:
     bound.apply_defaults()
     a = bound.arguments
     _checked(a["fn"], a["dtype"], a["device"], a["tf32"], a["warmup"], a["repeat"], a["baseline"], a["restore"],
-             a["namespace"], a["state"], a["max_snapshot_fraction"], a["on_cell_error"], a["on_first_run"])
+             a["namespace"], a["state"], a["max_snapshot_fraction"], a["on_cell_error"], a["on_first_run"],
+             a["emulated"])
 
 
 def used_up_note(iterators: list[str]) -> str:
@@ -888,9 +893,9 @@ def _check_function(fn) -> None:
 
 
 def _check_arguments(*, tf32, baseline, restore, namespace, state, max_snapshot_fraction, on_cell_error,
-                     on_first_run) -> None:
+                     on_first_run, emulated=False) -> None:
     """Types that would otherwise fail deep inside, or pass as truthy strings (baseline="False")."""
-    for name, value in (("tf32", tf32), ("baseline", baseline), ("restore", restore)):
+    for name, value in (("tf32", tf32), ("baseline", baseline), ("restore", restore), ("emulated", emulated)):
         if not isinstance(value, bool):
             raise TypeError(f"{option(name)} takes True or False, got {value!r}")
     if namespace is not None and not isinstance(namespace, dict):

@@ -63,6 +63,7 @@ class Variant:
         return {
             "name": self.name,
             "recipe": self.recipe.label,
+            "emulated": self.recipe.emulated,  # fp16 without the CPU's units: the times are not fp16's speed
             "time": self.times.to_dict(),
             "memory": self.memory.to_dict() if self.memory else None,
             "flops": self.flops,

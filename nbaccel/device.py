@@ -232,9 +232,11 @@ def unknown_dtype(requested: str, name: str, choices: tuple[str, ...]) -> str:
     return f"{option(name, requested)} is not an autocast dtype; use {listed}{did_you_mean(name, requested, choices)}"
 
 
-def autocast_dtype(requested: str, info: DeviceInfo, name: str = "dtype") -> torch.dtype:
+def autocast_dtype(requested: str, info: DeviceInfo, name: str = "dtype", emulated: bool = False) -> torch.dtype:
     """Map ``bf16|fp16|auto`` to the autocast dtype for this device, or say why not (``name``: the
-    option the user set, ``dtype`` of %%amp or ``amp`` of %%profile_gpu)."""
+    option the user set, ``dtype`` of %%amp or ``amp`` of %%profile_gpu). ``emulated``: fp16 on a CPU
+    without fp16 units is run, not refused (``%%amp --emulated``: its drift, overflow and underflow are
+    fp16's; its times are the emulation's)."""
     requested = dtype_name(requested)
     if requested == "auto":
         if info.type == "cpu" or info.supports_bf16:
@@ -248,15 +250,19 @@ def autocast_dtype(requested: str, info: DeviceInfo, name: str = "dtype") -> tor
     if dtype is torch.bfloat16 and not info.supports_bf16:
         raise DeviceError(f"{info.name} has no bf16 support (needs compute capability 8.0+); "
                           f"use {option(name, 'fp16')}")
-    if dtype is torch.float16 and not info.supports_fp16:
+    if dtype is torch.float16 and not info.supports_fp16 and not (emulated and info.type == "cpu"):
         # bf16 is accepted without its units: torch's bf16 path stays usable there (a 512^3 matmul on an
         # Ice Lake: fp32 12 ms, bf16 19 ms, fp16 194 ms), so the drift can be read in a notebook.
         # %%amp shows bf16's drift; %%profile_gpu --amp shows no drift (a trial read one promised there)
         shows = "its drift" if name == "dtype" else "which ops run in it"
         either = ("" if info.has_bf16_units else
                   f" (it has no bf16 units either: bf16 shows {shows} here, not its speed; measure speed on a GPU)")
+        # %%amp alone takes --emulated: fp16's drift, and a training step's overflow/underflow with or without
+        # a GradScaler, are numbers a CPU can measure before a GPU run; a profile of emulated kernels is not
+        override = (f" (or add {option('emulated', True)} to see fp16's drift and gradient overflow/underflow here, in runs many "
+                    "times slower: not its speed)" if name == "dtype" else "")
         raise DeviceError(
             "this CPU has no fp16 arithmetic units (AMX-FP16 or AVX512-FP16), so CPU fp16 autocast would only "
-            f"emulate it, many times slower than fp32; use {option(name, 'bf16')} on the CPU{either}"
+            f"emulate it, many times slower than fp32; use {option(name, 'bf16')} on the CPU{either}{override}"
         )
     return dtype

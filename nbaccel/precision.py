@@ -53,12 +53,16 @@ class Recipe:
     # matmuls in bf16 on a CPU with AMX: a user trial's "fp32" baseline was bf16 math, labelled fp32.
     # There is no TF32 on a CPU to trade for speed, so every recipe keeps the ops it leaves in fp32 exact.
     cpu_strict: bool = True
+    # fp16 autocast on a CPU without fp16 units (``%%amp --emulated``): its numbers are fp16's, its times
+    # the emulation's, and the label says so wherever the recipe is named
+    emulated: bool = False
 
     @property
     def label(self) -> str:
         parts = []
         if self.autocast_dtype is not None:
-            parts.append(f"autocast {DTYPE_NAMES[self.autocast_dtype]} ({self.device_type})")
+            where = f"{self.device_type}, emulated" if self.emulated else self.device_type
+            parts.append(f"autocast {DTYPE_NAMES[self.autocast_dtype]} ({where})")
         if self.tf32:
             parts.append("TF32 matmul+cuDNN")
         elif self.tf32 is False:
@@ -73,14 +77,15 @@ TF32 = "tf32"
 
 
 def make_recipe(dtype: str = "auto", device="auto", tf32: bool = True, cudnn_benchmark: bool | None = None,
-                name: str = "dtype") -> Recipe:
+                name: str = "dtype", emulated: bool = False) -> Recipe:
     """Build the recipe ``%%amp`` uses: autocast at ``dtype`` plus Tensor Core settings on CUDA.
 
     ``dtype="fp32"`` gives the baseline: no autocast, TF32 off on CUDA and the CPU's oneDNN at IEEE
     fp32, so the comparison is against strict IEEE fp32 whatever the user's flags say (on CUDA too
     when the CPU is compared: a CPU cell can reach CUDA tensors). TF32 only exists on CUDA
     (Ampere+), so an autocast recipe elsewhere leaves CUDA's TF32 alone (None).
-    ``name`` is the option an error names (``dtype``, or ``amp`` for the profiler).
+    ``name`` is the option an error names (``dtype``, or ``amp`` for the profiler); ``emulated``: see
+    `device.autocast_dtype`.
     """
     dev = resolve_device(device)
     info = device_info(dev)
@@ -93,9 +98,11 @@ def make_recipe(dtype: str = "auto", device="auto", tf32: bool = True, cudnn_ben
         return Recipe(dev.type, None, tf32=True, autocast_off=autocast_device_types(dev.type))
     if dtype == FP32:
         return Recipe(dev.type, None, tf32=False, autocast_off=autocast_device_types(dev.type))
+    reduced = autocast_dtype(dtype, info, name, emulated=emulated)
     return Recipe(
         device_type=dev.type,
-        autocast_dtype=autocast_dtype(dtype, info, name),
+        autocast_dtype=reduced,
+        emulated=reduced is torch.float16 and dev.type == "cpu" and not info.has_fp16_units,
         tf32=tf32_setting,
         cudnn_benchmark=cudnn_benchmark,
         autocast_off=tuple(t for t in autocast_device_types(dev.type) if t != dev.type),

@@ -164,12 +164,41 @@ def test_fp16_on_a_cpu_without_fp16_units_is_refused(ip, monkeypatch):
     with pytest.raises(UsageError, match="no fp16 arithmetic units") as refused:
         ip.run_cell_magic("amp", "--dtype fp16 --device cpu", "1")
     # A trial on an Ice Lake: told to use bf16, which has no units there either.
+    emulated = (" (or add --emulated to see fp16's drift and gradient overflow/underflow here, in runs many times "
+                "slower: not its speed)")
     assert str(refused.value).endswith("use --dtype bf16 on the CPU (it has no bf16 units either: bf16 shows its drift "
-                                       "here, not its speed; measure speed on a GPU)")
+                                       "here, not its speed; measure speed on a GPU)" + emulated)
     with_bf16 = DeviceInfo("cpu", None, "newer cpu", supports_bf16=True, cpu_features={"amx_bf16": True})
     monkeypatch.setattr(amp_magic, "device_info", lambda d: with_bf16)
-    with pytest.raises(UsageError, match=r"many times slower than fp32; use --dtype bf16 on the CPU$"):
+    with pytest.raises(UsageError, match=r"many times slower than fp32; use --dtype bf16 on the CPU \(or add --emulated"):
         ip.run_cell_magic("amp", "--dtype fp16 --device cpu", "1")
+
+
+def test_emulated_fp16_gives_its_gradient_report_on_a_cpu_without_fp16_units(run_cell, ip, cpu_without_bf16_units):
+    """The fp16 training report (overflow, underflow, GradScaler) was out of reach on every CPU without fp16 units,
+    this project's CI among them: --emulated runs it, and every place the speed shows says it is not fp16's."""
+    import nbaccel
+
+    run_cell("import torch\ntorch.manual_seed(0)\nm = torch.nn.Linear(16, 4)\nx = torch.randn(8, 16)\n"
+             "opt = torch.optim.SGD(m.parameters(), lr=0.1)")
+    step = "opt.zero_grad()\nloss = m(x).square().mean()\nloss.backward()\nopt.step()\nloss"
+    result, _ = run_cell(f"%%amp --dtype fp16 --repeat 3 --warmup 0\n{step}", expect_error=UsageError)
+    assert "or add --emulated" in str(result.error_in_exec)
+    run_cell(f"%%amp --dtype fp16 --emulated --repeat 3 --warmup 0 -q -r res\n{step}")
+    res = ip.user_ns["res"]
+    assert res.amp.name == "fp16" and res.amp.recipe.emulated and res.to_dict()["amp"]["emulated"] is True
+    text = unfolded(str(res))
+    assert re.search(r"fp16 +autocast fp16 \(cpu, emulated\)", text)
+    assert "fp16 emulated: not its speed on fp16 hardware" in text.splitlines()[0]
+    assert "overflow (inf/NaN): 0 tensors" in text and "underflow:" in text
+    assert any(a.startswith("fp16 training without torch.amp.GradScaler") for a in res.advice)
+    # the API's spelling: emulated=True, named so in the refusal
+    m, x = ip.user_ns["m"], ip.user_ns["x"]
+    with pytest.raises(nbaccel.DeviceError, match=r"or add emulated=True to see fp16's drift"):
+        nbaccel.compare_amp(lambda: m(x), dtype="fp16", device="cpu", repeat=3)
+    with pytest.raises(TypeError, match=r"emulated takes True or False, got 'yes'"):
+        nbaccel.compare_amp(lambda: m(x), dtype="fp16", device="cpu", repeat=3, emulated="yes")
+    assert nbaccel.compare_amp(lambda: m(x), dtype="fp16", device="cpu", repeat=3, warmup=0, emulated=True).amp.recipe.emulated
 
 
 def test_fp16_refused_by_profile_gpu_promises_no_drift(ip, cpu_without_bf16_units):

@@ -48,6 +48,9 @@ class AmpMagics(Magics):
     @argument("--warmup", type=int, default=1, help="untimed rounds of both variants first (default 1)")
     @argument("--repeat", type=int, default=5, help="timed runs per variant (default 5)")
     @argument("--no-baseline", action="store_true", help="run only the mixed-precision variant (no fp32 comparison)")
+    @argument("--emulated", action="store_true",
+              help="run --dtype fp16 on a CPU without fp16 units (AMX-FP16/AVX512-FP16) rather than refuse it: its "
+                   "drift and gradient overflow/underflow are fp16's, its times the emulation's (many times fp32's)")
     @argument("--no-restore", action="store_true",
               help="do not snapshot/restore your variables between runs (for state too large to copy; each "
                    "run then continues from the previous one's; torch's settings are still put back)")
@@ -99,7 +102,7 @@ class AmpMagics(Magics):
                     run, dtype=args.dtype, device=device, tf32=not args.no_tf32, warmup=args.warmup,
                     repeat=args.repeat, baseline=not args.no_baseline, namespace=self.shell.user_ns,
                     skip=history_name(self.shell), silence=silenced, restore=not args.no_restore,
-                    max_snapshot_fraction=args.max_snapshot,
+                    max_snapshot_fraction=args.max_snapshot, emulated=args.emulated,
                     on_cell_error=lambda exc, where: cell_errors.append((exc, where)),
                     on_first_run=None if args.quiet else note_long_run,  # -q: a progress note is output too
                 )
@@ -160,7 +163,7 @@ class AmpMagics(Magics):
             if args.dtype == "tf32":
                 make_recipe("tf32", device)
             elif not fp32:  # compare_amp refuses fp32 itself, before anything runs
-                autocast_dtype(args.dtype, device_info(device))
+                autocast_dtype(args.dtype, device_info(device), emulated=args.emulated)
         except DeviceError as exc:
             raise UsageError(str(exc)) from None
         return args, device, cell_function(self.shell, cell)
