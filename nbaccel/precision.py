@@ -490,23 +490,25 @@ class precision:  # noqa: N801 - a context manager used like a function: `with n
 
     ``with`` gives the `Recipe` that was applied, so scripts can log what ran. The arguments are
     checked when it is made, and one object can be entered again (``amp = precision("bf16")``,
-    then ``with amp:`` in a loop), like `nbaccel.profile` and `nbaccel.memory_budget`.
+    then ``with amp:`` in a loop), like `nbaccel.profile` and `nbaccel.memory_budget`. ``emulated=True``
+    runs fp16 on a CPU without fp16 units, as `compare_amp` does (its numbers are fp16's, at emulation's speed).
     """
 
     def __init__(self, dtype: str = "auto", device="auto", tf32: bool = True, cudnn_benchmark: bool | None = None,
-                 recipe: Recipe | None = None):
+                 recipe: Recipe | None = None, emulated: bool = False):
         if recipe is not None and not isinstance(recipe, Recipe):
             raise TypeError(f"recipe takes a Recipe (from nbaccel.precision.make_recipe), got {recipe!r}; for a "
                             "dtype write precision('bf16')")
-        if not isinstance(tf32, bool):
-            raise TypeError(f"{option('tf32')} takes True or False, got {tf32!r}")
+        for name, value in (("tf32", tf32), ("emulated", emulated)):
+            if not isinstance(value, bool):
+                raise TypeError(f"{option(name)} takes True or False, got {value!r}")
         if cudnn_benchmark is not None and not isinstance(cudnn_benchmark, bool):  # torch's own error came on entry
             raise TypeError(f"{option('cudnn_benchmark')} takes True, False or None (left as it is), got "
                             f"{cudnn_benchmark!r}")
         if recipe is None and dtype_name(dtype) not in PRECISION_DTYPES:
             # precision() also takes fp32 (strict IEEE fp32, %%amp's baseline): its refusal lists it
             raise DeviceError(unknown_dtype(dtype_name(dtype), "dtype", PRECISION_DTYPES))
-        self.recipe = recipe or make_recipe(dtype, device, tf32, cudnn_benchmark)
+        self.recipe = recipe or make_recipe(dtype, device, tf32, cudnn_benchmark, emulated=emulated)
         self._active: list = []
 
     def __enter__(self) -> Recipe:
