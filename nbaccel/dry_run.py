@@ -266,7 +266,7 @@ DEFAULT_LOSS = "the sum of the output (output.float().sum(): a loss that keeps n
 # A classifier or vocabulary head: a last dimension this wide is classes, and the default loss a cross-entropy.
 HEAD_CLASSES = 1024
 DEFAULT_HEAD_LOSS = ("a cross-entropy over the output's last dimension (F.cross_entropy(output.reshape(-1, classes), "
-                     "class 0 for every row): nbaccel's default for a last dimension of 1,024 or more")
+                     "class 0 for every row), for a last dimension of 1,024 or more")
 
 
 MODEL_LOSS = ("the loss the model returned (output.loss / output['loss'], as a Hugging Face-style model computes it "

@@ -50,6 +50,7 @@ from .dry_run import (CHECK_TOLERANCE, DEFAULT_HEAD_LOSS, DEFAULT_LOSS, MODEL_LO
                       EstimateError, LiveBytes, _default_loss, _dry_run, _example_option, _line, is_head, loss_takes_batch,
                       several_optimizers)
 from .memory import malloc_trim, current_rss, format_bytes
+from .budget import plural
 from .model_states import (OPTIMIZERS, _largest_leaf_bytes, _optimizer_spec, closest_optimizer, make_optimizer,
                            optimizer_plan, optimizer_state_bytes, plan_name, plan_state_bytes)
 from .options import a_type, in_magic, option
@@ -505,7 +506,7 @@ def estimate_memory(model: torch.nn.Module, optimizer="adamw", batch: int = 32, 
                   "(exact tensor bytes; the process's RSS "
                   "under glibc's default heap is higher by a placement-dependent amount, at most total_no_reuse: "
                   "every byte the step allocates, also fitted linearly)")
-    tensors = f"{len(params)} parameter tensors" + (f" and {len(buffers)} buffers" if buffers else "")
+    tensors = plural(len(params), "parameter tensor") + (f" and {plural(len(buffers), 'buffer')}" if buffers else "")
     sparse = " (sparse gradients: measured in the dry run, fitted linearly)" if probe["sparse_params"] else ""
     # Over sparse gradients the step grows with the rows looked up; over dense ones it does not (`ActivationFit`).
     step_fit = ("fitted linearly (they grow with the sparse gradients)" if probe["sparse_params"]
