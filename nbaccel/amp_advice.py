@@ -287,13 +287,6 @@ def _cpu_attention_fallback(result: AmpResult) -> bool:
             and "aten::bmm" in result.precision["heavy_fp32"])
 
 
-def _profiler_name(dtype: str | None = None) -> str:
-    """The profiler as the result's maker would run it, under the recipe when ``dtype`` is given."""
-    if in_magic():
-        return "%%profile_gpu" + (f" --amp {dtype}" if dtype else "")
-    return f'nbaccel.profile(amp="{dtype}")' if dtype else "nbaccel.profile()"
-
-
 def _compare_how(dtype: str) -> str:
     """How to find the op that lost: two profiles of the cell, compared op by op (`profile_compare`)."""
     if in_magic():
@@ -306,9 +299,10 @@ def _compare_how(dtype: str) -> str:
 def _attention_fallback_note(dtype: str) -> str:
     return (f"scaled_dot_product_attention ran torch's math fallback ({_MATH_ATTENTION_MARK} is its op), not a "
             f"fused kernel: on the CPU it computes {dtype} inputs in fp32, so its aten::bmm calls stayed fp32 "
-            "under autocast. Common causes: dropout_p > 0 (the CPU's fused kernel takes no dropout), q/k/v head "
-            f"dims that differ, inputs that are not 4-D; {_profiler_name()} names the one here, and one call under "
-            "torch.nn.attention.sdpa_kernel(SDPBackend.FLASH_ATTENTION) makes torch say why.")
+            "under autocast. Common causes: dropout_p > 0 (the CPU's fused kernel takes no dropout; "
+            "nn.TransformerEncoderLayer and nn.MultiheadAttention pass theirs, 0.1 by default, in train mode), q/k/v "
+            "head dims that differ, inputs that are not 4-D; one call under "
+            "torch.nn.attention.sdpa_kernel(SDPBackend.FLASH_ATTENTION) makes torch say which.")
 
 
 MUCH_SLOWER = 0.5  # a speedup under this is a slowdown of 2x or more: "gain little" no longer says it

@@ -144,6 +144,8 @@ def test_amp_names_the_fallback_as_why_attentions_matmuls_stayed_fp32(run_cell, 
     advice = ip.user_ns["res"].advice
     line = next(a for a in advice if a.startswith("scaled_dot_product_attention ran torch's math fallback"))
     assert f"on the CPU it computes {dtype} inputs in fp32, so its aten::bmm calls stayed fp32" in line
+    # a trial followed "%%profile_gpu names the one here" to a profile that named none (under its 10% rule)
+    assert "%%profile_gpu" not in line and "in train mode" in unfolded(line)
     assert not any("ops autocast keeps in fp32" in a for a in advice)
     heavy = next(a for a in advice if a.startswith("Heavy ops still in fp32"))
     assert "(the math fallback's bmm calls above among them; any others had their inputs cast back" in heavy
