@@ -350,7 +350,8 @@ class CellRecord:
     # CPU: memory the cell allocated but left unwritten (torch.empty), not in RSS until written (PeakMeter)
     unwritten_bytes: int = 0
     # ... and what every watched cell so far left unwritten, the cells since that wrote or freed some taken
-    # off (`Watcher.unwritten_total`): two cells of torch.empty(1 GiB) are 2 GiB that will become resident
+    # off (`Watcher.unwritten_total`): two cells of torch.empty(1 GiB) are 2 GiB that will become resident.
+    # Never below the cell's own: the tally adds the cell's signed change to a total that is at least 0.
     unwritten_total_bytes: int = 0
 
     @property
@@ -362,7 +363,7 @@ class CellRecord:
         `UNWRITTEN_WORTH_SAYING` in all it is not worth a note: a tensor written partway, or glibc keeping a
         freed chunk's pages."""
         return (self.unwritten_bytes >= UNWRITTEN_CELL_WORTH
-                and max(self.unwritten_bytes, self.unwritten_total_bytes) >= UNWRITTEN_WORTH_SAYING
+                and self.unwritten_total_bytes >= UNWRITTEN_WORTH_SAYING
                 and self.unwritten_written_bytes > self.budget_bytes)
 
     @property
@@ -370,7 +371,7 @@ class CellRecord:
         """What the process would hold once the unwritten memory is written: its usage at the cell's end
         (its peak where that was not read) plus the unwritten bytes."""
         held = self.after_bytes if self.after_bytes is not None else self.used_bytes
-        return held + max(self.unwritten_bytes, self.unwritten_total_bytes)
+        return held + self.unwritten_total_bytes
 
     @property
     def freed_bytes(self) -> int:

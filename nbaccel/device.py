@@ -257,8 +257,9 @@ def autocast_dtype(requested: str, info: DeviceInfo, name: str = "dtype", emulat
         shows = "its drift" if name == "dtype" else "which ops run in it"
         either = ("" if info.has_bf16_units else
                   f" (it has no bf16 units either: bf16 shows {shows} here, not its speed; measure speed on a GPU)")
-        # %%amp alone takes --emulated: fp16's drift, and a training step's overflow/underflow with or without
-        # a GradScaler, are numbers a CPU can measure before a GPU run; a profile of emulated kernels is not
+        # %%amp, compare_amp and precision take emulated: fp16's drift, and a training step's overflow/underflow
+        # with or without a GradScaler, are numbers a CPU can measure before a GPU run. %%profile_gpu does
+        # not: a profile of emulated kernels says nothing of fp16 hardware
         override = (f" (or add {option('emulated', True)} to see fp16's drift and gradient overflow/underflow here, in runs many "
                     "times slower: not its speed)" if name == "dtype" else "")
         raise DeviceError(
