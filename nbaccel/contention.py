@@ -10,6 +10,10 @@ amount and the IQR stays small. What the machine did meanwhile is in Linux's ``/
 * minus this process's own CPU time (``time.process_time``: every thread, nanosecond clock) and
   its children's (see `ProcReader.ours`): a DataLoader worker is the cell's own work.
 
+* minus, under a launcher that started several ranks on this machine (torchrun's ``LOCAL_WORLD_SIZE``), the
+  other local ranks' CPU time (see `ProcReader.siblings`): the user's own launch shares the cores by
+  design, so it is counted apart and said as such, not as "other programs".
+
 What is left, divided by the wall time, is the number of cores other programs kept busy on
 average. It is measured per named span and summed, so ``%%amp`` can tell fp32's runs from the
 mixed-precision ones'. Where there is no ``/proc/stat`` (macOS, Windows) nothing is claimed.
@@ -48,6 +52,14 @@ def _user_hz() -> int:
         return 100
 
 
+def _local_world_size() -> int:
+    """How many ranks the launcher (torchrun) started on this machine; 1 outside a launch."""
+    try:
+        return int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    except ValueError:
+        return 1
+
+
 def _usable_cpus() -> set[int] | None:
     try:
         return set(os.sched_getaffinity(0))
@@ -74,6 +86,13 @@ class ProcReader:
         if not self._children_files:
             self.method += ("; child processes started during the timed runs count as other programs (this "
                             "kernel has no /proc/<pid>/task/<tid>/children to find them)")
+        # Under torchrun each local rank is a child of the one agent process. A trial's rank 0 read "other
+        # programs used 1.4 of the 2 cores ... re-run when the machine is quiet", 1.0 of it rank 1.
+        self.sibling_ranks = self._find_sibling_ranks(own) if _local_world_size() > 1 else []
+        self._sibling_last: dict[int, float] = {}
+        if self.sibling_ranks:
+            self.method += ("; this launch's other ranks: its launcher's other child processes with "
+                            "LOCAL_RANK set")
 
     def available(self) -> str | None:
         """Why nothing can be measured here, or None."""
@@ -114,14 +133,43 @@ class ProcReader:
             total += self._pid_seconds(pid)
         return total
 
-    def _pid_seconds(self, pid: int) -> float:
+    def siblings(self) -> float:
+        """CPU-seconds of the launch's other local ranks (found as the reader was made) and their live
+        descendants so far. A rank that ended keeps its last reading: its time went to the launcher, which
+        is not read, and dropping it would hand its whole lifetime to "other programs"."""
+        for rank in self.sibling_ranks:
+            pids = [rank, *self._descendants(rank)] if self._children_files else [rank]
+            seconds = [self._pid_seconds(pid, ended=None) for pid in pids]
+            if seconds[0] is not None:  # the rank itself still runs
+                self._sibling_last[rank] = sum(x for x in seconds if x is not None)
+        return sum(self._sibling_last.values())
+
+    def _pid_seconds(self, pid: int, ended: float | None = 0.0) -> float | None:
         try:
             with open(f"{self.proc}/{pid}/stat", "rb") as f:
                 data = f.read()
         except OSError:  # ended (and reaped: its time is in its parent's now)
-            return 0.0
+            return ended
         fields = data[data.rindex(b")") + 2:].split()  # the name in (...) may hold spaces
         return sum(int(x) for x in fields[11:15]) / self.hz  # utime stime cutime cstime
+
+    def _find_sibling_ranks(self, own: int) -> list[int]:
+        """The other children of this process's parent that carry the launch's ``LOCAL_WORLD_SIZE`` and a
+        ``LOCAL_RANK``: the launch's other local ranks. The environment is checked because a parent such as
+        a Jupyter server has other children (other kernels) that are other programs."""
+        parent, size = os.getppid(), os.environ.get("LOCAL_WORLD_SIZE")
+        found = []
+        for pid, ppid in self._parents().items():
+            if ppid != parent or pid == own:
+                continue
+            try:
+                with open(f"{self.proc}/{pid}/environ", "rb") as f:
+                    env = f.read().split(b"\0")
+            except OSError:  # another user's process, or ended
+                continue
+            if f"LOCAL_WORLD_SIZE={size}".encode() in env and any(e.startswith(b"LOCAL_RANK=") for e in env):
+                found.append(pid)
+        return sorted(found)
 
     def _descendants(self, pid: int) -> list[int]:
         found, todo = [], [pid]
@@ -141,12 +189,13 @@ class ProcReader:
                 todo += children
         return found
 
-    def _scan_descendants(self, pid: int) -> set[int]:
+    def _parents(self) -> dict[int, int]:
+        """Every process's parent, from one scan of /proc/<pid>/stat."""
         parents = {}
         try:
             names = os.listdir(self.proc)
         except OSError:
-            return set()
+            return parents
         for name in names:
             if name.isdigit():
                 try:
@@ -155,6 +204,10 @@ class ProcReader:
                     parents[int(name)] = int(data[data.rindex(b")") + 2:].split()[1])
                 except (OSError, ValueError, IndexError):
                     continue
+        return parents
+
+    def _scan_descendants(self, pid: int) -> set[int]:
+        parents = self._parents()
         found, todo = set(), [pid]
         while todo:
             parent = todo.pop()
@@ -178,6 +231,10 @@ class Contention:
     # what a window too short for /proc/stat's ticks can still say about a busy machine (a trial's 65 ms profile
     # on a VM at load 3.9 on 2 cores ranked ops by the time slices they lost; its method line said "not measured").
     load_average: float | None = None
+    # Under a launch of several ranks on this machine: how many other ranks, and their CPU-seconds per span,
+    # kept out of ``others_s`` (the user's own launch is not "other programs").
+    sibling_ranks: int = 0
+    siblings_s: dict = field(default_factory=dict)
 
     def likely_contended(self) -> bool:
         """The load average says more tasks wanted to run than there are cores, counting one of this
@@ -193,8 +250,20 @@ class Contention:
             return None
         # Clamped: a negative sum (our own ticks rounded up, a counter reset) would say others gave
         # time back, and above the cores there is only rounding.
-        others = max(0.0, sum(self.others_s.get(n, 0.0) for n in names) / wall)
-        return min(others, float(self.cores)) if self.cores else others
+        return self._cores_of(self.others_s, names, wall)
+
+    def siblings_cores(self, span: str | None = None) -> float | None:
+        """Cores the launch's other local ranks kept busy on average during ``span`` (all: None); None
+        outside a launch of several ranks, or where `others_cores` is None."""
+        names = list(self.wall_s) if span is None else [span]
+        wall = sum(self.wall_s.get(n, 0.0) for n in names)
+        if not self.sibling_ranks or self.unknown or wall < MIN_WINDOW_S:
+            return None
+        return self._cores_of(self.siblings_s, names, wall)
+
+    def _cores_of(self, seconds: dict, names: list, wall: float) -> float:
+        value = max(0.0, sum(seconds.get(n, 0.0) for n in names) / wall)
+        return min(value, float(self.cores)) if self.cores else value
 
     def slowdown_bound(self, span: str) -> float | None:
         """The most other programs' measured load could have slowed ``span``'s code: its threads had at
@@ -211,12 +280,15 @@ class Contention:
 
     def contended_spans(self) -> list[str | None]:
         """The figures (None = all spans together) that reach the threshold: others averaged at
-        least `MIN_OTHERS_CORES`, and with torch's threads they needed more cores than there are,
-        so the scheduler had no idle core to put them on."""
+        least `MIN_OTHERS_CORES`, and with torch's threads (and the launch's other ranks, which also
+        want cores) they needed more cores than there are, so the scheduler had no idle core to put
+        them on."""
         out = []
         for span in [None, *self.wall_s]:
             others = self.others_cores(span)
-            if others is not None and others >= MIN_OTHERS_CORES and others + (self.threads or 1) > (self.cores or 1):
+            ranks = self.siblings_cores(span) or 0.0
+            if (others is not None and others >= MIN_OTHERS_CORES
+                    and others + ranks + (self.threads or 1) > (self.cores or 1)):
                 out.append(span)
         return out
 
@@ -244,8 +316,16 @@ class Contention:
                     "began, so other programs were most likely taking CPU time" if self.likely_contended() else "")
             return (f"contention: not measured ({runs} lasted {format_seconds(wall)} in all, under the "
                     f"{MIN_WINDOW_S:g} s that /proc/stat's 10 ms ticks need{busy})")
-        return (f"contention: other programs used {self.figures()}{during}, torch using {self.threads} thread{'s' if self.threads != 1 else ''} "
-                f"({self.method})")
+        return (f"contention: other programs used {self.figures()}{during}, torch using {self.threads} thread{'s' if self.threads != 1 else ''}"
+                f"{self._siblings_words()} ({self.method})")
+
+    def _siblings_words(self) -> str:
+        """", and this launch's 1 other rank on this machine 1.0 (counted apart)", or ""."""
+        cores = self.siblings_cores()
+        if cores is None:
+            return ""
+        n = self.sibling_ranks
+        return f", and this launch's {n} other rank{'s' if n != 1 else ''} on this machine {cores:.1f} (counted apart)"
 
     def to_dict(self) -> dict:
         return {
@@ -256,7 +336,10 @@ class Contention:
             "torch_threads": self.threads,
             "others_cores": self.others_cores(),
             "spans": {n: {"wall_s": self.wall_s[n], "others_cpu_s": self.others_s.get(n, 0.0),
-                          "others_cores": self.others_cores(n)} for n in self.wall_s},
+                          "others_cores": self.others_cores(n), "sibling_ranks_cpu_s": self.siblings_s.get(n, 0.0),
+                          "sibling_ranks_cores": self.siblings_cores(n)} for n in self.wall_s},
+            "sibling_ranks": self.sibling_ranks,
+            "sibling_ranks_cores": self.siblings_cores(),
             "contended": self.contended,
             "threshold_cores": MIN_OTHERS_CORES,
             "min_window_s": MIN_WINDOW_S,
@@ -269,13 +352,15 @@ class ContentionMeter:
 
     ``reader``: a `ProcReader` (the default). Tests pass scripted functions instead: ``busy()``,
     CPU-seconds the usable cores have been busy; ``ours()``, CPU-seconds of this process and its
-    children; ``now()``, wall seconds; with ``cores``. A reader that fails turns the measurement
+    children; ``now()``, wall seconds; with ``cores``; and, for a launch of several local ranks,
+    ``siblings()``, CPU-seconds of the other ranks, with their count ``sibling_ranks``. A reader that fails turns the measurement
     into "unknown" with the reason: measuring contention must never break the timing it describes.
     """
 
     def __init__(self, reader: ProcReader | None = None, *, busy: Callable[[], float] | None = None,
                  ours: Callable[[], float] | None = None, now: Callable[[], float] = time.perf_counter,
-                 cores: int | None = None, threads: int | None = None, load: Callable[[], float] | None = None):
+                 cores: int | None = None, threads: int | None = None, load: Callable[[], float] | None = None,
+                 siblings: Callable[[], float] | None = None, sibling_ranks: int = 0):
         unknown, method = None, "injected readers"
         if busy is None or ours is None:
             load = load or _load_average
@@ -283,6 +368,8 @@ class ContentionMeter:
             unknown, method = reader.available(), reader.method
             busy, ours = busy or reader.busy, ours or reader.ours
             cores = cores if cores is not None else (len(reader.cpus) if reader.cpus else None)
+            if reader.sibling_ranks and siblings is None:
+                siblings, sibling_ranks = reader.siblings, len(reader.sibling_ranks)
         # torch's threads as the measured code ran: read again as each span ends, since the code may set
         # them (a cell's torch.set_num_threads(1) was reported "torch using 2 threads")
         self._threads = None
@@ -292,10 +379,12 @@ class ContentionMeter:
             self._threads = torch.get_num_threads
             threads = self._threads()
         self._busy, self._ours, self._now = busy, ours, now
+        self._siblings = siblings or (lambda: 0.0)
         # Read once, here: made before the measured code starts, so the reading is not inside a span
         # (the kernel's 1-minute average moves little between here and the first span).
         self.result = Contention(cores=cores, threads=threads, method=method, unknown=unknown,
-                                 load_average=load() if load is not None and not unknown else None)
+                                 load_average=load() if load is not None and not unknown else None,
+                                 sibling_ranks=sibling_ranks if siblings is not None else 0)
 
     @contextlib.contextmanager
     def span(self, name: str):
@@ -315,13 +404,16 @@ class ContentionMeter:
                 # clamping each one would keep the +10 ms readings and drop the negative ones --
                 # 1 ms spans on a quiet machine read as 0.9 cores of "others" that way.
                 wall = end[0] - start[0]
-                others = (end[1] - start[1]) - (end[2] - start[2])
+                ranks = end[3] - start[3]
+                others = (end[1] - start[1]) - (end[2] - start[2]) - ranks
                 self.result.wall_s[name] = self.result.wall_s.get(name, 0.0) + wall
                 self.result.others_s[name] = self.result.others_s.get(name, 0.0) + others
+                if self.result.sibling_ranks:
+                    self.result.siblings_s[name] = self.result.siblings_s.get(name, 0.0) + ranks
 
     def _read(self):
         try:
-            return self._now(), self._busy(), self._ours()
+            return self._now(), self._busy(), self._ours(), self._siblings()
         except (OSError, ValueError, IndexError) as exc:
             self.result.unknown = f"reading /proc failed: {type(exc).__name__}: {exc}"
             return None

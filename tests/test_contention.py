@@ -469,3 +469,97 @@ def test_the_thread_count_is_the_one_the_measured_code_ran_with():
         torch.set_num_threads(before)
     assert meter.result.threads == 1 and "torch using 1 thread (" in meter.result.summary()
     assert ContentionMeter(busy=lambda: 0.0, ours=lambda: 0.0, now=script.now, cores=2, threads=2).result.threads == 2
+
+
+# --- a launch of several ranks on one machine (torchrun) ---------------------------------------------
+
+def test_the_launchs_other_ranks_are_counted_apart_from_other_programs():
+    """A trial under torchrun (2 ranks, 2 cores): rank 0 read "other programs used 1.4 of the 2 cores ...
+    re-run when the machine is quiet", 1.0 of it rank 1. The other ranks' CPU time is kept apart and said so."""
+    script = Script(busy_rate=2.0, ours_rate=1.0)
+    ranks = {"s": 0.0}
+
+    def siblings():
+        ranks["s"] = script.t * 0.9  # the other rank kept 0.9 of a core busy
+        return ranks["s"]
+
+    meter = ContentionMeter(busy=lambda: script.busy, ours=lambda: script.ours, now=script.now, cores=2, threads=1,
+                            siblings=siblings, sibling_ranks=1)
+    for _ in range(3):
+        with meter.span("fp32"):
+            pass
+    c = meter.result
+    assert c.others_cores() == pytest.approx(0.1) and c.siblings_cores() == pytest.approx(0.9)
+    assert not c.contended
+    assert ("contention: other programs used 0.1 of the 2 CPU cores this process may use, torch using 1 thread, "
+            "and this launch's 1 other rank on this machine 0.9 (counted apart) (injected readers)") == c.summary()
+    data = c.to_dict()
+    assert data["sibling_ranks"] == 1 and data["sibling_ranks_cores"] == pytest.approx(0.9)
+    assert data["spans"]["fp32"]["sibling_ranks_cpu_s"] == pytest.approx(0.27)
+    # Others that do compete still warn, with the ranks' cores in the demand: 0.3 + 0.9 + 1 thread > 2 cores.
+    script2 = Script(busy_rate=2.2, ours_rate=1.0)
+    meter = ContentionMeter(busy=lambda: script2.busy, ours=lambda: script2.ours, now=script2.now, cores=2,
+                            threads=1, siblings=lambda: script2.t * 0.9, sibling_ranks=1)
+    for _ in range(3):
+        with meter.span("fp32"):
+            pass
+    assert meter.result.others_cores() == pytest.approx(0.3) and meter.result.contended
+    assert meter.result.figures() == "0.3 of the 2 CPU cores this process may use"
+
+
+def test_outside_a_launch_no_rank_is_named():
+    c = Script(busy_rate=1.5, ours_rate=1.0).meter().result
+    assert c.sibling_ranks == 0 and c.siblings_cores() is None and "rank" not in c.summary()
+
+
+def _fake_proc(tmp_path, me, parent, procs):
+    """A /proc tree: pid -> (ppid, ticks, environ entries)."""
+    (tmp_path / "stat").write_text("cpu0 0 0 0 0 0 0 0 0 0 0\n")
+    for pid, (ppid, ticks, env) in {me: (parent, 0, ["LOCAL_WORLD_SIZE=2", "LOCAL_RANK=0"]), **procs}.items():
+        (tmp_path / str(pid)).mkdir()
+        (tmp_path / str(pid) / "stat").write_text(f"{pid} (python) S {ppid} 0 0 0 -1 0 0 0 0 0 {ticks} 0 0 0 20 0\n")
+        (tmp_path / str(pid) / "environ").write_bytes(b"\0".join(e.encode() for e in env) + b"\0")
+
+
+def test_the_other_ranks_are_the_launchers_children_with_the_launchs_environment(tmp_path, monkeypatch):
+    # A Jupyter server's other kernels are its children too, and they are other programs: the environment tells.
+    hz = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+    me, parent = os.getpid(), os.getppid()
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    rank1, kernel, stranger = me + 100001, me + 100002, me + 100003
+    _fake_proc(tmp_path, me, parent, {rank1: (parent, 40, ["LOCAL_WORLD_SIZE=2", "LOCAL_RANK=1"]),
+                                      kernel: (parent, 500, ["JPY_PARENT_PID=1"]),
+                                      stranger: (1, 900, ["LOCAL_WORLD_SIZE=2", "LOCAL_RANK=1"])})
+    reader = ProcReader(proc=str(tmp_path), cpus={0})
+    assert reader.sibling_ranks == [rank1]
+    assert reader.siblings() == pytest.approx(40 / hz)
+    assert "this launch's other ranks: its launcher's other child processes with LOCAL_RANK set" in reader.method
+    # The rank ends: its last reading stays, so its lifetime is not handed to "other programs".
+    (tmp_path / str(rank1) / "stat").unlink()
+    assert reader.siblings() == pytest.approx(40 / hz)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")
+    assert ProcReader(proc=str(tmp_path), cpus={0}).sibling_ranks == []
+
+
+@linux_only
+def test_a_busy_sibling_rank_is_measured_apart(tmp_path):
+    """Two real processes started by one parent with torchrun's variables: the one that measures sees the
+    other's busy loop as this launch's rank, not as another program."""
+    env = {**os.environ, "LOCAL_WORLD_SIZE": "2", "OMP_NUM_THREADS": "1"}
+    busy = subprocess.Popen([sys.executable, "-c", "while True: pass"], env={**env, "LOCAL_RANK": "1"})
+    code = ("import json, time\nfrom nbaccel.contention import ContentionMeter\n"
+            "meter = ContentionMeter(threads=1)\n"
+            "with meter.span('sleep'):\n    time.sleep(1.0)\n"
+            "print(json.dumps(meter.result.to_dict()))\n")
+    try:
+        time.sleep(0.3)  # the loop starts spinning
+        out = subprocess.run([sys.executable, "-c", code], env={**env, "LOCAL_RANK": "0"}, capture_output=True,
+                             text=True, timeout=60, check=True)
+    finally:
+        busy.kill()
+        busy.wait()
+    data = json.loads(out.stdout)
+    assert data["sibling_ranks"] == 1
+    # The loop keeps one core busy, at least its fair share of one among anything else running here.
+    assert data["sibling_ranks_cores"] >= 0.5
+    assert data["others_cores"] < data["sibling_ranks_cores"]
