@@ -65,6 +65,7 @@ from .profile_result import ProfileResult
 from .profiler_guard import SecondProfilerGuard
 from .quiet import hiding_side_channels
 from .recording import RECORDING
+from .render.common import note_on_stderr
 from .signals import exit_again, finish, sigint_held
 from .stderr_filter import dropped_stderr_lines
 from .trace_io import _RANK_NAME, worker_name, write_step_traces, write_trace_bytes
@@ -278,8 +279,8 @@ class profile:  # noqa: N801 - a context manager used like a function: `with nba
         except KeyboardInterrupt:
             # Starting Kineto takes a while on a first profile (~0.3 s): a Ctrl-C there was a bare
             # KeyboardInterrupt with no note (a user trial), where every later one says where it landed.
-            print("nbaccel: interrupted (KeyboardInterrupt) while the profiler started, before the profiled code ran; "
-                  "nothing was recorded, and torch's settings are as they were", file=sys.stderr)
+            note_on_stderr("nbaccel: interrupted (KeyboardInterrupt) while the profiler started, before the profiled code ran; "
+                           "nothing was recorded, and torch's settings are as they were")
             raise
 
     def _enter(self) -> "profile":
@@ -568,22 +569,21 @@ class profile:  # noqa: N801 - a context manager used like a function: `with nba
             if exc is self._own_failure:
                 what = ("interrupted (KeyboardInterrupt) in nbaccel's profiler" if isinstance(exc, KeyboardInterrupt)
                         else f"nbaccel's profiler failed ({exc_type.__name__})")
-                print(f"nbaccel: {what}, not in the profiled code; the profiler was stopped and the partial profile "
-                      f"discarded. {self._what_stays()}", file=sys.stderr)
+                note_on_stderr(f"nbaccel: {what}, not in the profiled code; the profiler was stopped and the partial profile "
+                               f"discarded. {self._what_stays()}")
                 return False
             runs = self.options.warmup + self.options.steps
             which = f" in run {self.steps_done + 1} of {runs}" if runs > 1 else ""
             if getattr(exc, "_nbaccel_outer", None) is self:  # its error says why; this one was stopped
-                print(f"nbaccel: a profile started inside this {self._guard._who}{which} was refused before its "
-                      f"code ran (one profiler at a time: the error below says what to do); this {self._guard._who} "
-                      f"was stopped there and its partial profile discarded. {self._what_stays()}", file=sys.stderr)
+                note_on_stderr(f"nbaccel: a profile started inside this {self._guard._who}{which} was refused before its "
+                               f"code ran (one profiler at a time: the error below says what to do); this {self._guard._who} "
+                               f"was stopped there and its partial profile discarded. {self._what_stays()}")
                 return False
             what = ("was interrupted (KeyboardInterrupt)" if issubclass(exc_type, KeyboardInterrupt)
                     else f"raised {exc_type.__name__}")  # worded as %%amp words an interrupt
             hint = failure_hint(exc, self.device) if exc is not None else None
-            print(f"nbaccel: the profiled code {what}{which}; the profiler was stopped and the "
-                  f"partial profile discarded. {self._what_stays()}" + (f" Hint: {hint}." if hint else ""),
-                  file=sys.stderr)
+            note_on_stderr(f"nbaccel: the profiled code {what}{which}; the profiler was stopped and the "
+                           f"partial profile discarded. {self._what_stays()}" + (f" Hint: {hint}." if hint else ""))
             return False
         needed = self.options.warmup + self.options.steps
         if self.options.scheduled and self.steps_done < needed:
@@ -609,8 +609,8 @@ class profile:  # noqa: N801 - a context manager used like a function: `with nba
 
     def _say_interrupted(self, when: str, code: str = "had finished") -> None:
         """A Ctrl-C after the code's last run, in nbaccel's own work: said, as the code's own failures are."""
-        print(f"nbaccel: interrupted (KeyboardInterrupt) {when}, after the profiled code {code}; the profile "
-              f"was discarded. {self._what_stays()}", file=sys.stderr)
+        note_on_stderr(f"nbaccel: interrupted (KeyboardInterrupt) {when}, after the profiled code {code}; the profile "
+                       f"was discarded. {self._what_stays()}")
 
     def _what_stays(self) -> str:
         # A profile keeps the runs' effects (no snapshot): the message must not suggest otherwise.
@@ -715,8 +715,8 @@ def _save_trace(exported: str, doc: dict, target: str, created: str | None) -> t
         if created is not None and Path(created).exists():  # made on the way before the write failed
             lost += f" (the folder {created} was created on the way and is left there)"
         if in_magic():  # a warning would show nbaccel's file, line and source to a notebook user
-            print(f"{lost}: keep the result with -r NAME and save it with NAME.export_chrome_trace('another/path.json')",
-                  file=sys.stderr)
+            note_on_stderr(f"{lost}: keep the result with -r NAME and save it with "
+                           "NAME.export_chrome_trace('another/path.json')")
             return [], None
         with warnings.catch_warnings():
             warnings.simplefilter("always", TraceSaveWarning)  # every time: a lost file is never old news

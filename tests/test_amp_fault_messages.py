@@ -10,6 +10,7 @@ import pytest
 
 import nbaccel
 from nbaccel.amp import overflow_hint
+from text_helpers import unfolded
 
 UNPRINTABLE = "class Unprintable(Exception):\n    def __str__(self):\n        raise ValueError('no text')\n"
 
@@ -59,7 +60,7 @@ def test_the_magic_reads_notes_that_are_not_a_list_without_failing(run_cell, not
     result, captured = run_cell(f"%%amp --repeat 1 --warmup 0\nexc = ValueError('v')\nexc.__notes__ = {notes}\n"
                                 "raise exc\n", expect_error=ValueError)
     assert "nbaccel %%amp: the cell raised ValueError in the fp32 run; the comparison was abandoned: your variables " \
-           "and torch's global settings" in captured.stderr
+           "and torch's global settings" in unfolded(captured.stderr)
 
 
 @pytest.mark.parametrize("where", ["resolve_device", "device_info", "cell_function"])
@@ -76,7 +77,7 @@ def test_an_interrupt_while_amp_checks_its_options_and_device_is_said(run_cell, 
     monkeypatch.setattr(module, where, interrupted)
     _, captured = run_cell("%%amp --repeat 1 --warmup 0\ncounter += 1\n", expect_error=KeyboardInterrupt)
     assert ("nbaccel %%amp: interrupted (KeyboardInterrupt) while nbaccel checked the options and the device, "
-            "before any run; the cell did not run") in captured.stderr, captured.stderr
+            "before any run; the cell did not run") in unfolded(captured.stderr), captured.stderr
     assert "File " not in captured.stdout and "nbaccel" not in captured.stdout, captured.stdout
     assert ip.user_ns["counter"] == 0
     monkeypatch.setattr(module, where, original)

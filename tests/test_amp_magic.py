@@ -12,7 +12,7 @@ from IPython.core.error import UsageError
 import nbaccel
 import nbaccel.snapshot
 from nbaccel.render import display as display_module
-from text_helpers import unfolded
+from text_helpers import note_lines, unfolded
 
 TRAIN = """
 import torch
@@ -134,7 +134,7 @@ def test_bad_input_is_a_usage_error_and_the_cell_does_not_run(run_cell, ip, line
     run_cell("ran = 0")
     _, captured = run_cell(f"%%amp {line}\nran += 1\n", expect_error=UsageError)
     assert ip.user_ns["ran"] == 0
-    assert message in captured.stderr + captured.stdout  # what IPython shows the user
+    assert message in unfolded(captured.stderr) + captured.stdout  # what IPython shows the user
     with pytest.raises(UsageError, match=message):
         ip.run_cell_magic("amp", line, "ran += 1")
     assert ip.user_ns["ran"] == 0
@@ -319,7 +319,7 @@ def test_a_numpy_result_is_compared_like_a_tensor(run_cell, ip, last):
     result, captured = run_cell(f"%%amp --repeat 3 -q -r res\n{last}")
     res = ip.user_ns["res"]
     assert res.drift is not None and res.drift["max_rel"] < 0.05
-    assert "raised" not in captured.stderr
+    assert "raised" not in unfolded(captured.stderr)
     assert result.result is not None
 
 
@@ -336,7 +336,7 @@ def test_nbaccel_failing_while_comparing_is_not_blamed_on_the_cell(run_cell, ip,
     # A failure of nbaccel outside the cell: said so, variables as before the magic.
     monkeypatch.setattr(amp_module, "_build_result", lambda *a, **k: {}["nbaccel bug"])
     _, captured = run_cell("%%amp --repeat 3 -q\ncounter += 1\n1.5", expect_error=KeyError)
-    assert "nbaccel itself failed" in captured.stderr and "the cell raised" not in captured.stderr
+    assert "nbaccel itself failed" in unfolded(captured.stderr) and "the cell raised" not in unfolded(captured.stderr)
     assert ip.user_ns["counter"] == 1
 
 
@@ -414,7 +414,7 @@ def test_unusual_objects_the_cell_never_touches_do_not_fail_the_magic(run_cell, 
     bug in nbaccel ... run the cell without %%amp", though the cell never touched them."""
     run_cell(UNUSUAL)
     _, captured = run_cell("%%amp --repeat 2 --warmup 0 -q -r res\n(a @ a).sum()")
-    assert "nbaccel" not in captured.stderr and not ip.user_ns["res"].state_changed
+    assert "nbaccel" not in unfolded(captured.stderr) and not ip.user_ns["res"].state_changed
     run_cell("%%amp --repeat 2 --warmup 0 -q\no.step()\nsched.step()\nthings['listed'].append(2)\no.param_groups[0]['lr']")
     assert ip.user_ns["sched"].last_epoch == 1 and ip.user_ns["things"]["listed"] == [1, 2]
 
@@ -482,7 +482,7 @@ def test_a_failure_only_under_autocast_says_which_run_raised(run_cell, ip):
     run_cell("import torch\nx = torch.randn(4, 4)\ncounter = 0")
     result, captured = run_cell("%%amp --repeat 3\ncounter += 1\n(x @ x).numpy().sum()", expect_error=TypeError)
     assert "BFloat16" in str(result.error_in_exec)  # the user's exception, unchanged
-    assert "the cell raised TypeError in the bf16 autocast run (the fp32 run had succeeded)" in captured.stderr
+    assert "the cell raised TypeError in the bf16 autocast run (the fp32 run had succeeded)" in unfolded(captured.stderr)
     assert ip.user_ns["counter"] == 0
 
 
@@ -492,10 +492,10 @@ def test_an_fp16_overflow_says_what_to_write_instead(run_cell, ip, cpu_with_bf16
     result, captured = run_cell("%%amp --dtype fp16 --repeat 3 --warmup 0\nscores = q @ q.transpose(1, 2)\n"
                                 "scores.masked_fill(~mask, -1e9)", expect_error=RuntimeError)
     assert "c10::Half without overflow" in str(result.error_in_exec)  # the user's exception, unchanged
-    assert ("in the fp16 autocast run (the fp32 run had succeeded); the comparison was abandoned" in captured.stderr
+    assert ("in the fp16 autocast run (the fp32 run had succeeded); the comparison was abandoned" in unfolded(captured.stderr)
             and "Hint: fp16's largest finite value is 65504, so a constant beyond it (such as -1e9 for a mask) cannot "
-                "be written into an fp16 tensor: use torch.finfo(x.dtype).min" in captured.stderr
-            and "or bf16 (--dtype bf16), whose range is fp32's." in captured.stderr), captured.stderr
+                "be written into an fp16 tensor: use torch.finfo(x.dtype).min" in unfolded(captured.stderr)
+            and "or bf16 (--dtype bf16), whose range is fp32's." in unfolded(captured.stderr)), captured.stderr
 
 
 # torch's words on a CPU with neither AVX512-BF16 nor AMX, for an nn.LSTM under bf16 autocast (a CI machine,
@@ -514,13 +514,13 @@ def test_a_cpu_kernel_oneDNN_cannot_build_in_bf16_says_how_to_keep_it_in_fp32(ru
             "nn.LSTM call; the rest of the cell still runs in reduced precision.")
     result, captured = run_cell("%%amp --repeat 3 --warmup 0\n" + cell, expect_error=RuntimeError)
     assert str(result.error_in_exec) == ONEDNN_LSTM  # the user's exception, unchanged
-    assert "in the bf16 autocast run (the fp32 run had succeeded)" in captured.stderr and hint in captured.stderr
+    assert "in the bf16 autocast run (the fp32 run had succeeded)" in unfolded(captured.stderr) and hint in unfolded(captured.stderr)
     result, captured = run_cell("%%profile_gpu --amp bf16\n" + cell, expect_error=RuntimeError)
-    assert "the profiled code raised RuntimeError" in captured.stderr and hint in captured.stderr
+    assert "the profiled code raised RuntimeError" in unfolded(captured.stderr) and hint in unfolded(captured.stderr)
     # Another failure under autocast gets no such hint
     _, captured = run_cell("%%amp --repeat 3 --warmup 0\nif torch.is_autocast_enabled('cpu'):\n    raise "
                            "RuntimeError('primitive')", expect_error=RuntimeError)
-    assert "Hint:" not in captured.stderr
+    assert "Hint:" not in unfolded(captured.stderr)
 
 
 def test_compare_amp_notes_the_cpu_kernel_hint_on_the_exception(cpu_without_bf16_units):
@@ -550,7 +550,7 @@ def _has_bf16_units() -> bool:
 def test_an_lstm_on_a_cpu_without_bf16_units_gets_the_hint(run_cell, ip):
     run_cell("import torch\nlstm, x = torch.nn.LSTM(16, 24, batch_first=True), torch.randn(4, 10, 16)")
     result, captured = run_cell("%%amp --repeat 3 --warmup 0\nout, _ = lstm(x)", expect_error=RuntimeError)
-    assert "could not build a reduced-precision LSTM kernel" in captured.stderr
+    assert "could not build a reduced-precision LSTM kernel" in unfolded(captured.stderr)
     # and the fix it names runs
     _, captured = run_cell("%%amp --repeat 3 --warmup 0 -q -r res\nwith torch.autocast('cpu', enabled=False):\n"
                            "    out, _ = lstm(x.float())\n(out @ torch.randn(24, 5)).sum()")
@@ -626,7 +626,7 @@ def test_a_failed_amp_puts_torchs_global_settings_back_and_says_so(run_cell, ip)
     _, captured = run_cell(cell, expect_error=ValueError)
     assert torch.is_grad_enabled() and torch.get_default_dtype() is torch.float32
     assert not torch.backends.cudnn.deterministic
-    assert "your variables and torch's global settings (grad mode, default dtype" in captured.stderr
+    assert "your variables and torch's global settings (grad mode, default dtype" in unfolded(captured.stderr)
 
 
 def test_a_failed_amp_without_restore_does_not_promise_the_variables(run_cell, ip):
@@ -634,8 +634,8 @@ def test_a_failed_amp_without_restore_does_not_promise_the_variables(run_cell, i
     _, captured = run_cell("%%amp --repeat 3 --no-restore\ncounter += 1\nif counter == 2: raise ValueError('x')\n",
                            expect_error=ValueError)
     assert ip.user_ns["counter"] == 2
-    assert "your variables keep what the runs did (--no-restore)" in captured.stderr
-    assert "your variables are as they were" not in captured.stderr
+    assert "your variables keep what the runs did (--no-restore)" in unfolded(captured.stderr)
+    assert "your variables are as they were" not in unfolded(captured.stderr)
 
 
 def test_an_interrupted_run_gets_the_same_note_and_state_is_restored(run_cell, ip):
@@ -645,7 +645,7 @@ def test_an_interrupted_run_gets_the_same_note_and_state_is_restored(run_cell, i
             "if box.runs == 6: raise KeyboardInterrupt\n")
     _, captured = run_cell(cell, expect_error=KeyboardInterrupt)
     assert ("nbaccel %%amp: the cell was interrupted (KeyboardInterrupt) in an fp32 run (earlier fp32 and bf16 autocast runs had succeeded); "
-            "the comparison was abandoned: your variables and torch's global settings") in captured.stderr
+            "the comparison was abandoned: your variables and torch's global settings") in unfolded(captured.stderr)
     assert ip.user_ns["k"] == 0 and torch.is_grad_enabled()
 
 
@@ -659,8 +659,8 @@ def test_an_interrupt_outside_the_cell_is_not_blamed_on_it(run_cell, ip, monkeyp
     monkeypatch.setattr(amp_module, "_build_result", interrupted)  # Ctrl-C while nbaccel sums up
     _, captured = run_cell("%%amp --repeat 3 -q\ncounter += 1\n1.5", expect_error=KeyboardInterrupt)
     assert ("nbaccel %%amp: interrupted (KeyboardInterrupt) while nbaccel was comparing, not in the cell"
-            in captured.stderr)
-    assert "the cell was interrupted" not in captured.stderr and ip.user_ns["counter"] == 0
+            in unfolded(captured.stderr))
+    assert "the cell was interrupted" not in unfolded(captured.stderr) and ip.user_ns["counter"] == 0
 
 
 def test_a_second_interrupt_while_the_variables_are_put_back_is_said(run_cell, ip, monkeypatch):
@@ -680,9 +680,9 @@ def test_a_second_interrupt_while_the_variables_are_put_back_is_said(run_cell, i
     monkeypatch.setattr(Snapshot, "restore", restore)
     _, captured = run_cell("%%amp --repeat 3 --warmup 0\ncounter += 1\nw.mul_(2)\n", expect_error=KeyboardInterrupt)
     assert ip.user_ns["counter"] == 1, "the put-back was interrupted: the 3rd run's state stays"
-    assert "your variables and torch's global settings" not in captured.stderr, captured.stderr
+    assert "your variables and torch's global settings" not in unfolded(captured.stderr), captured.stderr
     assert ("are as they were before the magic, but not all your variables: putting them back was interrupted (see "
-            "the note under the error)") in captured.stderr
+            "the note under the error)") in unfolded(captured.stderr)
     assert "nbaccel: your variables could not be fully restored: a second interrupt stopped nbaccel" in captured.stdout
     assert "File " not in captured.stdout, "still no nbaccel frame"
 
@@ -696,7 +696,7 @@ def test_a_long_comparison_says_after_its_first_run_how_long_the_rest_takes(run_
     monkeypatch.setattr(amp_magic, "LONG_RUN_SECONDS", 0.2)  # instead of 5 s, to keep the test short
     run_cell("import time")
     _, captured = run_cell("%%amp --repeat 4 --warmup 1\ntime.sleep(0.02)")  # not -q: it hides the note
-    notes = [line for line in captured.stderr.splitlines() if "more runs" in line]
+    notes = [line for line in note_lines(captured.stderr) if "more runs" in line]
     assert len(notes) == 1
     # 2 x (1 warmup + 4 timed + 1 audited + 1 memory) + the kept run = 15, one done.
     first, rest = (float(v) for v in re.search(r"the first run took ([\d.]+) ms; 14 more runs .* take about "
@@ -709,7 +709,7 @@ def test_a_long_comparison_says_after_its_first_run_how_long_the_rest_takes(run_
     assert "--repeat 3 --warmup 0 (11 runs in all)" in notes[0]
     # A cell whose 15 runs stay under the threshold gets no note.
     _, captured = run_cell("%%amp --repeat 4 --warmup 1\n1 + 1")
-    assert "more runs" not in captured.stderr
+    assert "more runs" not in unfolded(captured.stderr)
 
 
 def test_a_variant_far_slower_than_the_first_run_revises_the_note(run_cell, ip, monkeypatch):
@@ -722,13 +722,13 @@ def test_a_variant_far_slower_than_the_first_run_revises_the_note(run_cell, ip, 
              "def slow(fp32, bf16):\n    time.sleep(bf16 if torch.is_autocast_enabled('cpu') else fp32)")
     # a 1 ms fp32 run says nothing; the 150 ms bf16 one does, at the two first runs' mean pace
     _, captured = run_cell("%%amp --repeat 3 --warmup 0\nslow(0.001, 0.15)")
-    notes = [line for line in captured.stderr.splitlines() if "more runs" in line]
+    notes = [line for line in note_lines(captured.stderr) if "more runs" in line]
     assert len(notes) == 1, captured.stderr
     assert re.search(r"the first fp32 run took [\d.]+ ms and the first mixed-precision one [\d.]+ ms; 9 more runs .* take about "
                      r"[\d.]+ (ms|s) at their mean pace", notes[0]), notes[0]
     # a note already said is said again only when the estimate grew by half (60 ms, then 300 ms)
     _, captured = run_cell("%%amp --repeat 3 --warmup 0\nslow(0.06, 0.3)")
-    notes = [line for line in captured.stderr.splitlines() if "more runs" in line]
+    notes = [line for line in note_lines(captured.stderr) if "more runs" in line]
     assert len(notes) == 2 and "the first run took" in notes[0] and "the first fp32 run took" in notes[1]
     # in a kernel: one display, revised in place, then emptied into how long the runs took
     monkeypatch.setattr(ip, "kernel", object(), raising=False)
@@ -761,7 +761,7 @@ def test_restoring_the_variables_counts_in_the_long_run_note_and_earns_advice_wh
     monkeypatch.setattr(amp_magic, "LONG_RUN_SECONDS", 0.2)  # 11 runs x 60 ms pass it; 11 runs of 1 + 1 do not
     run_cell("import torch\nx = torch.ones(4)")
     _, captured = run_cell("%%amp --repeat 3 --warmup 0 -r res\nx.sum()")
-    note = next(line for line in captured.stderr.splitlines() if "more runs" in line)
+    note = next(line for line in note_lines(captured.stderr) if "more runs" in line)
     restored = float(re.search(r"and restoring your variables before it ([\d.]+) ms, as before each run; 10 more "
                                r"runs", note).group(1))
     assert 60 <= restored < 1000, note
@@ -788,7 +788,7 @@ def test_in_a_kernel_the_long_run_note_becomes_how_long_the_runs_took(run_cell, 
     run_cell("import time")
     _, captured = run_cell("%%amp --repeat 3 --warmup 0\ntime.sleep(0.02)")  # not -q: it hides the note
     shown = [o.data["text/plain"] for o in captured.outputs if "more runs" in o.data.get("text/plain", "")]
-    assert len(shown) == 1 and "more runs" not in captured.stderr
+    assert len(shown) == 1 and "more runs" not in unfolded(captured.stderr)
     # 2 x (0 warmup + 3 timed + 1 audited + 1 memory) + the kept run = 11
     assert len(updates) == 1 and re.fullmatch(r"nbaccel %%amp: the 11 runs took [\d.]+ (ms|s) in all\.",
                                               updates[0]["text/plain"]), updates
@@ -814,7 +814,7 @@ def test_quiet_hides_the_long_run_note_too(run_cell, ip, monkeypatch, kernel):
         monkeypatch.setattr(ip, "kernel", object(), raising=False)  # the note would be a display there
     run_cell("import time")
     _, captured = run_cell("%%amp --repeat 3 --warmup 0 -q\ntime.sleep(0.02)")
-    assert captured.stderr == "" and captured.outputs == []
+    assert unfolded(captured.stderr) == "" and captured.outputs == []
 
 
 def test_a_semicolon_after_the_last_expression_hides_its_value_as_under_time(run_cell, ip):
@@ -957,7 +957,7 @@ def test_an_iterator_the_runs_use_up_is_named_in_the_error(run_cell, ip):
     run_cell("import torch\ndef batches():\n    for _ in range(4):\n        yield torch.randn(4, 8)\n"
              "gen = batches()\nm = torch.nn.Linear(8, 1)\ndef step():\n    return m(next(gen)).sum()")
     result, captured = run_cell("%%amp --repeat 3 --warmup 0\nstep()", expect_error=StopIteration)
-    assert "the cell raised StopIteration in " in captured.stderr
+    assert "the cell raised StopIteration in " in unfolded(captured.stderr)
     notes = result.error_in_exec.__notes__
     assert any(n.startswith("nbaccel: `gen` (a generator) is an iterator the cell takes items from, and the "
                             "comparison's runs used it up") for n in notes), notes
@@ -1144,7 +1144,7 @@ def test_no_restore_on_a_training_step_that_turns_grad_off_is_not_blamed_on_bf16
     _, captured = run_cell("%%amp --repeat 3 --warmup 0 --no-restore -r res\nopt.zero_grad()\n"
                            "loss = torch.nn.functional.cross_entropy(model(x), y)\nloss.backward()\nopt.step()\n"
                            "torch.set_grad_enabled(False)  # for an evaluation after it\nloss")
-    assert "raised" not in captured.stderr
+    assert "raised" not in unfolded(captured.stderr)
     res = ip.user_ns["res"]
     assert "torch's settings were put back before each run" in unfolded(res)
 

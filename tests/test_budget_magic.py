@@ -11,7 +11,7 @@ from IPython.core.error import UsageError
 
 from nbaccel.memory import current_rss, format_bytes
 from nbaccel.render import display as display_module
-from text_helpers import unfolded
+from text_helpers import note_lines, unfolded
 
 MB = 10**6
 
@@ -210,7 +210,7 @@ def test_over_a_strict_budget_fails_the_cell(ip, run_cell):
     assert type(result.error_in_exec).__name__ == "BudgetExceeded"
     assert "over the strict budget" in str(result.error_in_exec)
     assert ip.user_ns["done"], "the cell itself ran to the end; only its verdict is an error"
-    shown = captured.stdout + captured.stderr
+    shown = captured.stdout + unfolded(captured.stderr)
     assert "BudgetExceeded: In[" in shown and "use %tb" not in shown  # no traceback to point to
     # A cell that starts over the budget but adds nothing (freeing memory) is neither failed nor warned
     # (a new user read "WARNING: over" after `del x` as "the del did not work"), and its row says the
@@ -290,7 +290,7 @@ def test_out_of_memory_is_explained_and_the_kernel_lives_on(ip, run_cell):
     assert re.search(r"big\s+tensor\s+cpu\s+fp32\s+7.63 MiB", text)
     assert re.search(r"model\s+module\s+cpu\s+fp32", text)
     assert "check the shape" in text
-    assert "Traceback" not in captured.stdout + captured.stderr
+    assert "Traceback" not in captured.stdout + unfolded(captured.stderr)
     # The error in one line as the cell's error output (nbclient / nbconvert showed an empty traceback).
     assert re.search(r"^RuntimeError: .*(not enough memory|DefaultCPUAllocator)", captured.stdout, re.M), captured.stdout
     run_cell("alive = 1")
@@ -456,7 +456,7 @@ def test_status_by_name_is_the_bare_line(run_cell, ip):
                           ("off --strict", "--strict goes with a budget to watch, not with off, which removes"),
                           ("status --model m --batch 2", "cannot read 'status' as a budget")]:  # a prediction
         _, captured = run_cell(f"%memory_budget {line}", expect_error=UsageError)
-        assert message in captured.stderr, (line, captured.stderr)
+        assert message in unfolded(captured.stderr), (line, captured.stderr)
     assert ip.user_ns["s"] is s and _nbaccel_callbacks(ip)  # refused: the budget still watches
     run_cell("%memory_budget off -q")
     assert not _nbaccel_callbacks(ip)
@@ -752,13 +752,13 @@ def test_a_kernel_failing_after_the_cell_is_that_cells_error(ip, run_cell, monke
     assert syncs and list(ip.user_ns["b"].history["status"]) == ["ok"]
     failed.append(True)
     result, captured = run_cell("y = 2", expect_error=torch.AcceleratorError)
-    shown = captured.stdout + captured.stderr
+    shown = captured.stdout + unfolded(captured.stderr)
     assert "the GPU reported this error as In[" in shown and "restart the kernel" in shown
     assert "AcceleratorError: CUDA error: device-side assert triggered" in shown
     assert "Error in callback" not in shown and ip.user_ns["y"] == 2
     n = len(syncs)
     result, captured = run_cell("z = 3")  # no error: the context's failure was this cell's, shown once
-    assert len(syncs) == n and "Error in callback" not in captured.stdout + captured.stderr
+    assert len(syncs) == n and "Error in callback" not in captured.stdout + unfolded(captured.stderr)
     history = ip.user_ns["b"].history
     assert list(history["status"])[-2:] == ["error", "ok"]
     assert "device-side assert" in list(history["error"])[-2]
@@ -1237,7 +1237,7 @@ def test_a_long_estimate_says_what_it_is_doing_and_how_to_stop_it(ip, run_cell, 
     run_cell("import torch\ntorch.manual_seed(0)\n"
              "net = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 4))")
     _, captured = run_cell("%memory_budget --model net --batch 64 -r est")
-    said = (captured.stderr.splitlines() if not kernel else
+    said = (note_lines(captured.stderr) if not kernel else
             [o.data["text/plain"] for o in captured.outputs if "so far" in o.data.get("text/plain", "")]
             + [u["text/plain"] for u in updates])
     step = (r"nbaccel %memory_budget: [\d.]+ (µs|ms|s) so far; now the (fp32|bf16 AMP) dry run: (its first step, at "
@@ -1266,10 +1266,10 @@ def test_a_long_estimate_says_what_it_is_doing_and_how_to_stop_it(ip, run_cell, 
     # -q: no note; and below the threshold none either
     updates.clear()
     _, captured = run_cell("%memory_budget --model net --batch 64 -q")
-    assert "so far" not in captured.stderr and captured.outputs == [] and updates == []
+    assert "so far" not in unfolded(captured.stderr) and captured.outputs == [] and updates == []
     monkeypatch.setattr(budget_magic, "LONG_ESTIMATE_SECONDS", 600.0)
     _, captured = run_cell("%memory_budget --model net --batch 64 -r est")
-    assert "so far" not in captured.stderr and not any("so far" in str(o.data) for o in captured.outputs)
+    assert "so far" not in unfolded(captured.stderr) and not any("so far" in str(o.data) for o in captured.outputs)
     assert updates == []
 
 
@@ -1410,7 +1410,7 @@ def _check_failed_cell_and_release(ip, run_cell, raised):
     _, captured = run_cell("%memory_budget release")
     assert "no error to release" in captured.stdout
     _, captured = run_cell("%tb")
-    assert "No traceback available" in captured.stdout + captured.stderr
+    assert "No traceback available" in captured.stdout + unfolded(captured.stderr)
     for line, named in (("release --strict", "--strict"), ("release -r b", "-r")):
         with pytest.raises(UsageError, match=f"^release takes no {named} \\(it drops the last error"):
             ip.run_line_magic("memory_budget", line)

@@ -10,6 +10,8 @@ import re
 
 import pytest
 
+from text_helpers import unfolded
+
 CELLS = {
     "amp": "%%amp --repeat 1 --warmup 0\nimport torch\na = torch.ones(3)\nraise ValueError('boom')\n",
     "profile_gpu": "%%profile_gpu -q\nimport torch\na = torch.ones(3)\nraise ValueError('boom')\n",
@@ -76,7 +78,7 @@ def test_an_interrupt_while_amp_restores_its_snapshot_shows_no_nbaccel_frame(run
     _interrupt_once(monkeypatch, Snapshot, "restore", on_call=4)  # before the 4th run
     result, captured = run_cell("%%amp --repeat 3 --warmup 0\ncounter += 1\nw.mul_(2)\n", expect_error=KeyboardInterrupt)
     _no_frames(captured.stdout)
-    assert "nbaccel %%amp: interrupted (KeyboardInterrupt) while nbaccel was comparing, not in the cell" in captured.stderr
+    assert "nbaccel %%amp: interrupted (KeyboardInterrupt) while nbaccel was comparing, not in the cell" in unfolded(captured.stderr)
     assert ip.user_ns["counter"] == 0 and ip.user_ns["w"].tolist() == [1.0, 1.0, 1.0], "the state is restored"
     assert isinstance(result.error_in_exec.__context__, KeyboardInterrupt), "the original stays reachable"
 
@@ -94,12 +96,12 @@ def test_an_interrupt_in_the_profiler_shows_no_nbaccel_frame_nor_blames_the_cell
     run_cell("counter = 0")
     _, captured = run_cell("%%profile_gpu --warmup 1 --steps 2 -q\ncounter += 1\n", expect_error=KeyboardInterrupt)
     _no_frames(captured.stdout)
-    assert "the profiled code raised" not in captured.stderr, captured.stderr
+    assert "the profiled code raised" not in unfolded(captured.stderr), captured.stderr
     said = {"step": "nbaccel: interrupted (KeyboardInterrupt) in nbaccel's profiler, not in the profiled code; the "
                     "profiler was stopped and the partial profile discarded.",
             "read": "nbaccel: interrupted (KeyboardInterrupt) while nbaccel read the profile, after the profiled code "
                     "had finished; the profile was discarded."}[where]
-    assert said in captured.stderr, captured.stderr
+    assert said in unfolded(captured.stderr), captured.stderr
     assert ip.user_ns["counter"] == {"step": 2, "read": 3}[where]
 
 
@@ -150,7 +152,7 @@ def test_an_interrupt_around_the_profiled_runs_is_said(run_cell, ip, monkeypatch
                     "finished; the profile was discarded.",
             "validate": "nbaccel %%profile_gpu: interrupted (KeyboardInterrupt) while nbaccel checked the options; "
                         "the cell did not run"}[where]
-    assert said in captured.stderr, captured.stderr
+    assert said in unfolded(captured.stderr), captured.stderr
     assert ip.user_ns["counter"] == (1 if where == "stop" else 0)
 
 
@@ -172,7 +174,7 @@ def test_an_interrupt_after_the_profiled_code_raised_says_both(run_cell, monkeyp
     _interrupt_after_stopping(monkeypatch)
     _, captured = run_cell("%%profile_gpu -q\nraise ValueError('x')\n", expect_error=KeyboardInterrupt)
     assert ("interrupted (KeyboardInterrupt) while the profiler stopped, after the profiled code had raised ValueError"
-            in captured.stderr), captured.stderr
+            in unfolded(captured.stderr)), captured.stderr
 
 
 @pytest.mark.parametrize("magic", ["%%amp --repeat 1 --warmup 0", "%%profile_gpu"])
@@ -183,7 +185,7 @@ def test_an_interrupt_while_the_result_is_shown_says_the_measurement_finished(ru
     _, captured = run_cell(f"{magic} -r res\nx = 1\n", expect_error=KeyboardInterrupt)
     _no_frames(captured.stdout)
     assert (f"nbaccel {magic.split()[0]}: interrupted (KeyboardInterrupt) while its result was shown, after the "
-            "measured runs; the measurement had finished and its result is in res") in captured.stderr
+            "measured runs; the measurement had finished and its result is in res") in unfolded(captured.stderr)
     assert ip.user_ns["res"].value is None
 
 
@@ -264,7 +266,7 @@ def test_an_interrupt_in_the_estimates_dry_run_shows_no_nbaccel_frame(run_cell, 
     assert "File " not in captured.stdout and "nbaccel" not in captured.stdout, captured.stdout
     assert ("nbaccel %memory_budget: interrupted (KeyboardInterrupt) during the estimate's dry runs; nothing was "
             "estimated; model, its optimizer and your variables are as they were (the dry runs use a copy)"
-            in captured.stderr), captured.stderr
+            in unfolded(captured.stderr)), captured.stderr
     assert all(torch.equal(p, b) for p, b in zip(ip.user_ns["model"].parameters(), ip.user_ns["before"]))
     assert torch._C._len_torch_dispatch_stack() == 0 and not torch.is_autocast_enabled("cpu")
     monkeypatch.undo()

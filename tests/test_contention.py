@@ -560,6 +560,6 @@ def test_a_busy_sibling_rank_is_measured_apart(tmp_path):
         busy.wait()
     data = json.loads(out.stdout)
     assert data["sibling_ranks"] == 1
-    # The loop keeps one core busy, at least its fair share of one among anything else running here.
+    # The loop keeps one core busy, at least its fair share of one among anything else running here (what
+    # else runs is not this test's to bound: a CI run beside another test suite read others at 1.0 too).
     assert data["sibling_ranks_cores"] >= 0.5
-    assert data["others_cores"] < data["sibling_ranks_cores"]

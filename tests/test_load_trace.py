@@ -28,7 +28,7 @@ from nbaccel.render import multirank as render_multirank
 from nbaccel.render import profile as render_profile
 from nbaccel.trace_result import MultiRankResult, TraceError, load_trace
 from widget_helpers import control, first_column, ops_table, walk
-from text_helpers import unfolded
+from text_helpers import note_lines, unfolded
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 TRACES = SHARED / "traces"
@@ -640,7 +640,7 @@ def test_magic_loads_the_good_files_and_says_which_were_skipped(run_cell, ip, tm
     folder = _job_with_bad_files(tmp_path / "job")
     for _ in range(2):  # said on every run, not once per session like a plain warning
         _, captured = run_cell(f"%profile_trace {folder} -r job")
-        lines = [line for line in captured.stderr.splitlines() if line.startswith("Warning: skipped")]
+        lines = [line for line in note_lines(captured.stderr) if line.startswith("Warning: skipped")]
         assert len(lines) == 3, captured.stderr
         for line, (name, why) in zip(sorted(lines), sorted(BAD_IN_JOB.items())):
             assert line.startswith(f"Warning: skipped {folder / name}: {why}"), line

@@ -939,7 +939,8 @@ def test_tiny_shares_read_under_a_tenth_of_a_percent_not_zero(run_cell, ip):
     assert len(shares) == len(table)
     tiny = [s for s, p in zip(shares, table["percent"]) if 0 < p < 0.05]
     assert tiny and set(tiny) == {"&lt;0.1%"}, shares
-    assert "0.0%" not in html and "0.0%" not in prof._repr_html_() and "0.0%" not in str(prof)
+    zero = re.compile(r"(?<![\d.])0\.0%")  # not the tail of a "20.0%" (a CI run read one)
+    assert not zero.search(html) and not zero.search(prof._repr_html_()) and not zero.search(str(prof))
     for s, p in zip(shares, table["percent"]):
         if p >= 0.1:
             assert s == f"{p:.1f}%"
@@ -1095,7 +1096,7 @@ def test_a_trace_that_fails_to_write_keeps_the_profile(run_cell, ip, tmp_path, m
     ip.user_ns["torch"] = torch
     for attempt in range(2):  # said every time, not once per session
         _, captured = run_cell(f"%%profile_gpu -q -r prof --trace {target}\nx = torch.ones(64, 64) @ torch.ones(64, 64)")
-        err = captured.stderr
+        err = unfolded(captured.stderr)
         # a plain line, not a warning that shows nbaccel's file and source line
         assert f"could not write the trace to {target} (Permission denied); the profile is shown without it: keep " \
                "the result with -r NAME and save it with NAME.export_chrome_trace(" in err
@@ -1112,7 +1113,7 @@ def test_a_trace_that_fails_to_write_keeps_the_profile(run_cell, ip, tmp_path, m
     if name.endswith(".json"):
         nested = tmp_path / "new" / "deeper" / name
         _, captured = run_cell(f"%%profile_gpu -q --trace {nested}\nx = torch.ones(8) + 1")
-        assert f"(the folder {tmp_path / 'new'} was created on the way and is left there)" in captured.stderr
+        assert f"(the folder {tmp_path / 'new'} was created on the way and is left there)" in unfolded(captured.stderr)
 
 
 def test_empty_cell_is_a_usage_error(ip):
@@ -1136,11 +1137,11 @@ def test_cell_that_raises_stops_the_profiler_and_propagates(run_cell, ip):
     result, captured = run_cell("%%profile_gpu --amp bf16 --warmup 1 --steps 2 -r prof\nruns += 1\ny = a @ b\n"
                                 "if runs == 2: raise ValueError('boom in run 2')\n", expect_error=ValueError)
     assert "boom in run 2" in str(result.error_in_exec)
-    assert "raised ValueError in run 2 of 3; the profiler was stopped and the partial profile discarded" in captured.stderr
+    assert "raised ValueError in run 2 of 3; the profiler was stopped and the partial profile discarded" in unfolded(captured.stderr)
     # No snapshot here: the note must not promise a restore that did not happen.
     assert ("What the runs did to your variables and to torch's settings (grad mode, default dtype...) is not "
             "undone; only the --amp recipe's own flags (autocast, TF32, cudnn.benchmark) were put back."
-            in captured.stderr)
+            in unfolded(captured.stderr))
     assert "prof" not in ip.user_ns
     assert not torch._C._autograd._profiler_enabled()
     assert not torch.is_autocast_enabled("cpu")
@@ -1524,7 +1525,7 @@ def test_a_profiler_the_cell_starts_is_refused_not_a_crash(run_cell, ip, opts, s
     run_cell("import torch\nx = torch.randn(32, 32)")
     result, out = run_cell(f"%%profile_gpu {opts}\n{starts}\n    x @ x", expect_error=ProfileError)
     assert "torch runs one profiler per process" in str(result.error_in_exec)
-    assert "the partial profile discarded" in out.stderr
+    assert "the partial profile discarded" in unfolded(out.stderr)
     assert not torch.autograd._profiler_enabled()
     assert torch.autograd.profiler.profile.__dict__["_prepare_trace"] is prepare  # the guard is gone
     assert torch.autograd.profiler.profile.__dict__["_start_trace"] is start

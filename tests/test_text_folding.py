@@ -194,3 +194,21 @@ def test_a_memory_estimate_folds_its_prose_not_its_tables(monkeypatch):
     text = _folds_prose_only(monkeypatch, render_budget, lambda: render_budget.text(est), head_lines=0)
     assert text.startswith("model: 4,810 parameters (4,810 trainable), adamw, batch 32 -- fits in fp32")
     assert "\ncompared with: " in text and "\nmethod: " in text
+
+
+def test_notes_on_stderr_are_folded_line_by_line(capsys):
+    """A trial's terminal showed the long-run note (361 characters) and failure notes as one line each."""
+    long = "nbaccel %%amp: " + "the comparison was abandoned " * 8
+    common.note_on_stderr(long + "\nsecond line\n  an entry")
+    err = capsys.readouterr().err.splitlines()
+    assert all(len(line) <= TEXT_WIDTH for line in err)
+    assert err[0].startswith("nbaccel %%amp: ") and err[1].startswith("    abandoned the")  # hanging indent
+    assert err[-2:] == ["second line", "  an entry"]  # its own lines kept
+
+
+def test_a_failed_cells_note_fits_the_terminal(run_cell):
+    run_cell("import torch\nx = torch.randn(4, 4)")
+    _, captured = run_cell("%%amp --repeat 1 --warmup 0\nraise ValueError('no')\n", expect_error=ValueError)
+    notes = [line for line in captured.stderr.splitlines() if line]
+    assert notes[0].startswith("nbaccel %%amp: the cell raised ValueError in the fp32 run") and len(notes) > 1
+    assert all(len(line) <= TEXT_WIDTH for line in notes), captured.stderr

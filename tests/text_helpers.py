@@ -11,3 +11,15 @@ from __future__ import annotations
 def unfolded(text: str) -> str:
     """``text`` with every run of whitespace made one space: a phrase of prose is found wherever it was folded."""
     return " ".join(str(text).split())
+
+
+def note_lines(text: str) -> list[str]:
+    """The notes of a stderr text, one per item, each unfolded: a note folded by
+    `nbaccel.render.common.note_on_stderr` continues on lines indented past its first."""
+    notes: list[str] = []
+    for line in str(text).splitlines():
+        if line[:1].isspace() and notes:
+            notes[-1] += " " + line.strip()
+        else:
+            notes.append(line)
+    return [unfolded(n) for n in notes]

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sys
 import time
 
 from IPython.core.error import UsageError
@@ -16,6 +15,7 @@ from ..cell_reads import and_list
 from ..device import DeviceError, autocast_dtype, device_info, did_you_mean, dtype_name, resolve_device
 from ..options import magic_spelled, whole_number
 from ..precision import make_recipe
+from ..render.common import note_on_stderr
 from ..snapshot import (LazyModuleNotReady, SnapshotTooLarge, describe_failures, not_put_back,
                         restore_failures)
 from ..timing import format_seconds
@@ -111,8 +111,7 @@ class AmpMagics(Magics):
                 cells_own = bool(cell_errors) and cell_errors[-1][0] is exc
                 if not cells_own and isinstance(exc, (SnapshotTooLarge, LazyModuleNotReady, DeviceError)):
                     raise UsageError(str(exc)) from None
-                print(_abandon_note(exc, cell_errors[-1][1] if cells_own else None, args.no_restore, device),
-                      file=sys.stderr)
+                note_on_stderr(_abandon_note(exc, cell_errors[-1][1] if cells_own else None, args.no_restore, device))
                 if isinstance(exc, KeyboardInterrupt) and not cells_own:
                     raise interrupt_without_frames(exc) from None  # the note says it all; no nbaccel frames
                 raise

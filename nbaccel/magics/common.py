@@ -23,6 +23,7 @@ from IPython.utils.capture import capture_output
 from IPython.utils.process import arg_split
 
 from ..options import magic_spelling
+from ..render.common import note_on_stderr
 
 
 #: Mark a cell magic whose value a ';' after the cell's last expression hides, as under ``%%time``:
@@ -83,7 +84,7 @@ class ProgressNote:
             if at is not None and self._said_at is not None and at < self.every * self._said_at:
                 return
             self._said_at = at if at is not None else 0.0
-            print(text, file=sys.stderr, flush=True)  # flushed: the work it announces comes next
+            note_on_stderr(text)
         elif self._handle is not None:
             self._handle.update({"text/plain": text}, raw=True)
         else:
@@ -119,7 +120,7 @@ def interrupted_in_nbaccel(exc: KeyboardInterrupt, magic: str, when: str, state:
     """The note for a Ctrl-C in a magic's own work around the measured runs (checking its options
     before them, showing the result after), printed now; returns the frameless interrupt to raise
     ``from None``. Unnoted, these were a bare KeyboardInterrupt that did not say whether the cell ran."""
-    print(f"nbaccel {magic}: interrupted (KeyboardInterrupt) {when}; {state}", file=sys.stderr)
+    note_on_stderr(f"nbaccel {magic}: interrupted (KeyboardInterrupt) {when}; {state}")
     return interrupt_without_frames(exc)
 
 

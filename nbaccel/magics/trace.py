@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sys
 
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_magic, magics_class
@@ -11,6 +10,7 @@ from IPython.core.magic_arguments import argument, magic_arguments
 from ..options import magic_spelled
 from ..profile_options import FILTER_HELP, ProfileError
 from ..profile_table import SORT_COLUMNS
+from ..render.common import note_on_stderr
 from ..render.display import display_result
 from ..trace_result import TraceError, load_trace, trace_warnings_said
 from .common import check_name, comment_hinted, help_option, parse_line, store_result
@@ -54,7 +54,7 @@ class TraceMagics(Magics):
             return None
         check_name(args.result)  # --top is checked by load_trace (a ProfileError, turned into a UsageError below)
         try:
-            with trace_warnings_said(lambda message: print(f"Warning: {message}", file=sys.stderr)):
+            with trace_warnings_said(lambda message: note_on_stderr(f"Warning: {message}")):
                 result = load_trace(args.path, rank=args.rank, top=args.top, sort=args.sort, shapes=args.shapes,
                                     stack=args.stack, memory=args.memory, filter=args.filter)
         except (TraceError, ProfileError) as exc:

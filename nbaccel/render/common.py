@@ -172,6 +172,15 @@ def prose(line: str, hang: int = 4) -> str:
                          break_long_words=False, break_on_hyphens=False)
 
 
+def note_on_stderr(text: str) -> None:
+    """A note beside a magic's output (a failure, a Ctrl-C, long work in progress) on stderr, each line
+    folded as `prose` folds it: a terminal showed a 361-character note as one line (a trial), and a
+    script's log reads the same. Flushed: the work or the traceback it announces comes next."""
+    import sys
+
+    print("\n".join(prose(line) for line in text.split("\n")), file=sys.stderr, flush=True)
+
+
 def figures(items) -> str:
     """``key: value`` pairs joined by " | ", a new line (indented 2) begun between pairs, never inside one,
     where the next pair would pass `TEXT_WIDTH`: a report's line of figures stays a row of figures."""
