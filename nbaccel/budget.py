@@ -33,6 +33,7 @@ from .holders import Holder, namespace_holders
 from .memory import (MAX_BYTES, NUMBER_PATTERN, UNIT_PATTERN, UNITS, PeakMeter, cuda_counters, current_rss,
                      format_bytes, take_harness)
 from .options import in_magic, option
+from .render.common import plural
 from .results import ResultMixin
 
 if TYPE_CHECKING:
@@ -311,11 +312,6 @@ def check_near(near) -> float:
         raise BudgetError(f"{option('near')} is a share of the budget between 0 and 1, got {near}"
                           f"{_percent_meant(near, False)}")
     return near
-
-
-def plural(n: int, word: str, words: str | None = None) -> str:
-    """``1 cell``, ``2 cells``."""
-    return f"{n} {word if n == 1 else (words or word + 's')}"
 
 
 def share_text(fraction: float | None) -> str:

@@ -50,7 +50,7 @@ from .dry_run import (CHECK_TOLERANCE, DEFAULT_HEAD_LOSS, DEFAULT_LOSS, MODEL_LO
                       EstimateError, LiveBytes, _default_loss, _dry_run, _example_option, _line, is_head, loss_takes_batch,
                       several_optimizers)
 from .memory import malloc_trim, current_rss, format_bytes
-from .budget import plural
+from .render.common import plural
 from .model_states import (OPTIMIZERS, _largest_leaf_bytes, _optimizer_spec, closest_optimizer, make_optimizer,
                            optimizer_plan, optimizer_state_bytes, plan_name, plan_state_bytes)
 from .options import a_type, in_magic, option

@@ -7,7 +7,7 @@ from ..drift import ids_noun, near_zero_figures, relative_words, resolution, sha
 from ..memory import byte_range, format_bytes
 from ..options import option
 from ..timing import format_ratio, format_seconds
-from .common import bullet_list, esc, labelled, method_html, prose, si, table, text_table, wrap
+from .common import bullet_list, esc, labelled, method_html, plural, prose, si, table, text_table, wrap
 
 
 def _flops(v) -> str:
@@ -89,7 +89,7 @@ def _too_few(result) -> str:
     """Why a speedup from under MIN_RUNS timed runs per variant is not claimed (docs/amp.md, --repeat):
     with no spread to judge by, a single descheduled run decides the ranking."""
     runs = min(len(result.baseline.times.times), len(result.amp.times.times))
-    return f"{_count(runs, 'timed run')} per variant; use {option('repeat', 5)}"
+    return f"{plural(runs, 'timed run')} per variant; use {option('repeat', 5)}"
 
 
 def _contended(result) -> bool:
@@ -193,8 +193,8 @@ def method(result) -> str:
     state = (f"state restored from a {format_bytes(result.snapshot_bytes)} host snapshot before each run"
              if result.restored else "variables NOT restored (--no-restore): each run continued from the variables "
              "the previous one left; torch's settings were put back before each run")
-    runs = (f"{_count(result.warmup, 'warmup round') if result.warmup else 'no warmup'}, "
-            f"{_count(result.repeat, 'timed run')} per variant"
+    runs = (f"{plural(result.warmup, 'warmup round') if result.warmup else 'no warmup'}, "
+            f"{plural(result.repeat, 'timed run')} per variant"
             + (", interleaved" if result.baseline is not None else f" ({result.amp.name} only, no fp32 baseline)"))
     contention = result.contention.summary() if result.contention else "contention: not measured"
     return (f"{runs}; timer: {result.timer_method}; {contention}; memory: {mem}; {ACHIEVED_METHOD}; {state}"
@@ -236,10 +236,6 @@ def _memory_runs(result) -> str:
             "to run) or the ranges do not overlap" if all(v.memory.exact for v in variants)
             else "a difference is firm when the ranges do not overlap")
     return f"median of {runs} runs per variant{', interleaved' if len(variants) > 1 else ''}: {spreads}; {firm}"
-
-
-def _count(n: int, noun: str) -> str:
-    return f"{n} {noun}{'' if n == 1 else 's'}"
 
 
 def _switch_words(ops: list[str]) -> str:

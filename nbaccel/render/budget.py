@@ -8,11 +8,11 @@ FloatProgress carrying the same class) so browser tests can find it. The CSS tar
 
 from __future__ import annotations
 
-from ..budget import PUSHED, harness_words, plural, share_text
+from ..budget import PUSHED, harness_words, share_text
 from ..holders import unresident_line
 from ..memory import format_bytes
 from ..timing import format_seconds
-from .common import bullet_list, esc, folded, labelled, prose, table, text_table, wrap
+from .common import bullet_list, esc, folded, labelled, plural, prose, table, text_table, wrap
 
 GAUGE_CSS = """
 <style>

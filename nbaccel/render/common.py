@@ -172,6 +172,11 @@ def prose(line: str, hang: int = 4) -> str:
                          break_long_words=False, break_on_hyphens=False)
 
 
+def plural(n: int, word: str, words: str | None = None) -> str:
+    """``1 cell``, ``2 cells``; ``words`` where adding an s is wrong."""
+    return f"{n} {word if n == 1 else (words or word + 's')}"
+
+
 def note_on_stderr(text: str) -> None:
     """A note beside a magic's output (a failure, a Ctrl-C, long work in progress) on stderr, each line
     folded as `prose` folds it: a terminal showed a 361-character note as one line (a trial), and a
