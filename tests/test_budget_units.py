@@ -857,3 +857,16 @@ def test_unwritten_bytes_count_allocations_not_address_space():
         for t in threads:
             t.join()
     assert meter.unwritten_bytes < 16 * 2**20
+
+
+def test_the_needed_line_is_left_out_where_it_reads_as_the_request():
+    """A trial: "requested: 9.09 TiB" then "the step needed at least 9.1 TiB (allocated + requested)", the 276 MiB
+    allocated beside it showing only as a rounding. The sum is said where the allocated part is 1% of it or more."""
+    from nbaccel.oom import explain_oom
+    from nbaccel.render.budget import oom_text
+
+    rss = __import__("nbaccel.memory", fromlist=["current_rss"]).current_rss()
+    for request, said in ((10**13, False), (rss, True)):
+        exc = RuntimeError(f"DefaultCPUAllocator: can't allocate memory: you tried to allocate {request} bytes.")
+        text = oom_text(explain_oom(exc, {}, budget=2 * GiB))
+        assert ("the step needed at least" in text) is said, text
