@@ -60,6 +60,7 @@ import contextlib
 import inspect
 import json
 import os
+import shlex
 import socket
 import statistics
 from dataclasses import dataclass, field
@@ -282,6 +283,7 @@ class RankReport:
     ranks: list[dict]
     metrics: list[str]
     units: dict = field(default_factory=dict)
+    see_also: str | None = None  # a line under the table: where the rest is (the traces' own analysis)
 
     @property
     def world_size(self) -> int:
@@ -322,6 +324,8 @@ class RankReport:
             fmt = _formatter(self.units.get(m))
             lines.append(f"  {self.label(m):<22} {fmt(s['min']):>12} {fmt(s['median']):>12} {fmt(s['max']):>12}  "
                          f"{self._max_at(s, fmt)}")
+        if self.see_also:
+            lines.append(f"  {self.see_also}")
         return "\n".join(lines)
 
     def label(self, metric: str) -> str:
@@ -539,6 +543,11 @@ def profile(directory: str, name: str = "nbaccel", group=None, **kwargs):
            "device_time_us": res.device_time_us if res.on_device else None, "top_op": _top_op(res.ops)}
     prof.report = gather("profile", row, ["window_us", "device_time_us"],
                          {"window_us": "us", "device_time_us": "us"}, group)
+    # The table gives each rank's window and top op only; the per-rank op analysis (the slowest rank, compute,
+    # communication and idle time) is the traces' own, and a trial's report did not say where to find it.
+    folder = shlex.quote(os.fspath(directory))
+    prof.report.see_also = (f"every rank's trace analysed together: python -m nbaccel trace {folder} "
+                            f"(in a notebook: %profile_trace {folder})")
 
 
 def _top_op(ops) -> str | None:

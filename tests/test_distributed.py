@@ -134,6 +134,10 @@ def test_one_trace_per_rank_in_hta_layout(ddp_run):
     prof = r0["profile"]
     assert [row["trace"] for row in prof["ranks"]] == [r0["trace"], r1["trace"]]
     assert prof["summary"]["window_us"]["max"] > 0
+    # The gathered table says where the traces' own analysis is, with the folder to give it.
+    folder = str(out / "traces")
+    assert r0["profile_text"].splitlines()[-1] == (f"  every rank's trace analysed together: python -m nbaccel trace "
+                                                   f"{folder} (in a notebook: %profile_trace {folder})")
 
 
 def test_memory_budget_gathered(ddp_run):

@@ -179,7 +179,7 @@ def main(out: str, mode: str) -> None:
             dist.all_gather_object(gathered, [p.sum().item() for p in params])
             result.update(ddp_params_equal=gathered[0] == gathered[1], amp=amp.report.to_dict(),
                           amp_text=str(amp.report), amp_full=str(amp),
-                          amp_local_warnings=amp.local.noise_warnings, amp_local_uncertain=amp.local.speedup_uncertain, local=local.report.to_dict(), profile=prof.report.to_dict(),
+                          amp_local_warnings=amp.local.noise_warnings, amp_local_uncertain=amp.local.speedup_uncertain, local=local.report.to_dict(), profile=prof.report.to_dict(), profile_text=str(prof.report),
                           budget=mb.report.to_dict(), budget_text=str(mb.report),
                           budget_over=mb_over.report.to_dict(), budget_over_text=str(mb_over.report),
                           budget_warned=[str(w.message) for w in warned], trace=nd.trace_path(os.path.join(out, "traces")))
