@@ -155,7 +155,11 @@ def header_items(result) -> list[tuple[str, str]]:
                  if h["steps"] else "no ProfilerStep ranges")
     # Wall time is the span of the recorded events: with none (a cell of plain Python) there is no
     # span to show, and "0" would read as a measurement.
-    wall = _time(h["wall_us"]) if h["ops"] or h["kernels"] else "none recorded"
+    # The clock around the steps (the contention meter's span) still timed them: said, as the method says it
+    # (a trial read "wall time: none recorded" above "the profiled steps lasted 323 µs").
+    timed = sum(result.contention.wall_s.values()) if result.contention is not None else 0.0
+    lasted = f"; the step{'s' if h['steps'] > 1 else ''} lasted {format_seconds(timed)}" if timed else ""
+    wall = _time(h["wall_us"]) if h["ops"] or h["kernels"] else f"no op recorded{lasted}"
     items = [("wall time", f"{wall} ({steps})")]
     if result.on_device:
         items.append(("device time", _time(h["device_time_us"])))
