@@ -338,11 +338,20 @@ def token_figures(leaf: dict, name: str) -> str:
         return text + f"identical in both runs ({sequences} sequence{'s' if sequences != 1 else ''} x {n} {unit})"
     text += f"agree at {share_words(leaf['agree'], leaf['compared'])} of the {leaf['compared']} {unit}; "
     median = median_divergence(leaf)
+    verb = divergence_verb(bool(leaf["prompt"]))
     if sequences == 1:
-        return text + f"the sequence diverges after {median:g} of {n} {unit}"
-    return (text + f"{leaf['diverged']} of {sequences} sequences diverge, first after {median:g} of {n} {unit} "
+        return text + f"the sequence {'' if leaf['prompt'] else 'first '}{verb}s after {median:g} of {n} {unit}"
+    return (text + f"{leaf['diverged']} of {sequences} sequences {verb}, first after {median:g} of {n} {unit} "
             f"(median of the {leaf['diverged']})" if leaf["diverged"] > 1 else
-            text + f"1 of {sequences} sequences diverges, after {median:g} of {n} {unit}")
+            text + f"1 of {sequences} sequences {verb}s, after {median:g} of {n} {unit}")
+
+
+def divergence_verb(generated: bool) -> str:
+    """"diverge" for new tokens after a known prompt: a generate loop that picks another token once goes on
+    from another text. "differ" for ids without one, such as a per-position argmax over a language model's
+    logits, where one position that differs says nothing of the next (a trial read its 64 positions as
+    sequences that "diverge, first after 23")."""
+    return "diverge" if generated else "differ"
 
 
 def ids_noun(tokens: dict) -> str:

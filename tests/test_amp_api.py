@@ -2539,7 +2539,8 @@ def test_a_1d_long_tensor_is_one_sequence():
     tokens = compare_tokens({"ids": torch.tensor([5, 6, 7, 8])}, {"ids": torch.tensor([5, 6, 0, 0])})
     (leaf,) = tokens["leaves"]
     assert leaf["name"] == "value['ids']" and leaf["sequences"] == 1 and leaf["first_divergence"] == [2]
-    assert token_figures(leaf, "bf16") == ("agree at 50% of the 4 positions; the sequence diverges after 2 of 4 "
+    # no prompt known: positions that may each stand alone (an argmax over logits) "differ", not "diverge"
+    assert token_figures(leaf, "bf16") == ("agree at 50% of the 4 positions; the sequence first differs after 2 of 4 "
                                            "positions")
     # a 1-d prompt the model embedded whole
     with_prompt = compare_tokens(torch.tensor([5, 6, 7, 8]), torch.tensor([5, 6, 7, 0]), [torch.tensor([5, 6])])
@@ -2617,6 +2618,19 @@ def test_the_op_table_names_what_an_op_without_a_tensor_output_returned():
     from nbaccel.render.amp import ops_rows
 
     assert all(row[0] != "aten::_local_scalar_dense" for row in ops_rows(res, "reduced") + ops_rows(res, "fp32"))
+
+
+def test_ids_without_a_prompt_differ_and_new_tokens_diverge():
+    """A trial's per-position argmax over a language model's logits read "3 of 4 sequences diverge, first after
+    23 of 64 positions": a generate loop's phrase. Without a known prompt the ids are said to differ."""
+    from nbaccel.drift import compare_tokens, token_figures
+
+    base, amp = torch.tensor([[1, 2, 3, 4], [1, 2, 3, 4]]), torch.tensor([[1, 9, 3, 4], [1, 2, 9, 4]])
+    (leaf,) = compare_tokens(base, amp)["leaves"]
+    assert token_figures(leaf, "bf16") == ("agree at 75% of the 8 positions; 2 of 2 sequences differ, first after "
+                                           "1.5 of 4 positions (median of the 2)")
+    (generated,) = compare_tokens(base, amp, [torch.tensor([[1]])])["leaves"]
+    assert "2 of 2 sequences diverge, first after 0.5 of 3 new tokens" in token_figures(generated, "bf16")
 
 
 def test_tokens_that_differ_between_unrestored_runs_are_not_blamed_on_precision():

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ..amp_result import MEMORY_NOISE_FLOOR, memory_ranges, too_few_runs
-from ..drift import ids_noun, near_zero_figures, relative_words, resolution, share_words, token_figures
+from ..drift import divergence_verb, ids_noun, near_zero_figures, relative_words, resolution, share_words, token_figures
 from ..memory import byte_range, format_bytes
 from ..options import option
 from ..timing import format_ratio, format_seconds
@@ -154,8 +154,9 @@ def _tokens_kpi(t: dict) -> tuple[str, str | None]:
         return (f"agree {share_words(t['agree'], t['compared'])}",
                 ", ".join(filter(None, (f"{differ} of {t['compared']} differ{'s' if differ == 1 else ''}", lengths))))
     n = t["sequences"]
-    diverged = ("the sequence diverges" if n == 1 else
-                f"{t['diverged']} of {n} sequences diverge{'s' if t['diverged'] == 1 else ''}")
+    verb = divergence_verb(any(leaf.get("prompt") for leaf in t["leaves"] if leaf["comparable"]))
+    diverged = (f"the sequence {verb}s" if n == 1 else
+                f"{t['diverged']} of {n} sequences {verb}{'s' if t['diverged'] == 1 else ''}")
     return f"agree {share_words(t['agree'], t['compared'])}", ", ".join(filter(None, (diverged, lengths)))
 
 
