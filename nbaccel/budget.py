@@ -729,6 +729,20 @@ def status(watcher: Watcher | None, device: torch.device, namespace: dict | None
 
 # --- scripts: a context manager --------------------------------------------------------------------
 
+def over_budget_words(record: CellRecord) -> str:
+    """A script's BudgetWarning (and BudgetExceeded): the peak, what the block itself added, and where the
+    process alone was over the budget before it (a trial's warning gave the peak only). A block that adds
+    nothing to a process already over is "already over", and not warned of (as a cell is not)."""
+    from .render.budget import change_words
+
+    message = (f"{record.label} peaked at {format_bytes(record.used_bytes)}, over the budget of "
+               f"{format_bytes(record.budget_bytes)} ({share_text(record.fraction)}); the block "
+               f"{change_words(record, 'added ')}")
+    if record.before_bytes > record.budget_bytes:
+        message += f", to the {format_bytes(record.before_bytes)} the process held already, over the budget alone"
+    return message
+
+
 @explains_keywords({"limit": "budget", "size": "budget"})
 class MemoryBudget:
     """``with memory_budget("6GiB") as b: train_step()``: each ``with`` block is one row of
@@ -803,8 +817,7 @@ class MemoryBudget:
                 exc.add_note(str(self.last_oom))
             return False
         if exc is None and record is not None and record.status == "over":
-            message = (f"{record.label} peaked at {format_bytes(record.used_bytes)}, over the budget of "
-                       f"{format_bytes(record.budget_bytes)} ({share_text(record.fraction)})")
+            message = over_budget_words(record)
             if record.harness:
                 message += "; " + harness_words(record, str(self.device))
             if self.strict and not record.harness:

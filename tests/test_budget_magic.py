@@ -618,6 +618,29 @@ def test_a_block_that_reserves_unwritten_memory_is_warned_not_failed():
     del x
 
 
+def test_a_scripts_warning_says_what_the_block_added_and_whether_the_process_was_over_already():
+    """A trial's BudgetWarning gave the peak only: not what the block added, nor that the process alone was over."""
+    import warnings
+
+    import nbaccel
+
+    def warned(budget, work):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            with nbaccel.memory_budget(f"{budget}B"):
+                work()
+        return [str(w.message) for w in caught if issubclass(w.category, nbaccel.BudgetWarning)]
+
+    [over] = warned(current_rss() + 50 * MB, lambda: torch.ones(100_000_000).add_(1))
+    kept = r"( at its peak and kept ([\d.]+ [KM]iB|none))?"  # the 1-dim result is freed as the block ends
+    assert re.search(r"over the budget of [\d.]+ MiB \(\d+%\); the block added 38\d MiB" + kept + "$", over), over
+    held = torch.ones(100 * 2**20, dtype=torch.uint8).add_(1)
+    [both] = warned(current_rss() - 50 * MB, lambda: torch.ones(100_000_000).add_(1))
+    assert re.search(r"; the block added 38\d MiB" + kept + r", to the [\d.]+ MiB the process held already, over "
+                     r"the budget alone$", both), both
+    del held
+
+
 def test_script_context_manager():
     import warnings
 

@@ -43,7 +43,7 @@ def _text_gauge(fraction: float | None, width: int = 30) -> str:
     return "[" + "#" * filled + "." * (width - filled) + "]"
 
 
-def _change(r, added: str = "") -> str:
+def change_words(r, added: str = "") -> str:
     """What the cell did to usage, for the "added" column: its peak over the start ("700 MiB"), and what
     it gave back by its end where that is more than noise ("freed 700 MiB" for ``del b``, which added 0 B).
     A cell that rose and came back down says how much it kept: a user trial re-ran ``emb = Embedding(...)``,
@@ -63,7 +63,7 @@ def _change(r, added: str = "") -> str:
 def _cell_line(r) -> str:
     extra = f", allocated peak {format_bytes(r.allocated_peak_bytes)}" if r.allocated_peak_bytes is not None else ""
     return (f"{format_bytes(r.used_bytes)} of {format_bytes(r.budget_bytes)} ({share_text(r.fraction)}); the cell "
-            f"{_change(r, 'added ')}{extra}")
+            f"{change_words(r, 'added ')}{extra}")
 
 
 def free_memory_hint(device: str) -> str:
@@ -164,7 +164,7 @@ def ranks_text(rows) -> str:
 
 
 def _history_rows(records, last=10):
-    return [[r.label, format_bytes(r.used_bytes), share_text(r.fraction), _change(r),
+    return [[r.label, format_bytes(r.used_bytes), share_text(r.fraction), change_words(r),
              format_bytes(r.allocated_peak_bytes) if r.allocated_peak_bytes is not None else "-",
              r.status + (f" (under {r.harness})" if r.harness else ""), format_seconds(r.seconds)]
             for r in records[-last:]]
