@@ -8,7 +8,7 @@ import torch
 
 from .amp_result import MIN_RUNS, NO_SPEEDUP_BELOW, REDUCED_DTYPES, memory_ranges, too_few_runs
 from .cell_reads import and_list, take_first
-from .drift import ids_noun, near_zero_figures, relative_words, resolution, share_words, tokens_differ
+from .drift import _leaves, ids_noun, near_zero_figures, relative_words, resolution, share_words, tokens_differ
 from .flops import AUTOCAST_DTYPES, integer_matmuls, padding_worth_it
 from .memory import format_bytes
 from .timing import format_ratio, format_seconds
@@ -417,6 +417,25 @@ def _restore_note(result: AmpResult) -> str | None:
             "optimizer state, out of the namespace the cell runs in.")
 
 
+def _reduced_result_note(result: AmpResult) -> str | None:
+    """The kept run ran under the recipe, so what it returned is in its dtype: said, since the cell's output
+    (and ``res.value``) reads like the cell's own result and later fp32 work on it rounds to bf16 (a trial
+    kept an inference cell's bf16 logits with nothing saying so)."""
+    if result.amp.recipe.autocast_dtype is None:
+        return None
+    reduced = [(path, leaf.dtype) for path, leaf in _leaves(result.value)
+               if isinstance(leaf, torch.Tensor) and leaf.dtype in (torch.bfloat16, torch.float16)]
+    if not reduced:
+        return None
+    dtypes = and_list(sorted({str(dtype).replace("torch.", "") for _, dtype in reduced}))
+    where = "The cell's output" if in_magic() else "res.value"
+    paths = [path for path, _ in reduced]
+    what = (f"{where} is {dtypes}" if paths == ["value"] else
+            f"{where} holds {dtypes} tensors ({and_list(paths[:3])}{f' and {len(paths) - 3} more' if len(paths) > 3 else ''})")
+    return (f"{what}: it is the kept {result.amp.name} run's. Call .float() on it before fp32 work, or run the "
+            "code without the recipe; what the code assigned holds that run's values too.")
+
+
 def advise(result: AmpResult) -> list[str]:
     """One line per finding, each backed by a number in the result."""
     notes = []
@@ -462,6 +481,9 @@ def advise(result: AmpResult) -> list[str]:
                      "op audit (a TorchDispatchMode; torch.sparse.mm does under autocast), so the dtypes per op, the "
                      "share of FLOPs in reduced precision and the gradient report describe the audited run, not the "
                      "timed ones. The drift compares the fp32 run with the kept run, which ran as the timed ones.")
+    kept = _reduced_result_note(result)
+    if kept:
+        notes.append(kept)
     if result.not_copied and result.restored:
         # Said after a comparison that succeeded too (an abandoned one's note names them already): the
         # promise "your variables as after one run" does not hold for these.

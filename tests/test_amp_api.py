@@ -2681,3 +2681,20 @@ def test_a_classifiers_predicted_classes_are_integer_ids_not_tokens():
             f"integer ids of the result: agree at {share_words(res.tokens['agree'], 32)} of the 32 entries ({differ} differ")
     assert line in text
     assert ("integer ids identical" if not differ else "integer ids agree") in text.splitlines()[0]
+
+
+def test_a_reduced_precision_result_is_said_to_be_the_kept_runs():
+    """A trial kept an inference cell's bf16 logits with nothing saying that they were bf16."""
+    model, x = torch.nn.Linear(32, 32), torch.randn(8, 32)
+
+    def note(fn):
+        with torch.no_grad():
+            res = nbaccel.compare_amp(fn, repeat=2, warmup=0, state=[model])
+        return [a for a in res.advice if "the kept bf16 run's" in a], res
+
+    [said], res = note(lambda: model(x))
+    assert res.value.dtype == torch.bfloat16
+    assert said.startswith("res.value is bfloat16: it is the kept bf16 run's. Call .float() on it before fp32 work")
+    [said], _ = note(lambda: (model(x), model(x).relu(), x.sum()))
+    assert said.startswith("res.value holds bfloat16 tensors (value[0] and value[1]): ")
+    assert note(lambda: model(x).float())[0] == []  # fp32 out: nothing to say
