@@ -326,15 +326,19 @@ runs = 0
 def test_magic_compares_this_run_with_a_stored_profile(run_cell, ip):
     run_cell(SETUP)
     run_cell("%%profile_gpu -q -r p32\nruns += 1\nfor _ in range(5): a @ a")
-    _, captured = run_cell("%%profile_gpu --amp bf16 --compare p32\nruns += 1\nb = torch.randn(1024, 1024)\n"
+    _, captured = run_cell("%%profile_gpu --amp bf16 --compare p32 -r p16\nruns += 1\nb = torch.randn(1024, 1024)\n"
                            "for _ in range(5): b @ b")
     texts = [o.data["text/plain"] for o in captured.outputs if "text/plain" in o.data]
     assert len(texts) == 2  # the profile, then the comparison
     comparison = unfolded(texts[1])
     assert comparison.startswith("%%profile_gpu --compare p32: this run, autocast bf16 (cpu) against p32, op by op")
-    # a first run under bf16 (unless an earlier test ran this cell so): its called-out lines say so
-    assert re.search(r"slower in this run, autocast bf16 \(cpu\)" + MAYBE + ": aten::mm",
-                     comparison)
+    # a first run under bf16 (unless an earlier test ran this cell so): its called-out lines say so. Not on a
+    # loaded machine: a CI run beside another test suite had the 32x32 fp32 step at 79 ms, and nothing can be
+    # called slower against that (each profile's contention reading, or its load average, says so).
+    busy = [c for c in (ip.user_ns["p32"].contention, ip.user_ns["p16"].contention)
+            if c is not None and (c.contended or c.likely_contended())]
+    if not busy:
+        assert re.search(r"slower in this run, autocast bf16 \(cpu\)" + MAYBE + ": aten::mm", comparison)
     assert ip.user_ns["runs"] == 2
     # -q hides the profile, not the comparison --compare asked for (a trial: -q showed nothing); -r keeps the profile
     _, captured = run_cell("%%profile_gpu -q --compare p32 -r again\nruns += 1\na @ a")
