@@ -8,7 +8,8 @@ import torch
 
 from .amp_result import MIN_RUNS, NO_SPEEDUP_BELOW, REDUCED_DTYPES, memory_ranges, too_few_runs
 from .cell_reads import and_list, take_first
-from .drift import _leaves, ids_noun, near_zero_figures, relative_words, resolution, share_words, tokens_differ
+from .drift import (ids_noun, near_zero_figures, reduced_float_leaves, relative_words, resolution, share_words,
+                    tokens_differ)
 from .flops import AUTOCAST_DTYPES, integer_matmuls, padding_worth_it
 from .memory import format_bytes
 from .timing import format_ratio, format_seconds
@@ -423,8 +424,7 @@ def _reduced_result_note(result: AmpResult) -> str | None:
     kept an inference cell's bf16 logits with nothing saying so)."""
     if result.amp.recipe.autocast_dtype is None:
         return None
-    reduced = [(path, leaf.dtype) for path, leaf in _leaves(result.value)
-               if isinstance(leaf, torch.Tensor) and leaf.dtype in (torch.bfloat16, torch.float16)]
+    reduced = reduced_float_leaves(result.value)
     if not reduced:
         return None
     dtypes = and_list(sorted({str(dtype).replace("torch.", "") for _, dtype in reduced}))

@@ -9,7 +9,6 @@ amount and the IQR stays small. What the machine did meanwhile is in Linux's ``/
   idle and iowait are idle. Only those CPUs: a job pinned to other cores does not compete.
 * minus this process's own CPU time (``time.process_time``: every thread, nanosecond clock) and
   its children's (see `ProcReader.ours`): a DataLoader worker is the cell's own work.
-
 * minus, under a launcher that started several ranks on this machine (torchrun's ``LOCAL_WORLD_SIZE``), the
   other local ranks' CPU time (see `ProcReader.siblings`): the user's own launch shares the cores by
   design, so it is counted apart and said as such, not as "other programs".
@@ -353,8 +352,9 @@ class ContentionMeter:
     ``reader``: a `ProcReader` (the default). Tests pass scripted functions instead: ``busy()``,
     CPU-seconds the usable cores have been busy; ``ours()``, CPU-seconds of this process and its
     children; ``now()``, wall seconds; with ``cores``; and, for a launch of several local ranks,
-    ``siblings()``, CPU-seconds of the other ranks, with their count ``sibling_ranks``. A reader that fails turns the measurement
-    into "unknown" with the reason: measuring contention must never break the timing it describes.
+    ``siblings()``, CPU-seconds of the other ranks, with their count ``sibling_ranks``. A reader that
+    fails turns the measurement into "unknown" with the reason: measuring contention must never break
+    the timing it describes.
     """
 
     def __init__(self, reader: ProcReader | None = None, *, busy: Callable[[], float] | None = None,

@@ -68,6 +68,12 @@ def leaf_dtypes(value) -> list:
     return [leaf.dtype if isinstance(leaf, torch.Tensor) else None for _, leaf in _leaves(value)]
 
 
+def reduced_float_leaves(value) -> list[tuple[str, torch.dtype]]:
+    """(path, dtype) of each bf16/fp16 tensor leaf of a run's value: what a recipe's run returned in its dtype."""
+    return [(path, leaf.dtype) for path, leaf in _leaves(value)
+            if isinstance(leaf, torch.Tensor) and leaf.dtype in (torch.bfloat16, torch.float16)]
+
+
 def leaf_magnitudes(value, magnitude_of) -> dict[str, float]:
     """{leaf path: ``magnitude_of(leaf)``} for the leaves of a run's value it knows (not None)."""
     found = {}
