@@ -136,6 +136,11 @@ def malloc_held_bytes() -> int | None:
     return int(info.hblkhd) + int(info.uordblks)
 
 
+# A CPU block's RSS at its end this far above its start is trimmed and read again (`PeakMeter`): below it a
+# "kept" figure is not said anyway (budget.PUSHED, the same 1 MiB).
+KEPT_TRIM_BYTES = 2**20
+
+
 def malloc_trim() -> None:
     """Hand the heap pages malloc keeps from freed memory back to the OS (glibc's ``malloc_trim(0)``); nothing
     elsewhere. Before a CPU meter, after the estimator's dry runs, on ``%memory_budget release``."""
@@ -321,6 +326,13 @@ class PeakMeter:
             finally:
                 now = _status_kibs("VmHWM", "VmRSS")  # one read for both: this runs after every watched cell
                 peak, self.rss_after = max(now.get("VmHWM", 0), self._folded[0]), now.get("VmRSS")
+                if self.rss_after is not None and self.rss_after - before >= KEPT_TRIM_BYTES:
+                    # What looks kept may be heap glibc holds from freed tensors: a training step that kept
+                    # nothing read "80.6 MiB kept" (the step before it, the same work, none). Handed back
+                    # first, so the RSS as the block ended is what it holds; only then, since a trim after
+                    # a training step took up to 4 ms on the 2-core VM (docs/memory.md).
+                    malloc_trim()
+                    self.rss_after = _status_kibs("VmRSS").get("VmRSS", self.rss_after)
                 # What malloc handed out beyond what became resident: allocated, not yet written. malloc_trim
                 # above made the heap's free pages non-resident, so reusing them and writing grows RSS too.
                 held_after = malloc_held_bytes()
