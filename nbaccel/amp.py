@@ -29,6 +29,7 @@ import inspect
 import io
 import math
 import re
+import statistics
 import time
 from typing import Callable
 
@@ -159,12 +160,18 @@ def _gradient_report(base: _GradientProbe | None, amp: _GradientProbe, recipe: R
     tiny = torch.finfo(dtype).tiny if dtype == torch.bfloat16 else math.inf
     underflow = switched = nonzero = 0
     switched_largest, switched_sum, switched_count = 0.0, 0.0, 0  # the fp32 sizes: of them, of their tensors'
+    relative: list[float] = []  # per gradient tensor: ||amp - fp32|| / ||fp32||, over the entries finite in both
     if base is not None:
         for key, g_amp in amp.grads.items():
             g_base = base.grads.get(key)
             if g_base is None or not _same_entries(g_base, g_amp):
                 continue
             g_base, g_amp = _entries(g_base), _entries(g_amp)
+            finite = torch.isfinite(g_base) & torch.isfinite(g_amp)
+            reference = g_base[finite].double()
+            size = float(reference.norm())
+            if size > 0:
+                relative.append(float((g_amp[finite].double() - reference).norm()) / size)
             mask = g_base != 0
             nonzero += int(mask.sum())
             zeroed = mask & (g_amp == 0)
@@ -192,6 +199,11 @@ def _gradient_report(base: _GradientProbe | None, amp: _GradientProbe, recipe: R
         "switch_ops": list(switches),
         # fp32 values under this count as underflow when they became 0 (bf16); None: every zeroed one (fp16)
         "underflow_below": tiny if tiny < math.inf else None,
+        # How far the step's gradients moved, not only its loss (a trial's training step had drift on the loss
+        # alone): each tensor's error as a share of its fp32 size. Not with a GradScaler, whose scale in each
+        # run nbaccel does not read, so the two runs' gradients may be scaled apart.
+        "relative_error": (None if scaler_info.get("grad_scaler") or not relative else
+                           {"median": statistics.median(relative), "max": max(relative), "tensors": len(relative)}),
         **scaler_info,
     }
 

@@ -265,6 +265,11 @@ def _gradient_lines(result) -> list[str]:
         return []
     lines = [f"{g['tensors_with_grad']} tensors got gradients; overflow (inf/NaN): {g['overflow_tensors']} tensors, "
              f"{g['overflow_elements']} elements"]
+    moved = g.get("relative_error")
+    if moved:
+        lines.append(f"gradient drift against fp32: relative error (each tensor's L2 norm of the difference over its "
+                     f"fp32 norm) median {moved['median']:.2%}, max {moved['max']:.2%}, over "
+                     f"{plural(moved['tensors'], 'tensor')}")
     if g["underflow_fraction"] is not None:
         n = g["underflow_elements"]
         below = g.get("underflow_below")
