@@ -168,10 +168,11 @@ def _gradient_report(base: _GradientProbe | None, amp: _GradientProbe, recipe: R
                 continue
             g_base, g_amp = _entries(g_base), _entries(g_amp)
             finite = torch.isfinite(g_base) & torch.isfinite(g_amp)
-            reference = g_base[finite].double()
+            wide = torch.complex128 if g_base.is_complex() else torch.float64  # .double() drops an imaginary part
+            reference = g_base[finite].to(wide)
             size = float(reference.norm())
             if size > 0:
-                relative.append(float((g_amp[finite].double() - reference).norm()) / size)
+                relative.append(float((g_amp[finite].to(wide) - reference).norm()) / size)
             mask = g_base != 0
             nonzero += int(mask.sum())
             zeroed = mask & (g_amp == 0)
