@@ -643,6 +643,7 @@ def compare_amp(
                     add_note(exc, f"nbaccel.compare_amp: {hint}")
         if problem and hasattr(exc, "add_note"):
             add_note(exc, problem)
+        snapshot.release()  # put back (or not restorable): the traceback must not keep the copies alive
         raise
     return result
 
