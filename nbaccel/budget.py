@@ -739,7 +739,8 @@ def over_budget_words(record: CellRecord) -> str:
                f"{format_bytes(record.budget_bytes)} ({share_text(record.fraction)}); the block "
                f"{change_words(record, 'added ')}")
     if record.before_bytes > record.budget_bytes:
-        message += f", to the {format_bytes(record.before_bytes)} the process held already, over the budget alone"
+        message += (f"; the process already held {format_bytes(record.before_bytes)} as it began, which alone is over "
+                    "the budget")
     return message
 
 

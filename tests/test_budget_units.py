@@ -894,3 +894,15 @@ def test_the_rss_at_a_blocks_end_is_read_after_the_freed_heap_is_handed_back(mon
     threshold = memory.KEPT_TRIM_BYTES
     assert kept(2**62) > 40 * 2**20  # the heap glibc keeps: what the trim is for (else this test proves nothing)
     assert kept(threshold) < 4 * 2**20
+
+
+def test_a_scripts_oom_explanation_does_not_speak_of_a_kernel():
+    """A trial's script printed "OUT OF MEMORY on cpu (RuntimeError) -- the kernel is still alive" and exited with
+    status 1: outside IPython there is no kernel, and the error most likely ends the script."""
+    import subprocess
+    import sys
+
+    code = ("import torch, nbaccel\ntry:\n    with nbaccel.memory_budget('1GiB'):\n"
+            "        torch.empty(10**13, dtype=torch.uint8)\nexcept RuntimeError as e:\n    print(e.__notes__[0])\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True).stdout
+    assert out.splitlines()[0] == "OUT OF MEMORY on cpu (RuntimeError)", out

@@ -274,9 +274,18 @@ def _suggestion_lines(e) -> list[str]:
             for s in e.suggestions]
 
 
+def _still_alive() -> str:
+    """" -- the kernel is still alive" in IPython, where the session goes on; not in a script, which the error
+    most likely ends (a trial's script printed it and exited with status 1)."""
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return ""
+    return " -- the kernel is still alive" if get_ipython() is not None else ""
+
+
 def oom_text(e) -> str:
-    out = [f"OUT OF MEMORY on {e.device} ({e.error_type}) -- the kernel is still alive", prose("  " + e.message[:300]),
-           ""]
+    out = [f"OUT OF MEMORY on {e.device} ({e.error_type}){_still_alive()}", prose("  " + e.message[:300]), ""]
     out += map(prose, _oom_facts(e))
     if e.holders:
         out += ["", "largest holders in the namespace:", text_table(HOLDER_HEADERS, _holder_rows(e.holders),
