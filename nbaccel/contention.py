@@ -79,7 +79,10 @@ class ProcReader:
         # (CONFIG_PROC_CHILDREN); without it (some VM kernels), one scan of /proc now finds the
         # descendants that already exist, e.g. DataLoader workers started by the warmup runs.
         self._children_files = os.path.exists(f"{proc}/{own}/task/{own}/children")
-        self._known = set() if self._children_files else self._scan_descendants(own)
+        launched = _local_world_size() > 1
+        # one scan of /proc serves both: the descendants (without the children files) and the other ranks
+        parents = self._parents() if launched or not self._children_files else {}
+        self._known = set() if self._children_files else self._scan_descendants(own, parents)
         self.method = ("/proc/stat busy time of the usable cores (steal included) minus this process's and its "
                        "child processes' CPU time")
         if not self._children_files:
@@ -87,7 +90,7 @@ class ProcReader:
                             "kernel has no /proc/<pid>/task/<tid>/children to find them)")
         # Under torchrun each local rank is a child of the one agent process. A trial's rank 0 read "other
         # programs used 1.4 of the 2 cores ... re-run when the machine is quiet", 1.0 of it rank 1.
-        self.sibling_ranks = self._find_sibling_ranks(own) if _local_world_size() > 1 else []
+        self.sibling_ranks = self._find_sibling_ranks(own, parents) if launched else []
         self._sibling_last: dict[int, float] = {}
         if self.sibling_ranks:
             self.method += ("; this launch's other ranks: its launcher's other child processes with "
@@ -152,13 +155,13 @@ class ProcReader:
         fields = data[data.rindex(b")") + 2:].split()  # the name in (...) may hold spaces
         return sum(int(x) for x in fields[11:15]) / self.hz  # utime stime cutime cstime
 
-    def _find_sibling_ranks(self, own: int) -> list[int]:
+    def _find_sibling_ranks(self, own: int, parents: dict[int, int]) -> list[int]:
         """The other children of this process's parent that carry the launch's ``LOCAL_WORLD_SIZE`` and a
         ``LOCAL_RANK``: the launch's other local ranks. The environment is checked because a parent such as
         a Jupyter server has other children (other kernels) that are other programs."""
         parent, size = os.getppid(), os.environ.get("LOCAL_WORLD_SIZE")
         found = []
-        for pid, ppid in self._parents().items():
+        for pid, ppid in parents.items():
             if ppid != parent or pid == own:
                 continue
             try:
@@ -205,8 +208,7 @@ class ProcReader:
                     continue
         return parents
 
-    def _scan_descendants(self, pid: int) -> set[int]:
-        parents = self._parents()
+    def _scan_descendants(self, pid: int, parents: dict[int, int]) -> set[int]:
         found, todo = set(), [pid]
         while todo:
             parent = todo.pop()

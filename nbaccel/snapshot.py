@@ -428,10 +428,8 @@ class Snapshot:
         """Drop the host copies (once nothing will be restored from them): a failed comparison's traceback keeps
         its frames, and through them this snapshot, alive until the next error (a trial's failed %%amp kept a
         200 MiB copy, "216 MiB kept", that nothing under the error explained)."""
-        for copies in (self.bindings, self.rng):
-            copies.clear()
-        for copies in (self.tensors, self.modules, self.optimizer_groups, self.stateful, self.containers,
-                       self.generators):
+        for copies in (self.bindings, self.rng, self.tensors, self.modules, self.optimizer_groups, self.stateful,
+                       self.containers, self.generators):
             copies.clear()
 
     def describe_left_out(self) -> str | None:

@@ -277,11 +277,9 @@ def _suggestion_lines(e) -> list[str]:
 def _still_alive() -> str:
     """" -- the kernel is still alive" in IPython, where the session goes on; not in a script, which the error
     most likely ends (a trial's script printed it and exited with status 1)."""
-    try:
-        from IPython import get_ipython
-    except ImportError:
-        return ""
-    return " -- the kernel is still alive" if get_ipython() is not None else ""
+    from .display import running_shell
+
+    return " -- the kernel is still alive" if running_shell() is not None else ""
 
 
 def oom_text(e) -> str:

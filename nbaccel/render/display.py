@@ -27,10 +27,10 @@ def widgets_available() -> bool:
         return False
     if WIDGETS == "always":
         return True
-    return in_kernel(_shell())
+    return in_kernel(running_shell())
 
 
-def _shell():
+def running_shell():
     """The running IPython shell, or None (a plain script, or no IPython installed)."""
     try:
         from IPython import get_ipython
@@ -73,7 +73,7 @@ def mime_bundle(result) -> dict:
 
 def display_result(result, display=None) -> None:
     if display is None:
-        if _shell() is None:  # a plain script: IPython's display() would print the bundle's dict
+        if running_shell() is None:  # a plain script: IPython's display() would print the bundle's dict
             print(renderer(result).text(result))
             return
         from IPython.display import display
