@@ -15,7 +15,7 @@ inputs' dtype, which is the same for the advice ("try %%amp" cannot help it).
 
 from __future__ import annotations
 
-from .analysis.phases import inside_rows
+from .analysis.phases import backward_node_makers, inside_rows
 
 _CDIST = frozenset({"aten::cdist", "aten::_cdist_forward", "aten::_euclidean_dist"})
 # pinverse is on the CPU's fp32 list; linalg_pinv, which it calls, is not: torch.linalg.pinv's own mm runs in
@@ -27,7 +27,10 @@ KEPT_FP32 = {"cpu": _CDIST | {"aten::pinverse", "aten::_scaled_dot_product_atten
 
 def kept_fp32_by(ops: dict, device_type: str) -> list[str | None]:
     """For each op: the outermost op around it (or itself) that autocast keeps in fp32 on
-    ``device_type``, whose matmuls stay fp32 whatever the recipe; None for the others."""
+    ``device_type``, whose matmuls stay fp32 whatever the recipe; "<op>'s backward" for the autograd
+    nodes such an op's forward made and the ops nested in them (their inputs are the forward's fp32
+    tensors: a trial's attention fallback had its forward bmm left out of "try %%amp" and its
+    BmmBackward0's bmm, a quarter of the time, counted in); None for the others."""
     kept = KEPT_FP32.get(device_type, _CDIST)
     names, parent = ops["name"], ops["parent"]
     out: list[str | None] = [None] * len(names)
@@ -39,4 +42,10 @@ def kept_fp32_by(ops: dict, device_type: str) -> list[str | None]:
             if names[j] in kept:
                 out[i] = names[j]
             j = parent[j]
+    makers = backward_node_makers(ops, lambda row: out[row] is not None)
+    for i in inside_rows(parent, makers):
+        j = i
+        while j not in makers:  # the node it is nested in
+            j = parent[j]
+        out[i] = f"{out[makers[j]]}'s backward"
     return out

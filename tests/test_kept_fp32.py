@@ -87,3 +87,23 @@ def test_profile_gpu_of_cdist_sends_nobody_to_amp_or_to_padding(run_cell, ip, cp
                              line).group(1))
     table = prof.ops.groupby("name")["percent"].sum()["aten::mm"]
     assert counted + inside == pytest.approx(table, abs=0.11)
+
+
+def test_the_backward_of_a_kept_op_is_kept_too():
+    """A trial's attention math fallback: its forward bmm were left out of "try %%amp", and the bmm of
+    its BmmBackward0 nodes (fp32, as the forward's tensors are), a quarter of the time, counted in."""
+    q = torch.randn(2, 2, 64, 64, requires_grad=True)
+    v = torch.randn(2, 2, 64, 32, requires_grad=True)
+    w = torch.randn(64, 64, requires_grad=True)
+    with nbaccel.profile(device="cpu") as prof:
+        torch.nn.functional.scaled_dot_product_attention(q, q, v).sum().backward()
+        (w @ w).sum().backward()  # a matmul's own backward: castable
+    ops, kept = prof.result.op_columns, prof.result.kept_fp32_by
+    nodes = [i for i, name in enumerate(ops["name"]) if name in ("BmmBackward0", "MmBackward0")]
+    by_node = {ops["name"][i]: {kept[j] for j, p in enumerate(ops["parent"]) if p == i} for i in nodes}
+    assert by_node == {"BmmBackward0": {"aten::_scaled_dot_product_attention_math's backward"},
+                       "MmBackward0": {None}}
+    assert {kept[i] for i in nodes} == {"aten::_scaled_dot_product_attention_math's backward", None}
+    # a trace without sequence numbers: the forward alone, as before
+    seqless = dict(ops, sequence=[None] * len(ops["name"]))
+    assert not any(k and k.endswith("backward") for k in kept_fp32_by(seqless, "cpu"))

@@ -239,27 +239,34 @@ def inside_normalization(categories: list, parent: list) -> list[bool]:
     return [p >= 0 and bool(scope[p]) for p in parent]
 
 
-def in_backward_of(cols: dict, forward: list[bool]) -> list[bool]:
-    """Whether each op runs in the backward of an op flagged in ``forward``: the autograd node a forward op
-    made carries its sequence number (the profiler's "Sequence number"; forward ops have "Fwd thread id" 0,
-    a backward node the forward thread's), and so does every op recorded until the next node is made, so
-    a node's forward op is the last forward op with its number that started before it (that op, or one
-    nested in it). The node and every op nested in it are flagged. A CPU RMSNorm's backward is the nodes
-    of its ``pow``/``mean``/``rsqrt``/``mul`` (``PowBackward0``...), outside any norm op: a trial's
-    breakdown filed it under elementwise and reduction, the forward under normalization."""
-    n = len(cols["name"])
+def backward_node_makers(cols: dict, wanted=None) -> dict[int, int]:
+    """Autograd node row -> the row of the forward op that made it: the node carries the forward op's
+    sequence number (the profiler's "Sequence number"; forward ops have "Fwd thread id" 0, a backward
+    node the forward thread's), and so does every op recorded until the next node is made, so a node's
+    forward op is the last forward op with its number that started before it (that op, or one nested in
+    it). ``wanted(row)``: keep only the nodes whose maker it accepts. Empty for a trace without the numbers."""
     seq, fwd = cols.get("sequence"), cols.get("forward_tid")
-    if not seq or not any(forward) or all(s is None for s in seq):
-        return [False] * n
+    if not seq or all(s is None for s in seq):
+        return {}
     maker: dict = {}  # sequence number -> row of the last forward op with it so far
-    nodes = set()
-    for i in sorted(range(n), key=cols["ts_us"].__getitem__):
+    nodes: dict[int, int] = {}
+    for i in sorted(range(len(seq)), key=cols["ts_us"].__getitem__):
         if seq[i] is None:
             continue
         if not fwd[i]:
             maker[seq[i]] = i
-        elif seq[i] in maker and forward[maker[seq[i]]]:
-            nodes.add(i)
+        elif seq[i] in maker and (wanted is None or wanted(maker[seq[i]])):
+            nodes[i] = maker[seq[i]]
+    return nodes
+
+
+def in_backward_of(cols: dict, forward: list[bool]) -> list[bool]:
+    """Whether each op runs in the backward of an op flagged in ``forward``: the autograd nodes those
+    ops made (`backward_node_makers`) and every op nested in one. A CPU RMSNorm's backward is the nodes
+    of its ``pow``/``mean``/``rsqrt``/``mul`` (``PowBackward0``...), outside any norm op: a trial's
+    breakdown filed it under elementwise and reduction, the forward under normalization."""
+    n = len(cols["name"])
+    nodes = backward_node_makers(cols, forward.__getitem__) if any(forward) else {}
     if not nodes:
         return [False] * n
     return _nearest_verdict(cols["parent"], lambda j: True if j in nodes else None)
