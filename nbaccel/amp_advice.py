@@ -190,13 +190,15 @@ def _unfirm_timing(result: AmpResult) -> str | None:
     # contention that cannot explain the ratio (`AmpResult.beyond_contention`) does not make it unfirm
     overlap = result.speedup_uncertain
     contended = result.times_contended
-    if not overlap and not contended:
+    wide = result.spread_too_wide
+    if not overlap and not contended and not wide:
         return None
-    why = " and ".join(w for w, on in (("the two variants' IQRs overlap", overlap),
-                                       ("other programs competed for the CPU", contended)) if on)
+    spread = f"{' and '.join(wide)}'s runs varied by more than half {'their medians' if len(wide) > 1 else 'its median'}"
+    reasons = [w for w, on in (("the two variants' IQRs overlap", overlap), (spread, wide and not overlap),
+                               ("other programs competed for the CPU", contended)) if on]
     fix = " and ".join(f for f, on in (("when the machine is quiet", contended),
-                                       (f"with a larger {option('repeat')}", overlap)) if on)
-    return f"{why} (see the warning{'s' if overlap and contended else ''}): re-run {fix}"
+                                       (f"with a larger {option('repeat')}", overlap or wide)) if on)
+    return f"{' and '.join(reasons)} (see the warning{'s' if len(reasons) > 1 else ''}): re-run {fix}"
 
 
 def _beyond_autocast(result: AmpResult) -> dict[str, list[str]]:
@@ -528,15 +530,15 @@ def advise(result: AmpResult) -> list[str]:
         if speedup < NO_SPEEDUP_BELOW:
             notes.append(_no_speedup(result, speedup, dtype))
         else:
-            if not result.speedup_uncertain and result.times_contended:
+            unfirm = _unfirm_timing(result)
+            if unfirm is None:
+                line = f"{label} is {speedup:.2f}x faster here."
+            elif not result.speedup_uncertain and not result.spread_too_wide:
                 # Not "is faster": the warning says other programs took the CPU during the timed runs.
                 line = (f"{label} measured {format_ratio(speedup, firm=False)} faster, but while other programs "
                         "competed for the CPU (see the warning): re-run when the machine is quiet before relying on it.")
-            elif not result.speedup_uncertain:
-                line = f"{label} is {speedup:.2f}x faster here."
             else:  # the headline says "uncertain"; the advice says why and what settles it (a trial found it silent)
-                line = (f"{label} measured {format_ratio(speedup, firm=False)} faster, but {_unfirm_timing(result)} "
-                        "before relying on it.")
+                line = f"{label} measured {format_ratio(speedup, firm=False)} faster, but {unfirm} before relying on it."
             notes.append(line + _without_units(info, dtype))
     unaligned = _significant_unaligned(result)
     dims = sorted({d for m in unaligned for d in m["unaligned"] if padding_worth_it(d)})[:6]

@@ -32,6 +32,9 @@ NO_SPEEDUP_BELOW = 1.05  # a measured ratio under this is reported as no speedup
 # A ratio this many times what other programs' measured load could cause (`AmpResult.beyond_contention`) is
 # the variants' own, contention or not: 1.5 leaves room for load that came in bursts.
 BEYOND_CONTENTION = 1.5
+# A variant whose IQR is over half its median: the ranking may hold (the IQRs apart), the size does not
+# (a trial under load read a firm "34.79x" from 3 runs whose IQR was 2511% of the median).
+WIDE_SPREAD = 0.5
 
 
 def _empty_frame() -> pd.DataFrame:
@@ -160,6 +163,14 @@ class AmpResult(ResultMixin):
         than 3 timed runs (no spread to judge by)."""
         return self.baseline is not None and (too_few_runs(self)
                                               or speedup_is_uncertain(self.baseline.times, self.amp.times))
+
+    @property
+    def spread_too_wide(self) -> list[str]:
+        """The variants whose runs spread past `WIDE_SPREAD` (IQR / median), with enough runs to say so:
+        their ratio is shown hedged, to two significant digits, whether or not the IQRs overlap."""
+        if self.baseline is None or too_few_runs(self):
+            return []
+        return [v.name for v in (self.baseline, self.amp) if v.times.relative_spread > WIDE_SPREAD]
 
     @property
     def speedup_span(self) -> tuple[float, float] | None:
@@ -334,7 +345,7 @@ class AmpResult(ResultMixin):
         (`Contention.slowdown_bound`). A trial: fp16 20x slower than fp32 (a CPU without AMX-FP16)
         while others took one of the two cores was hedged as "re-run when the machine is quiet"."""
         speedup = self.speedup
-        if not speedup or self.contention is None or self.speedup_uncertain:
+        if not speedup or self.contention is None or self.speedup_uncertain or self.spread_too_wide:
             return False
         slower = "fp32" if speedup > 1 else self.amp.name
         bound = self.contention.slowdown_bound(slower)

@@ -268,16 +268,20 @@ class Contention:
 
     def slowdown_bound(self, span: str) -> float | None:
         """The most other programs' measured load could have slowed ``span``'s code: its threads had at
-        least the cores the others left free, on average. None when not measured, or when the others left
-        under a quarter of a core (then any slowdown is possible)."""
+        least the cores the others left free, on average, so one thread is slowed by at most 1 / free
+        cores, and threads that each had a free core not at all. None when not measured, when the others
+        left under a quarter of a core, or when torch's threads outnumbered the free cores: then any
+        slowdown is possible, as threads that share a core hold up every parallel region at its barrier
+        (a trial's CNN step took 295 ms with 2 threads while another program kept one of 2 cores busy,
+        15.8 ms with 1; a threads / free-cores bound of 2x let another trial claim a firm 34.79x)."""
         others = self.others_cores(span)
         if others is None or not self.cores:
             return None
         free = self.cores - others
-        if free < 0.25:
-            return None
         threads = min(self.threads or 1, self.cores)
-        return max(1.0, threads / min(free, threads))
+        if free < 0.25 or (threads > 1 and free < threads):
+            return None
+        return max(1.0, 1 / free) if threads == 1 else 1.0
 
     def contended_spans(self) -> list[str | None]:
         """The figures (None = all spans together) that reach the threshold: others averaged at

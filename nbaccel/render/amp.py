@@ -39,13 +39,16 @@ def _no_torch_ops(result) -> bool:
 
 
 def _speedup_flags(result) -> list[str]:
-    """What qualifies a measured speedup: its variants' IQRs overlap (with the span they allow), other
-    programs took the CPU, its reduced precision was emulated (``--emulated``: fp16 on a CPU without its units)."""
+    """What qualifies a measured speedup: its variants' IQRs overlap (with the span they allow), a variant's
+    runs spread past half its median (`AmpResult.spread_too_wide`), other programs took the CPU, its reduced precision was emulated (``--emulated``: fp16 on a CPU without its units)."""
     span = result.speedup_span
     uncertain = f"uncertain: {format_ratio(span[0], firm=False)}-{format_ratio(span[1], firm=False)} across the IQRs" if span else "uncertain"
     emulated = f"{result.amp.name} emulated: not its speed on fp16 hardware"
-    return [w for w, on in ((uncertain, result.speedup_uncertain), ("contended", _contended(result)),
-                            (emulated, result.amp.recipe.emulated)) if on]
+    wide = result.spread_too_wide
+    noisy = "noisy: " + ", ".join(f"{v.name}'s IQR {v.times.relative_spread:.0%} of its median"
+                                  for v in (result.baseline, result.amp) if v.name in wide)
+    return [w for w, on in ((uncertain, result.speedup_uncertain), (noisy, wide and not result.speedup_uncertain),
+                            ("contended", _contended(result)), (emulated, result.amp.recipe.emulated)) if on]
 
 
 def speedup_figure(result, flags: list[str] | None = None) -> str:
