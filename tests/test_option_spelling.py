@@ -321,6 +321,9 @@ def test_a_value_refused_for_its_hash_says_a_comment_needs_a_space(run_cell, ip,
     ("%%amp ran.__add__(1)", "unrecognized arguments: ran.__add__(1) (code goes in the cell, on the lines below %%amp "
                              "and its options)"),
     ("%%profile_gpu --top 3 ran.__add__(1)", "(code goes in the cell, on the lines below %%profile_gpu and its options)"),
+    # a trial 33 matmul, with no call or bracket to tell it by: IPython's "the cell body is empty" alone
+    ("%%amp ran @ ran", "unrecognized arguments: ran @ ran (code goes in the cell, on the lines below %%amp"),
+    ("%%profile_gpu -q ran + 1", "unrecognized arguments: ran + 1 (code goes in the cell, on the lines below"),
 ])
 def test_options_or_code_on_the_wrong_side_of_the_magic_line_say_where_they_go(run_cell, ip, cell, said):
     run_cell("ran = 0")

@@ -547,8 +547,10 @@ class HelpWithoutBody:
         return [lines[0].rstrip("\n") + "\n", "\n"]
 
 
-# A word on a cell magic's line that is code, not an option's value: a call, an index, an assignment.
-_CODE_LIKE = re.compile(r"[()\[\]=]")
+# A word on a cell magic's line that is code, not an option's value: a call, an index, an assignment, a
+# matmul, or a binary operator standing alone (a trial's `%%amp x @ x` read only IPython's "the cell body
+# is empty"). Not "/" or "%": option values hold paths and "50%".
+_CODE_LIKE = re.compile(r"[()\[\]=@]|^(\*\*?|\+|<<|>>|[<>|&^])$")
 
 
 _DTYPE_LIKE = re.compile(r"(torch\.)?(b?f(p|loat)?|bfloat|half|tf|int|double|auto)\d*", re.I)
