@@ -345,11 +345,14 @@ def token_figures(leaf: dict, name: str) -> str:
     text += f"agree at {share_words(leaf['agree'], leaf['compared'])} of the {leaf['compared']} {unit}; "
     median = median_divergence(leaf)
     verb = divergence_verb(bool(leaf["prompt"]))
+    # "after 0 of 16 new tokens" (a trial) reads as nothing happened: at once, it is "at the first"
+    where = f"at the first of {n} {unit}" if median == 0 else f"after {median:g} of {n} {unit}"
     if sequences == 1:
-        return text + f"the sequence {'' if leaf['prompt'] else 'first '}{verb}s after {median:g} of {n} {unit}"
-    return (text + f"{leaf['diverged']} of {sequences} sequences {verb}, first after {median:g} of {n} {unit} "
+        first = "" if leaf["prompt"] or median == 0 else "first "
+        return text + f"the sequence {first}{verb}s {where}"
+    return (text + f"{leaf['diverged']} of {sequences} sequences {verb}{' ' if median == 0 else ', first '}{where} "
             f"(median of the {leaf['diverged']})" if leaf["diverged"] > 1 else
-            text + f"1 of {sequences} sequences {verb}s, after {median:g} of {n} {unit}")
+            text + f"1 of {sequences} sequences {verb}s, {where}")
 
 
 def divergence_verb(generated: bool) -> str:

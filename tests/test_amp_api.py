@@ -2584,6 +2584,21 @@ def test_a_1d_long_tensor_is_one_sequence():
     assert with_prompt["leaves"][0]["prompt"] == 2 and with_prompt["leaves"][0]["first_divergence"] == [1]
 
 
+def test_a_divergence_at_the_first_new_token_reads_at_the_first():
+    """A trial read "the sequence diverges after 0 of 16 new tokens"."""
+    from nbaccel.drift import compare_tokens, token_figures
+
+    prompt = torch.tensor([[5, 6]])
+    one = compare_tokens(torch.tensor([[5, 6, 1, 2, 3]]), torch.tensor([[5, 6, 9, 2, 3]]), [prompt])["leaves"][0]
+    assert token_figures(one, "bf16") == "agree at 67% of the 3 new tokens; the sequence diverges at the first of 3 new tokens"
+    alone = compare_tokens(torch.tensor([1, 2, 3, 4]), torch.tensor([0, 2, 3, 4]))["leaves"][0]
+    assert token_figures(alone, "bf16").endswith("the sequence differs at the first of 4 positions")
+    both = compare_tokens(torch.tensor([[5, 6, 1, 2], [5, 6, 3, 4]]), torch.tensor([[5, 6, 0, 2], [5, 6, 0, 4]]),
+                          [prompt.expand(2, 2)])["leaves"][0]
+    assert token_figures(both, "bf16").endswith("2 of 2 sequences diverge at the first of 2 new tokens "
+                                                "(median of the 2)")
+
+
 @pytest.mark.parametrize("value", [
     torch.tensor(12),  # a step counter
     torch.tensor([True, False, True]),  # a mask

@@ -70,8 +70,8 @@ class AmpMagics(Magics):
         cell's last value, which ops ran in reduced precision, gradient overflow/underflow (fp16),
         FLOP/s and advice. Before every run the namespace, tensors, modules, optimizers,
         schedulers, GradScalers, RNG states and torch's global settings (grad mode, default dtype,
-        autocast, TF32/cuDNN flags, threads...) are restored, so afterwards your variables are exactly as after
-        one run of the cell under the recipe.
+        autocast, TF32/cuDNN flags, threads...) are restored, so afterwards your variables are
+        exactly as after one run of the cell under the recipe.
 
             %%amp --dtype bf16 --repeat 10 -r res
             loss = train_step(model, batch)
