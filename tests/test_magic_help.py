@@ -7,6 +7,8 @@ import re
 import pytest
 from IPython.core.error import UsageError
 
+from nbaccel.render.common import TEXT_WIDTH
+
 # magic as typed, a cell for cell magics (None for line magics), options its help must list
 MAGICS = {
     "%nbaccel_env": (None, ["--result", "--json", "--quiet"]),
@@ -37,6 +39,9 @@ def test_help_prints_the_usage_and_runs_nothing(run_cell, ip, magic, flag):
     assert captured.stdout.strip() == re.sub(r"^::\s*\n", "", doc.lstrip()).strip()
     assert result.result is None and not captured.outputs
     assert ip.user_ns["ran"] == 0, "the cell ran"
+    # as wide as nbaccel's other text (a trial found a 103-column line in %%amp's docstring)
+    wide = [line for line in captured.stdout.splitlines() if len(line) > TEXT_WIDTH]
+    assert not wide, wide
 
 
 def test_help_wins_over_other_options_and_a_missing_path(run_cell):

@@ -160,8 +160,8 @@ class BudgetMagics(Magics):
             %memory_budget 6GiB            # from now on, every cell is measured against 6 GiB
             %memory_budget 0.8 --strict    # 80% of the device; going over fails the cell
             %memory_budget 20GiB --enforce # CUDA: the allocator is capped at 20 GiB
-            %memory_budget                 # status (also: %memory_budget status): budget, last cells' peaks,
-                                           # what holds memory now
+            %memory_budget                 # status (also: %memory_budget status): budget,
+                                           # last cells' peaks, what holds memory now
             %memory_budget off             # remove the budget, its hooks, handler and cap
             %memory_budget release         # drop the last error and the tensors its traceback kept alive
             %memory_budget 80GiB --model model --optimizer adamw --batch 32 --input x
