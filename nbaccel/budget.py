@@ -369,6 +369,22 @@ class CellRecord:
         held = self.after_bytes if self.after_bytes is not None else self.used_bytes
         return held + self.unwritten_total_bytes
 
+    def change_words(self, added: str = "") -> str:
+        """What the cell did to usage, for the "added" column: its peak over the start ("700 MiB"), and what
+        it gave back by its end where that is more than noise ("freed 700 MiB" for ``del b``, which added 0 B).
+        A cell that rose and came back down says how much it kept: a user trial re-ran ``emb = Embedding(...)``,
+        read "added 390 MiB" and saw the usage unchanged (the new table is made before the old one is dropped).
+        ``added`` goes before the first figure ("added 700 MiB") in a sentence."""
+        grew = added + format_bytes(self.added_bytes)
+        if self.freed_bytes < PUSHED:
+            kept = None if self.after_bytes is None else max(0, self.after_bytes - self.before_bytes)
+            if kept is None or self.added_bytes < PUSHED or self.added_bytes - kept < PUSHED:
+                return grew
+            kept = format_bytes(kept) if kept >= PUSHED else "none"
+            return f"{grew} at its peak and kept {kept}" if added else f"{grew}, {kept} kept"
+        freed = f"freed {format_bytes(self.freed_bytes)}"
+        return freed if self.added_bytes < PUSHED else f"{grew}, {freed}"
+
     @property
     def freed_bytes(self) -> int:
         """What the cell gave back: usage at its start minus usage at its end (0 when it ended higher).
@@ -733,11 +749,9 @@ def over_budget_words(record: CellRecord) -> str:
     """A script's BudgetWarning (and BudgetExceeded): the peak, what the block itself added, and where the
     process alone was over the budget before it (a trial's warning gave the peak only). A block that adds
     nothing to a process already over is "already over", and not warned of (as a cell is not)."""
-    from .render.budget import change_words
-
     message = (f"{record.label} peaked at {format_bytes(record.used_bytes)}, over the budget of "
                f"{format_bytes(record.budget_bytes)} ({share_text(record.fraction)}); the block "
-               f"{change_words(record, 'added ')}")
+               f"{record.change_words('added ')}")
     if record.before_bytes > record.budget_bytes:
         message += (f"; the process already held {format_bytes(record.before_bytes)} as it began, which alone is over "
                     "the budget")

@@ -43,27 +43,10 @@ def _text_gauge(fraction: float | None, width: int = 30) -> str:
     return "[" + "#" * filled + "." * (width - filled) + "]"
 
 
-def change_words(r, added: str = "") -> str:
-    """What the cell did to usage, for the "added" column: its peak over the start ("700 MiB"), and what
-    it gave back by its end where that is more than noise ("freed 700 MiB" for ``del b``, which added 0 B).
-    A cell that rose and came back down says how much it kept: a user trial re-ran ``emb = Embedding(...)``,
-    read "added 390 MiB" and saw the usage unchanged (the new table is made before the old one is dropped).
-    ``added`` goes before the first figure ("added 700 MiB") in a sentence."""
-    grew = added + format_bytes(r.added_bytes)
-    if r.freed_bytes < PUSHED:
-        kept = None if r.after_bytes is None else max(0, r.after_bytes - r.before_bytes)
-        if kept is None or r.added_bytes < PUSHED or r.added_bytes - kept < PUSHED:
-            return grew
-        kept = format_bytes(kept) if kept >= PUSHED else "none"
-        return f"{grew} at its peak and kept {kept}" if added else f"{grew}, {kept} kept"
-    freed = f"freed {format_bytes(r.freed_bytes)}"
-    return freed if r.added_bytes < PUSHED else f"{grew}, {freed}"
-
-
 def _cell_line(r) -> str:
     extra = f", allocated peak {format_bytes(r.allocated_peak_bytes)}" if r.allocated_peak_bytes is not None else ""
     return (f"{format_bytes(r.used_bytes)} of {format_bytes(r.budget_bytes)} ({share_text(r.fraction)}); the cell "
-            f"{change_words(r, 'added ')}{extra}")
+            f"{r.change_words('added ')}{extra}")
 
 
 def free_memory_hint(device: str) -> str:
@@ -164,7 +147,7 @@ def ranks_text(rows) -> str:
 
 
 def _history_rows(records, last=10):
-    return [[r.label, format_bytes(r.used_bytes), share_text(r.fraction), change_words(r),
+    return [[r.label, format_bytes(r.used_bytes), share_text(r.fraction), r.change_words(),
              format_bytes(r.allocated_peak_bytes) if r.allocated_peak_bytes is not None else "-",
              r.status + (f" (under {r.harness})" if r.harness else ""), format_seconds(r.seconds)]
             for r in records[-last:]]
