@@ -104,11 +104,16 @@ def _redirect():
 
 
 class _GradientProbe:
-    """Post-accumulate hooks on every leaf tensor that requires grad: what backward produced."""
+    """Post-accumulate hooks on every leaf tensor that requires grad: what backward produced; and, as the
+    run ends, what the step did to each such tensor that got a gradient (``updates``: after minus before,
+    ``before`` being the snapshot's copies, `_TensorCopy`)."""
 
-    def __init__(self, tensors):
-        self.tensors = [t for t in tensors if t.is_leaf and t.requires_grad]
+    def __init__(self, copies):
+        copies = [c for c in copies if c.tensor.is_leaf and c.tensor.requires_grad]
+        self.tensors = [c.tensor for c in copies]
         self.grads: dict[int, torch.Tensor] = {}
+        self.updates: dict[int, torch.Tensor | None] = {}
+        self._before = {id(c.tensor): c.data for c in copies if c.overlap is None}
         self._handles = []
 
     def __enter__(self):
@@ -127,6 +132,24 @@ class _GradientProbe:
         for h in self._handles:
             h.remove()
         self._handles.clear()
+        if exc[0] is None:
+            self._read_updates()
+        self._before.clear()  # the snapshot's own copies: not kept alive by the probe
+
+    def _read_updates(self):
+        """Each updated tensor's step, after minus before, subtracted in float64: two fp32 values' difference
+        is exact there (in fp32 a 1e-7 step on a weight of 0.1 would be rounded by 7%), then kept in fp32."""
+        for t in self.tensors:
+            before = self._before.get(id(t))
+            if (id(t) not in self.grads or before is None or t.layout != torch.strided or t.is_nested
+                    or t.shape != before.shape or t.dtype != before.dtype
+                    or not (t.is_floating_point() or t.is_complex())):
+                continue
+            wide, kept = ((torch.complex128, torch.complex64) if t.is_complex() else (torch.float64, torch.float32))
+            kept = t.dtype if t.dtype in (torch.float64, torch.complex128) else kept
+            step = t.detach().to("cpu", wide) - before.to(wide)
+            # None: not moved (no optimizer step, or one a GradScaler skipped), without a copy of zeros
+            self.updates[id(t)] = step.to(kept) if bool(step.any()) else None
 
 
 def _entries(grad: torch.Tensor) -> torch.Tensor:
@@ -161,18 +184,16 @@ def _gradient_report(base: _GradientProbe | None, amp: _GradientProbe, recipe: R
     underflow = switched = nonzero = 0
     switched_largest, switched_sum, switched_count = 0.0, 0.0, 0  # the fp32 sizes: of them, of their tensors'
     relative: list[float] = []  # per gradient tensor: ||amp - fp32|| / ||fp32||, over the entries finite in both
+    stepped = _relative_errors(base.updates, amp.updates) if base is not None else []
     if base is not None:
         for key, g_amp in amp.grads.items():
             g_base = base.grads.get(key)
             if g_base is None or not _same_entries(g_base, g_amp):
                 continue
             g_base, g_amp = _entries(g_base), _entries(g_amp)
-            finite = torch.isfinite(g_base) & torch.isfinite(g_amp)
-            wide = torch.complex128 if g_base.is_complex() else torch.float64  # .double() drops an imaginary part
-            reference = g_base[finite].to(wide)
-            size = float(reference.norm())
-            if size > 0:
-                relative.append(float((g_amp[finite].to(wide) - reference).norm()) / size)
+            error = _relative_error(g_amp, g_base)
+            if error is not None:
+                relative.append(error)
             mask = g_base != 0
             nonzero += int(mask.sum())
             zeroed = mask & (g_amp == 0)
@@ -203,10 +224,41 @@ def _gradient_report(base: _GradientProbe | None, amp: _GradientProbe, recipe: R
         # How far the step's gradients moved, not only its loss (a trial's training step had drift on the loss
         # alone): each tensor's error as a share of its fp32 size. Not with a GradScaler, whose scale in each
         # run nbaccel does not read, so the two runs' gradients may be scaled apart.
-        "relative_error": (None if scaler_info.get("grad_scaler") or not relative else
-                           {"median": statistics.median(relative), "max": max(relative), "tensors": len(relative)}),
+        "relative_error": None if scaler_info.get("grad_scaler") else _spread_of(relative),
+        # ... and how far the step the optimizer took moved: each updated tensor's step (after minus before)
+        # against fp32's. A GradScaler's unscaled gradients are what the step used, so it is given there too
+        # (gradient drift is not); a step the scaler skipped reads 100%.
+        "update_error": _spread_of(stepped),
         **scaler_info,
     }
+
+
+def _relative_error(a: torch.Tensor, b: torch.Tensor) -> float | None:
+    """||a - b|| / ||b|| over the entries finite in both, in float64 (complex128 for complex: .double() drops
+    an imaginary part); None where b is 0 there."""
+    finite = torch.isfinite(a) & torch.isfinite(b)
+    wide = torch.complex128 if b.is_complex() else torch.float64
+    reference = b[finite].to(wide)
+    size = float(reference.norm())
+    return float((a[finite].to(wide) - reference).norm()) / size if size > 0 else None
+
+
+def _relative_errors(base: dict, amp: dict) -> list[float]:
+    """Per tensor both runs updated, fp32's step moving it: the recipe's step's relative error (`_relative_error`);
+    1 (100%) where the recipe's did not move it."""
+    out = []
+    for key, a in amp.items():
+        b = base.get(key)
+        if b is None or (a is not None and a.shape != b.shape):
+            continue
+        error = 1.0 if a is None else _relative_error(a, b)
+        if error is not None:
+            out.append(error)
+    return out
+
+
+def _spread_of(errors: list[float]) -> dict | None:
+    return {"median": statistics.median(errors), "max": max(errors), "tensors": len(errors)} if errors else None
 
 
 def _scaler_scales(snapshot: Snapshot) -> list[float]:
@@ -439,7 +491,7 @@ class _Runner:
         token ids (`drift.compare_tokens` reads the fp32 run's only)."""
         __tracebackhide__ = True  # noqa: F841 - IPython hides nbaccel's frames from the user's traceback
         self.start(recipe)
-        probe = _GradientProbe(c.tensor for c in self.snapshot.tensors)
+        probe = _GradientProbe(self.snapshot.tensors)
         audit = OpAudit(keep_embedding_ids)
         scales_before = _scaler_scales(self.snapshot)
         with self.silence(), apply_recipe(recipe), probe, audit, _ScalerUse() as scaler_use:

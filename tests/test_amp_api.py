@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
 import random
@@ -2799,6 +2800,81 @@ def test_no_gradient_drift_is_given_under_a_grad_scaler():
     res = nbaccel.compare_amp(step, repeat=2, warmup=0, state=[model, opt, scaler])
     assert res.gradients["grad_scaler"] and res.gradients["relative_error"] is None
     assert "gradient drift" not in str(res)
+
+
+def _mlp_step(optimizer_class, scaler=None, step=True, **kwargs):
+    """A 64-128-4 GELU MLP's cross-entropy training step, and its state for compare_amp."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.GELU(), torch.nn.Linear(128, 4))
+    opt = optimizer_class(model.parameters(), **kwargs)
+    x, y = torch.randn(32, 64), torch.randint(0, 4, (32,))
+
+    def run():
+        opt.zero_grad()
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        (scaler.scale(loss) if scaler else loss).backward()
+        if step:
+            (scaler.step(opt), scaler.update()) if scaler else opt.step()
+        return loss.detach()
+
+    return model, opt, run
+
+
+def test_update_drift_is_each_tensors_step_against_fp32s():
+    """Gradient drift covered the gradients only, not the step the optimizer took with them (nothing at all
+    under a GradScaler). Adam's step is not the gradient's: checked against one fp32 and one bf16 step by hand."""
+    model, opt, run = _mlp_step(torch.optim.Adam, lr=1e-3)
+    before = [p.detach().clone() for p in model.parameters()]
+    state = copy.deepcopy(opt.state_dict())
+
+    def step_by_hand(dtype):
+        with torch.no_grad():
+            for p, b in zip(model.parameters(), before):
+                p.copy_(b)
+        opt.load_state_dict(copy.deepcopy(state))
+        with torch.autocast("cpu", dtype=dtype or torch.bfloat16, enabled=dtype is not None):  # the whole step,
+            run()  # as compare_amp runs the cell
+        return [(p.detach().double() - b.double()) for p, b in zip(model.parameters(), before)]
+
+    fp32, bf16 = step_by_hand(None), step_by_hand(torch.bfloat16)
+    expected = [float((a - b).norm() / b.norm()) for a, b in zip(bf16, fp32)]
+    with torch.no_grad():  # the start put back, for compare_amp
+        for p, b in zip(model.parameters(), before):
+            p.copy_(b)
+    opt.load_state_dict(copy.deepcopy(state))
+    res = nbaccel.compare_amp(run, repeat=2, warmup=0, state=[model, opt])
+    stepped = res.gradients["update_error"]
+    assert stepped["tensors"] == 4 and stepped["max"] == pytest.approx(max(expected), rel=1e-4)
+    assert stepped["median"] == pytest.approx(statistics.median(expected), rel=1e-4)
+    # Adam's first step is about lr * sign(grad): its drift is not the gradients'
+    assert stepped["median"] != pytest.approx(res.gradients["relative_error"]["median"], rel=0.05)
+    text = unfolded(str(res))
+    assert (f"update drift against fp32: relative error of each tensor's step (after minus before: the L2 norm of the "
+            f"difference over fp32's step) median {stepped['median']:.2%}, max {stepped['max']:.2%}, over 4 tensors"
+            in text), text
+    assert json.loads(res.to_json())["gradients"]["update_error"]["tensors"] == 4
+
+
+def test_update_drift_is_given_under_a_grad_scaler_and_not_without_a_step():
+    scaler = torch.amp.GradScaler("cpu")
+    model, opt, run = _mlp_step(torch.optim.SGD, scaler=scaler, lr=0.1)
+    res = nbaccel.compare_amp(run, repeat=2, warmup=0, state=[model, opt, scaler])
+    assert res.gradients["relative_error"] is None  # the scales are not read
+    assert res.gradients["update_error"]["tensors"] == 4 and 0 < res.gradients["update_error"]["max"] < 0.2
+    # backward alone: nothing moved, no update drift (and no copy kept of the unmoved tensors)
+    model, opt, run = _mlp_step(torch.optim.SGD, step=False, lr=0.1)
+    res = nbaccel.compare_amp(run, repeat=2, warmup=0, state=[model, opt])
+    assert res.gradients["relative_error"] and res.gradients["update_error"] is None
+    assert "update drift" not in str(res)
+
+
+def test_a_step_that_did_not_move_a_tensor_fp32_moved_is_100_percent():
+    """A step a GradScaler skipped (inf/NaN found) moves no weight: 100% for each tensor fp32's step moved."""
+    from nbaccel.amp import _relative_errors
+
+    moved = torch.tensor([1.0, -2.0])
+    assert _relative_errors({1: moved, 2: None}, {1: None, 2: None}) == [1.0]
+    assert _relative_errors({1: moved}, {1: moved * 1.5}) == [pytest.approx(0.5)]
 
 
 def test_a_failed_comparison_does_not_keep_its_snapshot_alive_through_the_traceback():

@@ -273,6 +273,11 @@ def _gradient_lines(result) -> list[str]:
         lines.append(f"gradient drift against fp32: relative error (each tensor's L2 norm of the difference over its "
                      f"fp32 norm) median {moved['median']:.2%}, max {moved['max']:.2%}, over "
                      f"{plural(moved['tensors'], 'tensor')}")
+    stepped = g.get("update_error")
+    if stepped:
+        lines.append(f"update drift against fp32: relative error of each tensor's step (after minus before: the L2 "
+                     f"norm of the difference over fp32's step) median {stepped['median']:.2%}, max "
+                     f"{stepped['max']:.2%}, over {plural(stepped['tensors'], 'tensor')}")
     if g["underflow_fraction"] is not None:
         n = g["underflow_elements"]
         below = g.get("underflow_below")
