@@ -666,6 +666,11 @@ def test_flops_per_s_column_says_it_divides_by_cpu_total_time(run_cell, ip):
     mm = prof.ops.set_index("name").loc["aten::mm"]
     assert mm["flops_calls"] == mm["calls"]
     assert mm["flops_per_s"] == pytest.approx(mm["flops"] / (mm["cpu_total_us"] * 1e-6))
+    # The method paragraph ran 17 lines on every profile: on the CPU it leaves out the kernels' terms, and the
+    # some-of-the-calls clause where no row has one (the UNet below has)
+    method = unfolded(text.split("method: ")[1])
+    assert "device busy" not in method and "Tensor Cores judged" not in method and "calls)" not in method
+    assert method.endswith("categories by op name.")
 
 
 UNET = """
@@ -702,6 +707,7 @@ def test_a_row_whose_flops_cover_some_of_its_calls_is_timed_over_those_and_says_
     assert line.endswith(render_profile._fmt("rate", conv["flops_per_s"]) + " " + note)
     assert "calls)" not in next(r for r in data["text/plain"].splitlines() if r.startswith("aten::mkldnn_conv"))
     assert note in data["text/html"]
+    assert 'and says so: "(2 of 13 calls)"' in unfolded(data["text/plain"].split("method: ")[1])
     box = render_profile.widget(prof)
     assert any(note in w.value for w in walk(box) if type(w).__name__ == "HTML")
     assert {r["name"]: r["flops_calls"] for r in prof.to_dict()["ops"]}["aten::_convolution"] == conv["flops_calls"]

@@ -111,16 +111,23 @@ FLOPS_BASIS = ("FLOPs from input shapes (torch.utils.flop_counter conventions); 
 
 def flops_rate_basis(result) -> str:
     """What the op table's FLOP/s column divides a row's FLOPs by (`profile_table.group_rows`)."""
-    # over the calls that carry the FLOPs (`profile_table.flop_calls`), said where they are not all the row's
+    # over the calls that carry the FLOPs (`profile_table.flop_calls`), said where a row's are not all its calls
+    # (the method paragraph ran 10-17 lines on every profile; this clause is for the few that have one)
     some = ("; where only some of an op row's calls carry its FLOPs (an aten::_convolution counts a transposed "
             "convolution's FLOPs itself, an ordinary one's on the op inside it), the figure is over those calls "
-            "and says so: \"(2 of 13 calls)\"")
+            "and says so: \"(2 of 13 calls)\"") if _some_rows_partly_counted(result) else ""
     if result.on_device:
         return ("FLOP/s column = the row's FLOPs / the device total time of the calls that carry them (summed "
                 "durations of the kernels and copies the op and its child ops launched; \"-\" for an op that "
                 "launched none)" + some)
     return ("FLOP/s column = the row's FLOPs / the CPU total time of the calls that carry them (the op's duration "
             "on the CPU, child ops included)" + some)
+
+
+def _some_rows_partly_counted(result) -> bool:
+    """Whether a row of the op table (grouped by op, every row) has a FLOP/s over only some of its calls.
+    From the row lists: the display builds no DataFrame (`%%profile_gpu`'s overhead target)."""
+    return any(_flops_coverage(r) for r in result.grouped_rows("op"))
 
 
 def records(frame) -> list[dict]:
@@ -268,11 +275,12 @@ def method(result) -> str:
                   f"state, allocator growth) is in these times, and {option('warmup', 1)} profiles a later run")
     contention = (result.contention.summary("the profiled steps", " while the cell was profiled")
                   if result.contention else "contention: not measured")
+    # device busy and Tensor Cores only where there are kernels: a CPU profile has neither
+    device = ("device busy = union of kernel and copy intervals; " if result.on_device else "")
+    cores = "Tensor Cores judged from kernel names; " if result.on_device else ""
     return (f"torch.profiler (Kineto), {acts} activities, {', '.join(flags)}; {sched}; {contention}. Wall time = "
-            "span of the "
-            "recorded events; self time = op duration minus its child ops; device busy = union of kernel and copy "
-            f"intervals; {FLOPS_BASIS}; {flops_rate_basis(result)}; Tensor Cores judged from kernel names; "
-            "categories by op/kernel name.")
+            f"span of the recorded events; self time = op duration minus its child ops; {device}{FLOPS_BASIS}; "
+            f"{flops_rate_basis(result)}; {cores}categories by {'op/kernel' if result.on_device else 'op'} name.")
 
 
 # --- sections --------------------------------------------------------------------------------------
