@@ -40,7 +40,8 @@ def _no_torch_ops(result) -> bool:
 
 def _speedup_flags(result) -> list[str]:
     """What qualifies a measured speedup: its variants' IQRs overlap (with the span they allow), a variant's
-    runs spread past half its median (`AmpResult.spread_too_wide`), other programs took the CPU, its reduced precision was emulated (``--emulated``: fp16 on a CPU without its units)."""
+    runs spread past half its median (`AmpResult.spread_too_wide`), other programs took the CPU, its reduced
+    precision was emulated (``--emulated``: fp16 on a CPU without its units)."""
     span = result.speedup_span
     uncertain = f"uncertain: {format_ratio(span[0], firm=False)}-{format_ratio(span[1], firm=False)} across the IQRs" if span else "uncertain"
     emulated = f"{result.amp.name} emulated: not its speed on fp16 hardware"
