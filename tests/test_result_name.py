@@ -5,6 +5,7 @@ cell calling `model(x)` broke every later run)."""
 from __future__ import annotations
 
 import pytest
+import torch
 from IPython.core.error import UsageError
 
 MAGICS = ["%%amp --repeat 3 -q", "%%profile_gpu -q"]
@@ -45,3 +46,24 @@ def test_a_name_only_a_function_or_comprehension_in_the_cell_binds_is_free(run_c
 def test_ipythons_own_names_are_refused(run_cell, ip, name):
     result, _ = run_cell(f"%%amp --repeat 3 -q -r {name}\n1 + 1", expect_error=UsageError)
     assert "IPython's own" in str(result.error_in_exec)
+
+
+@pytest.mark.parametrize("magic", MAGICS)
+def test_a_variable_the_cell_reaches_only_through_a_function_is_not_replaced(run_cell, ip, magic):
+    """Trial 34: ``%%amp -r model`` over ``train_step()``, which reads the global ``model``: the cell's text never
+    names it, ``model`` became an AmpResult, and the next step failed ("'AmpResult' object is not callable")."""
+    run_cell("import torch\nmodel = torch.nn.Linear(3, 1)\ndef train_step():\n    return model(torch.ones(3))\nran = []")
+    result, _ = run_cell(f"{magic} -r model\nran.append(1)\ntrain_step()", expect_error=UsageError)
+    message = str(result.error_in_exec)
+    assert ("-r/--result model would replace the variable 'model', which holds a Linear (not an earlier nbaccel "
+            "result), and code the cell calls may read it: choose another name, e.g. -r model_result, or `del model` "
+            "first") in message
+    assert isinstance(ip.user_ns["model"], torch.nn.Linear) and ip.user_ns["ran"] == []
+    # an earlier result under the name is replaced, as re-running the cell does; so is None
+    run_cell(f"{magic} -r res\ntrain_step()")
+    first = ip.user_ns["res"]
+    run_cell(f"{magic} -r res\ntrain_step()")
+    assert ip.user_ns["res"] is not first
+    run_cell("res = None")
+    run_cell(f"{magic} -r res\ntrain_step()")
+    assert ip.user_ns["res"] is not None

@@ -373,11 +373,29 @@ def check_name_free(shell, name: str | None, cell: str) -> None:
     except SyntaxError:
         return
     if uses is None:
+        _refuse_replacing_a_variable(shell, name)
         return
     line = min((node.lineno for node in ast.walk(ast.parse(source)) if _names(node, name)), default=None)
     where = f" (line {line})" if line else ""
     raise UsageError(f"-r/--result {name} would replace {name!r}, which the cell {uses}{where}: the result is stored "
                      f"after the cell runs; choose another name, e.g. -r {name}_result")
+
+
+def _refuse_replacing_a_variable(shell, name: str) -> None:
+    """-r NAME over a variable that holds something other than an earlier nbaccel result (or None): code the
+    cell calls may read it as a global, which its text does not show (a trial's ``%%amp -r model`` over
+    ``train_step(...)``, which reads ``model``, left ``model`` an AmpResult: "'AmpResult' object is not
+    callable" in the next step). An earlier result under the name is replaced, as re-running a cell does."""
+    from ..results import ResultMixin
+
+    if name not in shell.user_ns:
+        return
+    value = shell.user_ns[name]
+    if value is None or isinstance(value, ResultMixin):
+        return
+    raise UsageError(f"-r/--result {name} would replace the variable {name!r}, which holds a {type(value).__name__} "
+                     f"(not an earlier nbaccel result), and code the cell calls may read it: choose another name, "
+                     f"e.g. -r {name}_result, or `del {name}` first")
 
 
 def _module_level_uses(table: symtable.SymbolTable, name: str) -> str | None:
