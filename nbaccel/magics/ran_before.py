@@ -13,8 +13,9 @@ from the ops' own time, so the signal is the session's record of what ran:
   (a warm fp32 step's first run under ``--amp bf16`` read 5.3x slower, then 1.0x on the next run:
   bf16's primitives are set up anew).
 
-Lines are compared stripped of indentation and comments, blank lines dropped, so a cell that
-ran inside an earlier cell's loop counts as run. It can be wrong both ways -- the same text over new
+Lines are compared stripped of indentation, comments and a leading assignment to plain names
+(``loss = train_step()`` ran as ``train_step()``), blank lines dropped, so a cell that ran inside
+an earlier cell's loop counts as run. It can be wrong both ways -- the same text over new
 shapes, or a first run that is already warm through other code -- which is why a comparison says
 "likely" and names the way to be sure (``--warmup 1``).
 """
@@ -35,9 +36,16 @@ _OWN_MAGIC = re.compile(r"\A\s*%%(profile_gpu|amp)(?![\w-])")
 _TRAILING_COMMENT = re.compile(r"\s+#[^'\"]*$")
 
 
+# A line's leading assignment to plain names (``loss = ``, ``a, b = ``; not ``==``, ``+=`` or ``x[0] =``): dropped,
+# so that ``loss = train_step()`` matches a setup cell's ``train_step()`` (a trial's comparison called that profile
+# a first run); it is the expression that runs.
+_ASSIGNED_TO = re.compile(r"^[A-Za-z_]\w*(\s*,\s*[A-Za-z_]\w*)*\s*=(?!=)\s*")
+
+
 def code_lines(source: str) -> tuple[str, ...]:
-    """The lines that run, as compared: stripped, without blank and comment-only lines and trailing comments."""
-    lines = (_TRAILING_COMMENT.sub("", line).strip() for line in source.splitlines())
+    """The lines that run, as compared: stripped, without blank and comment-only lines and trailing comments,
+    and without a leading assignment to plain names (`_ASSIGNED_TO`)."""
+    lines = (_ASSIGNED_TO.sub("", _TRAILING_COMMENT.sub("", line).strip()) for line in source.splitlines())
     return tuple(s for s in lines if s and not s.startswith("#"))
 
 

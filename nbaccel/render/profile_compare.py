@@ -72,13 +72,13 @@ def first_run_lines(c) -> list[str]:
     before_us, after_us = c.step_time_us
     step = _ratio(before_us, after_us)
     faster = bool(before_us and after_us) and step.endswith("faster")
+    if all(c.first_runs):
+        return [_both_first_runs(c, step, again)]
     lines = []
     for i, result in enumerate((c.before, c.after)):
         if not c.first_runs[i]:
             continue
-        under = f" under {result.recipe_label}" if result.recipe_label else ""
-        why = (f"its code's first run{under} (no --warmup, and not run{' so' if under else ''} earlier in this "
-               f"session): one-off setup ({setup_words(result)}) is in its times")
+        why = f"its code's first run{_unseen_words(result)}: one-off setup ({setup_words(result)}) is in its times"
         # "but" where the setup may explain the headline: after faster than a first-run before, or a first-run
         # after slower; "and" where the headline stands against it (the true change is larger)
         join = "but" if faster == (i == 0) and step not in ("the same", "-") else "and"
@@ -92,6 +92,30 @@ def first_run_lines(c) -> list[str]:
             lines.append(f"mean step {step} in {b}, {join} it was likely {why}, which makes it read slower than it "
                          f"is; {fix}, and compare again")
     return lines
+
+
+def _unseen_words(result, under: bool = True) -> str:
+    """Why a side reads as a first run, as what nbaccel saw, not as a fact (`magics.ran_before`): a trial's setup cell
+    had called the step through other lines, and "not run earlier in this session" was wrong. ``under``: name the
+    recipe first (" under autocast bf16 (cpu) (...)"), where the side's label does not."""
+    recipe = result.recipe_label
+    if not recipe:
+        return " (no --warmup, and no earlier cell in the input history holds this code's lines)"
+    if under:
+        return f" under {recipe} (no --warmup, and no earlier %%profile_gpu or %%amp cell ran this code under it)"
+    return f" (no --warmup, and no earlier %%profile_gpu or %%amp cell ran this code under {recipe})"
+
+
+def _both_first_runs(c, step: str, again: bool) -> str:
+    """One line where both sides were likely first runs: the setup is in both, in amounts that differ, so
+    neither "reads faster" nor "reads slower" holds alone (a trial got both, in two lines, one after the other)."""
+    a, b = c.labels
+    whys = "; ".join(f"{label}{_unseen_words(result, under=False)}" for label, result in zip(c.labels, (c.before, c.after)))
+    fix = (f"re-record {a} with %%profile_gpu --warmup 1 -r {a}, run this cell again" if again else
+           "profile both again with %%profile_gpu --warmup 1")
+    return (f"mean step {step} in {b}, but both were likely their code's first runs ({whys}): one-off setup "
+            f"({setup_words(c.after)}) is in both, in amounts that differ, so the ratio says little about the ops; "
+            f"{fix}, and compare again")
 
 
 def _maybe_setup(c, side: int) -> str:
