@@ -39,8 +39,9 @@ def main(argv=None) -> int:
     args, unknown = parser.parse_known_args(argv)
     if unknown:
         # parse_args says "unrecognized arguments" with the top-level usage, which lists no trace option:
-        # the subcommand's parser says it with its own
-        (sub.choices.get(args.command) or parser).error(f"unrecognized arguments: {' '.join(unknown)}")
+        # the subcommand's parser says it with its own, and names the option meant, as the magics do
+        own = sub.choices.get(args.command) or parser
+        own.error(f"unrecognized arguments: {' '.join(unknown)}{_did_you_mean(own, unknown)}")
     if args.command is None:  # `python -m nbaccel` alone: what there is, not "arguments are required"
         parser.print_help()
         return 0
@@ -50,6 +51,19 @@ def main(argv=None) -> int:
         report = env_report()
         return _print(report.to_json(indent=2) if args.json else str(report))
     return _trace(args)
+
+
+def _did_you_mean(parser: argparse.ArgumentParser, unknown: list[str]) -> str:
+    """" (did you mean --top?)" for the first mistyped option (a trial typed ``--tpo 3``); "" when none is close."""
+    import difflib
+
+    options = [o for action in parser._actions for o in action.option_strings if o.startswith("--")]
+    for token in unknown:
+        if token.startswith("--"):
+            close = difflib.get_close_matches(token.split("=")[0], options, n=1)
+            if close:
+                return f" (did you mean {close[0]}?)"
+    return ""
 
 
 def _trace(args) -> int:

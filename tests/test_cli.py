@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from nbaccel.__main__ import main
 
 H200 = Path(__file__).parent / "data" / "h200_bf16_transformer_step.json.gz"
@@ -72,7 +74,11 @@ def test_an_unknown_trace_option_shows_the_trace_usage(capsys):
         assert exc.code == 2
     err = capsys.readouterr().err
     assert err.startswith("usage: nbaccel trace [-h] [--top TOP]") and "--memory" in err
-    assert "nbaccel trace: error: unrecognized arguments: --bogus" in err
+    assert "nbaccel trace: error: unrecognized arguments: --bogus\n" in err  # nothing close: no guess
+    # trial 34: "--tpo 3" got no "did you mean", as the magics give
+    with pytest.raises(SystemExit):
+        main(["trace", str(H200), "--tpo", "3"])
+    assert "unrecognized arguments: --tpo 3 (did you mean --top?)" in capsys.readouterr().err
 
 
 def test_trace_json_says_the_steps_the_trace_holds_not_the_default_options(capsys, tmp_path):
