@@ -362,7 +362,7 @@ def _no_speedup(result: AmpResult, speedup: float, dtype: str) -> str:
     if hedge is None:
         # "try a larger batch" alone sent a trial's GPT step there, whose bf16 slowdown was one op (the CPU's
         # bf16 flash-attention backward, 8.7x its fp32 time) at any batch size
-        return f"No speedup ({speedup:.2f}x): " + (fact or f"the work is too small or memory-bound for {dtype} to "
+        return f"No speedup ({format_ratio(speedup)}): " + (fact or f"the work is too small or memory-bound for {dtype} to "
                                                    f"pay for its casts (try a larger batch), or an op runs slower in "
                                                    f"{dtype} here: {_compare_how(dtype)}.")
     note = f"No speedup measured ({format_ratio(speedup, firm=False)}), but {hedge}."  # hedged: two digits
@@ -524,7 +524,7 @@ def advise(result: AmpResult) -> list[str]:
     if speedup is not None and too_few_runs(result):
         runs = min(len(result.baseline.times.times), len(result.amp.times.times))
         notes.append(f"{runs} timed run{'s' if runs != 1 else ''} per variant cannot rank the two "
-                     f"({speedup:.2f}x measured): use {option('repeat', 5)} or more (at least {MIN_RUNS}).")
+                     f"({format_ratio(speedup)} measured): use {option('repeat', 5)} or more (at least {MIN_RUNS}).")
         speedup = None
     if speedup is not None:
         if speedup < NO_SPEEDUP_BELOW:
@@ -603,7 +603,7 @@ def advise(result: AmpResult) -> list[str]:
     if restoring:
         notes.append(restoring)
     if info.type == "cpu":
-        notes.append(describe(info) + ". These are CPU figures, not GPU ones.")
+        notes.append(describe(info, dtype) + ". These are CPU figures, not GPU ones.")
     return notes
 
 

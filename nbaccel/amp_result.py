@@ -17,7 +17,7 @@ from .memory import PeakMemory, byte_range
 from .options import option
 from .precision import Recipe
 from .results import ResultMixin
-from .timing import Stats, speedup_is_uncertain
+from .timing import Stats, format_ratio, speedup_is_uncertain
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -171,6 +171,29 @@ class AmpResult(ResultMixin):
         if self.baseline is None or too_few_runs(self):
             return []
         return [v.name for v in (self.baseline, self.amp) if v.times.relative_spread > WIDE_SPREAD]
+
+    @property
+    def speedup_flags(self) -> list[str]:
+        """What qualifies the measured speedup, as the headline says it: its variants' IQRs overlap (with the
+        span they allow), a variant's runs spread past half its median (`spread_too_wide`), other programs took
+        the CPU (`times_contended`), its reduced precision was emulated (``--emulated``: fp16 on a CPU without
+        its units). Empty for a firm figure."""
+        span = self.speedup_span
+        uncertain = ("uncertain: " + "-".join(format_ratio(r, firm=False) for r in span) + " across the IQRs"
+                     if span else "uncertain")
+        wide = self.spread_too_wide
+        noisy = "noisy: " + ", ".join(f"{v.name}'s IQR {v.times.relative_spread:.0%} of its median"
+                                      for v in (self.baseline, self.amp) if v and v.name in wide)
+        emulated = f"{self.amp.name} emulated: not its speed on fp16 hardware"
+        return [w for w, on in ((uncertain, self.speedup_uncertain), (noisy, wide and not self.speedup_uncertain),
+                                ("contended", self.times_contended), (emulated, self.amp.recipe.emulated)) if on]
+
+    @property
+    def speedup_firm(self) -> bool:
+        """Whether the speedup can be read as the recipe's: claimed (`speedup_claimed`) and nothing qualifies
+        it (`speedup_flags`). A trial's notebook printed ``speedup_uncertain`` False beside advice to re-run: the
+        IQRs were apart, but other programs had taken a core."""
+        return self.speedup_claimed and not self.speedup_flags
 
     @property
     def speedup_span(self) -> tuple[float, float] | None:
@@ -403,6 +426,8 @@ class AmpResult(ResultMixin):
             "speedup": self.speedup,
             "speedup_uncertain": self.speedup_uncertain,
             "speedup_claimed": self.speedup_claimed,
+            "speedup_flags": self.speedup_flags,
+            "speedup_firm": self.speedup_firm,
             "memory_saving": self.memory_saving,
             "memory_firm": self.memory_firm,
             "drift": self.drift,

@@ -719,9 +719,12 @@ def _autocast_contexts(recipe: Recipe) -> list:
     return contexts
 
 
-def describe(info: DeviceInfo) -> str:
-    """One line on what autocast can do on this device, for headers and advice."""
+def describe(info: DeviceInfo, dtype: str | None = None) -> str:
+    """One line on what autocast can do on this device, for headers and advice. ``dtype`` ("bf16", "fp16"): name
+    that dtype's CPU units only (a trial's bf16 advice listed avx512_fp16)."""
     if info.type == "cpu":
-        units = [k for k in ("amx_bf16", "avx512_bf16", "amx_fp16", "avx512_fp16") if info.cpu_features.get(k)]
-        return "CPU autocast (no GPU here); reduced-precision units: " + (", ".join(units) if units else "none, bf16 is emulated")
+        kinds = [dtype] if dtype in ("bf16", "fp16") else ["bf16", "fp16"]
+        units = [f"{unit}_{kind}" for kind in kinds for unit in ("amx", "avx512") if info.cpu_features.get(f"{unit}_{kind}")]
+        which = f"{dtype} units" if len(kinds) == 1 else "reduced-precision units"
+        return f"CPU autocast (no GPU here); {which}: " + (", ".join(units) if units else f"none, {kinds[0]} is emulated")
     return f"CUDA autocast on {info.name}; Tensor Cores: {'yes' if info.tensor_cores else 'no'}"

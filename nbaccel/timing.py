@@ -114,10 +114,11 @@ def speedup_is_uncertain(base: Stats, other: Stats) -> bool:
 
 
 def format_ratio(value: float, firm: bool = True) -> str:
-    """A speedup as shown: two decimals when firm ("1.38x"), two significant digits when a flag qualifies it
-    ("18x", "1.1x", "0.31x"): the second decimal of an uncertain or contended ratio is noise."""
-    if firm:
-        return f"{value:.2f}x"
+    """A speedup as shown: two decimals when firm ("1.38x"; under 0.1x two significant digits, "0.034x"), two
+    significant digits when a flag qualifies it ("18x", "1.1x", "0.31x"): the second decimal of an uncertain
+    or contended ratio is noise."""
+    if firm:  # two significant digits under 0.1x: "0.03x" hid most of a 29.7x slowdown (a trial); "0.034x"
+        return f"{value:.2f}x" if value >= 0.0995 else f"{value:.2g}x"
     return f"{value:.0f}x" if value >= 9.5 else f"{value:#.2g}x"
 
 

@@ -11,6 +11,7 @@ import torch
 from torch.optim.optimizer import _global_optimizer_post_hooks
 
 import nbaccel
+from text_helpers import note_lines
 
 
 def _model_and_data():
@@ -185,3 +186,25 @@ def test_tensors_made_bf16_in_an_earlier_cell_are_named_as_a_cause(run_cell, ip)
     assert "or works on bf16 tensors made earlier (a model or inputs converted with .to() in an earlier cell)" in line
     assert line.endswith("give the cell fp32 tensors and model, without an autocast or cast of its own, to compare "
                          "against fp32.")
+
+
+def test_gradient_and_update_drift_from_runs_on_other_batches_are_flagged():
+    """Trial 34: "gradient drift against fp32: ... median 148.36%" from runs that each took another batch from an
+    iterator, flagged nowhere but in the headline's result drift."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(16, 4)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    batches = iter([torch.randn(8, 16) for _ in range(40)])
+
+    def step():
+        opt.zero_grad()
+        loss = model(next(batches)).square().mean()
+        loss.backward()
+        opt.step()
+        return loss.detach()
+
+    res = nbaccel.compare_amp(step, dtype="bf16", device="cpu", repeat=3, warmup=0)
+    assert res.iterators and res.gradients["relative_error"] and res.gradients["update_error"]
+    lines = [line for line in note_lines(str(res)) if "drift against fp32" in line]
+    assert len(lines) == 2 and all(line.endswith("(state changed between runs: not a measure of precision)")
+                                   for line in lines), lines

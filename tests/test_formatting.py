@@ -35,3 +35,15 @@ def test_text_tables_end_their_lines_without_padding():
     text = text_table(["name", "detail"], [["opt", "AdamW state for 4 params"], ["x", ""]], left=(0, 1))
     assert text.splitlines() == ["name  detail", "----  ------------------------", "opt   AdamW state for 4 params",
                                  "x"]
+
+
+@pytest.mark.parametrize("value, firm, shown", [
+    (1.384, True, "1.38x"), (0.92, True, "0.92x"), (0.1, True, "0.10x"),
+    # under 0.1x, two decimals left one digit: "0.03x" for a 29.7x slowdown (trial 34)
+    (1 / 29.7, True, "0.034x"), (0.05, True, "0.05x"), (0.0042, True, "0.0042x"),
+    (17.78, False, "18x"), (1.06, False, "1.1x"), (0.305, False, "0.30x"),
+])
+def test_a_ratio_keeps_two_significant_digits_at_least(value, firm, shown):
+    from nbaccel.timing import format_ratio
+
+    assert format_ratio(value, firm=firm) == shown

@@ -244,3 +244,19 @@ def test_a_recipe_leaves_what_one_plain_run_of_the_body_leaves(start, recipe, wr
              and _run(start, call, False, RECIPES[recipe]())[2] == [as_set, left]]
     assert alike, (write, kept, plain)
     assert any(_run(start, call, False)[:2] == (readings, kept) for call in alike), (write, alike, kept, plain)
+
+
+def test_the_cpu_line_names_the_units_of_the_dtype_run():
+    """A trial's bf16 advice read "reduced-precision units: amx_bf16, avx512_bf16, avx512_fp16"."""
+    import dataclasses
+
+    from nbaccel.device import device_info
+    from nbaccel.precision import describe
+
+    info = dataclasses.replace(device_info(torch.device("cpu")), cpu_features={
+        "amx_bf16": True, "avx512_bf16": True, "amx_fp16": False, "avx512_fp16": True})
+    assert describe(info, "bf16") == "CPU autocast (no GPU here); bf16 units: amx_bf16, avx512_bf16"
+    assert describe(info, "fp16") == "CPU autocast (no GPU here); fp16 units: avx512_fp16"
+    assert describe(info).endswith("reduced-precision units: amx_bf16, avx512_bf16, avx512_fp16")
+    bare = dataclasses.replace(info, cpu_features={})
+    assert describe(bare, "bf16").endswith("bf16 units: none, bf16 is emulated")

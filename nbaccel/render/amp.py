@@ -19,7 +19,8 @@ def _variant_rows(result):
     for v in filter(None, (result.baseline, result.amp)):
         recipe = v.recipe.label
         if v is result.baseline and result.fp32_relaxed_by_cell:  # the cell set its own fp32 precision
-            recipe = f"fp32 as the cell sets it ({' and '.join(result.fp32_relaxed_by_cell)})"
+            # the setting itself is in the advice: in the table it made a 150-column row (a trial)
+            recipe = "fp32 as the cell sets it"
         if v is result.baseline and result.baseline_reduced:  # the cell's own autocast / casts ran inside it
             recipe += f" + the cell's own {' and '.join(result.baseline_reduced)}"
         rows.append([
@@ -38,24 +39,10 @@ def _no_torch_ops(result) -> bool:
     return result.amp.ops.empty and (result.baseline is None or result.baseline.ops.empty)
 
 
-def _speedup_flags(result) -> list[str]:
-    """What qualifies a measured speedup: its variants' IQRs overlap (with the span they allow), a variant's
-    runs spread past half its median (`AmpResult.spread_too_wide`), other programs took the CPU, its reduced
-    precision was emulated (``--emulated``: fp16 on a CPU without its units)."""
-    span = result.speedup_span
-    uncertain = f"uncertain: {format_ratio(span[0], firm=False)}-{format_ratio(span[1], firm=False)} across the IQRs" if span else "uncertain"
-    emulated = f"{result.amp.name} emulated: not its speed on fp16 hardware"
-    wide = result.spread_too_wide
-    noisy = "noisy: " + ", ".join(f"{v.name}'s IQR {v.times.relative_spread:.0%} of its median"
-                                  for v in (result.baseline, result.amp) if v.name in wide)
-    return [w for w, on in ((uncertain, result.speedup_uncertain), (noisy, wide and not result.speedup_uncertain),
-                            ("contended", _contended(result)), (emulated, result.amp.recipe.emulated)) if on]
-
-
 def speedup_figure(result, flags: list[str] | None = None) -> str:
-    """The measured speedup with the precision its flags (`_speedup_flags`, read here unless given) allow:
+    """The measured speedup with the precision its flags (`AmpResult.speedup_flags`, read here unless given) allow:
     `timing.format_ratio`."""
-    return format_ratio(result.speedup, firm=not (_speedup_flags(result) if flags is None else flags))
+    return format_ratio(result.speedup, firm=not (result.speedup_flags if flags is None else flags))
 
 
 def headline(result) -> str:
@@ -68,7 +55,7 @@ def headline(result) -> str:
         elif too_few_runs(result):
             parts.append(f"speedup not claimed ({_too_few(result)})")
         else:
-            flags = _speedup_flags(result)
+            flags = result.speedup_flags
             parts.append(f"speedup {speedup_figure(result, flags)}" + (f" ({', '.join(flags)})" if flags else ""))
     memory = memory_summary(result)
     if memory:
@@ -269,16 +256,20 @@ def _gradient_lines(result) -> list[str]:
         return []
     lines = [f"{g['tensors_with_grad']} tensors got gradients; overflow (inf/NaN): {g['overflow_tensors']} tensors, "
              f"{g['overflow_elements']} elements"]
+    # the result's drift flag, on these too: a trial's "median 148.36%" came from runs that each took another
+    # batch from an iterator, with nothing beside it to say so
+    flag = _drift_flag(result)
+    flag = f" ({flag}: not a measure of precision)" if flag else ""
     moved = g.get("relative_error")
     if moved:
         lines.append(f"gradient drift against fp32: relative error (each tensor's L2 norm of the difference over its "
                      f"fp32 norm) median {moved['median']:.2%}, max {moved['max']:.2%}, over "
-                     f"{plural(moved['tensors'], 'tensor')}")
+                     f"{plural(moved['tensors'], 'tensor')}{flag}")
     stepped = g.get("update_error")
     if stepped:
         lines.append(f"update drift against fp32: relative error of each tensor's step (after minus before: the L2 "
                      f"norm of the difference over fp32's step) median {stepped['median']:.2%}, max "
-                     f"{stepped['max']:.2%}, over {plural(stepped['tensors'], 'tensor')}")
+                     f"{stepped['max']:.2%}, over {plural(stepped['tensors'], 'tensor')}{flag}")
     if g["underflow_fraction"] is not None:
         n = g["underflow_elements"]
         below = g.get("underflow_below")
@@ -371,7 +362,7 @@ def _kpis(result) -> str:
         label = "speedup (no torch ops ran)" if _no_torch_ops(result) else "speedup"
         # The flags in words too: the orange alone is lost where nbaccel's <style> is stripped (GitHub,
         # nbviewer), and a trial read an uncertain 1.20x there as a firm claim.
-        flags = _speedup_flags(result)
+        flags = result.speedup_flags
         flag = f'<div class="muted warn">({", ".join(flags)})</div>' if flags else ""
         kpis.append(f'<div class="kpi"><div class="muted">{label}</div><div class="{cls} nbaccel-speedup">'
                     f'{speedup_figure(result, flags)}</div>{flag}</div>')
