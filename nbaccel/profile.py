@@ -708,7 +708,7 @@ def _save_trace(exported: str, doc: dict, target: str, created: str | None) -> t
     try:
         if not trace_is_file(target):
             return write_step_traces(doc, target), created
-        write_trace_bytes(Path(exported).read_bytes(), path)
+        write_trace_bytes(_renamed(Path(exported).read_bytes(), exported, path), path)
         return [target], created
     except OSError as exc:
         lost = f"nbaccel could not write the trace to {target} ({exc.strerror or exc}); the profile is shown without it"
@@ -723,6 +723,17 @@ def _save_trace(exported: str, doc: dict, target: str, created: str | None) -> t
             warnings.warn(f"{lost}: save it with result.export_chrome_trace('another/path.json')",
                           TraceSaveWarning, stacklevel=4)
         return [], None
+
+
+def _renamed(data: bytes, exported: str, path: Path) -> bytes:
+    """The exported trace with its ``traceName`` (the file Kineto wrote: nbaccel's temporary one, which a trial found
+    in the saved trace) made the file it is saved as. One bytes replace of that exact JSON string, at the end of
+    the file where Kineto writes it: no parse and re-dump of a trace of many MB."""
+    old = b'"traceName": ' + json.dumps(exported).encode()
+    at = data.rfind(old)
+    if at < 0:  # another Kineto's layout: left as it is
+        return data
+    return data[:at] + b'"traceName": ' + json.dumps(str(path.resolve())).encode() + data[at + len(old):]
 
 
 class SharedTraceWarning(UserWarning):

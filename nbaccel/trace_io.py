@@ -420,6 +420,8 @@ def write_step_traces(doc: dict, folder: str) -> list[str]:
         ms = max(ms, last + 1)
         last = ms
         path = out / f"{worker}.{ms}.pt.trace.json"
+        if "traceName" in part:  # the file each step's trace is, not the temporary one Kineto wrote
+            part = {**part, "traceName": str(path.resolve())}
         with open(path, "w", encoding="utf-8") as fh:
             json.dump(part, fh)
         paths.append(str(path))

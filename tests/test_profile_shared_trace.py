@@ -149,3 +149,18 @@ def test_under_torchrun_other_ranks_files_of_this_launch_are_not_earlier_runs(tm
         with nbaccel.profile(trace=str(folder)) as prof:
             torch.ones(4).sum()
     assert sorted(prof.result.trace_earlier) == sorted(map(str, (old, own)))
+
+
+@pytest.mark.parametrize("name", ["run.json", "run.json.gz", "steps"])
+def test_a_saved_trace_is_named_as_the_file_it_is(tmp_path, name):
+    """Trial 34: the saved trace's traceName was nbaccel's temporary file (/tmp/nbaccel_profile_....json)."""
+    import gzip
+    import json
+
+    import nbaccel
+
+    with nbaccel.profile(device="cpu", trace=str(tmp_path / name)) as prof:
+        torch.ones(8) @ torch.ones(8)
+    for f in prof.result.trace_files:
+        data = gzip.open(f).read() if f.endswith(".gz") else open(f, "rb").read()
+        assert json.loads(data)["traceName"] == str(Path(f).resolve())
