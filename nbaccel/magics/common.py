@@ -23,6 +23,7 @@ from IPython.utils.capture import capture_output
 from IPython.utils.process import arg_split
 
 from ..options import magic_spelling
+from ..results import ResultMixin
 from ..render.common import note_on_stderr
 
 
@@ -386,8 +387,6 @@ def _refuse_replacing_a_variable(shell, name: str) -> None:
     cell calls may read it as a global, which its text does not show (a trial's ``%%amp -r model`` over
     ``train_step(...)``, which reads ``model``, left ``model`` an AmpResult: "'AmpResult' object is not
     callable" in the next step). An earlier result under the name is replaced, as re-running a cell does."""
-    from ..results import ResultMixin
-
     if name not in shell.user_ns:
         return
     value = shell.user_ns[name]
